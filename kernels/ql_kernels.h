@@ -1,0 +1,173 @@
+/*
+ * ql_kernels.h - the kernel library (libqlkernels): weight formats
+ * (quantize, pack, dequantize), activation quantization and the generic
+ * reference linear ops. Plain C11, no dependency outside libc/libm; it
+ * includes nothing from daemon/ or client/.
+ *
+ * Numerical contract: ../DESIGN.md §4 (mirrored in README). Every function
+ * validates its arguments and returns 0 or a negative QL_E* code; none of
+ * them asserts on data.
+ *
+ * Layouts (row-major, canonical, what is stored):
+ *   q4g: qdata [N, ceil(K/2)] bytes, two signed 4-bit values q in [-8,7] per
+ *        byte along K, even k in the low nibble (q & 0xF), a padding nibble
+ *        for odd K is 0; scale, zero [G, N] in scale_dtype, G = ceil(K/gs).
+ *   q8c: qdata [N, K] int8; scale [N] in scale_dtype; zero is NULL.
+ */
+#ifndef QL_KERNELS_H
+#define QL_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ql_defs.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest N, K (and M for the ops) accepted anywhere: 2^31 - 1, so that
+ * every index fits an int32 on devices and every size product is checked
+ * against SIZE_MAX without surprises. */
+#define QL_DIM_MAX ((int64_t)2147483647)
+
+/* The eps that clamps int8 symmetric scales from below: TorchAO's
+ * choose_qparams_affine defaults to torch.finfo(input.dtype).eps, which for
+ * an f32 input is FLT_EPSILON = 2^-23. */
+#define QL_I8_SCALE_EPS 0x1p-23f
+
+/* Longest group whose Σ xq still fits an int32 (128 · 2^24 = 2^31). */
+#define QL_QROWS_MAX_GROUP ((int64_t)1 << 24)
+
+/* Largest K for the q8c AQ path: Σk xq·wq is accumulated in int32 and one
+ * term can be (-128)·(-128) = 2^14, so K·2^14 must stay below 2^31. */
+#define QL_AQ_Q8C_MAX_K ((int64_t)131071)
+
+/* A quantized weight in canonical form. Immutable once built; owned by
+ * whoever called ql_qweight_quantize(), released with ql_qweight_free(). */
+typedef struct ql_qweight {
+  ql_format format;
+  uint32_t group_size;  /* q4g: elements per group along K; q8c: K */
+  int64_t n;            /* out_features (rows of W) */
+  int64_t k;            /* in_features */
+  int64_t groups;       /* G = ceil(K / group_size); 1 for q8c */
+  ql_dtype scale_dtype; /* dtype of scale[] and zero[] */
+  uint8_t *qdata;       /* packed values, layout above */
+  size_t qdata_bytes;
+  void *scale;          /* [G, N] (q4g) or [N] (q8c) in scale_dtype */
+  void *zero;           /* [G, N] (q4g) in scale_dtype; NULL for q8c */
+  size_t scale_bytes;   /* bytes of scale[] (zero[] has the same size) */
+  float *bias;          /* [N] f32, or NULL */
+} ql_qweight;
+
+/* ---- scalar conversions (round to nearest even, NaN stays NaN) ---- */
+float ql_f16_to_f32(uint16_t h);
+uint16_t ql_f32_to_f16(float f);
+float ql_bf16_to_f32(uint16_t h);
+uint16_t ql_f32_to_bf16(float f);
+/* Widen n elements of src (dtype dt) to f32. dt must be valid (callers
+ * validate it); an invalid dt fills dst with NaN. src and dst may overlap
+ * only when dt is f32. */
+void ql_to_f32(ql_dtype dt, const void *src, float *dst, size_t n);
+/* Narrow n f32 values to dtype dt (f32 is a copy). f16 overflows to ±Inf.
+ * An invalid dt writes nothing. */
+void ql_from_f32(ql_dtype dt, const float *src, void *dst, size_t n);
+/* Element i of a scale/zero array of dtype dt, as f32 (NaN for an invalid
+ * dt). */
+float ql_load_f32(ql_dtype dt, const void *p, size_t i);
+
+/* True when group size gs is valid for format f (q4g: 32/64/128/256; q8c:
+ * any value, it is ignored). */
+int ql_group_size_valid(ql_format f, uint32_t gs);
+
+/*
+ * Computes the byte sizes of the canonical arrays for a weight without
+ * building it; fails with QL_EINVAL/QL_EFORMAT/QL_ESHAPE on bad parameters
+ * or sizes that overflow. Any output pointer may be NULL.
+ * QL_EFORMAT: f is not q4g or q8c (q8b and f8r are not implemented yet);
+ * QL_EDTYPE: bad scale_dtype; QL_EINVAL: bad group size for q4g;
+ * QL_ESHAPE: n or k outside [1, QL_DIM_MAX], or a size overflows size_t.
+ */
+int ql_qweight_sizes(ql_format f, uint32_t gs, int64_t n, int64_t k,
+                     ql_dtype scale_dtype, size_t *qdata_bytes,
+                     size_t *scale_bytes, int64_t *groups);
+
+/*
+ * Quantizes the float weight w [N,K] (dtype src_dtype, widened to f32 first)
+ * to format f with group size gs, storing scales and zeros in scale_dtype.
+ * bias [N] (same dtype as w) may be NULL. NaN or Inf anywhere in w or bias
+ * fails with QL_ENONFINITE, and so does finite data whose scale or zero is
+ * not finite once rounded to scale_dtype (e.g. |w| > ~8.3e6 with f16 q8c
+ * scales, or a q4g group spanning more than FLT_MAX). On success *out is a
+ * new weight the caller owns; on failure *out is NULL and nothing leaks.
+ * For q8c, gs is ignored and group_size is set to K.
+ */
+int ql_qweight_quantize(ql_format f, uint32_t gs, int64_t n, int64_t k,
+                        ql_dtype src_dtype, const void *w, const void *bias,
+                        ql_dtype scale_dtype, ql_qweight **out);
+
+/* Frees w and everything it holds. Safe on NULL and on a half-built weight
+ * (any pointer member may be NULL). */
+void ql_qweight_free(ql_qweight *w);
+
+/*
+ * Checks that w is a well-formed canonical weight: a supported format, a
+ * valid shape, group size and scale dtype, groups/qdata_bytes/scale_bytes
+ * equal to what ql_qweight_sizes() gives, and qdata, scale (and zero for
+ * q4g) present. It does not read the arrays. 0 or the ql_qweight_sizes()
+ * error, QL_EINVAL for inconsistent members.
+ */
+int ql_qweight_check(const ql_qweight *w);
+
+/* Writes dequant(W) [N,K] as f32 into out (N*K floats). q4g:
+ * x̂ = (float)q·scale + zero, q8c: x̂ = (float)q·scale, in f32 with the
+ * stored scale/zero widened to f32. */
+int ql_qweight_dequantize(const ql_qweight *w, float *out);
+
+/* Writes row n of dequant(W) (K floats, the same values as
+ * ql_qweight_dequantize) into out. QL_ESHAPE when n is out of range. */
+int ql_qweight_dequantize_row(const ql_qweight *w, int64_t n, float *out);
+
+/*
+ * Per-row int8 activation quantization (the q8c rule):
+ * scale = max(amax / 127.5f, eps) with a correctly rounded division,
+ * eps = QL_I8_SCALE_EPS, q = clamp(rne(x * (1/scale)), -128, 127) with the
+ * reciprocal correctly rounded. x is [M,K] f32. Outputs: xq [M,K], sx [M],
+ * and when gsum is not NULL, gsum [M, ceil(K/gs)] = per-group Σ xq (int32,
+ * the last group may be short). gs >= 1 always (QL_EINVAL otherwise); with
+ * gsum, min(gs, K) <= QL_QROWS_MAX_GROUP (QL_ESHAPE otherwise). A row
+ * holding NaN or Inf fails the whole call with QL_ENONFINITE; the outputs
+ * are then unspecified.
+ */
+int ql_quantize_rows_i8(const float *x, int64_t m, int64_t k, uint32_t gs,
+                        int8_t *xq, float *sx, int32_t *gsum);
+
+/*
+ * Reference weight-only linear: y[m,n] = Σ_k x[m,k]·dequant(W)[n,k] (+ b[n]),
+ * fp32 accumulation in increasing k starting from 0.0f, then + b[n] in f32,
+ * then one rounding to dt. x [M,K] and y [M,N] are in dtype dt,
+ * 1 <= M <= QL_DIM_MAX. Non-finite activations fail with QL_ENONFINITE
+ * before y is written. Memory: O(M·K + K) floats; W is dequantized one row
+ * at a time.
+ */
+int ql_linear_wo_ref(const ql_qweight *w, ql_dtype dt, const void *x,
+                     int64_t m, void *y);
+
+/*
+ * Reference activation-quantized linear (DESIGN §4 "AQ math"). x rows are
+ * quantized with ql_quantize_rows_i8 (gs = group_size for q4g, K for q8c);
+ * q8c: y = (float)acc · (sx[m]·sw[n]), acc = Σk xq·wq in int32, so K must
+ *      not exceed QL_AQ_Q8C_MAX_K (QL_ESHAPE otherwise);
+ * q4g: y = sx[m]·Σg (scale[g,n]·(float)Σk∈g xq·q + zero[g,n]·(float)Σk∈g xq),
+ *      int32 in a group, fp32 across groups in increasing g, the scale term
+ *      added before the zero term;
+ * then + b[n] in f32 and one rounding to dt. Same argument rules and errors
+ * as ql_linear_wo_ref.
+ */
+int ql_linear_aq_ref(const ql_qweight *w, ql_dtype dt, const void *x,
+                     int64_t m, void *y);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QL_KERNELS_H */
