@@ -1,0 +1,656 @@
+/* handlers.c - see handlers.h. */
+#include "config.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "handlers.h"
+#include "log.h"
+#include "protocol.h"
+
+#define DAEMON_VERSION PACKAGE_VERSION
+
+/* Room a Response needs around its tensor data (envelope, status, shape). */
+#define REPLY_OVERHEAD 4096
+
+typedef struct reply {
+  ql__msg_response resp;
+  Qlinear__V1__Status status;
+  char msg[256];
+} reply;
+
+static void reply_init(reply *r, uint64_t request_id) {
+  qlinear__v1__response__init(&r->resp);
+  qlinear__v1__status__init(&r->status);
+  r->resp.request_id = request_id;
+  r->resp.status = &r->status;
+  r->msg[0] = '\0';
+  r->status.message = r->msg;
+}
+
+static void send_reply(ql__server *s, void *route, reply *r) {
+  if (r->status.code != 0) {
+    s->counters.errors++;
+    ql__debug("request %llu failed: %s: %s",
+              (unsigned long long)r->resp.request_id,
+              ql_err_name(r->status.code), r->msg);
+  }
+  ql__transport_reply(s->transport, route, &r->resp, &s->counters.bytes_out);
+}
+
+static void set_error(reply *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_error(reply *r, int code, const char *fmt, ...) {
+  r->status.code = code;
+  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY__NOT_SET;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+  va_end(ap);
+}
+
+/* Replies with an error and no body. */
+static void reply_error(ql__server *s, void *route, uint64_t id, int code,
+                        const char *text) {
+  reply r;
+  reply_init(&r, id);
+  set_error(&r, code, "%s", text && *text ? text : ql_strerror(code));
+  send_reply(s, route, &r);
+}
+
+/* ------------------------------------------------------------ weight info */
+
+/* A WeightInfo and the storage its pointers refer to. */
+typedef struct info_buf {
+  Qlinear__V1__WeightInfo info;
+  Qlinear__V1__WeightSpec spec;
+  char *devices[1];
+} info_buf;
+
+static void fill_info(info_buf *b, ql__weight *w) {
+  static char cpu[] = "cpu";
+  qlinear__v1__weight_info__init(&b->info);
+  qlinear__v1__weight_spec__init(&b->spec);
+  b->spec.name = w->name;
+  b->spec.format = (Qlinear__V1__Format)w->q->format;
+  b->spec.group_size = w->q->format == QL_FORMAT_Q4G ? w->q->group_size : 0;
+  b->spec.n = (uint64_t)w->q->n;
+  b->spec.k = (uint64_t)w->q->k;
+  b->spec.has_bias = w->q->bias != NULL;
+  b->spec.policy = (Qlinear__V1__Path)w->policy;
+  b->spec.scale_dtype = (Qlinear__V1__DType)w->q->scale_dtype;
+  b->info.spec = &b->spec;
+  b->info.digest.data = w->digest;
+  b->info.digest.len = QL_DIGEST_BYTES;
+  b->info.bytes_resident = w->bytes;
+  b->devices[0] = cpu;
+  b->info.devices = b->devices;
+  b->info.n_devices = 1;
+}
+
+/* ------------------------------------------------------------------ hello */
+
+typedef struct hello_buf {
+  Qlinear__V1__HelloResponse hr;
+  Qlinear__V1__Device cpu;
+  Qlinear__V1__Device *devs[1];
+} hello_buf;
+
+static void on_hello(ql__server *s, const Qlinear__V1__HelloRequest *h,
+                     reply *r, hello_buf *b) {
+  static char name[] = "cpu", version[] = DAEMON_VERSION;
+  Qlinear__V1__HelloResponse *hr = &b->hr;
+  qlinear__v1__hello_response__init(hr);
+  qlinear__v1__device__init(&b->cpu);
+  b->cpu.name = b->cpu.kind = b->cpu.alias = name;
+  b->devs[0] = &b->cpu;
+  hr->protocol_version = QL_PROTOCOL_VERSION;
+  hr->daemon_version = version;
+  hr->instance_id.data = s->instance_id;
+  hr->instance_id.len = sizeof s->instance_id;
+  hr->max_message_bytes = s->cfg.max_message_bytes;
+  hr->max_chunk_bytes = s->cfg.max_chunk_bytes;
+  hr->devices = b->devs;
+  hr->n_devices = 1;
+  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_HELLO;
+  r->resp.hello = hr;
+  /* The body is sent even on a version mismatch so the client can say
+   * which versions met. */
+  if (h->protocol_version != QL_PROTOCOL_VERSION) {
+    r->status.code = QL_EVERSION;
+    snprintf(r->msg, sizeof r->msg, "client speaks protocol %u, daemon %u",
+             h->protocol_version, QL_PROTOCOL_VERSION);
+  }
+}
+
+/* ---------------------------------------------------------------- uploads */
+
+static void on_load_begin(ql__server *s, const Qlinear__V1__LoadBeginRequest *b,
+                          reply *r, Qlinear__V1__LoadBeginResponse *out) {
+  const Qlinear__V1__WeightSpec *sp = b->spec;
+  ql__upload tmpl;
+  memset(&tmpl, 0, sizeof tmpl);
+  size_t es = ql_dtype_size((int)sp->dtype), wbytes, bbytes = 0;
+  ql_dtype sdt = sp->scale_dtype ? (ql_dtype)sp->scale_dtype
+                                 : QL_DEFAULT_SCALE_DTYPE;
+  /* The canonical sizes must be computable too: this rejects shapes the
+   * kernels cannot hold before any byte is uploaded. */
+  int rc = ql_qweight_sizes((ql_format)sp->format, sp->group_size,
+                            (int64_t)sp->n, (int64_t)sp->k, sdt, NULL, NULL,
+                            NULL);
+  if (rc != 0) {
+    set_error(r, rc, "load_begin: %llux%llu is not a valid %s weight",
+              (unsigned long long)sp->n, (unsigned long long)sp->k,
+              (int)sp->format == QL_FORMAT_Q4G ? "q4g" : "q8c");
+    return;
+  }
+  if (ql__mul_size(sp->n, sp->k, es, &wbytes) != 0 ||
+      (sp->has_bias && ql__mul_size(sp->n, 1, es, &bbytes) != 0) ||
+      wbytes > SIZE_MAX - bbytes) {
+    set_error(r, QL_ESHAPE, "load_begin: weight size overflows");
+    return;
+  }
+  snprintf(tmpl.name, sizeof tmpl.name, "%s", sp->name);
+  tmpl.format = (ql_format)sp->format;
+  tmpl.group_size = sp->group_size;
+  tmpl.n = sp->n;
+  tmpl.k = sp->k;
+  tmpl.dtype = (ql_dtype)sp->dtype;
+  tmpl.scale_dtype = sdt;
+  tmpl.policy = (ql_path)sp->policy;
+  tmpl.has_bias = sp->has_bias;
+  tmpl.total = wbytes + bbytes;
+  tmpl.last_ns = ql__now_ns();
+  ql__upload *up;
+  if ((rc = ql__uploads_begin(s->uploads, &tmpl, &up)) != 0) {
+    set_error(r, rc, "load_begin: cannot hold %zu more bytes of uploads",
+              tmpl.total);
+    return;
+  }
+  qlinear__v1__load_begin_response__init(out);
+  out->upload_id = up->id;
+  out->total_bytes = up->total;
+  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_BEGIN;
+  r->resp.load_begin = out;
+}
+
+static void on_load_chunk(ql__server *s, const Qlinear__V1__LoadChunkRequest *c,
+                          reply *r, Qlinear__V1__LoadChunkResponse *out) {
+  ql__upload *up = ql__uploads_get(s->uploads, c->upload_id);
+  if (up == NULL) {
+    set_error(r, QL_ENOTFOUND, "load_chunk: no upload %llu",
+              (unsigned long long)c->upload_id);
+    return;
+  }
+  if (c->data.len > s->cfg.max_chunk_bytes) {
+    set_error(r, QL_ETOOBIG, "load_chunk: %zu bytes, the limit is %zu",
+              c->data.len, s->cfg.max_chunk_bytes);
+    return;
+  }
+  int rc = ql__upload_append(up, c->offset, c->data.data, c->data.len,
+                             ql__now_ns());
+  if (rc == QL_ESEQUENCE)
+    set_error(r, rc, "load_chunk: offset %llu, expected %zu",
+              (unsigned long long)c->offset, up->received);
+  else if (rc == QL_ESHAPE)
+    set_error(r, rc, "load_chunk: %zu bytes at %zu exceed the %zu expected",
+              c->data.len, up->received, up->total);
+  else if (rc != 0)
+    set_error(r, rc, "load_chunk: upload is being committed");
+  if (rc != 0)
+    return;
+  qlinear__v1__load_chunk_response__init(out);
+  out->received_bytes = up->received;
+  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_CHUNK;
+  r->resp.load_chunk = out;
+}
+
+/* A LoadCommit: quantization and digest run in the libuv thread pool so
+ * that a large weight does not stall the loop. */
+typedef struct commit_work {
+  uv_work_t work;
+  ql__server *s;
+  ql__upload *up;
+  void *route;
+  uint64_t request_id;
+  ql__weight *w;
+  int rc;
+} commit_work;
+
+static void commit_run(uv_work_t *work) {
+  commit_work *c = work->data;
+  ql__upload *up = c->up;
+  size_t wbytes = (size_t)up->n * up->k * ql_dtype_size(up->dtype);
+  ql_qweight *q = NULL;
+  c->rc = ql_qweight_quantize(up->format, up->group_size, (int64_t)up->n,
+                              (int64_t)up->k, up->dtype, up->data,
+                              up->has_bias ? up->data + wbytes : NULL,
+                              up->scale_dtype, &q);
+  if (c->rc != 0)
+    return;
+  c->rc = ql__weight_create(up->name, q, up->policy, &c->w);
+  if (c->rc != 0)
+    ql_qweight_free(q);
+}
+
+static void commit_done(uv_work_t *work, int status) {
+  commit_work *c = work->data;
+  ql__server *s = c->s;
+  reply r;
+  reply_init(&r, c->request_id);
+  Qlinear__V1__LoadCommitResponse out;
+  info_buf ib;
+  s->commits_running--;
+  if (status != 0 && c->rc == 0)
+    c->rc = QL_EINTERNAL;
+  if (c->rc == QL_ENONFINITE) {
+    set_error(&r, c->rc, "load_commit: NaN or Inf in the weight or bias");
+  } else if (c->rc != 0) {
+    set_error(&r, c->rc, "load_commit: cannot quantize: %s",
+              ql_strerror(c->rc));
+  } else {
+    ql__weight *existing = NULL;
+    int rc = ql__weight_store_insert(s->weights, c->w, &existing);
+    if (rc == QL_EEXIST) {
+      set_error(&r, rc, "load_commit: a weight named '%s' with other "
+                "content is resident", c->w->name);
+    } else {
+      ql__weight *w = existing ? existing : c->w;
+      qlinear__v1__load_commit_response__init(&out);
+      fill_info(&ib, w);
+      out.weight = &ib.info;
+      out.shared = existing != NULL;
+      r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_COMMIT;
+      r.resp.load_commit = &out;
+      ql__info("%s weight %s (%llux%llu, %zu bytes)",
+               existing ? "shared" : "loaded", w->name,
+               (unsigned long long)w->q->n, (unsigned long long)w->q->k,
+               w->bytes);
+    }
+  }
+  send_reply(s, c->route, &r);
+  ql__weight_unref(c->w); /* the store holds its own reference */
+  ql__uploads_remove(s->uploads, c->up);
+  free(c);
+}
+
+static int on_load_commit(ql__server *s, uint64_t id,
+                          const Qlinear__V1__LoadCommitRequest *m, void *route,
+                          reply *r) {
+  ql__upload *up = ql__uploads_get(s->uploads, m->upload_id);
+  if (up == NULL) {
+    set_error(r, QL_ENOTFOUND, "load_commit: no upload %llu",
+              (unsigned long long)m->upload_id);
+    return 0;
+  }
+  if (up->committing) {
+    set_error(r, QL_EINVAL, "load_commit: already committing");
+    return 0;
+  }
+  if (up->received != up->total) {
+    set_error(r, QL_ESHAPE, "load_commit: received %zu of %zu bytes",
+              up->received, up->total);
+    return 0;
+  }
+  commit_work *c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    set_error(r, QL_ENOMEM, "load_commit: out of memory");
+    return 0;
+  }
+  c->s = s;
+  c->up = up;
+  c->route = route;
+  c->request_id = id;
+  c->work.data = c;
+  if (uv_queue_work(s->loop, &c->work, commit_run, commit_done) != 0) {
+    free(c);
+    set_error(r, QL_EINTERNAL, "load_commit: cannot queue work");
+    return 0;
+  }
+  up->committing = 1;
+  s->commits_running++;
+  return 1; /* answered later */
+}
+
+static void on_load_abort(ql__server *s, const Qlinear__V1__LoadAbortRequest *m,
+                          reply *r, Qlinear__V1__LoadAbortResponse *out) {
+  ql__upload *up = ql__uploads_get(s->uploads, m->upload_id);
+  if (up == NULL) {
+    set_error(r, QL_ENOTFOUND, "load_abort: no upload %llu",
+              (unsigned long long)m->upload_id);
+    return;
+  }
+  if (up->committing) {
+    set_error(r, QL_EINVAL, "load_abort: upload is being committed");
+    return;
+  }
+  ql__uploads_remove(s->uploads, up);
+  qlinear__v1__load_abort_response__init(out);
+  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_ABORT;
+  r->resp.load_abort = out;
+}
+
+void ql__handlers_expire_uploads(ql__server *s) {
+  size_t n = ql__uploads_expire(s->uploads, ql__now_ns(),
+                                s->cfg.upload_idle_ms * 1000000u);
+  if (n > 0)
+    ql__notice("dropped %zu idle upload%s", n, n == 1 ? "" : "s");
+}
+
+/* ------------------------------------------------------- unload, list */
+
+static void on_unload(ql__server *s, const Qlinear__V1__UnloadWeightRequest *m,
+                      reply *r, Qlinear__V1__UnloadWeightResponse *out) {
+  if (ql__weight_store_remove(s->weights, m->name) != 0) {
+    set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
+    return;
+  }
+  ql__info("unloaded weight %s", m->name);
+  qlinear__v1__unload_weight_response__init(out);
+  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_UNLOAD;
+  r->resp.unload = out;
+}
+
+typedef struct list_ctx {
+  info_buf *bufs;
+  Qlinear__V1__WeightInfo **ptrs;
+  size_t n;
+} list_ctx;
+
+static void list_one(ql__weight *w, void *arg) {
+  list_ctx *l = arg;
+  fill_info(&l->bufs[l->n], w);
+  l->ptrs[l->n] = &l->bufs[l->n].info;
+  l->n++;
+}
+
+/* ------------------------------------------------------------------ stats */
+
+typedef struct stats_ctx {
+  Qlinear__V1__WeightStats *st;
+  Qlinear__V1__WeightStats **ptrs;
+  size_t n;
+} stats_ctx;
+
+static void stats_one(ql__weight *w, void *arg) {
+  static char cpu[] = "cpu";
+  stats_ctx *c = arg;
+  Qlinear__V1__WeightStats *st = &c->st[c->n];
+  qlinear__v1__weight_stats__init(st);
+  st->weight = w->name;
+  st->device = cpu;
+  st->requests = w->stats.requests;
+  st->rows = w->stats.rows;
+  st->batches = w->stats.batches;
+  st->wo_batches = w->stats.wo_batches;
+  st->aq_batches = w->stats.aq_batches;
+  st->queue_ns = w->stats.queue_ns;
+  st->kernel_ns = w->stats.kernel_ns;
+  st->impl = (char *)w->stats.impl;
+  st->bytes_resident = w->bytes;
+  c->ptrs[c->n] = st;
+  c->n++;
+}
+
+/* ----------------------------------------------------------------- linear */
+
+typedef struct linear_job {
+  ql__job job;
+  ql__server *s;
+  void *route;
+  ql__request *req; /* owns x */
+  ql__weight *w;    /* one reference */
+  ql_path path;
+  ql_dtype dt;
+  int64_t m;
+  void *y;
+  size_t y_bytes;
+  int rc;
+  const char *impl;
+} linear_job;
+
+static void linear_run(ql__job *job) {
+  linear_job *j = (linear_job *)job;
+  const Qlinear__V1__Tensor *x = j->req->msg->linear->x;
+  j->y = malloc(j->y_bytes);
+  if (j->y == NULL) {
+    j->rc = QL_ENOMEM;
+    return;
+  }
+  if (j->path == QL_PATH_WEIGHT_ONLY) {
+    j->impl = "generic.linear_wo";
+    j->rc = ql_linear_wo_ref(j->w->q, j->dt, x->inline_data.data, j->m, j->y);
+  } else {
+    j->impl = "generic.linear_aq";
+    j->rc = ql_linear_aq_ref(j->w->q, j->dt, x->inline_data.data, j->m, j->y);
+  }
+}
+
+static void linear_done(ql__job *job) {
+  linear_job *j = (linear_job *)job;
+  ql__server *s = j->s;
+  reply r;
+  reply_init(&r, j->req->msg->request_id);
+  Qlinear__V1__LinearResponse out;
+  Qlinear__V1__Tensor y;
+  uint64_t shape[2] = {(uint64_t)j->m, (uint64_t)j->w->q->n};
+  if (j->rc == QL_ENONFINITE) {
+    set_error(&r, j->rc, "linear: NaN or Inf in the activations");
+  } else if (j->rc != 0) {
+    set_error(&r, j->rc, "linear: %s", ql_strerror(j->rc));
+  } else {
+    qlinear__v1__linear_response__init(&out);
+    qlinear__v1__tensor__init(&y);
+    y.dtype = (Qlinear__V1__DType)j->dt;
+    y.shape = shape;
+    y.n_shape = 2;
+    y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+    y.inline_data.data = j->y;
+    y.inline_data.len = j->y_bytes;
+    out.y = &y;
+    out.path = (Qlinear__V1__Path)j->path;
+    out.impl = (char *)j->impl;
+    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LINEAR;
+    r.resp.linear = &out;
+    ql__weight_stats *st = &j->w->stats;
+    st->requests++;
+    st->rows += (uint64_t)j->m;
+    st->batches++;
+    if (j->path == QL_PATH_WEIGHT_ONLY)
+      st->wo_batches++;
+    else
+      st->aq_batches++;
+    st->queue_ns += job->start_ns - job->enqueue_ns;
+    st->kernel_ns += job->end_ns - job->start_ns;
+    st->impl = j->impl;
+  }
+  send_reply(s, j->route, &r);
+  ql__weight_unref(j->w);
+  ql__request_free(j->req);
+  free(j->y);
+  free(j);
+}
+
+/* Takes ownership of req when it returns 1 (answered later). */
+static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
+  const Qlinear__V1__LinearRequest *l = req->msg->linear;
+  ql__weight *w = ql__weight_store_get(s->weights, l->weight);
+  if (w == NULL) {
+    set_error(r, QL_ENOTFOUND, "linear: no weight named '%s'", l->weight);
+    return 0;
+  }
+  uint64_t m = l->x->shape[0], k = l->x->shape[1];
+  if (k != (uint64_t)w->q->k) {
+    set_error(r, QL_ESHAPE, "linear: x has K=%llu, weight '%s' has K=%lld",
+              (unsigned long long)k, w->name, (long long)w->q->k);
+    return 0;
+  }
+  ql_dtype dt = (ql_dtype)l->x->dtype;
+  size_t y_bytes;
+  if (ql__mul_size(m, (size_t)w->q->n, ql_dtype_size(dt), &y_bytes) != 0 ||
+      y_bytes > s->cfg.max_message_bytes - REPLY_OVERHEAD) {
+    set_error(r, QL_ETOOBIG, "linear: the [%llu,%lld] result exceeds the "
+              "%zu-byte message cap", (unsigned long long)m,
+              (long long)w->q->n, s->cfg.max_message_bytes);
+    return 0;
+  }
+  /* Path: the request's own choice, else the weight's policy, else by the
+   * request's row count (DESIGN §6). */
+  ql_path path = (ql_path)l->path;
+  if (path == QL_PATH_AUTO)
+    path = w->policy;
+  if (path == QL_PATH_AUTO)
+    path = m < s->cfg.crossover_rows ? QL_PATH_WEIGHT_ONLY
+                                     : QL_PATH_ACT_QUANT;
+  linear_job *j = calloc(1, sizeof *j);
+  if (j == NULL) {
+    set_error(r, QL_ENOMEM, "linear: out of memory");
+    return 0;
+  }
+  j->job.run = linear_run;
+  j->job.done = linear_done;
+  j->s = s;
+  j->route = route;
+  j->req = req;
+  j->w = w;
+  j->path = path;
+  j->dt = dt;
+  j->m = (int64_t)m;
+  j->y_bytes = y_bytes;
+  int rc = ql__worker_submit(s->cpu, &j->job);
+  if (rc != 0) {
+    free(j);
+    set_error(r, rc, rc == QL_EEXHAUSTED ? "linear: the cpu queue is full"
+                                         : "linear: daemon is stopping");
+    return 0;
+  }
+  ql__weight_ref(w);
+  return 1;
+}
+
+/* -------------------------------------------------------------- dispatch */
+
+size_t ql__handlers_in_flight(const ql__server *s) {
+  return s->commits_running + (s->cpu ? ql__worker_pending(s->cpu) : 0);
+}
+
+void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
+  ql__server *s = arg;
+  char err[256] = "";
+  ql__request *req = NULL;
+  s->counters.requests++;
+  s->counters.bytes_in += len;
+
+  /* The budget bounds what a message may make the unpacker allocate: the
+   * bytes it carries plus room for its structure. */
+  int rc = ql__request_decode(buf, len, len + (1u << 20), &req, err,
+                              sizeof err);
+  if (rc != 0) {
+    reply_error(s, route, 0, rc, err);
+    return;
+  }
+  const ql__msg_request *m = req->msg;
+  if ((rc = ql__request_validate(m, err, sizeof err)) != 0) {
+    reply_error(s, route, m->request_id, rc, err);
+    ql__request_free(req);
+    return;
+  }
+  if (s->stopping) {
+    reply_error(s, route, m->request_id, QL_ESHUTDOWN, "daemon is stopping");
+    ql__request_free(req);
+    return;
+  }
+
+  reply r;
+  reply_init(&r, m->request_id);
+  /* Bodies referenced by r live in this frame until send_reply below. */
+  union {
+    Qlinear__V1__LoadBeginResponse begin;
+    Qlinear__V1__LoadChunkResponse chunk;
+    Qlinear__V1__LoadAbortResponse abort;
+    Qlinear__V1__UnloadWeightResponse unload;
+    hello_buf hello;
+  } body;
+  Qlinear__V1__ListWeightsResponse list;
+  Qlinear__V1__StatsResponse stats;
+  list_ctx lc = {NULL, NULL, 0};
+  stats_ctx sc = {NULL, NULL, 0};
+
+  switch (m->body_case) {
+  case QLINEAR__V1__REQUEST__BODY_HELLO:
+    on_hello(s, m->hello, &r, &body.hello);
+    break;
+  case QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN:
+    on_load_begin(s, m->load_begin, &r, &body.begin);
+    break;
+  case QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK:
+    on_load_chunk(s, m->load_chunk, &r, &body.chunk);
+    break;
+  case QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT:
+    if (on_load_commit(s, m->request_id, m->load_commit, route, &r)) {
+      ql__request_free(req);
+      return;
+    }
+    break;
+  case QLINEAR__V1__REQUEST__BODY_LOAD_ABORT:
+    on_load_abort(s, m->load_abort, &r, &body.abort);
+    break;
+  case QLINEAR__V1__REQUEST__BODY_UNLOAD:
+    on_unload(s, m->unload, &r, &body.unload);
+    break;
+  case QLINEAR__V1__REQUEST__BODY_LIST: {
+    size_t n = ql__weight_store_count(s->weights);
+    lc.bufs = calloc(n + 1, sizeof *lc.bufs);
+    lc.ptrs = calloc(n + 1, sizeof *lc.ptrs);
+    if (lc.bufs == NULL || lc.ptrs == NULL) {
+      set_error(&r, QL_ENOMEM, "list: out of memory");
+      break;
+    }
+    ql__weight_store_foreach(s->weights, list_one, &lc);
+    qlinear__v1__list_weights_response__init(&list);
+    list.weights = lc.ptrs;
+    list.n_weights = lc.n;
+    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LIST;
+    r.resp.list = &list;
+    break;
+  }
+  case QLINEAR__V1__REQUEST__BODY_LINEAR:
+    if (on_linear(s, req, route, &r))
+      return; /* the job owns req and route now */
+    break;
+  case QLINEAR__V1__REQUEST__BODY_STATS: {
+    size_t n = ql__weight_store_count(s->weights);
+    sc.st = calloc(n + 1, sizeof *sc.st);
+    sc.ptrs = calloc(n + 1, sizeof *sc.ptrs);
+    if (sc.st == NULL || sc.ptrs == NULL) {
+      set_error(&r, QL_ENOMEM, "stats: out of memory");
+      break;
+    }
+    ql__weight_store_foreach(s->weights, stats_one, &sc);
+    qlinear__v1__stats_response__init(&stats);
+    stats.uptime_ns = ql__now_ns() - s->start_ns;
+    stats.requests = s->counters.requests;
+    stats.errors = s->counters.errors;
+    stats.bytes_in = s->counters.bytes_in;
+    stats.bytes_out = s->counters.bytes_out;
+    stats.weights = n;
+    stats.uploads_in_progress = ql__uploads_count(s->uploads);
+    stats.per_weight = sc.ptrs;
+    stats.n_per_weight = sc.n;
+    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
+    r.resp.stats = &stats;
+    break;
+  }
+  default:
+    set_error(&r, QL_EPROTO, "request has no known body");
+    break;
+  }
+  send_reply(s, route, &r);
+  free(lc.bufs);
+  free(lc.ptrs);
+  free(sc.st);
+  free(sc.ptrs);
+  ql__request_free(req);
+}

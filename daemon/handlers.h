@@ -1,0 +1,28 @@
+/*
+ * handlers.h - what the daemon does with each request body.
+ *
+ * ql__handle_message is the transport's callback: it decodes and validates
+ * the message, answers synchronous bodies at once, and hands Linear
+ * requests to a device worker and LoadCommit quantizations to the libuv
+ * thread pool; their replies are sent when they complete. Every failure is
+ * answered with a Status carrying a QL_E* code and a message; nothing a
+ * client sends can change stored state unless the request succeeds.
+ */
+#ifndef QL_HANDLERS_H
+#define QL_HANDLERS_H
+
+#include <stddef.h>
+
+#include "qlineard.h"
+
+/* Transport callback; arg is the ql__server. Consumes route. */
+void ql__handle_message(void *arg, const void *body, size_t len, void *route);
+
+/* Number of requests accepted and not yet answered (commits and linear
+ * jobs), for the shutdown drain. */
+size_t ql__handlers_in_flight(const ql__server *s);
+
+/* Drops uploads idle for longer than the configured timeout. */
+void ql__handlers_expire_uploads(ql__server *s);
+
+#endif /* QL_HANDLERS_H */

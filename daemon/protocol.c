@@ -1,0 +1,250 @@
+/* protocol.c - see protocol.h. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "protocol.h"
+
+/* The C enums of ql_defs.h are the wire enums: a value is range-checked
+ * and then cast. */
+_Static_assert((int)QLINEAR__V1__DTYPE__DTYPE_F32 == QL_DTYPE_F32 &&
+                   (int)QLINEAR__V1__DTYPE__DTYPE_F16 == QL_DTYPE_F16 &&
+                   (int)QLINEAR__V1__DTYPE__DTYPE_BF16 == QL_DTYPE_BF16,
+               "dtype values");
+_Static_assert((int)QLINEAR__V1__FORMAT__FORMAT_Q4G == QL_FORMAT_Q4G &&
+                   (int)QLINEAR__V1__FORMAT__FORMAT_Q8C == QL_FORMAT_Q8C &&
+                   (int)QLINEAR__V1__FORMAT__FORMAT_Q8B == QL_FORMAT_Q8B &&
+                   (int)QLINEAR__V1__FORMAT__FORMAT_F8R == QL_FORMAT_F8R,
+               "format values");
+_Static_assert((int)QLINEAR__V1__PATH__PATH_AUTO == QL_PATH_AUTO &&
+                   (int)QLINEAR__V1__PATH__PATH_WEIGHT_ONLY ==
+                       QL_PATH_WEIGHT_ONLY &&
+                   (int)QLINEAR__V1__PATH__PATH_ACT_QUANT == QL_PATH_ACT_QUANT,
+               "path values");
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...) {
+  if (err == NULL || errlen == 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+/* Every allocation carries its size in a header so that free can return it
+ * to the budget; 16 bytes keep the payload max-aligned. */
+#define HDR 16
+
+static void *budget_alloc(void *data, size_t size) {
+  ql__request *r = data;
+  if (size > r->limit - r->used || size > SIZE_MAX - HDR)
+    return NULL;
+  unsigned char *p = malloc(size + HDR);
+  if (p == NULL)
+    return NULL;
+  memcpy(p, &size, sizeof size);
+  r->used += size;
+  return p + HDR;
+}
+
+static void budget_free(void *data, void *ptr) {
+  ql__request *r = data;
+  if (ptr == NULL)
+    return;
+  unsigned char *p = (unsigned char *)ptr - HDR;
+  size_t size;
+  memcpy(&size, p, sizeof size);
+  r->used -= size;
+  free(p);
+}
+
+int ql__mul_size(size_t a, size_t b, size_t c, size_t *out) {
+  size_t ab;
+  if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, out))
+    return -1;
+  return 0;
+}
+
+int ql__name_valid(const char *name) {
+  size_t n = strlen(name);
+  if (n == 0 || n > 255 || name[0] == '/')
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+             (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '/' ||
+             c == '-';
+    if (!ok)
+      return 0;
+  }
+  /* ".." anywhere, not only as a whole component: simpler and stricter. */
+  return strstr(name, "..") == NULL;
+}
+
+static int check_name(const char *what, const char *name, char *err,
+                      size_t errlen) {
+  if (name == NULL || !ql__name_valid(name)) {
+    seterr(err, errlen,
+           "%s: invalid weight name (want [A-Za-z0-9._/-]{1,255}, no '..', "
+           "no leading '/')",
+           what);
+    return QL_ENAME;
+  }
+  return 0;
+}
+
+static int validate_spec(const Qlinear__V1__WeightSpec *s, char *err,
+                         size_t errlen) {
+  int rc;
+  if (s == NULL) {
+    seterr(err, errlen, "load_begin: missing spec");
+    return QL_EINVAL;
+  }
+  if ((rc = check_name("load_begin", s->name, err, errlen)) != 0)
+    return rc;
+  if (!ql_format_valid((int)s->format)) {
+    seterr(err, errlen, "load_begin: unknown format %d", (int)s->format);
+    return QL_EFORMAT;
+  }
+  int fmt = (int)s->format;
+  if (fmt != QL_FORMAT_Q4G && fmt != QL_FORMAT_Q8C) {
+    seterr(err, errlen, "load_begin: format %s is not supported yet",
+           fmt == QL_FORMAT_Q8B ? "q8b" : "f8r");
+    return QL_EFORMAT;
+  }
+  if (fmt == QL_FORMAT_Q4G && s->group_size != 32 &&
+      s->group_size != 64 && s->group_size != 128 && s->group_size != 256) {
+    seterr(err, errlen, "load_begin: q4g group size %u (want 32, 64, 128 or 256)",
+           s->group_size);
+    return QL_EINVAL;
+  }
+  if (s->n == 0 || s->k == 0 || s->n > QL_MAX_DIM || s->k > QL_MAX_DIM) {
+    seterr(err, errlen, "load_begin: shape %llux%llu out of range",
+           (unsigned long long)s->n, (unsigned long long)s->k);
+    return QL_ESHAPE;
+  }
+  if (!ql_dtype_valid((int)s->dtype)) {
+    seterr(err, errlen, "load_begin: unknown data dtype %d", (int)s->dtype);
+    return QL_EDTYPE;
+  }
+  if (s->scale_dtype != 0 && !ql_dtype_valid((int)s->scale_dtype)) {
+    seterr(err, errlen, "load_begin: unknown scale dtype %d",
+           (int)s->scale_dtype);
+    return QL_EDTYPE;
+  }
+  if (!ql_path_valid((int)s->policy)) {
+    seterr(err, errlen, "load_begin: unknown policy %d", (int)s->policy);
+    return QL_EINVAL;
+  }
+  return 0;
+}
+
+static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
+                           size_t errlen) {
+  int rc;
+  if ((rc = check_name("linear", l->weight, err, errlen)) != 0)
+    return rc;
+  if (!ql_path_valid((int)l->path)) {
+    seterr(err, errlen, "linear: unknown path %d", (int)l->path);
+    return QL_EINVAL;
+  }
+  const Qlinear__V1__Tensor *x = l->x;
+  if (x == NULL) {
+    seterr(err, errlen, "linear: missing x");
+    return QL_EINVAL;
+  }
+  size_t es = ql_dtype_size((int)x->dtype);
+  if (es == 0) {
+    seterr(err, errlen, "linear: x has unknown dtype %d", (int)x->dtype);
+    return QL_EDTYPE;
+  }
+  if (x->n_shape != 2) {
+    seterr(err, errlen, "linear: x must be 2-D [M,K], got %zu dims",
+           x->n_shape);
+    return QL_ESHAPE;
+  }
+  uint64_t m = x->shape[0], k = x->shape[1];
+  if (m == 0 || k == 0 || m > QL_MAX_DIM || k > QL_MAX_DIM) {
+    seterr(err, errlen, "linear: x shape [%llu,%llu] out of range",
+           (unsigned long long)m, (unsigned long long)k);
+    return QL_ESHAPE;
+  }
+  if (x->data_case != QLINEAR__V1__TENSOR__DATA_INLINE_DATA) {
+    seterr(err, errlen, "linear: x carries no data");
+    return QL_EINVAL;
+  }
+  size_t want;
+  if (ql__mul_size((size_t)m, (size_t)k, es, &want) != 0 ||
+      x->inline_data.len != want) {
+    seterr(err, errlen, "linear: x holds %zu bytes, [%llu,%llu] of %zu-byte "
+           "elements needs %llu",
+           x->inline_data.len, (unsigned long long)m, (unsigned long long)k,
+           es, (unsigned long long)m * k * es);
+    return QL_ESHAPE;
+  }
+  return 0;
+}
+
+int ql__request_validate(const ql__msg_request *req, char *err,
+                         size_t errlen) {
+  switch (req->body_case) {
+  case QLINEAR__V1__REQUEST__BODY_HELLO:
+  case QLINEAR__V1__REQUEST__BODY_LIST:
+  case QLINEAR__V1__REQUEST__BODY_STATS:
+  case QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT:
+  case QLINEAR__V1__REQUEST__BODY_LOAD_ABORT:
+    return 0;
+  case QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN:
+    return validate_spec(req->load_begin->spec, err, errlen);
+  case QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK:
+    if (req->load_chunk->data.len == 0) {
+      seterr(err, errlen, "load_chunk: empty chunk");
+      return QL_EINVAL;
+    }
+    return 0;
+  case QLINEAR__V1__REQUEST__BODY_UNLOAD:
+    return check_name("unload", req->unload->name, err, errlen);
+  case QLINEAR__V1__REQUEST__BODY_LINEAR:
+    return validate_linear(req->linear, err, errlen);
+  default:
+    seterr(err, errlen, "request has no known body");
+    return QL_EPROTO;
+  }
+}
+
+int ql__request_decode(const void *buf, size_t len, size_t budget,
+                       ql__request **out, char *err, size_t errlen) {
+  int rc;
+  *out = NULL;
+  ql__request *r = calloc(1, sizeof *r);
+  if (r == NULL) {
+    seterr(err, errlen, "out of memory");
+    return QL_ENOMEM;
+  }
+  r->limit = budget;
+  r->alloc.alloc = budget_alloc;
+  r->alloc.free = budget_free;
+  r->alloc.allocator_data = r;
+  r->msg = qlinear__v1__request__unpack(&r->alloc, len, buf);
+  if (r->msg == NULL) {
+    seterr(err, errlen, "not a valid qlinear.v1.Request");
+    rc = QL_EPROTO;
+    goto fail;
+  }
+  *out = r;
+  return 0;
+fail:
+  ql__request_free(r);
+  return rc;
+}
+
+void ql__request_free(ql__request *r) {
+  if (r == NULL)
+    return;
+  if (r->msg != NULL)
+    qlinear__v1__request__free_unpacked(r->msg, &r->alloc);
+  free(r);
+}

@@ -1,0 +1,64 @@
+/*
+ * protocol.h - decoding and stateless validation of wire requests.
+ *
+ * Everything here is pure (no sockets, no loop) so the request fuzz target
+ * runs the same code the daemon runs. Checks that need daemon state (does
+ * the weight exist, does K match) belong to handlers.c.
+ */
+#ifndef QL_PROTOCOL_H
+#define QL_PROTOCOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qlinear.pb-c.h"
+#include "ql_defs.h"
+
+typedef Qlinear__V1__Request ql__msg_request;
+typedef Qlinear__V1__Response ql__msg_response;
+
+/* A decoded request and the allocator budget its memory came from. */
+typedef struct ql__request {
+  ql__msg_request *msg;       /* owned; freed by ql__request_free() */
+  ProtobufCAllocator alloc;   /* allocator_data points back at this struct */
+  size_t used;                /* bytes currently allocated for msg */
+  size_t limit;               /* unpack fails once used would exceed it */
+} ql__request;
+
+/*
+ * Unpacks buf[0..len) as a Request with at most budget bytes of heap for the
+ * decoded message. It does not validate: the caller runs
+ * ql__request_validate() so that an invalid request can still be answered
+ * under its request_id. On success *out is a new request the caller owns.
+ * On failure returns QL_EPROTO (not a Request, or over budget) or
+ * QL_ENOMEM, writes the reason to err, and *out is NULL.
+ */
+int ql__request_decode(const void *buf, size_t len, size_t budget,
+                       ql__request **out, char *err, size_t errlen);
+
+/* Frees r and its message. Safe on NULL. */
+void ql__request_free(ql__request *r);
+
+/*
+ * Checks everything about a request that needs no daemon state: a body is
+ * set, enum values are known, names are well formed, shapes are positive
+ * and match the inline data length without overflow. Returns 0 or a QL_E*
+ * code with the reason in err.
+ */
+int ql__request_validate(const ql__msg_request *req, char *err,
+                         size_t errlen);
+
+/* True for a weight name matching [A-Za-z0-9._/-]{1,255} with no ".."
+ * component and no leading "/". */
+int ql__name_valid(const char *name);
+
+/* Multiplies a*b*c into *out; returns -1 on overflow of size_t. */
+int ql__mul_size(size_t a, size_t b, size_t c, size_t *out);
+
+/* The policy of a LoadBegin spec: scale dtype default, for handlers. */
+#define QL_DEFAULT_SCALE_DTYPE QL_DTYPE_BF16
+
+/* Largest N or K accepted (the kernels index rows with 32-bit ints). */
+#define QL_MAX_DIM ((uint64_t)1 << 30)
+
+#endif /* QL_PROTOCOL_H */

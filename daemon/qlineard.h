@@ -1,0 +1,66 @@
+/*
+ * qlineard.h - the daemon's configuration and its top-level state.
+ *
+ * One libuv loop thread owns everything here; device workers touch only
+ * the jobs handed to them (worker.h).
+ */
+#ifndef QLINEARD_H
+#define QLINEARD_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "transport.h"
+#include "upload.h"
+#include "weights.h"
+#include "worker.h"
+
+/* Options; main.c fills them from the command line (a config file joins
+ * later). Defaults from ql__config_defaults(). */
+typedef struct ql__config {
+  char socket_dir[PATH_MAX]; /* directory of qlineard.sock; created 0700 */
+  size_t max_message_bytes;  /* larger messages are refused (NN_RCVMAXSIZE) */
+  size_t max_chunk_bytes;    /* largest LoadChunk payload */
+  size_t max_upload_bytes;   /* all uploads in progress together */
+  uint64_t upload_idle_ms;   /* an idle upload is dropped after this */
+  size_t max_queue;          /* waiting jobs per device worker */
+  uint32_t crossover_rows;   /* AUTO: rows below this run weight-only */
+  int log_level;             /* QL_LOG_* */
+} ql__config;
+
+/* Fills cfg with the defaults; the socket directory follows the rule of
+ * ql_default_address(): $XDG_RUNTIME_DIR/qlinear, else /tmp/qlinear-<uid>. */
+void ql__config_defaults(ql__config *cfg);
+
+typedef struct ql__counters {
+  uint64_t requests; /* requests received (decodable or not) */
+  uint64_t errors;   /* replies with a non-zero status */
+  uint64_t bytes_in;
+  uint64_t bytes_out;
+} ql__counters;
+
+typedef struct ql__server {
+  ql__config cfg;
+  uv_loop_t *loop;
+  char address[PATH_MAX + 8]; /* "ipc://<socket_dir>/qlineard.sock" */
+  ql__transport *transport;
+  ql__weight_store *weights;
+  ql__uploads *uploads;
+  ql__worker *cpu; /* the CPU device worker */
+  uv_signal_t sig_int, sig_term;
+  uv_timer_t sweep; /* expires idle uploads */
+  uv_timer_t drain; /* polls for the end of in-flight work at shutdown */
+  uint8_t instance_id[16];
+  uint64_t start_ns;
+  size_t commits_running; /* LoadCommit quantizations in the thread pool */
+  int stopping;
+  ql__counters counters;
+} ql__server;
+
+/* Runs the daemon until SIGINT/SIGTERM; returns the process exit status. */
+int ql__server_run(const ql__config *cfg);
+
+#endif /* QLINEARD_H */

@@ -1,0 +1,205 @@
+/*
+ * server.c - the daemon's life: set up the loop, the socket directory, the
+ * request socket, the device worker and the signal handlers; run; and on
+ * SIGINT/SIGTERM stop reading requests, let in-flight work finish and be
+ * answered, then tear everything down in reverse order.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "handlers.h"
+#include "log.h"
+#include "qlineard.h"
+
+void ql__config_defaults(ql__config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  if (xdg != NULL && xdg[0] == '/')
+    snprintf(cfg->socket_dir, sizeof cfg->socket_dir, "%s/qlinear", xdg);
+  else
+    snprintf(cfg->socket_dir, sizeof cfg->socket_dir, "/tmp/qlinear-%u",
+             (unsigned)getuid());
+  cfg->max_message_bytes = 64u << 20;
+  cfg->max_chunk_bytes = 4u << 20;
+  cfg->max_upload_bytes = (size_t)4 << 30;
+  cfg->upload_idle_ms = 120000;
+  cfg->max_queue = 1024;
+  cfg->crossover_rows = 16;
+  cfg->log_level = QL_LOG_INFO;
+}
+
+/*
+ * Makes the socket directory (0700) if it is missing and checks that an
+ * existing one is ours and not writable by others: the directory is the
+ * access boundary of the socket.
+ */
+static int prepare_socket_dir(const char *dir) {
+  struct stat st;
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    ql__err("cannot create %s: %s", dir, strerror(errno));
+    return QL_EIO;
+  }
+  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    ql__err("%s is not a directory", dir);
+    return QL_EIO;
+  }
+  if (st.st_uid != getuid() || (st.st_mode & 0002)) {
+    ql__err("%s must belong to this user and not be world-writable", dir);
+    return QL_EPERM;
+  }
+  return 0;
+}
+
+/*
+ * nanomsg fails to bind over an existing socket file. A file left by a
+ * daemon that died is removed; one that still accepts connections belongs
+ * to a running daemon, which is an error.
+ */
+static int clear_stale_socket(const char *path) {
+  struct sockaddr_un sa;
+  if (strlen(path) >= sizeof sa.sun_path) {
+    ql__err("socket path too long: %s", path);
+    return QL_EINVAL;
+  }
+  if (access(path, F_OK) != 0)
+    return 0;
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0)
+    return QL_EIO;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  strcpy(sa.sun_path, path);
+  int alive = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  if (alive) {
+    ql__err("another qlineard is listening at %s", path);
+    return QL_EEXIST;
+  }
+  unlink(path);
+  return 0;
+}
+
+static void on_sweep(uv_timer_t *t) {
+  ql__handlers_expire_uploads(t->data);
+}
+
+static void close_all(ql__server *s);
+
+/* Once nothing is in flight, give nanomsg a moment to write the last
+ * replies (nn_close does not linger) and stop. */
+static void on_drain(uv_timer_t *t) {
+  ql__server *s = t->data;
+  static int quiet_ticks;
+  if (ql__handlers_in_flight(s) > 0) {
+    quiet_ticks = 0;
+    return;
+  }
+  if (++quiet_ticks < 10) /* 10 ticks of 20 ms */
+    return;
+  close_all(s);
+}
+
+static void on_signal(uv_signal_t *sig, int signum) {
+  ql__server *s = sig->data;
+  if (s->stopping) {
+    ql__notice("second signal: exiting now");
+    exit(1);
+  }
+  s->stopping = 1;
+  ql__notice("%s: stopping; %zu request%s in flight", strsignal(signum),
+             ql__handlers_in_flight(s),
+             ql__handlers_in_flight(s) == 1 ? "" : "s");
+  ql__transport_stop(s->transport);
+  uv_timer_start(&s->drain, on_drain, 20, 20);
+}
+
+static void close_all(ql__server *s) {
+  ql__transport_close(s->transport);
+  s->transport = NULL;
+  if (s->cpu)
+    ql__worker_close(s->cpu);
+  uv_close((uv_handle_t *)&s->sig_int, NULL);
+  uv_close((uv_handle_t *)&s->sig_term, NULL);
+  uv_close((uv_handle_t *)&s->sweep, NULL);
+  uv_close((uv_handle_t *)&s->drain, NULL);
+}
+
+int ql__server_run(const ql__config *cfg) {
+  int rc, status = 1;
+  ql__server *s = calloc(1, sizeof *s);
+  uv_loop_t loop;
+  if (s == NULL || uv_loop_init(&loop) != 0) {
+    free(s);
+    return 1;
+  }
+  s->cfg = *cfg;
+  s->loop = &loop;
+  s->start_ns = ql__now_ns();
+  ql__log_set_level(cfg->log_level);
+  signal(SIGPIPE, SIG_IGN);
+  if (getrandom(s->instance_id, sizeof s->instance_id, 0) !=
+      (ssize_t)sizeof s->instance_id) {
+    ql__err("getrandom failed: %s", strerror(errno));
+    goto fail;
+  }
+  char path[PATH_MAX];
+  if (snprintf(path, sizeof path, "%s/qlineard.sock", cfg->socket_dir) >=
+      (int)sizeof path) {
+    ql__err("socket directory path too long");
+    goto fail;
+  }
+  snprintf(s->address, sizeof s->address, "ipc://%s", path);
+  if (prepare_socket_dir(cfg->socket_dir) != 0 ||
+      clear_stale_socket(path) != 0)
+    goto fail;
+
+  if ((rc = ql__weight_store_create(&s->weights)) != 0 ||
+      (rc = ql__uploads_create(cfg->max_upload_bytes, &s->uploads)) != 0 ||
+      (rc = ql__worker_create(&loop, "cpu", cfg->max_queue, &s->cpu)) != 0) {
+    ql__err("cannot start: %s", ql_strerror(rc));
+    goto fail;
+  }
+  uv_signal_init(&loop, &s->sig_int);
+  uv_signal_init(&loop, &s->sig_term);
+  uv_timer_init(&loop, &s->sweep);
+  uv_timer_init(&loop, &s->drain);
+  s->sig_int.data = s->sig_term.data = s->sweep.data = s->drain.data = s;
+  uv_signal_start(&s->sig_int, on_signal, SIGINT);
+  uv_signal_start(&s->sig_term, on_signal, SIGTERM);
+  uv_timer_start(&s->sweep, on_sweep, 1000, 1000);
+  /* The sweep timer must not keep the loop alive on its own. */
+  uv_unref((uv_handle_t *)&s->sweep);
+
+  if ((rc = ql__transport_open(&loop, s->address, cfg->max_message_bytes,
+                               ql__handle_message, s, &s->transport)) != 0) {
+    ql__err("cannot listen at %s: %s", s->address, ql_strerror(rc));
+    close_all(s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    goto fail;
+  }
+  ql__notice("listening at %s (cpu device, message cap %zu bytes)",
+             s->address, cfg->max_message_bytes);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  unlink(path);
+  ql__notice("stopped");
+  status = 0;
+fail:
+  ql__worker_free(s->cpu);
+  ql__uploads_free(s->uploads);
+  ql__weight_store_free(s->weights);
+  uv_run(&loop, UV_RUN_NOWAIT); /* runs close callbacks still pending */
+  if (uv_loop_close(&loop) != 0)
+    ql__warn("loop closed with handles still open");
+  free(s);
+  return status;
+}

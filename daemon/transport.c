@@ -1,0 +1,199 @@
+/* transport.c - see transport.h. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "log.h"
+#include "transport.h"
+
+struct ql__transport {
+  int sock;
+  int polling;
+  uv_poll_t poll;
+  ql__on_message cb;
+  void *arg;
+};
+
+static int map_nn_errno(int e) {
+  switch (e) {
+  case ENOMEM:
+    return QL_ENOMEM;
+  case EAGAIN:
+    return QL_EEXHAUSTED;
+  case ETIMEDOUT:
+    return QL_ETIMEDOUT;
+  case EADDRINUSE:
+  case EACCES:
+    return QL_EPERM;
+  case ETERM:
+  case EBADF:
+    return QL_ESHUTDOWN;
+  case EINVAL:
+  case ENAMETOOLONG:
+  case EPROTONOSUPPORT:
+  case ENODEV:
+    return QL_EINVAL;
+  default:
+    return QL_EIO;
+  }
+}
+
+/*
+ * A route is our own copy of the control data nanomsg returned with a
+ * message (its SP header: the backtrace to the requesting peer), prefixed
+ * by its length. Owning a copy keeps the ownership rules simple: nanomsg
+ * copies control data given by length on send, so a route is freed by us
+ * whether the send succeeds or not.
+ */
+static void *copy_route(const void *ctl) {
+  if (ctl == NULL)
+    return NULL;
+  const struct nn_cmsghdr *c = ctl;
+  size_t len = c->cmsg_len;
+  if (len < sizeof *c || len > 4096)
+    return NULL;
+  unsigned char *r = malloc(sizeof(size_t) + len);
+  if (r == NULL)
+    return NULL;
+  memcpy(r, &len, sizeof len);
+  memcpy(r + sizeof len, ctl, len);
+  return r;
+}
+
+/* Receives until EAGAIN: the poll is level-triggered, but draining here
+ * keeps one wake-up per burst of messages. */
+static void on_readable(uv_poll_t *p, int status, int events) {
+  ql__transport *t = p->data;
+  (void)events;
+  if (status < 0) {
+    ql__err("request socket poll failed: %s", uv_strerror(status));
+    return;
+  }
+  for (;;) {
+    void *body = NULL;
+    void *ctl = NULL;
+    struct nn_iovec iov = {.iov_base = &body, .iov_len = NN_MSG};
+    struct nn_msghdr hdr;
+    memset(&hdr, 0, sizeof hdr);
+    hdr.msg_iov = &iov;
+    hdr.msg_iovlen = 1;
+    hdr.msg_control = &ctl;
+    hdr.msg_controllen = NN_MSG;
+    int n = nn_recvmsg(t->sock, &hdr, NN_DONTWAIT);
+    if (n < 0) {
+      int e = nn_errno();
+      if (e != EAGAIN && e != EINTR)
+        ql__warn("receive failed: %s", nn_strerror(e));
+      return;
+    }
+    void *route = copy_route(ctl);
+    if (ctl != NULL)
+      nn_freemsg(ctl);
+    if (route == NULL) {
+      /* Without a header no reply can be routed: drop the message. */
+      nn_freemsg(body);
+      continue;
+    }
+    t->cb(t->arg, body, (size_t)n, route);
+    nn_freemsg(body);
+    if (!t->polling)
+      return;
+  }
+}
+
+int ql__transport_open(uv_loop_t *loop, const char *address, size_t max_msg,
+                       ql__on_message cb, void *arg, ql__transport **out) {
+  int rc;
+  *out = NULL;
+  ql__transport *t = calloc(1, sizeof *t);
+  if (t == NULL)
+    return QL_ENOMEM;
+  t->cb = cb;
+  t->arg = arg;
+  t->sock = nn_socket(AF_SP_RAW, NN_REP);
+  if (t->sock < 0) {
+    rc = map_nn_errno(nn_errno());
+    free(t);
+    return rc;
+  }
+  int maxsz = max_msg > INT_MAX ? INT_MAX : (int)max_msg;
+  int fd = -1;
+  size_t fdsz = sizeof fd;
+  if (nn_setsockopt(t->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &maxsz,
+                    sizeof maxsz) < 0 ||
+      nn_bind(t->sock, address) < 0 ||
+      nn_getsockopt(t->sock, NN_SOL_SOCKET, NN_RCVFD, &fd, &fdsz) < 0) {
+    rc = map_nn_errno(nn_errno());
+    ql__err("cannot listen at %s: %s", address, nn_strerror(nn_errno()));
+    goto fail;
+  }
+  if (uv_poll_init(loop, &t->poll, fd) != 0 ||
+      uv_poll_start(&t->poll, UV_READABLE, on_readable) != 0) {
+    rc = QL_EINTERNAL;
+    goto fail;
+  }
+  t->poll.data = t;
+  t->polling = 1;
+  *out = t;
+  return 0;
+fail:
+  nn_close(t->sock);
+  free(t);
+  return rc;
+}
+
+int ql__transport_reply(ql__transport *t, void *route,
+                        const ql__msg_response *resp, size_t *bytes_out) {
+  int rc = 0;
+  size_t len = qlinear__v1__response__get_packed_size(resp);
+  /* Every response carries a Status, so len > 0. */
+  void *msg = nn_allocmsg(len, 0);
+  if (msg == NULL) {
+    rc = QL_ENOMEM;
+    goto done;
+  }
+  qlinear__v1__response__pack(resp, msg);
+  size_t ctl_len;
+  memcpy(&ctl_len, route, sizeof ctl_len);
+  struct nn_iovec iov = {.iov_base = &msg, .iov_len = NN_MSG};
+  struct nn_msghdr hdr;
+  memset(&hdr, 0, sizeof hdr);
+  hdr.msg_iov = &iov;
+  hdr.msg_iovlen = 1;
+  hdr.msg_control = (unsigned char *)route + sizeof ctl_len;
+  hdr.msg_controllen = ctl_len;
+  if (nn_sendmsg(t->sock, &hdr, NN_DONTWAIT) < 0) {
+    int e = nn_errno();
+    nn_freemsg(msg); /* a failed send leaves the body chunk with us */
+    ql__debug("reply dropped: %s", nn_strerror(e));
+    rc = map_nn_errno(e);
+    goto done;
+  }
+  if (bytes_out)
+    *bytes_out += len;
+done:
+  free(route);
+  return rc;
+}
+
+void ql__transport_drop(void *route) { free(route); }
+void ql__transport_stop(ql__transport *t) {
+  if (t && t->polling) {
+    uv_poll_stop(&t->poll);
+    t->polling = 0;
+  }
+}
+
+static void on_poll_closed(uv_handle_t *h) { free(h->data); }
+
+void ql__transport_close(ql__transport *t) {
+  if (t == NULL)
+    return;
+  ql__transport_stop(t);
+  nn_close(t->sock);
+  uv_close((uv_handle_t *)&t->poll, on_poll_closed);
+}

@@ -1,0 +1,127 @@
+/* upload.c - see upload.h. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "upload.h"
+
+struct ql__uploads {
+  ql__upload *head;
+  size_t count;
+  size_t bytes;     /* sum of totals */
+  size_t max_bytes;
+  uint64_t next_id;
+};
+
+int ql__uploads_create(size_t max_bytes, ql__uploads **out) {
+  ql__uploads *u = calloc(1, sizeof *u);
+  if (u == NULL)
+    return QL_ENOMEM;
+  u->max_bytes = max_bytes;
+  /* Ids start at a random point so that an id from before a restart is
+   * unlikely to name a new upload. */
+  if (getrandom(&u->next_id, sizeof u->next_id, 0) != sizeof u->next_id)
+    u->next_id = 1;
+  u->next_id = (u->next_id >> 16) | 1;
+  *out = u;
+  return 0;
+}
+
+static void upload_free(ql__upload *up) {
+  if (up == NULL)
+    return;
+  free(up->data);
+  free(up);
+}
+
+void ql__uploads_free(ql__uploads *u) {
+  if (u == NULL)
+    return;
+  while (u->head) {
+    ql__upload *next = u->head->next;
+    upload_free(u->head);
+    u->head = next;
+  }
+  free(u);
+}
+
+int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
+                      ql__upload **out) {
+  *out = NULL;
+  if (tmpl->total == 0)
+    return QL_EINVAL;
+  if (tmpl->total > u->max_bytes - u->bytes)
+    return QL_EEXHAUSTED;
+  ql__upload *up = malloc(sizeof *up);
+  if (up == NULL)
+    return QL_ENOMEM;
+  *up = *tmpl;
+  /* Allocated up front: the budget check above is then the real bound. */
+  up->data = malloc(up->total);
+  if (up->data == NULL) {
+    free(up);
+    return QL_ENOMEM;
+  }
+  up->id = u->next_id++;
+  up->received = 0;
+  up->committing = 0;
+  up->next = u->head;
+  u->head = up;
+  u->count++;
+  u->bytes += up->total;
+  *out = up;
+  return 0;
+}
+
+ql__upload *ql__uploads_get(ql__uploads *u, uint64_t id) {
+  for (ql__upload *up = u->head; up; up = up->next)
+    if (up->id == id)
+      return up;
+  return NULL;
+}
+
+int ql__upload_append(ql__upload *up, uint64_t offset, const void *data,
+                      size_t len, uint64_t now_ns) {
+  if (up->committing)
+    return QL_EINVAL;
+  if (offset != up->received)
+    return QL_ESEQUENCE;
+  if (len > up->total - up->received)
+    return QL_ESHAPE;
+  memcpy(up->data + up->received, data, len);
+  up->received += len;
+  up->last_ns = now_ns;
+  return 0;
+}
+
+void ql__uploads_remove(ql__uploads *u, ql__upload *up) {
+  for (ql__upload **pp = &u->head; *pp; pp = &(*pp)->next) {
+    if (*pp == up) {
+      *pp = up->next;
+      u->count--;
+      u->bytes -= up->total;
+      upload_free(up);
+      return;
+    }
+  }
+}
+
+size_t ql__uploads_expire(ql__uploads *u, uint64_t now_ns, uint64_t idle_ns) {
+  size_t n = 0;
+  ql__upload **pp = &u->head;
+  while (*pp) {
+    ql__upload *up = *pp;
+    if (!up->committing && now_ns - up->last_ns > idle_ns) {
+      *pp = up->next;
+      u->count--;
+      u->bytes -= up->total;
+      upload_free(up);
+      n++;
+    } else {
+      pp = &up->next;
+    }
+  }
+  return n;
+}
+
+size_t ql__uploads_count(const ql__uploads *u) { return u->count; }

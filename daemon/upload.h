@@ -1,0 +1,69 @@
+/*
+ * upload.h - chunked weight uploads in progress (begin / chunk / commit).
+ *
+ * An upload holds the float bytes received so far for one weight. Chunks
+ * must arrive in order; the total of all uploads is bounded, and an upload
+ * left idle past its timeout is dropped, so a client that dies mid-upload
+ * leaks nothing for long. Loop thread only.
+ */
+#ifndef QL_UPLOAD_H
+#define QL_UPLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ql_defs.h"
+
+typedef struct ql__upload {
+  uint64_t id;
+  char name[256];
+  ql_format format;
+  uint32_t group_size;
+  uint64_t n, k;
+  ql_dtype dtype;       /* of the float data */
+  ql_dtype scale_dtype;
+  ql_path policy;
+  int has_bias;
+  uint8_t *data;        /* weight [N,K] then bias [N], in dtype */
+  size_t total;         /* bytes expected */
+  size_t received;      /* bytes received, all in order */
+  uint64_t last_ns;     /* last activity, for the idle timeout */
+  int committing;       /* quantization running: no more chunks */
+  struct ql__upload *next;
+} ql__upload;
+
+typedef struct ql__uploads ql__uploads;
+
+/* max_bytes bounds the sum of all uploads' totals. */
+int ql__uploads_create(size_t max_bytes, ql__uploads **out);
+void ql__uploads_free(ql__uploads *u); /* safe on NULL */
+
+/*
+ * Starts an upload described by tmpl (all fields but id, data, received,
+ * last_ns, next are taken from it; total must be set). On success *out is
+ * owned by the table. QL_EEXHAUSTED when the byte budget is used up.
+ */
+int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
+                      ql__upload **out);
+
+/* The upload of that id, or NULL. */
+ql__upload *ql__uploads_get(ql__uploads *u, uint64_t id);
+
+/*
+ * Appends len bytes at offset. QL_ESEQUENCE unless offset equals the bytes
+ * received so far; QL_ESHAPE past the total; QL_EINVAL while committing.
+ * Nothing changes on failure.
+ */
+int ql__upload_append(ql__upload *up, uint64_t offset, const void *data,
+                      size_t len, uint64_t now_ns);
+
+/* Removes and frees the upload. */
+void ql__uploads_remove(ql__uploads *u, ql__upload *up);
+
+/* Removes uploads idle for longer than idle_ns (except those committing);
+ * returns how many were dropped. */
+size_t ql__uploads_expire(ql__uploads *u, uint64_t now_ns, uint64_t idle_ns);
+
+size_t ql__uploads_count(const ql__uploads *u);
+
+#endif /* QL_UPLOAD_H */

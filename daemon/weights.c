@@ -1,0 +1,156 @@
+/* weights.c - see weights.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "weights.h"
+
+#define NBUCKETS 1024
+
+struct ql__weight_store {
+  ql__weight *buckets[NBUCKETS];
+  size_t count;
+};
+
+/* FNV-1a: names are short and come from authenticated local clients; the
+ * table only needs to spread them. */
+static size_t bucket_of(const char *name) {
+  uint32_t h = 2166136261u;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    h = (h ^ *p) * 16777619u;
+  return h % NBUCKETS;
+}
+
+int ql__weight_store_create(ql__weight_store **out) {
+  *out = calloc(1, sizeof **out);
+  return *out ? 0 : QL_ENOMEM;
+}
+
+void ql__weight_store_free(ql__weight_store *s) {
+  if (s == NULL)
+    return;
+  for (size_t b = 0; b < NBUCKETS; b++) {
+    ql__weight *w = s->buckets[b];
+    while (w != NULL) {
+      ql__weight *next = w->next;
+      w->in_store = 0;
+      w->next = NULL;
+      ql__weight_unref(w);
+      w = next;
+    }
+  }
+  free(s);
+}
+
+int ql__weight_digest(const ql_qweight *q, uint8_t out[QL_DIGEST_BYTES]) {
+  int rc = QL_EINTERNAL;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  if (ctx == NULL)
+    return QL_ENOMEM;
+  uint64_t hdr[7] = {1 /* layout version */, (uint64_t)q->format,
+                     q->group_size, (uint64_t)q->n, (uint64_t)q->k,
+                     (uint64_t)q->scale_dtype, q->bias != NULL};
+  unsigned int len = 0;
+  if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1 ||
+      EVP_DigestUpdate(ctx, "qlinear-weight", 14) != 1 ||
+      EVP_DigestUpdate(ctx, hdr, sizeof hdr) != 1 ||
+      EVP_DigestUpdate(ctx, q->qdata, q->qdata_bytes) != 1 ||
+      EVP_DigestUpdate(ctx, q->scale, q->scale_bytes) != 1)
+    goto done;
+  if (q->zero != NULL && EVP_DigestUpdate(ctx, q->zero, q->scale_bytes) != 1)
+    goto done;
+  if (q->bias != NULL &&
+      EVP_DigestUpdate(ctx, q->bias, (size_t)q->n * sizeof(float)) != 1)
+    goto done;
+  if (EVP_DigestFinal_ex(ctx, out, &len) != 1 || len != QL_DIGEST_BYTES)
+    goto done;
+  rc = 0;
+done:
+  EVP_MD_CTX_free(ctx);
+  return rc;
+}
+
+int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
+                      ql__weight **out) {
+  int rc;
+  *out = NULL;
+  if (strlen(name) >= sizeof((ql__weight *)0)->name)
+    return QL_ENAME;
+  ql__weight *w = calloc(1, sizeof *w);
+  if (w == NULL)
+    return QL_ENOMEM;
+  if ((rc = ql__weight_digest(q, w->digest)) != 0) {
+    free(w);
+    return rc;
+  }
+  strcpy(w->name, name);
+  w->policy = policy;
+  w->bytes = q->qdata_bytes + q->scale_bytes * (q->zero ? 2 : 1) +
+             (q->bias ? (size_t)q->n * sizeof(float) : 0);
+  w->refs = 1;
+  w->stats.impl = "";
+  w->q = q;
+  *out = w;
+  return 0;
+}
+
+ql__weight *ql__weight_store_get(ql__weight_store *s, const char *name) {
+  for (ql__weight *w = s->buckets[bucket_of(name)]; w; w = w->next)
+    if (strcmp(w->name, name) == 0)
+      return w;
+  return NULL;
+}
+
+int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
+                            ql__weight **existing) {
+  *existing = NULL;
+  ql__weight *old = ql__weight_store_get(s, w->name);
+  if (old != NULL) {
+    if (memcmp(old->digest, w->digest, QL_DIGEST_BYTES) != 0)
+      return QL_EEXIST;
+    *existing = old;
+    return 0;
+  }
+  size_t b = bucket_of(w->name);
+  w->next = s->buckets[b];
+  s->buckets[b] = w;
+  w->in_store = 1;
+  w->refs++;
+  s->count++;
+  return 0;
+}
+
+int ql__weight_store_remove(ql__weight_store *s, const char *name) {
+  ql__weight **pp = &s->buckets[bucket_of(name)];
+  for (; *pp; pp = &(*pp)->next) {
+    ql__weight *w = *pp;
+    if (strcmp(w->name, name) == 0) {
+      *pp = w->next;
+      w->next = NULL;
+      w->in_store = 0;
+      s->count--;
+      ql__weight_unref(w);
+      return 0;
+    }
+  }
+  return QL_ENOTFOUND;
+}
+
+void ql__weight_store_foreach(ql__weight_store *s,
+                              void (*fn)(ql__weight *, void *), void *arg) {
+  for (size_t b = 0; b < NBUCKETS; b++)
+    for (ql__weight *w = s->buckets[b]; w; w = w->next)
+      fn(w, arg);
+}
+
+size_t ql__weight_store_count(const ql__weight_store *s) { return s->count; }
+
+void ql__weight_ref(ql__weight *w) { w->refs++; }
+
+void ql__weight_unref(ql__weight *w) {
+  if (w == NULL || --w->refs > 0)
+    return;
+  ql_qweight_free(w->q);
+  free(w);
+}

@@ -1,0 +1,84 @@
+/*
+ * weights.h - the resident weight store: weights by name, shared by every
+ * client, with a reference count so a weight being computed on survives an
+ * unload. Loop thread only, except that a worker may read the immutable
+ * fields (q, policy) of a weight it holds a reference to.
+ */
+#ifndef QL_WEIGHTS_H
+#define QL_WEIGHTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ql_kernels.h"
+
+#define QL_DIGEST_BYTES 32
+
+/* Per-weight counters of the CPU device (the only device for now). */
+typedef struct ql__weight_stats {
+  uint64_t requests;   /* linear requests answered */
+  uint64_t rows;       /* activation rows computed */
+  uint64_t batches;    /* kernel launches */
+  uint64_t wo_batches; /* launches on the weight-only path */
+  uint64_t aq_batches; /* launches on the activation-quantized path */
+  uint64_t queue_ns;   /* time spent waiting for the worker */
+  uint64_t kernel_ns;  /* time spent in kernels */
+  const char *impl;    /* implementation of the last launch (static) */
+} ql__weight_stats;
+
+typedef struct ql__weight {
+  char name[256];
+  ql_qweight *q;                   /* canonical form, owned */
+  ql_path policy;                  /* AUTO, WEIGHT_ONLY or ACT_QUANT */
+  uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
+  size_t bytes;                    /* resident bytes (all arrays) */
+  int refs;                        /* the store's + one per queued job */
+  int in_store;                    /* still reachable by name */
+  ql__weight_stats stats;
+  struct ql__weight *next;         /* hash chain / list link */
+} ql__weight;
+
+typedef struct ql__weight_store ql__weight_store;
+
+int ql__weight_store_create(ql__weight_store **out);
+/* Drops the store's references; weights still held by jobs stay alive
+ * until those jobs release them. Safe on NULL. */
+void ql__weight_store_free(ql__weight_store *s);
+
+/*
+ * Builds a weight around q (digest and sizes computed here). On success the
+ * weight owns q and *out has one reference, held by the caller; on failure
+ * q is untouched and still the caller's.
+ */
+int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
+                      ql__weight **out);
+
+/*
+ * Inserts w under its name. If a weight of that name exists with the same
+ * digest, nothing is inserted, *existing is set to the resident one and 0
+ * is returned (the caller then releases w). Another digest gives
+ * QL_EEXIST. On success the store takes its own reference.
+ */
+int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
+                            ql__weight **existing);
+
+/* The weight of that name, or NULL. No reference is taken. */
+ql__weight *ql__weight_store_get(ql__weight_store *s, const char *name);
+
+/* Removes the weight from the store and drops the store's reference. */
+int ql__weight_store_remove(ql__weight_store *s, const char *name);
+
+/* Calls fn for every weight, in no particular order. */
+void ql__weight_store_foreach(ql__weight_store *s,
+                              void (*fn)(ql__weight *, void *), void *arg);
+size_t ql__weight_store_count(const ql__weight_store *s);
+
+void ql__weight_ref(ql__weight *w);
+/* Drops one reference; the last one frees the weight. Safe on NULL. */
+void ql__weight_unref(ql__weight *w);
+
+/* SHA-256 of the canonical form: a header (format, group size, shape,
+ * scale dtype, bias flag) followed by every array. */
+int ql__weight_digest(const ql_qweight *q, uint8_t out[QL_DIGEST_BYTES]);
+
+#endif /* QL_WEIGHTS_H */
