@@ -34,7 +34,7 @@ extern "C" {
 /* The eps that clamps int8 symmetric scales from below: TorchAO's
  * choose_qparams_affine defaults to torch.finfo(input.dtype).eps, which for
  * an f32 input is FLT_EPSILON = 2^-23. */
-#define QL_I8_SCALE_EPS 0x1p-23f
+#define QL_I8_SCALE_EPS 1.1920928955078125e-07f /* 2^-23 */
 
 /* Longest group whose Σ xq still fits an int32 (128 · 2^24 = 2^31). */
 #define QL_QROWS_MAX_GROUP ((int64_t)1 << 24)

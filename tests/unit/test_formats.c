@@ -1,0 +1,1136 @@
+/*
+ * test_formats.c - unit tests for kernels/convert.c and kernels/formats.c:
+ * f16/bf16 conversions, weight sizes, q4g/q8c quantize, pack and
+ * dequantize.
+ *
+ * Expected values are computed independently of the code under test: in
+ * double precision (for f32 operands, one double operation rounded to float
+ * is the correctly rounded f32 result) with a hand-written round half to
+ * even, or written out by hand.
+ */
+#include <check.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ql_kernels.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Like ck_assert_msg, but silent when it passes: check records a location
+ * (a pipe write in fork mode) for every passing ck_assert, which makes the
+ * exhaustive loops below slow. */
+#define REQUIRE(cond, ...)                                                     \
+  do {                                                                         \
+    if (!(cond))                                                               \
+      ck_abort_msg(__VA_ARGS__);                                               \
+  } while (0)
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t s) { rng_state = s; }
+
+/* splitmix64: small, fixed, reproducible everywhere. */
+static uint64_t rng_next(void) {
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1). */
+static double rng_uniform(void) {
+  return ((double)(rng_next() >> 11) + 0.5) * 0x1p-53;
+}
+
+/* Standard normal (Box–Muller). */
+static double rng_gauss(void) {
+  double u1 = rng_uniform(), u2 = rng_uniform();
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+static float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* Round half to even, written out (no rint) so it is independent. */
+static double rne(double v) {
+  double f = floor(v), d = v - f;
+  if (d > 0.5)
+    return f + 1.0;
+  if (d < 0.5)
+    return f;
+  return fmod(f, 2.0) == 0.0 ? f : f + 1.0;
+}
+
+/* v rounded to dt and widened back: what a stored scale reads as. */
+static float narrow(ql_dtype dt, float v) {
+  if (dt == QL_DTYPE_F16)
+    return ql_f16_to_f32(ql_f32_to_f16(v));
+  if (dt == QL_DTYPE_BF16)
+    return ql_bf16_to_f32(ql_f32_to_bf16(v));
+  return v;
+}
+
+static const ql_dtype all_dtypes[] = {QL_DTYPE_F32, QL_DTYPE_F16,
+                                      QL_DTYPE_BF16};
+static const char *dt_name(ql_dtype dt) {
+  return dt == QL_DTYPE_F32 ? "f32" : dt == QL_DTYPE_F16 ? "f16" : "bf16";
+}
+
+/* Value of a f16 bit pattern, from the IEEE definition. */
+static double f16_value(uint16_t h) {
+  int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+/* ------------------------------------------------------------ conversions */
+
+START_TEST(test_f16_exhaustive) {
+  uint32_t h;
+  for (h = 0; h < 65536; h++) {
+    float f = ql_f16_to_f32((uint16_t)h);
+    uint16_t back = ql_f32_to_f16(f);
+    int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+
+    if (e == 0x1F && m != 0) {
+      REQUIRE(isnan(f), "f16 %04x should widen to NaN", h);
+      REQUIRE(!!signbit(f) == !!(h & 0x8000), "NaN sign %04x", h);
+      REQUIRE(f32_bits(f) & 0x00400000u, "NaN %04x not quiet", h);
+      REQUIRE(back == (h | 0x200u), "NaN %04x came back as %04x", h,
+                    back);
+    } else if (e == 0x1F) {
+      REQUIRE(isinf(f) && !!signbit(f) == !!(h & 0x8000), "Inf %04x", h);
+      REQUIRE(back == h, "Inf %04x came back as %04x", h, back);
+    } else {
+      REQUIRE((double)f == f16_value((uint16_t)h),
+                    "f16 %04x widened to %a, want %a", h, (double)f,
+                    f16_value((uint16_t)h));
+      REQUIRE(!!signbit(f) == !!(h & 0x8000), "sign of %04x", h);
+      REQUIRE(back == h, "f16 %04x round trip gave %04x", h, back);
+    }
+  }
+}
+END_TEST
+
+START_TEST(test_bf16_exhaustive) {
+  uint32_t h;
+  for (h = 0; h < 65536; h++) {
+    float f = ql_bf16_to_f32((uint16_t)h);
+    uint16_t back = ql_f32_to_bf16(f);
+
+    if ((h & 0x7FFF) > 0x7F80) {
+      REQUIRE(isnan(f), "bf16 %04x should widen to NaN", h);
+      REQUIRE(f32_bits(f) == ((h << 16) | 0x00400000u),
+                    "bf16 NaN %04x widened to %08x", h, f32_bits(f));
+      REQUIRE(back == (h | 0x40u), "NaN %04x came back as %04x", h,
+                    back);
+    } else {
+      REQUIRE(f32_bits(f) == h << 16, "bf16 %04x widened to %08x", h,
+                    f32_bits(f));
+      REQUIRE(back == h, "bf16 %04x round trip gave %04x", h, back);
+    }
+  }
+}
+END_TEST
+
+START_TEST(test_f16_rounding_cases) {
+  static const struct {
+    uint32_t in;
+    uint16_t out;
+  } c[] = {
+      {0x3F800000u, 0x3C00}, /* 1 */
+      {0x3F801000u, 0x3C00}, /* 1 + 2^-11: tie, to even 1 */
+      {0x3F801001u, 0x3C01}, /* just above the tie */
+      {0x3F803000u, 0x3C02}, /* 1 + 3·2^-11: tie, to even 1 + 2^-9 */
+      {0x3F802FFFu, 0x3C01}, /* just below that tie */
+      {0x477FE000u, 0x7BFF}, /* 65504, the largest f16 */
+      {0x477FEFFFu, 0x7BFF}, /* just below 65520 */
+      {0x477FF000u, 0x7C00}, /* 65520: tie, rounds to even = Inf */
+      {0x47800000u, 0x7C00}, /* 65536 */
+      {0x501502F9u, 0x7C00}, /* 1e10 */
+      {0x7F7FFFFFu, 0x7C00}, /* FLT_MAX */
+      {0x7F800000u, 0x7C00}, /* Inf */
+      {0xFF800000u, 0xFC00}, /* -Inf */
+      {0xD01502F9u, 0xFC00}, /* -1e10 */
+      {0x38800000u, 0x0400}, /* 2^-14, smallest normal */
+      {0x387FE000u, 0x0400}, /* 2^-14 - 2^-25: tie 0x3FF/0x400, to even */
+      {0x387FDFFFu, 0x03FF}, /* just below */
+      {0x387FC000u, 0x03FF}, /* 2^-14 - 2^-24, the largest subnormal */
+      {0x33800000u, 0x0001}, /* 2^-24, smallest subnormal */
+      {0x33000000u, 0x0000}, /* 2^-25: tie, to even 0 */
+      {0x33000001u, 0x0001}, /* just above */
+      {0x33C00000u, 0x0002}, /* 3·2^-25: tie 1/2, to even 2 */
+      {0x34200000u, 0x0002}, /* 5·2^-25: tie 2/3, to even 2 */
+      {0x00000001u, 0x0000}, /* f32 subnormal */
+      {0x80000000u, 0x8000}, /* -0 */
+      {0xB3000000u, 0x8000}, /* -2^-25 */
+      {0xBF801000u, 0xBC00}, /* -(1 + 2^-11) */
+      {0x7FC00000u, 0x7E00}, /* quiet NaN */
+      {0xFFC00000u, 0xFE00}, /* -NaN */
+      {0x7F800001u, 0x7E00}, /* signalling NaN, payload below f16 bits */
+      {0x7FA00000u, 0x7F00}, /* sNaN with a high payload bit: kept, quiet */
+  };
+  size_t i;
+  for (i = 0; i < sizeof c / sizeof c[0]; i++) {
+    uint16_t got = ql_f32_to_f16(bits_f32(c[i].in));
+    REQUIRE(got == c[i].out, "f32 %08x -> f16 %04x, want %04x", c[i].in,
+                  got, c[i].out);
+  }
+}
+END_TEST
+
+START_TEST(test_bf16_rounding_cases) {
+  static const struct {
+    uint32_t in;
+    uint16_t out;
+  } c[] = {
+      {0x3F808000u, 0x3F80}, /* 1 + 2^-8: tie, to even 1 */
+      {0x3F808001u, 0x3F81}, /* just above */
+      {0x3F818000u, 0x3F82}, /* 1 + 3·2^-8: tie, to even */
+      {0x3F817FFFu, 0x3F81}, /* just below */
+      {0x7F7F7FFFu, 0x7F7F}, /* below the overflow midpoint */
+      {0x7F7F8000u, 0x7F80}, /* midpoint to 2^128: to even = Inf */
+      {0x7F7FFFFFu, 0x7F80}, /* FLT_MAX */
+      {0xFF7FFFFFu, 0xFF80}, /* -FLT_MAX */
+      {0x7F800000u, 0x7F80}, /* Inf */
+      {0x00008000u, 0x0000}, /* subnormal tie, to even 0 */
+      {0x00018000u, 0x0002}, /* subnormal tie, to even 2 */
+      {0x80000000u, 0x8000}, /* -0 */
+      {0x7FC00000u, 0x7FC0}, /* quiet NaN */
+      {0x7F800001u, 0x7FC0}, /* sNaN whose payload truncation would be Inf */
+      {0xFF800001u, 0xFFC0}, /* negative sNaN */
+      {0x7FFFFFFFu, 0x7FFF}, /* NaN with all payload bits */
+  };
+  size_t i;
+  for (i = 0; i < sizeof c / sizeof c[0]; i++) {
+    uint16_t got = ql_f32_to_bf16(bits_f32(c[i].in));
+    REQUIRE(got == c[i].out, "f32 %08x -> bf16 %04x, want %04x",
+                  c[i].in, got, c[i].out);
+  }
+}
+END_TEST
+
+/* Whether h16 (magnitude bits hm) is a nearest neighbour of x, ties even,
+ * among the representable magnitudes hm-1 and hm+1 (val gives values). */
+static int is_nearest(double ax, uint32_t hm, uint32_t top,
+                      double (*val)(uint32_t)) {
+  double d = fabs(ax - val(hm));
+  if (hm > 0) {
+    double dl = fabs(ax - val(hm - 1));
+    if (dl < d || (dl == d && (hm & 1)))
+      return 0;
+  }
+  if (hm + 1 < top) {
+    double du = fabs(ax - val(hm + 1));
+    if (du < d || (du == d && (hm & 1)))
+      return 0;
+  }
+  return 1;
+}
+
+static double f16_mag(uint32_t hm) { return f16_value((uint16_t)hm); }
+static double bf16_mag(uint32_t hm) {
+  return (double)bits_f32(hm << 16);
+}
+
+START_TEST(test_narrowing_random_nearest) {
+  int i;
+  rng_seed(11);
+  for (i = 0; i < 200000; i++) {
+    /* f16: magnitudes 2^-26 .. 2^17, so subnormals and overflow occur. */
+    int e = (int)(rng_next() % 44) - 26;
+    float x = ldexpf(1.0f + (float)(rng_next() & 0x7FFFFF) * 0x1p-23f, e);
+    uint16_t h;
+    uint32_t hm;
+
+    if (rng_next() & 1)
+      x = -x;
+    h = ql_f32_to_f16(x);
+    REQUIRE(!!(h & 0x8000) == !!signbit(x), "sign of %a", (double)x);
+    hm = h & 0x7FFF;
+    if (fabsf(x) >= 65520.0f) {
+      REQUIRE(hm == 0x7C00, "%a should overflow to Inf", (double)x);
+    } else {
+      REQUIRE(hm < 0x7C00, "%a gave non-finite %04x", (double)x, h);
+      REQUIRE(is_nearest(fabs((double)x), hm, 0x7C00, f16_mag),
+                    "f16 of %a is %04x: not the nearest-even", (double)x, h);
+    }
+
+    /* bf16: any finite f32. */
+    {
+      uint32_t u = (uint32_t)rng_next();
+      uint16_t b;
+      if ((u & 0x7F800000u) == 0x7F800000u)
+        u &= 0xBFFFFFFFu; /* avoid Inf/NaN */
+      x = bits_f32(u);
+      b = ql_f32_to_bf16(x);
+      hm = b & 0x7FFF;
+      REQUIRE(!!(b & 0x8000) == !!(u >> 31), "bf16 sign of %08x", u);
+      if ((u & 0x7FFFFFFFu) >= 0x7F7F8000u)
+        REQUIRE(hm == 0x7F80, "%08x should overflow to Inf", u);
+      else
+        REQUIRE(is_nearest(fabs((double)x), hm, 0x7F80, bf16_mag),
+                      "bf16 of %08x is %04x: not the nearest-even", u, b);
+    }
+  }
+}
+END_TEST
+
+START_TEST(test_array_conversions) {
+  float src[5] = {1.0f, -2.5f, 65504.0f, 1e-8f, 3.0e5f};
+  float back[5], scratch[5];
+  uint16_t h[5];
+  size_t i;
+
+  ql_from_f32(QL_DTYPE_F16, src, h, 5);
+  for (i = 0; i < 5; i++)
+    ck_assert_uint_eq(h[i], ql_f32_to_f16(src[i]));
+  ck_assert_uint_eq(h[4], 0x7C00); /* 3e5 overflows f16 */
+  ql_to_f32(QL_DTYPE_F16, h, back, 5);
+  for (i = 0; i < 5; i++) {
+    ck_assert(f32_bits(back[i]) == f32_bits(ql_f16_to_f32(h[i])));
+    ck_assert(f32_bits(ql_load_f32(QL_DTYPE_F16, h, i)) == f32_bits(back[i]));
+  }
+
+  ql_from_f32(QL_DTYPE_BF16, src, h, 5);
+  for (i = 0; i < 5; i++)
+    ck_assert_uint_eq(h[i], ql_f32_to_bf16(src[i]));
+  ql_to_f32(QL_DTYPE_BF16, h, back, 5);
+  for (i = 0; i < 5; i++)
+    ck_assert(f32_bits(back[i]) == f32_bits(ql_bf16_to_f32(h[i])));
+
+  ql_from_f32(QL_DTYPE_F32, src, scratch, 5);
+  ck_assert(memcmp(scratch, src, sizeof src) == 0);
+  ql_to_f32(QL_DTYPE_F32, src, back, 5);
+  ck_assert(memcmp(back, src, sizeof src) == 0);
+  for (i = 0; i < 5; i++)
+    ck_assert(f32_bits(ql_load_f32(QL_DTYPE_F32, src, i)) ==
+              f32_bits(src[i]));
+
+  /* An invalid dtype: NaN on widening, nothing written on narrowing. */
+  ql_to_f32((ql_dtype)0, src, back, 5);
+  for (i = 0; i < 5; i++)
+    ck_assert(isnan(back[i]));
+  memset(h, 0xAB, sizeof h);
+  ql_from_f32((ql_dtype)7, src, h, 5);
+  for (i = 0; i < 5; i++)
+    ck_assert_uint_eq(h[i], 0xABAB);
+  ck_assert(isnan(ql_load_f32((ql_dtype)9, src, 0)));
+}
+END_TEST
+
+/* ------------------------------------------------------------------ sizes */
+
+START_TEST(test_group_size_valid) {
+  uint32_t gs;
+  for (gs = 0; gs <= 512; gs++) {
+    int want = gs == 32 || gs == 64 || gs == 128 || gs == 256;
+    REQUIRE(ql_group_size_valid(QL_FORMAT_Q4G, gs) == want, "gs %u", gs);
+  }
+  ck_assert(ql_group_size_valid(QL_FORMAT_Q8C, 0));
+  ck_assert(ql_group_size_valid(QL_FORMAT_Q8C, 77));
+  ck_assert(!ql_group_size_valid((ql_format)0, 32));
+  ck_assert(!ql_group_size_valid((ql_format)9, 32));
+}
+END_TEST
+
+START_TEST(test_sizes) {
+  size_t qb = 0, sb = 0;
+  int64_t g = 0;
+
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 32, 3, 33, QL_DTYPE_BF16,
+                                    &qb, &sb, &g), 0);
+  ck_assert_uint_eq(qb, 3 * 17);
+  ck_assert_uint_eq(sb, 2 * 3 * 2);
+  ck_assert_int_eq(g, 2);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 256, 5, 1000, QL_DTYPE_F32,
+                                    &qb, &sb, &g), 0);
+  ck_assert_uint_eq(qb, 5 * 500);
+  ck_assert_uint_eq(sb, 4 * 5 * 4);
+  ck_assert_int_eq(g, 4);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 64, 1, 1, QL_DTYPE_F16, &qb,
+                                    &sb, &g), 0);
+  ck_assert_uint_eq(qb, 1);
+  ck_assert_uint_eq(sb, 2);
+  ck_assert_int_eq(g, 1);
+  /* q8c ignores gs */
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q8C, 0, 3, 33, QL_DTYPE_F16, &qb,
+                                    &sb, &g), 0);
+  ck_assert_uint_eq(qb, 99);
+  ck_assert_uint_eq(sb, 6);
+  ck_assert_int_eq(g, 1);
+  /* every output may be NULL */
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q8C, 0, 3, 33, QL_DTYPE_F16,
+                                    NULL, NULL, NULL), 0);
+  /* the largest accepted shape: computed in size_t, no int overflow */
+  if (sizeof(size_t) >= 8) {
+    ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 32, QL_DIM_MAX,
+                                      QL_DIM_MAX, QL_DTYPE_F32, &qb, &sb, &g),
+                     0);
+    ck_assert_uint_eq(qb, (size_t)QL_DIM_MAX * (((size_t)QL_DIM_MAX + 1) / 2));
+    ck_assert_int_eq(g, (QL_DIM_MAX + 31) / 32);
+    ck_assert_uint_eq(sb, (size_t)g * (size_t)QL_DIM_MAX * 4);
+  } else {
+    ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q8C, 0, QL_DIM_MAX,
+                                      QL_DIM_MAX, QL_DTYPE_F32, &qb, &sb, &g),
+                     QL_ESHAPE);
+  }
+}
+END_TEST
+
+START_TEST(test_sizes_reject) {
+  size_t qb = 7;
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 16, 1, 64, QL_DTYPE_BF16,
+                                    &qb, NULL, NULL), QL_EINVAL);
+  ck_assert_uint_eq(qb, 7); /* untouched on failure */
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 0, 1, 64, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_EINVAL);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 512, 1, 64, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_EINVAL);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 32, 0, 64, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 32, 4, 0, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q8C, 0, -1, 4, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q8C, 0, 4, INT64_MIN,
+                                    QL_DTYPE_BF16, NULL, NULL, NULL),
+                   QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q8C, 0, QL_DIM_MAX + 1, 4,
+                                    QL_DTYPE_BF16, NULL, NULL, NULL),
+                   QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 32, 4, QL_DIM_MAX + 1,
+                                    QL_DTYPE_BF16, NULL, NULL, NULL),
+                   QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q8C, 0, INT64_MAX, INT64_MAX,
+                                    QL_DTYPE_F32, NULL, NULL, NULL),
+                   QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 32, 4, 64, (ql_dtype)0,
+                                    NULL, NULL, NULL), QL_EDTYPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q4G, 32, 4, 64, (ql_dtype)4,
+                                    NULL, NULL, NULL), QL_EDTYPE);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_Q8B, 32, 4, 64, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_EFORMAT);
+  ck_assert_int_eq(ql_qweight_sizes(QL_FORMAT_F8R, 0, 4, 64, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_EFORMAT);
+  ck_assert_int_eq(ql_qweight_sizes((ql_format)0, 32, 4, 64, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_EFORMAT);
+  ck_assert_int_eq(ql_qweight_sizes((ql_format)99, 32, 4, 64, QL_DTYPE_BF16,
+                                    NULL, NULL, NULL), QL_EFORMAT);
+}
+END_TEST
+
+/* ------------------------------------------------------- quantize helpers */
+
+typedef struct cfg {
+  ql_format f;
+  uint32_t gs;
+} cfg;
+
+static const cfg cfgs[] = {
+    {QL_FORMAT_Q4G, 32},  {QL_FORMAT_Q4G, 64}, {QL_FORMAT_Q4G, 128},
+    {QL_FORMAT_Q4G, 256}, {QL_FORMAT_Q8C, 0},
+};
+#define NCFG ((int)(sizeof cfgs / sizeof cfgs[0]))
+
+static ql_qweight *quantize_ok(ql_format f, uint32_t gs, int64_t n, int64_t k,
+                               const float *w, const float *bias,
+                               ql_dtype sdt) {
+  ql_qweight *q = NULL;
+  int rc = ql_qweight_quantize(f, gs, n, k, QL_DTYPE_F32, w, bias, sdt, &q);
+  REQUIRE(rc == 0, "quantize f=%d gs=%u n=%lld k=%lld: rc %d", (int)f,
+                gs, (long long)n, (long long)k, rc);
+  ck_assert_ptr_nonnull(q);
+  return q;
+}
+
+/* The q4g value of row r, column i, read from the packed bytes. */
+static int q4g_at(const ql_qweight *q, int64_t r, int64_t i) {
+  const uint8_t *row = q->qdata + r * ((q->k + 1) / 2);
+  int nib = (row[i / 2] >> ((i % 2) * 4)) & 0xF;
+  return nib >= 8 ? nib - 16 : nib;
+}
+
+static int q8c_at(const ql_qweight *q, int64_t r, int64_t i) {
+  return ((const int8_t *)q->qdata)[r * q->k + i];
+}
+
+/*
+ * Checks one quantized weight against an independent evaluation of the
+ * spec (double arithmetic, hand-written round half to even), then checks
+ * dequantize: exact formula, and |x - x̂| within the bound derived from the
+ * unrounded and stored parameters. Returns Σ (x - x̂)² and, in *ref,
+ * Σ Δ²/12 with Δ the stored step of each element.
+ */
+static double check_weight(const ql_qweight *q, const float *w, double *ref) {
+  int64_t n = q->n, k = q->k, r, i;
+  float *dq = malloc((size_t)(n * k) * sizeof(float));
+  float *row = malloc((size_t)k * sizeof(float));
+  double sse = 0.0, sref = 0.0;
+  const double u = 0x1p-24;
+
+  ck_assert(dq != NULL && row != NULL);
+  ck_assert_int_eq(ql_qweight_check(q), 0);
+  ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
+  for (r = 0; r < n; r++) {
+    const float *x = w + r * k;
+
+    REQUIRE(ql_qweight_dequantize_row(q, r, row) == 0, "dequantize_row");
+    REQUIRE(memcmp(row, dq + r * k, (size_t)k * sizeof(float)) == 0,
+            "dequantize_row %lld differs", (long long)r);
+    if (q->format == QL_FORMAT_Q4G) {
+      int64_t gs = q->group_size, g, k0;
+      if (k & 1) /* padding nibble */
+        REQUIRE(q->qdata[r * ((k + 1) / 2) + k / 2] >> 4 == 0,
+                "padding nibble of row %lld", (long long)r);
+      for (g = 0, k0 = 0; k0 < k; g++, k0 += gs) {
+        int64_t k1 = k0 + gs < k ? k0 + gs : k;
+        float mn = x[k0], mx = x[k0], rng, s, z, s_st, z_st;
+        for (i = k0; i < k1; i++) {
+          mn = x[i] < mn ? x[i] : mn;
+          mx = x[i] > mx ? x[i] : mx;
+        }
+        rng = (float)((double)mx - (double)mn);
+        if (rng < 1e-6f)
+          rng = 1e-6f;
+        s = (float)((double)rng / 15.0);
+        z = (float)((double)mn + 8.0 * (double)s);
+        s_st = ql_load_f32(q->scale_dtype, q->scale, (size_t)(g * n + r));
+        z_st = ql_load_f32(q->scale_dtype, q->zero, (size_t)(g * n + r));
+        REQUIRE(f32_bits(s_st) == f32_bits(narrow(q->scale_dtype, s)),
+                      "q4g scale r%lld g%lld: %a want %a", (long long)r,
+                      (long long)g, (double)s_st,
+                      (double)narrow(q->scale_dtype, s));
+        REQUIRE(f32_bits(z_st) == f32_bits(narrow(q->scale_dtype, z)),
+                      "q4g zero r%lld g%lld: %a want %a", (long long)r,
+                      (long long)g, (double)z_st,
+                      (double)narrow(q->scale_dtype, z));
+        for (i = k0; i < k1; i++) {
+          float d = (float)((double)x[i] - (double)mn);
+          double t = rne((double)(float)((double)d / (double)s));
+          int want = (int)(t < 0 ? 0 : t > 15 ? 15 : t) - 8;
+          int got = q4g_at(q, r, i);
+          float xh = dq[r * k + i];
+          double err = fabs((double)x[i] - (double)xh), bound;
+
+          REQUIRE(got == want, "q4g q[%lld,%lld] = %d, want %d",
+                        (long long)r, (long long)i, got, want);
+          REQUIRE(x[i] != mn || got == -8, "min maps to %d", got);
+          REQUIRE(x[i] != mx || (double)mx - mn < 1e-6 || got == 7,
+                  "max maps to %d", got);
+          REQUIRE(f32_bits(xh) ==
+                      f32_bits((float)((double)(float)((double)got * s_st) +
+                                       (double)z_st)),
+                  "q4g x̂[%lld,%lld] = %a", (long long)r, (long long)i,
+                  (double)xh);
+          bound = 0.5 * s + 8.0 * fabs((double)s_st - s) +
+                  fabs((double)z_st - z) +
+                  4.0 * u *
+                      (16.0 * s + fabs((double)x[i] - mn) + fabs(z) +
+                       fabs(got * (double)s_st) + fabs((double)xh));
+          REQUIRE(err <= bound,
+                        "q4g |x - x̂| = %g > %g at [%lld,%lld] (%s)", err,
+                        bound, (long long)r, (long long)i,
+                        dt_name(q->scale_dtype));
+          sse += err * err;
+          sref += (double)s_st * s_st / 12.0;
+        }
+      }
+    } else {
+      float amax = 0.0f, s, s_st, inv;
+      for (i = 0; i < k; i++)
+        amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+      s = (float)((double)amax / 127.5);
+      if (s < FLT_EPSILON)
+        s = FLT_EPSILON;
+      s_st = ql_load_f32(q->scale_dtype, q->scale, (size_t)r);
+      REQUIRE(f32_bits(s_st) == f32_bits(narrow(q->scale_dtype, s)),
+                    "q8c scale r%lld: %a want %a", (long long)r, (double)s_st,
+                    (double)narrow(q->scale_dtype, s));
+      inv = (float)(1.0 / (double)s_st);
+      for (i = 0; i < k; i++) {
+        double t = rne((double)(float)((double)x[i] * (double)inv));
+        int want = (int)(t < -128 ? -128 : t > 127 ? 127 : t);
+        int got = q8c_at(q, r, i);
+        float xh = dq[r * k + i];
+        double err = fabs((double)x[i] - (double)xh), bound;
+
+        REQUIRE(got == want, "q8c q[%lld,%lld] = %d, want %d",
+                      (long long)r, (long long)i, got, want);
+        if (fabsf(x[i]) == amax && s > FLT_EPSILON)
+          REQUIRE(abs(got) >= 127, "amax maps to %d", got);
+        REQUIRE(f32_bits(xh) == f32_bits((float)((double)got * s_st)),
+                "q8c x̂[%lld,%lld] = %a", (long long)r, (long long)i,
+                (double)xh);
+        bound = 0.5 * s_st + 127.5 * fabs((double)s - s_st) +
+                8.0 * u * (fabs((double)x[i]) + fabs((double)xh));
+        REQUIRE(err <= bound,
+                      "q8c |x - x̂| = %g > %g at [%lld,%lld] (%s)", err, bound,
+                      (long long)r, (long long)i, dt_name(q->scale_dtype));
+        sse += err * err;
+        sref += (double)s_st * s_st / 12.0;
+      }
+    }
+  }
+  free(dq);
+  free(row);
+  if (ref)
+    *ref = sref;
+  return sse;
+}
+
+/* ---------------------------------------------------------------- formats */
+
+START_TEST(test_q4g_pack_tiny) {
+  /* K = 3, one group: min 0, max 3, scale = 3/15 = 0.2f, zero = 1.6f.
+   * q = [15, 0, 5] - 8 = [7, -8, -3]: byte0 = 0x7 | 0x8 << 4 = 0x87,
+   * byte1 = 0xD (-3) with the padding nibble 0. */
+  static const float w[3] = {3.0f, 0.0f, 1.0f};
+  static const struct {
+    ql_dtype dt;
+    uint32_t scale, zero;
+  } want[] = {
+      {QL_DTYPE_F32, 0x3E4CCCCDu, 0x3FCCCCCDu},
+      {QL_DTYPE_BF16, 0x3E4Du, 0x3FCDu},
+      {QL_DTYPE_F16, 0x3266u, 0x3E66u},
+  };
+  size_t i;
+
+  for (i = 0; i < 3; i++) {
+    ql_qweight *q = quantize_ok(QL_FORMAT_Q4G, 32, 1, 3, w, NULL, want[i].dt);
+    uint32_t s = 0, z = 0;
+    float dq[3];
+
+    ck_assert_int_eq(q->format, QL_FORMAT_Q4G);
+    ck_assert_uint_eq(q->group_size, 32);
+    ck_assert_int_eq(q->n, 1);
+    ck_assert_int_eq(q->k, 3);
+    ck_assert_int_eq(q->groups, 1);
+    ck_assert_uint_eq(q->qdata_bytes, 2);
+    ck_assert_uint_eq(q->scale_bytes, ql_dtype_size(want[i].dt));
+    ck_assert_ptr_null(q->bias);
+    ck_assert_uint_eq(q->qdata[0], 0x87);
+    ck_assert_uint_eq(q->qdata[1], 0x0D);
+    memcpy(&s, q->scale, ql_dtype_size(want[i].dt));
+    memcpy(&z, q->zero, ql_dtype_size(want[i].dt));
+    REQUIRE(s == want[i].scale && z == want[i].zero,
+                  "%s: scale %x zero %x", dt_name(want[i].dt), s, z);
+    ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
+    {
+      static const int qv[3] = {7, -8, -3};
+      float sv = ql_load_f32(want[i].dt, q->scale, 0);
+      float zv = ql_load_f32(want[i].dt, q->zero, 0);
+      size_t j;
+      for (j = 0; j < 3; j++)
+        ck_assert(dq[j] == (float)((double)(float)(qv[j] * (double)sv) + zv));
+    }
+    ql_qweight_free(q);
+  }
+}
+END_TEST
+
+START_TEST(test_q4g_scale_layout) {
+  /* N = 2, K = 40, gs = 32: scale/zero are [G, N], index g·N + n. Values
+   * are multiples of each group's scale, so everything is exact. */
+  float w[2 * 40], dq[2 * 40], s[4];
+  static const float ws[4] = {1.0f, 2.0f, 4.0f, 8.0f}; /* g0n0 g1n0 g0n1 g1n1 */
+  static const int g1[8] = {0, 15, 1, 14, 2, 5, 6, 3};
+  int i;
+  ql_qweight *q;
+
+  for (i = 0; i < 32; i++) {
+    w[i] = ws[0] * (float)(i % 16);
+    w[40 + i] = ws[2] * (float)(i % 16);
+  }
+  for (i = 0; i < 8; i++) {
+    w[32 + i] = ws[1] * (float)g1[i];
+    w[40 + 32 + i] = ws[3] * (float)g1[i];
+  }
+  q = quantize_ok(QL_FORMAT_Q4G, 32, 2, 40, w, NULL, QL_DTYPE_F32);
+  memcpy(s, q->scale, sizeof s);
+  ck_assert(s[0] == 1.0f && s[1] == 4.0f && s[2] == 2.0f && s[3] == 8.0f);
+  memcpy(s, q->zero, sizeof s);
+  ck_assert(s[0] == 8.0f && s[1] == 32.0f && s[2] == 16.0f && s[3] == 64.0f);
+  /* row 1 starts at byte 20; k = 32, 33 hold q = -8, 7 */
+  ck_assert_uint_eq(q->qdata[20 + 16], 0x78);
+  ck_assert_uint_eq(q->qdata[0], 0x98); /* row 0: k0 = 0 -> -8, k1 = 1 -> -7 */
+  ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
+  for (i = 0; i < 80; i++)
+    REQUIRE(dq[i] == w[i], "x̂[%d] = %g, want %g", i, dq[i], w[i]);
+  ql_qweight_free(q);
+}
+END_TEST
+
+START_TEST(test_q8c_minus128) {
+  /* amax = 127.5·s gives scale s exactly and x·(1/s) = -127.5 -> -128. */
+  static const float base[8] = {-127.5f, 127.0f, 0.5f, 1.5f,
+                                -0.5f,   -1.5f,  2.5f, -126.5f};
+  static const int8_t want[8] = {-128, 127, 0, 2, 0, -2, 2, -126};
+  static const float mult[2] = {1.0f, 0.125f};
+  float w[8], dq[8];
+  size_t d, m, i;
+
+  for (m = 0; m < 2; m++)
+    for (d = 0; d < 3; d++) {
+      ql_qweight *q;
+      for (i = 0; i < 8; i++)
+        w[i] = base[i] * mult[m];
+      q = quantize_ok(QL_FORMAT_Q8C, 0, 1, 8, w, NULL, all_dtypes[d]);
+      ck_assert_uint_eq(q->group_size, 8);
+      ck_assert_ptr_null(q->zero);
+      ck_assert(memcmp(q->qdata, want, 8) == 0);
+      ck_assert(ql_load_f32(all_dtypes[d], q->scale, 0) == mult[m]);
+      ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
+      for (i = 0; i < 8; i++)
+        ck_assert(dq[i] == (float)want[i] * mult[m]);
+      ql_qweight_free(q);
+    }
+}
+END_TEST
+
+/*
+ * q4g ties and the division. Row 0 (scale 1): (x - min)/scale is an exact
+ * .5, rounded half to even (2.5 -> 2, not 3). Rows 1 and 2 use scales
+ * 159·2^-16 and 219·2^-16, for which (x - min)/scale is an exact tie while
+ * (x - min)·(1/scale) rounds to just below it: FBGEMM divides, so the
+ * answer is the even neighbour of the tie, and a reciprocal multiply fails.
+ */
+START_TEST(test_q4g_ties_and_division) {
+  static const double t0[9] = {0, 15, 0.5, 1.5, 2.5, 3.5, 4.5, 13.5, 14.5};
+  static const int u0[9] = {0, 15, 0, 2, 2, 4, 4, 14, 14};
+  const float s1 = ldexpf(159.0f, -16), s2 = ldexpf(219.0f, -16);
+  float w[3 * 9] = {0};
+  size_t d;
+  int i;
+
+  for (i = 0; i < 9; i++)
+    w[i] = (float)t0[i];
+  w[9 + 1] = 15.0f * s1;
+  w[9 + 2] = 3.5f * s1;
+  w[18 + 1] = 15.0f * s2;
+  w[18 + 2] = 1.5f * s2;
+  /* the traps are real: the reciprocal form lands below the tie */
+  ck_assert(rne((double)(float)((double)w[9 + 2] * (double)(1.0f / s1))) ==
+            3.0);
+  ck_assert(rne((double)(float)((double)w[18 + 2] * (double)(1.0f / s2))) ==
+            1.0);
+  for (d = 0; d < 3; d++) {
+    ql_qweight *q = quantize_ok(QL_FORMAT_Q4G, 32, 3, 9, w, NULL,
+                                all_dtypes[d]);
+    for (i = 0; i < 9; i++)
+      ck_assert_msg(q4g_at(q, 0, i) == u0[i] - 8, "tie %g -> %d", t0[i],
+                    q4g_at(q, 0, i) + 8);
+    ck_assert_int_eq(q4g_at(q, 1, 2), 4 - 8);
+    ck_assert_int_eq(q4g_at(q, 2, 2), 2 - 8);
+    check_weight(q, w, NULL);
+    ql_qweight_free(q);
+  }
+}
+END_TEST
+
+/*
+ * q8c uses x·(1/scale), not x/scale (TorchAO quantize_affine). With scale
+ * 167/256, x = -126.5·scale divides to the exact tie -126.5 (-> -126) but
+ * multiplies to just below it (-> -127); with 159/256 the row's own -amax
+ * gives -127, not -128. These scales are exact in every scale dtype.
+ */
+START_TEST(test_q8c_reciprocal) {
+  const float s1 = 167.0f / 256.0f, s2 = 159.0f / 256.0f;
+  float w[2 * 2] = {127.5f * s1, -126.5f * s1, -127.5f * s2, s2};
+  size_t d;
+
+  ck_assert(rne((double)w[1] / s1) == -126.0); /* what division would give */
+  ck_assert(rne((double)w[2] / s2) == -128.0);
+  for (d = 0; d < 3; d++) {
+    ql_qweight *q = quantize_ok(QL_FORMAT_Q8C, 0, 2, 2, w, NULL,
+                                all_dtypes[d]);
+    ck_assert(ql_load_f32(all_dtypes[d], q->scale, 0) == s1);
+    ck_assert(ql_load_f32(all_dtypes[d], q->scale, 1) == s2);
+    ck_assert_int_eq(q8c_at(q, 0, 1), -127);
+    ck_assert_int_eq(q8c_at(q, 1, 0), -127);
+    ck_assert_int_eq(q8c_at(q, 1, 1), 1);
+    check_weight(q, w, NULL);
+    ql_qweight_free(q);
+  }
+}
+END_TEST
+
+/* Quantize then dequantize for every format, group size, ragged K, N and
+ * scale dtype, on Gaussian and on shifted (all-positive) data. */
+START_TEST(test_roundtrip_ragged) {
+  static const int64_t ks[] = {1, 7, 33, 100, 257, 1000};
+  static const int64_t ns[] = {1, 3};
+  const cfg *c = &cfgs[_i];
+  size_t ki, ni, d, kind;
+  float *w = malloc(3 * 1000 * sizeof(float));
+
+  ck_assert_ptr_nonnull(w);
+  rng_seed(100 + (uint64_t)_i);
+  for (ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+    for (ni = 0; ni < 2; ni++)
+      for (d = 0; d < 3; d++)
+        for (kind = 0; kind < 2; kind++) {
+          int64_t n = ns[ni], k = ks[ki], i;
+          ql_qweight *q;
+          for (i = 0; i < n * k; i++)
+            w[i] = kind == 0 ? (float)(rng_gauss() * 0.02)
+                             : (float)(3.0 + rng_uniform());
+          q = quantize_ok(c->f, c->gs, n, k, w, NULL, all_dtypes[d]);
+          check_weight(q, w, NULL);
+          ql_qweight_free(q);
+        }
+  free(w);
+}
+END_TEST
+
+START_TEST(test_zero_and_constant_rows) {
+  float w[2 * 100], dq[2 * 100];
+  const cfg *c = &cfgs[_i];
+  size_t d, i;
+
+  for (i = 0; i < 100; i++) {
+    w[i] = 0.0f;
+    w[100 + i] = 5.0f;
+  }
+  for (d = 0; d < 3; d++) {
+    ql_qweight *q = quantize_ok(c->f, c->gs, 2, 100, w, NULL, all_dtypes[d]);
+    check_weight(q, w, NULL);
+    ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
+    for (i = 0; i < 200; i++)
+      REQUIRE(isfinite(dq[i]), "x̂[%zu] = %g", i, dq[i]);
+    if (c->f == QL_FORMAT_Q8C) {
+      /* scale clamps to eps; the zero row is exactly zero */
+      ck_assert(ql_load_f32(all_dtypes[d], q->scale, 0) == FLT_EPSILON);
+      for (i = 0; i < 100; i++)
+        REQUIRE(q8c_at(q, 0, (int64_t)i) == 0 && dq[i] == 0.0f,
+                "zero row at %zu", i);
+    } else {
+      for (i = 0; i < 100; i++)
+        REQUIRE(q4g_at(q, 0, (int64_t)i) == -8 &&
+                    q4g_at(q, 1, (int64_t)i) == -8,
+                "zero/constant row q at %zu", i);
+      /* bf16/f32 keep zero = 8·scale exactly, so the zero row is 0 */
+      if (all_dtypes[d] != QL_DTYPE_F16)
+        for (i = 0; i < 100; i++)
+          REQUIRE(dq[i] == 0.0f, "x̂[%zu] = %g", i, dq[i]);
+    }
+    ql_qweight_free(q);
+  }
+}
+END_TEST
+
+START_TEST(test_nonfinite_rejected) {
+  const cfg *c = &cfgs[_i];
+  const float bad[3] = {NAN, INFINITY, -INFINITY};
+  float w[3 * 40], bias[3] = {0.5f, -1.0f, 2.0f};
+  uint16_t w16[3 * 40];
+  size_t b, i;
+  ql_qweight *q;
+
+  for (i = 0; i < 120; i++)
+    w[i] = (float)i * 0.01f - 0.3f;
+  for (b = 0; b < 3; b++) {
+    float keep = w[40 + 37];
+    w[40 + 37] = bad[b];
+    q = (ql_qweight *)&q; /* must be reset to NULL */
+    ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, 3, 40, QL_DTYPE_F32, w,
+                                         bias, QL_DTYPE_BF16, &q),
+                     QL_ENONFINITE);
+    ck_assert_ptr_null(q);
+    w[40 + 37] = keep;
+
+    keep = bias[2];
+    bias[2] = bad[b];
+    ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, 3, 40, QL_DTYPE_F32, w,
+                                         bias, QL_DTYPE_BF16, &q),
+                     QL_ENONFINITE);
+    ck_assert_ptr_null(q);
+    bias[2] = keep;
+  }
+  /* 16-bit sources: f16 NaN/Inf, bf16 signalling NaN (last row, last k) */
+  ql_from_f32(QL_DTYPE_F16, w, w16, 120);
+  w16[119] = 0x7C00;
+  ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, 3, 40, QL_DTYPE_F16, w16,
+                                       NULL, QL_DTYPE_BF16, &q),
+                   QL_ENONFINITE);
+  w16[119] = 0xFE01;
+  ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, 3, 40, QL_DTYPE_F16, w16,
+                                       NULL, QL_DTYPE_BF16, &q),
+                   QL_ENONFINITE);
+  ql_from_f32(QL_DTYPE_BF16, w, w16, 120);
+  w16[0] = 0x7F81;
+  ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, 3, 40, QL_DTYPE_BF16, w16,
+                                       NULL, QL_DTYPE_BF16, &q),
+                   QL_ENONFINITE);
+  ck_assert_ptr_null(q);
+  /* and the clean data goes through */
+  ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, 3, 40, QL_DTYPE_F32, w,
+                                       bias, QL_DTYPE_BF16, &q),
+                   0);
+  ck_assert_ptr_nonnull(q->bias);
+  for (i = 0; i < 3; i++)
+    ck_assert(q->bias[i] == bias[i]);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* Finite weights whose scale or zero does not fit the scale dtype. */
+START_TEST(test_param_overflow_rejected) {
+  float w[64];
+  ql_qweight *q = NULL;
+  int i;
+
+  /* q8c: amax 1e7 -> scale 78431 > 65504 in f16; fine in bf16 and f32 */
+  for (i = 0; i < 64; i++)
+    w[i] = (float)(i - 32) * (1e7f / 32.0f);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8C, 0, 1, 64, QL_DTYPE_F32,
+                                       w, NULL, QL_DTYPE_F16, &q),
+                   QL_ENONFINITE);
+  ck_assert_ptr_null(q);
+  q = quantize_ok(QL_FORMAT_Q8C, 0, 1, 64, w, NULL, QL_DTYPE_BF16);
+  check_weight(q, w, NULL);
+  ql_qweight_free(q);
+
+  /* q4g: zero = min + 8·scale ≈ 1e5 overflows f16 */
+  for (i = 0; i < 64; i++)
+    w[i] = 1e5f + (float)i;
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q4G, 32, 1, 64, QL_DTYPE_F32,
+                                       w, NULL, QL_DTYPE_F16, &q),
+                   QL_ENONFINITE);
+  ck_assert_ptr_null(q);
+  q = quantize_ok(QL_FORMAT_Q4G, 32, 1, 64, w, NULL, QL_DTYPE_F32);
+  check_weight(q, w, NULL);
+  ql_qweight_free(q);
+
+  /* q4g: max - min overflows f32 */
+  for (i = 0; i < 64; i++)
+    w[i] = (i & 1) ? 3e38f : -3e38f;
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q4G, 64, 1, 64, QL_DTYPE_F32,
+                                       w, NULL, QL_DTYPE_F32, &q),
+                   QL_ENONFINITE);
+  ck_assert_ptr_null(q);
+  /* but q8c handles it: scale = 3e38/127.5 */
+  q = quantize_ok(QL_FORMAT_Q8C, 0, 1, 64, w, NULL, QL_DTYPE_F32);
+  check_weight(q, w, NULL);
+  ql_qweight_free(q);
+}
+END_TEST
+
+START_TEST(test_quantize_bad_args) {
+  float w[64] = {0};
+  ql_qweight *q = NULL;
+
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q4G, 32, 1, 64, QL_DTYPE_F32,
+                                       w, NULL, QL_DTYPE_BF16, NULL),
+                   QL_EINVAL);
+  q = (ql_qweight *)&q;
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q4G, 32, 1, 64, QL_DTYPE_F32,
+                                       NULL, NULL, QL_DTYPE_BF16, &q),
+                   QL_EINVAL);
+  ck_assert_ptr_null(q);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q4G, 32, 1, 64, (ql_dtype)0,
+                                       w, NULL, QL_DTYPE_BF16, &q),
+                   QL_EDTYPE);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q4G, 32, 1, 64, QL_DTYPE_F32,
+                                       w, NULL, (ql_dtype)5, &q),
+                   QL_EDTYPE);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q4G, 48, 1, 64, QL_DTYPE_F32,
+                                       w, NULL, QL_DTYPE_BF16, &q),
+                   QL_EINVAL);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q4G, 32, 0, 64, QL_DTYPE_F32,
+                                       w, NULL, QL_DTYPE_BF16, &q),
+                   QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8C, 0, 1, 0, QL_DTYPE_F32, w,
+                                       NULL, QL_DTYPE_BF16, &q),
+                   QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8C, 0, QL_DIM_MAX + 1, 1,
+                                       QL_DTYPE_F32, w, NULL, QL_DTYPE_BF16,
+                                       &q),
+                   QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8B, 32, 1, 64, QL_DTYPE_F32,
+                                       w, NULL, QL_DTYPE_BF16, &q),
+                   QL_EFORMAT);
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_F8R, 0, 1, 64, QL_DTYPE_F32,
+                                       w, NULL, QL_DTYPE_BF16, &q),
+                   QL_EFORMAT);
+  ck_assert_ptr_null(q);
+}
+END_TEST
+
+START_TEST(test_check_and_dequantize_args) {
+  float w[2 * 40], out[2 * 40];
+  ql_qweight *q, bad;
+  int i;
+
+  for (i = 0; i < 80; i++)
+    w[i] = (float)i;
+  q = quantize_ok(QL_FORMAT_Q4G, 32, 2, 40, w, NULL, QL_DTYPE_BF16);
+  ck_assert_int_eq(ql_qweight_check(q), 0);
+  ck_assert_int_eq(ql_qweight_check(NULL), QL_EINVAL);
+  ck_assert_int_eq(ql_qweight_dequantize(NULL, out), QL_EINVAL);
+  ck_assert_int_eq(ql_qweight_dequantize(q, NULL), QL_EINVAL);
+  ck_assert_int_eq(ql_qweight_dequantize_row(q, 2, out), QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_dequantize_row(q, -1, out), QL_ESHAPE);
+  ck_assert_int_eq(ql_qweight_dequantize_row(q, 1, NULL), QL_EINVAL);
+
+  bad = *q;
+  bad.groups = 1;
+  ck_assert_int_eq(ql_qweight_check(&bad), QL_EINVAL);
+  bad = *q;
+  bad.qdata_bytes--;
+  ck_assert_int_eq(ql_qweight_dequantize(&bad, out), QL_EINVAL);
+  bad = *q;
+  bad.scale_bytes *= 2;
+  ck_assert_int_eq(ql_qweight_check(&bad), QL_EINVAL);
+  bad = *q;
+  bad.zero = NULL;
+  ck_assert_int_eq(ql_qweight_check(&bad), QL_EINVAL);
+  bad = *q;
+  bad.qdata = NULL;
+  ck_assert_int_eq(ql_qweight_dequantize_row(&bad, 0, out), QL_EINVAL);
+  bad = *q;
+  bad.group_size = 40;
+  ck_assert_int_eq(ql_qweight_check(&bad), QL_EINVAL);
+  bad = *q;
+  bad.format = QL_FORMAT_Q8B;
+  ck_assert_int_eq(ql_qweight_check(&bad), QL_EFORMAT);
+  bad = *q;
+  bad.scale_dtype = (ql_dtype)0;
+  ck_assert_int_eq(ql_qweight_check(&bad), QL_EDTYPE);
+  bad = *q;
+  bad.k = 0;
+  ck_assert_int_eq(ql_qweight_check(&bad), QL_ESHAPE);
+  ql_qweight_free(q);
+
+  /* free is safe on NULL and on a half-built weight */
+  ql_qweight_free(NULL);
+  q = calloc(1, sizeof *q);
+  ck_assert_ptr_nonnull(q);
+  q->qdata = malloc(16);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* A bf16/f16 weight quantizes exactly like its f32 widening. */
+START_TEST(test_src_dtype_widening) {
+  const cfg *c = &cfgs[_i];
+  float w[4 * 100], wide[4 * 100], bias[4] = {1, 2, 3, 4};
+  uint16_t w16[4 * 100], b16[4];
+  size_t d, i;
+
+  rng_seed(7);
+  for (i = 0; i < 400; i++)
+    w[i] = (float)rng_gauss();
+  for (d = 1; d < 3; d++) {
+    ql_dtype dt = all_dtypes[d];
+    ql_qweight *a = NULL, *b;
+
+    ql_from_f32(dt, w, w16, 400);
+    ql_from_f32(dt, bias, b16, 4);
+    ql_to_f32(dt, w16, wide, 400);
+    ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, 4, 100, dt, w16, b16,
+                                         QL_DTYPE_BF16, &a),
+                     0);
+    b = quantize_ok(c->f, c->gs, 4, 100, wide, bias, QL_DTYPE_BF16);
+    ck_assert(a->qdata_bytes == b->qdata_bytes &&
+              memcmp(a->qdata, b->qdata, a->qdata_bytes) == 0);
+    ck_assert(memcmp(a->scale, b->scale, a->scale_bytes) == 0);
+    if (c->f == QL_FORMAT_Q4G)
+      ck_assert(memcmp(a->zero, b->zero, a->scale_bytes) == 0);
+    ck_assert(memcmp(a->bias, b->bias, 4 * sizeof(float)) == 0);
+    check_weight(a, wide, NULL);
+    ql_qweight_free(a);
+    ql_qweight_free(b);
+  }
+}
+END_TEST
+
+/* On Gaussian data the quantization error is close to uniform within each
+ * step: the measured MSE must be within 0.5–1.5× the mean Δ²/12, so a
+ * "quantizer" that does not quantize (or quantizes too coarsely) fails. */
+START_TEST(test_nmse_gaussian) {
+  const cfg *c = &cfgs[_i];
+  const int64_t n = 16, k = 1024;
+  float *w = malloc((size_t)(n * k) * sizeof(float));
+  size_t d;
+  int64_t i;
+
+  ck_assert_ptr_nonnull(w);
+  rng_seed(42 + (uint64_t)_i);
+  for (i = 0; i < n * k; i++)
+    w[i] = (float)rng_gauss();
+  for (d = 0; d < 3; d++) {
+    ql_qweight *q = quantize_ok(c->f, c->gs, n, k, w, NULL, all_dtypes[d]);
+    double ref, mse = check_weight(q, w, &ref) / (double)(n * k), ratio;
+
+    ref /= (double)(n * k);
+    ratio = mse / ref;
+    REQUIRE(ratio > 0.5 && ratio < 1.5,
+                  "format %d gs %u %s: MSE %g vs Δ²/12 %g (ratio %g)",
+                  (int)c->f, c->gs, dt_name(all_dtypes[d]), mse, ref, ratio);
+    ql_qweight_free(q);
+  }
+  free(w);
+}
+END_TEST
+
+static Suite *formats_suite(void) {
+  Suite *s = suite_create("formats");
+  TCase *tc;
+
+  tc = tcase_create("convert");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_f16_exhaustive);
+  tcase_add_test(tc, test_bf16_exhaustive);
+  tcase_add_test(tc, test_f16_rounding_cases);
+  tcase_add_test(tc, test_bf16_rounding_cases);
+  tcase_add_test(tc, test_narrowing_random_nearest);
+  tcase_add_test(tc, test_array_conversions);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("sizes");
+  tcase_add_test(tc, test_group_size_valid);
+  tcase_add_test(tc, test_sizes);
+  tcase_add_test(tc, test_sizes_reject);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("quantize");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_q4g_pack_tiny);
+  tcase_add_test(tc, test_q4g_scale_layout);
+  tcase_add_test(tc, test_q8c_minus128);
+  tcase_add_test(tc, test_q4g_ties_and_division);
+  tcase_add_test(tc, test_q8c_reciprocal);
+  tcase_add_loop_test(tc, test_roundtrip_ragged, 0, NCFG);
+  tcase_add_loop_test(tc, test_zero_and_constant_rows, 0, NCFG);
+  tcase_add_loop_test(tc, test_nonfinite_rejected, 0, NCFG);
+  tcase_add_test(tc, test_param_overflow_rejected);
+  tcase_add_test(tc, test_quantize_bad_args);
+  tcase_add_test(tc, test_check_and_dequantize_args);
+  tcase_add_loop_test(tc, test_src_dtype_widening, 0, NCFG);
+  tcase_add_loop_test(tc, test_nmse_gaussian, 0, NCFG);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(formats_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}

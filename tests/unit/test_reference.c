@@ -1,0 +1,799 @@
+/*
+ * test_reference.c - unit tests for kernels/reference.c: per-row int8
+ * activation quantization and the reference WO and AQ linear ops.
+ *
+ * Each op is checked three ways: bit for bit against a naive re-evaluation
+ * of its documented formula in the documented order (every f32 operation
+ * forced to round through a volatile, so the test does not depend on the
+ * compiler's contraction settings); against an fp64 evaluation within an
+ * error bound stated as a function of K; and, against the unquantized
+ * product, by an NMSE bounded from both sides.
+ */
+#include <check.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ql_kernels.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+/* Like ck_assert_msg, but silent when it passes (a passing ck_assert costs
+ * a pipe write in check's fork mode). */
+#define REQUIRE(cond, ...)                                                     \
+  do {                                                                         \
+    if (!(cond))                                                               \
+      ck_abort_msg(__VA_ARGS__);                                               \
+  } while (0)
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t s) { rng_state = s; }
+
+/* splitmix64 */
+static uint64_t rng_next(void) {
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static double rng_uniform(void) {
+  return ((double)(rng_next() >> 11) + 0.5) * 0x1p-53;
+}
+
+static double rng_gauss(void) {
+  double u1 = rng_uniform(), u2 = rng_uniform();
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+/* One rounded f32 operation each; volatile stops contraction into FMA. */
+static float mul32(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+static float add32(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+
+/* Round half to even, written out. */
+static double rne(double v) {
+  double f = floor(v), d = v - f;
+  if (d > 0.5)
+    return f + 1.0;
+  if (d < 0.5)
+    return f;
+  return fmod(f, 2.0) == 0.0 ? f : f + 1.0;
+}
+
+static const char *dt_name(ql_dtype dt) {
+  return dt == QL_DTYPE_F32 ? "f32" : dt == QL_DTYPE_F16 ? "f16" : "bf16";
+}
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+typedef struct cfg {
+  ql_format f;
+  uint32_t gs;
+} cfg;
+
+static const cfg cfgs[] = {
+    {QL_FORMAT_Q4G, 32},  {QL_FORMAT_Q4G, 64}, {QL_FORMAT_Q4G, 128},
+    {QL_FORMAT_Q4G, 256}, {QL_FORMAT_Q8C, 0},
+};
+#define NCFG ((int)(sizeof cfgs / sizeof cfgs[0]))
+
+typedef int (*linear_fn)(const ql_qweight *, ql_dtype, const void *, int64_t,
+                         void *);
+
+/* A weight [n,k] of Gaussian rows with per-row offsets (asymmetric groups),
+ * optionally with a bias. */
+static ql_qweight *make_weight(const cfg *c, int64_t n, int64_t k, int bias,
+                               ql_dtype sdt, float **w_out) {
+  float *w = xmalloc((size_t)(n * k) * sizeof(float));
+  float *b = xmalloc((size_t)n * sizeof(float));
+  ql_qweight *q = NULL;
+  int64_t i;
+  int rc;
+
+  for (i = 0; i < n * k; i++)
+    w[i] = (float)(0.05 * rng_gauss() + 0.01 * (double)(i / k % 3));
+  for (i = 0; i < n; i++)
+    b[i] = (float)rng_gauss();
+  rc = ql_qweight_quantize(c->f, c->gs, n, k, QL_DTYPE_F32, w,
+                           bias ? b : NULL, sdt, &q);
+  REQUIRE(rc == 0, "quantize: %d", rc);
+  free(b);
+  if (w_out)
+    *w_out = w;
+  else
+    free(w);
+  return q;
+}
+
+/* Activation rows: Gaussian, exact .5 ties, and zeros, cycling with r. */
+static void make_x(float *x, int64_t m, int64_t k) {
+  int64_t r, i;
+  for (r = 0; r < m; r++)
+    for (i = 0; i < k; i++) {
+      float *v = &x[r * k + i];
+      switch (r % 3) {
+      case 0:
+        *v = (float)rng_gauss();
+        break;
+      case 1: /* scale 2^-4: x·(1/scale) = j + 0.5 exactly, amax first */
+        *v = i == 0 ? -127.5f * 0.0625f
+                    : (float)((double)((i * 37) % 255) - 127.0 + 0.5) * 0.0625f;
+        break;
+      default:
+        *v = 0.0f;
+      }
+    }
+}
+
+/* The q value of row r, column i of a weight, however it is packed. */
+static int wq_at(const ql_qweight *q, int64_t r, int64_t i) {
+  if (q->format == QL_FORMAT_Q4G) {
+    const uint8_t *row = q->qdata + r * ((q->k + 1) / 2);
+    int nib = (row[i / 2] >> ((i % 2) * 4)) & 0xF;
+    return nib >= 8 ? nib - 16 : nib;
+  }
+  return ((const int8_t *)q->qdata)[r * q->k + i];
+}
+
+/* ---------------------------------------------------- quantize_rows_i8 */
+
+START_TEST(test_qrows_independent) {
+  enum { M = 6, K = 100 };
+  static const uint32_t gss[] = {1, 7, 32, 100, 1000};
+  float *x = xmalloc(M * K * sizeof(float)), sx[M];
+  int8_t *xq = xmalloc(M * K);
+  int32_t *gsum = xmalloc(M * K * sizeof(int32_t));
+  size_t gi;
+  int r, i;
+
+  rng_seed(1);
+  for (r = 0; r < M; r++)
+    for (i = 0; i < K; i++) {
+      double g = rng_gauss();
+      float v;
+      switch (r) {
+      case 0:
+        v = (float)g;
+        break;
+      case 1:
+        v = (float)(1e3 * g);
+        break;
+      case 2: /* amax/127.5 below eps: the scale clamps to FLT_EPSILON */
+        v = (float)(1e-7 * g);
+        break;
+      case 3:
+        v = (float)((double)(i % 255) - 127.0 + 0.5) * 0.0625f;
+        break;
+      case 4:
+        v = 0.0f;
+        break;
+      default:
+        v = (float)(1.8 * rng_uniform() - 0.9);
+      }
+      x[r * K + i] = v;
+    }
+  /* the row's -amax, 127.5·2^-7: scale 2^-7, so it maps to -128 */
+  x[5 * K + 17] = -127.5f / 128.0f;
+
+  for (gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
+    uint32_t gs = gss[gi];
+    int g, ng = (int)((K + gs - 1) / gs);
+
+    memset(gsum, 0x55, M * K * sizeof(int32_t));
+    ck_assert_int_eq(ql_quantize_rows_i8(x, M, K, gs, xq, sx, gsum), 0);
+    for (r = 0; r < M; r++) {
+      const float *xr = x + r * K;
+      float amax = 0.0f, s, inv;
+      for (i = 0; i < K; i++)
+        amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax;
+      s = (float)((double)amax / 127.5);
+      if (s < FLT_EPSILON)
+        s = FLT_EPSILON;
+      inv = (float)(1.0 / (double)s);
+      REQUIRE(f32_bits(sx[r]) == f32_bits(s), "sx[%d] = %a, want %a", r,
+              (double)sx[r], (double)s);
+      for (i = 0; i < K; i++) {
+        double t = rne((double)(float)((double)xr[i] * (double)inv));
+        int want = (int)(t < -128 ? -128 : t > 127 ? 127 : t);
+        REQUIRE(xq[r * K + i] == want, "xq[%d,%d] = %d, want %d (x %a)", r,
+                i, xq[r * K + i], want, (double)xr[i]);
+      }
+      for (g = 0; g < ng; g++) {
+        int64_t sum = 0;
+        for (i = g * (int)gs; i < K && i < (g + 1) * (int)gs; i++)
+          sum += xq[r * K + i];
+        REQUIRE(gsum[r * ng + g] == sum, "gs %u gsum[%d,%d] = %d, want %lld",
+                gs, r, g, gsum[r * ng + g], (long long)sum);
+      }
+    }
+    /* nothing written past M·G */
+    REQUIRE(M * ng == M * K || gsum[M * ng] == 0x55555555, "gsum overrun");
+  }
+  ck_assert_int_eq(xq[5 * K + 17], -128);
+  ck_assert(sx[2] == FLT_EPSILON);
+  for (i = 0; i < K; i++)
+    REQUIRE(xq[4 * K + i] == 0, "zero row");
+  ck_assert(sx[4] == FLT_EPSILON);
+  /* gsum is optional */
+  ck_assert_int_eq(ql_quantize_rows_i8(x, M, K, 32, xq, sx, NULL), 0);
+  free(x);
+  free(xq);
+  free(gsum);
+}
+END_TEST
+
+START_TEST(test_qrows_ties) {
+  /* amax = 127.5·2^-4 gives scale 2^-4 and 1/scale = 16 exactly, so each
+   * x·16 below is an exact .5 tie: half to even, and -127.5 -> -128. */
+  static const double t[] = {-127.5, -126.5, -2.5, -1.5, -0.5, 0.5,
+                             1.5,    2.5,    3.5,  125.5, 126.5, 127.0};
+  static const int8_t want[] = {-128, -126, -2, -2, 0, 0,
+                                2,    2,    4,  126, 126, 127};
+  enum { K = sizeof t / sizeof t[0] };
+  float x[K], sx;
+  int8_t xq[K];
+  int32_t gsum[2];
+  int i, s = 0;
+
+  for (i = 0; i < K; i++)
+    x[i] = (float)(t[i] * 0.0625);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 1, K, 6, xq, &sx, gsum), 0);
+  ck_assert(sx == 0.0625f);
+  for (i = 0; i < K; i++)
+    ck_assert_msg(xq[i] == want[i], "x·16 = %g: got %d, want %d", t[i], xq[i],
+                  want[i]);
+  for (i = 0; i < 6; i++)
+    s += want[i];
+  ck_assert_int_eq(gsum[0], s);
+  for (s = 0, i = 6; i < K; i++)
+    s += want[i];
+  ck_assert_int_eq(gsum[1], s);
+}
+END_TEST
+
+/* The reciprocal multiply, not a division: with scale 167/256,
+ * -126.5·scale divides to an exact tie (-> -126) but x·(1/scale) lands
+ * below it (-> -127); with 159/256 the row's -amax gives -127, not -128. */
+START_TEST(test_qrows_reciprocal) {
+  const float s1 = 167.0f / 256.0f, s2 = 159.0f / 256.0f;
+  float x[2 * 3] = {127.5f * s1, -126.5f * s1, 0.0f, -127.5f * s2, s2, 0.0f};
+  float sx[2];
+  int8_t xq[6];
+  int32_t gsum[2];
+
+  ck_assert(rne((double)x[1] / s1) == -126.0);
+  ck_assert(rne((double)x[3] / s2) == -128.0);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 3, 3, xq, sx, gsum), 0);
+  ck_assert(sx[0] == s1 && sx[1] == s2);
+  ck_assert_int_eq(xq[1], -127);
+  ck_assert_int_eq(xq[3], -127);
+  ck_assert_int_eq(xq[4], 1);
+  ck_assert_int_eq(gsum[0], xq[0] - 127);
+  ck_assert_int_eq(gsum[1], -126);
+}
+END_TEST
+
+START_TEST(test_qrows_errors) {
+  float x[2 * 8] = {0};
+  int8_t xq[16];
+  float sx[2];
+  int32_t gsum[16];
+  static const float bad[3] = {NAN, INFINITY, -INFINITY};
+  int b;
+
+  for (b = 0; b < 3; b++) {
+    x[8 + 5] = bad[b];
+    ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 8, 4, xq, sx, gsum),
+                     QL_ENONFINITE);
+    ck_assert_int_eq(ql_quantize_rows_i8(x, 1, 8, 4, xq, sx, gsum), 0);
+  }
+  x[8 + 5] = 1.0f;
+  ck_assert_int_eq(ql_quantize_rows_i8(NULL, 2, 8, 4, xq, sx, gsum),
+                   QL_EINVAL);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 8, 4, NULL, sx, gsum),
+                   QL_EINVAL);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 8, 4, xq, NULL, gsum),
+                   QL_EINVAL);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 8, 0, xq, sx, gsum), QL_EINVAL);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 8, 0, xq, sx, NULL), QL_EINVAL);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 0, 8, 4, xq, sx, gsum), QL_ESHAPE);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 0, 4, xq, sx, gsum), QL_ESHAPE);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, -1, 8, 4, xq, sx, gsum), QL_ESHAPE);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, QL_DIM_MAX + 1, 8, 4, xq, sx, gsum),
+                   QL_ESHAPE);
+  /* a huge gs with a small K is one group */
+  ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 8, UINT32_MAX, xq, sx, gsum), 0);
+  ck_assert_int_eq(gsum[1], xq[8] + xq[9] + xq[10] + xq[11] + xq[12] +
+                                xq[13] + xq[14] + xq[15]);
+  ck_assert_int_eq(xq[13], 127);
+}
+END_TEST
+
+/* ------------------------------------------------------ naive evaluations */
+
+/* WO by the documented order: acc = 0; acc += x·ŵ in increasing k; + b. */
+static void wo_naive(const ql_qweight *q, const float *x, int64_t m,
+                     float *y) {
+  int64_t n = q->n, k = q->k, r, j, i;
+  float *dq = xmalloc((size_t)(n * k) * sizeof(float));
+
+  ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
+  for (r = 0; r < m; r++)
+    for (j = 0; j < n; j++) {
+      float acc = 0.0f;
+      for (i = 0; i < k; i++)
+        acc = add32(acc, mul32(x[r * k + i], dq[j * k + i]));
+      if (q->bias)
+        acc = add32(acc, q->bias[j]);
+      y[r * n + j] = acc;
+    }
+  free(dq);
+}
+
+/* fp64 WO and its error bound: |y - y64| <= (K+2)·2^-24·(Σ|x·ŵ| + |b|). */
+static void wo_check64(const ql_qweight *q, const float *x, int64_t m,
+                       const float *y) {
+  int64_t n = q->n, k = q->k, r, j, i;
+  float *dq = xmalloc((size_t)(n * k) * sizeof(float));
+
+  ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
+  for (r = 0; r < m; r++)
+    for (j = 0; j < n; j++) {
+      double e = 0.0, a = 0.0, bound;
+      for (i = 0; i < k; i++) {
+        double p = (double)x[r * k + i] * dq[j * k + i];
+        e += p;
+        a += fabs(p);
+      }
+      if (q->bias) {
+        e += q->bias[j];
+        a += fabs(q->bias[j]);
+      }
+      bound = (double)(k + 2) * 0x1p-24 * a * 1.01 + 1e-37;
+      REQUIRE(fabs(y[r * n + j] - e) <= bound,
+              "WO y[%lld,%lld] = %.9g, fp64 %.17g, bound %g (K %lld)",
+              (long long)r, (long long)j, (double)y[r * n + j], e, bound,
+              (long long)k);
+    }
+  free(dq);
+}
+
+/* Quantized activations for the AQ checks (the same call the op makes). */
+typedef struct qx {
+  int8_t *xq;
+  float *sx;
+  int32_t *gsum;
+  int64_t ng;
+} qx;
+
+static void qx_make(const ql_qweight *q, const float *x, int64_t m, qx *o) {
+  int64_t k = q->k;
+  uint32_t gs = q->format == QL_FORMAT_Q4G ? q->group_size : (uint32_t)k;
+  o->ng = q->format == QL_FORMAT_Q4G ? q->groups : 1;
+  o->xq = xmalloc((size_t)(m * k));
+  o->sx = xmalloc((size_t)m * sizeof(float));
+  o->gsum = xmalloc((size_t)(m * o->ng) * sizeof(int32_t));
+  ck_assert_int_eq(ql_quantize_rows_i8(x, m, k, gs, o->xq, o->sx, o->gsum), 0);
+}
+
+static void qx_free(qx *o) {
+  free(o->xq);
+  free(o->sx);
+  free(o->gsum);
+}
+
+/*
+ * AQ by the documented formula and order, and its fp64 evaluation with a
+ * bound: q8c 4·2^-24·(|Y| + |b|); q4g (2G+4)·2^-24·(|sx|·Σ|terms| + |b|).
+ */
+static void aq_check(const ql_qweight *q, const float *x, int64_t m,
+                     const float *y) {
+  int64_t n = q->n, k = q->k, r, j, i, g;
+  const double u = 0x1p-24;
+  qx o;
+
+  qx_make(q, x, m, &o);
+  for (r = 0; r < m; r++)
+    for (j = 0; j < n; j++) {
+      const int8_t *xr = o.xq + r * k;
+      double e, a, bound, b = q->bias ? q->bias[j] : 0.0;
+      float v;
+
+      if (q->format == QL_FORMAT_Q8C) {
+        float sw = ql_load_f32(q->scale_dtype, q->scale, (size_t)j);
+        int64_t acc = 0;
+        for (i = 0; i < k; i++)
+          acc += xr[i] * wq_at(q, j, i);
+        REQUIRE(acc >= INT32_MIN && acc <= INT32_MAX, "acc overflow");
+        v = mul32((float)acc, mul32(o.sx[r], sw));
+        e = (double)acc * o.sx[r] * sw;
+        a = fabs(e);
+        bound = 4.0 * u * (a + fabs(b)) * 1.01 + 1e-37;
+      } else {
+        float acc = 0.0f;
+        double sum = 0.0;
+        a = 0.0;
+        for (g = 0; g < q->groups; g++) {
+          float s = ql_load_f32(q->scale_dtype, q->scale, (size_t)(g * n + j));
+          float z = ql_load_f32(q->scale_dtype, q->zero, (size_t)(g * n + j));
+          int32_t dot = 0, xs = o.gsum[r * o.ng + g];
+          int64_t k1 = (g + 1) * q->group_size < k ? (g + 1) * q->group_size : k;
+          for (i = g * q->group_size; i < k1; i++)
+            dot += xr[i] * wq_at(q, j, i);
+          acc = add32(acc, mul32(s, (float)dot));
+          acc = add32(acc, mul32(z, (float)xs));
+          sum += (double)s * dot + (double)z * xs;
+          a += fabs((double)s * dot) + fabs((double)z * xs);
+        }
+        v = mul32(o.sx[r], acc);
+        e = (double)o.sx[r] * sum;
+        bound = (double)(2 * q->groups + 4) * u *
+                    (fabs((double)o.sx[r]) * a + fabs(b)) * 1.01 +
+                1e-37;
+      }
+      if (q->bias)
+        v = add32(v, q->bias[j]);
+      e += b;
+      REQUIRE(f32_bits(y[r * n + j]) == f32_bits(v),
+              "AQ y[%lld,%lld] = %a, formula gives %a", (long long)r,
+              (long long)j, (double)y[r * n + j], (double)v);
+      REQUIRE(fabs(y[r * n + j] - e) <= bound,
+              "AQ y[%lld,%lld] = %.9g, fp64 %.17g, bound %g", (long long)r,
+              (long long)j, (double)y[r * n + j], e, bound);
+    }
+  qx_free(&o);
+}
+
+/* -------------------------------------------------------------- linear ops */
+
+START_TEST(test_wo_aq_vs_formula_and_fp64) {
+  static const int64_t ks[] = {1, 7, 33, 100, 257, 1000};
+  static const int64_t ns[] = {1, 5};
+  static const int64_t ms[] = {1, 3};
+  static const ql_dtype sdts[] = {QL_DTYPE_BF16, QL_DTYPE_F16, QL_DTYPE_F32};
+  const cfg *c = &cfgs[_i];
+  size_t ki, ni, mi, bi, di;
+
+  rng_seed(200 + (uint64_t)_i);
+  for (ki = 0; ki < 6; ki++)
+    for (ni = 0; ni < 2; ni++)
+      for (mi = 0; mi < 2; mi++)
+        for (bi = 0; bi < 2; bi++)
+          for (di = 0; di < 3; di++) {
+            int64_t k = ks[ki], n = ns[ni], m = ms[mi], i;
+            ql_qweight *q = make_weight(c, n, k, (int)bi, sdts[di], NULL);
+            float *x = xmalloc((size_t)(m * k) * sizeof(float));
+            float *y = xmalloc((size_t)(m * n) * sizeof(float));
+            float *yn = xmalloc((size_t)(m * n) * sizeof(float));
+
+            make_x(x, m, k);
+            ck_assert_int_eq(ql_linear_wo_ref(q, QL_DTYPE_F32, x, m, y), 0);
+            wo_naive(q, x, m, yn);
+            for (i = 0; i < m * n; i++)
+              REQUIRE(f32_bits(y[i]) == f32_bits(yn[i]),
+                      "WO y[%lld] = %a, formula %a (K %lld N %lld M %lld)",
+                      (long long)i, (double)y[i], (double)yn[i],
+                      (long long)k, (long long)n, (long long)m);
+            wo_check64(q, x, m, y);
+
+            ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, y), 0);
+            aq_check(q, x, m, y);
+            free(x);
+            free(y);
+            free(yn);
+            ql_qweight_free(q);
+          }
+}
+END_TEST
+
+/* The bias is added once, after the dot product. */
+START_TEST(test_bias) {
+  const cfg *c = &cfgs[_i];
+  enum { M = 2, N = 4, K = 64 };
+  float *w, x[M * K], y0[M * N], y1[M * N];
+  ql_qweight *q0, *q1;
+  linear_fn ops[2] = {ql_linear_wo_ref, ql_linear_aq_ref};
+  int o, i;
+
+  rng_seed(300);
+  q1 = make_weight(c, N, K, 1, QL_DTYPE_BF16, &w);
+  q0 = NULL;
+  ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, N, K, QL_DTYPE_F32, w,
+                                       NULL, QL_DTYPE_BF16, &q0),
+                   0);
+  make_x(x, M, K);
+  for (o = 0; o < 2; o++) {
+    ck_assert_int_eq(ops[o](q0, QL_DTYPE_F32, x, M, y0), 0);
+    ck_assert_int_eq(ops[o](q1, QL_DTYPE_F32, x, M, y1), 0);
+    for (i = 0; i < M * N; i++)
+      REQUIRE(f32_bits(y1[i]) == f32_bits(y0[i] + q1->bias[i % N]),
+              "op %d y[%d]: %a != %a + %a", o, i, (double)y1[i],
+              (double)y0[i], (double)q1->bias[i % N]);
+  }
+  ql_qweight_free(q0);
+  ql_qweight_free(q1);
+  free(w);
+}
+END_TEST
+
+/* f16/bf16 in and out: the f32 computation on the widened input, rounded
+ * once to the output dtype. */
+START_TEST(test_narrow_io) {
+  const cfg *c = &cfgs[_i];
+  enum { M = 4, N = 5, K = 100 };
+  static const ql_dtype dts[2] = {QL_DTYPE_F16, QL_DTYPE_BF16};
+  linear_fn ops[2] = {ql_linear_wo_ref, ql_linear_aq_ref};
+  float x[M * K], xw[M * K], y32[M * N];
+  uint16_t x16[M * K], y16[M * N];
+  ql_qweight *q;
+  int d, o, i;
+
+  rng_seed(400);
+  q = make_weight(c, N, K, 1, QL_DTYPE_BF16, NULL);
+  for (i = 0; i < M * K; i++)
+    x[i] = (float)(3.0 * rng_gauss());
+  q->bias[1] = 1e5f; /* y[.,1] overflows f16 to Inf */
+  for (d = 0; d < 2; d++) {
+    ql_from_f32(dts[d], x, x16, M * K);
+    ql_to_f32(dts[d], x16, xw, M * K);
+    for (o = 0; o < 2; o++) {
+      ck_assert_int_eq(ops[o](q, dts[d], x16, M, y16), 0);
+      ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, xw, M, y32), 0);
+      for (i = 0; i < M * N; i++) {
+        uint16_t want = dts[d] == QL_DTYPE_F16 ? ql_f32_to_f16(y32[i])
+                                               : ql_f32_to_bf16(y32[i]);
+        REQUIRE(y16[i] == want, "%s op %d y[%d] = %04x, want %04x",
+                dt_name(dts[d]), o, i, y16[i], want);
+      }
+      if (dts[d] == QL_DTYPE_F16)
+        ck_assert_uint_eq(y16[1], 0x7C00);
+    }
+  }
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* A row's output is the same bytes alone, inside a batch, at any position. */
+START_TEST(test_batch_invariance) {
+  const cfg *c = &cfgs[_i];
+  enum { M = 9, N = 6, K = 300 };
+  static const ql_dtype dts[3] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
+  linear_fn ops[2] = {ql_linear_wo_ref, ql_linear_aq_ref};
+  float x[M * K];
+  unsigned char xin[M * K * 4], xrev[M * K * 4];
+  unsigned char yb[M * N * 4], yr[M * N * 4], y1[N * 4];
+  ql_qweight *q;
+  int d, o, r, i;
+
+  rng_seed(500);
+  q = make_weight(c, N, K, 1, QL_DTYPE_BF16, NULL);
+  make_x(x, M, K); /* rows 1, 4, 7: ties; 2, 5, 8: zeros */
+  for (i = 0; i < K; i++) {
+    x[3 * K + i] *= 1e-3f;
+    x[6 * K + i] = 0.75f; /* a constant row */
+  }
+  for (d = 0; d < 3; d++) {
+    size_t es = ql_dtype_size(dts[d]), row_in = K * es, row_out = N * es;
+    ql_from_f32(dts[d], x, xin, M * K);
+    for (r = 0; r < M; r++)
+      memcpy(xrev + (size_t)(M - 1 - r) * row_in, xin + (size_t)r * row_in,
+             row_in);
+    for (o = 0; o < 2; o++) {
+      ck_assert_int_eq(ops[o](q, dts[d], xin, M, yb), 0);
+      ck_assert_int_eq(ops[o](q, dts[d], xrev, M, yr), 0);
+      for (r = 0; r < M; r++) {
+        ck_assert_int_eq(ops[o](q, dts[d], xin + (size_t)r * row_in, 1, y1),
+                         0);
+        REQUIRE(memcmp(y1, yb + (size_t)r * row_out, row_out) == 0,
+                "%s op %d: row %d alone differs from the batch",
+                dt_name(dts[d]), o, r);
+        REQUIRE(memcmp(yr + (size_t)(M - 1 - r) * row_out,
+                       yb + (size_t)r * row_out, row_out) == 0,
+                "%s op %d: row %d differs at another position",
+                dt_name(dts[d]), o, r);
+      }
+    }
+  }
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* The int32 accumulator of q8c AQ at its largest K, with every product at
+ * its maximum (-128)·(-128); one more K is refused. */
+START_TEST(test_aq_q8c_max_k) {
+  const int64_t k = QL_AQ_Q8C_MAX_K;
+  float *x = xmalloc((size_t)(k + 1) * sizeof(float)), y = 0.0f;
+  ql_qweight *q = NULL;
+  int64_t i;
+
+  for (i = 0; i <= k; i++)
+    x[i] = -127.5f; /* scale exactly 1, every q = rne(-127.5) = -128 */
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8C, 0, 1, k, QL_DTYPE_F32, x,
+                                       NULL, QL_DTYPE_F32, &q),
+                   0);
+  ck_assert_int_eq(wq_at(q, 0, k - 1), -128);
+  ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, 1, &y), 0);
+  ck_assert(y == (float)(k * 16384)); /* 2147467264, exact in f32 */
+  ql_qweight_free(q);
+
+  q = NULL;
+  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8C, 0, 1, k + 1,
+                                       QL_DTYPE_F32, x, NULL, QL_DTYPE_F32,
+                                       &q),
+                   0);
+  ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, 1, &y), QL_ESHAPE);
+  /* WO has no such limit: Σ (-127.5)·(-128·1) */
+  ck_assert_int_eq(ql_linear_wo_ref(q, QL_DTYPE_F32, x, 1, &y), 0);
+  ck_assert(fabs(y - (double)(k + 1) * 127.5 * 128.0) <=
+            (double)(k + 3) * 0x1p-24 * (double)(k + 1) * 127.5 * 128.0);
+  ql_qweight_free(q);
+  free(x);
+}
+END_TEST
+
+START_TEST(test_op_errors) {
+  const cfg *c = &cfgs[_i];
+  enum { M = 2, N = 3, K = 40 };
+  linear_fn ops[2] = {ql_linear_wo_ref, ql_linear_aq_ref};
+  static const float bad[3] = {NAN, INFINITY, -INFINITY};
+  float x[M * K], y[M * N];
+  uint16_t x16[M * K];
+  ql_qweight *q, broken;
+  int o, b, i;
+
+  rng_seed(600);
+  q = make_weight(c, N, K, 1, QL_DTYPE_BF16, NULL);
+  make_x(x, M, K);
+  for (o = 0; o < 2; o++) {
+    ck_assert_int_eq(ops[o](NULL, QL_DTYPE_F32, x, M, y), QL_EINVAL);
+    ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, NULL, M, y), QL_EINVAL);
+    ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, M, NULL), QL_EINVAL);
+    ck_assert_int_eq(ops[o](q, (ql_dtype)0, x, M, y), QL_EDTYPE);
+    ck_assert_int_eq(ops[o](q, (ql_dtype)4, x, M, y), QL_EDTYPE);
+    ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, 0, y), QL_ESHAPE);
+    ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, -3, y), QL_ESHAPE);
+    ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, QL_DIM_MAX + 1, y),
+                     QL_ESHAPE);
+    broken = *q;
+    broken.format = QL_FORMAT_F8R;
+    ck_assert_int_eq(ops[o](&broken, QL_DTYPE_F32, x, M, y), QL_EFORMAT);
+    broken = *q;
+    broken.qdata = NULL;
+    ck_assert_int_eq(ops[o](&broken, QL_DTYPE_F32, x, M, y), QL_EINVAL);
+    broken = *q;
+    broken.groups++;
+    ck_assert_int_eq(ops[o](&broken, QL_DTYPE_F32, x, M, y), QL_EINVAL);
+
+    /* Non-finite activations fail before y is written. */
+    for (b = 0; b < 3; b++) {
+      float keep = x[K + 7];
+      x[K + 7] = bad[b];
+      for (i = 0; i < M * N; i++)
+        y[i] = 42.0f;
+      ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, M, y), QL_ENONFINITE);
+      for (i = 0; i < M * N; i++)
+        ck_assert(y[i] == 42.0f);
+      ql_from_f32(QL_DTYPE_BF16, x, x16, M * K);
+      ck_assert_int_eq(ops[o](q, QL_DTYPE_BF16, x16, M, y), QL_ENONFINITE);
+      x[K + 7] = keep;
+    }
+    ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, M, y), 0);
+  }
+  ql_qweight_free(q);
+}
+END_TEST
+
+/*
+ * Against the unquantized product the error must look like quantization
+ * noise: its mean square within 0.5–1.5× the prediction Σk x²·Δw²/12 (WO)
+ * or Σk (x²·Δw² + w²·Δx²)/12 (AQ), so an op that ignores the scales, or
+ * does not quantize at all, fails.
+ */
+START_TEST(test_nmse_vs_unquantized) {
+  const cfg *c = &cfgs[_i];
+  enum { M = 32, N = 32, K = 512 };
+  float *w, *x = xmalloc(M * K * sizeof(float)), *y = xmalloc(M * N * 4);
+  double *ye = xmalloc(M * N * sizeof(double));
+  ql_qweight *q;
+  qx o;
+  int r, j, i, op;
+
+  rng_seed(700 + (uint64_t)_i);
+  q = make_weight(c, N, K, 0, QL_DTYPE_BF16, &w);
+  for (i = 0; i < M * K; i++)
+    x[i] = (float)rng_gauss();
+  for (r = 0; r < M; r++)
+    for (j = 0; j < N; j++) {
+      double e = 0.0;
+      for (i = 0; i < K; i++)
+        e += (double)x[r * K + i] * w[j * K + i];
+      ye[r * N + j] = e;
+    }
+  qx_make(q, x, M, &o);
+  for (op = 0; op < 2; op++) {
+    double mse = 0.0, pred = 0.0, ratio;
+    ck_assert_int_eq((op ? ql_linear_aq_ref : ql_linear_wo_ref)(
+                         q, QL_DTYPE_F32, x, M, y),
+                     0);
+    for (r = 0; r < M; r++)
+      for (j = 0; j < N; j++) {
+        double d = y[r * N + j] - ye[r * N + j];
+        mse += d * d;
+        for (i = 0; i < K; i++) {
+          size_t si = q->format == QL_FORMAT_Q4G
+                          ? (size_t)(i / (int)q->group_size * N + j)
+                          : (size_t)j;
+          double dw = ql_load_f32(q->scale_dtype, q->scale, si);
+          double xv = x[r * K + i], wv = w[j * K + i];
+          pred += xv * xv * dw * dw / 12.0;
+          if (op)
+            pred += wv * wv * (double)o.sx[r] * o.sx[r] / 12.0;
+        }
+      }
+    ratio = mse / pred;
+    REQUIRE(ratio > 0.5 && ratio < 1.5,
+            "%s format %d gs %u: MSE %g vs predicted %g (ratio %g)",
+            op ? "AQ" : "WO", (int)c->f, c->gs, mse / (M * N),
+            pred / (M * N), ratio);
+  }
+  qx_free(&o);
+  ql_qweight_free(q);
+  free(w);
+  free(x);
+  free(y);
+  free(ye);
+}
+END_TEST
+
+static Suite *reference_suite(void) {
+  Suite *s = suite_create("reference");
+  TCase *tc;
+
+  tc = tcase_create("quantize_rows");
+  tcase_add_test(tc, test_qrows_independent);
+  tcase_add_test(tc, test_qrows_ties);
+  tcase_add_test(tc, test_qrows_reciprocal);
+  tcase_add_test(tc, test_qrows_errors);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("linear");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_wo_aq_vs_formula_and_fp64, 0, NCFG);
+  tcase_add_loop_test(tc, test_bias, 0, NCFG);
+  tcase_add_loop_test(tc, test_narrow_io, 0, NCFG);
+  tcase_add_loop_test(tc, test_batch_invariance, 0, NCFG);
+  tcase_add_test(tc, test_aq_q8c_max_k);
+  tcase_add_loop_test(tc, test_op_errors, 0, NCFG);
+  tcase_add_loop_test(tc, test_nmse_vs_unquantized, 0, NCFG);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(reference_suite());
+  int failed;
+
+  srunner_run_all(sr, CK_NORMAL);
+  failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
