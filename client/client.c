@@ -1,0 +1,1138 @@
+/*
+ * client.c - libqlinear: the client side of the request protocol (DESIGN §7).
+ *
+ * Every call is one or more round trips of a Request/Response pair over a
+ * nanomsg REQ socket. The daemon's raw REP socket drops a reply to a
+ * connection that is still busy with an earlier one, so each request in
+ * flight gets its own REQ socket: a client keeps a small pool of idle
+ * connected sockets, a call takes one (or opens one) and gives it back when
+ * the exchange completed cleanly. After a timeout or a transport error the
+ * socket is closed instead, because a late reply could still arrive on it.
+ *
+ * Messages are checked rather than trusted: the reply must decode, carry the
+ * request's request_id and the matching body, and every size or shape it
+ * states is checked before anything is copied to the caller.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "qlinear.pb-c.h"
+#include "qlinear/qlinear.h"
+
+typedef Qlinear__V1__Request Request;
+typedef Qlinear__V1__Response Response;
+typedef Qlinear__V1__Response__BodyCase BodyCase;
+
+/* Idle sockets kept per client; more concurrent calls still work, their
+ * sockets are just closed afterwards. */
+#define POOL_MAX 64
+/* Receive limit until Hello announced the real cap. */
+#define PRE_HELLO_MAX (1u << 20)
+/* Room kept free for the envelope around a payload (request id, field tags,
+ * shape, impl name, status) when sizing chunks and checking Linear sizes. */
+#define ENVELOPE_ROOM 1024u
+/* nanomsg counts its own protocol header (the 4-byte REQ request id, more
+ * through devices) in the size it checks against NN_RCVMAXSIZE: requests
+ * stay this far below the cap, and our receive limit is this far above. */
+#define TRANSPORT_ROOM 64u
+/* Upper bound of one LoadChunk payload even if the daemon allows more: it
+ * bounds the copy nanomsg makes and keeps the progress callback moving. */
+#define CHUNK_CEILING (8u << 20)
+/* REQ resends a request that got no reply after this long; we never want
+ * that within a call (the call times out first), only as a backstop. */
+#define RESEND_IVL_MS 3600000
+/* LoadAbort after a failure is best effort and must not double the wait. */
+#define ABORT_TIMEOUT_MS 2000
+#define ERRBUF_SIZE 1024
+
+struct ql_client {
+  char *address;
+  char *client_name;
+  int timeout_ms; /* -1 waits forever */
+  pthread_mutex_t lock; /* guards everything below */
+  int idle[POOL_MAX];   /* connected REQ sockets with no request pending */
+  size_t n_idle;
+  uint64_t cap;       /* max_message_bytes from Hello; 0 before it */
+  uint64_t max_chunk; /* max_chunk_bytes from Hello; 0 if none set */
+  ql_hello_info hello;
+};
+
+/* ------------------------------------------------------------ errors */
+
+static _Thread_local char errbuf[ERRBUF_SIZE];
+
+static void err_clear(void) { errbuf[0] = '\0'; }
+
+__attribute__((format(printf, 2, 3))) static int err_set(int code,
+                                                         const char *fmt,
+                                                         ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+/* Copies text that came from the daemon, replacing control characters so
+ * that printing ql_errmsg() cannot drive the caller's terminal. */
+static void copy_sanitized(char *dst, size_t len, const char *src) {
+  size_t i = 0;
+  if (len == 0)
+    return;
+  for (; src != NULL && src[i] != '\0' && i + 1 < len; i++) {
+    unsigned char ch = (unsigned char)src[i];
+    dst[i] = (ch < 0x20 || ch == 0x7f) ? '?' : (char)ch;
+  }
+  dst[i] = '\0';
+}
+
+/* Maps the errno of a failed nanomsg (or socket) call into our space. */
+static int map_errno(int e) {
+  switch (e) {
+  case ETIMEDOUT:
+  case EAGAIN:
+    return QL_ETIMEDOUT;
+  case ECONNREFUSED:
+  case ECONNRESET:
+  case ECONNABORTED:
+  case ENOENT:
+  case ENOTCONN:
+  case EPIPE:
+  case EHOSTUNREACH:
+  case ENETUNREACH:
+  case EADDRNOTAVAIL:
+    return QL_ECONNECT;
+  case EACCES:
+  case EPERM:
+    return QL_EPERM;
+  case EINVAL:
+  case ENAMETOOLONG:
+  case EPROTONOSUPPORT:
+  case ENODEV:
+    return QL_EINVAL;
+  case ENOMEM:
+  case ENOBUFS:
+    return QL_ENOMEM;
+  case EMFILE:
+  case ENFILE:
+    return QL_EEXHAUSTED;
+  case EMSGSIZE:
+    return QL_ETOOBIG;
+  default:
+    return QL_EIO;
+  }
+}
+
+static int nn_fail(const char *what) {
+  int e = nn_errno();
+  return err_set(map_errno(e), "%s: %s", what, nn_strerror(e));
+}
+
+/* A Status from the daemon: its code is returned as is if it is one of
+ * ours, anything else is a protocol violation. */
+static int status_error(const Qlinear__V1__Status *st) {
+  char msg[ERRBUF_SIZE];
+  copy_sanitized(msg, sizeof msg, st->message);
+  if (st->code < 0 && st->code > QL_ERRNO_MIN_)
+    return err_set(st->code, "%s", msg);
+  return err_set(QL_EPROTO, "daemon answered with unknown error code %d: %s",
+                 (int)st->code, msg);
+}
+
+/* ------------------------------------------------------------ request ids */
+
+static pthread_once_t id_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t next_id;
+
+/* Seeded from random bytes so that ids of two processes (or of one process
+ * before and after a restart) rarely meet. */
+static void id_seed(void) {
+  uint64_t seed;
+  if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    seed = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^
+           ((uint64_t)getpid() * 0x9E3779B97F4A7C15u);
+  }
+  atomic_store(&next_id, seed);
+}
+
+/* 0 is proto3's "not set", so it is skipped. */
+static uint64_t request_id_new(void) {
+  uint64_t id;
+  pthread_once(&id_once, id_seed);
+  do
+    id = atomic_fetch_add(&next_id, 1);
+  while (id == 0);
+  return id;
+}
+
+/* ------------------------------------------------------------ sockets */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void client_limits(ql_client *c, uint64_t *cap, uint64_t *max_chunk) {
+  pthread_mutex_lock(&c->lock);
+  *cap = c->cap;
+  if (max_chunk != NULL)
+    *max_chunk = c->max_chunk;
+  pthread_mutex_unlock(&c->lock);
+}
+
+static int sock_open(ql_client *c, int *out) {
+  int s, rv;
+  /* Resend only after the call has given up, and never more often than
+   * hourly: a resent request may be one the daemon is still running. */
+  int64_t ivl = c->timeout_ms < 0 ? INT_MAX : (int64_t)c->timeout_ms + 1000;
+  if (ivl < RESEND_IVL_MS)
+    ivl = RESEND_IVL_MS;
+  if (ivl > INT_MAX)
+    ivl = INT_MAX;
+  int ivl_opt = (int)ivl;
+
+  if ((s = nn_socket(AF_SP, NN_REQ)) < 0)
+    return nn_fail("nn_socket");
+  if (nn_setsockopt(s, NN_REQ, NN_REQ_RESEND_IVL, &ivl_opt, sizeof ivl_opt) <
+      0) {
+    rv = nn_fail("nn_setsockopt(NN_REQ_RESEND_IVL)");
+    goto fail;
+  }
+  if (nn_connect(s, c->address) < 0) {
+    int e = nn_errno();
+    rv = err_set(map_errno(e), "cannot connect to %s: %s", c->address,
+                 nn_strerror(e));
+    goto fail;
+  }
+  *out = s;
+  return 0;
+
+fail:
+  nn_close(s);
+  return rv;
+}
+
+/* Takes an idle socket or opens a new one. */
+static int pool_take(ql_client *c, int *out) {
+  pthread_mutex_lock(&c->lock);
+  if (c->n_idle > 0) {
+    *out = c->idle[--c->n_idle];
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+  }
+  pthread_mutex_unlock(&c->lock);
+  return sock_open(c, out);
+}
+
+/* Gives back a socket whose last exchange completed. */
+static void pool_put(ql_client *c, int s) {
+  pthread_mutex_lock(&c->lock);
+  if (c->n_idle < POOL_MAX) {
+    c->idle[c->n_idle++] = s;
+    s = -1;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (s >= 0)
+    nn_close(s);
+}
+
+static int set_int_opt(int s, int level, int opt, int64_t v,
+                       const char *name) {
+  int iv = v > INT_MAX ? INT_MAX : (int)v;
+  if (nn_setsockopt(s, level, opt, &iv, sizeof iv) < 0)
+    return nn_fail(name);
+  return 0;
+}
+
+/*
+ * One round trip: gives req a fresh request_id, packs it, sends it on a
+ * pooled socket and waits up to timeout_ms (-1: forever) for the reply,
+ * which must carry the same request_id, a zero status and the body want.
+ * On success *out owns the decoded Response (free it with
+ * qlinear__v1__response__free_unpacked); on failure *out is NULL and
+ * ql_errmsg() says why. req stays owned by the caller.
+ */
+static int call(ql_client *c, Request *req, BodyCase want, int timeout_ms,
+                Response **out) {
+  void *msg = NULL, *buf = NULL;
+  Response *resp = NULL;
+  int s = -1, rv, n;
+  bool keep = false; /* the socket's exchange completed: reusable */
+  uint64_t cap;
+  int64_t deadline = 0, rcvmax;
+
+  *out = NULL;
+  req->request_id = request_id_new();
+  client_limits(c, &cap, NULL);
+
+  /* The daemon drops oversized messages unread and nanomsg would resend
+   * them forever: refuse them here. */
+  size_t size = qlinear__v1__request__get_packed_size(req);
+  if (cap != 0 && (cap <= TRANSPORT_ROOM || size > cap - TRANSPORT_ROOM))
+    return err_set(QL_ETOOBIG,
+                   "request of %zu bytes does not fit the daemon's cap of "
+                   "%llu bytes (less %u bytes of transport header)",
+                   size, (unsigned long long)cap, TRANSPORT_ROOM);
+  /* Packing straight into a nanomsg buffer saves a copy in nn_send. */
+  if ((msg = nn_allocmsg(size > 0 ? size : 1, 0)) == NULL) {
+    rv = nn_fail("nn_allocmsg");
+    goto fail;
+  }
+  qlinear__v1__request__pack(req, msg);
+
+  if ((rv = pool_take(c, &s)) != 0)
+    goto fail;
+  rcvmax = (int64_t)(cap != 0 ? cap : PRE_HELLO_MAX) + TRANSPORT_ROOM;
+  if ((rv = set_int_opt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, rcvmax,
+                        "nn_setsockopt(NN_RCVMAXSIZE)")) != 0 ||
+      (rv = set_int_opt(s, NN_SOL_SOCKET, NN_SNDTIMEO, timeout_ms,
+                        "nn_setsockopt(NN_SNDTIMEO)")) != 0 ||
+      (rv = set_int_opt(s, NN_SOL_SOCKET, NN_RCVTIMEO, timeout_ms,
+                        "nn_setsockopt(NN_RCVTIMEO)")) != 0)
+    goto fail;
+  if (timeout_ms >= 0)
+    deadline = now_ms() + timeout_ms;
+
+  /* On success nn_send owns msg; on failure it is still ours. */
+  while (nn_send(s, &msg, NN_MSG, 0) < 0) {
+    if (nn_errno() != EINTR) {
+      rv = nn_fail("sending the request");
+      goto fail;
+    }
+  }
+  msg = NULL;
+
+  /* A signal interrupts nn_recv; wait again for what is left of the
+   * timeout. */
+  while ((n = nn_recv(s, &buf, NN_MSG, 0)) < 0) {
+    int e = nn_errno();
+    if (e == ETIMEDOUT || e == EAGAIN) {
+      rv = err_set(QL_ETIMEDOUT, "no reply within %d ms", timeout_ms);
+      goto fail;
+    }
+    if (e != EINTR) {
+      rv = nn_fail("waiting for the reply");
+      goto fail;
+    }
+    if (timeout_ms >= 0) {
+      int64_t left = deadline - now_ms();
+      if (left <= 0) {
+        rv = err_set(QL_ETIMEDOUT, "no reply within %d ms", timeout_ms);
+        goto fail;
+      }
+      if ((rv = set_int_opt(s, NN_SOL_SOCKET, NN_RCVTIMEO, left,
+                            "nn_setsockopt(NN_RCVTIMEO)")) != 0)
+        goto fail;
+    }
+  }
+
+  resp = qlinear__v1__response__unpack(NULL, (size_t)n, buf);
+  nn_freemsg(buf);
+  buf = NULL;
+  if (resp == NULL) {
+    rv = err_set(QL_EPROTO, "cannot decode the daemon's reply (%d bytes)", n);
+    goto fail;
+  }
+  if (resp->request_id != req->request_id) {
+    rv = err_set(QL_EPROTO, "reply carries request id %llu, expected %llu",
+                 (unsigned long long)resp->request_id,
+                 (unsigned long long)req->request_id);
+    goto fail;
+  }
+  keep = true;
+  if (resp->status != NULL && resp->status->code != 0) {
+    rv = status_error(resp->status);
+    goto fail;
+  }
+  if (resp->body_case != want || resp->hello == NULL) {
+    /* Every body of the oneof is a message pointer, so checking one member
+     * of the union checks them all. */
+    rv = err_set(QL_EPROTO, "reply has body %d, expected %d",
+                 (int)resp->body_case, (int)want);
+    goto fail;
+  }
+  pool_put(c, s);
+  *out = resp;
+  return 0;
+
+fail:
+  if (msg != NULL)
+    nn_freemsg(msg);
+  if (buf != NULL)
+    nn_freemsg(buf);
+  if (resp != NULL)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  if (s >= 0) {
+    if (keep)
+      pool_put(c, s);
+    else
+      nn_close(s);
+  }
+  return rv;
+}
+
+/* ------------------------------------------------------------ addresses */
+
+QL_EXPORT int ql_default_address(char *buf, size_t len) {
+  const char *env, *rt;
+  int n;
+
+  if (buf == NULL || len == 0)
+    return QL_EINVAL;
+  env = getenv("QLINEAR_ADDRESS");
+  rt = getenv("XDG_RUNTIME_DIR");
+  if (env != NULL && env[0] != '\0')
+    n = snprintf(buf, len, "%s", env);
+  else if (rt != NULL && rt[0] == '/')
+    n = snprintf(buf, len, "ipc://%s/qlinear/qlineard.sock", rt);
+  else
+    n = snprintf(buf, len, "ipc:///tmp/qlinear-%lu/qlineard.sock",
+                 (unsigned long)getuid());
+  if (n < 0 || (size_t)n >= len) {
+    buf[0] = '\0';
+    return QL_EINVAL;
+  }
+  return 0;
+}
+
+/*
+ * For an ipc:// address, tells "no daemon" apart from "slow daemon" before
+ * anything waits: nanomsg's nn_connect succeeds on a missing path and
+ * retries in the background, so without this a missing daemon would only
+ * show as a timeout. A plain connect() also catches the socket file a dead
+ * daemon left behind; nanomsg on the daemon side just sees a peer that
+ * went away during the handshake.
+ */
+static int probe_ipc(const char *address) {
+  struct sockaddr_un sa;
+  struct stat st;
+  const char *path;
+  int fd, rv = 0;
+
+  if (strncmp(address, "ipc://", 6) != 0)
+    return 0;
+  path = address + 6;
+  if (strlen(path) >= sizeof sa.sun_path)
+    return err_set(QL_EINVAL, "socket path %s is longer than %zu bytes", path,
+                   sizeof sa.sun_path - 1);
+  if (stat(path, &st) != 0) {
+    int e = errno;
+    if (e == ENOENT || e == ENOTDIR)
+      return err_set(QL_ECONNECT, "no daemon socket at %s (is qlineard "
+                                  "running?)", path);
+    return err_set(e == EACCES ? QL_EPERM : QL_ECONNECT, "%s: %s", path,
+                   strerror(e));
+  }
+  if (!S_ISSOCK(st.st_mode))
+    return err_set(QL_ECONNECT, "%s is not a socket", path);
+
+  /* Non-blocking, so that a full listen backlog does not block us: that
+   * daemon exists and the request will wait for it. */
+  if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) <
+      0)
+    return 0; /* cannot probe; let the request find out */
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    int e = errno;
+    if (e == ECONNREFUSED)
+      rv = err_set(QL_ECONNECT, "nothing listens on %s (a stopped daemon's "
+                                "socket?)", path);
+    else if (e == EACCES || e == EPERM)
+      rv = err_set(QL_EPERM, "%s: %s", path, strerror(e));
+    /* EAGAIN/EINPROGRESS and the rest: someone is there. */
+  }
+  close(fd);
+  return rv;
+}
+
+/* ------------------------------------------------------------ hello */
+
+static void copy_str(char *dst, size_t len, const char *src) {
+  copy_sanitized(dst, len, src != NULL ? src : "");
+}
+
+/* Copies a weight name, which the protocol limits to 255 bytes. */
+static int copy_name(char *dst, const char *src, const char *what) {
+  size_t len = src != NULL ? strlen(src) : 0;
+  if (len == 0 || len >= QL_NAME_MAX)
+    return err_set(QL_EPROTO, "daemon sent a %s name of %zu bytes", what, len);
+  copy_sanitized(dst, QL_NAME_MAX, src);
+  return 0;
+}
+
+static int do_hello(ql_client *c, ql_hello_info *out) {
+  Qlinear__V1__HelloRequest hr = QLINEAR__V1__HELLO_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  ql_hello_info info;
+  int rv;
+
+  hr.protocol_version = QL_PROTOCOL_VERSION;
+  hr.client_name = c->client_name;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_HELLO;
+  req.hello = &hr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_HELLO, c->timeout_ms,
+                 &resp)) != 0)
+    goto fail;
+
+  const Qlinear__V1__HelloResponse *h = resp->hello;
+  if (h->protocol_version != QL_PROTOCOL_VERSION) {
+    rv = err_set(QL_EVERSION, "daemon speaks protocol %u, this library %u",
+                 h->protocol_version, QL_PROTOCOL_VERSION);
+    goto fail;
+  }
+  if (h->instance_id.len != QL_INSTANCE_ID_BYTES) {
+    rv = err_set(QL_EPROTO, "instance id of %zu bytes, expected %d",
+                 h->instance_id.len, QL_INSTANCE_ID_BYTES);
+    goto fail;
+  }
+  /* Without a cap the client cannot keep messages small enough. */
+  if (h->max_message_bytes == 0) {
+    rv = err_set(QL_EPROTO, "daemon announced no message cap");
+    goto fail;
+  }
+
+  memset(&info, 0, sizeof info);
+  info.protocol_version = h->protocol_version;
+  copy_str(info.daemon_version, sizeof info.daemon_version,
+           h->daemon_version);
+  memcpy(info.instance_id, h->instance_id.data, QL_INSTANCE_ID_BYTES);
+  info.max_message_bytes = h->max_message_bytes;
+  info.max_chunk_bytes = h->max_chunk_bytes;
+  info.n_devices_total = h->n_devices;
+  for (size_t i = 0; i < h->n_devices && info.n_devices < QL_MAX_DEVICES;
+       i++) {
+    const Qlinear__V1__Device *d = h->devices[i];
+    ql_device_info *o = &info.devices[info.n_devices++];
+    if (d == NULL)
+      continue;
+    copy_str(o->name, sizeof o->name, d->name);
+    copy_str(o->kind, sizeof o->kind, d->kind);
+    copy_str(o->alias, sizeof o->alias, d->alias);
+  }
+
+  pthread_mutex_lock(&c->lock);
+  c->cap = info.max_message_bytes;
+  c->max_chunk = info.max_chunk_bytes;
+  c->hello = info;
+  pthread_mutex_unlock(&c->lock);
+  if (out != NULL)
+    *out = info;
+  rv = 0;
+
+fail:
+  if (resp != NULL)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  return rv;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
+                         ql_client **out) {
+  char defaddr[QL_ADDRESS_MAX];
+  ql_client *c = NULL;
+  int rv;
+
+  err_clear();
+  if (out == NULL)
+    return err_set(QL_EINVAL, "out is NULL");
+  *out = NULL;
+  if (address == NULL) {
+    if (ql_default_address(defaddr, sizeof defaddr) != 0)
+      return err_set(QL_EINVAL, "the default address does not fit in %zu "
+                                "bytes", sizeof defaddr);
+    address = defaddr;
+  }
+  if (address[0] == '\0')
+    return err_set(QL_EINVAL, "empty address");
+
+  if ((c = calloc(1, sizeof *c)) == NULL)
+    return err_set(QL_ENOMEM, "allocating the client");
+  if (pthread_mutex_init(&c->lock, NULL) != 0) {
+    free(c);
+    return err_set(QL_ENOMEM, "initialising a mutex");
+  }
+  c->timeout_ms = QL_DEFAULT_TIMEOUT_MS;
+  if (opts != NULL && opts->timeout_ms != 0)
+    c->timeout_ms = opts->timeout_ms < 0 ? -1 : opts->timeout_ms;
+  c->address = strdup(address);
+  c->client_name = strdup(opts != NULL && opts->client_name != NULL
+                              ? opts->client_name
+                              : "libqlinear");
+  if (c->address == NULL || c->client_name == NULL) {
+    rv = err_set(QL_ENOMEM, "allocating the client");
+    goto fail;
+  }
+
+  if ((rv = probe_ipc(c->address)) != 0)
+    goto fail;
+  if ((rv = do_hello(c, NULL)) != 0) {
+    /* The daemon may have gone away while we waited: say so if it did. */
+    if (rv == QL_ETIMEDOUT) {
+      char saved[ERRBUF_SIZE];
+      memcpy(saved, errbuf, sizeof saved);
+      int prv = probe_ipc(c->address);
+      if (prv != 0)
+        rv = prv;
+      else
+        memcpy(errbuf, saved, sizeof saved);
+    }
+    goto fail;
+  }
+  *out = c;
+  return 0;
+
+fail:
+  ql_close(c);
+  return rv;
+}
+
+QL_EXPORT void ql_close(ql_client *c) {
+  if (c == NULL)
+    return;
+  for (size_t i = 0; i < c->n_idle; i++)
+    nn_close(c->idle[i]);
+  pthread_mutex_destroy(&c->lock);
+  free(c->address);
+  free(c->client_name);
+  free(c);
+}
+
+QL_EXPORT int ql_hello(ql_client *c, ql_hello_info *out) {
+  err_clear();
+  if (c == NULL || out == NULL)
+    return err_set(QL_EINVAL, "client or output is NULL");
+  return do_hello(c, out);
+}
+
+QL_EXPORT void ql_free(void *p) { free(p); }
+
+QL_EXPORT void ql_stats_free(ql_stats_info *s) { free(s); }
+
+QL_EXPORT const char *ql_errmsg(void) { return errbuf; }
+
+/* ------------------------------------------------------------ weights */
+
+/* Checks a name the caller gives before it travels; the daemon checks the
+ * character rules (QL_ENAME), here only what makes the message absurd. */
+static int check_name(const char *name) {
+  if (name == NULL)
+    return err_set(QL_EINVAL, "weight name is NULL");
+  size_t len = strlen(name);
+  if (len == 0 || len >= QL_NAME_MAX)
+    return err_set(QL_ENAME, "weight name of %zu bytes (1 to %d allowed)", len,
+                   QL_NAME_MAX - 1);
+  return 0;
+}
+
+/* Fills *out from a WeightInfo of the daemon. */
+static int weight_info_from(const Qlinear__V1__WeightInfo *w,
+                            ql_weight_info *out) {
+  int rv;
+  memset(out, 0, sizeof *out);
+  if (w == NULL || w->spec == NULL)
+    return err_set(QL_EPROTO, "weight description without spec");
+  const Qlinear__V1__WeightSpec *sp = w->spec;
+  if ((rv = copy_name(out->name, sp->name, "weight")) != 0)
+    return rv;
+  if (w->digest.len != QL_DIGEST_BYTES)
+    return err_set(QL_EPROTO, "digest of %zu bytes for %s, expected %d",
+                   w->digest.len, out->name, QL_DIGEST_BYTES);
+  out->format = (int)sp->format;
+  out->group_size = sp->group_size;
+  out->n = sp->n;
+  out->k = sp->k;
+  out->has_bias = sp->has_bias ? 1 : 0;
+  out->policy = (int)sp->policy;
+  out->scale_dtype = (int)sp->scale_dtype;
+  memcpy(out->digest, w->digest.data, QL_DIGEST_BYTES);
+  out->bytes_resident = w->bytes_resident;
+  out->n_devices = w->n_devices;
+
+  /* Join the device names. Until the last one, keep room for "...\0" so
+   * that a list that does not fit can say so. */
+  size_t used = 0, cap = sizeof out->devices;
+  for (size_t i = 0; i < w->n_devices; i++) {
+    char dev[QL_DEVICE_NAME_MAX];
+    copy_str(dev, sizeof dev, w->devices[i]);
+    size_t need = strlen(dev) + (i > 0);
+    size_t reserve = i + 1 < w->n_devices ? 4 : 1;
+    if (need + reserve > cap - used) {
+      memcpy(out->devices + used, "...", 4);
+      break;
+    }
+    snprintf(out->devices + used, cap - used, "%s%s", i > 0 ? "," : "", dev);
+    used += need;
+  }
+  return 0;
+}
+
+/* Best-effort LoadAbort after a failed upload. It must neither replace the
+ * first error's message nor wait long for a daemon that already failed. */
+static void abort_upload(ql_client *c, uint64_t upload_id) {
+  Qlinear__V1__LoadAbortRequest ar = QLINEAR__V1__LOAD_ABORT_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  char saved[ERRBUF_SIZE];
+  int timeout = c->timeout_ms;
+
+  if (timeout < 0 || timeout > ABORT_TIMEOUT_MS)
+    timeout = ABORT_TIMEOUT_MS;
+  memcpy(saved, errbuf, sizeof saved);
+  ar.upload_id = upload_id;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_ABORT;
+  req.load_abort = &ar;
+  if (call(c, &req, QLINEAR__V1__RESPONSE__BODY_LOAD_ABORT, timeout, &resp) ==
+      0)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  memcpy(errbuf, saved, sizeof saved);
+}
+
+/* a * b unless it overflows uint64_t or size_t. */
+static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+  if (a != 0 && b > UINT64_MAX / a)
+    return false;
+  *out = a * b;
+  return *out <= SIZE_MAX;
+}
+
+QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
+                            ql_weight_info *info_out, int *shared_out) {
+  Qlinear__V1__WeightSpec spec = QLINEAR__V1__WEIGHT_SPEC__INIT;
+  Qlinear__V1__LoadBeginRequest br = QLINEAR__V1__LOAD_BEGIN_REQUEST__INIT;
+  Qlinear__V1__LoadChunkRequest cr = QLINEAR__V1__LOAD_CHUNK_REQUEST__INIT;
+  Qlinear__V1__LoadCommitRequest mr = QLINEAR__V1__LOAD_COMMIT_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  ql_weight_info info;
+  uint64_t nk, wbytes, bbytes, total, cap, max_chunk, lim, upload_id = 0;
+  bool begun = false;
+  size_t esz;
+  int rv;
+
+  err_clear();
+  if (c == NULL || d == NULL || d->data == NULL)
+    return err_set(QL_EINVAL, "client, descriptor or data is NULL");
+  if ((rv = check_name(d->name)) != 0)
+    return rv;
+  if (!ql_dtype_valid(d->dtype))
+    return err_set(QL_EDTYPE, "data type %d is not f32, f16 or bf16",
+                   (int)d->dtype);
+  if (d->scale_dtype != 0 && !ql_dtype_valid(d->scale_dtype))
+    return err_set(QL_EDTYPE, "scale data type %d is not f32, f16 or bf16",
+                   d->scale_dtype);
+  if (!ql_format_valid(d->format))
+    return err_set(QL_EFORMAT, "format %d is unknown", (int)d->format);
+  if (!ql_path_valid(d->policy))
+    return err_set(QL_EINVAL, "policy %d is unknown", (int)d->policy);
+  if (d->n == 0 || d->k == 0)
+    return err_set(QL_ESHAPE, "weight of shape [%llu, %llu]",
+                   (unsigned long long)d->n, (unsigned long long)d->k);
+  esz = ql_dtype_size(d->dtype);
+  if (!mul_ok(d->n, d->k, &nk) || !mul_ok(nk, esz, &wbytes) ||
+      !mul_ok(d->bias != NULL ? d->n : 0, esz, &bbytes) ||
+      wbytes > SIZE_MAX - bbytes)
+    return err_set(QL_ETOOBIG, "weight of shape [%llu, %llu] is too large",
+                   (unsigned long long)d->n, (unsigned long long)d->k);
+  total = wbytes + bbytes;
+
+  /* Chunk payloads must fit the daemon's two limits with room for the
+   * envelope. */
+  client_limits(c, &cap, &max_chunk);
+  lim = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
+  if (max_chunk != 0 && max_chunk < lim)
+    lim = max_chunk;
+  if (lim > CHUNK_CEILING)
+    lim = CHUNK_CEILING;
+  if (lim == 0)
+    return err_set(QL_ETOOBIG, "the daemon's cap of %llu bytes leaves no room "
+                               "for chunk data", (unsigned long long)cap);
+
+  spec.name = (char *)d->name; /* pack only reads it */
+  spec.format = (Qlinear__V1__Format)d->format;
+  spec.group_size = d->group_size;
+  spec.n = d->n;
+  spec.k = d->k;
+  spec.dtype = (Qlinear__V1__DType)d->dtype;
+  spec.has_bias = d->bias != NULL;
+  spec.policy = (Qlinear__V1__Path)d->policy;
+  spec.scale_dtype = (Qlinear__V1__DType)d->scale_dtype;
+  br.spec = &spec;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN;
+  req.load_begin = &br;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LOAD_BEGIN,
+                 c->timeout_ms, &resp)) != 0)
+    goto fail;
+  upload_id = resp->load_begin->upload_id;
+  begun = true;
+  if (resp->load_begin->total_bytes != total) {
+    rv = err_set(QL_EPROTO, "daemon expects %llu bytes, the upload has %llu",
+                 (unsigned long long)resp->load_begin->total_bytes,
+                 (unsigned long long)total);
+    goto fail;
+  }
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  resp = NULL;
+
+  if (d->progress != NULL)
+    d->progress(d->progress_arg, 0, total);
+  /* Weight bytes, then bias bytes; a chunk never spans the two buffers, so
+   * nothing is copied here. */
+  for (uint64_t off = 0; off < total;) {
+    const uint8_t *p;
+    uint64_t len;
+    if (off < wbytes) {
+      p = (const uint8_t *)d->data + off;
+      len = wbytes - off;
+    } else {
+      p = (const uint8_t *)d->bias + (off - wbytes);
+      len = total - off;
+    }
+    if (len > lim)
+      len = lim;
+    cr.upload_id = upload_id;
+    cr.offset = off;
+    cr.data.data = (uint8_t *)p; /* pack only reads it */
+    cr.data.len = (size_t)len;
+    req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK;
+    req.load_chunk = &cr;
+    if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LOAD_CHUNK,
+                   c->timeout_ms, &resp)) != 0)
+      goto fail;
+    if (resp->load_chunk->received_bytes != off + len) {
+      rv = err_set(QL_EPROTO, "daemon acknowledged %llu bytes, %llu were sent",
+                   (unsigned long long)resp->load_chunk->received_bytes,
+                   (unsigned long long)(off + len));
+      goto fail;
+    }
+    qlinear__v1__response__free_unpacked(resp, NULL);
+    resp = NULL;
+    off += len;
+    if (d->progress != NULL)
+      d->progress(d->progress_arg, off, total);
+  }
+
+  mr.upload_id = upload_id;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT;
+  req.load_commit = &mr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LOAD_COMMIT,
+                 c->timeout_ms, &resp)) != 0)
+    goto fail;
+  /* Committed: from here on the weight exists, so no abort. */
+  begun = false;
+  if ((rv = weight_info_from(resp->load_commit->weight, &info)) != 0)
+    goto fail;
+  if (info_out != NULL)
+    *info_out = info;
+  if (shared_out != NULL)
+    *shared_out = resp->load_commit->shared ? 1 : 0;
+  rv = 0;
+
+fail:
+  if (resp != NULL)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  if (begun)
+    abort_upload(c, upload_id);
+  return rv;
+}
+
+QL_EXPORT int ql_unload(ql_client *c, const char *name) {
+  Qlinear__V1__UnloadWeightRequest ur = QLINEAR__V1__UNLOAD_WEIGHT_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  int rv;
+
+  err_clear();
+  if (c == NULL)
+    return err_set(QL_EINVAL, "client is NULL");
+  if ((rv = check_name(name)) != 0)
+    return rv;
+  ur.name = (char *)name; /* pack only reads it */
+  req.body_case = QLINEAR__V1__REQUEST__BODY_UNLOAD;
+  req.unload = &ur;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_UNLOAD, c->timeout_ms,
+                 &resp)) != 0)
+    return rv;
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  return 0;
+}
+
+QL_EXPORT int ql_list(ql_client *c, ql_weight_info **out, size_t *count) {
+  Qlinear__V1__ListWeightsRequest lr = QLINEAR__V1__LIST_WEIGHTS_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  ql_weight_info *arr = NULL;
+  size_t n = 0;
+  int rv;
+
+  err_clear();
+  if (out != NULL)
+    *out = NULL;
+  if (count != NULL)
+    *count = 0;
+  if (c == NULL || out == NULL || count == NULL)
+    return err_set(QL_EINVAL, "client or output is NULL");
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LIST;
+  req.list = &lr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LIST, c->timeout_ms,
+                 &resp)) != 0)
+    goto fail;
+  n = resp->list->n_weights;
+  if (n > 0) {
+    /* n is bounded by the received message size, calloc checks n * size. */
+    if ((arr = calloc(n, sizeof *arr)) == NULL) {
+      rv = err_set(QL_ENOMEM, "allocating %zu weight descriptions", n);
+      goto fail;
+    }
+    for (size_t i = 0; i < n; i++)
+      if ((rv = weight_info_from(resp->list->weights[i], &arr[i])) != 0)
+        goto fail;
+  }
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  *out = arr;
+  *count = n;
+  return 0;
+
+fail:
+  free(arr);
+  if (resp != NULL)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  return rv;
+}
+
+QL_EXPORT int ql_lookup(ql_client *c, const char *name, ql_weight_info *out) {
+  ql_weight_info *arr = NULL;
+  size_t n = 0;
+  int rv;
+
+  err_clear();
+  if (out == NULL)
+    return err_set(QL_EINVAL, "output is NULL");
+  if ((rv = check_name(name)) != 0)
+    return rv;
+  if ((rv = ql_list(c, &arr, &n)) != 0)
+    return rv;
+  rv = QL_ENOTFOUND;
+  for (size_t i = 0; i < n && rv != 0; i++) {
+    if (strcmp(arr[i].name, name) == 0) {
+      *out = arr[i];
+      rv = 0;
+    }
+  }
+  if (rv != 0)
+    err_set(rv, "no weight named %s is resident", name);
+  free(arr);
+  return rv;
+}
+
+/* ------------------------------------------------------------ linear */
+
+QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
+                        ql_dtype dtype, uint64_t m, uint64_t k, const void *x,
+                        uint64_t n, void *y, ql_linear_result *res) {
+  Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
+  Qlinear__V1__Tensor xt;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  uint64_t shape[2] = {m, k}, mk, mn, xbytes, ybytes, cap, room;
+  size_t esz;
+  int rv;
+
+  err_clear();
+  if (c == NULL || x == NULL || y == NULL)
+    return err_set(QL_EINVAL, "client, x or y is NULL");
+  if ((rv = check_name(weight)) != 0)
+    return rv;
+  if (!ql_dtype_valid(dtype))
+    return err_set(QL_EDTYPE, "data type %d is not f32, f16 or bf16",
+                   (int)dtype);
+  if (!ql_path_valid(path))
+    return err_set(QL_EINVAL, "path %d is unknown", (int)path);
+  if (m == 0 || k == 0 || n == 0)
+    return err_set(QL_ESHAPE, "x [%llu, %llu], y [%llu, %llu]: every "
+                              "dimension must be at least 1",
+                   (unsigned long long)m, (unsigned long long)k,
+                   (unsigned long long)m, (unsigned long long)n);
+  esz = ql_dtype_size(dtype);
+  client_limits(c, &cap, NULL);
+  room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
+  /* Both directions must fit the cap: the daemon cannot send a larger y
+   * and our receive limit would drop it. Checked before anything is
+   * packed, so a huge x costs no copy. */
+  if (!mul_ok(m, k, &mk) || !mul_ok(mk, esz, &xbytes) || xbytes > room)
+    return err_set(QL_ETOOBIG, "x [%llu, %llu] does not fit the daemon's cap "
+                               "of %llu bytes",
+                   (unsigned long long)m, (unsigned long long)k,
+                   (unsigned long long)cap);
+  if (!mul_ok(m, n, &mn) || !mul_ok(mn, esz, &ybytes) || ybytes > room)
+    return err_set(QL_ETOOBIG, "y [%llu, %llu] does not fit the daemon's cap "
+                               "of %llu bytes",
+                   (unsigned long long)m, (unsigned long long)n,
+                   (unsigned long long)cap);
+
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = (Qlinear__V1__DType)dtype;
+  xt.n_shape = 2;
+  xt.shape = shape;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  xt.inline_data.data = (uint8_t *)x; /* pack only reads it */
+  xt.inline_data.len = (size_t)xbytes;
+  lr.weight = (char *)weight;
+  lr.x = &xt;
+  lr.path = (Qlinear__V1__Path)path;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+  req.linear = &lr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LINEAR, c->timeout_ms,
+                 &resp)) != 0)
+    goto fail;
+
+  const Qlinear__V1__LinearResponse *lp = resp->linear;
+  const Qlinear__V1__Tensor *yt = lp->y;
+  if (yt == NULL) {
+    rv = err_set(QL_EPROTO, "reply without y");
+    goto fail;
+  }
+  if ((int)yt->dtype != (int)dtype) {
+    rv = err_set(QL_EDTYPE, "reply y has data type %d, expected %d",
+                 (int)yt->dtype, (int)dtype);
+    goto fail;
+  }
+  if (yt->n_shape != 2 || yt->shape[0] != m || yt->shape[1] != n) {
+    rv = err_set(QL_ESHAPE, "reply y has %zu dimensions [%llu, %llu%s], "
+                            "expected [%llu, %llu]",
+                 yt->n_shape,
+                 (unsigned long long)(yt->n_shape > 0 ? yt->shape[0] : 0),
+                 (unsigned long long)(yt->n_shape > 1 ? yt->shape[1] : 0),
+                 yt->n_shape > 2 ? ", ..." : "", (unsigned long long)m,
+                 (unsigned long long)n);
+    goto fail;
+  }
+  if (yt->data_case != QLINEAR__V1__TENSOR__DATA_INLINE_DATA ||
+      yt->inline_data.len != ybytes) {
+    rv = err_set(QL_EPROTO, "reply y carries %zu bytes of data, [%llu, %llu] "
+                            "needs %llu",
+                 yt->data_case == QLINEAR__V1__TENSOR__DATA_INLINE_DATA
+                     ? yt->inline_data.len
+                     : 0,
+                 (unsigned long long)m, (unsigned long long)n,
+                 (unsigned long long)ybytes);
+    goto fail;
+  }
+  /* Strict here, unlike listings: the path that ran is part of the answer
+   * and this protocol version knows every path. */
+  if (!ql_path_valid(lp->path)) {
+    rv = err_set(QL_EPROTO, "reply names unknown path %d", (int)lp->path);
+    goto fail;
+  }
+  memcpy(y, yt->inline_data.data, (size_t)ybytes);
+  if (res != NULL) {
+    res->path = (ql_path)lp->path;
+    copy_str(res->impl, sizeof res->impl, lp->impl);
+  }
+  rv = 0;
+
+fail:
+  if (resp != NULL)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  return rv;
+}
+
+/* ------------------------------------------------------------ stats */
+
+/* ql_stats_info and its per-weight array in one allocation, so that one free()
+ * releases both. */
+struct stats_block {
+  ql_stats_info s;
+  ql_weight_stats w[];
+};
+
+QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
+  Qlinear__V1__StatsRequest sr = QLINEAR__V1__STATS_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  struct stats_block *b = NULL;
+  int rv;
+
+  err_clear();
+  if (out != NULL)
+    *out = NULL;
+  if (c == NULL || out == NULL)
+    return err_set(QL_EINVAL, "client or output is NULL");
+  req.body_case = QLINEAR__V1__REQUEST__BODY_STATS;
+  req.stats = &sr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_STATS, c->timeout_ms,
+                 &resp)) != 0)
+    goto fail;
+
+  const Qlinear__V1__StatsResponse *st = resp->stats;
+  size_t n = st->n_per_weight;
+  if (n > (SIZE_MAX - sizeof *b) / sizeof b->w[0]) {
+    rv = err_set(QL_EPROTO, "%zu per-weight entries", n);
+    goto fail;
+  }
+  if ((b = calloc(1, sizeof *b + n * sizeof b->w[0])) == NULL) {
+    rv = err_set(QL_ENOMEM, "allocating statistics of %zu weights", n);
+    goto fail;
+  }
+  b->s.uptime_ns = st->uptime_ns;
+  b->s.requests = st->requests;
+  b->s.errors = st->errors;
+  b->s.bytes_in = st->bytes_in;
+  b->s.bytes_out = st->bytes_out;
+  b->s.weights = st->weights;
+  b->s.uploads_in_progress = st->uploads_in_progress;
+  b->s.n_per_weight = n;
+  b->s.per_weight = n > 0 ? b->w : NULL;
+  for (size_t i = 0; i < n; i++) {
+    const Qlinear__V1__WeightStats *ws = st->per_weight[i];
+    ql_weight_stats *o = &b->w[i];
+    if (ws == NULL) {
+      rv = err_set(QL_EPROTO, "empty per-weight entry");
+      goto fail;
+    }
+    if ((rv = copy_name(o->weight, ws->weight, "weight")) != 0)
+      goto fail;
+    copy_str(o->device, sizeof o->device, ws->device);
+    o->requests = ws->requests;
+    o->rows = ws->rows;
+    o->batches = ws->batches;
+    o->wo_batches = ws->wo_batches;
+    o->aq_batches = ws->aq_batches;
+    o->queue_ns = ws->queue_ns;
+    o->kernel_ns = ws->kernel_ns;
+    copy_str(o->impl, sizeof o->impl, ws->impl);
+    o->bytes_resident = ws->bytes_resident;
+  }
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  *out = &b->s;
+  return 0;
+
+fail:
+  free(b);
+  if (resp != NULL)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  return rv;
+}

@@ -1,0 +1,291 @@
+/*
+ * qlinear.h - libqlinear, the client library of qlineard.
+ *
+ * qlineard keeps quantized linear-layer weights resident on its devices and
+ * computes y = x·Wᵀ + b for many local processes. This library speaks its
+ * request protocol (nanomsg REQ/REP carrying protobuf messages, see
+ * proto/qlinear.proto and DESIGN §7) so that callers see plain C calls.
+ *
+ * Conventions, valid for every function below unless its comment says
+ * otherwise:
+ * - Every call returns 0 on success or a negative QL_E* code from
+ *   <qlinear/ql_defs.h>. An error the daemon reports is returned as the
+ *   daemon sent it; ql_errmsg() then holds the daemon's explanation.
+ * - Pointers passed in are borrowed for the duration of the call only; the
+ *   library keeps no reference to them after it returns.
+ * - Output structs are written only on success, except where stated.
+ * - A ql_client may be used by several threads at once: each call in flight
+ *   uses its own connection. ql_connect() and ql_close() are the exceptions:
+ *   nothing else may use the client while they run.
+ * - Data buffers are row-major and in the machine's (little-endian) byte
+ *   order; f16 is IEEE binary16, bf16 the upper half of an f32.
+ * - A child process made by fork() must not use a client of its parent
+ *   (nanomsg's threads do not survive fork): it connects anew.
+ */
+#ifndef QLINEAR_H
+#define QLINEAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ql_defs.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef QL_EXPORT
+#define QL_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* Sizes of the fixed arrays below, NUL terminators included. Strings from
+ * the daemon that do not fit are truncated, except weight names: the
+ * protocol limits those to 255 bytes, and a longer one is QL_EPROTO. */
+#define QL_NAME_MAX 256         /* weight names */
+#define QL_DEVICE_NAME_MAX 64   /* "cuda:<uuid>" and friends */
+#define QL_DEVICE_KIND_MAX 16   /* "cpu", "cuda", "ze" */
+#define QL_DEVICE_ALIAS_MAX 32  /* "cuda:0" */
+#define QL_VERSION_MAX 64       /* daemon version string */
+#define QL_IMPL_MAX 64          /* kernel implementation names */
+#define QL_DEVICES_STR_MAX 256  /* comma-joined device lists */
+#define QL_MAX_DEVICES 16       /* devices reported by ql_hello() */
+#define QL_INSTANCE_ID_BYTES 16 /* the daemon's random instance id */
+#define QL_DIGEST_BYTES 32      /* SHA-256 of a weight's canonical form */
+#define QL_ADDRESS_MAX 512      /* a buffer that holds any default address */
+
+#define QL_DEFAULT_TIMEOUT_MS 30000
+
+/* A connection to one daemon: its address, the limits it announced in Hello
+ * and a pool of idle sockets. Opaque; created by ql_connect(), freed by
+ * ql_close(). */
+typedef struct ql_client ql_client;
+
+/* Options of ql_connect(). Zero-initialise the struct ({0}) and set what you
+ * need: a zero field means its default, so fields added later keep the
+ * behaviour of today's callers. */
+typedef struct ql_connect_opts {
+  /* Time limit of each call's round trip (each request of a multi-request
+   * call such as ql_load_float()), in milliseconds. 0 means
+   * QL_DEFAULT_TIMEOUT_MS; a negative value waits forever. */
+  int timeout_ms;
+  /* Shown in the daemon's log only; NULL means "libqlinear". Copied. */
+  const char *client_name;
+} ql_connect_opts;
+
+/* One device of the daemon, as Hello lists it. */
+typedef struct ql_device_info {
+  char name[QL_DEVICE_NAME_MAX];   /* "cpu", "cuda:<uuid>", "ze:<uuid>" */
+  char kind[QL_DEVICE_KIND_MAX];   /* its backend: "cpu", "cuda", "ze" */
+  char alias[QL_DEVICE_ALIAS_MAX]; /* "cpu", "cuda:0", ... */
+} ql_device_info;
+
+/* What the daemon says about itself (the Hello exchange). */
+typedef struct ql_hello_info {
+  uint32_t protocol_version;           /* equals QL_PROTOCOL_VERSION */
+  char daemon_version[QL_VERSION_MAX]; /* e.g. "0.1.0" */
+  /* Random bytes, new at every daemon start: a change means the daemon
+   * restarted and lost whatever was not persistent. */
+  uint8_t instance_id[QL_INSTANCE_ID_BYTES];
+  /* The largest message the daemon accepts (and sends); larger requests
+   * are refused locally with QL_ETOOBIG. */
+  uint64_t max_message_bytes;
+  /* The largest LoadChunk payload the daemon accepts; 0 if it set none. */
+  uint64_t max_chunk_bytes;
+  /* Devices listed in devices[]: min(n_devices_total, QL_MAX_DEVICES). */
+  size_t n_devices;
+  size_t n_devices_total; /* devices the daemon announced */
+  ql_device_info devices[QL_MAX_DEVICES];
+} ql_hello_info;
+
+/* Called by ql_load_float() on the calling thread, once with done = 0 before
+ * the first chunk and then after each chunk the daemon acknowledged, with
+ * the bytes uploaded so far and the total (weight plus bias bytes). Never
+ * called after ql_load_float() returns. */
+typedef void (*ql_progress_cb)(void *arg, uint64_t done, uint64_t total);
+
+/* A float weight to upload; the daemon quantizes it. */
+typedef struct ql_load_desc {
+  /* The weight's name: [A-Za-z0-9._/-]{1,255}, no "..", no leading "/"
+   * (checked by the daemon: QL_ENAME). */
+  const char *name;
+  ql_format format;    /* QL_FORMAT_Q4G or QL_FORMAT_Q8C today */
+  uint32_t group_size; /* q4g: 32, 64, 128 or 256; ignored for q8c */
+  uint64_t n;          /* out_features: rows of data, entries of bias */
+  uint64_t k;          /* in_features: columns of data */
+  ql_dtype dtype;      /* element type of data and bias: F32, F16, BF16 */
+  const void *data;    /* [n, k] row-major in dtype; borrowed */
+  const void *bias;    /* [n] in dtype, or NULL for no bias; borrowed */
+  ql_path policy;      /* QL_PATH_AUTO or QL_PATH_WEIGHT_ONLY */
+  /* dtype of the scale and zero arrays the daemon keeps: 0 means the
+   * default (QL_DTYPE_BF16), else a ql_dtype. */
+  int scale_dtype;
+  ql_progress_cb progress; /* optional, NULL for none */
+  void *progress_arg;      /* passed to progress as is */
+} ql_load_desc;
+
+/* A resident weight (ListWeights, LoadCommit). Enumerated fields hold the
+ * daemon's value as sent, so a format newer than this library shows as a
+ * number instead of failing the whole listing. */
+typedef struct ql_weight_info {
+  char name[QL_NAME_MAX];
+  int format;          /* a ql_format */
+  uint32_t group_size; /* q4g group size (0 where it does not apply) */
+  uint64_t n;          /* out_features */
+  uint64_t k;          /* in_features */
+  int has_bias;        /* 1 if the weight has a bias, else 0 */
+  int policy;          /* a ql_path: AUTO or WEIGHT_ONLY */
+  int scale_dtype;     /* a ql_dtype; 0 if the daemon left it unspecified */
+  uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
+  uint64_t bytes_resident;         /* over all devices */
+  size_t n_devices;                /* devices holding it */
+  /* Their names joined by ",", e.g. "cpu,cuda:0"; ends in "..." if the list
+   * did not fit. */
+  char devices[QL_DEVICES_STR_MAX];
+} ql_weight_info;
+
+/* How a ql_linear() call was served. */
+typedef struct ql_linear_result {
+  ql_path path;          /* the path that ran: WEIGHT_ONLY or ACT_QUANT */
+  char impl[QL_IMPL_MAX]; /* the kernel implementation that ran */
+} ql_linear_result;
+
+/* Counters of one weight on one device. Times are sums over all requests,
+ * in nanoseconds. */
+typedef struct ql_weight_stats {
+  char weight[QL_NAME_MAX];
+  char device[QL_DEVICE_NAME_MAX];
+  uint64_t requests;   /* Linear requests served */
+  uint64_t rows;       /* rows of x computed */
+  uint64_t batches;    /* kernel launches (coalesced requests) */
+  uint64_t wo_batches; /* batches that ran weight-only */
+  uint64_t aq_batches; /* batches that ran activation-quantized */
+  uint64_t queue_ns;   /* time requests waited in queues */
+  uint64_t kernel_ns;  /* time spent in kernels */
+  char impl[QL_IMPL_MAX]; /* implementation used last */
+  uint64_t bytes_resident; /* this weight's bytes on this device */
+} ql_weight_stats;
+
+/* The daemon's counters (Stats). One allocation: free it with
+ * ql_stats_free() (or ql_free()), never per_weight on its own. */
+typedef struct ql_stats_info {
+  uint64_t uptime_ns;           /* since the daemon started */
+  uint64_t requests;            /* requests received, of every kind */
+  uint64_t errors;              /* requests answered with an error */
+  uint64_t bytes_in;            /* request bytes received */
+  uint64_t bytes_out;           /* reply bytes sent */
+  uint64_t weights;             /* weights resident now */
+  uint64_t uploads_in_progress; /* begun, neither committed nor aborted */
+  size_t n_per_weight;          /* entries of per_weight */
+  ql_weight_stats *per_weight;  /* one per (weight, device); inside this
+                                   allocation, NULL when n_per_weight is 0 */
+} ql_stats_info;
+
+/*
+ * Writes the default daemon address into buf (len bytes, NUL included):
+ *  1. the environment variable QLINEAR_ADDRESS, verbatim, if it is set and
+ *     not empty;
+ *  2. else "ipc://" $XDG_RUNTIME_DIR "/qlinear/qlineard.sock" if
+ *     XDG_RUNTIME_DIR is set and starts with "/" (the XDG spec says to
+ *     ignore a relative one);
+ *  3. else "ipc:///tmp/qlinear-<uid>/qlineard.sock", <uid> being the real
+ *     uid (getuid()) in decimal.
+ * Returns 0, or QL_EINVAL if buf is NULL or the address does not fit (buf
+ * then holds ""). QL_ADDRESS_MAX bytes suffice unless the environment holds
+ * longer paths. Thread-safe as far as getenv() is.
+ */
+QL_EXPORT int ql_default_address(char *buf, size_t len);
+
+/*
+ * Connects to the daemon at address (NULL means ql_default_address()) and
+ * performs Hello: the protocol versions must match (else QL_EVERSION), and
+ * the announced message cap, chunk limit and instance id are remembered.
+ * opts may be NULL for the defaults.
+ *
+ * For an ipc:// address the socket file is checked first, so a missing
+ * daemon fails at once with QL_ECONNECT (or QL_EPERM) instead of waiting
+ * for the timeout; a daemon that accepts but does not answer gives
+ * QL_ETIMEDOUT.
+ *
+ * On success *out owns a new client, to be freed with ql_close(); on failure
+ * *out is set to NULL.
+ */
+QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
+                         ql_client **out);
+
+/* Closes the client's sockets and frees it. NULL is a no-op. No other call
+ * on this client may be running or follow. */
+QL_EXPORT void ql_close(ql_client *c);
+
+/* Performs a new Hello and fills *out. Also refreshes the limits the client
+ * uses (a restarted daemon may announce new ones); compare instance_id with
+ * an earlier answer to notice a restart. */
+QL_EXPORT int ql_hello(ql_client *c, ql_hello_info *out);
+
+/*
+ * Uploads a float weight (and bias) for the daemon to quantize and keep:
+ * LoadBegin, LoadChunk in order, LoadCommit. If a call fails after
+ * LoadBegin, the upload is aborted (LoadAbort, best effort) and the first
+ * error is returned. On success *info_out (if not NULL) describes the
+ * resident weight and *shared_out (if not NULL) is 1 when an identical
+ * weight was already resident under that name and is now shared, else 0.
+ * Loading a name that exists with different content is QL_EEXIST.
+ */
+QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
+                            ql_weight_info *info_out, int *shared_out);
+
+/* Drops this client's hold on the weight called name. */
+QL_EXPORT int ql_unload(ql_client *c, const char *name);
+
+/*
+ * Lists the resident weights. On success *out is an array of *count entries
+ * that the caller frees with ql_free() (NULL when *count is 0); on failure
+ * *out is NULL and *count 0.
+ */
+QL_EXPORT int ql_list(ql_client *c, ql_weight_info **out, size_t *count);
+
+/* Finds the weight called name (through ql_list(), so it costs a full
+ * listing) and copies its description into *out. QL_ENOTFOUND if no such
+ * weight is resident. */
+QL_EXPORT int ql_lookup(ql_client *c, const char *name, ql_weight_info *out);
+
+/*
+ * Computes y = x·Wᵀ (+ b) with the resident weight called weight: x is
+ * [m, k] in dtype, y receives [m, n] in the same dtype (n is the weight's
+ * out_features, see ql_lookup()). path forces a path or leaves the choice
+ * to the daemon (QL_PATH_AUTO). If res is not NULL it receives the path and
+ * implementation that ran.
+ *
+ * A request or reply larger than the daemon's message cap is refused here
+ * with QL_ETOOBIG, without sending. A reply whose y is not [m, n] is
+ * QL_ESHAPE, one whose y is not in dtype is QL_EDTYPE; y is written only on
+ * success.
+ */
+QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
+                        ql_dtype dtype, uint64_t m, uint64_t k, const void *x,
+                        uint64_t n, void *y, ql_linear_result *res);
+
+/* Fetches the daemon's counters. On success *out is owned by the caller and
+ * freed with ql_stats_free(); on failure it is NULL. */
+QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out);
+
+/* Frees what ql_stats() returned. NULL is a no-op. */
+QL_EXPORT void ql_stats_free(ql_stats_info *s);
+
+/* Frees memory this library handed to the caller (ql_list(), ql_stats()).
+ * NULL is a no-op. */
+QL_EXPORT void ql_free(void *p);
+
+/*
+ * Explains the most recent call of this library on this thread that failed:
+ * the daemon's Status.message, or a description of a local failure (may be
+ * "" if there is nothing to add to ql_strerror()). Every call clears it
+ * when it starts, so after a successful call it is "". The string lives in
+ * a thread-local buffer that the next call on this thread overwrites. Never
+ * NULL.
+ */
+QL_EXPORT const char *ql_errmsg(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QLINEAR_H */
