@@ -120,7 +120,10 @@ int ql__transport_open(uv_loop_t *loop, const char *address, size_t max_msg,
     free(t);
     return rc;
   }
-  int maxsz = max_msg > INT_MAX ? INT_MAX : (int)max_msg;
+  /* nanomsg counts the REQ header (4 bytes per hop) against the limit;
+   * the cap announced to clients is the body size. */
+  size_t lim = max_msg + 64;
+  int maxsz = lim > INT_MAX ? INT_MAX : (int)lim;
   int fd = -1;
   size_t fdsz = sizeof fd;
   if (nn_setsockopt(t->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &maxsz,

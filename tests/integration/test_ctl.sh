@@ -1,0 +1,91 @@
+#!/bin/sh
+# test_ctl.sh - the README's qlinearctl lines, as pasted, against a real
+# qlineard on a temporary socket; then qlinearctl's answers to bad input.
+set -u
+: "${QLINEARD:?run through make check}" "${QLINEARCTL:?}" "${QL_SRCDIR:?}"
+
+dir=$(mktemp -d /tmp/ql-ctl-XXXXXX)
+work="$dir/work"
+mkdir -p "$work"
+chmod 700 "$dir"
+pass=0
+fail=0
+daemon=""
+
+cleanup() {
+  if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
+
+# expect STATUS DESCRIPTION -- COMMAND...: runs COMMAND, checks its exit status.
+expect() {
+  want=$1; what=$2; shift 3
+  "$@" >"$dir/out" 2>"$dir/err"
+  got=$?
+  if [ "$got" -eq "$want" ]; then ok; else
+    bad "$what: exit $got, want $want"; cat "$dir/out" "$dir/err"; fi
+}
+
+"$QLINEARD" --socket-dir "$dir/sock" --log-level debug 2>"$dir/daemon.log" &
+daemon=$!
+export QLINEAR_ADDRESS="ipc://$dir/sock/qlineard.sock"
+i=0
+until [ -S "$dir/sock/qlineard.sock" ]; do
+  i=$((i + 1)); [ $i -lt 200 ] || { echo "daemon did not start"; cat "$dir/daemon.log"; exit 1; }
+  sleep 0.05
+done
+
+ctl="$QLINEARCTL"
+expect 0 "example data" -- python3 "$QL_SRCDIR/deploy/example-npy" "$work"
+expect 0 "status" -- "$ctl" status
+grep -q "cpu" "$dir/out" || bad "status does not list the cpu device"
+expect 0 "load" -- "$ctl" load demo/proj "$work/w.npy" --format q4g128 --bias "$work/b.npy"
+expect 0 "list" -- "$ctl" list
+grep -q "demo/proj" "$dir/out" || bad "list does not show demo/proj"
+grep -q "q4g128" "$dir/out" || bad "list does not show the format"
+expect 0 "linear" -- "$ctl" linear demo/proj "$work/x.npy" -o "$work/y.npy"
+# y.npy: [4,256] f32 = 4096 data bytes after a header padded to 64 bytes.
+size=$(wc -c <"$work/y.npy")
+hdr=$((size - 4 * 256 * 4))
+[ "$hdr" -ge 64 ] && [ $((hdr % 64)) -eq 0 ] || bad "y.npy has $size bytes"
+grep -q "'shape': (4, 256)" "$work/y.npy" || bad "y.npy shape is not (4, 256)"
+expect 0 "linear to stdout" -- "$ctl" linear demo/proj "$work/x.npy"
+[ -s "$dir/out" ] || bad "linear printed nothing"
+expect 0 "stats" -- "$ctl" stats
+grep -q "demo/proj" "$dir/out" || bad "stats does not show demo/proj"
+expect 0 "stats --prometheus" -- "$ctl" stats --prometheus
+grep -q "^qlinear_" "$dir/out" || bad "no prometheus metrics"
+# The same weight again is shared; other content under the name is refused.
+expect 0 "load again" -- "$ctl" load demo/proj "$work/w.npy" --format q4g128 --bias "$work/b.npy"
+grep -q "shared" "$dir/out" || bad "second load not reported as shared"
+expect 1 "load other content" -- "$ctl" load demo/proj "$work/w.npy" --format q8c
+grep -qi "exist" "$dir/err" || bad "no 'exists' message: $(cat "$dir/err")"
+
+# Bad input: clear message, exit 1 (usage errors exit 2).
+printf 'not a numpy file' >"$work/bad.npy"
+expect 1 "bad npy" -- "$ctl" load x "$work/bad.npy" --format q8c
+[ -s "$dir/err" ] || bad "no message for a bad file"
+expect 1 "missing file" -- "$ctl" load x "$work/missing.npy" --format q8c
+expect 2 "unknown format" -- "$ctl" load x "$work/w.npy" --format q5z
+expect 1 "unknown weight" -- "$ctl" linear nope "$work/x.npy"
+expect 1 "K mismatch" -- "$ctl" linear demo/proj "$work/b.npy"
+expect 2 "unknown command" -- "$ctl" frobnicate
+expect 0 "unload" -- "$ctl" unload demo/proj
+expect 1 "unload again" -- "$ctl" unload demo/proj
+
+# The daemon survived all of it and stops cleanly.
+kill -TERM "$daemon"
+wait "$daemon"
+st=$?
+daemon=""
+[ "$st" -eq 0 ] && ok || bad "qlineard exited $st on SIGTERM"
+[ -e "$dir/sock/qlineard.sock" ] && bad "socket left behind" || ok
+if [ "$fail" -ne 0 ]; then
+  echo "---- daemon log"; tail -30 "$dir/daemon.log"
+fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,699 @@
+/*
+ * test_daemon.c - integration tests: a real qlineard on a temporary socket,
+ * driven through libqlinear by this process, its threads and its forked
+ * children, and through raw protocol messages for input the library would
+ * refuse to send. Every test ends by stopping the daemon with SIGTERM and
+ * requiring exit status 0.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
+
+#include "harness.h"
+#include "ql_kernels.h"
+#include "qlinear/qlinear.h"
+
+/* ------------------------------------------------------------- helpers */
+
+typedef struct layer {
+  uint64_t n, k;
+  float *w, *b;
+} layer;
+
+static void layer_make(layer *l, uint64_t n, uint64_t k, uint64_t seed,
+                       int with_bias) {
+  l->n = n;
+  l->k = k;
+  l->w = malloc(n * k * sizeof(float));
+  l->b = with_bias ? malloc(n * sizeof(float)) : NULL;
+  ck_assert_ptr_nonnull(l->w);
+  td_randn(&seed, l->w, n * k, 0.05f);
+  if (l->b)
+    td_randn(&seed, l->b, n, 0.1f);
+}
+
+static void layer_free(layer *l) {
+  free(l->w);
+  free(l->b);
+}
+
+static int load(ql_client *c, const char *name, const layer *l, ql_format f,
+                uint32_t gs, int *shared) {
+  ql_load_desc d;
+  memset(&d, 0, sizeof d);
+  d.name = name;
+  d.format = f;
+  d.group_size = gs;
+  d.n = l->n;
+  d.k = l->k;
+  d.dtype = QL_DTYPE_F32;
+  d.data = l->w;
+  d.bias = l->b;
+  d.policy = QL_PATH_AUTO;
+  return ql_load_float(c, &d, NULL, shared);
+}
+
+/* The in-process reference for what the daemon must return: the same
+ * quantization and the same generic op, so results are equal bytes. */
+static void *reference(const layer *l, ql_format f, uint32_t gs, ql_path path,
+                       ql_dtype dt, const void *x, uint64_t m) {
+  ql_qweight *q = NULL;
+  ck_assert_int_eq(ql_qweight_quantize(f, gs, (int64_t)l->n, (int64_t)l->k,
+                                       QL_DTYPE_F32, l->w, l->b, QL_DTYPE_BF16,
+                                       &q),
+                   0);
+  void *y = malloc(m * l->n * ql_dtype_size(dt));
+  ck_assert_ptr_nonnull(y);
+  int rc = path == QL_PATH_WEIGHT_ONLY
+               ? ql_linear_wo_ref(q, dt, x, (int64_t)m, y)
+               : ql_linear_aq_ref(q, dt, x, (int64_t)m, y);
+  ck_assert_int_eq(rc, 0);
+  ql_qweight_free(q);
+  return y;
+}
+
+static ql_client *connect_to(const td *d) {
+  ql_client *c = NULL;
+  int rc = ql_connect(d->address, NULL, &c);
+  ck_assert_msg(rc == 0, "connect: %s: %s", ql_strerror(rc), ql_errmsg());
+  return c;
+}
+
+/* Runs one linear and compares it with the reference, byte for byte. */
+static void check_linear(ql_client *c, const char *name, const layer *l,
+                         ql_format f, uint32_t gs, ql_path path, ql_dtype dt,
+                         uint64_t m, uint64_t seed) {
+  size_t es = ql_dtype_size(dt);
+  float *xf = malloc(m * l->k * sizeof(float));
+  void *x = malloc(m * l->k * es);
+  void *y = malloc(m * l->n * es);
+  ck_assert(xf && x && y);
+  td_randn(&seed, xf, m * l->k, 1.0f);
+  ql_from_f32(dt, xf, x, m * l->k);
+  ql_linear_result res;
+  int rc = ql_linear(c, name, path, dt, m, l->k, x, l->n, y, &res);
+  ck_assert_msg(rc == 0, "linear %s: %s: %s", name, ql_strerror(rc),
+                ql_errmsg());
+  ck_assert_int_eq(res.path, path);
+  void *want = reference(l, f, gs, path, dt, x, m);
+  ck_assert_msg(memcmp(y, want, m * l->n * es) == 0,
+                "%s: daemon result differs from the reference", name);
+  free(want);
+  free(xf);
+  free(x);
+  free(y);
+}
+
+/* A Request with a fresh id, for raw calls. */
+static void raw_init(Qlinear__V1__Request *r) {
+  static uint64_t id = 1000;
+  qlinear__v1__request__init(r);
+  r->request_id = ++id;
+}
+
+static int raw_code(const td *d, const Qlinear__V1__Request *req) {
+  Qlinear__V1__Response *resp = td_call(d, req, 5000);
+  ck_assert_msg(resp != NULL, "no reply from the daemon");
+  ck_assert_uint_eq(resp->request_id, req->request_id);
+  ck_assert_ptr_nonnull(resp->status);
+  int code = resp->status->code;
+  if (code != 0)
+    ck_assert_msg(resp->status->message && resp->status->message[0],
+                  "error reply without a message");
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  return code;
+}
+
+/* --------------------------------------------------------------- tests */
+
+START_TEST(test_hello) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = connect_to(&d);
+  ql_hello_info h, h2;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  ck_assert_uint_eq(h.protocol_version, QL_PROTOCOL_VERSION);
+  ck_assert_uint_eq(h.max_message_bytes, 64u << 20);
+  ck_assert_uint_ge(h.n_devices, 1);
+  ck_assert_str_eq(h.devices[0].name, "cpu");
+  uint8_t zero[sizeof h.instance_id] = {0};
+  ck_assert(memcmp(h.instance_id, zero, sizeof zero) != 0);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  /* A new start has a new instance id. */
+  td_start(&d, NULL);
+  c = connect_to(&d);
+  ck_assert_int_eq(ql_hello(c, &h2), 0);
+  ck_assert(memcmp(h.instance_id, h2.instance_id, sizeof zero) != 0);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* Every format and group size, both paths, every activation dtype,
+ * ragged K, N = 1, M = 1: equal bytes to the in-process reference. */
+START_TEST(test_linear_matches_reference) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = connect_to(&d);
+  static const struct {
+    ql_format f;
+    uint32_t gs;
+    uint64_t n, k;
+  } cases[] = {
+      {QL_FORMAT_Q4G, 32, 17, 96}, {QL_FORMAT_Q4G, 64, 1, 200},
+      {QL_FORMAT_Q4G, 128, 40, 300}, {QL_FORMAT_Q4G, 256, 9, 513},
+      {QL_FORMAT_Q8C, 0, 33, 77},  {QL_FORMAT_Q8C, 0, 1, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    layer l;
+    char name[64];
+    snprintf(name, sizeof name, "t/layer.%zu", i);
+    layer_make(&l, cases[i].n, cases[i].k, 100 + i, i % 2 == 0);
+    int shared = -1;
+    int rc = load(c, name, &l, cases[i].f, cases[i].gs, &shared);
+    ck_assert_msg(rc == 0, "load %s: %s: %s", name, ql_strerror(rc),
+                  ql_errmsg());
+    ck_assert_int_eq(shared, 0);
+    for (int dt = QL_DTYPE_F32; dt <= QL_DTYPE_BF16; dt++) {
+      check_linear(c, name, &l, cases[i].f, cases[i].gs, QL_PATH_WEIGHT_ONLY,
+                   (ql_dtype)dt, 1, 7 + i);
+      check_linear(c, name, &l, cases[i].f, cases[i].gs, QL_PATH_WEIGHT_ONLY,
+                   (ql_dtype)dt, 5, 8 + i);
+      check_linear(c, name, &l, cases[i].f, cases[i].gs, QL_PATH_ACT_QUANT,
+                   (ql_dtype)dt, 3, 9 + i);
+    }
+    layer_free(&l);
+  }
+  /* AUTO picks weight-only for few rows and act-quant for many. */
+  layer l;
+  layer_make(&l, 8, 64, 5, 0);
+  ck_assert_int_eq(load(c, "t/auto", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  float x[32 * 64], y[32 * 8];
+  uint64_t seed = 3;
+  td_randn(&seed, x, 32 * 64, 1.0f);
+  ql_linear_result res;
+  ck_assert_int_eq(ql_linear(c, "t/auto", QL_PATH_AUTO, QL_DTYPE_F32, 1, 64,
+                             x, 8, y, &res), 0);
+  ck_assert_int_eq(res.path, QL_PATH_WEIGHT_ONLY);
+  ck_assert_int_eq(ql_linear(c, "t/auto", QL_PATH_AUTO, QL_DTYPE_F32, 32, 64,
+                             x, 8, y, &res), 0);
+  ck_assert_int_eq(res.path, QL_PATH_ACT_QUANT);
+  layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(test_share_exists_unload) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = connect_to(&d);
+  layer a, b;
+  layer_make(&a, 16, 64, 1, 1);
+  layer_make(&b, 16, 64, 2, 1);
+  int shared = -1;
+  ck_assert_int_eq(load(c, "m/w", &a, QL_FORMAT_Q4G, 32, &shared), 0);
+  ck_assert_int_eq(shared, 0);
+  ql_weight_info before, after;
+  ck_assert_int_eq(ql_lookup(c, "m/w", &before), 0);
+  /* Same name, same content: shared. */
+  ck_assert_int_eq(load(c, "m/w", &a, QL_FORMAT_Q4G, 32, &shared), 0);
+  ck_assert_int_eq(shared, 1);
+  /* Same name, other content: refused, the resident weight unchanged. */
+  ck_assert_int_eq(load(c, "m/w", &b, QL_FORMAT_Q4G, 32, &shared), QL_EEXIST);
+  ck_assert_int_eq(load(c, "m/w", &a, QL_FORMAT_Q8C, 0, &shared), QL_EEXIST);
+  ck_assert_int_eq(ql_lookup(c, "m/w", &after), 0);
+  ck_assert(memcmp(before.digest, after.digest, sizeof before.digest) == 0);
+  check_linear(c, "m/w", &a, QL_FORMAT_Q4G, 32, QL_PATH_WEIGHT_ONLY,
+               QL_DTYPE_F32, 2, 4);
+  ck_assert_uint_eq(after.n, 16);
+  ck_assert_uint_eq(after.k, 64);
+  ck_assert_int_eq(after.has_bias, 1);
+  ck_assert_int_eq(after.format, QL_FORMAT_Q4G);
+  ck_assert_uint_eq(after.group_size, 32);
+
+  ql_weight_info *list = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(load(c, "m/v", &b, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(ql_list(c, &list, &n), 0);
+  ck_assert_uint_eq(n, 2);
+  ql_free(list);
+
+  ck_assert_int_eq(ql_unload(c, "m/w"), 0);
+  ck_assert_int_eq(ql_unload(c, "m/w"), QL_ENOTFOUND);
+  float x[64] = {0}, y[16];
+  ck_assert_int_eq(ql_linear(c, "m/w", QL_PATH_AUTO, QL_DTYPE_F32, 1, 64, x,
+                             16, y, NULL),
+                   QL_ENOTFOUND);
+  /* The name is free again, for other content too. */
+  ck_assert_int_eq(load(c, "m/w", &b, QL_FORMAT_Q4G, 32, &shared), 0);
+  ck_assert_int_eq(ql_list(c, &list, &n), 0);
+  ck_assert_uint_eq(n, 2);
+  ql_free(list);
+
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->weights, 2);
+  ck_assert_uint_ge(st->errors, 4);
+  ck_assert_uint_eq(st->n_per_weight, 2);
+  ql_stats_free(st);
+  layer_free(&a);
+  layer_free(&b);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* Bad input, through the library where it would send it and raw where it
+ * would not: each gets its error and the daemon keeps serving. */
+START_TEST(test_bad_input) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = connect_to(&d);
+  layer l;
+  layer_make(&l, 8, 40, 11, 0);
+  ck_assert_int_eq(load(c, "ok", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  float x[2 * 41], y[2 * 8];
+  memset(x, 0, sizeof x);
+
+  /* Unknown weight, K mismatch. */
+  ck_assert_int_eq(ql_linear(c, "nope", QL_PATH_AUTO, QL_DTYPE_F32, 1, 40, x,
+                             8, y, NULL),
+                   QL_ENOTFOUND);
+  ck_assert_int_eq(ql_linear(c, "ok", QL_PATH_AUTO, QL_DTYPE_F32, 2, 41, x, 8,
+                             y, NULL),
+                   QL_ESHAPE);
+  /* NaN activations. */
+  x[3] = NAN;
+  ck_assert_int_eq(ql_linear(c, "ok", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 1,
+                             40, x, 8, y, NULL),
+                   QL_ENONFINITE);
+  ck_assert_int_eq(ql_linear(c, "ok", QL_PATH_ACT_QUANT, QL_DTYPE_F32, 1, 40,
+                             x, 8, y, NULL),
+                   QL_ENONFINITE);
+  x[3] = 0;
+  /* A weight with Inf is refused and nothing is stored. */
+  float saved = l.w[5];
+  l.w[5] = INFINITY;
+  ck_assert_int_eq(load(c, "inf", &l, QL_FORMAT_Q4G, 32, NULL), QL_ENONFINITE);
+  ql_weight_info info;
+  ck_assert_int_eq(ql_lookup(c, "inf", &info), QL_ENOTFOUND);
+  l.w[5] = saved;
+  /* Invalid names. */
+  ck_assert_int_eq(load(c, "../etc", &l, QL_FORMAT_Q8C, 0, NULL), QL_ENAME);
+  ck_assert_int_eq(load(c, "/abs", &l, QL_FORMAT_Q8C, 0, NULL), QL_ENAME);
+  ck_assert_int_eq(load(c, "", &l, QL_FORMAT_Q8C, 0, NULL), QL_ENAME);
+
+  /* Raw: M = 0. */
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearRequest lin;
+  Qlinear__V1__Tensor t;
+  uint64_t shape[2] = {0, 40};
+  raw_init(&req);
+  qlinear__v1__linear_request__init(&lin);
+  qlinear__v1__tensor__init(&t);
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+  req.linear = &lin;
+  lin.weight = "ok";
+  lin.x = &t;
+  t.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  t.shape = shape;
+  t.n_shape = 2;
+  t.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  t.inline_data.data = (uint8_t *)x;
+  t.inline_data.len = 0;
+  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  /* Wrong dtype size: f16 declared, f32 bytes sent. */
+  shape[0] = 1;
+  t.dtype = QLINEAR__V1__DTYPE__DTYPE_F16;
+  t.inline_data.len = 40 * 4;
+  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  /* Unknown dtype. */
+  t.dtype = (Qlinear__V1__DType)42;
+  ck_assert_int_eq(raw_code(&d, &req), QL_EDTYPE);
+  /* A shape whose byte size overflows. */
+  t.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  shape[0] = (uint64_t)1 << 62;
+  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  /* A good raw request still works. */
+  shape[0] = 1;
+  ck_assert_int_eq(raw_code(&d, &req), 0);
+
+  /* Raw: unknown format, and q8b which does not exist yet. */
+  Qlinear__V1__LoadBeginRequest lb;
+  Qlinear__V1__WeightSpec sp;
+  raw_init(&req);
+  qlinear__v1__load_begin_request__init(&lb);
+  qlinear__v1__weight_spec__init(&sp);
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN;
+  req.load_begin = &lb;
+  lb.spec = &sp;
+  sp.name = "raw/w";
+  sp.format = (Qlinear__V1__Format)77;
+  sp.n = 4;
+  sp.k = 32;
+  sp.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  ck_assert_int_eq(raw_code(&d, &req), QL_EFORMAT);
+  sp.format = QLINEAR__V1__FORMAT__FORMAT_Q8B;
+  ck_assert_int_eq(raw_code(&d, &req), QL_EFORMAT);
+  sp.format = QLINEAR__V1__FORMAT__FORMAT_Q4G;
+  sp.group_size = 48;
+  ck_assert_int_eq(raw_code(&d, &req), QL_EINVAL);
+
+  /* Raw: chunks out of order, past the end, commit before complete. */
+  sp.group_size = 32;
+  Qlinear__V1__Response *resp = td_call(&d, &req, 5000);
+  ck_assert_ptr_nonnull(resp);
+  ck_assert_int_eq(resp->status->code, 0);
+  ck_assert_int_eq(resp->body_case, QLINEAR__V1__RESPONSE__BODY_LOAD_BEGIN);
+  uint64_t up = resp->load_begin->upload_id;
+  ck_assert_uint_eq(resp->load_begin->total_bytes, 4 * 32 * 4);
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  Qlinear__V1__LoadChunkRequest ch;
+  uint8_t bytes[4 * 32 * 4 + 8];
+  memset(bytes, 0, sizeof bytes);
+  raw_init(&req);
+  qlinear__v1__load_chunk_request__init(&ch);
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK;
+  req.load_chunk = &ch;
+  ch.upload_id = up;
+  ch.offset = 64;
+  ch.data.data = bytes;
+  ch.data.len = 64;
+  ck_assert_int_eq(raw_code(&d, &req), QL_ESEQUENCE);
+  ch.offset = 0;
+  ch.data.len = sizeof bytes; /* 8 bytes too many */
+  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  ch.data.len = 64;
+  ck_assert_int_eq(raw_code(&d, &req), 0);
+  ch.upload_id = up + 12345;
+  ch.offset = 64;
+  ck_assert_int_eq(raw_code(&d, &req), QL_ENOTFOUND);
+  Qlinear__V1__LoadCommitRequest cm;
+  raw_init(&req);
+  qlinear__v1__load_commit_request__init(&cm);
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT;
+  req.load_commit = &cm;
+  cm.upload_id = up;
+  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  Qlinear__V1__LoadAbortRequest ab;
+  raw_init(&req);
+  qlinear__v1__load_abort_request__init(&ab);
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_ABORT;
+  req.load_abort = &ab;
+  ab.upload_id = up;
+  ck_assert_int_eq(raw_code(&d, &req), 0);
+  ck_assert_int_eq(raw_code(&d, &req), QL_ENOTFOUND);
+
+  /* A request with no body, and garbage bytes. */
+  raw_init(&req);
+  ck_assert_int_eq(raw_code(&d, &req), QL_EPROTO);
+  static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0x12, 0x99,
+                                    0x01, 0x02};
+  resp = td_call_bytes(&d, garbage, sizeof garbage, 5000);
+  ck_assert_ptr_nonnull(resp);
+  ck_assert_int_eq(resp->status->code, QL_EPROTO);
+  qlinear__v1__response__free_unpacked(resp, NULL);
+
+  /* After all that, the good weight still computes the same thing. */
+  check_linear(c, "ok", &l, QL_FORMAT_Q8C, 0, QL_PATH_ACT_QUANT, QL_DTYPE_F32,
+               2, 99);
+  ql_weight_info *list = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(ql_list(c, &list, &n), 0);
+  ck_assert_uint_eq(n, 1);
+  ck_assert_str_eq(list[0].name, "ok");
+  ql_free(list);
+  layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* A peer sending more than the cap is dropped by nanomsg unread; the
+ * library refuses such a message locally; other clients carry on. */
+START_TEST(test_message_cap) {
+  td d;
+  static const char *const args[] = {"--max-message-bytes", "65536",
+                                     "--max-chunk-bytes", "16384", NULL};
+  td_start(&d, args);
+  ql_client *c = connect_to(&d);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  ck_assert_uint_eq(h.max_message_bytes, 65536);
+  ck_assert_uint_le(h.max_chunk_bytes, 16384);
+
+  /* A weight larger than one message still loads, in chunks. */
+  layer l;
+  layer_make(&l, 64, 1024, 21, 1); /* 256 KiB of f32 */
+  ck_assert_int_eq(load(c, "big", &l, QL_FORMAT_Q4G, 128, NULL), 0);
+  check_linear(c, "big", &l, QL_FORMAT_Q4G, 128, QL_PATH_WEIGHT_ONLY,
+               QL_DTYPE_F32, 2, 5);
+
+  /* Over the cap through the library: refused locally. */
+  size_t m = 32; /* 32 x 1024 f32 = 128 KiB */
+  float *x = calloc(m * 1024, sizeof(float)), *y = calloc(m * 64, 4);
+  ck_assert_int_eq(ql_linear(c, "big", QL_PATH_AUTO, QL_DTYPE_F32, m, 1024, x,
+                             64, y, NULL),
+                   QL_ETOOBIG);
+
+  /* Over the cap from a raw peer: no reply, nothing disturbed. */
+  size_t len = 200000;
+  uint8_t *junk = calloc(1, len);
+  Qlinear__V1__Response *resp = td_call_bytes(&d, junk, len, 1000);
+  ck_assert_ptr_null(resp);
+  free(junk);
+  ck_assert(td_alive(&d));
+  check_linear(c, "big", &l, QL_FORMAT_Q4G, 128, QL_PATH_ACT_QUANT,
+               QL_DTYPE_F32, 4, 6);
+  free(x);
+  free(y);
+  layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* Several client processes at once: each loads its own weight and a
+ * shared one, runs linears checked against the reference, unloads. */
+static void child_work(const td *d, int id) {
+  ql_client *c = NULL;
+  if (ql_connect(d->address, NULL, &c) != 0)
+    _exit(10);
+  layer own, common;
+  layer_make(&own, 24 + id, 160, 500 + id, 1);
+  layer_make(&common, 32, 128, 42, 1);
+  char name[32];
+  snprintf(name, sizeof name, "proc/%d", id);
+  int shared;
+  if (load(c, name, &own, QL_FORMAT_Q4G, 64, NULL) != 0)
+    _exit(11);
+  if (load(c, "proc/common", &common, QL_FORMAT_Q8C, 0, &shared) != 0)
+    _exit(12);
+  for (int i = 0; i < 10; i++) {
+    check_linear(c, name, &own, QL_FORMAT_Q4G, 64,
+                 i % 2 ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY,
+                 (ql_dtype)(QL_DTYPE_F32 + i % 3), 1 + (uint64_t)i, 1000 * id + i);
+    check_linear(c, "proc/common", &common, QL_FORMAT_Q8C, 0,
+                 QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 3, 77 * id + i);
+  }
+  if (ql_unload(c, name) != 0)
+    _exit(13);
+  layer_free(&own);
+  layer_free(&common);
+  ql_close(c);
+  _exit(0);
+}
+
+START_TEST(test_concurrent_processes) {
+  td d;
+  td_start(&d, NULL);
+  enum { NPROC = 4 };
+  pid_t pids[NPROC];
+  for (int i = 0; i < NPROC; i++) {
+    pids[i] = fork();
+    ck_assert_int_ge(pids[i], 0);
+    if (pids[i] == 0)
+      child_work(&d, i);
+  }
+  for (int i = 0; i < NPROC; i++) {
+    int st;
+    ck_assert_int_eq(waitpid(pids[i], &st, 0), pids[i]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "client process %d failed (status %d)", i, st);
+  }
+  ql_client *c = connect_to(&d);
+  ql_weight_info *list = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(ql_list(c, &list, &n), 0);
+  ck_assert_uint_eq(n, 1); /* only the shared weight is left */
+  ck_assert_str_eq(list[0].name, "proc/common");
+  ql_free(list);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->n_per_weight, 1);
+  ck_assert_uint_eq(st->per_weight[0].requests, NPROC * 10);
+  ck_assert_uint_eq(st->per_weight[0].rows, NPROC * 10 * 3);
+  ql_stats_free(st);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* Threads of one process share one client. */
+typedef struct thread_arg {
+  ql_client *c;
+  const layer *l;
+  int id;
+  int failures;
+} thread_arg;
+
+static void *thread_main(void *p) {
+  thread_arg *a = p;
+  uint64_t seed = 9000 + (uint64_t)a->id;
+  float x[4 * 96], y[4 * 48];
+  for (int i = 0; i < 25; i++) {
+    td_randn(&seed, x, 4 * 96, 1.0f);
+    if (ql_linear(a->c, "thr", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 4, 96, x,
+                  48, y, NULL) != 0) {
+      a->failures++;
+      continue;
+    }
+    void *want = reference(a->l, QL_FORMAT_Q4G, 32, QL_PATH_WEIGHT_ONLY,
+                           QL_DTYPE_F32, x, 4);
+    if (memcmp(want, y, sizeof y) != 0)
+      a->failures++;
+    free(want);
+  }
+  return NULL;
+}
+
+START_TEST(test_concurrent_threads) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = connect_to(&d);
+  layer l;
+  layer_make(&l, 48, 96, 8, 0);
+  ck_assert_int_eq(load(c, "thr", &l, QL_FORMAT_Q4G, 32, NULL), 0);
+  enum { NT = 6 };
+  pthread_t th[NT];
+  thread_arg args[NT];
+  for (int i = 0; i < NT; i++) {
+    args[i] = (thread_arg){c, &l, i, 0};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, thread_main, &args[i]), 0);
+  }
+  for (int i = 0; i < NT; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_int_eq(args[i].failures, 0);
+  }
+  layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* A 4096x14336 f32 weight (224 MiB) uploads in chunks and computes. */
+START_TEST(test_large_weight) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = connect_to(&d);
+  layer l;
+  layer_make(&l, 4096, 14336, 77, 0);
+  int rc = load(c, "large", &l, QL_FORMAT_Q4G, 128, NULL);
+  ck_assert_msg(rc == 0, "load: %s: %s", ql_strerror(rc), ql_errmsg());
+  ql_weight_info info;
+  ck_assert_int_eq(ql_lookup(c, "large", &info), 0);
+  ck_assert_uint_eq(info.n, 4096);
+  ck_assert_uint_eq(info.k, 14336);
+  /* qdata + bf16 scale and zero per group of 128. */
+  ck_assert_uint_eq(info.bytes_resident,
+                    4096ull * 7168 + 2ull * 2 * 4096 * 112);
+  check_linear(c, "large", &l, QL_FORMAT_Q4G, 128, QL_PATH_WEIGHT_ONLY,
+               QL_DTYPE_BF16, 1, 12);
+  layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* SIGTERM while requests are queued: they are answered, the daemon exits
+ * 0 and removes its socket. */
+START_TEST(test_shutdown_drains) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = connect_to(&d);
+  layer l;
+  layer_make(&l, 1024, 2048, 3, 0);
+  ck_assert_int_eq(load(c, "slow", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  ql_close(c);
+  enum { NPROC = 3 };
+  pid_t pids[NPROC];
+  for (int i = 0; i < NPROC; i++) {
+    pids[i] = fork();
+    ck_assert_int_ge(pids[i], 0);
+    if (pids[i] == 0) {
+      ql_client *cc = NULL;
+      if (ql_connect(d.address, NULL, &cc) != 0)
+        _exit(1);
+      float *x = calloc(64 * 2048, sizeof(float));
+      float *y = calloc(64 * 1024, sizeof(float));
+      for (int j = 0; j < 64 * 2048; j++)
+        x[j] = (float)(j % 7) - 3.0f;
+      int rc = ql_linear(cc, "slow", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 64,
+                         2048, x, 1024, y, NULL);
+      _exit(rc == 0 ? 0 : 2);
+    }
+  }
+  usleep(300 * 1000); /* let the requests reach the queue */
+  ck_assert_int_eq(td_stop(&d), 0);
+  for (int i = 0; i < NPROC; i++) {
+    int st;
+    ck_assert_int_eq(waitpid(pids[i], &st, 0), pids[i]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "a request in flight at SIGTERM was not answered");
+  }
+  layer_free(&l);
+}
+END_TEST
+
+START_TEST(test_connect_without_daemon) {
+  ql_client *c = (ql_client *)1;
+  int rc = ql_connect("ipc:///tmp/ql-test-does-not-exist/qlineard.sock", NULL,
+                      &c);
+  ck_assert_int_eq(rc, QL_ECONNECT);
+  ck_assert_ptr_null(c);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("daemon");
+  TCase *tc = tcase_create("integration");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, test_hello);
+  tcase_add_test(tc, test_linear_matches_reference);
+  tcase_add_test(tc, test_share_exists_unload);
+  tcase_add_test(tc, test_bad_input);
+  tcase_add_test(tc, test_message_cap);
+  tcase_add_test(tc, test_concurrent_processes);
+  tcase_add_test(tc, test_concurrent_threads);
+  tcase_add_test(tc, test_large_weight);
+  tcase_add_test(tc, test_shutdown_drains);
+  tcase_add_test(tc, test_connect_without_daemon);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
