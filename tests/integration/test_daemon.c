@@ -133,6 +133,22 @@ static int raw_code(const td *d, const Qlinear__V1__Request *req) {
   return code;
 }
 
+/* The fixture of most tests: a daemon with default options and one
+ * connected client; teardown requires a clean exit on SIGTERM. */
+static td D;
+static ql_client *C;
+
+static void setup(void) {
+  td_start(&D, NULL);
+  C = connect_to(&D);
+}
+
+static void teardown(void) {
+  ql_close(C);
+  C = NULL;
+  ck_assert_int_eq(td_stop(&D), 0);
+}
+
 /* --------------------------------------------------------------- tests */
 
 START_TEST(test_hello) {
@@ -163,9 +179,7 @@ END_TEST
 /* Every format and group size, both paths, every activation dtype,
  * ragged K, N = 1, M = 1: equal bytes to the in-process reference. */
 START_TEST(test_linear_matches_reference) {
-  td d;
-  td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = C;
   static const struct {
     ql_format f;
     uint32_t gs;
@@ -210,15 +224,11 @@ START_TEST(test_linear_matches_reference) {
                              x, 8, y, &res), 0);
   ck_assert_int_eq(res.path, QL_PATH_ACT_QUANT);
   layer_free(&l);
-  ql_close(c);
-  ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
 
 START_TEST(test_share_exists_unload) {
-  td d;
-  td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = C;
   layer a, b;
   layer_make(&a, 16, 64, 1, 1);
   layer_make(&b, 16, 64, 2, 1);
@@ -270,17 +280,14 @@ START_TEST(test_share_exists_unload) {
   ql_stats_free(st);
   layer_free(&a);
   layer_free(&b);
-  ql_close(c);
-  ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
 
 /* Bad input, through the library where it would send it and raw where it
  * would not: each gets its error and the daemon keeps serving. */
 START_TEST(test_bad_input) {
-  td d;
-  td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = C;
+  td *dp = &D;
   layer l;
   layer_make(&l, 8, 40, 11, 0);
   ck_assert_int_eq(load(c, "ok", &l, QL_FORMAT_Q8C, 0, NULL), 0);
@@ -333,22 +340,22 @@ START_TEST(test_bad_input) {
   t.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
   t.inline_data.data = (uint8_t *)x;
   t.inline_data.len = 0;
-  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  ck_assert_int_eq(raw_code(dp, &req), QL_ESHAPE);
   /* Wrong dtype size: f16 declared, f32 bytes sent. */
   shape[0] = 1;
   t.dtype = QLINEAR__V1__DTYPE__DTYPE_F16;
   t.inline_data.len = 40 * 4;
-  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  ck_assert_int_eq(raw_code(dp, &req), QL_ESHAPE);
   /* Unknown dtype. */
   t.dtype = (Qlinear__V1__DType)42;
-  ck_assert_int_eq(raw_code(&d, &req), QL_EDTYPE);
+  ck_assert_int_eq(raw_code(dp, &req), QL_EDTYPE);
   /* A shape whose byte size overflows. */
   t.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
   shape[0] = (uint64_t)1 << 62;
-  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  ck_assert_int_eq(raw_code(dp, &req), QL_ESHAPE);
   /* A good raw request still works. */
   shape[0] = 1;
-  ck_assert_int_eq(raw_code(&d, &req), 0);
+  ck_assert_int_eq(raw_code(dp, &req), 0);
 
   /* Raw: unknown format, and q8b which does not exist yet. */
   Qlinear__V1__LoadBeginRequest lb;
@@ -364,16 +371,16 @@ START_TEST(test_bad_input) {
   sp.n = 4;
   sp.k = 32;
   sp.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
-  ck_assert_int_eq(raw_code(&d, &req), QL_EFORMAT);
+  ck_assert_int_eq(raw_code(dp, &req), QL_EFORMAT);
   sp.format = QLINEAR__V1__FORMAT__FORMAT_Q8B;
-  ck_assert_int_eq(raw_code(&d, &req), QL_EFORMAT);
+  ck_assert_int_eq(raw_code(dp, &req), QL_EFORMAT);
   sp.format = QLINEAR__V1__FORMAT__FORMAT_Q4G;
   sp.group_size = 48;
-  ck_assert_int_eq(raw_code(&d, &req), QL_EINVAL);
+  ck_assert_int_eq(raw_code(dp, &req), QL_EINVAL);
 
   /* Raw: chunks out of order, past the end, commit before complete. */
   sp.group_size = 32;
-  Qlinear__V1__Response *resp = td_call(&d, &req, 5000);
+  Qlinear__V1__Response *resp = td_call(dp, &req, 5000);
   ck_assert_ptr_nonnull(resp);
   ck_assert_int_eq(resp->status->code, 0);
   ck_assert_int_eq(resp->body_case, QLINEAR__V1__RESPONSE__BODY_LOAD_BEGIN);
@@ -391,37 +398,37 @@ START_TEST(test_bad_input) {
   ch.offset = 64;
   ch.data.data = bytes;
   ch.data.len = 64;
-  ck_assert_int_eq(raw_code(&d, &req), QL_ESEQUENCE);
+  ck_assert_int_eq(raw_code(dp, &req), QL_ESEQUENCE);
   ch.offset = 0;
   ch.data.len = sizeof bytes; /* 8 bytes too many */
-  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  ck_assert_int_eq(raw_code(dp, &req), QL_ESHAPE);
   ch.data.len = 64;
-  ck_assert_int_eq(raw_code(&d, &req), 0);
+  ck_assert_int_eq(raw_code(dp, &req), 0);
   ch.upload_id = up + 12345;
   ch.offset = 64;
-  ck_assert_int_eq(raw_code(&d, &req), QL_ENOTFOUND);
+  ck_assert_int_eq(raw_code(dp, &req), QL_ENOTFOUND);
   Qlinear__V1__LoadCommitRequest cm;
   raw_init(&req);
   qlinear__v1__load_commit_request__init(&cm);
   req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT;
   req.load_commit = &cm;
   cm.upload_id = up;
-  ck_assert_int_eq(raw_code(&d, &req), QL_ESHAPE);
+  ck_assert_int_eq(raw_code(dp, &req), QL_ESHAPE);
   Qlinear__V1__LoadAbortRequest ab;
   raw_init(&req);
   qlinear__v1__load_abort_request__init(&ab);
   req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_ABORT;
   req.load_abort = &ab;
   ab.upload_id = up;
-  ck_assert_int_eq(raw_code(&d, &req), 0);
-  ck_assert_int_eq(raw_code(&d, &req), QL_ENOTFOUND);
+  ck_assert_int_eq(raw_code(dp, &req), 0);
+  ck_assert_int_eq(raw_code(dp, &req), QL_ENOTFOUND);
 
   /* A request with no body, and garbage bytes. */
   raw_init(&req);
-  ck_assert_int_eq(raw_code(&d, &req), QL_EPROTO);
+  ck_assert_int_eq(raw_code(dp, &req), QL_EPROTO);
   static const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0x0f, 0x12, 0x99,
                                     0x01, 0x02};
-  resp = td_call_bytes(&d, garbage, sizeof garbage, 5000);
+  resp = td_call_bytes(dp, garbage, sizeof garbage, 5000);
   ck_assert_ptr_nonnull(resp);
   ck_assert_int_eq(resp->status->code, QL_EPROTO);
   qlinear__v1__response__free_unpacked(resp, NULL);
@@ -436,8 +443,6 @@ START_TEST(test_bad_input) {
   ck_assert_str_eq(list[0].name, "ok");
   ql_free(list);
   layer_free(&l);
-  ql_close(c);
-  ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
 
@@ -517,6 +522,8 @@ static void child_work(const td *d, int id) {
 }
 
 START_TEST(test_concurrent_processes) {
+  /* Children are forked before this process touches nanomsg, whose
+   * global state does not survive a fork. */
   td d;
   td_start(&d, NULL);
   enum { NPROC = 4 };
@@ -551,6 +558,53 @@ START_TEST(test_concurrent_processes) {
 }
 END_TEST
 
+/* Replies go out in completion order, not arrival order: a Stats request
+ * sent while a long Linear runs is answered first. */
+typedef struct slow_arg {
+  ql_client *c;
+  int rc;
+  volatile int done;
+} slow_arg;
+
+static void *slow_linear(void *p) {
+  slow_arg *a = p;
+  size_t m = 128, k = 4096, n = 2048;
+  float *x = calloc(m * k, sizeof(float)), *y = calloc(m * n, sizeof(float));
+  for (size_t i = 0; i < m * k; i++)
+    x[i] = (float)(i % 13) - 6.0f;
+  a->rc = ql_linear(a->c, "slow", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, m, k, x,
+                    n, y, NULL);
+  a->done = 1;
+  free(x);
+  free(y);
+  return NULL;
+}
+
+START_TEST(test_out_of_order_replies) {
+  layer l;
+  layer_make(&l, 2048, 4096, 31, 0);
+  ck_assert_int_eq(load(C, "slow", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  slow_arg a = {C, -1, 0};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, slow_linear, &a), 0);
+  /* Wait until the worker has started on it: Stats then shows the queue
+   * time is not yet accounted, and the request is in flight. */
+  usleep(200 * 1000);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(C, &st), 0);
+  int answered_first = !a.done;
+  ck_assert_uint_eq(st->per_weight[0].requests, 0);
+  ql_stats_free(st);
+  pthread_join(th, NULL);
+  ck_assert_int_eq(a.rc, 0);
+  ck_assert_msg(answered_first, "Stats waited for the Linear before it");
+  ck_assert_int_eq(ql_stats(C, &st), 0);
+  ck_assert_uint_eq(st->per_weight[0].requests, 1);
+  ql_stats_free(st);
+  layer_free(&l);
+}
+END_TEST
+
 /* Threads of one process share one client. */
 typedef struct thread_arg {
   ql_client *c;
@@ -580,9 +634,7 @@ static void *thread_main(void *p) {
 }
 
 START_TEST(test_concurrent_threads) {
-  td d;
-  td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = C;
   layer l;
   layer_make(&l, 48, 96, 8, 0);
   ck_assert_int_eq(load(c, "thr", &l, QL_FORMAT_Q4G, 32, NULL), 0);
@@ -598,16 +650,12 @@ START_TEST(test_concurrent_threads) {
     ck_assert_int_eq(args[i].failures, 0);
   }
   layer_free(&l);
-  ql_close(c);
-  ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
 
 /* A 4096x14336 f32 weight (224 MiB) uploads in chunks and computes. */
 START_TEST(test_large_weight) {
-  td d;
-  td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = C;
   layer l;
   layer_make(&l, 4096, 14336, 77, 0);
   int rc = load(c, "large", &l, QL_FORMAT_Q4G, 128, NULL);
@@ -622,8 +670,6 @@ START_TEST(test_large_weight) {
   check_linear(c, "large", &l, QL_FORMAT_Q4G, 128, QL_PATH_WEIGHT_ONLY,
                QL_DTYPE_BF16, 1, 12);
   layer_free(&l);
-  ql_close(c);
-  ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
 
@@ -678,19 +724,26 @@ END_TEST
 
 int main(void) {
   Suite *s = suite_create("daemon");
-  TCase *tc = tcase_create("integration");
+  /* Tests on the default daemon of the fixture. */
+  TCase *tc = tcase_create("default");
   tcase_set_timeout(tc, 300);
-  tcase_add_test(tc, test_hello);
+  tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_linear_matches_reference);
   tcase_add_test(tc, test_share_exists_unload);
   tcase_add_test(tc, test_bad_input);
-  tcase_add_test(tc, test_message_cap);
-  tcase_add_test(tc, test_concurrent_processes);
+  tcase_add_test(tc, test_out_of_order_replies);
   tcase_add_test(tc, test_concurrent_threads);
   tcase_add_test(tc, test_large_weight);
-  tcase_add_test(tc, test_shutdown_drains);
-  tcase_add_test(tc, test_connect_without_daemon);
   suite_add_tcase(s, tc);
+  /* Tests that start (and stop) daemons of their own. */
+  TCase *own = tcase_create("own-daemon");
+  tcase_set_timeout(own, 300);
+  tcase_add_test(own, test_hello);
+  tcase_add_test(own, test_message_cap);
+  tcase_add_test(own, test_concurrent_processes);
+  tcase_add_test(own, test_shutdown_drains);
+  tcase_add_test(own, test_connect_without_daemon);
+  suite_add_tcase(s, own);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
