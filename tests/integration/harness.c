@@ -1,7 +1,6 @@
 /* harness.c - see harness.h. */
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +18,7 @@
 #include <nanomsg/reqrep.h>
 
 #include "harness.h"
+#include "testutil.h"
 
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -150,26 +150,14 @@ Qlinear__V1__Response *td_call_bytes(const td *d, const void *buf, size_t len,
 Qlinear__V1__Response *td_call(const td *d, const Qlinear__V1__Request *req,
                                int timeout_ms) {
   size_t len = qlinear__v1__request__get_packed_size(req);
-  uint8_t *buf = malloc(len ? len : 1);
-  ck_assert_ptr_nonnull(buf);
+  uint8_t *buf = tu_xmalloc(len ? len : 1);
   qlinear__v1__request__pack(req, buf);
   Qlinear__V1__Response *r = td_call_bytes(d, buf, len, timeout_ms);
   free(buf);
   return r;
 }
 
-/* splitmix64 + Box-Muller: portable and reproducible. */
-static uint64_t next_u64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 void td_randn(uint64_t *state, float *out, size_t n, float sigma) {
-  for (size_t i = 0; i < n; i++) {
-    double u1 = ((next_u64(state) >> 11) + 1.0) / 9007199254740993.0;
-    double u2 = (next_u64(state) >> 11) / 9007199254740992.0;
-    out[i] = (float)(sigma * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-  }
+  for (size_t i = 0; i < n; i++)
+    out[i] = (float)(sigma * tu_rng_gauss(state));
 }

@@ -44,7 +44,8 @@ Qlinear__V1__Response *td_call(const td *d, const Qlinear__V1__Request *req,
 Qlinear__V1__Response *td_call_bytes(const td *d, const void *buf, size_t len,
                                      int timeout_ms);
 
-/* Deterministic pseudo-random floats, N(0, sigma). */
+/* Fills out with n floats from N(0, sigma), drawn from the seedable stream
+ * *state (tu_rng_gauss in testutil.h). */
 void td_randn(uint64_t *state, float *out, size_t n, float sigma);
 
 #endif

@@ -16,62 +16,9 @@
 #include <string.h>
 
 #include "ql_kernels.h"
+#include "testutil.h"
 
 /* ---------------------------------------------------------------- helpers */
-
-/* Like ck_assert_msg, but silent when it passes: check records a location
- * (a pipe write in fork mode) for every passing ck_assert, which makes the
- * exhaustive loops below slow. */
-#define REQUIRE(cond, ...)                                                     \
-  do {                                                                         \
-    if (!(cond))                                                               \
-      ck_abort_msg(__VA_ARGS__);                                               \
-  } while (0)
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t s) { rng_state = s; }
-
-/* splitmix64: small, fixed, reproducible everywhere. */
-static uint64_t rng_next(void) {
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* Uniform in (0, 1). */
-static double rng_uniform(void) {
-  return ((double)(rng_next() >> 11) + 0.5) * 0x1p-53;
-}
-
-/* Standard normal (Box–Muller). */
-static double rng_gauss(void) {
-  double u1 = rng_uniform(), u2 = rng_uniform();
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-/* Round half to even, written out (no rint) so it is independent. */
-static double rne(double v) {
-  double f = floor(v), d = v - f;
-  if (d > 0.5)
-    return f + 1.0;
-  if (d < 0.5)
-    return f;
-  return fmod(f, 2.0) == 0.0 ? f : f + 1.0;
-}
 
 /* v rounded to dt and widened back: what a stored scale reads as. */
 static float narrow(ql_dtype dt, float v) {
@@ -84,9 +31,6 @@ static float narrow(ql_dtype dt, float v) {
 
 static const ql_dtype all_dtypes[] = {QL_DTYPE_F32, QL_DTYPE_F16,
                                       QL_DTYPE_BF16};
-static const char *dt_name(ql_dtype dt) {
-  return dt == QL_DTYPE_F32 ? "f32" : dt == QL_DTYPE_F16 ? "f16" : "bf16";
-}
 
 /* Value of a f16 bit pattern, from the IEEE definition. */
 static double f16_value(uint16_t h) {
@@ -107,7 +51,7 @@ START_TEST(test_f16_exhaustive) {
     if (e == 0x1F && m != 0) {
       REQUIRE(isnan(f), "f16 %04x should widen to NaN", h);
       REQUIRE(!!signbit(f) == !!(h & 0x8000), "NaN sign %04x", h);
-      REQUIRE(f32_bits(f) & 0x00400000u, "NaN %04x not quiet", h);
+      REQUIRE(tu_f32_bits(f) & 0x00400000u, "NaN %04x not quiet", h);
       REQUIRE(back == (h | 0x200u), "NaN %04x came back as %04x", h,
                     back);
     } else if (e == 0x1F) {
@@ -132,13 +76,13 @@ START_TEST(test_bf16_exhaustive) {
 
     if ((h & 0x7FFF) > 0x7F80) {
       REQUIRE(isnan(f), "bf16 %04x should widen to NaN", h);
-      REQUIRE(f32_bits(f) == ((h << 16) | 0x00400000u),
-                    "bf16 NaN %04x widened to %08x", h, f32_bits(f));
+      REQUIRE(tu_f32_bits(f) == ((h << 16) | 0x00400000u),
+              "bf16 NaN %04x widened to %08x", h, tu_f32_bits(f));
       REQUIRE(back == (h | 0x40u), "NaN %04x came back as %04x", h,
                     back);
     } else {
-      REQUIRE(f32_bits(f) == h << 16, "bf16 %04x widened to %08x", h,
-                    f32_bits(f));
+      REQUIRE(tu_f32_bits(f) == h << 16, "bf16 %04x widened to %08x", h,
+              tu_f32_bits(f));
       REQUIRE(back == h, "bf16 %04x round trip gave %04x", h, back);
     }
   }
@@ -184,7 +128,7 @@ START_TEST(test_f16_rounding_cases) {
   };
   size_t i;
   for (i = 0; i < sizeof c / sizeof c[0]; i++) {
-    uint16_t got = ql_f32_to_f16(bits_f32(c[i].in));
+    uint16_t got = ql_f32_to_f16(tu_bits_f32(c[i].in));
     REQUIRE(got == c[i].out, "f32 %08x -> f16 %04x, want %04x", c[i].in,
                   got, c[i].out);
   }
@@ -215,7 +159,7 @@ START_TEST(test_bf16_rounding_cases) {
   };
   size_t i;
   for (i = 0; i < sizeof c / sizeof c[0]; i++) {
-    uint16_t got = ql_f32_to_bf16(bits_f32(c[i].in));
+    uint16_t got = ql_f32_to_bf16(tu_bits_f32(c[i].in));
     REQUIRE(got == c[i].out, "f32 %08x -> bf16 %04x, want %04x",
                   c[i].in, got, c[i].out);
   }
@@ -241,21 +185,21 @@ static int is_nearest(double ax, uint32_t hm, uint32_t top,
 }
 
 static double f16_mag(uint32_t hm) { return f16_value((uint16_t)hm); }
-static double bf16_mag(uint32_t hm) {
-  return (double)bits_f32(hm << 16);
-}
+static double bf16_mag(uint32_t hm) { return (double)tu_bits_f32(hm << 16); }
 
 START_TEST(test_narrowing_random_nearest) {
+  uint64_t rng = 11;
   int i;
-  rng_seed(11);
+
   for (i = 0; i < 200000; i++) {
     /* f16: magnitudes 2^-26 .. 2^17, so subnormals and overflow occur. */
-    int e = (int)(rng_next() % 44) - 26;
-    float x = ldexpf(1.0f + (float)(rng_next() & 0x7FFFFF) * 0x1p-23f, e);
+    int e = (int)(tu_rng_next(&rng) % 44) - 26;
+    float x =
+        ldexpf(1.0f + (float)(tu_rng_next(&rng) & 0x7FFFFF) * 0x1p-23f, e);
     uint16_t h;
     uint32_t hm;
 
-    if (rng_next() & 1)
+    if (tu_rng_next(&rng) & 1)
       x = -x;
     h = ql_f32_to_f16(x);
     REQUIRE(!!(h & 0x8000) == !!signbit(x), "sign of %a", (double)x);
@@ -270,11 +214,11 @@ START_TEST(test_narrowing_random_nearest) {
 
     /* bf16: any finite f32. */
     {
-      uint32_t u = (uint32_t)rng_next();
+      uint32_t u = (uint32_t)tu_rng_next(&rng);
       uint16_t b;
       if ((u & 0x7F800000u) == 0x7F800000u)
         u &= 0xBFFFFFFFu; /* avoid Inf/NaN */
-      x = bits_f32(u);
+      x = tu_bits_f32(u);
       b = ql_f32_to_bf16(x);
       hm = b & 0x7FFF;
       REQUIRE(!!(b & 0x8000) == !!(u >> 31), "bf16 sign of %08x", u);
@@ -300,8 +244,9 @@ START_TEST(test_array_conversions) {
   ck_assert_uint_eq(h[4], 0x7C00); /* 3e5 overflows f16 */
   ql_to_f32(QL_DTYPE_F16, h, back, 5);
   for (i = 0; i < 5; i++) {
-    ck_assert(f32_bits(back[i]) == f32_bits(ql_f16_to_f32(h[i])));
-    ck_assert(f32_bits(ql_load_f32(QL_DTYPE_F16, h, i)) == f32_bits(back[i]));
+    ck_assert(tu_f32_bits(back[i]) == tu_f32_bits(ql_f16_to_f32(h[i])));
+    ck_assert(tu_f32_bits(ql_load_f32(QL_DTYPE_F16, h, i)) ==
+              tu_f32_bits(back[i]));
   }
 
   ql_from_f32(QL_DTYPE_BF16, src, h, 5);
@@ -309,15 +254,15 @@ START_TEST(test_array_conversions) {
     ck_assert_uint_eq(h[i], ql_f32_to_bf16(src[i]));
   ql_to_f32(QL_DTYPE_BF16, h, back, 5);
   for (i = 0; i < 5; i++)
-    ck_assert(f32_bits(back[i]) == f32_bits(ql_bf16_to_f32(h[i])));
+    ck_assert(tu_f32_bits(back[i]) == tu_f32_bits(ql_bf16_to_f32(h[i])));
 
   ql_from_f32(QL_DTYPE_F32, src, scratch, 5);
   ck_assert(memcmp(scratch, src, sizeof src) == 0);
   ql_to_f32(QL_DTYPE_F32, src, back, 5);
   ck_assert(memcmp(back, src, sizeof src) == 0);
   for (i = 0; i < 5; i++)
-    ck_assert(f32_bits(ql_load_f32(QL_DTYPE_F32, src, i)) ==
-              f32_bits(src[i]));
+    ck_assert(tu_f32_bits(ql_load_f32(QL_DTYPE_F32, src, i)) ==
+              tu_f32_bits(src[i]));
 
   /* An invalid dtype: NaN on widening, nothing written on narrowing. */
   ql_to_f32((ql_dtype)0, src, back, 5);
@@ -458,9 +403,7 @@ static ql_qweight *quantize_ok(ql_format f, uint32_t gs, int64_t n, int64_t k,
 
 /* The q4g value of row r, column i, read from the packed bytes. */
 static int q4g_at(const ql_qweight *q, int64_t r, int64_t i) {
-  const uint8_t *row = q->qdata + r * ((q->k + 1) / 2);
-  int nib = (row[i / 2] >> ((i % 2) * 4)) & 0xF;
-  return nib >= 8 ? nib - 16 : nib;
+  return tu_s4_at(q->qdata + r * ((q->k + 1) / 2), i);
 }
 
 static int q8c_at(const ql_qweight *q, int64_t r, int64_t i) {
@@ -476,12 +419,11 @@ static int q8c_at(const ql_qweight *q, int64_t r, int64_t i) {
  */
 static double check_weight(const ql_qweight *q, const float *w, double *ref) {
   int64_t n = q->n, k = q->k, r, i;
-  float *dq = malloc((size_t)(n * k) * sizeof(float));
-  float *row = malloc((size_t)k * sizeof(float));
+  float *dq = tu_xmalloc((size_t)(n * k) * sizeof(float));
+  float *row = tu_xmalloc((size_t)k * sizeof(float));
   double sse = 0.0, sref = 0.0;
   const double u = 0x1p-24;
 
-  ck_assert(dq != NULL && row != NULL);
   ck_assert_int_eq(ql_qweight_check(q), 0);
   ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
   for (r = 0; r < n; r++) {
@@ -509,17 +451,15 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
         z = (float)((double)mn + 8.0 * (double)s);
         s_st = ql_load_f32(q->scale_dtype, q->scale, (size_t)(g * n + r));
         z_st = ql_load_f32(q->scale_dtype, q->zero, (size_t)(g * n + r));
-        REQUIRE(f32_bits(s_st) == f32_bits(narrow(q->scale_dtype, s)),
-                      "q4g scale r%lld g%lld: %a want %a", (long long)r,
-                      (long long)g, (double)s_st,
-                      (double)narrow(q->scale_dtype, s));
-        REQUIRE(f32_bits(z_st) == f32_bits(narrow(q->scale_dtype, z)),
-                      "q4g zero r%lld g%lld: %a want %a", (long long)r,
-                      (long long)g, (double)z_st,
-                      (double)narrow(q->scale_dtype, z));
+        REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(q->scale_dtype, s)),
+                "q4g scale r%lld g%lld: %a want %a", (long long)r, (long long)g,
+                (double)s_st, (double)narrow(q->scale_dtype, s));
+        REQUIRE(tu_f32_bits(z_st) == tu_f32_bits(narrow(q->scale_dtype, z)),
+                "q4g zero r%lld g%lld: %a want %a", (long long)r, (long long)g,
+                (double)z_st, (double)narrow(q->scale_dtype, z));
         for (i = k0; i < k1; i++) {
           float d = (float)((double)x[i] - (double)mn);
-          double t = rne((double)(float)((double)d / (double)s));
+          double t = tu_rne((double)(float)((double)d / (double)s));
           int want = (int)(t < 0 ? 0 : t > 15 ? 15 : t) - 8;
           int got = q4g_at(q, r, i);
           float xh = dq[r * k + i];
@@ -530,9 +470,9 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
           REQUIRE(x[i] != mn || got == -8, "min maps to %d", got);
           REQUIRE(x[i] != mx || (double)mx - mn < 1e-6 || got == 7,
                   "max maps to %d", got);
-          REQUIRE(f32_bits(xh) ==
-                      f32_bits((float)((double)(float)((double)got * s_st) +
-                                       (double)z_st)),
+          REQUIRE(tu_f32_bits(xh) ==
+                      tu_f32_bits((float)((double)(float)((double)got * s_st) +
+                                          (double)z_st)),
                   "q4g x̂[%lld,%lld] = %a", (long long)r, (long long)i,
                   (double)xh);
           bound = 0.5 * s + 8.0 * fabs((double)s_st - s) +
@@ -540,10 +480,9 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
                   4.0 * u *
                       (16.0 * s + fabs((double)x[i] - mn) + fabs(z) +
                        fabs(got * (double)s_st) + fabs((double)xh));
-          REQUIRE(err <= bound,
-                        "q4g |x - x̂| = %g > %g at [%lld,%lld] (%s)", err,
-                        bound, (long long)r, (long long)i,
-                        dt_name(q->scale_dtype));
+          REQUIRE(err <= bound, "q4g |x - x̂| = %g > %g at [%lld,%lld] (%s)",
+                  err, bound, (long long)r, (long long)i,
+                  tu_dtype_name(q->scale_dtype));
           sse += err * err;
           sref += (double)s_st * s_st / 12.0;
         }
@@ -556,12 +495,12 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
       if (s < FLT_EPSILON)
         s = FLT_EPSILON;
       s_st = ql_load_f32(q->scale_dtype, q->scale, (size_t)r);
-      REQUIRE(f32_bits(s_st) == f32_bits(narrow(q->scale_dtype, s)),
-                    "q8c scale r%lld: %a want %a", (long long)r, (double)s_st,
-                    (double)narrow(q->scale_dtype, s));
+      REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(q->scale_dtype, s)),
+              "q8c scale r%lld: %a want %a", (long long)r, (double)s_st,
+              (double)narrow(q->scale_dtype, s));
       inv = (float)(1.0 / (double)s_st);
       for (i = 0; i < k; i++) {
-        double t = rne((double)(float)((double)x[i] * (double)inv));
+        double t = tu_rne((double)(float)((double)x[i] * (double)inv));
         int want = (int)(t < -128 ? -128 : t > 127 ? 127 : t);
         int got = q8c_at(q, r, i);
         float xh = dq[r * k + i];
@@ -571,14 +510,14 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
                       (long long)r, (long long)i, got, want);
         if (fabsf(x[i]) == amax && s > FLT_EPSILON)
           REQUIRE(abs(got) >= 127, "amax maps to %d", got);
-        REQUIRE(f32_bits(xh) == f32_bits((float)((double)got * s_st)),
+        REQUIRE(tu_f32_bits(xh) == tu_f32_bits((float)((double)got * s_st)),
                 "q8c x̂[%lld,%lld] = %a", (long long)r, (long long)i,
                 (double)xh);
         bound = 0.5 * s_st + 127.5 * fabs((double)s - s_st) +
                 8.0 * u * (fabs((double)x[i]) + fabs((double)xh));
-        REQUIRE(err <= bound,
-                      "q8c |x - x̂| = %g > %g at [%lld,%lld] (%s)", err, bound,
-                      (long long)r, (long long)i, dt_name(q->scale_dtype));
+        REQUIRE(err <= bound, "q8c |x - x̂| = %g > %g at [%lld,%lld] (%s)", err,
+                bound, (long long)r, (long long)i,
+                tu_dtype_name(q->scale_dtype));
         sse += err * err;
         sref += (double)s_st * s_st / 12.0;
       }
@@ -625,8 +564,8 @@ START_TEST(test_q4g_pack_tiny) {
     ck_assert_uint_eq(q->qdata[1], 0x0D);
     memcpy(&s, q->scale, ql_dtype_size(want[i].dt));
     memcpy(&z, q->zero, ql_dtype_size(want[i].dt));
-    REQUIRE(s == want[i].scale && z == want[i].zero,
-                  "%s: scale %x zero %x", dt_name(want[i].dt), s, z);
+    REQUIRE(s == want[i].scale && z == want[i].zero, "%s: scale %x zero %x",
+            tu_dtype_name(want[i].dt), s, z);
     ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
     {
       static const int qv[3] = {7, -8, -3};
@@ -722,9 +661,9 @@ START_TEST(test_q4g_ties_and_division) {
   w[18 + 1] = 15.0f * s2;
   w[18 + 2] = 1.5f * s2;
   /* the traps are real: the reciprocal form lands below the tie */
-  ck_assert(rne((double)(float)((double)w[9 + 2] * (double)(1.0f / s1))) ==
+  ck_assert(tu_rne((double)(float)((double)w[9 + 2] * (double)(1.0f / s1))) ==
             3.0);
-  ck_assert(rne((double)(float)((double)w[18 + 2] * (double)(1.0f / s2))) ==
+  ck_assert(tu_rne((double)(float)((double)w[18 + 2] * (double)(1.0f / s2))) ==
             1.0);
   for (d = 0; d < 3; d++) {
     ql_qweight *q = quantize_ok(QL_FORMAT_Q4G, 32, 3, 9, w, NULL,
@@ -751,8 +690,8 @@ START_TEST(test_q8c_reciprocal) {
   float w[2 * 2] = {127.5f * s1, -126.5f * s1, -127.5f * s2, s2};
   size_t d;
 
-  ck_assert(rne((double)w[1] / s1) == -126.0); /* what division would give */
-  ck_assert(rne((double)w[2] / s2) == -128.0);
+  ck_assert(tu_rne((double)w[1] / s1) == -126.0); /* what division would give */
+  ck_assert(tu_rne((double)w[2] / s2) == -128.0);
   for (d = 0; d < 3; d++) {
     ql_qweight *q = quantize_ok(QL_FORMAT_Q8C, 0, 2, 2, w, NULL,
                                 all_dtypes[d]);
@@ -774,10 +713,9 @@ START_TEST(test_roundtrip_ragged) {
   static const int64_t ns[] = {1, 3};
   const cfg *c = &cfgs[_i];
   size_t ki, ni, d, kind;
-  float *w = malloc(3 * 1000 * sizeof(float));
+  float *w = tu_xmalloc(3 * 1000 * sizeof(float));
+  uint64_t rng = 100 + (uint64_t)_i;
 
-  ck_assert_ptr_nonnull(w);
-  rng_seed(100 + (uint64_t)_i);
   for (ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
     for (ni = 0; ni < 2; ni++)
       for (d = 0; d < 3; d++)
@@ -785,8 +723,8 @@ START_TEST(test_roundtrip_ragged) {
           int64_t n = ns[ni], k = ks[ki], i;
           ql_qweight *q;
           for (i = 0; i < n * k; i++)
-            w[i] = kind == 0 ? (float)(rng_gauss() * 0.02)
-                             : (float)(3.0 + rng_uniform());
+            w[i] = kind == 0 ? (float)(tu_rng_gauss(&rng) * 0.02)
+                             : (float)(3.0 + tu_rng_uniform(&rng));
           q = quantize_ok(c->f, c->gs, n, k, w, NULL, all_dtypes[d]);
           check_weight(q, w, NULL);
           ql_qweight_free(q);
@@ -1029,10 +967,10 @@ START_TEST(test_src_dtype_widening) {
   float w[4 * 100], wide[4 * 100], bias[4] = {1, 2, 3, 4};
   uint16_t w16[4 * 100], b16[4];
   size_t d, i;
+  uint64_t rng = 7;
 
-  rng_seed(7);
   for (i = 0; i < 400; i++)
-    w[i] = (float)rng_gauss();
+    w[i] = (float)tu_rng_gauss(&rng);
   for (d = 1; d < 3; d++) {
     ql_dtype dt = all_dtypes[d];
     ql_qweight *a = NULL, *b;
@@ -1063,14 +1001,13 @@ END_TEST
 START_TEST(test_nmse_gaussian) {
   const cfg *c = &cfgs[_i];
   const int64_t n = 16, k = 1024;
-  float *w = malloc((size_t)(n * k) * sizeof(float));
+  float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
+  uint64_t rng = 42 + (uint64_t)_i;
   size_t d;
   int64_t i;
 
-  ck_assert_ptr_nonnull(w);
-  rng_seed(42 + (uint64_t)_i);
   for (i = 0; i < n * k; i++)
-    w[i] = (float)rng_gauss();
+    w[i] = (float)tu_rng_gauss(&rng);
   for (d = 0; d < 3; d++) {
     ql_qweight *q = quantize_ok(c->f, c->gs, n, k, w, NULL, all_dtypes[d]);
     double ref, mse = check_weight(q, w, &ref) / (double)(n * k), ratio;
@@ -1078,8 +1015,8 @@ START_TEST(test_nmse_gaussian) {
     ref /= (double)(n * k);
     ratio = mse / ref;
     REQUIRE(ratio > 0.5 && ratio < 1.5,
-                  "format %d gs %u %s: MSE %g vs Δ²/12 %g (ratio %g)",
-                  (int)c->f, c->gs, dt_name(all_dtypes[d]), mse, ref, ratio);
+            "format %d gs %u %s: MSE %g vs Δ²/12 %g (ratio %g)", (int)c->f,
+            c->gs, tu_dtype_name(all_dtypes[d]), mse, ref, ratio);
     ql_qweight_free(q);
   }
   free(w);
@@ -1125,12 +1062,4 @@ static Suite *formats_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(formats_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return tu_run_suite(formats_suite(), CK_NORMAL); }

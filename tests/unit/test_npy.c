@@ -13,14 +13,14 @@
 #include <unistd.h>
 
 #include "npy.h"
+#include "testutil.h"
 
 /* Builds a file: magic, version major.0, the header length field, the
  * header text as given (no padding added) and data_len bytes of data. */
 static unsigned char *make(int major, const char *hdr, size_t data_len,
                            size_t *len) {
   size_t hl = strlen(hdr), pre = major == 1 ? 10 : 12;
-  unsigned char *b = malloc(pre + hl + data_len + 1);
-  ck_assert_ptr_nonnull(b);
+  unsigned char *b = tu_xmalloc(pre + hl + data_len + 1);
   memcpy(b, "\x93NUMPY", 6);
   b[6] = (unsigned char)major;
   b[7] = 0;
@@ -561,10 +561,4 @@ static Suite *npy_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(npy_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return tu_run_suite(npy_suite(), CK_NORMAL); }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "protocol.h"
+#include "testutil.h"
 
 /* The budget the daemon gives a message (handlers.c). */
 #define SLACK ((size_t)1 << 20)
@@ -27,9 +28,17 @@
 /* Packs m into a new buffer; the caller frees it. */
 static uint8_t *pack_req(const Qlinear__V1__Request *m, size_t *len) {
   size_t n = qlinear__v1__request__get_packed_size(m);
-  uint8_t *buf = malloc(n ? n : 1);
-  ck_assert_ptr_nonnull(buf);
+  uint8_t *buf = tu_xmalloc(n ? n : 1);
   ck_assert_uint_eq(qlinear__v1__request__pack(m, buf), n);
+  *len = n;
+  return buf;
+}
+
+/* The same for a Response. */
+static uint8_t *pack_resp(const Qlinear__V1__Response *m, size_t *len) {
+  size_t n = qlinear__v1__response__get_packed_size(m);
+  uint8_t *buf = tu_xmalloc(n ? n : 1);
+  ck_assert_uint_eq(qlinear__v1__response__pack(m, buf), n);
   *len = n;
   return buf;
 }
@@ -420,10 +429,8 @@ START_TEST(test_roundtrip_response_linear) {
   resp.body_case = QLINEAR__V1__RESPONSE__BODY_LINEAR;
   resp.linear = &lr;
 
-  size_t len = qlinear__v1__response__get_packed_size(&resp);
-  uint8_t *buf = malloc(len);
-  ck_assert_ptr_nonnull(buf);
-  ck_assert_uint_eq(qlinear__v1__response__pack(&resp, buf), len);
+  size_t len;
+  uint8_t *buf = pack_resp(&resp, &len);
   Qlinear__V1__Response *d = qlinear__v1__response__unpack(NULL, len, buf);
   ck_assert_ptr_nonnull(d);
   ck_assert_uint_eq(d->request_id, 99);
@@ -456,10 +463,8 @@ START_TEST(test_roundtrip_response_error_and_hello) {
   qlinear__v1__response__init(&resp);
   resp.request_id = UINT64_MAX;
   resp.status = &st;
-  size_t len = qlinear__v1__response__get_packed_size(&resp);
-  uint8_t *buf = malloc(len);
-  ck_assert_ptr_nonnull(buf);
-  qlinear__v1__response__pack(&resp, buf);
+  size_t len;
+  uint8_t *buf = pack_resp(&resp, &len);
   Qlinear__V1__Response *d = qlinear__v1__response__unpack(NULL, len, buf);
   ck_assert_ptr_nonnull(d);
   ck_assert_uint_eq(d->request_id, UINT64_MAX);
@@ -497,10 +502,7 @@ START_TEST(test_roundtrip_response_error_and_hello) {
   resp.request_id = 1;
   resp.body_case = QLINEAR__V1__RESPONSE__BODY_HELLO;
   resp.hello = &h;
-  len = qlinear__v1__response__get_packed_size(&resp);
-  buf = malloc(len);
-  ck_assert_ptr_nonnull(buf);
-  qlinear__v1__response__pack(&resp, buf);
+  buf = pack_resp(&resp, &len);
   d = qlinear__v1__response__unpack(NULL, len, buf);
   ck_assert_ptr_nonnull(d);
   ck_assert_int_eq(d->body_case, QLINEAR__V1__RESPONSE__BODY_HELLO);
@@ -938,8 +940,7 @@ static void survive(const uint8_t *buf, size_t len) {
 START_TEST(test_decode_mutations) {
   size_t len;
   uint8_t *orig = pack_req(mk_valid(_i), &len);
-  uint8_t *buf = malloc(len + 16);
-  ck_assert_ptr_nonnull(buf);
+  uint8_t *buf = tu_xmalloc(len + 16);
   static const uint8_t vals[] = {0x00, 0x01, 0x7f, 0x80, 0xff};
   /* Every byte replaced by a few interesting values. */
   for (size_t pos = 0; pos < len; pos++) {
@@ -984,8 +985,7 @@ START_TEST(test_decode_repeated_body) {
   size_t one_len;
   uint8_t *one = pack_req(mk_linear(QL_DTYPE_F32, 16, 64), &one_len);
   const size_t reps = 64;
-  uint8_t *buf = malloc(one_len * reps);
-  ck_assert_ptr_nonnull(buf);
+  uint8_t *buf = tu_xmalloc(one_len * reps);
   for (size_t i = 0; i < reps; i++)
     memcpy(buf + i * one_len, one, one_len);
   /* Enough for about two copies of the body at once, far less than 64. */
@@ -1066,8 +1066,7 @@ START_TEST(test_budget_amplification) {
   } cases[] = {{100000, 1}, {400000, 0}};
   for (size_t c = 0; c < 2; c++) {
     size_t n = cases[c].n;
-    uint64_t *shape = malloc(n * sizeof *shape);
-    ck_assert_ptr_nonnull(shape);
+    uint64_t *shape = tu_xmalloc(n * sizeof *shape);
     for (size_t i = 0; i < n; i++)
       shape[i] = 1;
     mk_linear(QL_DTYPE_F32, 2, 4);
@@ -1194,10 +1193,4 @@ static Suite *protocol_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(protocol_suite());
-  srunner_run_all(sr, CK_ENV);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
-}
+int main(void) { return tu_run_suite(protocol_suite(), CK_ENV); }

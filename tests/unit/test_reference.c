@@ -17,43 +17,9 @@
 #include <string.h>
 
 #include "ql_kernels.h"
+#include "testutil.h"
 
 /* ---------------------------------------------------------------- helpers */
-
-/* Like ck_assert_msg, but silent when it passes (a passing ck_assert costs
- * a pipe write in check's fork mode). */
-#define REQUIRE(cond, ...)                                                     \
-  do {                                                                         \
-    if (!(cond))                                                               \
-      ck_abort_msg(__VA_ARGS__);                                               \
-  } while (0)
-
-static uint64_t rng_state;
-
-static void rng_seed(uint64_t s) { rng_state = s; }
-
-/* splitmix64 */
-static uint64_t rng_next(void) {
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double rng_uniform(void) {
-  return ((double)(rng_next() >> 11) + 0.5) * 0x1p-53;
-}
-
-static double rng_gauss(void) {
-  double u1 = rng_uniform(), u2 = rng_uniform();
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-static uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
 
 /* One rounded f32 operation each; volatile stops contraction into FMA. */
 static float mul32(float a, float b) {
@@ -63,26 +29,6 @@ static float mul32(float a, float b) {
 static float add32(float a, float b) {
   volatile float r = a + b;
   return r;
-}
-
-/* Round half to even, written out. */
-static double rne(double v) {
-  double f = floor(v), d = v - f;
-  if (d > 0.5)
-    return f + 1.0;
-  if (d < 0.5)
-    return f;
-  return fmod(f, 2.0) == 0.0 ? f : f + 1.0;
-}
-
-static const char *dt_name(ql_dtype dt) {
-  return dt == QL_DTYPE_F32 ? "f32" : dt == QL_DTYPE_F16 ? "f16" : "bf16";
-}
-
-static void *xmalloc(size_t n) {
-  void *p = malloc(n);
-  ck_assert_ptr_nonnull(p);
-  return p;
 }
 
 typedef struct cfg {
@@ -100,19 +46,20 @@ typedef int (*linear_fn)(const ql_qweight *, ql_dtype, const void *, int64_t,
                          void *);
 
 /* A weight [n,k] of Gaussian rows with per-row offsets (asymmetric groups),
- * optionally with a bias. */
-static ql_qweight *make_weight(const cfg *c, int64_t n, int64_t k, int bias,
-                               ql_dtype sdt, float **w_out) {
-  float *w = xmalloc((size_t)(n * k) * sizeof(float));
-  float *b = xmalloc((size_t)n * sizeof(float));
+ * optionally with a bias, drawn from the stream *rng. */
+static ql_qweight *make_weight(uint64_t *rng, const cfg *c, int64_t n,
+                               int64_t k, int bias, ql_dtype sdt,
+                               float **w_out) {
+  float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
+  float *b = tu_xmalloc((size_t)n * sizeof(float));
   ql_qweight *q = NULL;
   int64_t i;
   int rc;
 
   for (i = 0; i < n * k; i++)
-    w[i] = (float)(0.05 * rng_gauss() + 0.01 * (double)(i / k % 3));
+    w[i] = (float)(0.05 * tu_rng_gauss(rng) + 0.01 * (double)(i / k % 3));
   for (i = 0; i < n; i++)
-    b[i] = (float)rng_gauss();
+    b[i] = (float)tu_rng_gauss(rng);
   rc = ql_qweight_quantize(c->f, c->gs, n, k, QL_DTYPE_F32, w,
                            bias ? b : NULL, sdt, &q);
   REQUIRE(rc == 0, "quantize: %d", rc);
@@ -124,15 +71,16 @@ static ql_qweight *make_weight(const cfg *c, int64_t n, int64_t k, int bias,
   return q;
 }
 
-/* Activation rows: Gaussian, exact .5 ties, and zeros, cycling with r. */
-static void make_x(float *x, int64_t m, int64_t k) {
+/* Activation rows: Gaussian (from *rng), exact .5 ties, and zeros, cycling
+ * with r. */
+static void make_x(uint64_t *rng, float *x, int64_t m, int64_t k) {
   int64_t r, i;
   for (r = 0; r < m; r++)
     for (i = 0; i < k; i++) {
       float *v = &x[r * k + i];
       switch (r % 3) {
       case 0:
-        *v = (float)rng_gauss();
+        *v = (float)tu_rng_gauss(rng);
         break;
       case 1: /* scale 2^-4: x·(1/scale) = j + 0.5 exactly, amax first */
         *v = i == 0 ? -127.5f * 0.0625f
@@ -146,11 +94,8 @@ static void make_x(float *x, int64_t m, int64_t k) {
 
 /* The q value of row r, column i of a weight, however it is packed. */
 static int wq_at(const ql_qweight *q, int64_t r, int64_t i) {
-  if (q->format == QL_FORMAT_Q4G) {
-    const uint8_t *row = q->qdata + r * ((q->k + 1) / 2);
-    int nib = (row[i / 2] >> ((i % 2) * 4)) & 0xF;
-    return nib >= 8 ? nib - 16 : nib;
-  }
+  if (q->format == QL_FORMAT_Q4G)
+    return tu_s4_at(q->qdata + r * ((q->k + 1) / 2), i);
   return ((const int8_t *)q->qdata)[r * q->k + i];
 }
 
@@ -159,16 +104,16 @@ static int wq_at(const ql_qweight *q, int64_t r, int64_t i) {
 START_TEST(test_qrows_independent) {
   enum { M = 6, K = 100 };
   static const uint32_t gss[] = {1, 7, 32, 100, 1000};
-  float *x = xmalloc(M * K * sizeof(float)), sx[M];
-  int8_t *xq = xmalloc(M * K);
-  int32_t *gsum = xmalloc(M * K * sizeof(int32_t));
+  float *x = tu_xmalloc(M * K * sizeof(float)), sx[M];
+  int8_t *xq = tu_xmalloc(M * K);
+  int32_t *gsum = tu_xmalloc(M * K * sizeof(int32_t));
   size_t gi;
   int r, i;
+  uint64_t rng = 1;
 
-  rng_seed(1);
   for (r = 0; r < M; r++)
     for (i = 0; i < K; i++) {
-      double g = rng_gauss();
+      double g = tu_rng_gauss(&rng);
       float v;
       switch (r) {
       case 0:
@@ -187,7 +132,7 @@ START_TEST(test_qrows_independent) {
         v = 0.0f;
         break;
       default:
-        v = (float)(1.8 * rng_uniform() - 0.9);
+        v = (float)(1.8 * tu_rng_uniform(&rng) - 0.9);
       }
       x[r * K + i] = v;
     }
@@ -209,10 +154,10 @@ START_TEST(test_qrows_independent) {
       if (s < FLT_EPSILON)
         s = FLT_EPSILON;
       inv = (float)(1.0 / (double)s);
-      REQUIRE(f32_bits(sx[r]) == f32_bits(s), "sx[%d] = %a, want %a", r,
+      REQUIRE(tu_f32_bits(sx[r]) == tu_f32_bits(s), "sx[%d] = %a, want %a", r,
               (double)sx[r], (double)s);
       for (i = 0; i < K; i++) {
-        double t = rne((double)(float)((double)xr[i] * (double)inv));
+        double t = tu_rne((double)(float)((double)xr[i] * (double)inv));
         int want = (int)(t < -128 ? -128 : t > 127 ? 127 : t);
         REQUIRE(xq[r * K + i] == want, "xq[%d,%d] = %d, want %d (x %a)", r,
                 i, xq[r * K + i], want, (double)xr[i]);
@@ -280,8 +225,8 @@ START_TEST(test_qrows_reciprocal) {
   int8_t xq[6];
   int32_t gsum[2];
 
-  ck_assert(rne((double)x[1] / s1) == -126.0);
-  ck_assert(rne((double)x[3] / s2) == -128.0);
+  ck_assert(tu_rne((double)x[1] / s1) == -126.0);
+  ck_assert(tu_rne((double)x[3] / s2) == -128.0);
   ck_assert_int_eq(ql_quantize_rows_i8(x, 2, 3, 3, xq, sx, gsum), 0);
   ck_assert(sx[0] == s1 && sx[1] == s2);
   ck_assert_int_eq(xq[1], -127);
@@ -334,7 +279,7 @@ END_TEST
 static void wo_naive(const ql_qweight *q, const float *x, int64_t m,
                      float *y) {
   int64_t n = q->n, k = q->k, r, j, i;
-  float *dq = xmalloc((size_t)(n * k) * sizeof(float));
+  float *dq = tu_xmalloc((size_t)(n * k) * sizeof(float));
 
   ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
   for (r = 0; r < m; r++)
@@ -353,7 +298,7 @@ static void wo_naive(const ql_qweight *q, const float *x, int64_t m,
 static void wo_check64(const ql_qweight *q, const float *x, int64_t m,
                        const float *y) {
   int64_t n = q->n, k = q->k, r, j, i;
-  float *dq = xmalloc((size_t)(n * k) * sizeof(float));
+  float *dq = tu_xmalloc((size_t)(n * k) * sizeof(float));
 
   ck_assert_int_eq(ql_qweight_dequantize(q, dq), 0);
   for (r = 0; r < m; r++)
@@ -389,9 +334,9 @@ static void qx_make(const ql_qweight *q, const float *x, int64_t m, qx *o) {
   int64_t k = q->k;
   uint32_t gs = q->format == QL_FORMAT_Q4G ? q->group_size : (uint32_t)k;
   o->ng = q->format == QL_FORMAT_Q4G ? q->groups : 1;
-  o->xq = xmalloc((size_t)(m * k));
-  o->sx = xmalloc((size_t)m * sizeof(float));
-  o->gsum = xmalloc((size_t)(m * o->ng) * sizeof(int32_t));
+  o->xq = tu_xmalloc((size_t)(m * k));
+  o->sx = tu_xmalloc((size_t)m * sizeof(float));
+  o->gsum = tu_xmalloc((size_t)(m * o->ng) * sizeof(int32_t));
   ck_assert_int_eq(ql_quantize_rows_i8(x, m, k, gs, o->xq, o->sx, o->gsum), 0);
 }
 
@@ -453,7 +398,7 @@ static void aq_check(const ql_qweight *q, const float *x, int64_t m,
       if (q->bias)
         v = add32(v, q->bias[j]);
       e += b;
-      REQUIRE(f32_bits(y[r * n + j]) == f32_bits(v),
+      REQUIRE(tu_f32_bits(y[r * n + j]) == tu_f32_bits(v),
               "AQ y[%lld,%lld] = %a, formula gives %a", (long long)r,
               (long long)j, (double)y[r * n + j], (double)v);
       REQUIRE(fabs(y[r * n + j] - e) <= bound,
@@ -472,27 +417,27 @@ START_TEST(test_wo_aq_vs_formula_and_fp64) {
   static const ql_dtype sdts[] = {QL_DTYPE_BF16, QL_DTYPE_F16, QL_DTYPE_F32};
   const cfg *c = &cfgs[_i];
   size_t ki, ni, mi, bi, di;
+  uint64_t rng = 200 + (uint64_t)_i;
 
-  rng_seed(200 + (uint64_t)_i);
   for (ki = 0; ki < 6; ki++)
     for (ni = 0; ni < 2; ni++)
       for (mi = 0; mi < 2; mi++)
         for (bi = 0; bi < 2; bi++)
           for (di = 0; di < 3; di++) {
             int64_t k = ks[ki], n = ns[ni], m = ms[mi], i;
-            ql_qweight *q = make_weight(c, n, k, (int)bi, sdts[di], NULL);
-            float *x = xmalloc((size_t)(m * k) * sizeof(float));
-            float *y = xmalloc((size_t)(m * n) * sizeof(float));
-            float *yn = xmalloc((size_t)(m * n) * sizeof(float));
+            ql_qweight *q = make_weight(&rng, c, n, k, (int)bi, sdts[di], NULL);
+            float *x = tu_xmalloc((size_t)(m * k) * sizeof(float));
+            float *y = tu_xmalloc((size_t)(m * n) * sizeof(float));
+            float *yn = tu_xmalloc((size_t)(m * n) * sizeof(float));
 
-            make_x(x, m, k);
+            make_x(&rng, x, m, k);
             ck_assert_int_eq(ql_linear_wo_ref(q, QL_DTYPE_F32, x, m, y), 0);
             wo_naive(q, x, m, yn);
             for (i = 0; i < m * n; i++)
-              REQUIRE(f32_bits(y[i]) == f32_bits(yn[i]),
+              REQUIRE(tu_f32_bits(y[i]) == tu_f32_bits(yn[i]),
                       "WO y[%lld] = %a, formula %a (K %lld N %lld M %lld)",
-                      (long long)i, (double)y[i], (double)yn[i],
-                      (long long)k, (long long)n, (long long)m);
+                      (long long)i, (double)y[i], (double)yn[i], (long long)k,
+                      (long long)n, (long long)m);
             wo_check64(q, x, m, y);
 
             ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, y), 0);
@@ -513,21 +458,21 @@ START_TEST(test_bias) {
   ql_qweight *q0, *q1;
   linear_fn ops[2] = {ql_linear_wo_ref, ql_linear_aq_ref};
   int o, i;
+  uint64_t rng = 300;
 
-  rng_seed(300);
-  q1 = make_weight(c, N, K, 1, QL_DTYPE_BF16, &w);
+  q1 = make_weight(&rng, c, N, K, 1, QL_DTYPE_BF16, &w);
   q0 = NULL;
   ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, N, K, QL_DTYPE_F32, w,
                                        NULL, QL_DTYPE_BF16, &q0),
                    0);
-  make_x(x, M, K);
+  make_x(&rng, x, M, K);
   for (o = 0; o < 2; o++) {
     ck_assert_int_eq(ops[o](q0, QL_DTYPE_F32, x, M, y0), 0);
     ck_assert_int_eq(ops[o](q1, QL_DTYPE_F32, x, M, y1), 0);
     for (i = 0; i < M * N; i++)
-      REQUIRE(f32_bits(y1[i]) == f32_bits(y0[i] + q1->bias[i % N]),
-              "op %d y[%d]: %a != %a + %a", o, i, (double)y1[i],
-              (double)y0[i], (double)q1->bias[i % N]);
+      REQUIRE(tu_f32_bits(y1[i]) == tu_f32_bits(y0[i] + q1->bias[i % N]),
+              "op %d y[%d]: %a != %a + %a", o, i, (double)y1[i], (double)y0[i],
+              (double)q1->bias[i % N]);
   }
   ql_qweight_free(q0);
   ql_qweight_free(q1);
@@ -546,11 +491,11 @@ START_TEST(test_narrow_io) {
   uint16_t x16[M * K], y16[M * N];
   ql_qweight *q;
   int d, o, i;
+  uint64_t rng = 400;
 
-  rng_seed(400);
-  q = make_weight(c, N, K, 1, QL_DTYPE_BF16, NULL);
+  q = make_weight(&rng, c, N, K, 1, QL_DTYPE_BF16, NULL);
   for (i = 0; i < M * K; i++)
-    x[i] = (float)(3.0 * rng_gauss());
+    x[i] = (float)(3.0 * tu_rng_gauss(&rng));
   q->bias[1] = 1e5f; /* y[.,1] overflows f16 to Inf */
   for (d = 0; d < 2; d++) {
     ql_from_f32(dts[d], x, x16, M * K);
@@ -562,7 +507,7 @@ START_TEST(test_narrow_io) {
         uint16_t want = dts[d] == QL_DTYPE_F16 ? ql_f32_to_f16(y32[i])
                                                : ql_f32_to_bf16(y32[i]);
         REQUIRE(y16[i] == want, "%s op %d y[%d] = %04x, want %04x",
-                dt_name(dts[d]), o, i, y16[i], want);
+                tu_dtype_name(dts[d]), o, i, y16[i], want);
       }
       if (dts[d] == QL_DTYPE_F16)
         ck_assert_uint_eq(y16[1], 0x7C00);
@@ -583,10 +528,10 @@ START_TEST(test_batch_invariance) {
   unsigned char yb[M * N * 4], yr[M * N * 4], y1[N * 4];
   ql_qweight *q;
   int d, o, r, i;
+  uint64_t rng = 500;
 
-  rng_seed(500);
-  q = make_weight(c, N, K, 1, QL_DTYPE_BF16, NULL);
-  make_x(x, M, K); /* rows 1, 4, 7: ties; 2, 5, 8: zeros */
+  q = make_weight(&rng, c, N, K, 1, QL_DTYPE_BF16, NULL);
+  make_x(&rng, x, M, K); /* rows 1, 4, 7: ties; 2, 5, 8: zeros */
   for (i = 0; i < K; i++) {
     x[3 * K + i] *= 1e-3f;
     x[6 * K + i] = 0.75f; /* a constant row */
@@ -605,11 +550,11 @@ START_TEST(test_batch_invariance) {
                          0);
         REQUIRE(memcmp(y1, yb + (size_t)r * row_out, row_out) == 0,
                 "%s op %d: row %d alone differs from the batch",
-                dt_name(dts[d]), o, r);
+                tu_dtype_name(dts[d]), o, r);
         REQUIRE(memcmp(yr + (size_t)(M - 1 - r) * row_out,
                        yb + (size_t)r * row_out, row_out) == 0,
                 "%s op %d: row %d differs at another position",
-                dt_name(dts[d]), o, r);
+                tu_dtype_name(dts[d]), o, r);
       }
     }
   }
@@ -621,12 +566,12 @@ END_TEST
  * its maximum (-128)·(-128); one more K is refused. */
 START_TEST(test_aq_q8c_max_k) {
   const int64_t k = QL_AQ_Q8C_MAX_K;
-  float *x = xmalloc((size_t)(k + 1) * sizeof(float)), y = 0.0f;
+  float *x = tu_xmalloc((size_t)(k + 1) * sizeof(float)), y = 0.0f;
   ql_qweight *q = NULL;
   int64_t i;
 
   for (i = 0; i <= k; i++)
-    x[i] = -127.5f; /* scale exactly 1, every q = rne(-127.5) = -128 */
+    x[i] = -127.5f; /* scale exactly 1, every q = tu_rne(-127.5) = -128 */
   ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8C, 0, 1, k, QL_DTYPE_F32, x,
                                        NULL, QL_DTYPE_F32, &q),
                    0);
@@ -659,10 +604,10 @@ START_TEST(test_op_errors) {
   uint16_t x16[M * K];
   ql_qweight *q, broken;
   int o, b, i;
+  uint64_t rng = 600;
 
-  rng_seed(600);
-  q = make_weight(c, N, K, 1, QL_DTYPE_BF16, NULL);
-  make_x(x, M, K);
+  q = make_weight(&rng, c, N, K, 1, QL_DTYPE_BF16, NULL);
+  make_x(&rng, x, M, K);
   for (o = 0; o < 2; o++) {
     ck_assert_int_eq(ops[o](NULL, QL_DTYPE_F32, x, M, y), QL_EINVAL);
     ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, NULL, M, y), QL_EINVAL);
@@ -711,16 +656,16 @@ END_TEST
 START_TEST(test_nmse_vs_unquantized) {
   const cfg *c = &cfgs[_i];
   enum { M = 32, N = 32, K = 512 };
-  float *w, *x = xmalloc(M * K * sizeof(float)), *y = xmalloc(M * N * 4);
-  double *ye = xmalloc(M * N * sizeof(double));
+  float *w, *x = tu_xmalloc(M * K * sizeof(float)), *y = tu_xmalloc(M * N * 4);
+  double *ye = tu_xmalloc(M * N * sizeof(double));
   ql_qweight *q;
   qx o;
   int r, j, i, op;
+  uint64_t rng = 700 + (uint64_t)_i;
 
-  rng_seed(700 + (uint64_t)_i);
-  q = make_weight(c, N, K, 0, QL_DTYPE_BF16, &w);
+  q = make_weight(&rng, c, N, K, 0, QL_DTYPE_BF16, &w);
   for (i = 0; i < M * K; i++)
-    x[i] = (float)rng_gauss();
+    x[i] = (float)tu_rng_gauss(&rng);
   for (r = 0; r < M; r++)
     for (j = 0; j < N; j++) {
       double e = 0.0;
@@ -788,12 +733,4 @@ static Suite *reference_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(reference_suite());
-  int failed;
-
-  srunner_run_all(sr, CK_NORMAL);
-  failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed != 0 ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return tu_run_suite(reference_suite(), CK_NORMAL); }
