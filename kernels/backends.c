@@ -1,0 +1,26 @@
+/*
+ * backends.c - the one place that lists the backends built into the
+ * kernel library. A backend that is not built contributes nothing here;
+ * nothing outside this file and the backend's own folder tests for it.
+ */
+#include <string.h>
+
+#include "registry.h"
+
+extern const ql_backend ql__backend_cpu;
+
+static const ql_backend *const builtin[] = {
+    &ql__backend_cpu,
+};
+
+const ql_backend *const *ql_backends(size_t *count) {
+  *count = sizeof builtin / sizeof builtin[0];
+  return builtin;
+}
+
+const ql_backend *ql_backend_find(const char *name) {
+  for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+    if (strcmp(builtin[i]->name, name) == 0)
+      return builtin[i];
+  return NULL;
+}

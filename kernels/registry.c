@@ -1,0 +1,93 @@
+/* registry.c - see registry.h. */
+#include <string.h>
+
+#include "registry.h"
+
+/* ---------------------------------------------- generic implementations */
+
+static int generic_wo(const ql_linear_args *a) {
+  return ql_linear_wo_ref(a->w, a->dt, a->x, a->m, a->y);
+}
+
+static int generic_aq(const ql_linear_args *a) {
+  return ql_linear_aq_ref(a->w, a->dt, a->x, a->m, a->y);
+}
+
+static int generic_qrows(const ql_qrows_args *a) {
+  return ql_quantize_rows_i8(a->x, a->m, a->k, a->gs, a->xq, a->sx, a->gsum);
+}
+
+/* The canonical form is the generic layout: nothing to repack. */
+static int generic_repack(ql_repack_args *a) {
+  a->packed = NULL;
+  a->packed_bytes = 0;
+  return 0;
+}
+
+static void generic_free_packed(void *p) { (void)p; }
+
+static const ql_kernel_impl generic[QL_OP_COUNT] = {
+    [QL_OP_QUANTIZE_ROWS] = {.name = "generic.quantize_rows",
+                             .op = QL_OP_QUANTIZE_ROWS,
+                             .formats = QL_ALL_FORMATS,
+                             .dtypes = QL_ALL_DTYPES,
+                             .fn.quantize_rows = generic_qrows},
+    [QL_OP_LINEAR_WO] = {.name = "generic.linear_wo",
+                         .op = QL_OP_LINEAR_WO,
+                         .formats = QL_ALL_FORMATS,
+                         .dtypes = QL_ALL_DTYPES,
+                         .fn.linear = generic_wo},
+    [QL_OP_LINEAR_AQ] = {.name = "generic.linear_aq",
+                         .op = QL_OP_LINEAR_AQ,
+                         .formats = QL_ALL_FORMATS,
+                         .dtypes = QL_ALL_DTYPES,
+                         .fn.linear = generic_aq},
+    [QL_OP_REPACK] = {.name = "generic.repack",
+                      .op = QL_OP_REPACK,
+                      .formats = QL_ALL_FORMATS,
+                      .dtypes = QL_ALL_DTYPES,
+                      .fn.repack = generic_repack,
+                      .free_packed = generic_free_packed},
+};
+
+const ql_kernel_impl *ql_generic_impl(ql_op op) {
+  if ((unsigned)op >= QL_OP_COUNT)
+    return NULL;
+  return &generic[op];
+}
+
+/* ----------------------------------------------------------- dispatch */
+
+int ql_backend_check(const ql_backend *b) {
+  if (b == NULL || b->name == NULL || (b->n_impls > 0 && b->impls == NULL))
+    return QL_EINVAL;
+  for (size_t i = 0; i < b->n_impls; i++) {
+    const ql_kernel_impl *im = &b->impls[i];
+    if (im->name == NULL || (unsigned)im->op >= QL_OP_COUNT)
+      return QL_EINVAL;
+    int has_fn = im->op == QL_OP_QUANTIZE_ROWS ? im->fn.quantize_rows != NULL
+                 : im->op == QL_OP_REPACK
+                     ? im->fn.repack != NULL && im->free_packed != NULL
+                     : im->fn.linear != NULL;
+    if (!has_fn || (im->formats & ~QL_ALL_FORMATS) ||
+        (im->dtypes & ~QL_ALL_DTYPES))
+      return QL_EINVAL;
+  }
+  return 0;
+}
+
+const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
+                                  ql_dtype dt, int64_t m, int64_t n,
+                                  int64_t k) {
+  if ((unsigned)op >= QL_OP_COUNT)
+    return NULL;
+  for (size_t i = 0; b != NULL && i < b->n_impls; i++) {
+    const ql_kernel_impl *im = &b->impls[i];
+    if (im->op != op || !(im->formats & QL_FMT_BIT(f)) ||
+        !(im->dtypes & QL_DT_BIT(dt)))
+      continue;
+    if (im->supports == NULL || im->supports(im, f, m, n, k))
+      return im;
+  }
+  return &generic[op];
+}

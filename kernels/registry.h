@@ -1,0 +1,135 @@
+/*
+ * registry.h - the kernel registry (DESIGN §5).
+ *
+ * An op is declared once, here, with its argument struct. The generic
+ * implementation (plain C, kernels/reference.c) is registered for every
+ * device; a backend registers faster implementations for the (op, format,
+ * activation dtype) cases it supports and may decline a shape through
+ * supports(). Dispatch takes the backend's own implementation when it
+ * supports the case, else the generic one, and hands back the chosen
+ * implementation so the caller can say which ran.
+ *
+ * This file and kernels/backends.c are the only places that know which
+ * backends exist; the daemon asks the registry and never tests for a
+ * backend at compile time. Modelled on TorchAO's TORCH_LIBRARY /
+ * TORCH_LIBRARY_IMPL split and ggml's backend registry.
+ */
+#ifndef QL_REGISTRY_H
+#define QL_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ql_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ops. */
+typedef enum ql_op {
+  QL_OP_QUANTIZE_ROWS = 0, /* activation rows -> int8/e4m3 + scales */
+  QL_OP_LINEAR_WO = 1,     /* weight-only linear */
+  QL_OP_LINEAR_AQ = 2,     /* activation-quantized linear */
+  QL_OP_REPACK = 3,        /* canonical weight -> device layout */
+  QL_OP_COUNT
+} ql_op;
+
+/* Arguments of QL_OP_LINEAR_WO and QL_OP_LINEAR_AQ: y[M,N] = x[M,K]·Wᵀ+b. */
+typedef struct ql_linear_args {
+  const ql_qweight *w; /* canonical weight */
+  const void *packed;  /* this implementation's repacked layout, or NULL */
+  ql_dtype dt;         /* dtype of x and y */
+  const void *x;       /* [m, w->k] */
+  int64_t m;
+  void *y;             /* [m, w->n] */
+} ql_linear_args;
+
+/* Arguments of QL_OP_QUANTIZE_ROWS (see ql_quantize_rows_i8). */
+typedef struct ql_qrows_args {
+  const float *x; /* [m, k] */
+  int64_t m, k;
+  uint32_t gs;    /* group length of gsum */
+  int8_t *xq;     /* [m, k] */
+  float *sx;      /* [m] */
+  int32_t *gsum;  /* [m, ceil(k/gs)] or NULL */
+} ql_qrows_args;
+
+/*
+ * Arguments of QL_OP_REPACK. On success *packed is a new layout that the
+ * caller frees with the same implementation's free_packed().
+ */
+typedef struct ql_repack_args {
+  const ql_qweight *w;
+  void *packed;        /* out */
+  size_t packed_bytes; /* out: resident size of the layout */
+} ql_repack_args;
+
+typedef struct ql_kernel_impl ql_kernel_impl;
+
+/* One implementation of one op. */
+struct ql_kernel_impl {
+  const char *name;  /* "generic.linear_wo", "cpu.avx2.linear_wo", ... */
+  ql_op op;
+  uint32_t formats;  /* bit (1u << ql_format) per format handled */
+  uint32_t dtypes;   /* bit (1u << ql_dtype) per activation dtype */
+  /* Declines a shape it cannot run (NULL: every shape of its formats and
+   * dtypes). Returns non-zero when it supports (format, m, n, k). */
+  int (*supports)(const ql_kernel_impl *impl, ql_format f, int64_t m,
+                  int64_t n, int64_t k);
+  union {
+    int (*linear)(const ql_linear_args *a);
+    int (*quantize_rows)(const ql_qrows_args *a);
+    int (*repack)(ql_repack_args *a);
+  } fn;
+  void (*free_packed)(void *packed); /* QL_OP_REPACK only */
+};
+
+/* A backend: one kind of device and its implementations. */
+typedef struct ql_backend {
+  const char *name; /* "cpu", "cuda", "ze" */
+  const ql_kernel_impl *impls;
+  size_t n_impls;
+} ql_backend;
+
+/* Bits for ql_kernel_impl.formats and .dtypes. */
+#define QL_FMT_BIT(f) (1u << (unsigned)(f))
+#define QL_DT_BIT(d) (1u << (unsigned)(d))
+#define QL_ALL_FORMATS                                                         \
+  (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C) |                     \
+   QL_FMT_BIT(QL_FORMAT_Q8B) | QL_FMT_BIT(QL_FORMAT_F8R))
+#define QL_ALL_DTYPES                                                          \
+  (QL_DT_BIT(QL_DTYPE_F32) | QL_DT_BIT(QL_DTYPE_F16) | QL_DT_BIT(QL_DTYPE_BF16))
+
+/*
+ * Checks an implementation table: every entry names a known op, sets the
+ * function its op needs (and free_packed for repack), and a name. Returns
+ * 0 or QL_EINVAL. The built-in backends are checked when the registry is
+ * first used; a test registering its own backend calls this directly.
+ */
+int ql_backend_check(const ql_backend *b);
+
+/* The backends built into this library, in priority order; generic is not
+ * among them. */
+const ql_backend *const *ql_backends(size_t *count);
+
+/* The backend called name, or NULL. */
+const ql_backend *ql_backend_find(const char *name);
+
+/* The generic implementation of op, for every format and dtype. */
+const ql_kernel_impl *ql_generic_impl(ql_op op);
+
+/*
+ * Chooses the implementation of op for (format, activation dtype, m, n,
+ * k): the first of backend b's own that handles the format and dtype and
+ * whose supports() accepts the shape, else the generic one. b may be NULL
+ * (generic only). Never NULL for a valid op.
+ */
+const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
+                                  ql_dtype dt, int64_t m, int64_t n,
+                                  int64_t k);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QL_REGISTRY_H */

@@ -1,0 +1,155 @@
+/*
+ * test_registry.c - the kernel registry: the generic implementations,
+ * the built-in backend table, registration checks, and dispatch choosing a
+ * backend's own implementation only where it handles the format, dtype
+ * and shape.
+ */
+#include <string.h>
+
+#include <check.h>
+
+#include "registry.h"
+
+static int fake_calls;
+
+static int fake_linear(const ql_linear_args *a) {
+  (void)a;
+  fake_calls++;
+  return 12345;
+}
+
+/* Declines batches of more than 4 rows. */
+static int small_m_only(const ql_kernel_impl *im, ql_format f, int64_t m,
+                        int64_t n, int64_t k) {
+  (void)im;
+  (void)f;
+  (void)n;
+  (void)k;
+  return m <= 4;
+}
+
+static const ql_kernel_impl fake_impls[] = {
+    {.name = "fake.linear_wo",
+     .op = QL_OP_LINEAR_WO,
+     .formats = QL_FMT_BIT(QL_FORMAT_Q8C),
+     .dtypes = QL_DT_BIT(QL_DTYPE_F32),
+     .supports = small_m_only,
+     .fn.linear = fake_linear},
+    {.name = "fake.linear_aq",
+     .op = QL_OP_LINEAR_AQ,
+     .formats = QL_ALL_FORMATS,
+     .dtypes = QL_ALL_DTYPES,
+     .fn.linear = fake_linear},
+};
+
+static const ql_backend fake = {"fake", fake_impls, 2};
+
+START_TEST(test_generic) {
+  static const char *names[QL_OP_COUNT] = {
+      "generic.quantize_rows", "generic.linear_wo", "generic.linear_aq",
+      "generic.repack"};
+  for (int op = 0; op < QL_OP_COUNT; op++) {
+    const ql_kernel_impl *g = ql_generic_impl((ql_op)op);
+    ck_assert_ptr_nonnull(g);
+    ck_assert_int_eq(g->op, op);
+    ck_assert_str_eq(g->name, names[op]);
+    ck_assert_uint_eq(g->formats, QL_ALL_FORMATS);
+    ck_assert_uint_eq(g->dtypes, QL_ALL_DTYPES);
+  }
+  ck_assert_ptr_null(ql_generic_impl(QL_OP_COUNT));
+  ck_assert_ptr_null(ql_dispatch(NULL, QL_OP_COUNT, QL_FORMAT_Q8C,
+                                 QL_DTYPE_F32, 1, 1, 1));
+}
+END_TEST
+
+START_TEST(test_builtin_backends) {
+  size_t n = 0;
+  const ql_backend *const *b = ql_backends(&n);
+  ck_assert_uint_ge(n, 1);
+  int have_cpu = 0;
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_int_eq(ql_backend_check(b[i]), 0);
+    ck_assert_ptr_eq(ql_backend_find(b[i]->name), b[i]);
+    have_cpu |= strcmp(b[i]->name, "cpu") == 0;
+  }
+  ck_assert(have_cpu);
+  ck_assert_ptr_null(ql_backend_find("no-such-backend"));
+}
+END_TEST
+
+START_TEST(test_dispatch) {
+  ck_assert_int_eq(ql_backend_check(&fake), 0);
+  /* Handled format, dtype and shape: the backend's own. */
+  const ql_kernel_impl *im =
+      ql_dispatch(&fake, QL_OP_LINEAR_WO, QL_FORMAT_Q8C, QL_DTYPE_F32, 4, 8, 8);
+  ck_assert_str_eq(im->name, "fake.linear_wo");
+  fake_calls = 0;
+  ck_assert_int_eq(im->fn.linear(NULL), 12345);
+  ck_assert_int_eq(fake_calls, 1);
+  /* Declined shape, other format, other dtype: generic. */
+  ck_assert_ptr_eq(ql_dispatch(&fake, QL_OP_LINEAR_WO, QL_FORMAT_Q8C,
+                               QL_DTYPE_F32, 5, 8, 8),
+                   ql_generic_impl(QL_OP_LINEAR_WO));
+  ck_assert_ptr_eq(ql_dispatch(&fake, QL_OP_LINEAR_WO, QL_FORMAT_Q4G,
+                               QL_DTYPE_F32, 1, 8, 8),
+                   ql_generic_impl(QL_OP_LINEAR_WO));
+  ck_assert_ptr_eq(ql_dispatch(&fake, QL_OP_LINEAR_WO, QL_FORMAT_Q8C,
+                               QL_DTYPE_BF16, 1, 8, 8),
+                   ql_generic_impl(QL_OP_LINEAR_WO));
+  /* An op the backend has for every case; one it lacks. */
+  ck_assert_str_eq(ql_dispatch(&fake, QL_OP_LINEAR_AQ, QL_FORMAT_Q4G,
+                               QL_DTYPE_F16, 512, 8, 8)->name,
+                   "fake.linear_aq");
+  ck_assert_ptr_eq(ql_dispatch(&fake, QL_OP_QUANTIZE_ROWS, QL_FORMAT_Q4G,
+                               QL_DTYPE_F32, 1, 8, 8),
+                   ql_generic_impl(QL_OP_QUANTIZE_ROWS));
+  /* No backend: generic. */
+  ck_assert_ptr_eq(ql_dispatch(NULL, QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
+                               QL_DTYPE_F32, 1, 8, 8),
+                   ql_generic_impl(QL_OP_LINEAR_AQ));
+}
+END_TEST
+
+START_TEST(test_backend_check_rejects) {
+  ql_kernel_impl bad[1];
+  ql_backend b = {"bad", bad, 1};
+  bad[0] = fake_impls[0];
+  ck_assert_int_eq(ql_backend_check(&b), 0);
+  bad[0].fn.linear = NULL; /* no function */
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  bad[0] = fake_impls[0];
+  bad[0].op = QL_OP_COUNT; /* unknown op */
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  bad[0] = fake_impls[0];
+  bad[0].formats |= 1u << 9; /* unknown format bit */
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  bad[0] = fake_impls[0];
+  bad[0].name = NULL;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  /* A repack needs its free function too. */
+  bad[0] = *ql_generic_impl(QL_OP_REPACK);
+  ck_assert_int_eq(ql_backend_check(&b), 0);
+  bad[0].free_packed = NULL;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  ql_backend nul = {NULL, NULL, 0};
+  ck_assert_int_eq(ql_backend_check(&nul), QL_EINVAL);
+  ck_assert_int_eq(ql_backend_check(NULL), QL_EINVAL);
+  ql_backend noimpls = {"x", NULL, 3};
+  ck_assert_int_eq(ql_backend_check(&noimpls), QL_EINVAL);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("registry");
+  TCase *tc = tcase_create("registry");
+  tcase_add_test(tc, test_generic);
+  tcase_add_test(tc, test_builtin_backends);
+  tcase_add_test(tc, test_dispatch);
+  tcase_add_test(tc, test_backend_check_rejects);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
