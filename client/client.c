@@ -46,8 +46,9 @@ typedef Qlinear__V1__Response__BodyCase BodyCase;
 /* Receive limit until Hello announced the real cap. */
 #define PRE_HELLO_MAX (1u << 20)
 /* Room kept free for the envelope around a payload (request id, field tags,
- * shape, impl name, status) when sizing chunks and checking Linear sizes. */
-#define ENVELOPE_ROOM 1024u
+ * shape, impl name, status) when sizing chunks and checking Linear sizes;
+ * the daemon keeps the same room. */
+#define ENVELOPE_ROOM QL_ENVELOPE_BYTES
 /* nanomsg counts its own protocol header (the 4-byte REQ request id, more
  * through devices) in the size it checks against NN_RCVMAXSIZE: requests
  * stay this far below the cap, and our receive limit is this far above. */
@@ -353,7 +354,11 @@ static int call(ql_client *c, Request *req, BodyCase want, int timeout_ms,
     rv = err_set(QL_EPROTO, "cannot decode the daemon's reply (%d bytes)", n);
     goto fail;
   }
-  if (resp->request_id != req->request_id) {
+  /* A request the daemon could not decode is answered under id 0 (it could
+   * not read ours); REQ already matched the reply to this request. */
+  if (resp->request_id != req->request_id &&
+      !(resp->request_id == 0 && resp->status != NULL &&
+        resp->status->code != 0)) {
     rv = err_set(QL_EPROTO, "reply carries request id %llu, expected %llu",
                  (unsigned long long)resp->request_id,
                  (unsigned long long)req->request_id);

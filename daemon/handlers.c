@@ -12,8 +12,6 @@
 
 #define DAEMON_VERSION PACKAGE_VERSION
 
-/* Room a Response needs around its tensor data (envelope, status, shape). */
-#define REPLY_OVERHEAD 4096
 
 typedef struct reply {
   ql__msg_response resp;
@@ -31,6 +29,15 @@ static void reply_init(reply *r, uint64_t request_id) {
 }
 
 static void send_reply(ql__server *s, void *route, reply *r) {
+  /* Clients receive at most the announced cap: a reply that outgrew it
+   * (a very long listing) becomes an error they can read. */
+  if (r->status.code == 0 && qlinear__v1__response__get_packed_size(&r->resp) >
+                                 s->cfg.max_message_bytes) {
+    r->status.code = QL_ETOOBIG;
+    r->resp.body_case = QLINEAR__V1__RESPONSE__BODY__NOT_SET;
+    snprintf(r->msg, sizeof r->msg, "the reply would exceed the %zu-byte "
+             "message cap", s->cfg.max_message_bytes);
+  }
   if (r->status.code != 0) {
     s->counters.errors++;
     ql__debug("request %llu failed: %s: %s",
@@ -165,8 +172,11 @@ static void on_load_begin(ql__server *s, const Qlinear__V1__LoadBeginRequest *b,
   tmpl.last_ns = ql__now_ns();
   ql__upload *up;
   if ((rc = ql__uploads_begin(s->uploads, &tmpl, &up)) != 0) {
-    set_error(r, rc, "load_begin: cannot hold %zu more bytes of uploads",
-              tmpl.total);
+    if (rc == QL_EEXHAUSTED)
+      set_error(r, rc, "load_begin: the upload budget cannot hold %zu more "
+                "bytes (or too many uploads are in progress)", tmpl.total);
+    else
+      set_error(r, rc, "load_begin: cannot allocate %zu bytes", tmpl.total);
     return;
   }
   qlinear__v1__load_begin_response__init(out);
@@ -198,7 +208,7 @@ static void on_load_chunk(ql__server *s, const Qlinear__V1__LoadChunkRequest *c,
     set_error(r, rc, "load_chunk: %zu bytes at %zu exceed the %zu expected",
               c->data.len, up->received, up->total);
   else if (rc != 0)
-    set_error(r, rc, "load_chunk: upload is being committed");
+    set_error(r, QL_ESEQUENCE, "load_chunk: upload is being committed");
   if (rc != 0)
     return;
   qlinear__v1__load_chunk_response__init(out);
@@ -286,7 +296,7 @@ static int on_load_commit(ql__server *s, uint64_t id,
     return 0;
   }
   if (up->committing) {
-    set_error(r, QL_EINVAL, "load_commit: already committing");
+    set_error(r, QL_ESEQUENCE, "load_commit: already committing");
     return 0;
   }
   if (up->received != up->total) {
@@ -323,7 +333,7 @@ static void on_load_abort(ql__server *s, const Qlinear__V1__LoadAbortRequest *m,
     return;
   }
   if (up->committing) {
-    set_error(r, QL_EINVAL, "load_abort: upload is being committed");
+    set_error(r, QL_ESEQUENCE, "load_abort: upload is being committed");
     return;
   }
   ql__uploads_remove(s->uploads, up);
@@ -407,6 +417,7 @@ typedef struct linear_job {
   int64_t m;
   void *y;
   size_t y_bytes;
+  size_t cost; /* bytes counted in s->queued_bytes */
   int rc;
   const char *impl;
 } linear_job;
@@ -414,6 +425,10 @@ typedef struct linear_job {
 static void linear_run(ql__job *job) {
   linear_job *j = (linear_job *)job;
   const Qlinear__V1__Tensor *x = j->req->msg->linear->x;
+  if (atomic_load(&j->s->cancel)) {
+    j->rc = QL_ESHUTDOWN;
+    return;
+  }
   j->y = malloc(j->y_bytes);
   if (j->y == NULL) {
     j->rc = QL_ENOMEM;
@@ -436,8 +451,11 @@ static void linear_done(ql__job *job) {
   Qlinear__V1__LinearResponse out;
   Qlinear__V1__Tensor y;
   uint64_t shape[2] = {(uint64_t)j->m, (uint64_t)j->w->q->n};
+  s->queued_bytes -= j->cost;
   if (j->rc == QL_ENONFINITE) {
     set_error(&r, j->rc, "linear: NaN or Inf in the activations");
+  } else if (j->rc == QL_ESHUTDOWN) {
+    set_error(&r, j->rc, "linear: the daemon stopped before running it");
   } else if (j->rc != 0) {
     set_error(&r, j->rc, "linear: %s", ql_strerror(j->rc));
   } else {
@@ -490,7 +508,7 @@ static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
   ql_dtype dt = (ql_dtype)l->x->dtype;
   size_t y_bytes;
   if (ql__mul_size(m, (size_t)w->q->n, ql_dtype_size(dt), &y_bytes) != 0 ||
-      y_bytes > s->cfg.max_message_bytes - REPLY_OVERHEAD) {
+      y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
     set_error(r, QL_ETOOBIG, "linear: the [%llu,%lld] result exceeds the "
               "%zu-byte message cap", (unsigned long long)m,
               (long long)w->q->n, s->cfg.max_message_bytes);
@@ -504,6 +522,25 @@ static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
   if (path == QL_PATH_AUTO)
     path = m < s->cfg.crossover_rows ? QL_PATH_WEIGHT_ONLY
                                      : QL_PATH_ACT_QUANT;
+  /* int8 AQ accumulates in int32, which bounds K for q8c: a chosen path
+   * falls back to weight-only, a forced one is refused. */
+  if (path == QL_PATH_ACT_QUANT && w->q->format == QL_FORMAT_Q8C &&
+      w->q->k > QL_AQ_Q8C_MAX_K) {
+    if ((ql_path)l->path == QL_PATH_ACT_QUANT) {
+      set_error(r, QL_ENOTSUP, "linear: K=%lld is too large for q8c "
+                "activation-quantized (at most %lld)", (long long)w->q->k,
+                (long long)QL_AQ_Q8C_MAX_K);
+      return 0;
+    }
+    path = QL_PATH_WEIGHT_ONLY;
+  }
+  /* Waiting jobs hold their x and, soon, their y: bound both. */
+  size_t cost = l->x->inline_data.len + y_bytes;
+  if (cost > s->cfg.max_queued_bytes - s->queued_bytes) {
+    set_error(r, QL_EEXHAUSTED, "linear: %zu bytes of requests are already "
+              "queued", s->queued_bytes);
+    return 0;
+  }
   linear_job *j = calloc(1, sizeof *j);
   if (j == NULL) {
     set_error(r, QL_ENOMEM, "linear: out of memory");
@@ -519,6 +556,7 @@ static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
   j->dt = dt;
   j->m = (int64_t)m;
   j->y_bytes = y_bytes;
+  j->cost = cost;
   int rc = ql__worker_submit(s->cpu, &j->job);
   if (rc != 0) {
     free(j);
@@ -527,6 +565,7 @@ static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
     return 0;
   }
   ql__weight_ref(w);
+  s->queued_bytes += cost;
   return 1;
 }
 

@@ -27,6 +27,9 @@ static void usage(FILE *f) {
           "  --max-upload-bytes N     all uploads in progress (default 4 GiB)\n"
           "  --upload-idle-ms N       drop idle uploads after N ms (120000)\n"
           "  --max-queue N            waiting requests per device (1024)\n"
+          "  --max-queued-bytes N     tensor bytes of waiting requests (1 GiB)\n"
+          "  --drain-ms N             at shutdown, refuse work not started\n"
+          "                           after N ms (30000)\n"
           "  --crossover-rows N       AUTO path: fewer rows run weight-only "
           "(16)\n"
           "  --log-level LEVEL        err|warning|notice|info|debug (info)\n"
@@ -61,6 +64,8 @@ int main(int argc, char **argv) {
       {"max-upload-bytes", required_argument, NULL, 'u'},
       {"upload-idle-ms", required_argument, NULL, 'i'},
       {"max-queue", required_argument, NULL, 'q'},
+      {"max-queued-bytes", required_argument, NULL, 'Q'},
+      {"drain-ms", required_argument, NULL, 'D'},
       {"crossover-rows", required_argument, NULL, 'x'},
       {"log-level", required_argument, NULL, 'l'},
       {"version", no_argument, NULL, 'V'},
@@ -81,7 +86,8 @@ int main(int argc, char **argv) {
       snprintf(cfg.socket_dir, sizeof cfg.socket_dir, "%s", optarg);
       break;
     case 'm':
-      if (parse_u64(name, optarg, 4096, 1u << 30, &v))
+      /* At least one envelope and a 4 KiB chunk. */
+      if (parse_u64(name, optarg, QL_ENVELOPE_BYTES + 4096, 1u << 30, &v))
         return 2;
       cfg.max_message_bytes = v;
       break;
@@ -104,6 +110,16 @@ int main(int argc, char **argv) {
       if (parse_u64(name, optarg, 1, 1u << 20, &v))
         return 2;
       cfg.max_queue = v;
+      break;
+    case 'Q':
+      if (parse_u64(name, optarg, 1u << 20, (uint64_t)1 << 44, &v))
+        return 2;
+      cfg.max_queued_bytes = v;
+      break;
+    case 'D':
+      if (parse_u64(name, optarg, 0, 3600000, &v))
+        return 2;
+      cfg.drain_ms = v;
       break;
     case 'x':
       if (parse_u64(name, optarg, 0, 1u << 30, &v))
@@ -133,8 +149,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   /* A chunk plus its envelope must fit in one message. */
-  if (cfg.max_chunk_bytes > cfg.max_message_bytes - 4096) {
-    cfg.max_chunk_bytes = cfg.max_message_bytes - 4096;
-  }
+  if (cfg.max_chunk_bytes > cfg.max_message_bytes - QL_ENVELOPE_BYTES)
+    cfg.max_chunk_bytes = cfg.max_message_bytes - QL_ENVELOPE_BYTES;
   return ql__server_run(&cfg);
 }

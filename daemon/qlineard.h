@@ -8,6 +8,7 @@
 #define QLINEARD_H
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +28,9 @@ typedef struct ql__config {
   size_t max_upload_bytes;   /* all uploads in progress together */
   uint64_t upload_idle_ms;   /* an idle upload is dropped after this */
   size_t max_queue;          /* waiting jobs per device worker */
+  size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */
+  uint64_t drain_ms;         /* shutdown: queued work not started by then
+                                is answered QL_ESHUTDOWN */
   uint32_t crossover_rows;   /* AUTO: rows below this run weight-only */
   int log_level;             /* QL_LOG_* */
 } ql__config;
@@ -56,7 +60,12 @@ typedef struct ql__server {
   uint8_t instance_id[16];
   uint64_t start_ns;
   size_t commits_running; /* LoadCommit quantizations in the thread pool */
-  int stopping;
+  size_t queued_bytes;    /* x and y bytes of accepted linear jobs */
+  int stopping;           /* SIGINT/SIGTERM seen: new requests refused */
+  atomic_int cancel;      /* drain deadline passed: jobs not yet run are
+                             answered QL_ESHUTDOWN (read by workers) */
+  uint64_t stop_ns;       /* when stopping began */
+  int quiet_ticks;        /* drain ticks with nothing in flight */
   ql__counters counters;
 } ql__server;
 

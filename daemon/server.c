@@ -34,6 +34,8 @@ void ql__config_defaults(ql__config *cfg) {
   cfg->max_upload_bytes = (size_t)4 << 30;
   cfg->upload_idle_ms = 120000;
   cfg->max_queue = 1024;
+  cfg->max_queued_bytes = (size_t)1 << 30;
+  cfg->drain_ms = 30000;
   cfg->crossover_rows = 16;
   cfg->log_level = QL_LOG_INFO;
 }
@@ -95,16 +97,27 @@ static void on_sweep(uv_timer_t *t) {
 
 static void close_all(ql__server *s);
 
-/* Once nothing is in flight, give nanomsg a moment to write the last
- * replies (nn_close does not linger) and stop. */
+/*
+ * The bounded drain: while work is in flight, wait; past the deadline,
+ * jobs not yet started are answered QL_ESHUTDOWN instead of run (a kernel
+ * already running, or a commit, still completes). Once nothing is in
+ * flight, give nanomsg a moment to write the last replies (nn_close does
+ * not linger) and stop.
+ */
 static void on_drain(uv_timer_t *t) {
   ql__server *s = t->data;
-  static int quiet_ticks;
   if (ql__handlers_in_flight(s) > 0) {
-    quiet_ticks = 0;
+    s->quiet_ticks = 0;
+    if (!atomic_load(&s->cancel) &&
+        ql__now_ns() - s->stop_ns > s->cfg.drain_ms * 1000000u) {
+      ql__warn("drain deadline passed: refusing %zu queued request%s",
+               ql__handlers_in_flight(s),
+               ql__handlers_in_flight(s) == 1 ? "" : "s");
+      atomic_store(&s->cancel, 1);
+    }
     return;
   }
-  if (++quiet_ticks < 10) /* 10 ticks of 20 ms */
+  if (++s->quiet_ticks < 10) /* 10 ticks of 20 ms */
     return;
   close_all(s);
 }
@@ -116,18 +129,21 @@ static void on_signal(uv_signal_t *sig, int signum) {
     exit(1);
   }
   s->stopping = 1;
+  s->stop_ns = ql__now_ns();
   ql__notice("%s: stopping; %zu request%s in flight", strsignal(signum),
              ql__handlers_in_flight(s),
              ql__handlers_in_flight(s) == 1 ? "" : "s");
-  ql__transport_stop(s->transport);
+  /* The socket stays open while draining: new requests are answered
+   * QL_ESHUTDOWN at once rather than left to time out. */
   uv_timer_start(&s->drain, on_drain, 20, 20);
 }
 
 static void close_all(ql__server *s) {
-  ql__transport_close(s->transport);
-  s->transport = NULL;
+  /* Workers first: completing a job replies through the transport. */
   if (s->cpu)
     ql__worker_close(s->cpu);
+  ql__transport_close(s->transport);
+  s->transport = NULL;
   uv_close((uv_handle_t *)&s->sig_int, NULL);
   uv_close((uv_handle_t *)&s->sig_term, NULL);
   uv_close((uv_handle_t *)&s->sweep, NULL);
@@ -169,14 +185,20 @@ int ql__server_run(const ql__config *cfg) {
     ql__err("cannot start: %s", ql_strerror(rc));
     goto fail;
   }
+  /* These cannot fail on a valid loop (libuv only checks arguments). */
   uv_signal_init(&loop, &s->sig_int);
   uv_signal_init(&loop, &s->sig_term);
   uv_timer_init(&loop, &s->sweep);
   uv_timer_init(&loop, &s->drain);
   s->sig_int.data = s->sig_term.data = s->sweep.data = s->drain.data = s;
-  uv_signal_start(&s->sig_int, on_signal, SIGINT);
-  uv_signal_start(&s->sig_term, on_signal, SIGTERM);
-  uv_timer_start(&s->sweep, on_sweep, 1000, 1000);
+  if (uv_signal_start(&s->sig_int, on_signal, SIGINT) != 0 ||
+      uv_signal_start(&s->sig_term, on_signal, SIGTERM) != 0 ||
+      uv_timer_start(&s->sweep, on_sweep, 1000, 1000) != 0) {
+    ql__err("cannot install signal handlers");
+    close_all(s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    goto fail;
+  }
   /* The sweep timer must not keep the loop alive on its own. */
   uv_unref((uv_handle_t *)&s->sweep);
 

@@ -64,6 +64,8 @@ static void *copy_route(const void *ctl) {
   return r;
 }
 
+static void on_poll_closed(uv_handle_t *h) { free(h->data); }
+
 /* Receives until EAGAIN: the poll is level-triggered, but draining here
  * keeps one wake-up per burst of messages. */
 static void on_readable(uv_poll_t *p, int status, int events) {
@@ -134,12 +136,18 @@ int ql__transport_open(uv_loop_t *loop, const char *address, size_t max_msg,
     ql__err("cannot listen at %s: %s", address, nn_strerror(nn_errno()));
     goto fail;
   }
-  if (uv_poll_init(loop, &t->poll, fd) != 0 ||
-      uv_poll_start(&t->poll, UV_READABLE, on_readable) != 0) {
+  if (uv_poll_init(loop, &t->poll, fd) != 0) {
     rc = QL_EINTERNAL;
     goto fail;
   }
   t->poll.data = t;
+  if (uv_poll_start(&t->poll, UV_READABLE, on_readable) != 0) {
+    /* The handle is known to the loop now: it is freed by its close
+     * callback, never here. */
+    nn_close(t->sock);
+    uv_close((uv_handle_t *)&t->poll, on_poll_closed);
+    return QL_EINTERNAL;
+  }
   t->polling = 1;
   *out = t;
   return 0;
@@ -191,12 +199,12 @@ void ql__transport_stop(ql__transport *t) {
   }
 }
 
-static void on_poll_closed(uv_handle_t *h) { free(h->data); }
-
 void ql__transport_close(ql__transport *t) {
   if (t == NULL)
     return;
   ql__transport_stop(t);
-  nn_close(t->sock);
+  /* The poll watches nanomsg's descriptor: close the handle before the
+   * socket that owns it. */
   uv_close((uv_handle_t *)&t->poll, on_poll_closed);
+  nn_close(t->sock);
 }

@@ -1,28 +1,31 @@
 /* upload.c - see upload.h. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
 #include "upload.h"
 
+/* Uploads in progress at once: each costs a lookup on every chunk. */
+#define MAX_UPLOADS 1024
+
 struct ql__uploads {
   ql__upload *head;
   size_t count;
-  size_t bytes;     /* sum of totals */
+  size_t bytes;     /* sum of costs */
   size_t max_bytes;
-  uint64_t next_id;
 };
+
+/* What an upload counts against the budget: its data and its record. */
+static size_t cost_of(const ql__upload *up) {
+  return up->total + sizeof *up;
+}
 
 int ql__uploads_create(size_t max_bytes, ql__uploads **out) {
   ql__uploads *u = calloc(1, sizeof *u);
   if (u == NULL)
     return QL_ENOMEM;
   u->max_bytes = max_bytes;
-  /* Ids start at a random point so that an id from before a restart is
-   * unlikely to name a new upload. */
-  if (getrandom(&u->next_id, sizeof u->next_id, 0) != sizeof u->next_id)
-    u->next_id = 1;
-  u->next_id = (u->next_id >> 16) | 1;
   *out = u;
   return 0;
 }
@@ -50,7 +53,8 @@ int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
   *out = NULL;
   if (tmpl->total == 0)
     return QL_EINVAL;
-  if (tmpl->total > u->max_bytes - u->bytes)
+  if (u->count >= MAX_UPLOADS || tmpl->total > SIZE_MAX - sizeof *tmpl ||
+      cost_of(tmpl) > u->max_bytes - u->bytes)
     return QL_EEXHAUSTED;
   ql__upload *up = malloc(sizeof *up);
   if (up == NULL)
@@ -62,13 +66,21 @@ int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
     free(up);
     return QL_ENOMEM;
   }
-  up->id = u->next_id++;
+  /* Random ids: a client cannot guess another's upload and append to or
+   * abort it (there is no session to check yet). */
+  do {
+    if (getrandom(&up->id, sizeof up->id, 0) != sizeof up->id) {
+      free(up->data);
+      free(up);
+      return QL_EINTERNAL;
+    }
+  } while (up->id == 0 || ql__uploads_get(u, up->id) != NULL);
   up->received = 0;
   up->committing = 0;
   up->next = u->head;
   u->head = up;
   u->count++;
-  u->bytes += up->total;
+  u->bytes += cost_of(up);
   *out = up;
   return 0;
 }
@@ -99,7 +111,7 @@ void ql__uploads_remove(ql__uploads *u, ql__upload *up) {
     if (*pp == up) {
       *pp = up->next;
       u->count--;
-      u->bytes -= up->total;
+      u->bytes -= cost_of(up);
       upload_free(up);
       return;
     }
@@ -114,7 +126,7 @@ size_t ql__uploads_expire(ql__uploads *u, uint64_t now_ns, uint64_t idle_ns) {
     if (!up->committing && now_ns - up->last_ns > idle_ns) {
       *pp = up->next;
       u->count--;
-      u->bytes -= up->total;
+      u->bytes -= cost_of(up);
       upload_free(up);
       n++;
     } else {

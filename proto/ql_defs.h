@@ -96,6 +96,11 @@ static inline int ql_dtype_valid(int dt) { return ql_dtype_size(dt) != 0; }
 static inline int ql_format_valid(int f) { return f >= QL_FORMAT_Q4G && f <= QL_FORMAT_F8R; }
 static inline int ql_path_valid(int p) { return p >= QL_PATH_AUTO && p <= QL_PATH_ACT_QUANT; }
 
+/* Room both sides keep for the envelope around a tensor or chunk payload
+ * (ids, tags, shape, status, implementation name) when checking a payload
+ * against the message cap. */
+#define QL_ENVELOPE_BYTES 4096u
+
 /* Protocol version spoken by this build (Hello). */
 #define QL_PROTOCOL_VERSION 1u
 
