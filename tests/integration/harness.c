@@ -91,11 +91,15 @@ int td_alive(td *d) {
   return waitpid(d->pid, &st, WNOHANG) == 0;
 }
 
-int td_stop(td *d) {
+void td_kill(td *d, int sig) {
+  if (d->pid > 0)
+    kill(d->pid, sig);
+}
+
+int td_wait(td *d, int timeout_ms) {
   int status = -1, st;
   if (d->pid > 0) {
-    kill(d->pid, SIGTERM);
-    for (int i = 0; i < 2000; i++) {
+    for (int i = 0; i < timeout_ms / 10 + 1; i++) {
       pid_t r = waitpid(d->pid, &st, WNOHANG);
       if (r == d->pid) {
         status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -122,6 +126,11 @@ int td_stop(td *d) {
   }
   unlink(d->log);
   return status;
+}
+
+int td_stop(td *d) {
+  td_kill(d, SIGTERM);
+  return td_wait(d, 20000);
 }
 
 Qlinear__V1__Response *td_call_bytes(const td *d, const void *buf, size_t len,

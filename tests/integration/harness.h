@@ -28,6 +28,13 @@ void td_start(td *d, const char *const *args);
  * by a signal or did not stop within 20 s). Removes the directory. */
 int td_stop(td *d);
 
+/* Sends sig to the daemon. */
+void td_kill(td *d, int sig);
+
+/* Waits up to timeout_ms for the daemon to exit by itself; returns its exit
+ * status, or -1 (killed by a signal, or still running: then killed). */
+int td_wait(td *d, int timeout_ms);
+
 /* 1 while the daemon process is running. */
 int td_alive(td *d);
 

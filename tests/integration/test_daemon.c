@@ -713,6 +713,171 @@ START_TEST(test_shutdown_drains) {
 }
 END_TEST
 
+/* Waiting jobs may hold at most --max-queued-bytes of tensors. */
+START_TEST(test_queued_bytes_limit) {
+  td d;
+  static const char *const args[] = {"--max-queued-bytes", "1048576", NULL};
+  td_start(&d, args);
+  ql_client *c = connect_to(&d);
+  layer l;
+  layer_make(&l, 8, 65536, 4, 0);
+  ck_assert_int_eq(load(c, "wide", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  float *x = calloc(8 * 65536, sizeof(float)), y[8 * 8];
+  ck_assert_int_eq(ql_linear(c, "wide", QL_PATH_AUTO, QL_DTYPE_F32, 8, 65536,
+                             x, 8, y, NULL),
+                   QL_EEXHAUSTED);
+  ck_assert_int_eq(ql_linear(c, "wide", QL_PATH_AUTO, QL_DTYPE_F32, 1, 65536,
+                             x, 8, y, NULL),
+                   0);
+  free(x);
+  layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* A listing that outgrows the message cap is an error the client reads,
+ * not a reply it cannot receive. */
+START_TEST(test_reply_over_cap) {
+  td d;
+  static const char *const args[] = {"--max-message-bytes", "8192", NULL};
+  td_start(&d, args);
+  ql_client *c = connect_to(&d);
+  layer l;
+  layer_make(&l, 1, 32, 4, 0);
+  for (int i = 0; i < 40; i++) {
+    char name[256];
+    memset(name, 'a', 200);
+    snprintf(name + 200, sizeof name - 200, "%d", i);
+    ck_assert_int_eq(load(c, name, &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  }
+  ql_weight_info *list = NULL;
+  size_t n = 0;
+  ck_assert_int_eq(ql_list(c, &list, &n), QL_ETOOBIG);
+  ck_assert_ptr_null(list);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* q8c with K past the int32 bound of int8 AQ: AUTO falls back to
+ * weight-only, a forced ACT_QUANT is refused. */
+START_TEST(test_aq_large_k) {
+  layer l;
+  layer_make(&l, 2, QL_AQ_Q8C_MAX_K + 2, 17, 1);
+  ck_assert_int_eq(load(C, "deep", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  size_t m = 16, k = (size_t)l.k;
+  float *x = calloc(m * k, sizeof(float)), y[16 * 2];
+  ck_assert_int_eq(ql_linear(C, "deep", QL_PATH_ACT_QUANT, QL_DTYPE_F32, m, k,
+                             x, 2, y, NULL),
+                   QL_ENOTSUP);
+  free(x);
+  check_linear(C, "deep", &l, QL_FORMAT_Q8C, 0, QL_PATH_WEIGHT_ONLY,
+               QL_DTYPE_F32, 1, 3);
+  ql_linear_result res;
+  x = calloc(m * k, sizeof(float));
+  ck_assert_int_eq(ql_linear(C, "deep", QL_PATH_AUTO, QL_DTYPE_F32, m, k, x,
+                             2, y, &res),
+                   0);
+  ck_assert_int_eq(res.path, QL_PATH_WEIGHT_ONLY);
+  free(x);
+  layer_free(&l);
+}
+END_TEST
+
+/* A long job for the drain tests: about a second of generic WO work. */
+static int long_linear(const char *address) {
+  ql_client *c = NULL;
+  if (ql_connect(address, NULL, &c) != 0)
+    return -1000;
+  size_t m = 192, k = 4096, n = 2048;
+  float *x = calloc(m * k, sizeof(float)), *y = calloc(m * n, sizeof(float));
+  for (size_t i = 0; i < m * k; i++)
+    x[i] = (float)(i % 11) - 5.0f;
+  int rc = ql_linear(c, "long", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, m, k, x, n,
+                     y, NULL);
+  free(x);
+  free(y);
+  ql_close(c);
+  return rc;
+}
+
+static void load_long(const td *d) {
+  ql_client *c = connect_to(d);
+  layer l;
+  layer_make(&l, 2048, 4096, 5, 0);
+  ck_assert_int_eq(load(c, "long", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  layer_free(&l);
+  ql_close(c);
+}
+
+/* Forks clients running long_linear; their exit codes carry -rc. */
+static void fork_long(const td *d, pid_t *pids, int n) {
+  for (int i = 0; i < n; i++) {
+    pids[i] = fork();
+    ck_assert_int_ge(pids[i], 0);
+    if (pids[i] == 0)
+      _exit(-long_linear(d->address));
+  }
+}
+
+static int child_rc(pid_t pid) {
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st));
+  return -WEXITSTATUS(st);
+}
+
+/* While draining, the daemon answers new requests QL_ESHUTDOWN at once and
+ * still finishes the job it is running. */
+START_TEST(test_drain_refuses_new) {
+  td d;
+  td_start(&d, NULL);
+  load_long(&d);
+  pid_t pid;
+  fork_long(&d, &pid, 1);
+  usleep(300 * 1000);
+  td_kill(&d, SIGTERM);
+  usleep(50 * 1000);
+  Qlinear__V1__Request req;
+  Qlinear__V1__HelloRequest hello;
+  raw_init(&req);
+  qlinear__v1__hello_request__init(&hello);
+  hello.protocol_version = QL_PROTOCOL_VERSION;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_HELLO;
+  req.hello = &hello;
+  ck_assert_int_eq(raw_code(&d, &req), QL_ESHUTDOWN);
+  ck_assert_int_eq(child_rc(pid), 0);
+  ck_assert_int_eq(td_wait(&d, 60000), 0);
+}
+END_TEST
+
+/* Past --drain-ms, queued jobs not yet started are answered QL_ESHUTDOWN:
+ * every client gets an answer, none waits for its timeout. */
+START_TEST(test_drain_deadline) {
+  td d;
+  static const char *const args[] = {"--drain-ms", "0", NULL};
+  td_start(&d, args);
+  load_long(&d);
+  enum { NPROC = 3 };
+  pid_t pids[NPROC];
+  fork_long(&d, pids, NPROC);
+  usleep(300 * 1000);
+  ck_assert_int_eq(td_stop(&d), 0);
+  int refused = 0;
+  for (int i = 0; i < NPROC; i++) {
+    int rc = child_rc(pids[i]);
+    ck_assert_msg(rc == 0 || rc == QL_ESHUTDOWN, "client %d got %s", i,
+                  ql_err_name(rc));
+    refused += rc == QL_ESHUTDOWN;
+  }
+  ck_assert_int_ge(refused, 1);
+}
+END_TEST
+
 START_TEST(test_connect_without_daemon) {
   ql_client *c = (ql_client *)1;
   int rc = ql_connect("ipc:///tmp/ql-test-does-not-exist/qlineard.sock", NULL,
@@ -734,6 +899,7 @@ int main(void) {
   tcase_add_test(tc, test_out_of_order_replies);
   tcase_add_test(tc, test_concurrent_threads);
   tcase_add_test(tc, test_large_weight);
+  tcase_add_test(tc, test_aq_large_k);
   suite_add_tcase(s, tc);
   /* Tests that start (and stop) daemons of their own. */
   TCase *own = tcase_create("own-daemon");
@@ -742,6 +908,10 @@ int main(void) {
   tcase_add_test(own, test_message_cap);
   tcase_add_test(own, test_concurrent_processes);
   tcase_add_test(own, test_shutdown_drains);
+  tcase_add_test(own, test_queued_bytes_limit);
+  tcase_add_test(own, test_reply_over_cap);
+  tcase_add_test(own, test_drain_refuses_new);
+  tcase_add_test(own, test_drain_deadline);
   tcase_add_test(own, test_connect_without_daemon);
   suite_add_tcase(s, own);
   SRunner *sr = srunner_create(s);
