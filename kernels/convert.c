@@ -1,6 +1,7 @@
 /*
  * convert.c - scalar and array conversions between f32 and the 16-bit
- * float types (IEEE binary16 "f16" and bfloat16 "bf16").
+ * float types (IEEE binary16 "f16" and bfloat16 "bf16"), and scalar
+ * conversions between f32 and float8 e4m3fn.
  *
  * Narrowing rounds to nearest, ties to even, like PyTorch's
  * tensor.to(torch.float16 / torch.bfloat16) (c10::Half / c10::BFloat16
@@ -92,6 +93,58 @@ uint16_t ql_f32_to_bf16(float f) {
   /* Ties to even; overflow carries into the exponent and gives Inf. */
   x += 0x7FFFu + ((x >> 16) & 1u);
   return (uint16_t)(x >> 16);
+}
+
+/*
+ * f32 -> e4m3fn, round to nearest even with saturation (see ql_kernels.h):
+ * the same byte as torch 2.15's tensor.to(torch.float8_e4m3fn) for all 2^32
+ * f32 inputs (compared offline). e4m3fn: bias 7, normal values
+ * 2^-6 .. 448 = 1.75·2^8 (0x7E; 0x7F is NaN), subnormals m·2^-9.
+ */
+uint8_t ql_f32_to_e4m3(float f) {
+  uint32_t x = f32_bits(f);
+  uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+  uint32_t ax = x & 0x7FFFFFFFu;
+
+  if (ax > 0x7F800000u)
+    return (uint8_t)(sign | 0x7Fu);
+  /* 448 and above, Inf included, saturate: without saturation 464 would be
+   * the tie between 448 and 480, which does not exist (it is NaN). */
+  if (ax >= 0x43E00000u)
+    return (uint8_t)(sign | 0x7Eu);
+  if (ax >= 0x3C800000u) { /* normal e4m3 range, >= 2^-6 */
+    uint32_t r = ax + 0x7FFFFu + ((ax >> 20) & 1u); /* ties to even */
+    /* rebias 127 -> 7; a carry out of the mantissa bumps the exponent,
+     * and it cannot reach 0x7F since ax < 448 rounds to at most 448 */
+    return (uint8_t)(sign | ((r >> 20) - (120u << 3)));
+  }
+  if (ax <= 0x3A800000u) /* <= 2^-10, half the smallest subnormal: ties to 0 */
+    return sign;
+  {
+    /* Subnormal result: value / 2^-9 = mant >> (141 - e), rounded. */
+    uint32_t e = ax >> 23; /* 117..120 */
+    uint32_t mant = (ax & 0x7FFFFFu) | 0x800000u;
+    uint32_t shift = 141 - e; /* 21..24 */
+    uint32_t q = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u)))
+      q++; /* may carry into 8, the smallest normal: still correct */
+    return (uint8_t)(sign | q);
+  }
+}
+
+float ql_e4m3_to_f32(uint8_t c) {
+  uint32_t sign = (uint32_t)(c & 0x80u) << 24;
+  uint32_t e = (c >> 3) & 0xFu, m = c & 0x7u;
+
+  if (e == 0xF && m == 0x7) /* NaN: quiet, mantissa kept, like torch */
+    return bits_f32(sign | 0x7FF00000u);
+  if (e == 0) { /* subnormal m·2^-9, exact; m = 0 keeps the sign of zero */
+    float v = (float)m * 0x1p-9f;
+    return sign ? -v : v;
+  }
+  return bits_f32(sign | ((e + 120) << 23) | (m << 20));
 }
 
 void ql_to_f32(ql_dtype dt, const void *src, float *dst, size_t n) {

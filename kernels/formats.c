@@ -1,7 +1,6 @@
 /*
- * formats.c - the canonical weight formats of DESIGN §4: sizes, quantize
- * (pack), dequantize and free. Only q4g and q8c exist so far; q8b and f8r
- * answer QL_EFORMAT.
+ * formats.c - the canonical weight formats of DESIGN §4 (q4g, q8c, q8b,
+ * f8r): sizes, quantize (pack), dequantize and free.
  *
  * Everything here is bit-exact by contract (golden vectors from TorchAO),
  * so the file is compiled with -ffp-contract=off and every f32 expression
@@ -40,22 +39,29 @@ int ql_qweight_sizes(ql_format f, uint32_t gs, int64_t n, int64_t k,
   size_t esz = ql_dtype_size(scale_dtype);
   size_t nn, kk, g, row, qb, sb;
 
-  if (f != QL_FORMAT_Q4G && f != QL_FORMAT_Q8C)
+  if (!ql_format_valid(f))
     return QL_EFORMAT;
   if (esz == 0)
     return QL_EDTYPE;
-  if (f == QL_FORMAT_Q4G && !ql_group_size_valid(f, gs))
+  if ((f == QL_FORMAT_Q4G || f == QL_FORMAT_Q8B) && !ql_group_size_valid(f, gs))
     return QL_EINVAL;
   if (n < 1 || n > QL_DIM_MAX || k < 1 || k > QL_DIM_MAX)
     return QL_ESHAPE;
   nn = (size_t)n;
   kk = (size_t)k;
-  if (f == QL_FORMAT_Q4G) {
+  switch (f) {
+  case QL_FORMAT_Q4G: /* two values per byte */
     g = kk / gs + (kk % gs != 0);
     row = kk / 2 + (kk & 1);
-  } else {
+    break;
+  case QL_FORMAT_Q8B: /* one byte per value, a scale per block */
+    g = kk / gs + (kk % gs != 0);
+    row = kk;
+    break;
+  default: /* q8c, f8r: one byte per value, one scale per row */
     g = 1;
     row = kk;
+    break;
   }
   if (!mul_size(nn, row, &qb) || !mul_size(g, nn, &sb) ||
       !mul_size(sb, esz, &sb))
@@ -84,7 +90,10 @@ int ql_qweight_check(const ql_qweight *w) {
     return QL_EINVAL;
   if (w->qdata == NULL || w->scale == NULL)
     return QL_EINVAL;
-  if (w->format == QL_FORMAT_Q4G && w->zero == NULL)
+  if (w->asymmetric != 0 && !(w->format == QL_FORMAT_Q8B && w->asymmetric == 1))
+    return QL_EINVAL;
+  /* zero[] exists exactly where the format reads it */
+  if ((w->zero != NULL) != (w->format == QL_FORMAT_Q4G || w->asymmetric))
     return QL_EINVAL;
   return 0;
 }
@@ -123,6 +132,29 @@ static int store_param(ql_dtype dt, void *arr, size_t i, float v,
 }
 
 /*
+ * The asymmetric parameters of x[k0..k1) for `levels` steps (15 for q4g,
+ * 255 for q8b) and the offset `mid` (8, 128) that makes q signed:
+ *   scale = max(max - min, 1e-6) / levels,  zero = min + scale·mid   (f32)
+ * QL_ENONFINITE when max - min (hence scale) or zero overflows f32.
+ */
+static int asym_params(const float *x, size_t k0, size_t k1, float levels,
+                       float mid, float *mn_out, float *scale, float *zero) {
+  float mn = x[k0], mx = x[k0];
+  size_t i;
+
+  for (i = k0 + 1; i < k1; i++) {
+    if (x[i] < mn)
+      mn = x[i];
+    if (x[i] > mx)
+      mx = x[i];
+  }
+  *mn_out = mn;
+  *scale = fmaxf(mx - mn, 1e-6f) / levels;
+  *zero = mn + *scale * mid;
+  return isfinite(*scale) && isfinite(*zero) ? 0 : QL_ENONFINITE;
+}
+
+/*
  * q4g, one row r of w already widened to f32 in x. Mirrors FBGEMM
  * int4_row_quantize_zp (fbgemm_gpu/experimental/gen_ai/gen_ai/quantize.py,
  * called by TorchAO Int4Tensor.from_hp, which then does scale.to(w.dtype))
@@ -145,20 +177,11 @@ static int quantize_q4g_row(ql_qweight *w, size_t r, const float *x) {
 
   memset(qd, 0, rowbytes); /* the padding nibble of an odd K stays 0 */
   for (g = 0, k0 = 0; k0 < k; g++, k0 = k1) {
-    float mn, mx, scale, zero;
+    float mn, scale, zero;
 
     k1 = k - k0 < gs ? k : k0 + gs;
-    mn = mx = x[k0];
-    for (i = k0 + 1; i < k1; i++) {
-      if (x[i] < mn)
-        mn = x[i];
-      if (x[i] > mx)
-        mx = x[i];
-    }
-    scale = fmaxf(mx - mn, 1e-6f) / 15.0f;
-    zero = mn + scale * 8.0f;
-    if (!isfinite(scale) || !isfinite(zero))
-      return QL_ENONFINITE;
+    if ((rc = asym_params(x, k0, k1, 15.0f, 8.0f, &mn, &scale, &zero)))
+      return rc;
     if ((rc = store_param(w->scale_dtype, w->scale, g * n + r, scale, &s_st)) ||
         (rc = store_param(w->scale_dtype, w->zero, g * n + r, zero, &z_st)))
       return rc;
@@ -173,7 +196,9 @@ static int quantize_q4g_row(ql_qweight *w, size_t r, const float *x) {
 }
 
 /*
- * q8c, one row r of w widened to f32 in x. Mirrors TorchAO Int8Tensor.from_hp
+ * Symmetric int8 of x[k0..k1) (one q8c row or one symmetric q8b block) into
+ * qd[k0..k1), its scale stored as element si. The q8c rule; mirrors TorchAO
+ * Int8Tensor.from_hp
  * (torchao/quantization/quantize_/workflows/int8/int8_tensor.py), which
  * calls _choose_qparams_affine (torchao/quantization/quant_primitives.py)
  * with MappingType.SYMMETRIC, int8 -128..127 and no eps, so
@@ -184,13 +209,13 @@ static int quantize_q4g_row(ql_qweight *w, size_t r, const float *x) {
  * TorchAO on a bf16/f16 weight computes these steps in that dtype; we widen
  * to f32 first (DESIGN §4), so a rare tie may differ there.
  */
-static int quantize_q8c_row(ql_qweight *w, size_t r, const float *x) {
-  size_t k = (size_t)w->k, i;
-  int8_t *qd = (int8_t *)w->qdata + r * k;
+static int quantize_i8_sym(const ql_qweight *w, const float *x, size_t k0,
+                           size_t k1, size_t si, int8_t *qd) {
   float amax = 0.0f, scale, s_st, inv;
+  size_t i;
   int rc;
 
-  for (i = 0; i < k; i++) {
+  for (i = k0; i < k1; i++) {
     float a = fabsf(x[i]);
     if (a > amax)
       amax = a;
@@ -198,12 +223,104 @@ static int quantize_q8c_row(ql_qweight *w, size_t r, const float *x) {
   scale = amax / 127.5f;
   if (scale < QL_I8_SCALE_EPS)
     scale = QL_I8_SCALE_EPS;
-  if ((rc = store_param(w->scale_dtype, w->scale, r, scale, &s_st)))
+  if ((rc = store_param(w->scale_dtype, w->scale, si, scale, &s_st)))
     return rc;
   inv = 1.0f / s_st;
-  for (i = 0; i < k; i++) {
+  for (i = k0; i < k1; i++) {
     float t = rintf(x[i] * inv);
     qd[i] = (int8_t)(t <= -128.0f ? -128 : t >= 127.0f ? 127 : (int)t);
+  }
+  return 0;
+}
+
+static int quantize_q8c_row(ql_qweight *w, size_t r, const float *x) {
+  size_t k = (size_t)w->k;
+  return quantize_i8_sym(w, x, 0, k, r, (int8_t *)w->qdata + r * k);
+}
+
+/*
+ * q8b (torch_xla blockwise W8A16 layout), one row r of w widened to f32 in
+ * x, block by block along K, the last block short (DESIGN §4). Symmetric
+ * blocks use exactly the q8c rule above (stored scale, reciprocal multiply,
+ * -128 reachable); asymmetric blocks the q4g rule widened to 8 bits (255
+ * steps, offset 128), so each q8b flavour shares its code with a format
+ * that mirrors TorchAO:
+ *   scale = max(max - min, 1e-6) / 255,  zero = min + scale·128      (f32)
+ *   q     = clamp(rne((x - min) / scale), 0, 255) - 128
+ * with a true division by the unrounded f32 scale; scale and zero are
+ * rounded to scale_dtype only when stored.
+ */
+static int quantize_q8b_row(ql_qweight *w, size_t r, const float *x) {
+  size_t n = (size_t)w->n, k = (size_t)w->k, bs = w->group_size;
+  int8_t *qd = (int8_t *)w->qdata + r * k;
+  size_t b, i, k0, k1;
+  int rc;
+
+  for (b = 0, k0 = 0; k0 < k; b++, k0 = k1) {
+    float mn, scale, zero, s_st, z_st;
+
+    k1 = k - k0 < bs ? k : k0 + bs;
+    if (!w->asymmetric) {
+      if ((rc = quantize_i8_sym(w, x, k0, k1, b * n + r, qd)))
+        return rc;
+      continue;
+    }
+    if ((rc = asym_params(x, k0, k1, 255.0f, 128.0f, &mn, &scale, &zero)) ||
+        (rc = store_param(w->scale_dtype, w->scale, b * n + r, scale, &s_st)) ||
+        (rc = store_param(w->scale_dtype, w->zero, b * n + r, zero, &z_st)))
+      return rc;
+    for (i = k0; i < k1; i++) {
+      float t = rintf((x[i] - mn) / scale);
+      int u = t <= 0.0f ? 0 : t >= 255.0f ? 255 : (int)t;
+      qd[i] = (int8_t)(u - 128);
+    }
+  }
+  return 0;
+}
+
+/*
+ * f8r, one row r of w widened to f32 in x. Mirrors TorchAO
+ * Float8Tensor.from_hp with PerRow granularity
+ * (torchao/quantization/quantize_/workflows/float8/float8_tensor.py, the
+ * "torch" kernel choice), which calls, in quant_primitives.py:
+ *   _choose_scale_float8: max_abs = x.abs().amax(row), clamped to
+ *     min=hp_value_lb when one is given, scale = max_abs / 448
+ *     (torch.finfo(float8_e4m3fn).max), returned as f32;
+ *   _quantize_affine_float8: (x.to(f32) / scale).clamp(-448, 448)
+ *     .to(torch.float8_e4m3fn) - a true division, round to nearest even.
+ * from_hp passes hp_value_lb=None by default, so TorchAO turns an all-zero
+ * row into 0/0 = NaN; we clamp amax at QL_F8_AMAX_LB = 1e-12, the bound
+ * its float8 QAT fake quantizer passes, so that row gives zeros (DESIGN §4).
+ * For every other f32 row this is bit-identical to TorchAO. TorchAO does
+ * the amax and the division in the weight's own dtype (bf16 for its PerRow
+ * config) and stores that rounded value as f32; we work in f32, so a bf16
+ * weight matches TorchAO's bytes when scale_dtype is bf16 (the division
+ * uses the stored scale, as TorchAO divides by the scale it returns).
+ * An f16 scale can underflow to 0 (amax < 448·2^-25): every x̂ of that row
+ * is then 0 whatever q is, and q is written as 0 instead of x/0.
+ */
+static int quantize_f8r_row(ql_qweight *w, size_t r, const float *x) {
+  size_t k = (size_t)w->k, i;
+  uint8_t *qd = w->qdata + r * k;
+  float amax = 0.0f, scale, s_st;
+  int rc;
+
+  for (i = 0; i < k; i++) {
+    float a = fabsf(x[i]);
+    if (a > amax)
+      amax = a;
+  }
+  scale = fmaxf(amax, QL_F8_AMAX_LB) / QL_E4M3_MAX;
+  if ((rc = store_param(w->scale_dtype, w->scale, r, scale, &s_st)))
+    return rc;
+  if (s_st == 0.0f) {
+    memset(qd, 0, k);
+    return 0;
+  }
+  for (i = 0; i < k; i++) {
+    float t = x[i] / s_st;
+    t = t < -QL_E4M3_MAX ? -QL_E4M3_MAX : t > QL_E4M3_MAX ? QL_E4M3_MAX : t;
+    qd[i] = ql_f32_to_e4m3(t);
   }
   return 0;
 }
@@ -216,24 +333,34 @@ static int all_finite(const float *x, size_t n) {
   return 1;
 }
 
-int ql_qweight_quantize(ql_format f, uint32_t gs, int64_t n, int64_t k,
+int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
                         ql_dtype src_dtype, const void *w, const void *bias,
-                        ql_dtype scale_dtype, ql_qweight **out) {
+                        ql_qweight **out) {
   size_t qb, sb, nk, src_bytes, row_bytes, bias_bytes, esz, r;
   ql_qweight *qw = NULL;
   float *row = NULL;
+  ql_dtype scale_dtype;
+  ql_format f;
+  uint32_t gs;
   int64_t groups;
   int rc;
 
   if (out == NULL)
     return QL_EINVAL;
   *out = NULL;
-  if (w == NULL)
+  if (p == NULL || w == NULL)
     return QL_EINVAL;
   if ((esz = ql_dtype_size(src_dtype)) == 0)
     return QL_EDTYPE;
+  f = p->format;
+  gs = p->group_size;
+  scale_dtype = p->scale_dtype;
+  if ((int)scale_dtype == 0)
+    scale_dtype = f == QL_FORMAT_F8R ? QL_DTYPE_F32 : src_dtype;
   if ((rc = ql_qweight_sizes(f, gs, n, k, scale_dtype, &qb, &sb, &groups)))
     return rc;
+  if (p->asymmetric != 0 && !(f == QL_FORMAT_Q8B && p->asymmetric == 1))
+    return QL_EINVAL;
   /* The caller's w holds N·K elements; that and our scratch must fit. */
   if (!mul_size((size_t)n, (size_t)k, &nk) || !mul_size(nk, esz, &src_bytes) ||
       !mul_size((size_t)k, sizeof(float), &row_bytes) ||
@@ -244,16 +371,17 @@ int ql_qweight_quantize(ql_format f, uint32_t gs, int64_t n, int64_t k,
   if ((qw = calloc(1, sizeof *qw)) == NULL)
     goto fail;
   qw->format = f;
-  qw->group_size = f == QL_FORMAT_Q8C ? (uint32_t)k : gs;
+  qw->group_size = f == QL_FORMAT_Q4G || f == QL_FORMAT_Q8B ? gs : (uint32_t)k;
   qw->n = n;
   qw->k = k;
   qw->groups = groups;
+  qw->asymmetric = p->asymmetric;
   qw->scale_dtype = scale_dtype;
   qw->qdata_bytes = qb;
   qw->scale_bytes = sb;
   if ((qw->qdata = malloc(qb)) == NULL || (qw->scale = malloc(sb)) == NULL)
     goto fail;
-  if (f == QL_FORMAT_Q4G && (qw->zero = malloc(sb)) == NULL)
+  if ((f == QL_FORMAT_Q4G || qw->asymmetric) && (qw->zero = malloc(sb)) == NULL)
     goto fail;
   if ((row = malloc(row_bytes)) == NULL)
     goto fail;
@@ -272,8 +400,20 @@ int ql_qweight_quantize(ql_format f, uint32_t gs, int64_t n, int64_t k,
     rc = QL_ENONFINITE;
     if (!all_finite(row, (size_t)k))
       goto fail;
-    rc = f == QL_FORMAT_Q4G ? quantize_q4g_row(qw, r, row)
-                            : quantize_q8c_row(qw, r, row);
+    switch (f) {
+    case QL_FORMAT_Q4G:
+      rc = quantize_q4g_row(qw, r, row);
+      break;
+    case QL_FORMAT_Q8C:
+      rc = quantize_q8c_row(qw, r, row);
+      break;
+    case QL_FORMAT_Q8B:
+      rc = quantize_q8b_row(qw, r, row);
+      break;
+    case QL_FORMAT_F8R:
+      rc = quantize_f8r_row(qw, r, row);
+      break;
+    }
     if (rc != 0)
       goto fail;
   }
@@ -306,6 +446,30 @@ static void dequantize_row(const ql_qweight *w, size_t r, float *out) {
         out[i] = (float)q * s + z;
       }
     }
+  } else if (w->format == QL_FORMAT_Q8B) {
+    size_t bs = w->group_size, b, k0, k1;
+    const int8_t *qd = (const int8_t *)w->qdata + r * k;
+
+    for (b = 0, k0 = 0; k0 < k; b++, k0 = k1) {
+      float s = ql_load_f32(w->scale_dtype, w->scale, b * n + r);
+
+      k1 = k - k0 < bs ? k : k0 + bs;
+      if (w->asymmetric) {
+        float z = ql_load_f32(w->scale_dtype, w->zero, b * n + r);
+        for (i = k0; i < k1; i++)
+          out[i] = (float)qd[i] * s + z;
+      } else {
+        for (i = k0; i < k1; i++)
+          out[i] = (float)qd[i] * s;
+      }
+    }
+  } else if (w->format == QL_FORMAT_F8R) {
+    /* TorchAO _dequantize_affine_float8: qdata.to(f32) * scale */
+    const uint8_t *qd = w->qdata + r * k;
+    float s = ql_load_f32(w->scale_dtype, w->scale, r);
+
+    for (i = 0; i < k; i++)
+      out[i] = ql_e4m3_to_f32(qd[i]) * s;
   } else {
     const int8_t *qd = (const int8_t *)w->qdata + r * k;
     float s = ql_load_f32(w->scale_dtype, w->scale, r);

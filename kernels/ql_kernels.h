@@ -13,6 +13,13 @@
  *        byte along K, even k in the low nibble (q & 0xF), a padding nibble
  *        for odd K is 0; scale, zero [G, N] in scale_dtype, G = ceil(K/gs).
  *   q8c: qdata [N, K] int8; scale [N] in scale_dtype; zero is NULL.
+ *   q8b: qdata [N, K] int8; scale [G, N] in scale_dtype, G = ceil(K/B) for
+ *        the block length B = group_size; zero [G, N] in scale_dtype when
+ *        asymmetric, else NULL.
+ *   f8r: qdata [N, K] float8 e4m3fn codes (1 sign, 4 exponent bits with
+ *        bias 7, 3 mantissa bits; no Inf; 0x7F/0xFF are NaN, which
+ *        quantize never writes); scale [N] in scale_dtype; zero is NULL.
+ * Index g·N + n of a [G, N] array is group g of row n.
  */
 #ifndef QL_KERNELS_H
 #define QL_KERNELS_H
@@ -43,22 +50,46 @@ extern "C" {
  * term can be (-128)·(-128) = 2^14, so K·2^14 must stay below 2^31. */
 #define QL_AQ_Q8C_MAX_K ((int64_t)131071)
 
+/* f8r: the largest finite e4m3fn value, and the floor on a row's amax
+ * (TorchAO's hp_value_lb as its float8 QAT passes it; see formats.c). */
+#define QL_E4M3_MAX 448.0f
+#define QL_F8_AMAX_LB 1e-12f
+
 /* A quantized weight in canonical form. Immutable once built; owned by
  * whoever called ql_qweight_quantize(), released with ql_qweight_free(). */
 typedef struct ql_qweight {
   ql_format format;
-  uint32_t group_size;  /* q4g: elements per group along K; q8c: K */
+  uint32_t group_size;  /* q4g: elements per group along K; q8b: elements
+                           per block along K; q8c, f8r: K */
   int64_t n;            /* out_features (rows of W) */
   int64_t k;            /* in_features */
-  int64_t groups;       /* G = ceil(K / group_size); 1 for q8c */
+  int64_t groups;       /* G = ceil(K / group_size); 1 for q8c and f8r */
+  int asymmetric;       /* 1 for a q8b weight with a zero point (zero !=
+                           NULL), 0 for every other weight (q4g always has
+                           zero[]; the flag is q8b's choice only) */
   ql_dtype scale_dtype; /* dtype of scale[] and zero[] */
   uint8_t *qdata;       /* packed values, layout above */
   size_t qdata_bytes;
-  void *scale;          /* [G, N] (q4g) or [N] (q8c) in scale_dtype */
-  void *zero;           /* [G, N] (q4g) in scale_dtype; NULL for q8c */
+  void *scale;          /* [G, N] (q4g, q8b) or [N] (q8c, f8r) */
+  void *zero;           /* [G, N] (q4g, asymmetric q8b), else NULL */
   size_t scale_bytes;   /* bytes of scale[] (zero[] has the same size) */
   float *bias;          /* [N] f32, or NULL */
 } ql_qweight;
+
+/* How ql_qweight_quantize() quantizes. */
+typedef struct ql_quant_params {
+  ql_format format;
+  uint32_t group_size;  /* q4g group, q8b block: 32, 64, 128 or 256;
+                           ignored for q8c and f8r */
+  int asymmetric;       /* q8b: 1 = asymmetric (float zero point), 0 =
+                           symmetric; must be 0 for the other formats */
+  ql_dtype scale_dtype; /* dtype of the stored scale[] and zero[]; 0 = the
+                           format's default: the source dtype for q4g, q8c
+                           and q8b (TorchAO stores scale.to(w.dtype)), f32
+                           for f8r (TorchAO float8 keeps f32 scales; for a
+                           bf16 weight their values are bf16-rounded, so
+                           QL_DTYPE_BF16 reproduces TorchAO's bytes) */
+} ql_quant_params;
 
 /* ---- scalar conversions (round to nearest even, NaN stays NaN) ---- */
 float ql_f16_to_f32(uint16_t h);
@@ -76,17 +107,28 @@ void ql_from_f32(ql_dtype dt, const float *src, void *dst, size_t n);
  * dt). */
 float ql_load_f32(ql_dtype dt, const void *p, size_t i);
 
-/* True when group size gs is valid for format f (q4g: 32/64/128/256; q8c:
- * any value, it is ignored). */
+/* float8 e4m3fn. Narrowing rounds to nearest, ties to even, and saturates:
+ * every finite |f| >= 448 and ±Inf give ±448 (0x7E/0xFE); NaN gives 0x7F,
+ * or 0xFF when its sign bit is set; |f| <= 2^-10 (half the smallest
+ * subnormal, 2^-9) gives a zero of f's sign. This is what torch 2.15's
+ * tensor.to(torch.float8_e4m3fn) does for every f32 (checked exhaustively,
+ * offline). Widening is exact; 0x7F/0xFF widen to the quiet NaN
+ * 0x7FF00000 with the code's sign, as torch does. */
+uint8_t ql_f32_to_e4m3(float f);
+float ql_e4m3_to_f32(uint8_t c);
+
+/* True when group size gs is valid for format f (q4g and q8b: 32/64/128/
+ * 256; q8c and f8r: any value, it is ignored). */
 int ql_group_size_valid(ql_format f, uint32_t gs);
 
 /*
  * Computes the byte sizes of the canonical arrays for a weight without
  * building it; fails with QL_EINVAL/QL_EFORMAT/QL_ESHAPE on bad parameters
  * or sizes that overflow. Any output pointer may be NULL.
- * QL_EFORMAT: f is not q4g or q8c (q8b and f8r are not implemented yet);
- * QL_EDTYPE: bad scale_dtype; QL_EINVAL: bad group size for q4g;
- * QL_ESHAPE: n or k outside [1, QL_DIM_MAX], or a size overflows size_t.
+ * QL_EFORMAT: f is not a ql_format; QL_EDTYPE: bad scale_dtype (0 is not
+ * resolved here); QL_EINVAL: bad group size for q4g or q8b; QL_ESHAPE: n or
+ * k outside [1, QL_DIM_MAX], or a size overflows size_t. *scale_bytes is
+ * also the size of zero[] where the weight has one.
  */
 int ql_qweight_sizes(ql_format f, uint32_t gs, int64_t n, int64_t k,
                      ql_dtype scale_dtype, size_t *qdata_bytes,
@@ -94,17 +136,19 @@ int ql_qweight_sizes(ql_format f, uint32_t gs, int64_t n, int64_t k,
 
 /*
  * Quantizes the float weight w [N,K] (dtype src_dtype, widened to f32 first)
- * to format f with group size gs, storing scales and zeros in scale_dtype.
- * bias [N] (same dtype as w) may be NULL. NaN or Inf anywhere in w or bias
- * fails with QL_ENONFINITE, and so does finite data whose scale or zero is
- * not finite once rounded to scale_dtype (e.g. |w| > ~8.3e6 with f16 q8c
- * scales, or a q4g group spanning more than FLT_MAX). On success *out is a
- * new weight the caller owns; on failure *out is NULL and nothing leaks.
- * For q8c, gs is ignored and group_size is set to K.
+ * as p says (DESIGN §4 gives each rule; formats.c cites the TorchAO code it
+ * mirrors). bias [N] (same dtype as w) may be NULL. NaN or Inf anywhere in
+ * w or bias fails with QL_ENONFINITE, and so does finite data whose scale
+ * or zero is not finite once rounded to the scale dtype (e.g. |w| > ~8.3e6
+ * with f16 q8c scales, or a q4g group spanning more than FLT_MAX). Errors:
+ * QL_EINVAL for a NULL p, w or out, a bad group size, or asymmetric not 0
+ * (or, for q8b, not 0 or 1); then those of ql_qweight_sizes(). On success
+ * *out is a new weight the caller owns; on failure *out is NULL and nothing
+ * leaks. For q8c and f8r, group_size is set to K.
  */
-int ql_qweight_quantize(ql_format f, uint32_t gs, int64_t n, int64_t k,
+int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
                         ql_dtype src_dtype, const void *w, const void *bias,
-                        ql_dtype scale_dtype, ql_qweight **out);
+                        ql_qweight **out);
 
 /* Frees w and everything it holds. Safe on NULL and on a half-built weight
  * (any pointer member may be NULL). */
@@ -113,15 +157,17 @@ void ql_qweight_free(ql_qweight *w);
 /*
  * Checks that w is a well-formed canonical weight: a supported format, a
  * valid shape, group size and scale dtype, groups/qdata_bytes/scale_bytes
- * equal to what ql_qweight_sizes() gives, and qdata, scale (and zero for
- * q4g) present. It does not read the arrays. 0 or the ql_qweight_sizes()
+ * equal to what ql_qweight_sizes() gives, qdata and scale present, zero
+ * present exactly for q4g and asymmetric q8b, and asymmetric 0 or 1 (1 only
+ * for q8b). It does not read the arrays. 0 or the ql_qweight_sizes()
  * error, QL_EINVAL for inconsistent members.
  */
 int ql_qweight_check(const ql_qweight *w);
 
-/* Writes dequant(W) [N,K] as f32 into out (N*K floats). q4g:
- * x̂ = (float)q·scale + zero, q8c: x̂ = (float)q·scale, in f32 with the
- * stored scale/zero widened to f32. */
+/* Writes dequant(W) [N,K] as f32 into out (N*K floats). q4g and
+ * asymmetric q8b: x̂ = (float)q·scale + zero; q8c and symmetric q8b:
+ * x̂ = (float)q·scale; f8r: x̂ = e4m3(q)·scale; in f32 with the stored
+ * scale/zero widened to f32 (each a single product, then a single sum). */
 int ql_qweight_dequantize(const ql_qweight *w, float *out);
 
 /* Writes row n of dequant(W) (K floats, the same values as
@@ -143,6 +189,19 @@ int ql_quantize_rows_i8(const float *x, int64_t m, int64_t k, uint32_t gs,
                         int8_t *xq, float *sx, int32_t *gsum);
 
 /*
+ * Per-row float8 e4m3fn activation quantization (the f8r rule, TorchAO
+ * _choose_scale_float8 + _quantize_affine_float8 with hp_value_lb 1e-12):
+ * sx = max(amax, QL_F8_AMAX_LB) / 448 in f32 (correctly rounded division),
+ * xq = ql_f32_to_e4m3(clamp(x / sx, -448, 448)) with a true division. x is
+ * [M,K] f32; xq [M,K] codes, sx [M] (always a positive normal f32). A row
+ * holding NaN or Inf fails the whole call with QL_ENONFINITE (outputs then
+ * unspecified); QL_EINVAL for NULL pointers, QL_ESHAPE for M or K outside
+ * [1, QL_DIM_MAX] or M·K overflowing size_t.
+ */
+int ql_quantize_rows_e4m3(const float *x, int64_t m, int64_t k, uint8_t *xq,
+                          float *sx);
+
+/*
  * Reference weight-only linear: y[m,n] = Σ_k x[m,k]·dequant(W)[n,k] (+ b[n]),
  * fp32 accumulation in increasing k starting from 0.0f, then + b[n] in f32,
  * then one rounding to dt. x [M,K] and y [M,N] are in dtype dt,
@@ -155,14 +214,19 @@ int ql_linear_wo_ref(const ql_qweight *w, ql_dtype dt, const void *x,
 
 /*
  * Reference activation-quantized linear (DESIGN §4 "AQ math"). x rows are
- * quantized with ql_quantize_rows_i8 (gs = group_size for q4g, K for q8c);
+ * quantized with ql_quantize_rows_i8 (gs = group_size for q4g, K for q8c)
+ * or, for f8r, ql_quantize_rows_e4m3;
  * q8c: y = (float)acc · (sx[m]·sw[n]), acc = Σk xq·wq in int32, so K must
  *      not exceed QL_AQ_Q8C_MAX_K (QL_ESHAPE otherwise);
  * q4g: y = sx[m]·Σg (scale[g,n]·(float)Σk∈g xq·q + zero[g,n]·(float)Σk∈g xq),
  *      int32 in a group, fp32 across groups in increasing g, the scale term
  *      added before the zero term;
- * then + b[n] in f32 and one rounding to dt. Same argument rules and errors
- * as ql_linear_wo_ref.
+ * f8r: y = acc · (sx[m]·sw[n]), acc = Σk e4m3(xq)·e4m3(wq) in f32 starting
+ *      from 0.0f in increasing k (our fixed reduction order); each product
+ *      is exact in f32 (two 4-bit significands), so only the sums round;
+ * then + b[n] in f32 and one rounding to dt. q8b is weight-only: QL_ENOTSUP
+ * (after the argument checks). Otherwise the same argument rules and
+ * errors as ql_linear_wo_ref.
  */
 int ql_linear_aq_ref(const ql_qweight *w, ql_dtype dt, const void *x,
                      int64_t m, void *y);

@@ -1,9 +1,10 @@
 /*
- * reference.c - the generic reference ops: per-row int8 activation
- * quantization and the weight-only (WO) and activation-quantized (AQ)
- * linear products. Plain scalar C in a fixed evaluation order: every
- * backend op is checked against these, and they define the batch-invariant
- * reduction order (an output element depends on its own x row only).
+ * reference.c - the generic reference ops: per-row int8 and e4m3
+ * activation quantization and the weight-only (WO) and
+ * activation-quantized (AQ) linear products. Plain scalar C in a fixed
+ * evaluation order: every backend op is checked against these, and they
+ * define the batch-invariant reduction order (an output element depends on
+ * its own x row only).
  *
  * Compiled with -ffp-contract=off: each f32 operation rounds once, exactly
  * as written.
@@ -88,6 +89,53 @@ int ql_quantize_rows_i8(const float *x, int64_t m, int64_t k, uint32_t gs,
   return 0;
 }
 
+/*
+ * One row of ql_quantize_rows_e4m3: TorchAO's float8 rowwise activation
+ * quantization (quant_primitives.py _choose_scale_float8 with
+ * hp_value_lb = 1e-12, then _quantize_affine_float8), all in f32:
+ * scale = max(amax, 1e-12) / 448, a true division x / scale, the clamp to
+ * ±448, and the e4m3 rounding (nearest even).
+ */
+static int quantize_row_e4m3(const float *x, size_t k, uint8_t *xq, float *sx) {
+  float amax = 0.0f, scale;
+  size_t i;
+
+  for (i = 0; i < k; i++) {
+    float a = fabsf(x[i]);
+    if (!isfinite(a))
+      return QL_ENONFINITE;
+    if (a > amax)
+      amax = a;
+  }
+  scale = fmaxf(amax, QL_F8_AMAX_LB) / QL_E4M3_MAX;
+  for (i = 0; i < k; i++) {
+    float t = x[i] / scale;
+    t = t < -QL_E4M3_MAX ? -QL_E4M3_MAX : t > QL_E4M3_MAX ? QL_E4M3_MAX : t;
+    xq[i] = ql_f32_to_e4m3(t);
+  }
+  *sx = scale;
+  return 0;
+}
+
+int ql_quantize_rows_e4m3(const float *x, int64_t m, int64_t k, uint8_t *xq,
+                          float *sx) {
+  size_t mm, kk, mk, r;
+  int rc;
+
+  if (x == NULL || xq == NULL || sx == NULL)
+    return QL_EINVAL;
+  if (m < 1 || m > QL_DIM_MAX || k < 1 || k > QL_DIM_MAX)
+    return QL_ESHAPE;
+  mm = (size_t)m;
+  kk = (size_t)k;
+  if (!mul_size(mm, kk, &mk))
+    return QL_ESHAPE;
+  for (r = 0; r < mm; r++)
+    if ((rc = quantize_row_e4m3(x + r * kk, kk, xq + r * kk, sx + r)))
+      return rc;
+  return 0;
+}
+
 /* Sizes of one linear call, validated once by op_args(). */
 typedef struct op_shape {
   size_t m, n, k;
@@ -98,7 +146,7 @@ typedef struct op_shape {
 /*
  * Argument checks shared by both linear ops, so that they fail the same
  * way: QL_EINVAL for missing pointers or a malformed weight, QL_EFORMAT for
- * a format without a reference, QL_EDTYPE, QL_ESHAPE for M out of range or
+ * an unknown format, QL_EDTYPE, QL_ESHAPE for M out of range or
  * sizes (x, y, the widened f32 copy of x) that overflow.
  */
 static int op_args(const ql_qweight *w, ql_dtype dt, const void *x, int64_t m,
@@ -182,6 +230,64 @@ static void unpack_q4g_row(const ql_qweight *w, size_t r, int8_t *q) {
   }
 }
 
+/*
+ * f8r AQ (W8A8 float8): acc = Σk e4m3(xq)·e4m3(wq) in f32 from 0.0f in
+ * increasing k, then y = acc·(sx·sw) (+ b). Each product of two e4m3
+ * values has at most 8 significant bits and lies within [2^-18, 448²], so
+ * it is exact in f32 and an FMA would give the same sums: only the
+ * additions round, in this order, which fixes the result on every backend
+ * that keeps it. Memory: O(M·K) bytes of codes + O(K) floats.
+ */
+static int linear_aq_f8r(const ql_qweight *w, ql_dtype dt, const void *x,
+                         const op_shape *s, void *y) {
+  float *xf = NULL, *sx = NULL, *wrow = NULL, lut[256];
+  uint8_t *xq = NULL;
+  size_t mi, n, k;
+  int rc;
+
+  rc = QL_ENOMEM;
+  if ((xf = malloc(s->mk * sizeof(float))) == NULL ||
+      (xq = malloc(s->mk)) == NULL ||
+      (sx = malloc(s->m * sizeof(float))) == NULL ||
+      (wrow = malloc(s->k * sizeof(float))) == NULL)
+    goto fail;
+  ql_to_f32(dt, x, xf, s->mk);
+  rc = ql_quantize_rows_e4m3(xf, (int64_t)s->m, (int64_t)s->k, xq, sx);
+  if (rc != 0)
+    goto fail;
+  free(xf);
+  xf = NULL;
+  for (k = 0; k < 256; k++)
+    lut[k] = ql_e4m3_to_f32((uint8_t)k);
+
+  for (n = 0; n < s->n; n++) {
+    const uint8_t *wr = w->qdata + n * s->k;
+    float sw = ql_load_f32(w->scale_dtype, w->scale, n);
+
+    for (k = 0; k < s->k; k++)
+      wrow[k] = lut[wr[k]];
+    for (mi = 0; mi < s->m; mi++) {
+      const uint8_t *xr = xq + mi * s->k;
+      float acc = 0.0f, v;
+
+      for (k = 0; k < s->k; k++)
+        acc += lut[xr[k]] * wrow[k];
+      v = acc * (sx[mi] * sw);
+      if (w->bias != NULL)
+        v += w->bias[n];
+      store_out(dt, y, s->esz, mi * s->n + n, v);
+    }
+  }
+  rc = 0;
+
+fail:
+  free(xf);
+  free(xq);
+  free(sx);
+  free(wrow);
+  return rc;
+}
+
 int ql_linear_aq_ref(const ql_qweight *w, ql_dtype dt, const void *x,
                      int64_t m, void *y) {
   float *xf = NULL, *sx = NULL, *gsc = NULL, *gze = NULL;
@@ -194,6 +300,10 @@ int ql_linear_aq_ref(const ql_qweight *w, ql_dtype dt, const void *x,
 
   if ((rc = op_args(w, dt, x, m, y, &s)))
     return rc;
+  if (w->format == QL_FORMAT_Q8B) /* weight-only by design (DESIGN §4) */
+    return QL_ENOTSUP;
+  if (w->format == QL_FORMAT_F8R)
+    return linear_aq_f8r(w, dt, x, &s, y);
   q4g = w->format == QL_FORMAT_Q4G;
   if (!q4g && w->k > QL_AQ_Q8C_MAX_K)
     return QL_ESHAPE;

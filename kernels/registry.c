@@ -13,8 +13,26 @@ static int generic_aq(const ql_linear_args *a) {
   return ql_linear_aq_ref(a->w, a->dt, a->x, a->m, a->y);
 }
 
+/* int8 AQ accumulates in int32: q8c declines K past the bound (q8b is
+ * weight-only and not in the format mask at all). */
+static int generic_aq_supports(const ql_kernel_impl *im, ql_format f,
+                               int64_t m, int64_t n, int64_t k) {
+  (void)im;
+  (void)m;
+  (void)n;
+  return f != QL_FORMAT_Q8C || k <= QL_AQ_Q8C_MAX_K;
+}
+
 static int generic_qrows(const ql_qrows_args *a) {
-  return ql_quantize_rows_i8(a->x, a->m, a->k, a->gs, a->xq, a->sx, a->gsum);
+  switch (a->kind) {
+  case QL_QROWS_I8:
+    return ql_quantize_rows_i8(a->x, a->m, a->k, a->gs, a->xq, a->sx, a->gsum);
+  case QL_QROWS_E4M3:
+    if (a->gsum != NULL)
+      return QL_EINVAL;
+    return ql_quantize_rows_e4m3(a->x, a->m, a->k, a->xq, a->sx);
+  }
+  return QL_EINVAL;
 }
 
 /* The canonical form is the generic layout: nothing to repack. */
@@ -39,8 +57,9 @@ static const ql_kernel_impl generic[QL_OP_COUNT] = {
                          .fn.linear = generic_wo},
     [QL_OP_LINEAR_AQ] = {.name = "generic.linear_aq",
                          .op = QL_OP_LINEAR_AQ,
-                         .formats = QL_ALL_FORMATS,
+                         .formats = QL_ALL_FORMATS & ~QL_FMT_BIT(QL_FORMAT_Q8B),
                          .dtypes = QL_ALL_DTYPES,
+                         .supports = generic_aq_supports,
                          .fn.linear = generic_aq},
     [QL_OP_REPACK] = {.name = "generic.repack",
                       .op = QL_OP_REPACK,
@@ -76,6 +95,13 @@ int ql_backend_check(const ql_backend *b) {
   return 0;
 }
 
+/* True when im handles format f, dtype dt and the shape. */
+static int handles(const ql_kernel_impl *im, ql_format f, ql_dtype dt,
+                   int64_t m, int64_t n, int64_t k) {
+  return (im->formats & QL_FMT_BIT(f)) && (im->dtypes & QL_DT_BIT(dt)) &&
+         (im->supports == NULL || im->supports(im, f, m, n, k));
+}
+
 const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
                                   ql_dtype dt, int64_t m, int64_t n,
                                   int64_t k) {
@@ -83,11 +109,8 @@ const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
     return NULL;
   for (size_t i = 0; b != NULL && i < b->n_impls; i++) {
     const ql_kernel_impl *im = &b->impls[i];
-    if (im->op != op || !(im->formats & QL_FMT_BIT(f)) ||
-        !(im->dtypes & QL_DT_BIT(dt)))
-      continue;
-    if (im->supports == NULL || im->supports(im, f, m, n, k))
+    if (im->op == op && handles(im, f, dt, m, n, k))
       return im;
   }
-  return &generic[op];
+  return handles(&generic[op], f, dt, m, n, k) ? &generic[op] : NULL;
 }

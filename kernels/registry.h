@@ -45,14 +45,21 @@ typedef struct ql_linear_args {
   void *y;             /* [m, w->n] */
 } ql_linear_args;
 
-/* Arguments of QL_OP_QUANTIZE_ROWS (see ql_quantize_rows_i8). */
+/* Values of ql_qrows_args.kind. */
+#define QL_QROWS_I8 1   /* int8, the q8c rule (ql_quantize_rows_i8) */
+#define QL_QROWS_E4M3 2 /* float8 e4m3fn, the f8r rule
+                           (ql_quantize_rows_e4m3) */
+
+/* Arguments of QL_OP_QUANTIZE_ROWS. An unknown kind, or gsum with
+ * QL_QROWS_E4M3 (e4m3 codes have no integer sum), is QL_EINVAL. */
 typedef struct ql_qrows_args {
+  int kind;       /* QL_QROWS_I8 or QL_QROWS_E4M3 */
   const float *x; /* [m, k] */
   int64_t m, k;
-  uint32_t gs;    /* group length of gsum */
-  int8_t *xq;     /* [m, k] */
+  uint32_t gs;    /* I8: group length of gsum; ignored for E4M3 */
+  void *xq;       /* [m, k]: int8_t (I8) or e4m3 codes, uint8_t (E4M3) */
   float *sx;      /* [m] */
-  int32_t *gsum;  /* [m, ceil(k/gs)] or NULL */
+  int32_t *gsum;  /* I8: [m, ceil(k/gs)] or NULL; E4M3: NULL */
 } ql_qrows_args;
 
 /*
@@ -122,8 +129,10 @@ const ql_kernel_impl *ql_generic_impl(ql_op op);
 /*
  * Chooses the implementation of op for (format, activation dtype, m, n,
  * k): the first of backend b's own that handles the format and dtype and
- * whose supports() accepts the shape, else the generic one. b may be NULL
- * (generic only). Never NULL for a valid op.
+ * whose supports() accepts the shape, else the generic one when it does.
+ * b may be NULL (generic only). NULL when nothing can run the case: the
+ * generic AQ declines q8b (a weight-only format) and q8c with K over
+ * QL_AQ_Q8C_MAX_K; callers then fall back to weight-only or refuse.
  */
 const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
                                   ql_dtype dt, int64_t m, int64_t n,

@@ -1,6 +1,6 @@
 /*
- * test_reference.c - unit tests for kernels/reference.c: per-row int8
- * activation quantization and the reference WO and AQ linear ops.
+ * test_reference.c - unit tests for kernels/reference.c: per-row int8 and
+ * e4m3 activation quantization and the reference WO and AQ linear ops.
  *
  * Each op is checked three ways: bit for bit against a naive re-evaluation
  * of its documented formula in the documented order (every f32 operation
@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "ql_kernels.h"
+#include "registry.h"
 #include "testutil.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -34,13 +35,62 @@ static float add32(float a, float b) {
 typedef struct cfg {
   ql_format f;
   uint32_t gs;
+  int asym; /* q8b only */
 } cfg;
 
 static const cfg cfgs[] = {
-    {QL_FORMAT_Q4G, 32},  {QL_FORMAT_Q4G, 64}, {QL_FORMAT_Q4G, 128},
-    {QL_FORMAT_Q4G, 256}, {QL_FORMAT_Q8C, 0},
+    {QL_FORMAT_Q4G, 32, 0},  {QL_FORMAT_Q4G, 64, 0},  {QL_FORMAT_Q4G, 128, 0},
+    {QL_FORMAT_Q4G, 256, 0}, {QL_FORMAT_Q8C, 0, 0},   {QL_FORMAT_Q8B, 32, 0},
+    {QL_FORMAT_Q8B, 64, 1},  {QL_FORMAT_Q8B, 128, 0}, {QL_FORMAT_Q8B, 256, 1},
+    {QL_FORMAT_F8R, 0, 0},
 };
 #define NCFG ((int)(sizeof cfgs / sizeof cfgs[0]))
+
+static ql_quant_params params_of(const cfg *c, ql_dtype sdt) {
+  ql_quant_params p;
+  memset(&p, 0, sizeof p);
+  p.format = c->f;
+  p.group_size = c->gs;
+  p.asymmetric = c->asym;
+  p.scale_dtype = sdt;
+  return p;
+}
+
+/* Value of an e4m3fn code from the definition (bias 7, 3 mantissa bits,
+ * subnormals m·2^-9); not for the NaN codes. */
+static double e4m3_value(uint32_t c) {
+  int e = (c >> 3) & 0xF, m = c & 7;
+  double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+  return (c & 0x80) ? -v : v;
+}
+
+/* The nearest e4m3fn code by exhaustive search, ties to the even code,
+ * saturating at ±448: the rule written independently of convert.c. */
+static uint8_t e4m3_nearest(double v) {
+  uint8_t sign = signbit(v) ? 0x80 : 0;
+  double a = fabs(v), db = a;
+  uint32_t best = 0, c;
+
+  if (a >= 448.0)
+    return sign | 0x7E;
+  for (c = 1; c <= 0x7E; c++) {
+    double d = fabs(a - e4m3_value(c));
+    if (d < db || (d == db && !(c & 1))) {
+      best = c;
+      db = d;
+    }
+  }
+  return (uint8_t)(sign | best);
+}
+
+/* The spacing of e4m3 values around magnitude a <= 448. */
+static double e4m3_ulp(double a) {
+  int e;
+  if (a < 0x1p-6)
+    return 0x1p-9;
+  frexp(a, &e);
+  return ldexp(1.0, e - 4);
+}
 
 typedef int (*linear_fn)(const ql_qweight *, ql_dtype, const void *, int64_t,
                          void *);
@@ -60,8 +110,10 @@ static ql_qweight *make_weight(uint64_t *rng, const cfg *c, int64_t n,
     w[i] = (float)(0.05 * tu_rng_gauss(rng) + 0.01 * (double)(i / k % 3));
   for (i = 0; i < n; i++)
     b[i] = (float)tu_rng_gauss(rng);
-  rc = ql_qweight_quantize(c->f, c->gs, n, k, QL_DTYPE_F32, w,
-                           bias ? b : NULL, sdt, &q);
+  {
+    ql_quant_params p = params_of(c, sdt);
+    rc = ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w, bias ? b : NULL, &q);
+  }
   REQUIRE(rc == 0, "quantize: %d", rc);
   free(b);
   if (w_out)
@@ -92,12 +144,18 @@ static void make_x(uint64_t *rng, float *x, int64_t m, int64_t k) {
     }
 }
 
-/* The q value of row r, column i of a weight, however it is packed. */
+/* The q value of row r, column i of a weight, however it is packed (the
+ * e4m3 code for f8r). */
 static int wq_at(const ql_qweight *q, int64_t r, int64_t i) {
   if (q->format == QL_FORMAT_Q4G)
     return tu_s4_at(q->qdata + r * ((q->k + 1) / 2), i);
+  if (q->format == QL_FORMAT_F8R)
+    return q->qdata[r * q->k + i];
   return ((const int8_t *)q->qdata)[r * q->k + i];
 }
+
+/* Whether ql_linear_aq_ref serves the format (q8b is weight-only). */
+static int has_aq(const ql_qweight *q) { return q->format != QL_FORMAT_Q8B; }
 
 /* ---------------------------------------------------- quantize_rows_i8 */
 
@@ -273,6 +331,199 @@ START_TEST(test_qrows_errors) {
 }
 END_TEST
 
+/* ------------------------------------------------- quantize_rows_e4m3 */
+
+/*
+ * Against the f8r rule in double arithmetic with an exhaustive-search
+ * e4m3 encoder: sx = max(amax, 1e-12f)/448 correctly rounded, q = nearest
+ * even code of clamp(RN32(x / sx), ±448). Rows: Gaussian, huge, below the
+ * 1e-12 floor, spanning the subnormals, all zero, a constant.
+ */
+START_TEST(test_qrows_e4m3_independent) {
+  enum { M = 7, K = 300 };
+  float *x = tu_xmalloc(M * K * sizeof(float)), sx[M];
+  uint8_t *xq = tu_xmalloc(M * K);
+  uint64_t rng = 3;
+  int r, i;
+
+  for (r = 0; r < M; r++)
+    for (i = 0; i < K; i++) {
+      double g = tu_rng_gauss(&rng);
+      float v;
+      switch (r) {
+      case 0:
+        v = (float)g;
+        break;
+      case 1:
+        v = (float)(1e30 * g);
+        break;
+      case 2: /* amax below 1e-12: the floor sets the scale */
+        v = (float)(1e-14 * g);
+        break;
+      case 3: /* 2^-20 .. 2^0 around amax 1: e4m3 subnormals and zeros */
+        v = (float)ldexp(g > 0 ? 1.0 : -1.0, -(i % 21)) *
+            (float)(1.0 + 0.3 * tu_rng_uniform(&rng));
+        break;
+      case 4:
+        v = 0.0f;
+        break;
+      case 5:
+        v = -2.5f;
+        break;
+      default:
+        v = (float)(g * 1e-3);
+      }
+      x[r * K + i] = v;
+    }
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, M, K, xq, sx), 0);
+  for (r = 0; r < M; r++) {
+    const float *xr = x + r * K;
+    float amax = 0.0f, s;
+    for (i = 0; i < K; i++)
+      amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax;
+    s = (float)((double)(amax > 1e-12f ? amax : 1e-12f) / 448.0);
+    REQUIRE(tu_f32_bits(sx[r]) == tu_f32_bits(s), "sx[%d] = %a, want %a", r,
+            (double)sx[r], (double)s);
+    for (i = 0; i < K; i++) {
+      double t = (double)(float)((double)xr[i] / (double)s);
+      uint8_t want = e4m3_nearest(t < -448.0 ? -448.0 : t > 448.0 ? 448.0 : t);
+      REQUIRE(xq[r * K + i] == want, "xq[%d,%d] = %02x, want %02x (x %a)", r, i,
+              xq[r * K + i], want, (double)xr[i]);
+      if (fabsf(xr[i]) == amax && amax >= 1e-12f)
+        REQUIRE((xq[r * K + i] & 0x7F) == 0x7E, "amax gives %02x",
+                xq[r * K + i]);
+    }
+  }
+  /* the zero row: zeros, a finite positive scale, never NaN */
+  ck_assert(sx[4] == 1e-12f / 448.0f && sx[4] > 0.0f);
+  for (i = 0; i < K; i++)
+    REQUIRE(xq[4 * K + i] == 0, "zero row at %d", i);
+  /* the constant row: all -448 */
+  for (i = 0; i < K; i++)
+    REQUIRE(xq[5 * K + i] == 0xFE, "constant row at %d", i);
+  /* the subnormal row reaches codes 1..7 and flushes some values to 0 */
+  {
+    int sub = 0, zero = 0;
+    for (i = 0; i < K; i++) {
+      sub += (xq[3 * K + i] & 0x7F) >= 1 && (xq[3 * K + i] & 0x7F) <= 7;
+      zero += (xq[3 * K + i] & 0x7F) == 0;
+    }
+    ck_assert(sub > 10 && zero > 10);
+  }
+  free(x);
+  free(xq);
+}
+END_TEST
+
+/*
+ * Ties and the division. amax = 448 gives sx = 1, so x itself is rounded:
+ * e4m3 ties go to the even code. Rows 1 and 2 use scales 159·2^-16 and
+ * 167·2^-16: t·scale with t = 31·2^-10 and 29·2^-10 divides back to an
+ * exact tie (-> 0x10, 0x0E) that x·(1/scale) would push the other way.
+ */
+START_TEST(test_qrows_e4m3_ties) {
+  static const float t[] = {448.0f,         1.0625f,  1.1875f,  -232.0f,
+                            248.0f,         0x1p-10f, 0x3p-10f, -0x5p-10f,
+                            7.5f * 0x1p-9f, -0.0f,    432.0f,   0x1p-12f};
+  static const uint8_t want[] = {0x7E, 0x38, 0x3A, 0xF6, 0x78, 0x00,
+                                 0x02, 0x82, 0x08, 0x80, 0x7E, 0x00};
+  enum { K = sizeof t / sizeof t[0] };
+  const float s1 = ldexpf(159.0f, -16), s2 = ldexpf(167.0f, -16);
+  float x2[2 * 2] = {448.0f * s1, 31.0f * 0x1p-10f * s1, -448.0f * s2,
+                     29.0f * 0x1p-10f * s2};
+  float sx[2];
+  uint8_t xq[K];
+  int i;
+
+  ck_assert_int_eq(ql_quantize_rows_e4m3(t, 1, K, xq, sx), 0);
+  ck_assert(sx[0] == 1.0f);
+  for (i = 0; i < K; i++)
+    ck_assert_msg(xq[i] == want[i], "x = %a: got %02x, want %02x", (double)t[i],
+                  xq[i], want[i]);
+  ck_assert_uint_eq(ql_f32_to_e4m3(x2[1] * (1.0f / s1)), 0x0F);
+  ck_assert_uint_eq(ql_f32_to_e4m3(x2[3] * (1.0f / s2)), 0x0F);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x2, 2, 2, xq, sx), 0);
+  ck_assert(sx[0] == s1 && sx[1] == s2);
+  ck_assert_uint_eq(xq[0], 0x7E);
+  ck_assert_uint_eq(xq[1], 0x10);
+  ck_assert_uint_eq(xq[2], 0xFE);
+  ck_assert_uint_eq(xq[3], 0x0E);
+}
+END_TEST
+
+START_TEST(test_qrows_e4m3_errors) {
+  float x[2 * 8] = {0};
+  uint8_t xq[16];
+  float sx[2];
+  static const float bad[3] = {NAN, INFINITY, -INFINITY};
+  int b;
+
+  for (b = 0; b < 3; b++) {
+    x[8 + 5] = bad[b];
+    ck_assert_int_eq(ql_quantize_rows_e4m3(x, 2, 8, xq, sx), QL_ENONFINITE);
+    ck_assert_int_eq(ql_quantize_rows_e4m3(x, 1, 8, xq, sx), 0);
+    x[8 + 5] = 1.0f;
+    x[0] = bad[b]; /* the first element of the first row too */
+    ck_assert_int_eq(ql_quantize_rows_e4m3(x, 1, 8, xq, sx), QL_ENONFINITE);
+    x[0] = 0.0f;
+  }
+  ck_assert_int_eq(ql_quantize_rows_e4m3(NULL, 2, 8, xq, sx), QL_EINVAL);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, 2, 8, NULL, sx), QL_EINVAL);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, 2, 8, xq, NULL), QL_EINVAL);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, 0, 8, xq, sx), QL_ESHAPE);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, 2, 0, xq, sx), QL_ESHAPE);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, -1, 8, xq, sx), QL_ESHAPE);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, 2, QL_DIM_MAX + 1, xq, sx),
+                   QL_ESHAPE);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, 2, 8, xq, sx), 0);
+  ck_assert_uint_eq(xq[8 + 5], 0x7E);
+}
+END_TEST
+
+/* The generic QL_OP_QUANTIZE_ROWS dispatches on kind to the two
+ * reference quantizers, and refuses what it cannot do. */
+START_TEST(test_qrows_generic_op) {
+  enum { M = 3, K = 50 };
+  const ql_kernel_impl *im = ql_generic_impl(QL_OP_QUANTIZE_ROWS);
+  float x[M * K], sx[M], sx2[M];
+  int8_t xq[M * K], xq2[M * K];
+  uint8_t xc[M * K], xc2[M * K];
+  int32_t gsum[M * 2], gsum2[M * 2];
+  ql_qrows_args a;
+  uint64_t rng = 9;
+  int i;
+
+  for (i = 0; i < M * K; i++)
+    x[i] = (float)tu_rng_gauss(&rng);
+  memset(&a, 0, sizeof a);
+  a.kind = QL_QROWS_I8;
+  a.x = x;
+  a.m = M;
+  a.k = K;
+  a.gs = 32;
+  a.xq = xq;
+  a.sx = sx;
+  a.gsum = gsum;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), 0);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, M, K, 32, xq2, sx2, gsum2), 0);
+  ck_assert(memcmp(xq, xq2, sizeof xq) == 0 &&
+            memcmp(sx, sx2, sizeof sx) == 0 &&
+            memcmp(gsum, gsum2, sizeof gsum) == 0);
+
+  a.kind = QL_QROWS_E4M3;
+  a.xq = xc;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), QL_EINVAL); /* gsum given */
+  a.gsum = NULL;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), 0);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, M, K, xc2, sx2), 0);
+  ck_assert(memcmp(xc, xc2, sizeof xc) == 0 && memcmp(sx, sx2, sizeof sx) == 0);
+  a.kind = 0;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), QL_EINVAL);
+  a.kind = 3;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), QL_EINVAL);
+}
+END_TEST
+
 /* ------------------------------------------------------ naive evaluations */
 
 /* WO by the documented order: acc = 0; acc += x·ŵ in increasing k; + b. */
@@ -324,7 +575,8 @@ static void wo_check64(const ql_qweight *q, const float *x, int64_t m,
 
 /* Quantized activations for the AQ checks (the same call the op makes). */
 typedef struct qx {
-  int8_t *xq;
+  int8_t *xq;  /* int8 formats */
+  uint8_t *xc; /* f8r: e4m3 codes */
   float *sx;
   int32_t *gsum;
   int64_t ng;
@@ -335,20 +587,28 @@ static void qx_make(const ql_qweight *q, const float *x, int64_t m, qx *o) {
   uint32_t gs = q->format == QL_FORMAT_Q4G ? q->group_size : (uint32_t)k;
   o->ng = q->format == QL_FORMAT_Q4G ? q->groups : 1;
   o->xq = tu_xmalloc((size_t)(m * k));
+  o->xc = tu_xmalloc((size_t)(m * k));
   o->sx = tu_xmalloc((size_t)m * sizeof(float));
   o->gsum = tu_xmalloc((size_t)(m * o->ng) * sizeof(int32_t));
-  ck_assert_int_eq(ql_quantize_rows_i8(x, m, k, gs, o->xq, o->sx, o->gsum), 0);
+  if (q->format == QL_FORMAT_F8R)
+    ck_assert_int_eq(ql_quantize_rows_e4m3(x, m, k, o->xc, o->sx), 0);
+  else
+    ck_assert_int_eq(ql_quantize_rows_i8(x, m, k, gs, o->xq, o->sx, o->gsum),
+                     0);
 }
 
 static void qx_free(qx *o) {
   free(o->xq);
+  free(o->xc);
   free(o->sx);
   free(o->gsum);
 }
 
 /*
  * AQ by the documented formula and order, and its fp64 evaluation with a
- * bound: q8c 4·2^-24·(|Y| + |b|); q4g (2G+4)·2^-24·(|sx|·Σ|terms| + |b|).
+ * bound: q8c 4·2^-24·(|Y| + |b|); q4g (2G+4)·2^-24·(|sx|·Σ|terms| + |b|);
+ * f8r (K+3)·2^-24·(|sx·sw|·Σ|products| + |b|): K-1 roundings in the f32
+ * sum, one in sx·sw, one in the product, one in + b.
  */
 static void aq_check(const ql_qweight *q, const float *x, int64_t m,
                      const float *y) {
@@ -363,7 +623,25 @@ static void aq_check(const ql_qweight *q, const float *x, int64_t m,
       double e, a, bound, b = q->bias ? q->bias[j] : 0.0;
       float v;
 
-      if (q->format == QL_FORMAT_Q8C) {
+      if (q->format == QL_FORMAT_F8R) {
+        const uint8_t *xc = o.xc + r * k;
+        float sw = ql_load_f32(q->scale_dtype, q->scale, (size_t)j);
+        float acc = 0.0f;
+        double sum = 0.0;
+        a = 0.0;
+        for (i = 0; i < k; i++) {
+          double p = e4m3_value(xc[i]) * e4m3_value((uint32_t)wq_at(q, j, i));
+          REQUIRE((double)(float)p == p, "e4m3 product %a not exact in f32", p);
+          acc = add32(acc, (float)p);
+          sum += p;
+          a += fabs(p);
+        }
+        v = mul32(acc, mul32(o.sx[r], sw));
+        e = sum * o.sx[r] * sw;
+        bound = (double)(k + 3) * u *
+                    (fabs((double)o.sx[r] * sw) * a + fabs(b)) * 1.01 +
+                1e-37;
+      } else if (q->format == QL_FORMAT_Q8C) {
         float sw = ql_load_f32(q->scale_dtype, q->scale, (size_t)j);
         int64_t acc = 0;
         for (i = 0; i < k; i++)
@@ -440,8 +718,13 @@ START_TEST(test_wo_aq_vs_formula_and_fp64) {
                       (long long)n, (long long)m);
             wo_check64(q, x, m, y);
 
-            ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, y), 0);
-            aq_check(q, x, m, y);
+            if (has_aq(q)) {
+              ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, y), 0);
+              aq_check(q, x, m, y);
+            } else {
+              ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, y),
+                               QL_ENOTSUP);
+            }
             free(x);
             free(y);
             free(yn);
@@ -462,11 +745,13 @@ START_TEST(test_bias) {
 
   q1 = make_weight(&rng, c, N, K, 1, QL_DTYPE_BF16, &w);
   q0 = NULL;
-  ck_assert_int_eq(ql_qweight_quantize(c->f, c->gs, N, K, QL_DTYPE_F32, w,
-                                       NULL, QL_DTYPE_BF16, &q0),
-                   0);
+  {
+    ql_quant_params p = params_of(c, QL_DTYPE_BF16);
+    ck_assert_int_eq(ql_qweight_quantize(&p, N, K, QL_DTYPE_F32, w, NULL, &q0),
+                     0);
+  }
   make_x(&rng, x, M, K);
-  for (o = 0; o < 2; o++) {
+  for (o = 0; o < 1 + has_aq(q1); o++) {
     ck_assert_int_eq(ops[o](q0, QL_DTYPE_F32, x, M, y0), 0);
     ck_assert_int_eq(ops[o](q1, QL_DTYPE_F32, x, M, y1), 0);
     for (i = 0; i < M * N; i++)
@@ -500,7 +785,7 @@ START_TEST(test_narrow_io) {
   for (d = 0; d < 2; d++) {
     ql_from_f32(dts[d], x, x16, M * K);
     ql_to_f32(dts[d], x16, xw, M * K);
-    for (o = 0; o < 2; o++) {
+    for (o = 0; o < 1 + has_aq(q); o++) {
       ck_assert_int_eq(ops[o](q, dts[d], x16, M, y16), 0);
       ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, xw, M, y32), 0);
       for (i = 0; i < M * N; i++) {
@@ -542,7 +827,7 @@ START_TEST(test_batch_invariance) {
     for (r = 0; r < M; r++)
       memcpy(xrev + (size_t)(M - 1 - r) * row_in, xin + (size_t)r * row_in,
              row_in);
-    for (o = 0; o < 2; o++) {
+    for (o = 0; o < 1 + has_aq(q); o++) {
       ck_assert_int_eq(ops[o](q, dts[d], xin, M, yb), 0);
       ck_assert_int_eq(ops[o](q, dts[d], xrev, M, yr), 0);
       for (r = 0; r < M; r++) {
@@ -567,23 +852,20 @@ END_TEST
 START_TEST(test_aq_q8c_max_k) {
   const int64_t k = QL_AQ_Q8C_MAX_K;
   float *x = tu_xmalloc((size_t)(k + 1) * sizeof(float)), y = 0.0f;
+  ql_quant_params p = {QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32};
   ql_qweight *q = NULL;
   int64_t i;
 
   for (i = 0; i <= k; i++)
     x[i] = -127.5f; /* scale exactly 1, every q = tu_rne(-127.5) = -128 */
-  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8C, 0, 1, k, QL_DTYPE_F32, x,
-                                       NULL, QL_DTYPE_F32, &q),
-                   0);
+  ck_assert_int_eq(ql_qweight_quantize(&p, 1, k, QL_DTYPE_F32, x, NULL, &q), 0);
   ck_assert_int_eq(wq_at(q, 0, k - 1), -128);
   ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, 1, &y), 0);
   ck_assert(y == (float)(k * 16384)); /* 2147467264, exact in f32 */
   ql_qweight_free(q);
 
   q = NULL;
-  ck_assert_int_eq(ql_qweight_quantize(QL_FORMAT_Q8C, 0, 1, k + 1,
-                                       QL_DTYPE_F32, x, NULL, QL_DTYPE_F32,
-                                       &q),
+  ck_assert_int_eq(ql_qweight_quantize(&p, 1, k + 1, QL_DTYPE_F32, x, NULL, &q),
                    0);
   ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, 1, &y), QL_ESHAPE);
   /* WO has no such limit: Σ (-127.5)·(-128·1) */
@@ -591,6 +873,35 @@ START_TEST(test_aq_q8c_max_k) {
   ck_assert(fabs(y - (double)(k + 1) * 127.5 * 128.0) <=
             (double)(k + 3) * 0x1p-24 * (double)(k + 1) * 127.5 * 128.0);
   ql_qweight_free(q);
+  free(x);
+}
+END_TEST
+
+/*
+ * f8r at a large K: WO and AQ against fp64 with their K-dependent bounds
+ * (the f32 sums are where the error grows), and AQ exactly equal to the
+ * documented order: Σ in increasing k from 0.0f, then ·(sx·sw).
+ */
+START_TEST(test_f8r_large_k) {
+  const int64_t k = (int64_t)1 << 20;
+  float *w = tu_xmalloc((size_t)k * sizeof(float));
+  float *x = tu_xmalloc((size_t)k * sizeof(float)), y;
+  uint64_t rng = 800;
+  ql_quant_params p = {QL_FORMAT_F8R, 0, 0, QL_DTYPE_F32};
+  ql_qweight *q = NULL;
+  int64_t i;
+
+  for (i = 0; i < k; i++) {
+    w[i] = (float)tu_rng_gauss(&rng);
+    x[i] = (float)(1.0 + tu_rng_gauss(&rng)); /* a mean, so Σ grows */
+  }
+  ck_assert_int_eq(ql_qweight_quantize(&p, 1, k, QL_DTYPE_F32, w, NULL, &q), 0);
+  ck_assert_int_eq(ql_linear_wo_ref(q, QL_DTYPE_F32, x, 1, &y), 0);
+  wo_check64(q, x, 1, &y);
+  ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, 1, &y), 0);
+  aq_check(q, x, 1, &y);
+  ql_qweight_free(q);
+  free(w);
   free(x);
 }
 END_TEST
@@ -619,8 +930,11 @@ START_TEST(test_op_errors) {
     ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, QL_DIM_MAX + 1, y),
                      QL_ESHAPE);
     broken = *q;
-    broken.format = QL_FORMAT_F8R;
+    broken.format = (ql_format)5;
     ck_assert_int_eq(ops[o](&broken, QL_DTYPE_F32, x, M, y), QL_EFORMAT);
+    broken = *q;
+    broken.asymmetric = !q->asymmetric; /* zero[] no longer matches */
+    ck_assert_int_eq(ops[o](&broken, QL_DTYPE_F32, x, M, y), QL_EINVAL);
     broken = *q;
     broken.qdata = NULL;
     ck_assert_int_eq(ops[o](&broken, QL_DTYPE_F32, x, M, y), QL_EINVAL);
@@ -628,6 +942,14 @@ START_TEST(test_op_errors) {
     broken.groups++;
     ck_assert_int_eq(ops[o](&broken, QL_DTYPE_F32, x, M, y), QL_EINVAL);
 
+    if (o == 1 && !has_aq(q)) {
+      /* q8b: every valid call is refused, whatever x holds */
+      x[K + 7] = NAN;
+      ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, M, y), QL_ENOTSUP);
+      make_x(&rng, x, M, K);
+      ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, x, M, y), QL_ENOTSUP);
+      continue;
+    }
     /* Non-finite activations fail before y is written. */
     for (b = 0; b < 3; b++) {
       float keep = x[K + 7];
@@ -674,7 +996,7 @@ START_TEST(test_nmse_vs_unquantized) {
       ye[r * N + j] = e;
     }
   qx_make(q, x, M, &o);
-  for (op = 0; op < 2; op++) {
+  for (op = 0; op < 1 + has_aq(q); op++) {
     double mse = 0.0, pred = 0.0, ratio;
     ck_assert_int_eq((op ? ql_linear_aq_ref : ql_linear_wo_ref)(
                          q, QL_DTYPE_F32, x, M, y),
@@ -684,14 +1006,21 @@ START_TEST(test_nmse_vs_unquantized) {
         double d = y[r * N + j] - ye[r * N + j];
         mse += d * d;
         for (i = 0; i < K; i++) {
-          size_t si = q->format == QL_FORMAT_Q4G
-                          ? (size_t)(i / (int)q->group_size * N + j)
-                          : (size_t)j;
+          int grouped =
+              q->format == QL_FORMAT_Q4G || q->format == QL_FORMAT_Q8B;
+          size_t si =
+              grouped ? (size_t)(i / (int)q->group_size * N + j) : (size_t)j;
           double dw = ql_load_f32(q->scale_dtype, q->scale, si);
+          double dx = o.sx[r];
           double xv = x[r * K + i], wv = w[j * K + i];
+          if (q->format == QL_FORMAT_F8R) {
+            /* the local e4m3 step, in units of the scale */
+            dw *= e4m3_ulp(fmin(fabs(wv) / dw, 448.0));
+            dx *= e4m3_ulp(fmin(fabs(xv) / dx, 448.0));
+          }
           pred += xv * xv * dw * dw / 12.0;
           if (op)
-            pred += wv * wv * (double)o.sx[r] * o.sx[r] / 12.0;
+            pred += wv * wv * dx * dx / 12.0;
         }
       }
     ratio = mse / pred;
@@ -718,6 +1047,10 @@ static Suite *reference_suite(void) {
   tcase_add_test(tc, test_qrows_ties);
   tcase_add_test(tc, test_qrows_reciprocal);
   tcase_add_test(tc, test_qrows_errors);
+  tcase_add_test(tc, test_qrows_e4m3_independent);
+  tcase_add_test(tc, test_qrows_e4m3_ties);
+  tcase_add_test(tc, test_qrows_e4m3_errors);
+  tcase_add_test(tc, test_qrows_generic_op);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("linear");
@@ -727,6 +1060,7 @@ static Suite *reference_suite(void) {
   tcase_add_loop_test(tc, test_narrow_io, 0, NCFG);
   tcase_add_loop_test(tc, test_batch_invariance, 0, NCFG);
   tcase_add_test(tc, test_aq_q8c_max_k);
+  tcase_add_test(tc, test_f8r_large_k);
   tcase_add_loop_test(tc, test_op_errors, 0, NCFG);
   tcase_add_loop_test(tc, test_nmse_vs_unquantized, 0, NCFG);
   suite_add_tcase(s, tc);

@@ -53,7 +53,10 @@ START_TEST(test_generic) {
     ck_assert_ptr_nonnull(g);
     ck_assert_int_eq(g->op, op);
     ck_assert_str_eq(g->name, names[op]);
-    ck_assert_uint_eq(g->formats, QL_ALL_FORMATS);
+    ck_assert_uint_eq(g->formats,
+                      op == QL_OP_LINEAR_AQ
+                          ? QL_ALL_FORMATS & ~QL_FMT_BIT(QL_FORMAT_Q8B)
+                          : QL_ALL_FORMATS);
     ck_assert_uint_eq(g->dtypes, QL_ALL_DTYPES);
   }
   ck_assert_ptr_null(ql_generic_impl(QL_OP_COUNT));
@@ -103,6 +106,15 @@ START_TEST(test_dispatch) {
   ck_assert_ptr_eq(ql_dispatch(&fake, QL_OP_QUANTIZE_ROWS, QL_FORMAT_Q4G,
                                QL_DTYPE_F32, 1, 8, 8),
                    ql_generic_impl(QL_OP_QUANTIZE_ROWS));
+  /* Nothing runs q8b AQ or q8c AQ past the int32 bound. */
+  ck_assert_ptr_null(ql_dispatch(NULL, QL_OP_LINEAR_AQ, QL_FORMAT_Q8B,
+                                 QL_DTYPE_F32, 1, 8, 64));
+  ck_assert_ptr_null(ql_dispatch(NULL, QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
+                                 QL_DTYPE_F32, 1, 8, QL_AQ_Q8C_MAX_K + 1));
+  ck_assert_ptr_nonnull(ql_dispatch(NULL, QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
+                                    QL_DTYPE_F32, 1, 8, QL_AQ_Q8C_MAX_K));
+  ck_assert_ptr_nonnull(ql_dispatch(NULL, QL_OP_LINEAR_WO, QL_FORMAT_Q8B,
+                                    QL_DTYPE_F32, 1, 8, 64));
   /* No backend: generic. */
   ck_assert_ptr_eq(ql_dispatch(NULL, QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
                                QL_DTYPE_F32, 1, 8, 8),
