@@ -43,29 +43,31 @@ __attribute__((format(printf, 3, 4))) static int fail(char *err,
   return QL_EBADFILE;
 }
 
+/* Every type we know, in the order an error message lists them, with its
+ * descr exactly as numpy writes it (1-byte types carry '|': no byte
+ * order). */
+static const struct {
+  ql__npy_type type;
+  const char *descr;
+  size_t size;
+} types_known[] = {
+    {QL__NPY_F32, "<f4", 4}, {QL__NPY_F16, "<f2", 2}, {QL__NPY_U16, "<u2", 2},
+    {QL__NPY_I8, "|i1", 1},  {QL__NPY_U8, "|u1", 1},  {QL__NPY_I32, "<i4", 4},
+};
+#define N_TYPES (sizeof types_known / sizeof types_known[0])
+
 size_t ql__npy_type_size(ql__npy_type type) {
-  switch (type) {
-  case QL__NPY_F32:
-    return 4;
-  case QL__NPY_F16:
-  case QL__NPY_U16:
-    return 2;
-  default:
-    return 0;
-  }
+  for (size_t i = 0; i < N_TYPES; i++)
+    if (types_known[i].type == type)
+      return types_known[i].size;
+  return 0;
 }
 
 const char *ql__npy_type_descr(ql__npy_type type) {
-  switch (type) {
-  case QL__NPY_F32:
-    return "<f4";
-  case QL__NPY_F16:
-    return "<f2";
-  case QL__NPY_U16:
-    return "<u2";
-  default:
-    return NULL;
-  }
+  for (size_t i = 0; i < N_TYPES; i++)
+    if (types_known[i].type == type)
+      return types_known[i].descr;
+  return NULL;
 }
 
 /* ------------------------------------------------------------ header */
@@ -294,11 +296,36 @@ static uint32_t get_le(const unsigned char *p, int n) {
   return v;
 }
 
+/* "'<f4', '<f2' and '<u2'": the types in the set, for an error message. */
+static void list_types(unsigned types, char *buf, size_t len) {
+  size_t n = 0, at = 0, seen = 0;
+  for (size_t i = 0; i < N_TYPES; i++)
+    n += (types & QL__NPY_BIT(types_known[i].type)) != 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < N_TYPES && at < len; i++) {
+    if (!(types & QL__NPY_BIT(types_known[i].type)))
+      continue;
+    seen++;
+    int w = snprintf(buf + at, len - at, "%s'%s'",
+                     seen == 1 ? "" : seen == n ? " and " : ", ",
+                     types_known[i].descr);
+    if (w < 0)
+      break;
+    at += (size_t)w;
+  }
+}
+
 int ql__npy_parse(const void *buf, size_t len, ql__npy *out, char *err,
                   size_t errlen) {
+  return ql__npy_parse_types(buf, len, QL__NPY_DEFAULT_TYPES, out, err,
+                             errlen);
+}
+
+int ql__npy_parse_types(const void *buf, size_t len, unsigned types,
+                        ql__npy *out, char *err, size_t errlen) {
   const unsigned char *b = buf;
   size_t prefix, hlen, esz;
-  ql__npy_type type;
+  ql__npy_type type = (ql__npy_type)0;
   header h;
   uint64_t count, bytes;
   int rv;
@@ -332,18 +359,20 @@ int ql__npy_parse(const void *buf, size_t len, ql__npy *out, char *err,
   if ((rv = parse_dict(&c, &h)) != 0)
     return rv;
 
-  if (word_is(h.descr, h.descr_len, "<f4"))
-    type = QL__NPY_F32;
-  else if (word_is(h.descr, h.descr_len, "<f2"))
-    type = QL__NPY_F16;
-  else if (word_is(h.descr, h.descr_len, "<u2"))
-    type = QL__NPY_U16;
-  else if (h.descr_len == 3 && h.descr[0] == '>')
+  types &= QL__NPY_ALL_TYPES;
+  for (size_t i = 0; i < N_TYPES; i++)
+    if ((types & QL__NPY_BIT(types_known[i].type)) &&
+        word_is(h.descr, h.descr_len, types_known[i].descr))
+      type = types_known[i].type;
+  if (type == 0 && h.descr_len == 3 && h.descr[0] == '>')
     return fail(err, errlen, "big-endian data ('%.*s') is not supported",
                 (int)h.descr_len, h.descr);
-  else
-    return fail(err, errlen, "data type '%.*s' is not supported (only '<f4', "
-                             "'<f2' and '<u2')", (int)h.descr_len, h.descr);
+  if (type == 0) {
+    char list[64];
+    list_types(types, list, sizeof list);
+    return fail(err, errlen, "data type '%.*s' is not supported (only %s)",
+                (int)h.descr_len, h.descr, types ? list : "none asked for");
+  }
   if (h.fortran)
     return fail(err, errlen, "Fortran-order arrays are not supported");
   if (h.ndim < 1 || h.ndim > 2)
@@ -378,6 +407,11 @@ int ql__npy_parse(const void *buf, size_t len, ql__npy *out, char *err,
 /* ------------------------------------------------------------ files */
 
 int ql__npy_load(const char *path, ql__npy *out, char *err, size_t errlen) {
+  return ql__npy_load_types(path, QL__NPY_DEFAULT_TYPES, out, err, errlen);
+}
+
+int ql__npy_load_types(const char *path, unsigned types, ql__npy *out,
+                       char *err, size_t errlen) {
   unsigned char *buf = NULL;
   size_t len = 0, cap;
   struct stat st;
@@ -429,7 +463,7 @@ int ql__npy_load(const char *path, ql__npy *out, char *err, size_t errlen) {
   }
   close(fd);
   fd = -1;
-  if ((rv = ql__npy_parse(buf, len, out, err, errlen)) != 0)
+  if ((rv = ql__npy_parse_types(buf, len, types, out, err, errlen)) != 0)
     goto fail;
   out->owned = buf;
   return 0;

@@ -1,10 +1,13 @@
 /*
  * npy.h - a small reader and writer of NumPy .npy files for qlinearctl.
  *
- * Only what qlinearctl moves around is supported: little-endian '<f4',
- * '<f2' and '<u2' (raw 16-bit words, which the caller may treat as bf16),
- * C order, one or two dimensions. Reading accepts format versions 1.0, 2.0
- * and 3.0; writing produces 1.0, as numpy does for such arrays.
+ * Only what qlinearctl moves around is supported by default: little-endian
+ * '<f4', '<f2' and '<u2' (raw 16-bit words, which the caller may treat as
+ * bf16), C order, one or two dimensions. A caller that handles packed
+ * arrays (weight import, the golden-vector tests) asks for more with
+ * ql__npy_parse_types(): '|i1', '|u1' and '<i4'. Reading accepts format
+ * versions 1.0, 2.0 and 3.0; writing produces 1.0, as numpy does for such
+ * arrays.
  *
  * ql__npy_parse() is the parser of untrusted input: every length, the
  * header syntax and the shape arithmetic are checked against the buffer,
@@ -25,10 +28,27 @@ typedef enum ql__npy_type {
   QL__NPY_U16 = 3, /* '<u2': 16-bit words, bf16 if the caller says so */
 } ql__npy_type;
 
+/* The types only ql__npy_parse_types() returns, and only when asked for.
+ * They are values of ql__npy_type but deliberately not enumerators, so that
+ * a switch written for the three default types (qlinearctl's) stays
+ * exhaustive under -Wswitch. */
+#define QL__NPY_I8 ((ql__npy_type)4)  /* '|i1' */
+#define QL__NPY_U8 ((ql__npy_type)5)  /* '|u1': bytes (float8 codes, ...) */
+#define QL__NPY_I32 ((ql__npy_type)6) /* '<i4' */
+
+/* Sets of types, for ql__npy_parse_types(): a bit per type. */
+#define QL__NPY_BIT(t) (1u << (unsigned)(t))
+#define QL__NPY_DEFAULT_TYPES                                                  \
+  (QL__NPY_BIT(QL__NPY_F32) | QL__NPY_BIT(QL__NPY_F16) |                       \
+   QL__NPY_BIT(QL__NPY_U16))
+#define QL__NPY_ALL_TYPES                                                      \
+  (QL__NPY_DEFAULT_TYPES | QL__NPY_BIT(QL__NPY_I8) |                           \
+   QL__NPY_BIT(QL__NPY_U8) | QL__NPY_BIT(QL__NPY_I32))
+
 /* A parsed array. data is not necessarily aligned to its element type. */
 typedef struct ql__npy {
   ql__npy_type type;
-  size_t elem_size;   /* 4 or 2 */
+  size_t elem_size;   /* 4, 2 or 1 */
   int ndim;           /* 1 or 2 */
   uint64_t shape[2];  /* shape[1] is 1 when ndim is 1 */
   uint64_t count;     /* elements: shape[0] * shape[1] */
@@ -37,7 +57,7 @@ typedef struct ql__npy {
   void *owned;        /* the file contents held by ql__npy_load(), or NULL */
 } ql__npy;
 
-/* The element size of a type, 0 for an unknown one. */
+/* The element size of a type (any of the six), 0 for an unknown one. */
 size_t ql__npy_type_size(ql__npy_type type);
 /* The header's descr string of a type ("<f4"), or NULL. */
 const char *ql__npy_type_descr(ql__npy_type type);
@@ -46,17 +66,29 @@ const char *ql__npy_type_descr(ql__npy_type type);
  * Parses the .npy file in buf[0..len). On success *out describes the array
  * and out->data points into buf (borrowed: valid while buf is), out->owned
  * is NULL. On failure returns QL_EBADFILE and writes the reason into
- * err[0..errlen) (err may be NULL); *out is then zeroed.
+ * err[0..errlen) (err may be NULL); *out is then zeroed. Accepts the
+ * default types only (QL__NPY_DEFAULT_TYPES).
  */
 int ql__npy_parse(const void *buf, size_t len, ql__npy *out, char *err,
                   size_t errlen);
+
+/* ql__npy_parse() accepting the element types in the set types (bits
+ * QL__NPY_BIT(t); bits of no type are ignored): a file of any other type
+ * fails with QL_EBADFILE and a reason listing the accepted ones. Every
+ * other check is the same. */
+int ql__npy_parse_types(const void *buf, size_t len, unsigned types,
+                        ql__npy *out, char *err, size_t errlen);
 
 /*
  * Reads and parses the file at path. On success out->owned holds the file's
  * contents, which out->data points into; release them with ql__npy_free().
  * Fails with QL_EIO (cannot read, reason in err), QL_ENOMEM or QL_EBADFILE.
+ * ql__npy_load() accepts the default types, ql__npy_load_types() the set
+ * types as ql__npy_parse_types() does.
  */
 int ql__npy_load(const char *path, ql__npy *out, char *err, size_t errlen);
+int ql__npy_load_types(const char *path, unsigned types, ql__npy *out,
+                       char *err, size_t errlen);
 
 /* Frees what ql__npy_load() allocated and zeroes *a. NULL-safe, and safe on
  * a zeroed or parsed (not loaded) struct. */

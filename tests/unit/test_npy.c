@@ -343,6 +343,149 @@ START_TEST(test_err_buffer) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ packed types */
+
+/* The types only ql__npy_parse_types() returns: each is accepted when asked
+ * for, with the same shape and size checks, and refused by the default
+ * parser (qlinearctl's) with the usual reason. */
+static const struct valid_case packed[] = {
+    {1, "{'descr': '|i1', 'fortran_order': False, 'shape': (2, 3), }\n", 6,
+     QL__NPY_I8, 2, 2, 3},
+    {1, "{'descr': '|u1', 'fortran_order': False, 'shape': (5,), }\n", 5,
+     QL__NPY_U8, 1, 5, 1},
+    {1, "{'descr': '<i4', 'fortran_order': False, 'shape': (3, 2), }\n", 24,
+     QL__NPY_I32, 2, 3, 2},
+    {1, "{'descr': '|u1', 'fortran_order': False, 'shape': (0, 7), }\n", 0,
+     QL__NPY_U8, 2, 0, 7},
+    {2, "{\"descr\": \"<i4\", \"fortran_order\": False, \"shape\": (1,)}", 4,
+     QL__NPY_I32, 1, 1, 1},
+    {3, "{'shape': (4, 1), 'fortran_order': False, 'descr': '|i1'}", 4,
+     QL__NPY_I8, 2, 4, 1},
+};
+
+START_TEST(test_packed) {
+  const struct valid_case *v = &packed[_i];
+  size_t len;
+  unsigned char *b = make(v->major, v->hdr, v->data_len, &len);
+  ql__npy a;
+  char err[256];
+
+  int rv = ql__npy_parse_types(b, len, QL__NPY_ALL_TYPES, &a, err, sizeof err);
+  ck_assert_msg(rv == 0, "case %d: %s", _i, err);
+  ck_assert_int_eq(a.type, v->type);
+  ck_assert_int_eq(a.ndim, v->ndim);
+  ck_assert_uint_eq(a.shape[0], v->d0);
+  ck_assert_uint_eq(a.shape[1], v->d1);
+  ck_assert_uint_eq(a.elem_size, ql__npy_type_size(v->type));
+  ck_assert_uint_eq(a.data_len, v->data_len);
+  ck_assert_ptr_eq(a.data, b + len - v->data_len);
+
+  /* exactly its own type is enough */
+  rv = ql__npy_parse_types(b, len, QL__NPY_BIT(v->type), &a, err, sizeof err);
+  ck_assert_msg(rv == 0, "case %d: %s", _i, err);
+  ck_assert_int_eq(a.type, v->type);
+
+  /* the default set (and ql__npy_parse) refuses it, naming what it takes */
+  memset(&a, 0xab, sizeof a);
+  ck_assert_int_eq(ql__npy_parse(b, len, &a, err, sizeof err), QL_EBADFILE);
+  ck_assert_ptr_null(a.data);
+  ck_assert_msg(strstr(err, "is not supported (only '<f4', '<f2' and "
+                            "'<u2')") != NULL, "case %d: %s", _i, err);
+  ck_assert_int_eq(ql__npy_parse_types(b, len, QL__NPY_DEFAULT_TYPES, &a, err,
+                                       sizeof err),
+                   QL_EBADFILE);
+
+  /* the reason lists the set that was asked for */
+  ck_assert_int_eq(ql__npy_parse_types(b, len,
+                                       QL__NPY_ALL_TYPES &
+                                           ~QL__NPY_BIT(v->type),
+                                       &a, err, sizeof err),
+                   QL_EBADFILE);
+  ck_assert_ptr_nonnull(strstr(err, "not supported (only '<f4', "));
+  ck_assert_int_eq(ql__npy_parse_types(b, len, 0, &a, err, sizeof err),
+                   QL_EBADFILE);
+  ck_assert_ptr_nonnull(strstr(err, "none asked for"));
+  free(b);
+}
+END_TEST
+
+/* Asking for the packed types changes nothing else: the default types
+ * parse as before, and what is malformed stays malformed. */
+#define I4 "'descr': '<i4', 'fortran_order': False, "
+static const struct bad_case bad_packed[] = {
+    {1, "{'descr': '<i1', 'fortran_order': False, 'shape': (1,)}", 1,
+     "'<i1' is not supported"},
+    {1, "{'descr': '|u2', 'fortran_order': False, 'shape': (1,)}", 2,
+     "'|u2' is not supported"},
+    {1, "{'descr': '|i4', 'fortran_order': False, 'shape': (1,)}", 4,
+     "'|i4' is not supported"},
+    {1, "{'descr': '<u4', 'fortran_order': False, 'shape': (1,)}", 4,
+     "'<u4' is not supported"},
+    {1, "{'descr': '|b1', 'fortran_order': False, 'shape': (1,)}", 1,
+     "'|b1' is not supported"},
+    {1, "{'descr': 'i1', 'fortran_order': False, 'shape': (1,)}", 1,
+     "not supported"},
+    {1, "{'descr': '>i4', 'fortran_order': False, 'shape': (1,)}", 4,
+     "big-endian"},
+    {1, "{" I4 "'shape': (2, 3)}", 23, "truncated"},
+    {1, "{" I4 "'shape': (2, 3)}", 25, "trailing"},
+    {1, "{'descr': '|u1', 'fortran_order': False, 'shape': (2, 3)}", 7,
+     "trailing"},
+    {1, "{'descr': '|i1', 'fortran_order': True, 'shape': (2, 3)}", 6,
+     "Fortran-order"},
+    {1, "{'descr': '|i1', 'fortran_order': False, 'shape': (1, 2, 3)}", 6,
+     "3-dimensional"},
+    {1, "{'descr': '|i1', 'fortran_order': False, 'shape': ()}", 1,
+     "0-dimensional"},
+    {1, "{" I4 "'shape': (4611686018427387904,)}", 0, "too many bytes"},
+    {1, "{'descr': '|u1', 'fortran_order': False, "
+        "'shape': (4294967296, 4294967296)}",
+     0, "too many elements"},
+    {1, "{'descr': '|u1', 'fortran_order': False, "
+        "'shape': (18446744073709551615,)}",
+     0, "truncated"},
+};
+
+START_TEST(test_bad_packed) {
+  const struct bad_case *v = &bad_packed[_i];
+  size_t len;
+  unsigned char *b = make(v->major, v->hdr, v->data_len, &len);
+  ql__npy a;
+  char err[256];
+  memset(&a, 0xab, sizeof a);
+  int rv = ql__npy_parse_types(b, len, QL__NPY_ALL_TYPES, &a, err, sizeof err);
+  ck_assert_msg(rv == QL_EBADFILE, "case %d accepted", _i);
+  ck_assert_msg(strstr(err, v->why) != NULL, "case %d: '%s' lacks '%s'", _i,
+                err, v->why);
+  ck_assert_ptr_null(a.data);
+  free(b);
+}
+END_TEST
+
+/* The malformed cases above fail the same way with every type allowed. */
+START_TEST(test_bad_all_types) {
+  const struct bad_case *v = &bad[_i];
+  size_t len;
+  unsigned char *b = make(v->major, v->hdr, v->data_len, &len);
+  ql__npy a;
+  char err[256];
+  int rv = ql__npy_parse_types(b, len, QL__NPY_ALL_TYPES, &a, err, sizeof err);
+  if (strstr(v->hdr, "'|u1'") != NULL) { /* the one now accepted */
+    ck_assert_int_eq(rv, 0);
+  } else {
+    ck_assert_msg(rv == QL_EBADFILE, "case %d accepted", _i);
+    /* the list of accepted types differs, the rest of the reason not */
+    const char *why =
+        strstr(v->why, "' is not supported") ? v->why : "not supported";
+    if (strstr(v->why, "not supported") == NULL)
+      why = v->why;
+    ck_assert_msg(strstr(err, why) != NULL, "case %d: '%s' lacks '%s'", _i,
+                  err, why);
+  }
+  free(b);
+}
+END_TEST
+
 /* ------------------------------------------------------------ writer */
 
 static void round_trip(ql__npy_type type, int ndim, uint64_t d0, uint64_t d1) {
@@ -361,7 +504,8 @@ static void round_trip(ql__npy_type type, int ndim, uint64_t d0, uint64_t d1) {
   /* numpy's layout: data aligned to 64 bytes, header ends in '\n' */
   ck_assert_uint_eq((len - count * esz) % 64, 0);
   ck_assert_int_eq(((char *)buf)[len - count * esz - 1], '\n');
-  ck_assert_int_eq(ql__npy_parse(buf, len, &a, err, sizeof err), 0);
+  ck_assert_int_eq(
+      ql__npy_parse_types(buf, len, QL__NPY_ALL_TYPES, &a, err, sizeof err), 0);
   ck_assert_int_eq(a.type, type);
   ck_assert_int_eq(a.ndim, ndim);
   ck_assert_uint_eq(a.shape[0], d0);
@@ -382,6 +526,11 @@ START_TEST(test_round_trip) {
   round_trip(QL__NPY_F32, 2, 5, 0);
   round_trip(QL__NPY_F32, 1, 0, 0);
   round_trip(QL__NPY_F32, 2, 1, 4096);
+  round_trip(QL__NPY_I8, 2, 3, 5);
+  round_trip(QL__NPY_U8, 1, 7, 0);
+  round_trip(QL__NPY_U8, 2, 0, 3);
+  round_trip(QL__NPY_I32, 2, 4, 2);
+  round_trip(QL__NPY_I32, 1, 1, 0);
 }
 END_TEST
 
@@ -488,6 +637,30 @@ START_TEST(test_files) {
   ql__npy_free(&a);
   free(big);
 
+  /* a packed type: only ql__npy_load_types() takes it */
+  const int32_t iv[4] = {-1, 0x7fffffff, 8, -2147483647 - 1};
+  ck_assert_int_eq(
+      ql__npy_write(path, QL__NPY_I32, 2, shape, iv, err, sizeof err), 0);
+  ck_assert_int_eq(ql__npy_load(path, &a, err, sizeof err), QL_EBADFILE);
+  ck_assert_ptr_null(a.owned);
+  ck_assert_ptr_nonnull(strstr(err, "'<i4' is not supported"));
+  ck_assert_int_eq(ql__npy_load_types(path, QL__NPY_BIT(QL__NPY_I32), &a, err,
+                                      sizeof err),
+                   0);
+  ck_assert_ptr_nonnull(a.owned);
+  ck_assert_int_eq(a.type, QL__NPY_I32);
+  ck_assert_int_eq(memcmp(a.data, iv, sizeof iv), 0);
+  ql__npy_free(&a);
+  ck_assert_int_eq(ql__npy_load_types(path, QL__NPY_BIT(QL__NPY_I8), &a, err,
+                                      sizeof err),
+                   QL_EBADFILE);
+  ck_assert_ptr_nonnull(strstr(err, "(only '|i1')"));
+  snprintf(path, sizeof path, "%s/missing.npy", tmpdir);
+  ck_assert_int_eq(
+      ql__npy_load_types(path, QL__NPY_ALL_TYPES, &a, err, sizeof err),
+      QL_EIO);
+  snprintf(path, sizeof path, "%s/a.npy", tmpdir);
+
   /* a malformed file: QL_EBADFILE, nothing held */
   FILE *f = fopen(path, "wb");
   ck_assert_uint_eq(fwrite("\x93NUMPY\x01\x00\x04\x00{}\n\n", 1, 14, f), 14);
@@ -533,6 +706,16 @@ START_TEST(test_types) {
   ck_assert_uint_eq(ql__npy_type_size((ql__npy_type)0), 0);
   ck_assert_str_eq(ql__npy_type_descr(QL__NPY_U16), "<u2");
   ck_assert_ptr_null(ql__npy_type_descr((ql__npy_type)7));
+  ck_assert_uint_eq(ql__npy_type_size(QL__NPY_I8), 1);
+  ck_assert_uint_eq(ql__npy_type_size(QL__NPY_U8), 1);
+  ck_assert_uint_eq(ql__npy_type_size(QL__NPY_I32), 4);
+  ck_assert_uint_eq(ql__npy_type_size((ql__npy_type)7), 0);
+  ck_assert_str_eq(ql__npy_type_descr(QL__NPY_I8), "|i1");
+  ck_assert_str_eq(ql__npy_type_descr(QL__NPY_U8), "|u1");
+  ck_assert_str_eq(ql__npy_type_descr(QL__NPY_I32), "<i4");
+  /* the sets: the default is what qlinearctl takes, all adds the rest */
+  ck_assert_uint_eq(QL__NPY_DEFAULT_TYPES, 0xe);
+  ck_assert_uint_eq(QL__NPY_ALL_TYPES, 0x7e);
 }
 END_TEST
 
@@ -546,6 +729,10 @@ static Suite *npy_suite(void) {
   tcase_add_test(tc, test_every_prefix);
   tcase_add_test(tc, test_err_buffer);
   tcase_add_test(tc, test_types);
+  tcase_add_loop_test(tc, test_packed, 0, sizeof packed / sizeof packed[0]);
+  tcase_add_loop_test(tc, test_bad_packed, 0,
+                      sizeof bad_packed / sizeof bad_packed[0]);
+  tcase_add_loop_test(tc, test_bad_all_types, 0, sizeof bad / sizeof bad[0]);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("write");
