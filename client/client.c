@@ -59,6 +59,8 @@ typedef Qlinear__V1__Response__BodyCase BodyCase;
 /* REQ resends a request that got no reply after this long; we never want
  * that within a call (the call times out first), only as a backstop. */
 #define RESEND_IVL_MS 3600000
+/* LoadCommit waits at least this long: quantization runs on commit. */
+#define COMMIT_TIMEOUT_MS 600000
 /* LoadAbort after a failure is best effort and must not double the wait. */
 #define ABORT_TIMEOUT_MS 2000
 #define ERRBUF_SIZE 1024
@@ -671,6 +673,7 @@ static int weight_info_from(const Qlinear__V1__WeightInfo *w,
   out->n = sp->n;
   out->k = sp->k;
   out->has_bias = sp->has_bias ? 1 : 0;
+  out->asymmetric = sp->asymmetric ? 1 : 0;
   out->policy = (int)sp->policy;
   out->scale_dtype = (int)sp->scale_dtype;
   memcpy(out->digest, w->digest.data, QL_DIGEST_BYTES);
@@ -724,46 +727,36 @@ static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
   return *out <= SIZE_MAX;
 }
 
-QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
-                            ql_weight_info *info_out, int *shared_out) {
-  Qlinear__V1__WeightSpec spec = QLINEAR__V1__WEIGHT_SPEC__INIT;
-  Qlinear__V1__LoadBeginRequest br = QLINEAR__V1__LOAD_BEGIN_REQUEST__INIT;
+/* One contiguous piece of an upload stream. */
+typedef struct segment {
+  const uint8_t *p;
+  uint64_t len;
+} segment;
+
+/*
+ * The upload protocol shared by every load: LoadBegin with br, the
+ * segments in order as LoadChunks (a chunk never spans two segments, so
+ * nothing is copied), LoadCommit. After a failure past LoadBegin the
+ * upload is aborted (best effort) and the first error returned.
+ */
+static int upload(ql_client *c, Qlinear__V1__LoadBeginRequest *br,
+                  const segment *segs, int nseg, ql_progress_cb progress,
+                  void *progress_arg, ql_weight_info *info_out,
+                  int *shared_out) {
   Qlinear__V1__LoadChunkRequest cr = QLINEAR__V1__LOAD_CHUNK_REQUEST__INIT;
   Qlinear__V1__LoadCommitRequest mr = QLINEAR__V1__LOAD_COMMIT_REQUEST__INIT;
   Request req = QLINEAR__V1__REQUEST__INIT;
   Response *resp = NULL;
   ql_weight_info info;
-  uint64_t nk, wbytes, bbytes, total, cap, max_chunk, lim, upload_id = 0;
+  uint64_t total = 0, cap, max_chunk, lim, upload_id = 0, off = 0;
   bool begun = false;
-  size_t esz;
   int rv;
 
-  err_clear();
-  if (c == NULL || d == NULL || d->data == NULL)
-    return err_set(QL_EINVAL, "client, descriptor or data is NULL");
-  if ((rv = check_name(d->name)) != 0)
-    return rv;
-  if (!ql_dtype_valid(d->dtype))
-    return err_set(QL_EDTYPE, "data type %d is not f32, f16 or bf16",
-                   (int)d->dtype);
-  if (d->scale_dtype != 0 && !ql_dtype_valid(d->scale_dtype))
-    return err_set(QL_EDTYPE, "scale data type %d is not f32, f16 or bf16",
-                   d->scale_dtype);
-  if (!ql_format_valid(d->format))
-    return err_set(QL_EFORMAT, "format %d is unknown", (int)d->format);
-  if (!ql_path_valid(d->policy))
-    return err_set(QL_EINVAL, "policy %d is unknown", (int)d->policy);
-  if (d->n == 0 || d->k == 0)
-    return err_set(QL_ESHAPE, "weight of shape [%llu, %llu]",
-                   (unsigned long long)d->n, (unsigned long long)d->k);
-  esz = ql_dtype_size(d->dtype);
-  if (!mul_ok(d->n, d->k, &nk) || !mul_ok(nk, esz, &wbytes) ||
-      !mul_ok(d->bias != NULL ? d->n : 0, esz, &bbytes) ||
-      wbytes > SIZE_MAX - bbytes)
-    return err_set(QL_ETOOBIG, "weight of shape [%llu, %llu] is too large",
-                   (unsigned long long)d->n, (unsigned long long)d->k);
-  total = wbytes + bbytes;
-
+  for (int i = 0; i < nseg; i++) {
+    if (segs[i].len > UINT64_MAX - total)
+      return err_set(QL_ETOOBIG, "upload too large");
+    total += segs[i].len;
+  }
   /* Chunk payloads must fit the daemon's two limits with room for the
    * envelope. */
   client_limits(c, &cap, &max_chunk);
@@ -776,18 +769,8 @@ QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
     return err_set(QL_ETOOBIG, "the daemon's cap of %llu bytes leaves no room "
                                "for chunk data", (unsigned long long)cap);
 
-  spec.name = (char *)d->name; /* pack only reads it */
-  spec.format = (Qlinear__V1__Format)d->format;
-  spec.group_size = d->group_size;
-  spec.n = d->n;
-  spec.k = d->k;
-  spec.dtype = (Qlinear__V1__DType)d->dtype;
-  spec.has_bias = d->bias != NULL;
-  spec.policy = (Qlinear__V1__Path)d->policy;
-  spec.scale_dtype = (Qlinear__V1__DType)d->scale_dtype;
-  br.spec = &spec;
   req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN;
-  req.load_begin = &br;
+  req.load_begin = br;
   if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LOAD_BEGIN,
                  c->timeout_ms, &resp)) != 0)
     goto fail;
@@ -802,49 +785,48 @@ QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
   qlinear__v1__response__free_unpacked(resp, NULL);
   resp = NULL;
 
-  if (d->progress != NULL)
-    d->progress(d->progress_arg, 0, total);
-  /* Weight bytes, then bias bytes; a chunk never spans the two buffers, so
-   * nothing is copied here. */
-  for (uint64_t off = 0; off < total;) {
-    const uint8_t *p;
-    uint64_t len;
-    if (off < wbytes) {
-      p = (const uint8_t *)d->data + off;
-      len = wbytes - off;
-    } else {
-      p = (const uint8_t *)d->bias + (off - wbytes);
-      len = total - off;
+  if (progress != NULL)
+    progress(progress_arg, 0, total);
+  for (int i = 0; i < nseg; i++) {
+    for (uint64_t done = 0; done < segs[i].len;) {
+      uint64_t len = segs[i].len - done;
+      if (len > lim)
+        len = lim;
+      cr.upload_id = upload_id;
+      cr.offset = off;
+      cr.data.data = (uint8_t *)segs[i].p + done; /* pack only reads it */
+      cr.data.len = (size_t)len;
+      req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK;
+      req.load_chunk = &cr;
+      if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LOAD_CHUNK,
+                     c->timeout_ms, &resp)) != 0)
+        goto fail;
+      if (resp->load_chunk->received_bytes != off + len) {
+        rv = err_set(QL_EPROTO,
+                     "daemon acknowledged %llu bytes, %llu were sent",
+                     (unsigned long long)resp->load_chunk->received_bytes,
+                     (unsigned long long)(off + len));
+        goto fail;
+      }
+      qlinear__v1__response__free_unpacked(resp, NULL);
+      resp = NULL;
+      done += len;
+      off += len;
+      if (progress != NULL)
+        progress(progress_arg, off, total);
     }
-    if (len > lim)
-      len = lim;
-    cr.upload_id = upload_id;
-    cr.offset = off;
-    cr.data.data = (uint8_t *)p; /* pack only reads it */
-    cr.data.len = (size_t)len;
-    req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK;
-    req.load_chunk = &cr;
-    if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LOAD_CHUNK,
-                   c->timeout_ms, &resp)) != 0)
-      goto fail;
-    if (resp->load_chunk->received_bytes != off + len) {
-      rv = err_set(QL_EPROTO, "daemon acknowledged %llu bytes, %llu were sent",
-                   (unsigned long long)resp->load_chunk->received_bytes,
-                   (unsigned long long)(off + len));
-      goto fail;
-    }
-    qlinear__v1__response__free_unpacked(resp, NULL);
-    resp = NULL;
-    off += len;
-    if (d->progress != NULL)
-      d->progress(d->progress_arg, off, total);
   }
 
   mr.upload_id = upload_id;
   req.body_case = QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT;
   req.load_commit = &mr;
+  /* Quantizing a large weight takes a while and a commit cannot be
+   * aborted once running: wait longer than for other calls. */
+  int commit_timeout = c->timeout_ms < 0 || c->timeout_ms > COMMIT_TIMEOUT_MS
+                           ? c->timeout_ms
+                           : COMMIT_TIMEOUT_MS;
   if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LOAD_COMMIT,
-                 c->timeout_ms, &resp)) != 0)
+                 commit_timeout, &resp)) != 0)
     goto fail;
   /* Committed: from here on the weight exists, so no abort. */
   begun = false;
@@ -862,6 +844,136 @@ fail:
   if (begun)
     abort_upload(c, upload_id);
   return rv;
+}
+
+/* Checks what every load descriptor shares. */
+static int check_load_common(const char *name, ql_format format,
+                             ql_path policy, int scale_dtype, uint64_t n,
+                             uint64_t k) {
+  int rv;
+  if ((rv = check_name(name)) != 0)
+    return rv;
+  if (scale_dtype != 0 && !ql_dtype_valid(scale_dtype))
+    return err_set(QL_EDTYPE, "scale data type %d is not f32, f16 or bf16",
+                   scale_dtype);
+  if (!ql_format_valid(format))
+    return err_set(QL_EFORMAT, "format %d is unknown", (int)format);
+  if (!ql_path_valid(policy))
+    return err_set(QL_EINVAL, "policy %d is unknown", (int)policy);
+  if (n == 0 || k == 0)
+    return err_set(QL_ESHAPE, "weight of shape [%llu, %llu]",
+                   (unsigned long long)n, (unsigned long long)k);
+  return 0;
+}
+
+QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
+                            ql_weight_info *info_out, int *shared_out) {
+  Qlinear__V1__WeightSpec spec = QLINEAR__V1__WEIGHT_SPEC__INIT;
+  Qlinear__V1__LoadBeginRequest br = QLINEAR__V1__LOAD_BEGIN_REQUEST__INIT;
+  uint64_t nk, wbytes, bbytes;
+  size_t esz;
+  int rv;
+
+  err_clear();
+  if (c == NULL || d == NULL || d->data == NULL)
+    return err_set(QL_EINVAL, "client, descriptor or data is NULL");
+  if ((rv = check_load_common(d->name, d->format, d->policy, d->scale_dtype,
+                              d->n, d->k)) != 0)
+    return rv;
+  if (!ql_dtype_valid(d->dtype))
+    return err_set(QL_EDTYPE, "data type %d is not f32, f16 or bf16",
+                   (int)d->dtype);
+  esz = ql_dtype_size(d->dtype);
+  if (!mul_ok(d->n, d->k, &nk) || !mul_ok(nk, esz, &wbytes) ||
+      !mul_ok(d->bias != NULL ? d->n : 0, esz, &bbytes) ||
+      wbytes > SIZE_MAX - bbytes)
+    return err_set(QL_ETOOBIG, "weight of shape [%llu, %llu] is too large",
+                   (unsigned long long)d->n, (unsigned long long)d->k);
+
+  spec.name = (char *)d->name; /* pack only reads it */
+  spec.format = (Qlinear__V1__Format)d->format;
+  spec.group_size = d->group_size;
+  spec.n = d->n;
+  spec.k = d->k;
+  spec.dtype = (Qlinear__V1__DType)d->dtype;
+  spec.has_bias = d->bias != NULL;
+  spec.policy = (Qlinear__V1__Path)d->policy;
+  spec.scale_dtype = (Qlinear__V1__DType)d->scale_dtype;
+  spec.asymmetric = d->asymmetric != 0;
+  br.spec = &spec;
+  segment segs[2] = {{d->data, wbytes}, {d->bias, bbytes}};
+  return upload(c, &br, segs, 2, d->progress, d->progress_arg, info_out,
+                shared_out);
+}
+
+/* Describes one packed array on the wire and as a stream segment. */
+static int packed_array(const char *what, const ql_packed_array *a,
+                        Qlinear__V1__ArraySpec *spec, uint64_t *shape,
+                        segment *seg) {
+  size_t es = ql_array_dtype_size(a->dtype);
+  uint64_t n1, bytes;
+  if (es == 0)
+    return err_set(QL_EDTYPE, "%s: array dtype %d is unknown", what, a->dtype);
+  if (a->ndim < 1 || a->ndim > 2)
+    return err_set(QL_ESHAPE, "%s: %d dims (1 or 2 allowed)", what, a->ndim);
+  if (!mul_ok(a->shape[0], a->ndim == 2 ? a->shape[1] : 1, &n1) ||
+      !mul_ok(n1, es, &bytes) || n1 == 0)
+    return err_set(QL_ESHAPE, "%s: empty or too large", what);
+  qlinear__v1__array_spec__init(spec);
+  spec->dtype = (Qlinear__V1__ArrayDType)a->dtype;
+  shape[0] = a->shape[0];
+  shape[1] = a->shape[1];
+  spec->shape = shape;
+  spec->n_shape = (size_t)a->ndim;
+  seg->p = a->data;
+  seg->len = bytes;
+  return 0;
+}
+
+QL_EXPORT int ql_load_packed(ql_client *c, const ql_packed_desc *d,
+                             ql_weight_info *info_out, int *shared_out) {
+  Qlinear__V1__WeightSpec spec = QLINEAR__V1__WEIGHT_SPEC__INIT;
+  Qlinear__V1__LoadBeginRequest br = QLINEAR__V1__LOAD_BEGIN_REQUEST__INIT;
+  Qlinear__V1__PackedSpec ps = QLINEAR__V1__PACKED_SPEC__INIT;
+  Qlinear__V1__ArraySpec as[4];
+  uint64_t shapes[4][2];
+  segment segs[4];
+  static const char *names[4] = {"qdata", "scale", "zero", "bias"};
+  Qlinear__V1__ArraySpec **slots[4] = {&ps.qdata, &ps.scale, &ps.zero,
+                                       &ps.bias};
+  int nseg = 0, rv;
+
+  err_clear();
+  if (c == NULL || d == NULL || d->qdata.data == NULL || d->scale.data == NULL)
+    return err_set(QL_EINVAL, "client, descriptor, qdata or scale is NULL");
+  if ((rv = check_load_common(d->name, d->format, d->policy, 0, d->n, d->k)) !=
+      0)
+    return rv;
+  if (d->zero_kind != QL_ZERO_FLOAT && d->zero_kind != QL_ZERO_INT)
+    return err_set(QL_EINVAL, "zero kind %d is unknown", (int)d->zero_kind);
+  const ql_packed_array *arr[4] = {&d->qdata, &d->scale, &d->zero, &d->bias};
+  for (int i = 0; i < 4; i++) {
+    if (arr[i]->data == NULL)
+      continue;
+    if ((rv = packed_array(names[i], arr[i], &as[nseg], shapes[nseg],
+                           &segs[nseg])) != 0)
+      return rv;
+    *slots[i] = &as[nseg];
+    nseg++;
+  }
+  ps.zero_kind = (Qlinear__V1__ZeroKind)d->zero_kind;
+  spec.name = (char *)d->name; /* pack only reads it */
+  spec.format = (Qlinear__V1__Format)d->format;
+  spec.group_size = d->group_size;
+  spec.n = d->n;
+  spec.k = d->k;
+  spec.has_bias = d->bias.data != NULL;
+  spec.policy = (Qlinear__V1__Path)d->policy;
+  spec.asymmetric = d->asymmetric != 0;
+  br.spec = &spec;
+  br.packed = &ps;
+  return upload(c, &br, segs, nseg, d->progress, d->progress_arg, info_out,
+                shared_out);
 }
 
 QL_EXPORT int ql_unload(ql_client *c, const char *name) {

@@ -49,9 +49,11 @@ static const char usage_text[] =
     "  load NAME FILE.npy --format FMT [--bias FILE.npy] [--policy POLICY]\n"
     "       [--scale-dtype DTYPE] [--bf16]\n"
     "                         upload a float weight [N, K] for the daemon to\n"
-    "                         quantize; FMT is q4g32, q4g64, q4g128, q4g256 or\n"
-    "                         q8c; POLICY auto or weight-only; DTYPE of the\n"
-    "                         scales bf16 (default), f16 or f32\n"
+    "                         quantize; FMT is q4g32..q4g256, q8c, q8b32..q8b256\n"
+    "                         (q8b32a.. asymmetric) or f8r; POLICY auto or\n"
+    "                         weight-only; DTYPE of the scales bf16, f16 or\n"
+    "                         f32 (default: as TorchAO, the data's own dtype,\n"
+    "                         f32 for f8r)\n"
     "  unload NAME            drop this client's hold on a weight\n"
     "  linear NAME X.npy [-o Y.npy] [--path auto|wo|aq] [--bf16]\n"
     "                         y = x.W^T + b for x [M, K] (or [K]); y has x's\n"
@@ -222,20 +224,26 @@ static void getopt_reset(void) {
   opterr = 0;
 }
 
-static int parse_format(const char *s, ql_format *fmt, uint32_t *group) {
-  if (strcmp(s, "q8c") == 0) {
-    *fmt = QL_FORMAT_Q8C;
-    *group = 0;
+/* q4g<G>, q8b<B> (symmetric), q8b<B>a (asymmetric), q8c, f8r; G and B
+ * in 32, 64, 128, 256. */
+static int parse_format(const char *s, ql_format *fmt, uint32_t *group,
+                        int *asym) {
+  *asym = 0;
+  *group = 0;
+  if (strcmp(s, "q8c") == 0 || strcmp(s, "f8r") == 0) {
+    *fmt = s[0] == 'q' ? QL_FORMAT_Q8C : QL_FORMAT_F8R;
     return 0;
   }
-  static const struct {
-    const char *name;
-    uint32_t group;
-  } q4[] = {{"q4g32", 32}, {"q4g64", 64}, {"q4g128", 128}, {"q4g256", 256}};
-  for (size_t i = 0; i < sizeof q4 / sizeof q4[0]; i++) {
-    if (strcmp(s, q4[i].name) == 0) {
-      *fmt = QL_FORMAT_Q4G;
-      *group = q4[i].group;
+  static const uint32_t sizes[] = {32, 64, 128, 256};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    char q4[16], q8[16], q8a[16];
+    snprintf(q4, sizeof q4, "q4g%" PRIu32, sizes[i]);
+    snprintf(q8, sizeof q8, "q8b%" PRIu32, sizes[i]);
+    snprintf(q8a, sizeof q8a, "q8b%" PRIu32 "a", sizes[i]);
+    if (strcmp(s, q4) == 0 || strcmp(s, q8) == 0 || strcmp(s, q8a) == 0) {
+      *fmt = s[1] == '4' ? QL_FORMAT_Q4G : QL_FORMAT_Q8B;
+      *group = sizes[i];
+      *asym = strcmp(s, q8a) == 0;
       return 0;
     }
   }
@@ -374,6 +382,8 @@ static int cmd_list(ctx *cx, int argc, char **argv) {
   for (size_t i = 0; i < n; i++) {
     char fmt[32], shape[48], dg[2 * QL_DIGEST_BYTES + 1], bytes[32];
     format_name(w[i].format, w[i].group_size, fmt, sizeof fmt);
+    if (w[i].asymmetric)
+      strncat(fmt, "a", sizeof fmt - strlen(fmt) - 1);
     snprintf(shape, sizeof shape, "%" PRIu64 "x%" PRIu64, w[i].n, w[i].k);
     hex(w[i].digest, sizeof w[i].digest, dg);
     dg[12] = '\0';
@@ -431,9 +441,9 @@ static int cmd_load(ctx *cx, int argc, char **argv) {
     switch (ch) {
     case OPT_FORMAT:
       format = optarg;
-      if (parse_format(optarg, &d.format, &d.group_size) != 0)
-        return usage_error("load: unknown format '%s' (q4g32, q4g64, q4g128, "
-                           "q4g256 or q8c)", optarg);
+      if (parse_format(optarg, &d.format, &d.group_size, &d.asymmetric) != 0)
+        return usage_error("load: unknown format '%s' (q4g32..q4g256, q8c, "
+                           "q8b32..q8b256, q8b32a..q8b256a or f8r)", optarg);
       break;
     case OPT_BIAS:
       bias_path = optarg;
@@ -457,7 +467,7 @@ static int cmd_load(ctx *cx, int argc, char **argv) {
       break;
     case 'h':
       puts("usage: qlinearctl load NAME FILE.npy --format "
-           "q4g32|q4g64|q4g128|q4g256|q8c\n"
+           "q4g{32,64,128,256}|q8c|q8b{32,64,128,256}[a]|f8r\n"
            "                       [--bias FILE.npy] [--policy "
            "auto|weight-only]\n"
            "                       [--scale-dtype bf16|f16|f32] [--bf16]");

@@ -8,6 +8,8 @@
 
 #include "handlers.h"
 #include "log.h"
+#include "import.h"
+#include "registry.h"
 #include "protocol.h"
 
 #define DAEMON_VERSION PACKAGE_VERSION
@@ -82,7 +84,11 @@ static void fill_info(info_buf *b, ql__weight *w) {
   qlinear__v1__weight_spec__init(&b->spec);
   b->spec.name = w->name;
   b->spec.format = (Qlinear__V1__Format)w->q->format;
-  b->spec.group_size = w->q->format == QL_FORMAT_Q4G ? w->q->group_size : 0;
+  b->spec.group_size =
+      w->q->format == QL_FORMAT_Q4G || w->q->format == QL_FORMAT_Q8B
+          ? w->q->group_size
+          : 0;
+  b->spec.asymmetric = w->q->zero != NULL && w->q->format == QL_FORMAT_Q8B;
   b->spec.n = (uint64_t)w->q->n;
   b->spec.k = (uint64_t)w->q->k;
   b->spec.has_bias = w->q->bias != NULL;
@@ -134,30 +140,78 @@ static void on_hello(ql__server *s, const Qlinear__V1__HelloRequest *h,
 
 /* ---------------------------------------------------------------- uploads */
 
+/* Fills the packed part of an upload template from its wire spec and
+ * returns the bytes the stream carries (validated: no overflow). */
+static int packed_template(const Qlinear__V1__PackedSpec *p, ql__upload *t,
+                           size_t *total) {
+  const Qlinear__V1__ArraySpec *arr[QL__ARR_N] = {p->qdata, p->scale, p->zero,
+                                                  p->bias};
+  size_t sum = 0;
+  t->packed = 1;
+  t->zero_kind = (ql_zero_kind)p->zero_kind;
+  for (int i = 0; i < QL__ARR_N; i++) {
+    ql__upload_array *a = &t->arrays[i];
+    if (arr[i] == NULL)
+      continue;
+    a->present = 1;
+    a->dtype = (int)arr[i]->dtype;
+    a->ndim = (int)arr[i]->n_shape;
+    a->shape[0] = (int64_t)arr[i]->shape[0];
+    a->shape[1] = a->ndim == 2 ? (int64_t)arr[i]->shape[1] : 1;
+    if (ql__mul_size((size_t)a->shape[0], (size_t)a->shape[1],
+                     ql_array_dtype_size(a->dtype), &a->bytes) != 0 ||
+        a->bytes > SIZE_MAX - sum)
+      return QL_ESHAPE;
+    sum += a->bytes;
+  }
+  *total = sum;
+  return 0;
+}
+
+static const char *format_name(int f) {
+  switch (f) {
+  case QL_FORMAT_Q4G:
+    return "q4g";
+  case QL_FORMAT_Q8C:
+    return "q8c";
+  case QL_FORMAT_Q8B:
+    return "q8b";
+  default:
+    return "f8r";
+  }
+}
+
 static void on_load_begin(ql__server *s, const Qlinear__V1__LoadBeginRequest *b,
                           reply *r, Qlinear__V1__LoadBeginResponse *out) {
   const Qlinear__V1__WeightSpec *sp = b->spec;
   ql__upload tmpl;
   memset(&tmpl, 0, sizeof tmpl);
-  size_t es = ql_dtype_size((int)sp->dtype), wbytes, bbytes = 0;
-  ql_dtype sdt = sp->scale_dtype ? (ql_dtype)sp->scale_dtype
-                                 : QL_DEFAULT_SCALE_DTYPE;
+  ql_dtype sdt = (ql_dtype)sp->scale_dtype; /* 0: the format's default */
   /* The canonical sizes must be computable too: this rejects shapes the
    * kernels cannot hold before any byte is uploaded. */
   int rc = ql_qweight_sizes((ql_format)sp->format, sp->group_size,
-                            (int64_t)sp->n, (int64_t)sp->k, sdt, NULL, NULL,
-                            NULL);
+                            (int64_t)sp->n, (int64_t)sp->k,
+                            sdt ? sdt : QL_DTYPE_F32, NULL, NULL, NULL);
   if (rc != 0) {
     set_error(r, rc, "load_begin: %llux%llu is not a valid %s weight",
               (unsigned long long)sp->n, (unsigned long long)sp->k,
-              (int)sp->format == QL_FORMAT_Q4G ? "q4g" : "q8c");
+              format_name((int)sp->format));
     return;
   }
-  if (ql__mul_size(sp->n, sp->k, es, &wbytes) != 0 ||
-      (sp->has_bias && ql__mul_size(sp->n, 1, es, &bbytes) != 0) ||
-      wbytes > SIZE_MAX - bbytes) {
-    set_error(r, QL_ESHAPE, "load_begin: weight size overflows");
-    return;
+  if (b->packed != NULL) {
+    if (packed_template(b->packed, &tmpl, &tmpl.total) != 0) {
+      set_error(r, QL_ESHAPE, "load_begin: packed arrays overflow");
+      return;
+    }
+  } else {
+    size_t es = ql_dtype_size((int)sp->dtype), wbytes, bbytes = 0;
+    if (ql__mul_size(sp->n, sp->k, es, &wbytes) != 0 ||
+        (sp->has_bias && ql__mul_size(sp->n, 1, es, &bbytes) != 0) ||
+        wbytes > SIZE_MAX - bbytes) {
+      set_error(r, QL_ESHAPE, "load_begin: weight size overflows");
+      return;
+    }
+    tmpl.total = wbytes + bbytes;
   }
   snprintf(tmpl.name, sizeof tmpl.name, "%s", sp->name);
   tmpl.format = (ql_format)sp->format;
@@ -168,7 +222,7 @@ static void on_load_begin(ql__server *s, const Qlinear__V1__LoadBeginRequest *b,
   tmpl.scale_dtype = sdt;
   tmpl.policy = (ql_path)sp->policy;
   tmpl.has_bias = sp->has_bias;
-  tmpl.total = wbytes + bbytes;
+  tmpl.asymmetric = sp->asymmetric;
   tmpl.last_ns = ql__now_ns();
   ql__upload *up;
   if ((rc = ql__uploads_begin(s->uploads, &tmpl, &up)) != 0) {
@@ -227,17 +281,48 @@ typedef struct commit_work {
   uint64_t request_id;
   ql__weight *w;
   int rc;
+  char err[200]; /* from the import, naming the array */
 } commit_work;
 
+/* Builds the canonical weight of an upload: quantizes float data, or
+ * checks and imports packed arrays. Thread-pool thread; reads only the
+ * upload, which nobody changes while it commits. */
 static void commit_run(uv_work_t *work) {
   commit_work *c = work->data;
   ql__upload *up = c->up;
-  size_t wbytes = (size_t)up->n * up->k * ql_dtype_size(up->dtype);
   ql_qweight *q = NULL;
-  c->rc = ql_qweight_quantize(up->format, up->group_size, (int64_t)up->n,
-                              (int64_t)up->k, up->dtype, up->data,
-                              up->has_bias ? up->data + wbytes : NULL,
-                              up->scale_dtype, &q);
+  if (up->packed) {
+    ql_import_desc d;
+    memset(&d, 0, sizeof d);
+    d.format = up->format;
+    d.group_size = up->group_size;
+    d.n = (int64_t)up->n;
+    d.k = (int64_t)up->k;
+    d.asymmetric = up->asymmetric;
+    d.zero_kind = up->zero_kind;
+    ql_array *dst[QL__ARR_N] = {&d.qdata, &d.scale, &d.zero, &d.bias};
+    size_t off = 0;
+    for (int i = 0; i < QL__ARR_N; i++) {
+      const ql__upload_array *a = &up->arrays[i];
+      if (!a->present)
+        continue;
+      dst[i]->data = up->data + off;
+      dst[i]->bytes = a->bytes;
+      dst[i]->dtype = a->dtype;
+      dst[i]->ndim = a->ndim;
+      dst[i]->shape[0] = a->shape[0];
+      dst[i]->shape[1] = a->shape[1];
+      off += a->bytes;
+    }
+    c->rc = ql_qweight_import(&d, &q, c->err, sizeof c->err);
+  } else {
+    size_t wbytes = (size_t)up->n * up->k * ql_dtype_size(up->dtype);
+    ql_quant_params p = {up->format, up->group_size, up->asymmetric,
+                         up->scale_dtype};
+    c->rc = ql_qweight_quantize(&p, (int64_t)up->n, (int64_t)up->k,
+                                up->dtype, up->data,
+                                up->has_bias ? up->data + wbytes : NULL, &q);
+  }
   if (c->rc != 0)
     return;
   c->rc = ql__weight_create(up->name, q, up->policy, &c->w);
@@ -255,7 +340,9 @@ static void commit_done(uv_work_t *work, int status) {
   s->commits_running--;
   if (status != 0 && c->rc == 0)
     c->rc = QL_EINTERNAL;
-  if (c->rc == QL_ENONFINITE) {
+  if (c->rc != 0 && c->err[0] != '\0') {
+    set_error(&r, c->rc, "load_commit: %s", c->err);
+  } else if (c->rc == QL_ENONFINITE) {
     set_error(&r, c->rc, "load_commit: NaN or Inf in the weight or bias");
   } else if (c->rc != 0) {
     set_error(&r, c->rc, "load_commit: cannot quantize: %s",
@@ -434,13 +521,20 @@ static void linear_run(ql__job *job) {
     j->rc = QL_ENOMEM;
     return;
   }
-  if (j->path == QL_PATH_WEIGHT_ONLY) {
-    j->impl = "generic.linear_wo";
-    j->rc = ql_linear_wo_ref(j->w->q, j->dt, x->inline_data.data, j->m, j->y);
-  } else {
-    j->impl = "generic.linear_aq";
-    j->rc = ql_linear_aq_ref(j->w->q, j->dt, x->inline_data.data, j->m, j->y);
+  const ql_qweight *q = j->w->q;
+  ql_op op = j->path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO : QL_OP_LINEAR_AQ;
+  const ql_kernel_impl *im =
+      ql_dispatch(j->s->cpu_backend, op, q->format, j->dt, j->m, q->n, q->k);
+  if (im == NULL) {
+    j->rc = QL_ENOTSUP;
+    return;
   }
+  /* The generic ops read the canonical form; a backend's own read the
+   * layout its repack made (none is kept yet: the CPU backend has no
+   * implementations of its own). */
+  ql_linear_args a = {q, NULL, j->dt, x->inline_data.data, j->m, j->y};
+  j->impl = im->name;
+  j->rc = im->fn.linear(&a);
 }
 
 static void linear_done(ql__job *job) {
@@ -522,14 +616,16 @@ static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
   if (path == QL_PATH_AUTO)
     path = m < s->cfg.crossover_rows ? QL_PATH_WEIGHT_ONLY
                                      : QL_PATH_ACT_QUANT;
-  /* int8 AQ accumulates in int32, which bounds K for q8c: a chosen path
-   * falls back to weight-only, a forced one is refused. */
-  if (path == QL_PATH_ACT_QUANT && w->q->format == QL_FORMAT_Q8C &&
-      w->q->k > QL_AQ_Q8C_MAX_K) {
+  /* Where no implementation can run the activation-quantized path (q8b is
+   * weight-only; int8 AQ accumulates in int32, which bounds K for q8c), a
+   * chosen path falls back to weight-only and a forced one is refused. */
+  if (path == QL_PATH_ACT_QUANT &&
+      ql_dispatch(s->cpu_backend, QL_OP_LINEAR_AQ, w->q->format, dt,
+                  (int64_t)m, w->q->n, w->q->k) == NULL) {
     if ((ql_path)l->path == QL_PATH_ACT_QUANT) {
-      set_error(r, QL_ENOTSUP, "linear: K=%lld is too large for q8c "
-                "activation-quantized (at most %lld)", (long long)w->q->k,
-                (long long)QL_AQ_Q8C_MAX_K);
+      set_error(r, QL_ENOTSUP, "linear: %s weight '%s' (K=%lld) has no "
+                "activation-quantized path", format_name(w->q->format),
+                w->name, (long long)w->q->k);
       return 0;
     }
     path = QL_PATH_WEIGHT_ONLY;

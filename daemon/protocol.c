@@ -96,8 +96,65 @@ static int check_name(const char *what, const char *name, char *err,
   return 0;
 }
 
-static int validate_spec(const Qlinear__V1__WeightSpec *s, char *err,
-                         size_t errlen) {
+/* Checks one array of a packed import: a known dtype, 1 or 2 positive
+ * dims, and a byte size that does not overflow. */
+static int validate_array(const char *what, const Qlinear__V1__ArraySpec *a,
+                          char *err, size_t errlen) {
+  size_t es = ql_array_dtype_size((int)a->dtype), bytes;
+  if (es == 0) {
+    seterr(err, errlen, "load_begin: %s: unknown dtype %d", what,
+           (int)a->dtype);
+    return QL_EDTYPE;
+  }
+  if (a->n_shape < 1 || a->n_shape > 2) {
+    seterr(err, errlen, "load_begin: %s: %zu dims (want 1 or 2)", what,
+           a->n_shape);
+    return QL_ESHAPE;
+  }
+  for (size_t i = 0; i < a->n_shape; i++) {
+    if (a->shape[i] == 0 || a->shape[i] > QL_MAX_DIM) {
+      seterr(err, errlen, "load_begin: %s: dim %zu is %llu", what, i,
+             (unsigned long long)a->shape[i]);
+      return QL_ESHAPE;
+    }
+  }
+  if (ql__mul_size(a->shape[0], a->n_shape == 2 ? a->shape[1] : 1, es,
+                   &bytes) != 0) {
+    seterr(err, errlen, "load_begin: %s: size overflows", what);
+    return QL_ESHAPE;
+  }
+  return 0;
+}
+
+static int validate_packed(const Qlinear__V1__PackedSpec *p, int has_bias,
+                           char *err, size_t errlen) {
+  int rc;
+  if (p->qdata == NULL || p->scale == NULL) {
+    seterr(err, errlen, "load_begin: packed: %s missing",
+           p->qdata == NULL ? "qdata" : "scale");
+    return QL_EINVAL;
+  }
+  if (has_bias != (p->bias != NULL)) {
+    seterr(err, errlen, "load_begin: packed: bias %s",
+           has_bias ? "declared but missing" : "given but not declared");
+    return QL_EINVAL;
+  }
+  if (p->zero_kind != QLINEAR__V1__ZERO_KIND__ZERO_FLOAT &&
+      p->zero_kind != QLINEAR__V1__ZERO_KIND__ZERO_INT) {
+    seterr(err, errlen, "load_begin: packed: unknown zero kind %d",
+           (int)p->zero_kind);
+    return QL_EINVAL;
+  }
+  if ((rc = validate_array("qdata", p->qdata, err, errlen)) != 0 ||
+      (rc = validate_array("scale", p->scale, err, errlen)) != 0 ||
+      (p->zero && (rc = validate_array("zero", p->zero, err, errlen)) != 0) ||
+      (p->bias && (rc = validate_array("bias", p->bias, err, errlen)) != 0))
+    return rc;
+  return 0;
+}
+
+static int validate_spec(const Qlinear__V1__WeightSpec *s, int packed,
+                         char *err, size_t errlen) {
   int rc;
   if (s == NULL) {
     seterr(err, errlen, "load_begin: missing spec");
@@ -110,15 +167,17 @@ static int validate_spec(const Qlinear__V1__WeightSpec *s, char *err,
     return QL_EFORMAT;
   }
   int fmt = (int)s->format;
-  if (fmt != QL_FORMAT_Q4G && fmt != QL_FORMAT_Q8C) {
-    seterr(err, errlen, "load_begin: format %s is not supported yet",
-           fmt == QL_FORMAT_Q8B ? "q8b" : "f8r");
-    return QL_EFORMAT;
+  int grouped = fmt == QL_FORMAT_Q4G || fmt == QL_FORMAT_Q8B;
+  if (grouped && s->group_size != 32 && s->group_size != 64 &&
+      s->group_size != 128 && s->group_size != 256) {
+    seterr(err, errlen, "load_begin: %s %s %u (want 32, 64, 128 or 256)",
+           fmt == QL_FORMAT_Q4G ? "q4g" : "q8b",
+           fmt == QL_FORMAT_Q4G ? "group size" : "block size", s->group_size);
+    return QL_EINVAL;
   }
-  if (fmt == QL_FORMAT_Q4G && s->group_size != 32 &&
-      s->group_size != 64 && s->group_size != 128 && s->group_size != 256) {
-    seterr(err, errlen, "load_begin: q4g group size %u (want 32, 64, 128 or 256)",
-           s->group_size);
+  if (s->asymmetric && fmt != QL_FORMAT_Q8B) {
+    seterr(err, errlen, "load_begin: only q8b has a symmetric and an "
+           "asymmetric form");
     return QL_EINVAL;
   }
   if (s->n == 0 || s->k == 0 || s->n > QL_MAX_DIM || s->k > QL_MAX_DIM) {
@@ -126,7 +185,7 @@ static int validate_spec(const Qlinear__V1__WeightSpec *s, char *err,
            (unsigned long long)s->n, (unsigned long long)s->k);
     return QL_ESHAPE;
   }
-  if (!ql_dtype_valid((int)s->dtype)) {
+  if (!packed && !ql_dtype_valid((int)s->dtype)) {
     seterr(err, errlen, "load_begin: unknown data dtype %d", (int)s->dtype);
     return QL_EDTYPE;
   }
@@ -197,8 +256,13 @@ int ql__request_validate(const ql__msg_request *req, char *err,
   case QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT:
   case QLINEAR__V1__REQUEST__BODY_LOAD_ABORT:
     return 0;
-  case QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN:
-    return validate_spec(req->load_begin->spec, err, errlen);
+  case QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN: {
+    const Qlinear__V1__LoadBeginRequest *b = req->load_begin;
+    int rc = validate_spec(b->spec, b->packed != NULL, err, errlen);
+    if (rc == 0 && b->packed != NULL)
+      rc = validate_packed(b->packed, b->spec->has_bias, err, errlen);
+    return rc;
+  }
   case QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK:
     if (req->load_chunk->data.len == 0) {
       seterr(err, errlen, "load_chunk: empty chunk");

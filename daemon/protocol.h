@@ -55,9 +55,6 @@ int ql__name_valid(const char *name);
 /* Multiplies a*b*c into *out; returns -1 on overflow of size_t. */
 int ql__mul_size(size_t a, size_t b, size_t c, size_t *out);
 
-/* The policy of a LoadBegin spec: scale dtype default, for handlers. */
-#define QL_DEFAULT_SCALE_DTYPE QL_DTYPE_BF16
-
 /* Largest N or K accepted (the kernels index rows with 32-bit ints). */
 #define QL_MAX_DIM ((uint64_t)1 << 30)
 

@@ -14,6 +14,7 @@
 
 #include <uv.h>
 
+#include "registry.h"
 #include "transport.h"
 #include "upload.h"
 #include "weights.h"
@@ -54,6 +55,7 @@ typedef struct ql__server {
   ql__weight_store *weights;
   ql__uploads *uploads;
   ql__worker *cpu; /* the CPU device worker */
+  const ql_backend *cpu_backend; /* its kernels (registry) */
   uv_signal_t sig_int, sig_term;
   uv_timer_t sweep; /* expires idle uploads */
   uv_timer_t drain; /* polls for the end of in-flight work at shutdown */

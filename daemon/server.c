@@ -179,6 +179,12 @@ int ql__server_run(const ql__config *cfg) {
       clear_stale_socket(path) != 0)
     goto fail;
 
+  /* The CPU backend is always built: it is the default device. */
+  s->cpu_backend = ql_backend_find("cpu");
+  if (s->cpu_backend == NULL || ql_backend_check(s->cpu_backend) != 0) {
+    ql__err("the cpu backend is missing or malformed");
+    goto fail;
+  }
   if ((rc = ql__weight_store_create(&s->weights)) != 0 ||
       (rc = ql__uploads_create(cfg->max_upload_bytes, &s->uploads)) != 0 ||
       (rc = ql__worker_create(&loop, "cpu", cfg->max_queue, &s->cpu)) != 0) {

@@ -14,6 +14,18 @@
 
 #include "ql_defs.h"
 
+/* One packed array of an import, as declared at LoadBegin. */
+typedef struct ql__upload_array {
+  int present;
+  int dtype;        /* ql_array_dtype */
+  int ndim;
+  int64_t shape[2];
+  size_t bytes;     /* its share of the stream */
+} ql__upload_array;
+
+/* Stream order of packed arrays. */
+enum { QL__ARR_QDATA, QL__ARR_SCALE, QL__ARR_ZERO, QL__ARR_BIAS, QL__ARR_N };
+
 typedef struct ql__upload {
   uint64_t id;
   char name[256];
@@ -24,7 +36,12 @@ typedef struct ql__upload {
   ql_dtype scale_dtype;
   ql_path policy;
   int has_bias;
-  uint8_t *data;        /* weight [N,K] then bias [N], in dtype */
+  int asymmetric;       /* q8b */
+  int packed;           /* arrays below, not float data */
+  ql_zero_kind zero_kind;
+  ql__upload_array arrays[QL__ARR_N];
+  uint8_t *data;        /* float: weight [N,K] then bias [N], in dtype;
+                           packed: the present arrays in stream order */
   size_t total;         /* bytes expected */
   size_t received;      /* bytes received, all in order */
   uint64_t last_ns;     /* last activity, for the idle timeout */

@@ -88,6 +88,42 @@ typedef enum ql_path {
   QL_PATH_ACT_QUANT = 2,   /* quantize activation rows, integer dots */
 } ql_path;
 
+/* Element types of packed arrays (imports); 1..3 are the ql_dtype values. */
+typedef enum ql_array_dtype {
+  QL_ADT_F32 = 1,
+  QL_ADT_F16 = 2,
+  QL_ADT_BF16 = 3,
+  QL_ADT_I8 = 4,
+  QL_ADT_U8 = 5,
+  QL_ADT_I32 = 6,
+  QL_ADT_F8E4M3 = 7, /* float8 e4m3fn bytes */
+} ql_array_dtype;
+
+/* How the zero point of an imported int4 weight is given. */
+typedef enum ql_zero_kind {
+  QL_ZERO_FLOAT = 0, /* canonical: q in [-8,7], x̂ = q·scale + zero */
+  QL_ZERO_INT = 1,   /* TorchAO PLAIN_INT32 / XPU: u in [0,15], integer
+                        zero point zp: q = u - 8, zero = (8 - zp)·scale */
+} ql_zero_kind;
+
+/* Size in bytes of one element of a valid array dtype, 0 otherwise. */
+static inline size_t ql_array_dtype_size(int dt) {
+  switch (dt) {
+  case QL_ADT_F32:
+  case QL_ADT_I32:
+    return 4;
+  case QL_ADT_F16:
+  case QL_ADT_BF16:
+    return 2;
+  case QL_ADT_I8:
+  case QL_ADT_U8:
+  case QL_ADT_F8E4M3:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
 /* Size in bytes of one element of a valid dtype, 0 for an invalid one. */
 static inline size_t ql_dtype_size(int dt) {
   return dt == QL_DTYPE_F32 ? 4 : (dt == QL_DTYPE_F16 || dt == QL_DTYPE_BF16) ? 2 : 0;

@@ -20,6 +20,7 @@
 
 #include "harness.h"
 #include "ql_kernels.h"
+#include "import.h"
 #include "qlinear/qlinear.h"
 
 /* ------------------------------------------------------------- helpers */
@@ -46,13 +47,22 @@ static void layer_free(layer *l) {
   free(l->b);
 }
 
-static int load(ql_client *c, const char *name, const layer *l, ql_format f,
-                uint32_t gs, int *shared) {
+/* A format as the tests name it: format, group/block size, q8b form. */
+typedef struct fmt {
+  ql_format f;
+  uint32_t gs;
+  int asym;
+} fmt;
+#define FMT(f, gs) ((fmt){(f), (gs), 0})
+
+static int load(ql_client *c, const char *name, const layer *l, fmt F,
+                int *shared) {
   ql_load_desc d;
   memset(&d, 0, sizeof d);
   d.name = name;
-  d.format = f;
-  d.group_size = gs;
+  d.format = F.f;
+  d.group_size = F.gs;
+  d.asymmetric = F.asym;
   d.n = l->n;
   d.k = l->k;
   d.dtype = QL_DTYPE_F32;
@@ -64,13 +74,19 @@ static int load(ql_client *c, const char *name, const layer *l, ql_format f,
 
 /* The in-process reference for what the daemon must return: the same
  * quantization and the same generic op, so results are equal bytes. */
-static void *reference(const layer *l, ql_format f, uint32_t gs, ql_path path,
-                       ql_dtype dt, const void *x, uint64_t m) {
+static ql_qweight *quantize(const layer *l, fmt F) {
   ql_qweight *q = NULL;
-  ck_assert_int_eq(ql_qweight_quantize(f, gs, (int64_t)l->n, (int64_t)l->k,
-                                       QL_DTYPE_F32, l->w, l->b, QL_DTYPE_BF16,
-                                       &q),
+  /* Scale dtype 0: the format's default, as the daemon picks it. */
+  ql_quant_params p = {F.f, F.gs, F.asym, (ql_dtype)0};
+  ck_assert_int_eq(ql_qweight_quantize(&p, (int64_t)l->n, (int64_t)l->k,
+                                       QL_DTYPE_F32, l->w, l->b, &q),
                    0);
+  return q;
+}
+
+static void *reference(const layer *l, fmt F, ql_path path, ql_dtype dt,
+                       const void *x, uint64_t m) {
+  ql_qweight *q = quantize(l, F);
   void *y = malloc(m * l->n * ql_dtype_size(dt));
   ck_assert_ptr_nonnull(y);
   int rc = path == QL_PATH_WEIGHT_ONLY
@@ -90,8 +106,8 @@ static ql_client *connect_to(const td *d) {
 
 /* Runs one linear and compares it with the reference, byte for byte. */
 static void check_linear(ql_client *c, const char *name, const layer *l,
-                         ql_format f, uint32_t gs, ql_path path, ql_dtype dt,
-                         uint64_t m, uint64_t seed) {
+                         fmt F, ql_path path, ql_dtype dt, uint64_t m,
+                         uint64_t seed) {
   size_t es = ql_dtype_size(dt);
   float *xf = malloc(m * l->k * sizeof(float));
   void *x = malloc(m * l->k * es);
@@ -104,7 +120,7 @@ static void check_linear(ql_client *c, const char *name, const layer *l,
   ck_assert_msg(rc == 0, "linear %s: %s: %s", name, ql_strerror(rc),
                 ql_errmsg());
   ck_assert_int_eq(res.path, path);
-  void *want = reference(l, f, gs, path, dt, x, m);
+  void *want = reference(l, F, path, dt, x, m);
   ck_assert_msg(memcmp(y, want, m * l->n * es) == 0,
                 "%s: daemon result differs from the reference", name);
   free(want);
@@ -181,38 +197,52 @@ END_TEST
 START_TEST(test_linear_matches_reference) {
   ql_client *c = C;
   static const struct {
-    ql_format f;
-    uint32_t gs;
+    fmt F;
     uint64_t n, k;
   } cases[] = {
-      {QL_FORMAT_Q4G, 32, 17, 96}, {QL_FORMAT_Q4G, 64, 1, 200},
-      {QL_FORMAT_Q4G, 128, 40, 300}, {QL_FORMAT_Q4G, 256, 9, 513},
-      {QL_FORMAT_Q8C, 0, 33, 77},  {QL_FORMAT_Q8C, 0, 1, 1},
+      {{QL_FORMAT_Q4G, 32, 0}, 17, 96},   {{QL_FORMAT_Q4G, 64, 0}, 1, 200},
+      {{QL_FORMAT_Q4G, 128, 0}, 40, 300}, {{QL_FORMAT_Q4G, 256, 0}, 9, 513},
+      {{QL_FORMAT_Q8C, 0, 0}, 33, 77},    {{QL_FORMAT_Q8C, 0, 0}, 1, 1},
+      {{QL_FORMAT_Q8B, 64, 0}, 12, 150},  {{QL_FORMAT_Q8B, 32, 1}, 7, 97},
+      {{QL_FORMAT_F8R, 0, 0}, 21, 130},   {{QL_FORMAT_F8R, 0, 0}, 1, 3},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     layer l;
     char name[64];
+    fmt F = cases[i].F;
     snprintf(name, sizeof name, "t/layer.%zu", i);
     layer_make(&l, cases[i].n, cases[i].k, 100 + i, i % 2 == 0);
     int shared = -1;
-    int rc = load(c, name, &l, cases[i].f, cases[i].gs, &shared);
+    int rc = load(c, name, &l, F, &shared);
     ck_assert_msg(rc == 0, "load %s: %s: %s", name, ql_strerror(rc),
                   ql_errmsg());
     ck_assert_int_eq(shared, 0);
     for (int dt = QL_DTYPE_F32; dt <= QL_DTYPE_BF16; dt++) {
-      check_linear(c, name, &l, cases[i].f, cases[i].gs, QL_PATH_WEIGHT_ONLY,
-                   (ql_dtype)dt, 1, 7 + i);
-      check_linear(c, name, &l, cases[i].f, cases[i].gs, QL_PATH_WEIGHT_ONLY,
-                   (ql_dtype)dt, 5, 8 + i);
-      check_linear(c, name, &l, cases[i].f, cases[i].gs, QL_PATH_ACT_QUANT,
-                   (ql_dtype)dt, 3, 9 + i);
+      check_linear(c, name, &l, F, QL_PATH_WEIGHT_ONLY, (ql_dtype)dt, 1, 7 + i);
+      check_linear(c, name, &l, F, QL_PATH_WEIGHT_ONLY, (ql_dtype)dt, 5, 8 + i);
+      if (F.f != QL_FORMAT_Q8B) /* weight-only format */
+        check_linear(c, name, &l, F, QL_PATH_ACT_QUANT, (ql_dtype)dt, 3, 9 + i);
     }
+    if (F.f == QL_FORMAT_Q8B) {
+      /* AUTO falls back to weight-only; a forced AQ is refused. */
+      float x[64 * 150] = {0}, y[64 * 12];
+      ql_linear_result res;
+      ck_assert_int_eq(ql_linear(c, name, QL_PATH_AUTO, QL_DTYPE_F32, 64,
+                                 l.k, x, l.n, y, &res), 0);
+      ck_assert_int_eq(res.path, QL_PATH_WEIGHT_ONLY);
+      ck_assert_int_eq(ql_linear(c, name, QL_PATH_ACT_QUANT, QL_DTYPE_F32, 1,
+                                 l.k, x, l.n, y, NULL), QL_ENOTSUP);
+    }
+    ql_weight_info info;
+    ck_assert_int_eq(ql_lookup(c, name, &info), 0);
+    ck_assert_int_eq(info.format, F.f);
+    ck_assert_int_eq(info.asymmetric, F.asym);
     layer_free(&l);
   }
   /* AUTO picks weight-only for few rows and act-quant for many. */
   layer l;
   layer_make(&l, 8, 64, 5, 0);
-  ck_assert_int_eq(load(c, "t/auto", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(load(c, "t/auto", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   float x[32 * 64], y[32 * 8];
   uint64_t seed = 3;
   td_randn(&seed, x, 32 * 64, 1.0f);
@@ -233,19 +263,19 @@ START_TEST(test_share_exists_unload) {
   layer_make(&a, 16, 64, 1, 1);
   layer_make(&b, 16, 64, 2, 1);
   int shared = -1;
-  ck_assert_int_eq(load(c, "m/w", &a, QL_FORMAT_Q4G, 32, &shared), 0);
+  ck_assert_int_eq(load(c, "m/w", &a, FMT(QL_FORMAT_Q4G, 32), &shared), 0);
   ck_assert_int_eq(shared, 0);
   ql_weight_info before, after;
   ck_assert_int_eq(ql_lookup(c, "m/w", &before), 0);
   /* Same name, same content: shared. */
-  ck_assert_int_eq(load(c, "m/w", &a, QL_FORMAT_Q4G, 32, &shared), 0);
+  ck_assert_int_eq(load(c, "m/w", &a, FMT(QL_FORMAT_Q4G, 32), &shared), 0);
   ck_assert_int_eq(shared, 1);
   /* Same name, other content: refused, the resident weight unchanged. */
-  ck_assert_int_eq(load(c, "m/w", &b, QL_FORMAT_Q4G, 32, &shared), QL_EEXIST);
-  ck_assert_int_eq(load(c, "m/w", &a, QL_FORMAT_Q8C, 0, &shared), QL_EEXIST);
+  ck_assert_int_eq(load(c, "m/w", &b, FMT(QL_FORMAT_Q4G, 32), &shared), QL_EEXIST);
+  ck_assert_int_eq(load(c, "m/w", &a, FMT(QL_FORMAT_Q8C, 0), &shared), QL_EEXIST);
   ck_assert_int_eq(ql_lookup(c, "m/w", &after), 0);
   ck_assert(memcmp(before.digest, after.digest, sizeof before.digest) == 0);
-  check_linear(c, "m/w", &a, QL_FORMAT_Q4G, 32, QL_PATH_WEIGHT_ONLY,
+  check_linear(c, "m/w", &a, FMT(QL_FORMAT_Q4G, 32), QL_PATH_WEIGHT_ONLY,
                QL_DTYPE_F32, 2, 4);
   ck_assert_uint_eq(after.n, 16);
   ck_assert_uint_eq(after.k, 64);
@@ -255,7 +285,7 @@ START_TEST(test_share_exists_unload) {
 
   ql_weight_info *list = NULL;
   size_t n = 0;
-  ck_assert_int_eq(load(c, "m/v", &b, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(load(c, "m/v", &b, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   ck_assert_int_eq(ql_list(c, &list, &n), 0);
   ck_assert_uint_eq(n, 2);
   ql_free(list);
@@ -267,7 +297,7 @@ START_TEST(test_share_exists_unload) {
                              16, y, NULL),
                    QL_ENOTFOUND);
   /* The name is free again, for other content too. */
-  ck_assert_int_eq(load(c, "m/w", &b, QL_FORMAT_Q4G, 32, &shared), 0);
+  ck_assert_int_eq(load(c, "m/w", &b, FMT(QL_FORMAT_Q4G, 32), &shared), 0);
   ck_assert_int_eq(ql_list(c, &list, &n), 0);
   ck_assert_uint_eq(n, 2);
   ql_free(list);
@@ -290,7 +320,7 @@ START_TEST(test_bad_input) {
   td *dp = &D;
   layer l;
   layer_make(&l, 8, 40, 11, 0);
-  ck_assert_int_eq(load(c, "ok", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(load(c, "ok", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   float x[2 * 41], y[2 * 8];
   memset(x, 0, sizeof x);
 
@@ -313,14 +343,14 @@ START_TEST(test_bad_input) {
   /* A weight with Inf is refused and nothing is stored. */
   float saved = l.w[5];
   l.w[5] = INFINITY;
-  ck_assert_int_eq(load(c, "inf", &l, QL_FORMAT_Q4G, 32, NULL), QL_ENONFINITE);
+  ck_assert_int_eq(load(c, "inf", &l, FMT(QL_FORMAT_Q4G, 32), NULL), QL_ENONFINITE);
   ql_weight_info info;
   ck_assert_int_eq(ql_lookup(c, "inf", &info), QL_ENOTFOUND);
   l.w[5] = saved;
   /* Invalid names. */
-  ck_assert_int_eq(load(c, "../etc", &l, QL_FORMAT_Q8C, 0, NULL), QL_ENAME);
-  ck_assert_int_eq(load(c, "/abs", &l, QL_FORMAT_Q8C, 0, NULL), QL_ENAME);
-  ck_assert_int_eq(load(c, "", &l, QL_FORMAT_Q8C, 0, NULL), QL_ENAME);
+  ck_assert_int_eq(load(c, "../etc", &l, FMT(QL_FORMAT_Q8C, 0), NULL), QL_ENAME);
+  ck_assert_int_eq(load(c, "/abs", &l, FMT(QL_FORMAT_Q8C, 0), NULL), QL_ENAME);
+  ck_assert_int_eq(load(c, "", &l, FMT(QL_FORMAT_Q8C, 0), NULL), QL_ENAME);
 
   /* Raw: M = 0. */
   Qlinear__V1__Request req;
@@ -372,8 +402,13 @@ START_TEST(test_bad_input) {
   sp.k = 32;
   sp.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
   ck_assert_int_eq(raw_code(dp, &req), QL_EFORMAT);
-  sp.format = QLINEAR__V1__FORMAT__FORMAT_Q8B;
-  ck_assert_int_eq(raw_code(dp, &req), QL_EFORMAT);
+  sp.format = QLINEAR__V1__FORMAT__FORMAT_Q8B; /* needs a block size */
+  ck_assert_int_eq(raw_code(dp, &req), QL_EINVAL);
+  sp.asymmetric = 1; /* q4g has no asymmetric form */
+  sp.format = QLINEAR__V1__FORMAT__FORMAT_Q4G;
+  sp.group_size = 32;
+  ck_assert_int_eq(raw_code(dp, &req), QL_EINVAL);
+  sp.asymmetric = 0;
   sp.format = QLINEAR__V1__FORMAT__FORMAT_Q4G;
   sp.group_size = 48;
   ck_assert_int_eq(raw_code(dp, &req), QL_EINVAL);
@@ -434,7 +469,7 @@ START_TEST(test_bad_input) {
   qlinear__v1__response__free_unpacked(resp, NULL);
 
   /* After all that, the good weight still computes the same thing. */
-  check_linear(c, "ok", &l, QL_FORMAT_Q8C, 0, QL_PATH_ACT_QUANT, QL_DTYPE_F32,
+  check_linear(c, "ok", &l, FMT(QL_FORMAT_Q8C, 0), QL_PATH_ACT_QUANT, QL_DTYPE_F32,
                2, 99);
   ql_weight_info *list = NULL;
   size_t n = 0;
@@ -462,8 +497,8 @@ START_TEST(test_message_cap) {
   /* A weight larger than one message still loads, in chunks. */
   layer l;
   layer_make(&l, 64, 1024, 21, 1); /* 256 KiB of f32 */
-  ck_assert_int_eq(load(c, "big", &l, QL_FORMAT_Q4G, 128, NULL), 0);
-  check_linear(c, "big", &l, QL_FORMAT_Q4G, 128, QL_PATH_WEIGHT_ONLY,
+  ck_assert_int_eq(load(c, "big", &l, FMT(QL_FORMAT_Q4G, 128), NULL), 0);
+  check_linear(c, "big", &l, FMT(QL_FORMAT_Q4G, 128), QL_PATH_WEIGHT_ONLY,
                QL_DTYPE_F32, 2, 5);
 
   /* Over the cap through the library: refused locally. */
@@ -480,7 +515,7 @@ START_TEST(test_message_cap) {
   ck_assert_ptr_null(resp);
   free(junk);
   ck_assert(td_alive(&d));
-  check_linear(c, "big", &l, QL_FORMAT_Q4G, 128, QL_PATH_ACT_QUANT,
+  check_linear(c, "big", &l, FMT(QL_FORMAT_Q4G, 128), QL_PATH_ACT_QUANT,
                QL_DTYPE_F32, 4, 6);
   free(x);
   free(y);
@@ -502,15 +537,15 @@ static void child_work(const td *d, int id) {
   char name[32];
   snprintf(name, sizeof name, "proc/%d", id);
   int shared;
-  if (load(c, name, &own, QL_FORMAT_Q4G, 64, NULL) != 0)
+  if (load(c, name, &own, FMT(QL_FORMAT_Q4G, 64), NULL) != 0)
     _exit(11);
-  if (load(c, "proc/common", &common, QL_FORMAT_Q8C, 0, &shared) != 0)
+  if (load(c, "proc/common", &common, FMT(QL_FORMAT_Q8C, 0), &shared) != 0)
     _exit(12);
   for (int i = 0; i < 10; i++) {
-    check_linear(c, name, &own, QL_FORMAT_Q4G, 64,
+    check_linear(c, name, &own, FMT(QL_FORMAT_Q4G, 64),
                  i % 2 ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY,
                  (ql_dtype)(QL_DTYPE_F32 + i % 3), 1 + (uint64_t)i, 1000 * id + i);
-    check_linear(c, "proc/common", &common, QL_FORMAT_Q8C, 0,
+    check_linear(c, "proc/common", &common, FMT(QL_FORMAT_Q8C, 0),
                  QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 3, 77 * id + i);
   }
   if (ql_unload(c, name) != 0)
@@ -583,7 +618,7 @@ static void *slow_linear(void *p) {
 START_TEST(test_out_of_order_replies) {
   layer l;
   layer_make(&l, 2048, 4096, 31, 0);
-  ck_assert_int_eq(load(C, "slow", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(load(C, "slow", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   slow_arg a = {C, -1, 0};
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, slow_linear, &a), 0);
@@ -624,7 +659,7 @@ static void *thread_main(void *p) {
       a->failures++;
       continue;
     }
-    void *want = reference(a->l, QL_FORMAT_Q4G, 32, QL_PATH_WEIGHT_ONLY,
+    void *want = reference(a->l, FMT(QL_FORMAT_Q4G, 32), QL_PATH_WEIGHT_ONLY,
                            QL_DTYPE_F32, x, 4);
     if (memcmp(want, y, sizeof y) != 0)
       a->failures++;
@@ -637,7 +672,7 @@ START_TEST(test_concurrent_threads) {
   ql_client *c = C;
   layer l;
   layer_make(&l, 48, 96, 8, 0);
-  ck_assert_int_eq(load(c, "thr", &l, QL_FORMAT_Q4G, 32, NULL), 0);
+  ck_assert_int_eq(load(c, "thr", &l, FMT(QL_FORMAT_Q4G, 32), NULL), 0);
   enum { NT = 6 };
   pthread_t th[NT];
   thread_arg args[NT];
@@ -658,16 +693,16 @@ START_TEST(test_large_weight) {
   ql_client *c = C;
   layer l;
   layer_make(&l, 4096, 14336, 77, 0);
-  int rc = load(c, "large", &l, QL_FORMAT_Q4G, 128, NULL);
+  int rc = load(c, "large", &l, FMT(QL_FORMAT_Q4G, 128), NULL);
   ck_assert_msg(rc == 0, "load: %s: %s", ql_strerror(rc), ql_errmsg());
   ql_weight_info info;
   ck_assert_int_eq(ql_lookup(c, "large", &info), 0);
   ck_assert_uint_eq(info.n, 4096);
   ck_assert_uint_eq(info.k, 14336);
-  /* qdata + bf16 scale and zero per group of 128. */
+  /* qdata + scale and zero per group of 128, in f32 like the data. */
   ck_assert_uint_eq(info.bytes_resident,
-                    4096ull * 7168 + 2ull * 2 * 4096 * 112);
-  check_linear(c, "large", &l, QL_FORMAT_Q4G, 128, QL_PATH_WEIGHT_ONLY,
+                    4096ull * 7168 + 2ull * 4 * 4096 * 112);
+  check_linear(c, "large", &l, FMT(QL_FORMAT_Q4G, 128), QL_PATH_WEIGHT_ONLY,
                QL_DTYPE_BF16, 1, 12);
   layer_free(&l);
 }
@@ -681,7 +716,7 @@ START_TEST(test_shutdown_drains) {
   ql_client *c = connect_to(&d);
   layer l;
   layer_make(&l, 1024, 2048, 3, 0);
-  ck_assert_int_eq(load(c, "slow", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(load(c, "slow", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   ql_close(c);
   enum { NPROC = 3 };
   pid_t pids[NPROC];
@@ -721,7 +756,7 @@ START_TEST(test_queued_bytes_limit) {
   ql_client *c = connect_to(&d);
   layer l;
   layer_make(&l, 8, 65536, 4, 0);
-  ck_assert_int_eq(load(c, "wide", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(load(c, "wide", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   float *x = calloc(8 * 65536, sizeof(float)), y[8 * 8];
   ck_assert_int_eq(ql_linear(c, "wide", QL_PATH_AUTO, QL_DTYPE_F32, 8, 65536,
                              x, 8, y, NULL),
@@ -749,7 +784,7 @@ START_TEST(test_reply_over_cap) {
     char name[256];
     memset(name, 'a', 200);
     snprintf(name + 200, sizeof name - 200, "%d", i);
-    ck_assert_int_eq(load(c, name, &l, QL_FORMAT_Q8C, 0, NULL), 0);
+    ck_assert_int_eq(load(c, name, &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   }
   ql_weight_info *list = NULL;
   size_t n = 0;
@@ -768,14 +803,14 @@ END_TEST
 START_TEST(test_aq_large_k) {
   layer l;
   layer_make(&l, 2, QL_AQ_Q8C_MAX_K + 2, 17, 1);
-  ck_assert_int_eq(load(C, "deep", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(load(C, "deep", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   size_t m = 16, k = (size_t)l.k;
   float *x = calloc(m * k, sizeof(float)), y[16 * 2];
   ck_assert_int_eq(ql_linear(C, "deep", QL_PATH_ACT_QUANT, QL_DTYPE_F32, m, k,
                              x, 2, y, NULL),
                    QL_ENOTSUP);
   free(x);
-  check_linear(C, "deep", &l, QL_FORMAT_Q8C, 0, QL_PATH_WEIGHT_ONLY,
+  check_linear(C, "deep", &l, FMT(QL_FORMAT_Q8C, 0), QL_PATH_WEIGHT_ONLY,
                QL_DTYPE_F32, 1, 3);
   ql_linear_result res;
   x = calloc(m * k, sizeof(float));
@@ -784,6 +819,58 @@ START_TEST(test_aq_large_k) {
                    0);
   ck_assert_int_eq(res.path, QL_PATH_WEIGHT_ONLY);
   free(x);
+  layer_free(&l);
+}
+END_TEST
+
+/* A weight uploaded in canonical packed form is the same weight as the
+ * one the daemon quantized from floats: same digest, shared by name; a
+ * mismatched array is refused with a message naming it. */
+START_TEST(test_packed_import) {
+  layer l;
+  layer_make(&l, 24, 200, 61, 1);
+  fmt F = {QL_FORMAT_Q4G, 64, 0};
+  ck_assert_int_eq(load(C, "imp/a", &l, F, NULL), 0);
+  ql_qweight *q = quantize(&l, F);
+  uint64_t n = (uint64_t)q->n, g = (uint64_t)q->groups;
+  ql_packed_desc d;
+  memset(&d, 0, sizeof d);
+  d.name = "imp/a";
+  d.format = q->format;
+  d.group_size = q->group_size;
+  d.n = n;
+  d.k = (uint64_t)q->k;
+  d.qdata = (ql_packed_array){q->qdata, QL_ADT_U8, 2, {n, (d.k + 1) / 2}};
+  d.scale = (ql_packed_array){q->scale, (int)q->scale_dtype, 2, {g, n}};
+  d.zero = (ql_packed_array){q->zero, (int)q->scale_dtype, 2, {g, n}};
+  d.bias = (ql_packed_array){q->bias, QL_ADT_F32, 1, {n, 0}};
+  int shared = -1;
+  ql_weight_info a, b;
+  int rc = ql_load_packed(C, &d, &a, &shared);
+  ck_assert_msg(rc == 0, "%s: %s", ql_strerror(rc), ql_errmsg());
+  ck_assert_int_eq(shared, 1);
+  d.name = "imp/b";
+  ck_assert_int_eq(ql_load_packed(C, &d, &b, &shared), 0);
+  ck_assert_int_eq(shared, 0);
+  ck_assert(memcmp(a.digest, b.digest, sizeof a.digest) == 0);
+  check_linear(C, "imp/b", &l, F, QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 3, 5);
+  check_linear(C, "imp/b", &l, F, QL_PATH_ACT_QUANT, QL_DTYPE_BF16, 2, 6);
+
+  /* One group too few in scale. */
+  d.name = "imp/c";
+  d.scale.shape[0] = g - 1;
+  ck_assert_int_eq(ql_load_packed(C, &d, NULL, NULL), QL_ESHAPE);
+  ck_assert_msg(strstr(ql_errmsg(), "scale") != NULL, "message: %s",
+                ql_errmsg());
+  d.scale.shape[0] = g;
+  /* qdata of the right size in the wrong dtype. */
+  d.qdata = (ql_packed_array){q->qdata, QL_ADT_F32, 2, {n, (d.k + 1) / 8}};
+  ck_assert_int_ne(ql_load_packed(C, &d, NULL, NULL), 0);
+  ck_assert_msg(strstr(ql_errmsg(), "qdata") != NULL, "message: %s",
+                ql_errmsg());
+  ql_weight_info info;
+  ck_assert_int_eq(ql_lookup(C, "imp/c", &info), QL_ENOTFOUND);
+  ql_qweight_free(q);
   layer_free(&l);
 }
 END_TEST
@@ -809,7 +896,7 @@ static void load_long(const td *d) {
   ql_client *c = connect_to(d);
   layer l;
   layer_make(&l, 2048, 4096, 5, 0);
-  ck_assert_int_eq(load(c, "long", &l, QL_FORMAT_Q8C, 0, NULL), 0);
+  ck_assert_int_eq(load(c, "long", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   layer_free(&l);
   ql_close(c);
 }
@@ -900,6 +987,7 @@ int main(void) {
   tcase_add_test(tc, test_concurrent_threads);
   tcase_add_test(tc, test_large_weight);
   tcase_add_test(tc, test_aq_large_k);
+  tcase_add_test(tc, test_packed_import);
   suite_add_tcase(s, tc);
   /* Tests that start (and stop) daemons of their own. */
   TCase *own = tcase_create("own-daemon");

@@ -563,13 +563,95 @@ END_TEST
 START_TEST(test_validate_spec_format) {
   expect_rc(mk_load_begin(QL_FORMAT_Q4G, 64), 0);
   expect_rc(mk_load_begin(QL_FORMAT_Q8C, 0), 0);
-  /* Known but not supported yet. */
-  expect_rc(mk_load_begin(QL_FORMAT_Q8B, 64), QL_EFORMAT);
-  expect_rc(mk_load_begin(QL_FORMAT_F8R, 0), QL_EFORMAT);
+  expect_rc(mk_load_begin(QL_FORMAT_Q8B, 64), 0);
+  expect_rc(mk_load_begin(QL_FORMAT_F8R, 0), 0);
+  /* Only q8b has an asymmetric form. */
+  mk_load_begin(QL_FORMAT_Q8B, 128);
+  g.spec.asymmetric = 1;
+  expect_rc(&g.req, 0);
+  static const int sym_only[] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_F8R};
+  for (size_t i = 0; i < 3; i++) {
+    mk_load_begin(sym_only[i], 64);
+    g.spec.asymmetric = 1;
+    expect_rc(&g.req, QL_EINVAL);
+  }
   /* Unknown. */
   static const int bad[] = {0, 5, 99, -1, INT32_MIN, INT32_MAX};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     expect_rc(mk_load_begin(bad[i], 64), QL_EFORMAT);
+}
+END_TEST
+
+/* A packed import: qdata and scale required, bias iff declared, array
+ * dtypes, dims and sizes checked; the float data dtype is then ignored. */
+START_TEST(test_validate_packed) {
+  static Qlinear__V1__PackedSpec ps;
+  static Qlinear__V1__ArraySpec qd, sc, ze, bi;
+  static uint64_t qshape[2] = {64, 128}, sshape[2] = {4, 64}, bshape[1] = {64};
+  mk_load_begin(QL_FORMAT_Q4G, 64);
+  g.spec.dtype = QLINEAR__V1__DTYPE__DTYPE_UNSPECIFIED; /* ignored */
+  qlinear__v1__packed_spec__init(&ps);
+  qlinear__v1__array_spec__init(&qd);
+  qlinear__v1__array_spec__init(&sc);
+  qlinear__v1__array_spec__init(&ze);
+  qlinear__v1__array_spec__init(&bi);
+  qd.dtype = QLINEAR__V1__ARRAY_DTYPE__ADT_U8;
+  qd.shape = qshape;
+  qd.n_shape = 2;
+  sc.dtype = ze.dtype = QLINEAR__V1__ARRAY_DTYPE__ADT_BF16;
+  sc.shape = ze.shape = sshape;
+  sc.n_shape = ze.n_shape = 2;
+  bi.dtype = QLINEAR__V1__ARRAY_DTYPE__ADT_F32;
+  bi.shape = bshape;
+  bi.n_shape = 1;
+  ps.qdata = &qd;
+  ps.scale = &sc;
+  ps.zero = &ze;
+  ps.bias = &bi;
+  g.begin.packed = &ps;
+  expect_rc(&g.req, 0);
+  /* Without packed the float dtype matters again. */
+  g.begin.packed = NULL;
+  expect_rc(&g.req, QL_EDTYPE);
+  g.begin.packed = &ps;
+  /* Bias declared but missing, and given but not declared. */
+  ps.bias = NULL;
+  expect_rc(&g.req, QL_EINVAL);
+  g.spec.has_bias = 0;
+  expect_rc(&g.req, 0);
+  ps.bias = &bi;
+  expect_rc(&g.req, QL_EINVAL);
+  g.spec.has_bias = 1;
+  /* Required arrays. */
+  ps.qdata = NULL;
+  expect_rc(&g.req, QL_EINVAL);
+  ps.qdata = &qd;
+  ps.scale = NULL;
+  expect_rc(&g.req, QL_EINVAL);
+  ps.scale = &sc;
+  /* Array dtypes, dims, sizes. */
+  qd.dtype = (Qlinear__V1__ArrayDType)8;
+  expect_rc(&g.req, QL_EDTYPE);
+  qd.dtype = QLINEAR__V1__ARRAY_DTYPE__ADT_UNSPECIFIED;
+  expect_rc(&g.req, QL_EDTYPE);
+  qd.dtype = QLINEAR__V1__ARRAY_DTYPE__ADT_U8;
+  qd.n_shape = 0;
+  expect_rc(&g.req, QL_ESHAPE);
+  qd.n_shape = 2;
+  ze.n_shape = 3;
+  expect_rc(&g.req, QL_ESHAPE);
+  ze.n_shape = 2;
+  qshape[1] = 0;
+  expect_rc(&g.req, QL_ESHAPE);
+  qshape[1] = QL_MAX_DIM + 1;
+  expect_rc(&g.req, QL_ESHAPE);
+  qshape[1] = 128;
+  /* Unknown zero kind. */
+  ps.zero_kind = (Qlinear__V1__ZeroKind)2;
+  expect_rc(&g.req, QL_EINVAL);
+  ps.zero_kind = QLINEAR__V1__ZERO_KIND__ZERO_INT;
+  expect_rc(&g.req, 0);
+  g.begin.packed = NULL;
 }
 END_TEST
 
@@ -581,6 +663,13 @@ START_TEST(test_validate_spec_group_size) {
     expect_rc(mk_load_begin(QL_FORMAT_Q4G, good[i]), 0);
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
     expect_rc(mk_load_begin(QL_FORMAT_Q4G, bad[i]), QL_EINVAL);
+  /* q8b blocks follow the same rule. */
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+    expect_rc(mk_load_begin(QL_FORMAT_Q8B, good[i]), 0);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    expect_rc(mk_load_begin(QL_FORMAT_Q8B, bad[i]), QL_EINVAL);
+  /* f8r has no groups either. */
+  expect_rc(mk_load_begin(QL_FORMAT_F8R, 3), 0);
   /* q8c has no groups: the field is ignored. */
   expect_rc(mk_load_begin(QL_FORMAT_Q8C, 0), 0);
   expect_rc(mk_load_begin(QL_FORMAT_Q8C, 7), 0);
@@ -1155,6 +1244,7 @@ static Suite *protocol_suite(void) {
   tcase_add_test(tc, test_validate_spec_missing);
   tcase_add_test(tc, test_validate_spec_format);
   tcase_add_test(tc, test_validate_spec_group_size);
+  tcase_add_test(tc, test_validate_packed);
   tcase_add_test(tc, test_validate_spec_shape);
   tcase_add_test(tc, test_validate_spec_dtype);
   tcase_add_test(tc, test_validate_spec_policy);

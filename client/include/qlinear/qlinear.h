@@ -108,20 +108,51 @@ typedef struct ql_load_desc {
   /* The weight's name: [A-Za-z0-9._/-]{1,255}, no "..", no leading "/"
    * (checked by the daemon: QL_ENAME). */
   const char *name;
-  ql_format format;    /* QL_FORMAT_Q4G or QL_FORMAT_Q8C today */
-  uint32_t group_size; /* q4g: 32, 64, 128 or 256; ignored for q8c */
+  ql_format format;    /* any ql_format */
+  uint32_t group_size; /* q4g group, q8b block: 32, 64, 128 or 256;
+                          ignored for q8c and f8r */
   uint64_t n;          /* out_features: rows of data, entries of bias */
   uint64_t k;          /* in_features: columns of data */
   ql_dtype dtype;      /* element type of data and bias: F32, F16, BF16 */
   const void *data;    /* [n, k] row-major in dtype; borrowed */
   const void *bias;    /* [n] in dtype, or NULL for no bias; borrowed */
-  ql_path policy;      /* QL_PATH_AUTO or QL_PATH_WEIGHT_ONLY */
+  ql_path policy;      /* the path of requests that leave theirs AUTO */
   /* dtype of the scale and zero arrays the daemon keeps: 0 means the
-   * default (QL_DTYPE_BF16), else a ql_dtype. */
+   * format's default (dtype for q4g/q8c/q8b, as TorchAO does; f32 for
+   * f8r), else a ql_dtype. */
   int scale_dtype;
   ql_progress_cb progress; /* optional, NULL for none */
   void *progress_arg;      /* passed to progress as is */
+  int asymmetric;          /* q8b: 1 for the asymmetric form */
 } ql_load_desc;
+
+/* One already-quantized array (row-major, borrowed). data NULL: absent. */
+typedef struct ql_packed_array {
+  const void *data;
+  int dtype;         /* a ql_array_dtype */
+  int ndim;          /* 1 or 2 */
+  uint64_t shape[2]; /* shape[1] ignored when ndim is 1 */
+} ql_packed_array;
+
+/*
+ * An already-quantized weight, as TorchAO makes it (DESIGN §4 layouts):
+ * q4g qdata [N, ceil(K/2)] bytes, scale and zero [G, N]; q8c qdata [N, K]
+ * int8, scale [N]; q8b qdata [N, K] int8, scale (and zero) [ceil(K/B), N];
+ * f8r qdata [N, K] e4m3 bytes, scale [N]. The daemon checks every array's
+ * dtype and shape and names the one that does not fit.
+ */
+typedef struct ql_packed_desc {
+  const char *name;     /* as in ql_load_desc */
+  ql_format format;
+  uint32_t group_size;  /* q4g group, q8b block */
+  uint64_t n, k;
+  int asymmetric;       /* q8b with a zero array */
+  ql_zero_kind zero_kind; /* QL_ZERO_INT: int4 with integer zero points */
+  ql_packed_array qdata, scale, zero, bias; /* zero, bias may be absent */
+  ql_path policy;
+  ql_progress_cb progress; /* optional */
+  void *progress_arg;
+} ql_packed_desc;
 
 /* A resident weight (ListWeights, LoadCommit). Enumerated fields hold the
  * daemon's value as sent, so a format newer than this library shows as a
@@ -133,6 +164,7 @@ typedef struct ql_weight_info {
   uint64_t n;          /* out_features */
   uint64_t k;          /* in_features */
   int has_bias;        /* 1 if the weight has a bias, else 0 */
+  int asymmetric;      /* q8b: 1 for the asymmetric form */
   int policy;          /* a ql_path: AUTO or WEIGHT_ONLY */
   int scale_dtype;     /* a ql_dtype; 0 if the daemon left it unspecified */
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
@@ -232,6 +264,15 @@ QL_EXPORT int ql_hello(ql_client *c, ql_hello_info *out);
  */
 QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
                             ql_weight_info *info_out, int *shared_out);
+
+/*
+ * Uploads an already-quantized weight (see ql_packed_desc), kept as given:
+ * scales and zeros keep their dtype. Same results and errors as
+ * ql_load_float(); a mismatched array is QL_ESHAPE or QL_EDTYPE with a
+ * message naming it.
+ */
+QL_EXPORT int ql_load_packed(ql_client *c, const ql_packed_desc *d,
+                             ql_weight_info *info_out, int *shared_out);
 
 /* Drops this client's hold on the weight called name. */
 QL_EXPORT int ql_unload(ql_client *c, const char *name);
