@@ -325,7 +325,7 @@ static void commit_run(uv_work_t *work) {
   }
   if (c->rc != 0)
     return;
-  c->rc = ql__weight_create(up->name, q, up->policy, &c->w);
+  c->rc = ql__weight_create(up->name, q, up->policy, c->s->cpu_backend, &c->w);
   if (c->rc != 0)
     ql_qweight_free(q);
 }
@@ -530,9 +530,9 @@ static void linear_run(ql__job *job) {
     return;
   }
   /* The generic ops read the canonical form; a backend's own read the
-   * layout its repack made (none is kept yet: the CPU backend has no
-   * implementations of its own). */
-  ql_linear_args a = {q, NULL, j->dt, x->inline_data.data, j->m, j->y};
+   * layout its repack made at load (NULL when it has none). */
+  const void *packed = im == ql_generic_impl(op) ? NULL : j->w->packed;
+  ql_linear_args a = {q, packed, j->dt, x->inline_data.data, j->m, j->y};
   j->impl = im->name;
   j->rc = im->fn.linear(&a);
 }

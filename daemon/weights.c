@@ -72,7 +72,7 @@ done:
 }
 
 int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
-                      ql__weight **out) {
+                      const ql_backend *b, ql__weight **out) {
   int rc;
   *out = NULL;
   if (strlen(name) >= sizeof((ql__weight *)0)->name)
@@ -84,10 +84,24 @@ int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
     free(w);
     return rc;
   }
+  /* The device layout: the registry picks the backend's repack when it
+   * has one for this format and shape, else the generic (no layout). */
+  const ql_kernel_impl *rp =
+      ql_dispatch(b, QL_OP_REPACK, q->format, QL_DTYPE_F32, 0, q->n, q->k);
+  if (rp != NULL && rp != ql_generic_impl(QL_OP_REPACK)) {
+    ql_repack_args ra = {q, NULL, 0};
+    if ((rc = rp->fn.repack(&ra)) != 0) {
+      free(w);
+      return rc;
+    }
+    w->packed = ra.packed;
+    w->packed_bytes = ra.packed_bytes;
+    w->repack = rp;
+  }
   strcpy(w->name, name);
   w->policy = policy;
   w->bytes = q->qdata_bytes + q->scale_bytes * (q->zero ? 2 : 1) +
-             (q->bias ? (size_t)q->n * sizeof(float) : 0);
+             (q->bias ? (size_t)q->n * sizeof(float) : 0) + w->packed_bytes;
   w->refs = 1;
   w->stats.impl = "";
   w->q = q;
@@ -151,6 +165,8 @@ void ql__weight_ref(ql__weight *w) { w->refs++; }
 void ql__weight_unref(ql__weight *w) {
   if (w == NULL || --w->refs > 0)
     return;
+  if (w->repack != NULL)
+    w->repack->free_packed(w->packed);
   ql_qweight_free(w->q);
   free(w);
 }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "ql_kernels.h"
+#include "registry.h"
 
 #define QL_DIGEST_BYTES 32
 
@@ -29,6 +30,11 @@ typedef struct ql__weight_stats {
 typedef struct ql__weight {
   char name[256];
   ql_qweight *q;                   /* canonical form, owned */
+  /* The CPU device's layout, made at load by the backend's repack op;
+   * NULL when the generic repack ran (the canonical form is read). */
+  void *packed;
+  const ql_kernel_impl *repack;    /* frees packed */
+  size_t packed_bytes;
   ql_path policy;                  /* AUTO, WEIGHT_ONLY or ACT_QUANT */
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
   size_t bytes;                    /* resident bytes (all arrays) */
@@ -46,12 +52,14 @@ int ql__weight_store_create(ql__weight_store **out);
 void ql__weight_store_free(ql__weight_store *s);
 
 /*
- * Builds a weight around q (digest and sizes computed here). On success the
- * weight owns q and *out has one reference, held by the caller; on failure
- * q is untouched and still the caller's.
+ * Builds a weight around q (digest and sizes computed here) and repacks it
+ * for backend b (may be NULL) through the registry. On success the weight
+ * owns q and *out has one reference, held by the caller; on failure q is
+ * untouched and still the caller's. Safe on any thread: it touches no
+ * shared state.
  */
 int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
-                      ql__weight **out);
+                      const ql_backend *b, ql__weight **out);
 
 /*
  * Inserts w under its name. If a weight of that name exists with the same
