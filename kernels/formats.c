@@ -206,8 +206,11 @@ static int quantize_q4g_row(ql_qweight *w, size_t r, const float *x) {
  *   scale = clamp(amax / ((127 - (-128)) / 2), min=eps).to(scale_dtype)
  * then quantize_affine: clamp(round(x * (1.0 / scale)), -128, 127) with the
  * already stored (rounded) scale and the reciprocal computed in f32.
- * TorchAO on a bf16/f16 weight computes these steps in that dtype; we widen
- * to f32 first (DESIGN §4), so a rare tie may differ there.
+ * TorchAO on a bf16/f16 weight divides in f32, rounds the scale to the
+ * weight's dtype, clamps it there and widens it to f32 for the reciprocal
+ * and the product. eps is exact in bf16 and f16, so clamping before or
+ * after the rounding is the same: with scale_dtype = the weight's dtype
+ * (the default) the stored scale and the codes are TorchAO's exactly.
  */
 static int quantize_i8_sym(const ql_qweight *w, const float *x, size_t k0,
                            size_t k1, size_t si, int8_t *qd) {
@@ -291,12 +294,15 @@ static int quantize_q8b_row(ql_qweight *w, size_t r, const float *x) {
  * from_hp passes hp_value_lb=None by default, so TorchAO turns an all-zero
  * row into 0/0 = NaN; we clamp amax at QL_F8_AMAX_LB = 1e-12, the bound
  * its float8 QAT fake quantizer passes, so that row gives zeros (DESIGN §4).
- * For every other f32 row this is bit-identical to TorchAO. TorchAO does
- * the amax and the division in the weight's own dtype (bf16 for its PerRow
- * config) and stores that rounded value as f32; we work in f32, so a bf16
- * weight matches TorchAO's bytes when scale_dtype is bf16 (the division
- * uses the stored scale, as TorchAO divides by the scale it returns).
- * An f16 scale can underflow to 0 (amax < 448·2^-25): every x̂ of that row
+ * For every other f32 row this is bit-identical to TorchAO. On a bf16/f16
+ * weight TorchAO divides in f32, rounds the scale to the weight's dtype
+ * and returns it widened to f32; we divide in f32 and round when storing,
+ * so with scale_dtype = the weight's dtype (the default) the scale and the
+ * codes are TorchAO's (the division uses the stored scale, as TorchAO
+ * divides by the scale it returns). Its 1e-12 bound is applied in that
+ * dtype, bf16(1e-12) giving the same scale for every bf16 amax.
+ * An f16 scale can underflow to 0 (amax <= 448·2^-25; TorchAO's bound is
+ * 0 in f16, so it writes NaN and ±448 codes there): every x̂ of that row
  * is then 0 whatever q is, and q is written as 0 instead of x/0.
  */
 static int quantize_f8r_row(ql_qweight *w, size_t r, const float *x) {
@@ -355,8 +361,8 @@ int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
   f = p->format;
   gs = p->group_size;
   scale_dtype = p->scale_dtype;
-  if ((int)scale_dtype == 0)
-    scale_dtype = f == QL_FORMAT_F8R ? QL_DTYPE_F32 : src_dtype;
+  if ((int)scale_dtype == 0) /* the default: where TorchAO's values live */
+    scale_dtype = src_dtype;
   if ((rc = ql_qweight_sizes(f, gs, n, k, scale_dtype, &qb, &sb, &groups)))
     return rc;
   if (p->asymmetric != 0 && !(f == QL_FORMAT_Q8B && p->asymmetric == 1))

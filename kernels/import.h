@@ -39,9 +39,13 @@ typedef struct ql_import_desc {
 
 /*
  * Validates d and builds the canonical weight: arrays are copied (the
- * caller's buffers may go away), scales and zeros keep the dtype they came
- * in (f32, f16 or bf16), the bias is widened to f32, and the integer zero
- * point form is converted. Non-finite scales, zeros or bias fail with
+ * caller's buffers may go away), the bias is widened to f32, and scales
+ * and zeros keep the dtype they came in (f32, f16 or bf16) - except in the
+ * integer zero point int4 form (QL_ZERO_INT), which is converted to the
+ * float zero point (q = u - 8, zero = (8 - zp)·scale) with scale and zero
+ * both stored in f32 whatever the scale's dtype: for a bf16/f16 scale,
+ * zero is then exact and the weight dequantizes bit for bit as TorchAO's
+ * (u - zp)·scale (see import.c). Non-finite scales, zeros or bias fail with
  * QL_ENONFINITE. On failure returns QL_EINVAL/QL_EFORMAT/QL_ESHAPE/
  * QL_EDTYPE/QL_ENONFINITE/QL_ENOMEM and writes a message naming the array
  * to err (if not NULL); on success *out is a new weight the caller owns.

@@ -55,6 +55,10 @@ extern "C" {
 #define QL_E4M3_MAX 448.0f
 #define QL_F8_AMAX_LB 1e-12f
 
+/* The floor on an f16 e4m3 activation scale: 2^-24, the smallest positive
+ * f16 (see ql_quantize_rows_e4m3_src; TorchAO's scale is 0 there). */
+#define QL_F8_F16_SCALE_MIN 5.9604644775390625e-08f /* 2^-24 */
+
 /* A quantized weight in canonical form. Immutable once built; owned by
  * whoever called ql_qweight_quantize(), released with ql_qweight_free(). */
 typedef struct ql_qweight {
@@ -84,11 +88,16 @@ typedef struct ql_quant_params {
   int asymmetric;       /* q8b: 1 = asymmetric (float zero point), 0 =
                            symmetric; must be 0 for the other formats */
   ql_dtype scale_dtype; /* dtype of the stored scale[] and zero[]; 0 = the
-                           format's default: the source dtype for q4g, q8c
-                           and q8b (TorchAO stores scale.to(w.dtype)), f32
-                           for f8r (TorchAO float8 keeps f32 scales; for a
-                           bf16 weight their values are bf16-rounded, so
-                           QL_DTYPE_BF16 reproduces TorchAO's bytes) */
+                           default, the dtype of the source data, for every
+                           format. That is where TorchAO's values live:
+                           Int4Tensor stores scale.to(w.dtype), and
+                           Int8Tensor and Float8Tensor compute the scale in
+                           the weight's dtype and only then widen it to f32,
+                           so for a bf16/f16 weight the source dtype holds
+                           exactly TorchAO's values and gives its codes
+                           (but for f16 f8r rows with amax <= 448·2^-25,
+                           whose f16 scale is 0: TorchAO writes NaN and
+                           ±448 codes there, we write zeros) */
 } ql_quant_params;
 
 /* ---- scalar conversions (round to nearest even, NaN stays NaN) ---- */
@@ -175,29 +184,89 @@ int ql_qweight_dequantize(const ql_qweight *w, float *out);
 int ql_qweight_dequantize_row(const ql_qweight *w, int64_t n, float *out);
 
 /*
- * Per-row int8 activation quantization (the q8c rule):
- * scale = max(amax / 127.5f, eps) with a correctly rounded division,
- * eps = QL_I8_SCALE_EPS, q = clamp(rne(x * (1/scale)), -128, 127) with the
- * reciprocal correctly rounded. x is [M,K] f32. Outputs: xq [M,K], sx [M],
- * and when gsum is not NULL, gsum [M, ceil(K/gs)] = per-group Σ xq (int32,
- * the last group may be short). gs >= 1 always (QL_EINVAL otherwise); with
- * gsum, min(gs, K) <= QL_QROWS_MAX_GROUP (QL_ESHAPE otherwise). A row
- * holding NaN or Inf fails the whole call with QL_ENONFINITE; the outputs
- * are then unspecified.
+ * Per-row activation quantization, the AQ path of DESIGN §4. The _src
+ * forms take the dtype src the activations arrived in: x holds them
+ * widened to f32 (exact), and the scale is computed as TorchAO computes it
+ * for an input of that dtype. The plain forms are the _src forms with
+ * src = QL_DTYPE_F32 (f32 activations).
+ *
+ * The rule below is a numerical contract that every backend reproduces bit
+ * for bit: each step is one IEEE-754 operation, rounded as stated, in this
+ * order; nothing is contracted into an FMA or reassociated. rnd_src(v)
+ * rounds the f32 value v to src, nearest even, subnormals included
+ * (ql_f32_to_bf16 / ql_f32_to_f16), and widens the result back to f32
+ * exactly; for f32 it is the identity. amax = max_k |x[k]| is exact.
+ *
+ * int8 (the q8c rule), per row:
+ *   s   = amax / 127.5f                         f32 division, correctly rounded
+ *   s   = rnd_src(s)
+ *   s   = max(s, QL_I8_SCALE_EPS)               2^-23, exact in every src
+ *   inv = 1.0f / s                              f32 division, correctly rounded
+ *   q   = clamp(rne(x[k] * inv), -128, 127)     f32 product, rounded once
+ *   sx  = s
+ * This is TorchAO Int8Tensor.from_hp(x, PerRow())
+ * (torchao/quantization/quantize_/workflows/int8/int8_tensor.py), which
+ * Int8DynamicActivationInt8WeightConfig runs on each activation:
+ * _choose_qparams_affine (quant_primitives.py) divides the src-dtype amax
+ * tensor by the Python float 127.5, which ATen evaluates in f32 and rounds
+ * to src, clamps it with min=finfo(f32).eps in src and widens it to f32;
+ * _quantize_affine_no_dtype_cast then computes input * (1.0 / scale): the
+ * reciprocal of that f32 scale in f32, the src input promoted to f32 by
+ * the f32 scale, torch.round (half to even), clamp.
+ *
+ * e4m3 (the f8r rule), per row:
+ *   s   = max(amax, QL_F8_AMAX_LB) / 448.0f      f32 division, correctly rounded
+ *   s   = rnd_src(s)
+ *   s   = max(s, 2^-24)                          f16 only (QL_F8_F16_SCALE_MIN)
+ *   q   = ql_f32_to_e4m3(clamp(x[k] / s, -448, 448))   f32 division, correctly
+ *                                                rounded; no reciprocal
+ *   sx  = s
+ * This is TorchAO Float8Tensor.from_hp(x, float8_e4m3fn, PerRow(),
+ * hp_value_lb=1e-12) with the torch kernel choice
+ * (quantize_/workflows/float8/float8_tensor.py): _choose_scale_float8
+ * (quant_primitives.py) computes max_abs.clamp(min=hp_value_lb) / 448 in
+ * src and widens it to f32; _quantize_affine_float8 computes
+ * x.to(f32) / scale, clamps to ±448 and casts to float8_e4m3fn.
+ *
+ * Notes on the 16-bit cases, each checked against torch 2.15 / TorchAO
+ * 0.18 on the CPU (tests/data/make_golden.py has the golden cases):
+ *  - rnd_src of an f32 result is what ATen does for a 16-bit tensor (it
+ *    computes in f32 and rounds once to the dtype). For these divisions it
+ *    also equals the correctly rounded division in src: the same for every
+ *    finite bf16 and f16 amax (exhaustive).
+ *  - TorchAO clamps amax at hp_value_lb in src. In bf16 that bound is
+ *    bf16(1e-12) rather than 1e-12, which gives the same s for every bf16
+ *    amax (exhaustive). In f16, 1e-12 rounds to 0: TorchAO's f16 scale is
+ *    0 for every row with amax <= 448·2^-25 (an all-zero row included) and
+ *    its codes are then NaN (0/0) and ±448 (x/0). Here such a row gets
+ *    s = 2^-24, the smallest positive f16 (so an all-zero row gives zero
+ *    codes and a tiny row is quantized properly): the one place where this
+ *    rule departs from TorchAO. bf16 and f32 need no such floor: there s
+ *    is at least QL_F8_AMAX_LB/448 rounded, about 2.2e-15.
+ *  - TorchAO clamps the int8 scale at eps in src, after the rounding;
+ *    eps is exact in bf16 and f16, so the order does not matter.
+ *  - sx is always a positive normal f32.
+ *
+ * Arguments: x [M,K]; outputs xq [M,K] (int8, or e4m3 codes), sx [M], and,
+ * for int8, when gsum is not NULL, gsum [M, ceil(K/gs)] = per-group Σ xq
+ * (int32, the last group may be short). Errors: QL_EINVAL for NULL x, xq
+ * or sx, gs < 1, or a value of x that src cannot represent exactly (x must
+ * be src data widened); QL_EDTYPE for a src that is not a ql_dtype;
+ * QL_ESHAPE for M or K outside [1, QL_DIM_MAX], M·K overflowing size_t, or,
+ * with gsum, min(gs, K) > QL_QROWS_MAX_GROUP. A row holding NaN or Inf
+ * fails the whole call with QL_ENONFINITE. On any error the outputs are
+ * unspecified.
  */
+int ql_quantize_rows_i8_src(ql_dtype src, const float *x, int64_t m,
+                            int64_t k, uint32_t gs, int8_t *xq, float *sx,
+                            int32_t *gsum);
+int ql_quantize_rows_e4m3_src(ql_dtype src, const float *x, int64_t m,
+                              int64_t k, uint8_t *xq, float *sx);
+
+/* ql_quantize_rows_i8_src / _e4m3_src with src = QL_DTYPE_F32: for f32
+ * activations (the rule above with rnd_src the identity). */
 int ql_quantize_rows_i8(const float *x, int64_t m, int64_t k, uint32_t gs,
                         int8_t *xq, float *sx, int32_t *gsum);
-
-/*
- * Per-row float8 e4m3fn activation quantization (the f8r rule, TorchAO
- * _choose_scale_float8 + _quantize_affine_float8 with hp_value_lb 1e-12):
- * sx = max(amax, QL_F8_AMAX_LB) / 448 in f32 (correctly rounded division),
- * xq = ql_f32_to_e4m3(clamp(x / sx, -448, 448)) with a true division. x is
- * [M,K] f32; xq [M,K] codes, sx [M] (always a positive normal f32). A row
- * holding NaN or Inf fails the whole call with QL_ENONFINITE (outputs then
- * unspecified); QL_EINVAL for NULL pointers, QL_ESHAPE for M or K outside
- * [1, QL_DIM_MAX] or M·K overflowing size_t.
- */
 int ql_quantize_rows_e4m3(const float *x, int64_t m, int64_t k, uint8_t *xq,
                           float *sx);
 
@@ -214,8 +283,10 @@ int ql_linear_wo_ref(const ql_qweight *w, ql_dtype dt, const void *x,
 
 /*
  * Reference activation-quantized linear (DESIGN §4 "AQ math"). x rows are
- * quantized with ql_quantize_rows_i8 (gs = group_size for q4g, K for q8c)
- * or, for f8r, ql_quantize_rows_e4m3;
+ * widened to f32 and quantized with ql_quantize_rows_i8_src (gs =
+ * group_size for q4g, K for q8c) or, for f8r, ql_quantize_rows_e4m3_src,
+ * with src = dt: a bf16/f16 request computes its scales as TorchAO does
+ * for that dtype, so its result is not the f32 result rounded to dt;
  * q8c: y = (float)acc · (sx[m]·sw[n]), acc = Σk xq·wq in int32, so K must
  *      not exceed QL_AQ_Q8C_MAX_K (QL_ESHAPE otherwise);
  * q4g: y = sx[m]·Σg (scale[g,n]·(float)Σk∈g xq·q + zero[g,n]·(float)Σk∈g xq),

@@ -24,26 +24,59 @@ static int mul_size(size_t a, size_t b, size_t *out) {
 }
 
 /*
- * One row of ql_quantize_rows_i8. Same rule as TorchAO's int8 symmetric
- * per-row activation quantization (torchao/quantization/quant_primitives.py
- * _choose_qparams_affine + _quantize_affine_no_dtype_cast:
- * scale = clamp(amax / 127.5, min=eps), q = clamp(round(x * (1.0 / scale)),
- * -128, 127)), all in f32: one correctly rounded division, one correctly
- * rounded reciprocal, one product, rintf (half to even, like torch.round).
+ * v rounded to src (nearest even) and widened back to f32: rnd_src of
+ * ql_quantize_rows_i8_src's rule; the identity for f32.
  */
-static int quantize_row_i8(const float *x, size_t k, size_t gs, int8_t *xq,
-                           float *sx, int32_t *gsum) {
-  float amax = 0.0f, scale, inv;
-  size_t i, g, k0, k1;
+static float rnd_src(ql_dtype src, float v) {
+  switch (src) {
+  case QL_DTYPE_F16:
+    return ql_f16_to_f32(ql_f32_to_f16(v));
+  case QL_DTYPE_BF16:
+    return ql_bf16_to_f32(ql_f32_to_bf16(v));
+  default:
+    return v;
+  }
+}
+
+/*
+ * amax of a row of k values, checking each: QL_ENONFINITE for NaN or Inf,
+ * QL_EINVAL for a value src cannot hold (x must be src data widened; this
+ * also keeps every f16 scale finite).
+ */
+static int row_amax(ql_dtype src, const float *x, size_t k, float *amax) {
+  float m = 0.0f;
+  size_t i;
 
   for (i = 0; i < k; i++) {
     float a = fabsf(x[i]);
     if (!isfinite(a))
       return QL_ENONFINITE;
-    if (a > amax)
-      amax = a;
+    if (src != QL_DTYPE_F32 && rnd_src(src, x[i]) != x[i])
+      return QL_EINVAL;
+    if (a > m)
+      m = a;
   }
-  scale = amax / 127.5f;
+  *amax = m;
+  return 0;
+}
+
+/*
+ * One row of ql_quantize_rows_i8_src, the int8 rule of ql_kernels.h step
+ * by step: TorchAO's Int8Tensor.from_hp on a row of dtype src
+ * (quant_primitives.py _choose_qparams_affine +
+ * _quantize_affine_no_dtype_cast): the scale divided in f32 and rounded to
+ * src, clamped at eps, then a correctly rounded f32 reciprocal, one f32
+ * product and rintf (half to even, like torch.round).
+ */
+static int quantize_row_i8(ql_dtype src, const float *x, size_t k, size_t gs,
+                           int8_t *xq, float *sx, int32_t *gsum) {
+  float amax, scale, inv;
+  size_t i, g, k0, k1;
+  int rc;
+
+  if ((rc = row_amax(src, x, k, &amax)))
+    return rc;
+  scale = rnd_src(src, amax / 127.5f);
   if (scale < QL_I8_SCALE_EPS)
     scale = QL_I8_SCALE_EPS;
   inv = 1.0f / scale;
@@ -63,13 +96,16 @@ static int quantize_row_i8(const float *x, size_t k, size_t gs, int8_t *xq,
   return 0;
 }
 
-int ql_quantize_rows_i8(const float *x, int64_t m, int64_t k, uint32_t gs,
-                        int8_t *xq, float *sx, int32_t *gsum) {
+int ql_quantize_rows_i8_src(ql_dtype src, const float *x, int64_t m,
+                            int64_t k, uint32_t gs, int8_t *xq, float *sx,
+                            int32_t *gsum) {
   size_t mm, kk, g, mk, mg, r;
   int rc;
 
   if (x == NULL || xq == NULL || sx == NULL || gs < 1)
     return QL_EINVAL;
+  if (!ql_dtype_valid((int)src))
+    return QL_EDTYPE;
   if (m < 1 || m > QL_DIM_MAX || k < 1 || k > QL_DIM_MAX)
     return QL_ESHAPE;
   mm = (size_t)m;
@@ -81,7 +117,7 @@ int ql_quantize_rows_i8(const float *x, int64_t m, int64_t k, uint32_t gs,
   if (gsum != NULL && (gs < kk ? (int64_t)gs : k) > QL_QROWS_MAX_GROUP)
     return QL_ESHAPE;
   for (r = 0; r < mm; r++) {
-    rc = quantize_row_i8(x + r * kk, kk, gs, xq + r * kk, sx + r,
+    rc = quantize_row_i8(src, x + r * kk, kk, gs, xq + r * kk, sx + r,
                          gsum != NULL ? gsum + r * g : NULL);
     if (rc != 0)
       return rc;
@@ -89,25 +125,31 @@ int ql_quantize_rows_i8(const float *x, int64_t m, int64_t k, uint32_t gs,
   return 0;
 }
 
-/*
- * One row of ql_quantize_rows_e4m3: TorchAO's float8 rowwise activation
- * quantization (quant_primitives.py _choose_scale_float8 with
- * hp_value_lb = 1e-12, then _quantize_affine_float8), all in f32:
- * scale = max(amax, 1e-12) / 448, a true division x / scale, the clamp to
- * ±448, and the e4m3 rounding (nearest even).
- */
-static int quantize_row_e4m3(const float *x, size_t k, uint8_t *xq, float *sx) {
-  float amax = 0.0f, scale;
-  size_t i;
+int ql_quantize_rows_i8(const float *x, int64_t m, int64_t k, uint32_t gs,
+                        int8_t *xq, float *sx, int32_t *gsum) {
+  return ql_quantize_rows_i8_src(QL_DTYPE_F32, x, m, k, gs, xq, sx, gsum);
+}
 
-  for (i = 0; i < k; i++) {
-    float a = fabsf(x[i]);
-    if (!isfinite(a))
-      return QL_ENONFINITE;
-    if (a > amax)
-      amax = a;
-  }
-  scale = fmaxf(amax, QL_F8_AMAX_LB) / QL_E4M3_MAX;
+/*
+ * One row of ql_quantize_rows_e4m3_src, the e4m3 rule of ql_kernels.h step
+ * by step: TorchAO's float8 rowwise quantization of a row of dtype src
+ * (quant_primitives.py _choose_scale_float8 with hp_value_lb = 1e-12, then
+ * _quantize_affine_float8): the scale divided in f32 and rounded to src,
+ * in f16 floored at 2^-24 where TorchAO's would be 0; then a true f32
+ * division x / scale, the clamp to ±448 and the e4m3 rounding (nearest
+ * even).
+ */
+static int quantize_row_e4m3(ql_dtype src, const float *x, size_t k,
+                             uint8_t *xq, float *sx) {
+  float amax, scale;
+  size_t i;
+  int rc;
+
+  if ((rc = row_amax(src, x, k, &amax)))
+    return rc;
+  scale = rnd_src(src, fmaxf(amax, QL_F8_AMAX_LB) / QL_E4M3_MAX);
+  if (src == QL_DTYPE_F16 && scale < QL_F8_F16_SCALE_MIN)
+    scale = QL_F8_F16_SCALE_MIN;
   for (i = 0; i < k; i++) {
     float t = x[i] / scale;
     t = t < -QL_E4M3_MAX ? -QL_E4M3_MAX : t > QL_E4M3_MAX ? QL_E4M3_MAX : t;
@@ -117,13 +159,15 @@ static int quantize_row_e4m3(const float *x, size_t k, uint8_t *xq, float *sx) {
   return 0;
 }
 
-int ql_quantize_rows_e4m3(const float *x, int64_t m, int64_t k, uint8_t *xq,
-                          float *sx) {
+int ql_quantize_rows_e4m3_src(ql_dtype src, const float *x, int64_t m,
+                              int64_t k, uint8_t *xq, float *sx) {
   size_t mm, kk, mk, r;
   int rc;
 
   if (x == NULL || xq == NULL || sx == NULL)
     return QL_EINVAL;
+  if (!ql_dtype_valid((int)src))
+    return QL_EDTYPE;
   if (m < 1 || m > QL_DIM_MAX || k < 1 || k > QL_DIM_MAX)
     return QL_ESHAPE;
   mm = (size_t)m;
@@ -131,9 +175,14 @@ int ql_quantize_rows_e4m3(const float *x, int64_t m, int64_t k, uint8_t *xq,
   if (!mul_size(mm, kk, &mk))
     return QL_ESHAPE;
   for (r = 0; r < mm; r++)
-    if ((rc = quantize_row_e4m3(x + r * kk, kk, xq + r * kk, sx + r)))
+    if ((rc = quantize_row_e4m3(src, x + r * kk, kk, xq + r * kk, sx + r)))
       return rc;
   return 0;
+}
+
+int ql_quantize_rows_e4m3(const float *x, int64_t m, int64_t k, uint8_t *xq,
+                          float *sx) {
+  return ql_quantize_rows_e4m3_src(QL_DTYPE_F32, x, m, k, xq, sx);
 }
 
 /* Sizes of one linear call, validated once by op_args(). */
@@ -252,7 +301,7 @@ static int linear_aq_f8r(const ql_qweight *w, ql_dtype dt, const void *x,
       (wrow = malloc(s->k * sizeof(float))) == NULL)
     goto fail;
   ql_to_f32(dt, x, xf, s->mk);
-  rc = ql_quantize_rows_e4m3(xf, (int64_t)s->m, (int64_t)s->k, xq, sx);
+  rc = ql_quantize_rows_e4m3_src(dt, xf, (int64_t)s->m, (int64_t)s->k, xq, sx);
   if (rc != 0)
     goto fail;
   free(xf);
@@ -323,8 +372,9 @@ int ql_linear_aq_ref(const ql_qweight *w, ql_dtype dt, const void *x,
               (gze = malloc(ng * sizeof(float))) == NULL))
     goto fail;
   ql_to_f32(dt, x, xf, s.mk);
-  rc = ql_quantize_rows_i8(xf, (int64_t)s.m, (int64_t)s.k,
-                           q4g ? w->group_size : (uint32_t)s.k, xq, sx, gsum);
+  rc = ql_quantize_rows_i8_src(dt, xf, (int64_t)s.m, (int64_t)s.k,
+                               q4g ? w->group_size : (uint32_t)s.k, xq, sx,
+                               gsum);
   if (rc != 0)
     goto fail;
   free(xf);

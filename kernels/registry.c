@@ -24,13 +24,16 @@ static int generic_aq_supports(const ql_kernel_impl *im, ql_format f,
 }
 
 static int generic_qrows(const ql_qrows_args *a) {
+  ql_dtype src = (int)a->src == 0 ? QL_DTYPE_F32 : a->src;
+
   switch (a->kind) {
   case QL_QROWS_I8:
-    return ql_quantize_rows_i8(a->x, a->m, a->k, a->gs, a->xq, a->sx, a->gsum);
+    return ql_quantize_rows_i8_src(src, a->x, a->m, a->k, a->gs, a->xq, a->sx,
+                                   a->gsum);
   case QL_QROWS_E4M3:
     if (a->gsum != NULL)
       return QL_EINVAL;
-    return ql_quantize_rows_e4m3(a->x, a->m, a->k, a->xq, a->sx);
+    return ql_quantize_rows_e4m3_src(src, a->x, a->m, a->k, a->xq, a->sx);
   }
   return QL_EINVAL;
 }

@@ -38,7 +38,10 @@ typedef enum ql_op {
 /* Arguments of QL_OP_LINEAR_WO and QL_OP_LINEAR_AQ: y[M,N] = x[M,K]·Wᵀ+b. */
 typedef struct ql_linear_args {
   const ql_qweight *w; /* canonical weight */
-  const void *packed;  /* this implementation's repacked layout, or NULL */
+  const void *packed;  /* the layout the same backend's repack made at
+                          load, or NULL when it has none (then the
+                          canonical form is read); always NULL for the
+                          generic implementations */
   ql_dtype dt;         /* dtype of x and y */
   const void *x;       /* [m, w->k] */
   int64_t m;
@@ -46,12 +49,14 @@ typedef struct ql_linear_args {
 } ql_linear_args;
 
 /* Values of ql_qrows_args.kind. */
-#define QL_QROWS_I8 1   /* int8, the q8c rule (ql_quantize_rows_i8) */
+#define QL_QROWS_I8 1   /* int8, the q8c rule (ql_quantize_rows_i8_src) */
 #define QL_QROWS_E4M3 2 /* float8 e4m3fn, the f8r rule
-                           (ql_quantize_rows_e4m3) */
+                           (ql_quantize_rows_e4m3_src) */
 
 /* Arguments of QL_OP_QUANTIZE_ROWS. An unknown kind, or gsum with
- * QL_QROWS_E4M3 (e4m3 codes have no integer sum), is QL_EINVAL. */
+ * QL_QROWS_E4M3 (e4m3 codes have no integer sum), is QL_EINVAL; the rest
+ * as ql_quantize_rows_i8_src / ql_quantize_rows_e4m3_src, whose rule
+ * (ql_kernels.h) every implementation reproduces bit for bit. */
 typedef struct ql_qrows_args {
   int kind;       /* QL_QROWS_I8 or QL_QROWS_E4M3 */
   const float *x; /* [m, k] */
@@ -60,6 +65,10 @@ typedef struct ql_qrows_args {
   void *xq;       /* [m, k]: int8_t (I8) or e4m3 codes, uint8_t (E4M3) */
   float *sx;      /* [m] */
   int32_t *gsum;  /* I8: [m, ceil(k/gs)] or NULL; E4M3: NULL */
+  ql_dtype src;   /* the dtype x arrived in (x holds it widened to f32),
+                     in which the scale is computed as TorchAO does; 0
+                     means QL_DTYPE_F32, so args that leave it out keep
+                     the f32 rule */
 } ql_qrows_args;
 
 /*

@@ -196,6 +196,28 @@ def make_activation(m, k, seed):
     return x
 
 
+def f16_tiny_rows(w, x, seed):
+    """The f16 cases (f32 w and x, before the cast): the all-zero rows (w
+    row 0, x row 1) become rows whose scales are f16 subnormals. TorchAO's
+    float8 rowwise path applies hp_value_lb=1e-12 in the input's dtype,
+    where it is 0 in f16, so an all-zero f16 row (any row with amax <=
+    448·2^-25) gets scale 0 and NaN / ±448 codes; qlinear deliberately
+    differs there (ql_quantize_rows_e4m3_src floors the scale at 2^-24,
+    unit-tested), and the f32 and bf16 cases keep their all-zero rows. The
+    tiny rows test what f16 subnormal scales do instead: amax 2^-10 (w) and
+    3·2^-11 (x), so amax/127.5 and amax/448 are both below 2^-14 and keep
+    only a few significant bits."""
+    g = torch.Generator().manual_seed(seed)
+    k = w.shape[1]
+    r = (torch.randn(k, generator=g) * 2.0**-12).clamp(-2.0**-10, 2.0**-10)
+    r[9] = 2.0**-10
+    w[0] = r
+    r = (torch.randn(k, generator=g) * 2.0**-11).clamp(-3 * 2.0**-11,
+                                                      3 * 2.0**-11)
+    r[4] = -3 * 2.0**-11
+    x[1] = r
+
+
 # ------------------------------------------------------------------ int4
 
 
@@ -415,8 +437,11 @@ def case_q4i(outdir, gs, src, seed=2):
 def case_q8c(outdir, src, seed=3):
     name = "q8c_%s" % DTNAME[src]
     c = Case(outdir, name)
-    w = make_weight(N, K, seed).to(src)
-    x = make_activation(M, K, seed + 100).to(src)
+    w = make_weight(N, K, seed)
+    x = make_activation(M, K, seed + 100)
+    if src == torch.float16:
+        f16_tiny_rows(w, x, seed + 200)
+    w, x = w.to(src), x.to(src)
     # Weight-only and dynamic-activation configs quantize the weight alike
     # (Int8Tensor.from_hp, choose_qparams_affine SYMMETRIC, eps = f32 eps,
     # then quantize_affine); the AQ one also carries the activation rule.
@@ -485,8 +510,11 @@ def case_f8r(outdir, src, seed=4):
     files."""
     name = "f8r_%s" % DTNAME[src]
     c = Case(outdir, name)
-    w = make_weight(N, K, seed).to(src)
-    x = make_activation(M, K, seed + 100).to(src)
+    w = make_weight(N, K, seed)
+    x = make_activation(M, K, seed + 100)
+    if src == torch.float16:
+        f16_tiny_rows(w, x, seed + 200)
+    w, x = w.to(src), x.to(src)
     e4m3 = torch.float8_e4m3fn
     t = Float8Tensor.from_hp(w, e4m3, PerRow(), hp_value_lb=1e-12)
     t0 = Float8Tensor.from_hp(w, e4m3, PerRow())
@@ -557,6 +585,10 @@ def main():
     names.append(case_q4i(outdir, 32, torch.bfloat16))
     names.append(case_q4i(outdir, 128, torch.bfloat16))
     names.append(case_q4i(outdir, 128, torch.float16))
+    # f16 activations (and weights): TorchAO computes the int8 and float8
+    # scales in f16 (see f16_tiny_rows for the all-zero rows).
+    names.append(case_q8c(outdir, torch.float16))
+    names.append(case_f8r(outdir, torch.float16))
     with open(os.path.join(outdir, "index.txt"), "w") as f:
         f.write("# cases written by tests/data/make_golden.py (TorchAO %s, "
                 "torch %s)\n" % (torchao.__version__, torch.__version__.split("+")[0]))

@@ -1504,8 +1504,8 @@ START_TEST(test_zero_and_constant_rows) {
 }
 END_TEST
 
-/* The default scale dtype (0): the source dtype for q4g, q8c and q8b, f32
- * for f8r; the same bytes as asking for it explicitly. */
+/* The default scale dtype (0): the source dtype, for every format; the
+ * same bytes as asking for it explicitly. */
 START_TEST(test_default_scale_dtype) {
   const cfg *c = &cfgs[_i];
   float w[3 * 70], wide[3 * 70];
@@ -1517,7 +1517,7 @@ START_TEST(test_default_scale_dtype) {
     w[i] = (float)tu_rng_gauss(&rng);
   for (d = 0; d < 3; d++) {
     ql_dtype src = all_dtypes[d];
-    ql_dtype want = c->f == QL_FORMAT_F8R ? QL_DTYPE_F32 : src;
+    ql_dtype want = src;
     const void *in = w;
     ql_qweight *a = NULL, *b = NULL;
 
@@ -1539,6 +1539,84 @@ START_TEST(test_default_scale_dtype) {
     check_weight(a, wide, NULL);
     ql_qweight_free(a);
     ql_qweight_free(b);
+  }
+}
+END_TEST
+
+/*
+ * f8r's default scale dtype is the source dtype, like the other formats':
+ * TorchAO's Float8Tensor.from_hp computes a bf16/f16 weight's scale in
+ * that dtype (_choose_scale_float8: max_abs / 448 rounded to it) and only
+ * then widens it to f32. The expected scales and codes are what TorchAO
+ * 0.18 gives for these rows (hp_value_lb=1e-12, torch 2.15, CPU), except
+ * the last f16 row: amax 2^-20 makes the f16 scale 0, where TorchAO writes
+ * codes 0x7E and NaN (x / 0) and we write zeros.
+ */
+START_TEST(test_f8r_default_scale_dtype) {
+  static const float w[3 * 4] = {1.0f,     0.5f,     -0.25f,    0.0f,
+                                 0x1p-13f, 0x1p-14f, -0x1p-13f, 0.0f,
+                                 0x1p-20f, 0.0f,     0.0f,      0.0f};
+  static const struct {
+    ql_dtype src;
+    float scale[3];
+    uint8_t q[3 * 4];
+  } want[] = {
+      {QL_DTYPE_BF16,
+       {0x1.24p-9f, 0x1.24p-22f, 0x1.24p-29f},
+       {0x7E, 0x76, 0xEE, 0, 0x7E, 0x76, 0xFE, 0, 0x7E, 0, 0, 0}},
+      /* 2^-13 / 448 rounds up to 5·2^-24 in f16: 2^-13 / scale = 409.6
+       * gives 416 (0x7D), not 448 */
+      {QL_DTYPE_F16,
+       {0x1.248p-9f, 0x1.4p-22f, 0.0f},
+       {0x7E, 0x76, 0xEE, 0, 0x7D, 0x75, 0xFD, 0, 0, 0, 0, 0}},
+  };
+  uint16_t w16[3 * 4];
+  float wide[3 * 4];
+  size_t d, i;
+
+  for (d = 0; d < sizeof want / sizeof want[0]; d++) {
+    ql_dtype src = want[d].src;
+    ql_qweight *a = NULL, *b = NULL;
+
+    ql_from_f32(src, w, w16, 12);
+    ql_to_f32(src, w16, wide, 12);
+    ck_assert(memcmp(wide, w, sizeof w) == 0); /* exact in both dtypes */
+    ck_assert_int_eq(
+        quantize_args(QL_FORMAT_F8R, 0, 3, 4, src, w16, NULL, (ql_dtype)0, &a),
+        0);
+    REQUIRE(a->scale_dtype == src, "%s: scale dtype %d", tu_dtype_name(src),
+            (int)a->scale_dtype);
+    ck_assert_uint_eq(a->scale_bytes, 3 * 2);
+    for (i = 0; i < 3; i++)
+      REQUIRE(ql_load_f32(src, a->scale, i) == want[d].scale[i],
+              "%s: scale[%zu] %a, want %a", tu_dtype_name(src), i,
+              (double)ql_load_f32(src, a->scale, i),
+              (double)want[d].scale[i]);
+    for (i = 0; i < 12; i++)
+      REQUIRE(a->qdata[i] == want[d].q[i], "%s: q[%zu] %02x, want %02x",
+              tu_dtype_name(src), i, a->qdata[i], want[d].q[i]);
+    check_weight(a, wide, NULL);
+
+    /* an f32 scale keeps the f32 quotient: other values, other codes */
+    ck_assert_int_eq(quantize_args(QL_FORMAT_F8R, 0, 3, 4, src, w16, NULL,
+                                   QL_DTYPE_F32, &b),
+                     0);
+    ck_assert(ql_load_f32(QL_DTYPE_F32, b->scale, 0) == 1.0f / 448.0f);
+    ck_assert(ql_load_f32(QL_DTYPE_F32, b->scale, 0) != want[d].scale[0]);
+    ck_assert_uint_eq(b->qdata[4], 0x7E);
+    check_weight(b, wide, NULL);
+    ql_qweight_free(a);
+    ql_qweight_free(b);
+  }
+  /* an f32 weight keeps f32 scales */
+  {
+    ql_qweight *a = NULL;
+    ck_assert_int_eq(quantize_args(QL_FORMAT_F8R, 0, 3, 4, QL_DTYPE_F32, w,
+                                   NULL, (ql_dtype)0, &a),
+                     0);
+    ck_assert_int_eq(a->scale_dtype, QL_DTYPE_F32);
+    ck_assert(ql_load_f32(QL_DTYPE_F32, a->scale, 0) == 1.0f / 448.0f);
+    ql_qweight_free(a);
   }
 }
 END_TEST
@@ -2008,6 +2086,7 @@ static Suite *formats_suite(void) {
   tcase_add_test(tc, test_quantize_bad_args);
   tcase_add_test(tc, test_quant_params);
   tcase_add_loop_test(tc, test_default_scale_dtype, 0, NCFG);
+  tcase_add_test(tc, test_f8r_default_scale_dtype);
   tcase_add_test(tc, test_check_and_dequantize_args);
   tcase_add_loop_test(tc, test_src_dtype_widening, 0, NCFG);
   tcase_add_loop_test(tc, test_nmse_gaussian, 0, NCFG);

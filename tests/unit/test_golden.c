@@ -13,9 +13,11 @@
  *                 another formula (bound below);
  *   linear    (c) ql_linear_wo_ref (and ql_linear_aq_ref for the AQ cases)
  *                 on the imported weight against TorchAO's product in f64,
- *                 within a K-dependent fp32 bound;
- *   act       (d) ql_quantize_rows_i8 / ql_quantize_rows_e4m3 give
- *                 TorchAO's per-token activation quantization bit for bit.
+ *                 within a K-dependent fp32 bound (for a bf16/f16 request,
+ *                 the f32 value it rounds once);
+ *   act       (d) ql_quantize_rows_i8_src / ql_quantize_rows_e4m3_src with
+ *                 the activation's dtype give TorchAO's per-token
+ *                 activation quantization bit for bit.
  * Where TorchAO and DESIGN §4 disagree, these tests follow TorchAO.
  *
  * The data directory is $QL_TEST_DATA (make check sets it), else
@@ -311,7 +313,7 @@ static void row_list(const char *s, int *mask, int64_t rows) {
 /* ------------------------------------------------------------ index */
 
 START_TEST(test_index) {
-  int seen[4] = {0}, bf16 = 0, f32 = 0;
+  int seen[4] = {0}, bf16 = 0, f32 = 0, aq16[2] = {0, 0};
 
   REQUIRE(index_error[0] == '\0', "golden vectors: %s", index_error);
   REQUIRE(ncases >= 8, "golden vectors: only %d cases in %s/index.txt",
@@ -322,6 +324,9 @@ START_TEST(test_index) {
     seen[c.kind]++;
     bf16 += c.src == QL_DTYPE_BF16;
     f32 += c.src == QL_DTYPE_F32;
+    if (strstr(get(&c.m, "cases"), "aq") != NULL &&
+        c.src != QL_DTYPE_F32) /* activations TorchAO scaled in 16 bits */
+      aq16[c.src == QL_DTYPE_F16]++;
     REQUIRE(get(&c.m, "torchao_fn")[0] != '\0', "%s: no torchao_fn",
             c.name);
     close_case(&c);
@@ -331,6 +336,9 @@ START_TEST(test_index) {
           "golden vectors: a format is missing (q4g %d, q4g int %d, q8c %d, "
           "f8r %d)", seen[Q4G], seen[Q4I], seen[Q8C], seen[F8R]);
   REQUIRE(bf16 > 0 && f32 > 0, "golden vectors: no bf16 or no f32 input");
+  REQUIRE(aq16[0] >= 2 && aq16[1] >= 2,
+          "golden vectors: AQ cases with bf16 %d, with f16 %d activations "
+          "(q8c and f8r each wanted)", aq16[0], aq16[1]);
 }
 END_TEST
 
@@ -595,13 +603,23 @@ START_TEST(test_import) {
     unload(&z);
   }
 
-  if (c.kind == F8R) {
+  if (c.kind == F8R && get(&c.m, "nolb_nan_weight_rows")[0] != '\0') {
     /* TorchAO's default variant holds NaN codes: refused, naming qdata */
     ql_qweight *wn = (ql_qweight *)1;
     rc = import_torchao(&c, "_nolb", &wn, err, sizeof err);
     REQUIRE(rc == QL_ENONFINITE && wn == NULL &&
                 strncmp(err, "qdata: NaN code", 15) == 0,
             "%s: nolb import gave %d: %s", c.name, rc, err);
+  } else if (c.kind == F8R) {
+    /* no all-zero row (the f16 cases): both variants are the same weight */
+    ql_qweight *wn = NULL;
+    rc = import_torchao(&c, "_nolb", &wn, err, sizeof err);
+    REQUIRE(rc == 0, "%s: nolb import failed (%d): %s", c.name, rc, err);
+    REQUIRE(memcmp(wn->qdata, w->qdata, w->qdata_bytes) == 0 &&
+                wn->scale_bytes == w->scale_bytes &&
+                memcmp(wn->scale, w->scale, w->scale_bytes) == 0,
+            "%s: the nolb weight differs", c.name);
+    ql_qweight_free(wn);
   }
   free(ours);
   unload(&deq);
@@ -611,6 +629,25 @@ START_TEST(test_import) {
 END_TEST
 
 /* ------------------------------------------------------------ (c) */
+
+/* v rounded to dt (nearest even) and widened back. */
+static float narrow(ql_dtype dt, float v) {
+  uint16_t h;
+  if (dt == QL_DTYPE_F32)
+    return v;
+  ql_from_f32(dt, &v, &h, 1);
+  return ql_load_f32(dt, &h, 0);
+}
+
+/* One rounded f32 operation each; volatile stops contraction into FMA. */
+static float mul32(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+static float add32(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
 
 /*
  * y against ref (TorchAO's f64 product rounded to f32), per element:
@@ -638,6 +675,47 @@ static void check_product(const gcase *c, const char *what, const float *y,
               "%.3g (K %lld)", c->name, what, (long long)m, (long long)n, got,
               r, fabs(got - r), bound, (long long)c->k);
     }
+}
+
+/*
+ * The AQ product of DESIGN §4 (q8c and f8r, no bias) in f32, before its
+ * rounding to the output dtype, on the rows quantized with the
+ * activation's dtype: q8c (float)Σk xq·wq · (sx·sw); f8r Σk in f32 in
+ * increasing k, then · (sx·sw). ql_linear_aq_ref must give this value
+ * rounded once to that dtype, and the value itself must be within the f32
+ * bound of TorchAO's product.
+ */
+static void aq_formula(const gcase *c, const ql_qweight *w, const float *xf,
+                       float *y) {
+  size_t mk = (size_t)(c->mm * c->k), k = (size_t)c->k;
+  uint8_t *xq = tu_xmalloc(mk);
+  float *sx = tu_xmalloc((size_t)c->mm * sizeof *sx);
+  int rc = c->kind == F8R
+               ? ql_quantize_rows_e4m3_src(c->src, xf, c->mm, c->k, xq, sx)
+               : ql_quantize_rows_i8_src(c->src, xf, c->mm, c->k,
+                                         (uint32_t)c->k, (int8_t *)xq, sx,
+                                         NULL);
+  REQUIRE(rc == 0, "%s: quantize_rows (%d)", c->name, rc);
+  REQUIRE(c->kind == F8R || c->kind == Q8C, "%s: AQ formula for q8c and f8r "
+          "only", c->name);
+  for (int64_t m = 0; m < c->mm; m++)
+    for (int64_t n = 0; n < c->n; n++) {
+      const uint8_t *xr = xq + (size_t)m * k, *wr = w->qdata + (size_t)n * k;
+      float sw = ql_load_f32(w->scale_dtype, w->scale, (size_t)n), acc = 0;
+      if (c->kind == F8R) {
+        for (size_t i = 0; i < k; i++)
+          acc = add32(acc, mul32(ql_e4m3_to_f32(xr[i]),
+                                 ql_e4m3_to_f32(wr[i])));
+      } else {
+        int32_t dot = 0;
+        for (size_t i = 0; i < k; i++)
+          dot += (int32_t)(int8_t)xr[i] * (int8_t)wr[i];
+        acc = (float)dot;
+      }
+      y[m * c->n + n] = mul32(acc, mul32(sx[m], sw));
+    }
+  free(xq);
+  free(sx);
 }
 
 START_TEST(test_linear) {
@@ -693,22 +771,22 @@ START_TEST(test_linear) {
       /* TorchAO's dequantize: q·scale rounded to f32 */
       xd[i] = (float)(q * ((const float *)sx.data)[r]);
     }
-    void *yd = c.src == QL_DTYPE_F32 ? (void *)y : tu_xmalloc(mn * 2);
+    /* In the activation's own dtype, as a client sends it: its scales are
+     * computed in that dtype, as TorchAO's are. The f32 value before the
+     * output's rounding, float(acc)·(sx·sw): two roundings on our side, x̂
+     * and ŵ rounded on TorchAO's: 5u beyond the accumulation term. */
+    unsigned char *yd = tu_xmalloc(mn * 4);
+    aq_formula(&c, w, xf, y);
+    check_product(&c, "aq", y, ya.data, xd, deq.data, wours, 5);
     rc = ql_linear_aq_ref(w, c.src, c.x.data, c.mm, yd);
-    if (yd != y)
-      free(yd);
     REQUIRE(rc == 0, "%s: aq_ref failed (%d)", c.name, rc);
-    if (c.src == QL_DTYPE_F32) {
-      /* float(acc)·(sx·sw): two roundings on our side, x̂ and ŵ rounded on
-       * TorchAO's: 5u beyond the accumulation term */
-      check_product(&c, "aq", y, ya.data, xd, deq.data, wours, 5);
-    } else {
-      /* the f32 path on the widened activation, which is what a bf16
-       * request computes before its final rounding */
-      rc = ql_linear_aq_ref(w, QL_DTYPE_F32, xf, c.mm, y);
-      REQUIRE(rc == 0, "%s: aq_ref f32 failed (%d)", c.name, rc);
-      check_product(&c, "aq", y, ya.data, xd, deq.data, wours, 5);
+    for (size_t i = 0; i < mn; i++) {
+      float got = ql_load_f32(c.src, yd, i), want = narrow(c.src, y[i]);
+      REQUIRE(tu_f32_bits(got) == tu_f32_bits(want),
+              "%s: aq_ref %s y[%zu] = %a, the AQ formula rounds to %a",
+              c.name, tu_dtype_name(c.src), i, (double)got, (double)want);
     }
+    free(yd);
     unload(&xq);
     unload(&sx);
     unload(&ya);
@@ -745,8 +823,8 @@ START_TEST(test_act) {
   check_shape(&sx, "sx", m, 1);
   if (c.kind == Q8C) {
     int32_t *gsum = tu_xmalloc(m * sizeof *gsum);
-    int rc = ql_quantize_rows_i8(xf, c.mm, c.k, (uint32_t)c.k, (int8_t *)q, s,
-                                 gsum);
+    int rc = ql_quantize_rows_i8_src(c.src, xf, c.mm, c.k, (uint32_t)c.k,
+                                     (int8_t *)q, s, gsum);
     REQUIRE(rc == 0, "%s: quantize_rows_i8 (%d)", c.name, rc);
     for (size_t r = 0; r < m; r++) {
       int32_t sum = 0;
@@ -757,14 +835,11 @@ START_TEST(test_act) {
     }
     free(gsum);
   } else {
-    int rc = ql_quantize_rows_e4m3(xf, c.mm, c.k, q, s);
+    int rc = ql_quantize_rows_e4m3_src(c.src, xf, c.mm, c.k, q, s);
     REQUIRE(rc == 0, "%s: quantize_rows_e4m3 (%d)", c.name, rc);
   }
   nd = diff_f32(s, sx.data, m, 1, msg, sizeof msg);
-  REQUIRE(nd == 0, "%s: %zu activation scales differ:%s%s", c.name, nd, msg,
-          c.src == QL_DTYPE_F32 ? ""
-                                : " (TorchAO computes the scale in the "
-                                  "activation's dtype and rounds it there)");
+  REQUIRE(nd == 0, "%s: %zu activation scales differ:%s", c.name, nd, msg);
   nd = diff_bytes(q, xq.data, mk, (size_t)c.k, msg, sizeof msg);
   REQUIRE(nd == 0, "%s: %zu activation codes differ:%s", c.name, nd, msg);
 

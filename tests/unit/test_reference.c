@@ -524,6 +524,422 @@ START_TEST(test_qrows_generic_op) {
 }
 END_TEST
 
+/* ------------------------------------------- quantize_rows in 16 bits */
+
+/*
+ * The rule of ql_kernels.h written independently: double arithmetic, each
+ * f32 step one double operation rounded to float (for these operands the
+ * correctly rounded f32 result: an f32 product is exact in double, and a
+ * quotient of two f32 values rounded to double and then to float is
+ * correctly rounded), and rounding to bf16/f16 by hand.
+ */
+
+/* v rounded to nearest even with a p-bit significand and exponent floor
+ * emin (below 2^emin the step stays 2^(emin-p+1): subnormals). The tests
+ * stay far from overflow. */
+static double round_p(double v, int p, int emin) {
+  int e, lsb;
+  if (v == 0.0)
+    return v;
+  frexp(v, &e); /* |v| in [2^(e-1), 2^e) */
+  lsb = e - p;
+  if (lsb < emin - (p - 1))
+    lsb = emin - (p - 1);
+  return ldexp(tu_rne(ldexp(v, -lsb)), lsb);
+}
+
+/* rnd_src: to bf16 (8 bits, emin -126), f16 (11 bits, emin -14) or f32
+ * (the identity). */
+static double rnd16(ql_dtype src, double v) {
+  if (src == QL_DTYPE_BF16)
+    return round_p(v, 8, -126);
+  if (src == QL_DTYPE_F16)
+    return round_p(v, 11, -14);
+  return v;
+}
+
+static double row_amax_ref(const float *x, int64_t k) {
+  double a = 0.0;
+  for (int64_t i = 0; i < k; i++)
+    a = fabs((double)x[i]) > a ? fabs((double)x[i]) : a;
+  return a;
+}
+
+/* The int8 rule for one row: returns sx, writes q. */
+static float i8_row_ref(ql_dtype src, const float *x, int64_t k, int8_t *q) {
+  double s = (float)(row_amax_ref(x, k) / 127.5), inv;
+  s = rnd16(src, s);
+  if (s < 0x1p-23)
+    s = 0x1p-23;
+  inv = (float)(1.0 / s);
+  for (int64_t i = 0; i < k; i++) {
+    double t = tu_rne((double)(float)((double)x[i] * inv));
+    q[i] = (int8_t)(t < -128 ? -128 : t > 127 ? 127 : t);
+  }
+  return (float)s;
+}
+
+/* The e4m3 rule for one row: returns sx, writes the codes. */
+static float e4m3_row_ref(ql_dtype src, const float *x, int64_t k,
+                          uint8_t *q) {
+  double a = row_amax_ref(x, k), s;
+  s = (float)((a > (double)1e-12f ? a : (double)1e-12f) / 448.0);
+  s = rnd16(src, s);
+  if (src == QL_DTYPE_F16 && s < 0x1p-24)
+    s = 0x1p-24;
+  for (int64_t i = 0; i < k; i++) {
+    double t = (double)(float)((double)x[i] / s);
+    q[i] = e4m3_nearest(t < -448.0 ? -448.0 : t > 448.0 ? 448.0 : t);
+  }
+  return (float)s;
+}
+
+enum { SRC_M = 48, SRC_K = 64 };
+
+/*
+ * Activation rows holding src values (rounded by rnd16): Gaussian at
+ * several magnitudes, int8 ties at scale 2^-4, e4m3 ties at scale 1, all
+ * zero, constant, tiny (f16 subnormals: the int8 eps and the f16 e4m3
+ * floor), below 1e-12 (bf16), and rows chosen so that the 16-bit scale
+ * changes a code (see the test); then random magnitudes 2^-20 .. 2^8.
+ */
+static void src_rows(ql_dtype src, uint64_t *rng, float *x) {
+  static const float f8t[] = {448.0f, 17.0f, -19.0f, 9.5f,  -8.5f, 4.25f,
+                              0x3p-10f, -0x1p-10f, 0.1875f, 26.0f, -30.0f,
+                              232.0f};
+  for (int r = 0; r < SRC_M; r++) {
+    double mag = ldexp(1.0, (int)(tu_rng_uniform(rng) * 28.0) - 20);
+    for (int i = 0; i < SRC_K; i++) {
+      double g = tu_rng_gauss(rng), v;
+      switch (r) {
+      case 0:
+        v = g;
+        break;
+      case 1:
+        v = 1e3 * g;
+        break;
+      case 2:
+        v = 1e-3 * g;
+        break;
+      case 3: /* f16 subnormals: amax / 127.5 < 2^-23, amax / 448 < 2^-25 */
+        v = 2e-6 * g;
+        break;
+      case 4:
+        v = 0.0;
+        break;
+      case 5: /* the golden vectors' constant row */
+        v = -0.7;
+        break;
+      case 6: /* scale 2^-4 in every dtype: x·16 = j + 0.5 exactly */
+        v = i == 0 ? -127.5 * 0.0625
+                   : ((double)((i * 37) % 255) - 127.0 + 0.5) * 0.0625;
+        break;
+      case 7: /* scale 1: e4m3 ties */
+        v = i < 12 ? (double)f8t[i] : 100.0 * g;
+        break;
+      case 8: /* bf16: amax below the 1e-12 floor */
+        v = 1e-14 * g;
+        break;
+      case 9: /* bf16 scale 1.0078125·2^-7 instead of 2^-7/1.0039...:
+               * 0.9921875 gives 126, not 127 */
+        v = i == 0 ? 1.0 : i == 1 ? 0.9921875 : 0.15 * g;
+        break;
+      case 10: /* bf16 e4m3: 0.8203125 / scale = 368.2, not 367.5: 384 (0x7C),
+               * not 352 */
+        v = i == 0 ? 1.0 : i == 1 ? 0.8203125 : 0.15 * g;
+        break;
+      case 11: /* f16 e4m3: scale 5·2^-24 for amax 2^-13: 409.6 -> 416 */
+        v = i == 0 ? 0x1p-13 : 0x1p-16 * g;
+        break;
+      default:
+        v = mag * g;
+      }
+      x[r * SRC_K + i] = (float)rnd16(src, v);
+    }
+  }
+}
+
+/*
+ * ql_quantize_rows_i8_src / _e4m3_src with src bf16 and f16, bit for bit
+ * against the rule written independently above, and with src f32 byte
+ * for byte the plain functions. The data must exercise what the rule is
+ * about: scales that differ from the f32 rule's, and codes that differ
+ * because of it.
+ */
+START_TEST(test_qrows_src_vs_rule) {
+  static const ql_dtype srcs[] = {QL_DTYPE_BF16, QL_DTYPE_F16};
+  static const uint32_t gss[] = {1, 7, 64, 1000};
+  float *x = tu_xmalloc(SRC_M * SRC_K * sizeof(float)), sx[SRC_M],
+        sx2[SRC_M], want_s;
+  int8_t *xq = tu_xmalloc(SRC_M * SRC_K), *xq2 = tu_xmalloc(SRC_M * SRC_K),
+         wq[SRC_K], wq32[SRC_K];
+  uint8_t *xc = tu_xmalloc(SRC_M * SRC_K), *xc2 = tu_xmalloc(SRC_M * SRC_K),
+          wc[SRC_K], wc32[SRC_K];
+  int32_t *gsum = tu_xmalloc(SRC_M * SRC_K * sizeof(int32_t));
+  int32_t *gsum2 = tu_xmalloc(SRC_M * SRC_K * sizeof(int32_t));
+  uint64_t rng = 31;
+
+  for (size_t d = 0; d < 2; d++) {
+    ql_dtype src = srcs[d];
+    int ds_i8 = 0, dq_i8 = 0, ds_f8 = 0, dq_f8 = 0;
+
+    src_rows(src, &rng, x);
+    for (size_t gi = 0; gi < 4; gi++) {
+      uint32_t gs = gss[gi];
+      int ng = (int)((SRC_K + gs - 1) / gs);
+      ck_assert_int_eq(
+          ql_quantize_rows_i8_src(src, x, SRC_M, SRC_K, gs, xq, sx, gsum), 0);
+      for (int r = 0; r < SRC_M; r++) {
+        const float *xr = x + r * SRC_K;
+        want_s = i8_row_ref(src, xr, SRC_K, wq);
+        REQUIRE(tu_f32_bits(sx[r]) == tu_f32_bits(want_s),
+                "%s i8 sx[%d] = %a, want %a", tu_dtype_name(src), r,
+                (double)sx[r], (double)want_s);
+        for (int i = 0; i < SRC_K; i++)
+          REQUIRE(xq[r * SRC_K + i] == wq[i],
+                  "%s i8 xq[%d,%d] = %d, want %d (x %a, sx %a)",
+                  tu_dtype_name(src), r, i, xq[r * SRC_K + i], wq[i],
+                  (double)xr[i], (double)sx[r]);
+        for (int g = 0; g < ng; g++) {
+          int32_t sum = 0;
+          for (int i = g * (int)gs; i < SRC_K && i < (g + 1) * (int)gs; i++)
+            sum += wq[i];
+          REQUIRE(gsum[r * ng + g] == sum, "%s gs %u gsum[%d,%d]",
+                  tu_dtype_name(src), gs, r, g);
+        }
+        if (gi == 0) { /* what the 16-bit scale changed */
+          float s32 = i8_row_ref(QL_DTYPE_F32, xr, SRC_K, wq32);
+          ds_i8 += tu_f32_bits(s32) != tu_f32_bits(want_s);
+          for (int i = 0; i < SRC_K; i++)
+            dq_i8 += wq32[i] != wq[i];
+        }
+      }
+    }
+    ck_assert_int_eq(ql_quantize_rows_e4m3_src(src, x, SRC_M, SRC_K, xc, sx),
+                     0);
+    for (int r = 0; r < SRC_M; r++) {
+      const float *xr = x + r * SRC_K;
+      float s32 = e4m3_row_ref(QL_DTYPE_F32, xr, SRC_K, wc32);
+      want_s = e4m3_row_ref(src, xr, SRC_K, wc);
+      REQUIRE(tu_f32_bits(sx[r]) == tu_f32_bits(want_s),
+              "%s e4m3 sx[%d] = %a, want %a", tu_dtype_name(src), r,
+              (double)sx[r], (double)want_s);
+      REQUIRE(sx[r] > 0.0f && isnormal(sx[r]), "sx[%d] = %a", r,
+              (double)sx[r]);
+      for (int i = 0; i < SRC_K; i++)
+        REQUIRE(xc[r * SRC_K + i] == wc[i],
+                "%s e4m3 xq[%d,%d] = %02x, want %02x (x %a, sx %a)",
+                tu_dtype_name(src), r, i, xc[r * SRC_K + i], wc[i],
+                (double)xr[i], (double)sx[r]);
+      ds_f8 += tu_f32_bits(s32) != tu_f32_bits(want_s);
+      for (int i = 0; i < SRC_K; i++)
+        dq_f8 += wc32[i] != wc[i];
+    }
+    /* the data reach what the 16-bit rule changes */
+    REQUIRE(ds_i8 > SRC_M / 2 && dq_i8 > 0 && ds_f8 > SRC_M / 2 && dq_f8 > 0,
+            "%s: scales changed i8 %d, e4m3 %d; codes changed i8 %d, e4m3 %d",
+            tu_dtype_name(src), ds_i8, ds_f8, dq_i8, dq_f8);
+
+    /* the rows written for one case each */
+    if (src == QL_DTYPE_BF16) {
+      ck_assert_int_eq(
+          ql_quantize_rows_i8_src(src, x, SRC_M, SRC_K, 64, xq, sx2, NULL), 0);
+      ck_assert(sx2[9] == 0x1.02p-7f && xq[9 * SRC_K + 1] == 126);
+      ck_assert(sx2[6] == 0.0625f && xq[6 * SRC_K] == -128);
+      ck_assert(sx[10] == 0x1.24p-9f && xc[10 * SRC_K + 1] == 0x7C);
+      ck_assert(sx[4] == 0x1.42p-49f); /* bf16(1e-12 / 448), TorchAO's too */
+      ck_assert(sx[8] == sx[4]);
+    } else {
+      ck_assert_int_eq(
+          ql_quantize_rows_i8_src(src, x, SRC_M, SRC_K, 64, xq, sx2, NULL), 0);
+      /* -0.7 is 0x1.668p-1 in f16: -127, not the f32 rule's -128 */
+      ck_assert(sx2[5] == 0x1.68p-8f && xq[5 * SRC_K] == -127);
+      ck_assert(sx2[3] == 0x1p-23f && sx2[4] == 0x1p-23f);
+      ck_assert(sx[11] == 0x1.4p-22f && xc[11 * SRC_K] == 0x7D);
+      /* the floor: an all-zero row and a row of f16 subnormals */
+      ck_assert(sx[4] == 0x1p-24f && sx[3] == 0x1p-24f);
+      for (int i = 0; i < SRC_K; i++)
+        REQUIRE(xc[4 * SRC_K + i] == 0, "zero row code %02x",
+                xc[4 * SRC_K + i]);
+    }
+
+    /* src f32: the plain functions, byte for byte */
+    ck_assert_int_eq(ql_quantize_rows_i8_src(QL_DTYPE_F32, x, SRC_M, SRC_K,
+                                             7, xq, sx, gsum),
+                     0);
+    ck_assert_int_eq(ql_quantize_rows_i8(x, SRC_M, SRC_K, 7, xq2, sx2, gsum2),
+                     0);
+    ck_assert(memcmp(xq, xq2, SRC_M * SRC_K) == 0 &&
+              memcmp(sx, sx2, sizeof sx) == 0 &&
+              memcmp(gsum, gsum2, SRC_M * 10 * sizeof(int32_t)) == 0);
+    ck_assert_int_eq(
+        ql_quantize_rows_e4m3_src(QL_DTYPE_F32, x, SRC_M, SRC_K, xc, sx), 0);
+    ck_assert_int_eq(ql_quantize_rows_e4m3(x, SRC_M, SRC_K, xc2, sx2), 0);
+    ck_assert(memcmp(xc, xc2, SRC_M * SRC_K) == 0 &&
+              memcmp(sx, sx2, sizeof sx) == 0);
+  }
+  free(x);
+  free(xq);
+  free(xq2);
+  free(xc);
+  free(xc2);
+  free(gsum);
+  free(gsum2);
+}
+END_TEST
+
+/* src f32 on f32 data (not representable in 16 bits): the plain functions
+ * byte for byte, and the rule in f32. */
+START_TEST(test_qrows_src_f32_same) {
+  enum { M = 8, K = 150 };
+  float *x = tu_xmalloc(M * K * sizeof(float)), sx[M], sx2[M];
+  int8_t *xq = tu_xmalloc(M * K), *xq2 = tu_xmalloc(M * K), wq[K];
+  uint8_t *xc = tu_xmalloc(M * K), *xc2 = tu_xmalloc(M * K), wc[K];
+  int32_t gsum[M * 5], gsum2[M * 5];
+  uint64_t rng = 41;
+
+  for (int r = 0; r < M; r++)
+    for (int i = 0; i < K; i++)
+      x[r * K + i] = r == 4   ? 0.0f
+                     : r == 5 ? -0.7f
+                              : (float)(ldexp(1.0, 6 * r - 24) *
+                                        tu_rng_gauss(&rng));
+  ck_assert_int_eq(
+      ql_quantize_rows_i8_src(QL_DTYPE_F32, x, M, K, 32, xq, sx, gsum), 0);
+  ck_assert_int_eq(ql_quantize_rows_i8(x, M, K, 32, xq2, sx2, gsum2), 0);
+  ck_assert(memcmp(xq, xq2, M * K) == 0 && memcmp(sx, sx2, sizeof sx) == 0 &&
+            memcmp(gsum, gsum2, sizeof gsum) == 0);
+  for (int r = 0; r < M; r++) {
+    float s = i8_row_ref(QL_DTYPE_F32, x + r * K, K, wq);
+    ck_assert(tu_f32_bits(s) == tu_f32_bits(sx[r]) &&
+              memcmp(wq, xq + r * K, K) == 0);
+  }
+  ck_assert_int_eq(
+      ql_quantize_rows_e4m3_src(QL_DTYPE_F32, x, M, K, xc, sx), 0);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, M, K, xc2, sx2), 0);
+  ck_assert(memcmp(xc, xc2, M * K) == 0 && memcmp(sx, sx2, sizeof sx) == 0);
+  for (int r = 0; r < M; r++) {
+    float s = e4m3_row_ref(QL_DTYPE_F32, x + r * K, K, wc);
+    ck_assert(tu_f32_bits(s) == tu_f32_bits(sx[r]) &&
+              memcmp(wc, xc + r * K, K) == 0);
+  }
+  free(x);
+  free(xq);
+  free(xq2);
+  free(xc);
+  free(xc2);
+}
+END_TEST
+
+START_TEST(test_qrows_src_errors) {
+  float x[2 * 4] = {1.0f, -0.5f, 0.25f, 2.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int8_t xq[8];
+  uint8_t xc[8];
+  float sx[2];
+  static const struct {
+    ql_dtype src;
+    float v;
+  } unrepresentable[] = {
+      {QL_DTYPE_BF16, 1.0f + 0x1p-10f}, {QL_DTYPE_BF16, 0x1.0001p-130f},
+      {QL_DTYPE_F16, 1.0f + 0x1p-12f},  {QL_DTYPE_F16, 1e-9f},
+      {QL_DTYPE_F16, 70000.0f},         {QL_DTYPE_F16, 0x1.8p-25f},
+  };
+
+  for (int bad = 0; bad <= 7; bad += 4) { /* 0 and 4 are not ql_dtypes */
+    ck_assert_int_eq(
+        ql_quantize_rows_i8_src((ql_dtype)bad, x, 2, 4, 4, xq, sx, NULL),
+        QL_EDTYPE);
+    ck_assert_int_eq(
+        ql_quantize_rows_e4m3_src((ql_dtype)bad, x, 2, 4, xc, sx), QL_EDTYPE);
+  }
+  ck_assert_int_eq(
+      ql_quantize_rows_i8_src(QL_DTYPE_BF16, NULL, 2, 4, 4, xq, sx, NULL),
+      QL_EINVAL);
+  ck_assert_int_eq(
+      ql_quantize_rows_i8_src(QL_DTYPE_BF16, x, 2, 4, 0, xq, sx, NULL),
+      QL_EINVAL);
+  ck_assert_int_eq(
+      ql_quantize_rows_e4m3_src(QL_DTYPE_F16, x, 2, 4, xc, NULL), QL_EINVAL);
+  ck_assert_int_eq(
+      ql_quantize_rows_i8_src(QL_DTYPE_F16, x, 0, 4, 4, xq, sx, NULL),
+      QL_ESHAPE);
+  ck_assert_int_eq(ql_quantize_rows_e4m3_src(QL_DTYPE_F16, x, 2, -1, xc, sx),
+                   QL_ESHAPE);
+  /* a value src cannot hold: x must be src data, widened */
+  for (size_t i = 0; i < sizeof unrepresentable / sizeof unrepresentable[0];
+       i++) {
+    ql_dtype src = unrepresentable[i].src;
+    x[6] = unrepresentable[i].v;
+    ck_assert_int_eq(ql_quantize_rows_i8_src(src, x, 2, 4, 4, xq, sx, NULL),
+                     QL_EINVAL);
+    ck_assert_int_eq(ql_quantize_rows_e4m3_src(src, x, 2, 4, xc, sx),
+                     QL_EINVAL);
+    /* the same value is fine in f32, and the first row alone in src */
+    ck_assert_int_eq(
+        ql_quantize_rows_i8_src(QL_DTYPE_F32, x, 2, 4, 4, xq, sx, NULL), 0);
+    ck_assert_int_eq(ql_quantize_rows_e4m3_src(src, x, 1, 4, xc, sx), 0);
+  }
+  x[6] = NAN;
+  ck_assert_int_eq(
+      ql_quantize_rows_i8_src(QL_DTYPE_BF16, x, 2, 4, 4, xq, sx, NULL),
+      QL_ENONFINITE);
+  ck_assert_int_eq(ql_quantize_rows_e4m3_src(QL_DTYPE_F16, x, 2, 4, xc, sx),
+                   QL_ENONFINITE);
+}
+END_TEST
+
+/* The generic QL_OP_QUANTIZE_ROWS with ql_qrows_args.src: 0 is f32, and a
+ * 16-bit src gives the _src function's bytes. */
+START_TEST(test_qrows_generic_op_src) {
+  enum { M = 3, K = 50 };
+  const ql_kernel_impl *im = ql_generic_impl(QL_OP_QUANTIZE_ROWS);
+  float x[M * K], sx[M], sx2[M];
+  int8_t xq[M * K], xq2[M * K];
+  uint8_t xc[M * K], xc2[M * K];
+  int32_t gsum[M * 2], gsum2[M * 2];
+  static const ql_dtype srcs[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
+  ql_qrows_args a;
+  uint64_t rng = 19;
+
+  for (int i = 0; i < M * K; i++)
+    x[i] = (float)rnd16(QL_DTYPE_BF16, tu_rng_gauss(&rng) * 0.3);
+  for (size_t d = 0; d < 4; d++) {
+    ql_dtype want = d == 0 ? QL_DTYPE_F32 : srcs[d - 1];
+    memset(&a, 0, sizeof a);
+    a.kind = QL_QROWS_I8;
+    a.x = x;
+    a.m = M;
+    a.k = K;
+    a.gs = 32;
+    a.xq = xq;
+    a.sx = sx;
+    a.gsum = gsum;
+    a.src = d == 0 ? (ql_dtype)0 : srcs[d - 1];
+    if (want == QL_DTYPE_F16) /* bf16 data with 8 bits fits f16 here */
+      for (int i = 0; i < M * K; i++)
+        ck_assert(rnd16(QL_DTYPE_F16, x[i]) == x[i]);
+    ck_assert_int_eq(im->fn.quantize_rows(&a), 0);
+    ck_assert_int_eq(
+        ql_quantize_rows_i8_src(want, x, M, K, 32, xq2, sx2, gsum2), 0);
+    ck_assert(memcmp(xq, xq2, sizeof xq) == 0 &&
+              memcmp(sx, sx2, sizeof sx) == 0 &&
+              memcmp(gsum, gsum2, sizeof gsum) == 0);
+    a.kind = QL_QROWS_E4M3;
+    a.xq = xc;
+    a.gsum = NULL;
+    ck_assert_int_eq(im->fn.quantize_rows(&a), 0);
+    ck_assert_int_eq(ql_quantize_rows_e4m3_src(want, x, M, K, xc2, sx2), 0);
+    ck_assert(memcmp(xc, xc2, sizeof xc) == 0 &&
+              memcmp(sx, sx2, sizeof sx) == 0);
+    if (want == QL_DTYPE_BF16) /* and not the f32 rule's scales */
+      ck_assert(ql_quantize_rows_e4m3(x, M, K, xc2, sx2) == 0 &&
+                memcmp(sx, sx2, sizeof sx) != 0);
+  }
+  a.src = (ql_dtype)9;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), QL_EDTYPE);
+}
+END_TEST
+
 /* ------------------------------------------------------ naive evaluations */
 
 /* WO by the documented order: acc = 0; acc += x·ŵ in increasing k; + b. */
@@ -582,7 +998,9 @@ typedef struct qx {
   int64_t ng;
 } qx;
 
-static void qx_make(const ql_qweight *q, const float *x, int64_t m, qx *o) {
+/* x holds activations of dtype src widened to f32. */
+static void qx_make_src(const ql_qweight *q, ql_dtype src, const float *x,
+                        int64_t m, qx *o) {
   int64_t k = q->k;
   uint32_t gs = q->format == QL_FORMAT_Q4G ? q->group_size : (uint32_t)k;
   o->ng = q->format == QL_FORMAT_Q4G ? q->groups : 1;
@@ -591,10 +1009,15 @@ static void qx_make(const ql_qweight *q, const float *x, int64_t m, qx *o) {
   o->sx = tu_xmalloc((size_t)m * sizeof(float));
   o->gsum = tu_xmalloc((size_t)(m * o->ng) * sizeof(int32_t));
   if (q->format == QL_FORMAT_F8R)
-    ck_assert_int_eq(ql_quantize_rows_e4m3(x, m, k, o->xc, o->sx), 0);
-  else
-    ck_assert_int_eq(ql_quantize_rows_i8(x, m, k, gs, o->xq, o->sx, o->gsum),
+    ck_assert_int_eq(ql_quantize_rows_e4m3_src(src, x, m, k, o->xc, o->sx),
                      0);
+  else
+    ck_assert_int_eq(
+        ql_quantize_rows_i8_src(src, x, m, k, gs, o->xq, o->sx, o->gsum), 0);
+}
+
+static void qx_make(const ql_qweight *q, const float *x, int64_t m, qx *o) {
+  qx_make_src(q, QL_DTYPE_F32, x, m, o);
 }
 
 static void qx_free(qx *o) {
@@ -608,15 +1031,19 @@ static void qx_free(qx *o) {
  * AQ by the documented formula and order, and its fp64 evaluation with a
  * bound: q8c 4·2^-24·(|Y| + |b|); q4g (2G+4)·2^-24·(|sx|·Σ|terms| + |b|);
  * f8r (K+3)·2^-24·(|sx·sw|·Σ|products| + |b|): K-1 roundings in the f32
- * sum, one in sx·sw, one in the product, one in + b.
+ * sum, one in sx·sw, one in the product, one in + b. dt is the dtype of
+ * the activations (x holds them widened) and of y: the rows are quantized
+ * with src = dt, and a bf16/f16 y must be the formula's f32 value rounded
+ * once (the fp64 bound is then checked through the f32 calls).
  */
-static void aq_check(const ql_qweight *q, const float *x, int64_t m,
-                     const float *y) {
+static void aq_check_dt(const ql_qweight *q, ql_dtype dt, const float *x,
+                        int64_t m, const void *y_out) {
   int64_t n = q->n, k = q->k, r, j, i, g;
   const double u = 0x1p-24;
+  const float *y = y_out;
   qx o;
 
-  qx_make(q, x, m, &o);
+  qx_make_src(q, dt, x, m, &o);
   for (r = 0; r < m; r++)
     for (j = 0; j < n; j++) {
       const int8_t *xr = o.xq + r * k;
@@ -676,6 +1103,15 @@ static void aq_check(const ql_qweight *q, const float *x, int64_t m,
       if (q->bias)
         v = add32(v, q->bias[j]);
       e += b;
+      if (dt != QL_DTYPE_F32) {
+        uint16_t want, got;
+        ql_from_f32(dt, &v, &want, 1);
+        memcpy(&got, (const unsigned char *)y_out + 2 * (size_t)(r * n + j),
+               2);
+        REQUIRE(got == want, "AQ %s y[%lld,%lld] = %04x, formula gives %04x",
+                tu_dtype_name(dt), (long long)r, (long long)j, got, want);
+        continue;
+      }
       REQUIRE(tu_f32_bits(y[r * n + j]) == tu_f32_bits(v),
               "AQ y[%lld,%lld] = %a, formula gives %a", (long long)r,
               (long long)j, (double)y[r * n + j], (double)v);
@@ -684,6 +1120,11 @@ static void aq_check(const ql_qweight *q, const float *x, int64_t m,
               (long long)j, (double)y[r * n + j], e, bound);
     }
   qx_free(&o);
+}
+
+static void aq_check(const ql_qweight *q, const float *x, int64_t m,
+                     const float *y) {
+  aq_check_dt(q, QL_DTYPE_F32, x, m, y);
 }
 
 /* -------------------------------------------------------------- linear ops */
@@ -765,8 +1206,10 @@ START_TEST(test_bias) {
 }
 END_TEST
 
-/* f16/bf16 in and out: the f32 computation on the widened input, rounded
- * once to the output dtype. */
+/* f16/bf16 in and out: WO is the f32 computation on the widened input,
+ * rounded once to the output dtype; AQ too, except that the rows are
+ * quantized with src = that dtype (TorchAO's scales), so it is the AQ
+ * formula on those codes and scales, rounded once. */
 START_TEST(test_narrow_io) {
   const cfg *c = &cfgs[_i];
   enum { M = 4, N = 5, K = 100 };
@@ -788,7 +1231,9 @@ START_TEST(test_narrow_io) {
     for (o = 0; o < 1 + has_aq(q); o++) {
       ck_assert_int_eq(ops[o](q, dts[d], x16, M, y16), 0);
       ck_assert_int_eq(ops[o](q, QL_DTYPE_F32, xw, M, y32), 0);
-      for (i = 0; i < M * N; i++) {
+      if (o == 1)
+        aq_check_dt(q, dts[d], xw, M, y16);
+      for (i = 0; o == 0 && i < M * N; i++) {
         uint16_t want = dts[d] == QL_DTYPE_F16 ? ql_f32_to_f16(y32[i])
                                                : ql_f32_to_bf16(y32[i]);
         REQUIRE(y16[i] == want, "%s op %d y[%d] = %04x, want %04x",
@@ -1051,6 +1496,10 @@ static Suite *reference_suite(void) {
   tcase_add_test(tc, test_qrows_e4m3_ties);
   tcase_add_test(tc, test_qrows_e4m3_errors);
   tcase_add_test(tc, test_qrows_generic_op);
+  tcase_add_test(tc, test_qrows_src_vs_rule);
+  tcase_add_test(tc, test_qrows_src_f32_same);
+  tcase_add_test(tc, test_qrows_src_errors);
+  tcase_add_test(tc, test_qrows_generic_op_src);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("linear");
