@@ -1,0 +1,1078 @@
+/*
+ * conf.c - see conf.h. The table of options comes first; below it are the
+ * parsers of each type, the INI reader, the command line, the reload and
+ * the two writers (--print-config, --help).
+ */
+#include "conf.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "ql_defs.h"
+
+#define MAX_FILE_BYTES (64u << 10) /* a config file, whole */
+#define MAX_LINE_BYTES 4096u       /* one line, without its line end */
+#define MAX_PATH_LEN (PATH_MAX - 256) /* room for the file names below */
+#define ECHO_MAX 40 /* bytes of a bad value repeated in a message */
+
+/* Rules of some values beyond their type. */
+static void default_socket_dir(char *buf, size_t len);
+static int check_device(const char *s, char *why, size_t whylen);
+
+static const ql__opt_name log_levels[] = {
+    {"err", QL_LOG_ERR},   {"warning", QL_LOG_WARNING},
+    {"notice", QL_LOG_NOTICE}, {"info", QL_LOG_INFO},
+    {"debug", QL_LOG_DEBUG},   {NULL, 0},
+};
+
+#define FIELD(f)                                                               \
+  .offset = offsetof(ql__config, f), .size = sizeof(((ql__config *)0)->f)
+
+/*
+ * The options. Defaults are text in the syntax of the file, written the
+ * way ql__option_format() writes them (a unit test checks both, and that
+ * deploy/qlineard.conf.example shows each one). Bounds of existing options
+ * are those the command line always had; max_message_bytes must leave room
+ * for an envelope and a 4 KiB chunk.
+ */
+static const ql__option options[] = {
+    {.name = "socket_dir", .type = QL_OPT_PATH, FIELD(socket_dir),
+     .max = MAX_PATH_LEN, .def_fn = default_socket_dir,
+     .help = "directory of qlineard.sock, created 0700; default "
+             "$XDG_RUNTIME_DIR/qlinear, else /tmp/qlinear-UID"},
+    {.name = "admin_dir", .type = QL_OPT_PATH, .flags = QL_OPT_EMPTY_OK,
+     FIELD(admin_dir), .max = MAX_PATH_LEN, .def = "",
+     .help = "directory of admin.sock, entered only by the admin group; "
+             "empty: no admin socket"},
+    {.name = "state_dir", .type = QL_OPT_PATH, .flags = QL_OPT_EMPTY_OK,
+     FIELD(state_dir), .max = MAX_PATH_LEN, .def = "",
+     .help = "persistent weight store (the service uses /var/lib/qlinear); "
+             "empty: none"},
+    {.name = "required_devices", .type = QL_OPT_LIST,
+     FIELD(required_devices), .max = QL_CONFIG_LIST_MAX, .def = "",
+     .check = check_device,
+     .help = "devices that must be present before the daemon is ready, "
+             "e.g. cpu,cuda:0; a missing one is an error"},
+    {.name = "cpu_threads", .type = QL_OPT_UINT, FIELD(cpu_threads),
+     .min = 0, .max = 1024, .def = "0",
+     .help = "threads of the CPU device; 0: one per online CPU"},
+    {.name = "cpu_budget_bytes", .type = QL_OPT_SIZE, .flags = QL_OPT_LIVE,
+     FIELD(cpu_budget_bytes), .min = 0, .max = (uint64_t)1 << 48,
+     .def = "0",
+     .help = "weight bytes resident on the CPU; a load beyond it fails; "
+             "0: no limit"},
+    {.name = "max_message_bytes", .type = QL_OPT_SIZE,
+     FIELD(max_message_bytes), .min = QL_ENVELOPE_BYTES + 4096,
+     .max = 1u << 30, .def = "64M",
+     .help = "larger messages are refused"},
+    {.name = "max_chunk_bytes", .type = QL_OPT_SIZE, FIELD(max_chunk_bytes),
+     .min = 1024, .max = 1u << 30, .def = "4M",
+     .help = "largest upload chunk; at most max_message_bytes - 4K"},
+    {.name = "max_upload_bytes", .type = QL_OPT_SIZE, .flags = QL_OPT_LIVE,
+     FIELD(max_upload_bytes), .min = 1, .max = (uint64_t)1 << 44,
+     .def = "4G", .help = "all uploads in progress together"},
+    {.name = "upload_idle_ms", .type = QL_OPT_DURATION, .flags = QL_OPT_LIVE,
+     FIELD(upload_idle_ms), .min = 1, .max = 86400000, .def = "2min",
+     .help = "an upload idle this long is dropped"},
+    {.name = "max_queue", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(max_queue), .min = 1, .max = 1u << 20, .def = "1024",
+     .help = "waiting requests per device worker"},
+    {.name = "max_queued_bytes", .type = QL_OPT_SIZE, .flags = QL_OPT_LIVE,
+     FIELD(max_queued_bytes), .min = 1u << 20, .max = (uint64_t)1 << 44,
+     .def = "1G", .help = "tensor bytes held by waiting requests"},
+    {.name = "crossover_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(crossover_rows), .min = 0, .max = 1u << 30, .def = "16",
+     .help = "AUTO path: requests with fewer rows run weight-only"},
+    {.name = "drain_ms", .type = QL_OPT_DURATION, .flags = QL_OPT_LIVE,
+     FIELD(drain_ms), .min = 0, .max = 3600000, .def = "30s",
+     .help = "at shutdown, queued work not started by then is refused"},
+    {.name = "log_level", .type = QL_OPT_ENUM, .flags = QL_OPT_LIVE,
+     FIELD(log_level), .names = log_levels, .def = "info",
+     .help = "lines less important than this are dropped"},
+};
+
+#define N_OPTIONS (sizeof options / sizeof options[0])
+
+const ql__option *ql__config_options(size_t *count) {
+  *count = N_OPTIONS;
+  return options;
+}
+
+/* ------------------------------------------------------------- helpers */
+
+static int is_blank(char c) { return c == ' ' || c == '\t'; }
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
+static char to_lower(char c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+/* strcasecmp for ASCII, whatever the locale. */
+static int ascii_caseeq(const char *a, const char *b) {
+  for (; *a != '\0' && to_lower(*a) == to_lower(*b); a++, b++)
+    ;
+  return *a == '\0' && *b == '\0';
+}
+
+/* The name of option o with '_' replaced by '-' (a command-line name). */
+static void dashed(const ql__option *o, char *buf, size_t len) {
+  size_t i;
+  for (i = 0; o->name[i] != '\0' && i + 1 < len; i++)
+    buf[i] = o->name[i] == '_' ? '-' : o->name[i];
+  buf[i] = '\0';
+}
+
+/* s, shortened and made printable, for a message: input is untrusted and
+ * messages end up in the journal. */
+static const char *echo(const char *s, char *buf, size_t len) {
+  size_t i, n = 0;
+  for (i = 0; s[i] != '\0' && n + 4 < len && i < ECHO_MAX; i++) {
+    unsigned char c = (unsigned char)s[i];
+    buf[n++] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+  }
+  if (s[i] != '\0' && n + 4 <= len) {
+    memcpy(buf + n, "...", 3);
+    n += 3;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+/* A bounded string builder: appends what fits, then "...". */
+typedef struct sbuf {
+  char *buf;
+  size_t len, pos;
+} sbuf;
+
+__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b,
+                                                            const char *fmt,
+                                                            ...) {
+  va_list ap;
+  if (b->len == 0 || b->pos >= b->len)
+    return;
+  va_start(ap, fmt);
+  int n = vsnprintf(b->buf + b->pos, b->len - b->pos, fmt, ap);
+  va_end(ap);
+  if (n < 0)
+    return;
+  if ((size_t)n >= b->len - b->pos) {
+    b->pos = b->len;
+    if (b->len >= 4)
+      memcpy(b->buf + b->len - 4, "...", 4);
+    return;
+  }
+  b->pos += (size_t)n;
+}
+
+/* Unsigned numbers live in fields of 4 or 8 bytes (uint32_t, uint64_t,
+ * size_t); the table's bounds keep every value within its field. */
+static uint64_t load_u(const void *field, size_t size) {
+  if (size == sizeof(uint32_t)) {
+    uint32_t v;
+    memcpy(&v, field, sizeof v);
+    return v;
+  }
+  uint64_t v;
+  memcpy(&v, field, sizeof v);
+  return v;
+}
+
+static void store_u(void *field, size_t size, uint64_t v) {
+  if (size == sizeof(uint32_t)) {
+    uint32_t w = (uint32_t)v;
+    memcpy(field, &w, sizeof w);
+  } else {
+    memcpy(field, &v, sizeof v);
+  }
+}
+
+/* ------------------------------------------------------------- numbers */
+
+typedef struct unit {
+  const char *suffix; /* compared without case */
+  uint64_t mult;
+} unit;
+
+static const unit no_units[] = {{"", 1}, {NULL, 0}};
+static const unit size_units[] = {
+    {"", 1},
+    {"K", 1ull << 10}, {"KiB", 1ull << 10},
+    {"M", 1ull << 20}, {"MiB", 1ull << 20},
+    {"G", 1ull << 30}, {"GiB", 1ull << 30},
+    {"T", 1ull << 40}, {"TiB", 1ull << 40},
+    {NULL, 0},
+};
+static const unit time_units[] = {
+    {"", 1}, {"ms", 1}, {"s", 1000}, {"min", 60000}, {"h", 3600000},
+    {NULL, 0},
+};
+
+/* v with the largest suffix of units that divides it exactly: "64M",
+ * "2min", "0". Suffixes are taken from the one-letter spellings. */
+static void format_units(uint64_t v, const unit *units, char *buf,
+                         size_t len) {
+  const unit *best = &units[0];
+  for (const unit *u = units; u->suffix != NULL; u++)
+    if (v != 0 && v % u->mult == 0 && u->mult > best->mult)
+      best = u;
+  snprintf(buf, len, "%" PRIu64 "%s", v / best->mult, best->suffix);
+}
+
+static const unit *units_of(ql__opt_type t) {
+  return t == QL_OPT_SIZE ? size_units
+         : t == QL_OPT_DURATION ? time_units
+                                : no_units;
+}
+
+/* What a number of type t looks like, for messages. */
+static const char *number_kind(ql__opt_type t) {
+  return t == QL_OPT_SIZE ? "a size (an integer with an optional K, M, G or "
+                            "T suffix)"
+         : t == QL_OPT_DURATION ? "a duration (an integer with an optional "
+                                  "ms, s, min or h suffix)"
+                                : "an integer";
+}
+
+/*
+ * UINT, SIZE, DURATION: digits, then a suffix of the type's list. Written
+ * out rather than strtoull, which accepts blanks, signs and hex and
+ * saturates. A minus sign in front of digits is a range error (the value
+ * is a number, just not one in range).
+ */
+static int parse_number(const ql__option *o, const char *v, void *field,
+                        char *why, size_t whylen) {
+  const unit *units = units_of(o->type);
+  const char *s = v;
+  char e[ECHO_MAX + 8], lo[32], hi[32];
+  int negative = 0, overflow = 0;
+  uint64_t n = 0;
+
+  if (*s == '\0') {
+    snprintf(why, whylen, "empty value (expected %s)", number_kind(o->type));
+    return QL_EINVAL;
+  }
+  if (*s == '-') {
+    negative = 1;
+    s++;
+  }
+  if (!is_digit(*s))
+    goto syntax;
+  for (; is_digit(*s); s++) {
+    unsigned d = (unsigned)(*s - '0');
+    if (n > (UINT64_MAX - d) / 10)
+      overflow = 1;
+    else
+      n = n * 10 + d;
+  }
+  const unit *u;
+  for (u = units; u->suffix != NULL; u++)
+    if (ascii_caseeq(s, u->suffix))
+      break;
+  if (u->suffix == NULL) {
+    if (o->type == QL_OPT_SIZE && s[0] != '\0' && ascii_caseeq(s + 1, "B") &&
+        strchr("kKmMgGtT", s[0]) != NULL) {
+      snprintf(why, whylen, "'%s' is ambiguous: write %c or %ciB (binary)",
+               echo(v, e, sizeof e), s[0], s[0]);
+      return QL_EINVAL;
+    }
+    goto syntax;
+  }
+  if (n > UINT64_MAX / u->mult)
+    overflow = 1;
+  n *= u->mult;
+  if (negative || overflow || n < o->min || n > o->max) {
+    format_units(o->min, units, lo, sizeof lo);
+    format_units(o->max, units, hi, sizeof hi);
+    snprintf(why, whylen, "%s is not in [%s, %s]", echo(v, e, sizeof e), lo,
+             hi);
+    return QL_EINVAL;
+  }
+  store_u(field, o->size, n);
+  return 0;
+syntax:
+  snprintf(why, whylen, "'%s' is not %s", echo(v, e, sizeof e),
+           number_kind(o->type));
+  return QL_EINVAL;
+}
+
+static void format_number(const ql__option *o, const void *field, char *buf,
+                          size_t len) {
+  format_units(load_u(field, o->size), units_of(o->type), buf, len);
+}
+
+/* --------------------------------------------------------------- paths */
+
+/* A character a path option may hold: anything printable but '"', which
+ * could not be written back inside quotes. */
+static int path_char_ok(unsigned char c) {
+  return c >= 0x20 && c != 0x7f && c != '"';
+}
+
+static int parse_path(const ql__option *o, const char *v, void *field,
+                      char *why, size_t whylen) {
+  char e[ECHO_MAX + 8];
+  size_t n = strlen(v);
+  if (n == 0) {
+    if (o->flags & QL_OPT_EMPTY_OK) {
+      memset(field, 0, 1);
+      return 0;
+    }
+    snprintf(why, whylen, "empty value (expected an absolute path)");
+    return QL_EINVAL;
+  }
+  if (v[0] != '/') {
+    snprintf(why, whylen, "'%s' is not an absolute path", echo(v, e, sizeof e));
+    return QL_EINVAL;
+  }
+  if (n > o->max || n >= o->size) {
+    snprintf(why, whylen, "path longer than %" PRIu64 " bytes", o->max);
+    return QL_EINVAL;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (!path_char_ok((unsigned char)v[i])) {
+      snprintf(why, whylen, "'%s': control character or '\"' in a path",
+               echo(v, e, sizeof e));
+      return QL_EINVAL;
+    }
+  if (o->check != NULL && o->check(v, why, whylen) != 0)
+    return QL_EINVAL;
+  memcpy(field, v, n + 1);
+  return 0;
+}
+
+static void format_path(const ql__option *o, const void *field, char *buf,
+                        size_t len) {
+  snprintf(buf, len, "%.*s", (int)o->size, (const char *)field);
+}
+
+/* The default socket directory: the rule of ql_default_address(), which
+ * the client follows too, as long as it makes a valid path. */
+static void default_socket_dir(char *buf, size_t len) {
+  const char *xdg = getenv("XDG_RUNTIME_DIR");
+  if (xdg != NULL && xdg[0] == '/' &&
+      strlen(xdg) + sizeof "/qlinear" - 1 <= MAX_PATH_LEN) {
+    size_t i;
+    for (i = 0; xdg[i] != '\0' && path_char_ok((unsigned char)xdg[i]); i++)
+      ;
+    if (xdg[i] == '\0' &&
+        (size_t)snprintf(buf, len, "%s/qlinear", xdg) < len)
+      return;
+  }
+  snprintf(buf, len, "/tmp/qlinear-%u", (unsigned)getuid());
+}
+
+/* ------------------------------------------------------- bools, enums */
+
+static const ql__opt_name bool_names[] = {
+    {"yes", 1}, {"no", 0}, {"true", 1}, {"false", 0},
+    {"on", 1},  {"off", 0}, {"1", 1},   {"0", 0},
+    {NULL, 0},
+};
+
+static int parse_bool(const ql__option *o, const char *v, void *field,
+                      char *why, size_t whylen) {
+  char e[ECHO_MAX + 8];
+  (void)o;
+  for (const ql__opt_name *b = bool_names; b->name != NULL; b++)
+    if (ascii_caseeq(v, b->name)) {
+      bool x = b->value != 0;
+      memcpy(field, &x, sizeof x);
+      return 0;
+    }
+  snprintf(why, whylen, "'%s' is not yes/no, true/false, on/off or 1/0",
+           echo(v, e, sizeof e));
+  return QL_EINVAL;
+}
+
+static void format_bool(const ql__option *o, const void *field, char *buf,
+                        size_t len) {
+  bool x;
+  (void)o;
+  memcpy(&x, field, sizeof x);
+  snprintf(buf, len, "%s", x ? "yes" : "no");
+}
+
+static int parse_enum(const ql__option *o, const char *v, void *field,
+                      char *why, size_t whylen) {
+  char e[ECHO_MAX + 8];
+  sbuf b = {why, whylen, 0};
+  for (const ql__opt_name *n = o->names; n->name != NULL; n++)
+    if (ascii_caseeq(v, n->name)) {
+      memcpy(field, &n->value, sizeof n->value);
+      return 0;
+    }
+  sb_printf(&b, "'%s' is not one of", echo(v, e, sizeof e));
+  for (const ql__opt_name *n = o->names; n->name != NULL; n++)
+    sb_printf(&b, "%s %s", n == o->names ? "" : ",", n->name);
+  return QL_EINVAL;
+}
+
+static void format_enum(const ql__option *o, const void *field, char *buf,
+                        size_t len) {
+  int x;
+  memcpy(&x, field, sizeof x);
+  for (const ql__opt_name *n = o->names; n->name != NULL; n++)
+    if (n->value == x) {
+      snprintf(buf, len, "%s", n->name);
+      return;
+    }
+  snprintf(buf, len, "%d", x); /* not reachable from the parsers */
+}
+
+/* --------------------------------------------------------------- lists */
+
+/* A device name as DESIGN §1 spells them: a backend kind, then optionally
+ * ':' and an index or a UUID: cpu, cuda:0, cuda:GPU-8f3c..., ze:1. Whether
+ * the device exists is checked at start, not here. */
+static int check_device(const char *s, char *why, size_t whylen) {
+  char e[ECHO_MAX + 8];
+  const char *p = s;
+  if (!(*p >= 'a' && *p <= 'z'))
+    goto bad;
+  while ((*p >= 'a' && *p <= 'z') || is_digit(*p))
+    p++;
+  if (*p == ':') {
+    if (*++p == '\0')
+      goto bad;
+    for (; *p != '\0'; p++)
+      if (!(is_digit(*p) || (*p >= 'a' && *p <= 'z') ||
+            (*p >= 'A' && *p <= 'Z') || *p == '-'))
+        goto bad;
+  }
+  if (*p == '\0')
+    return 0;
+bad:
+  snprintf(why, whylen, "'%s' is not a device name (cpu, cuda:0, "
+           "cuda:GPU-<uuid>, ze:0, ...)", echo(s, e, sizeof e));
+  return QL_EINVAL;
+}
+
+/* Comma-separated items, blanks around each one ignored; "" is the empty
+ * list. Parsed into a copy so that a bad item changes nothing. */
+static int parse_list(const ql__option *o, const char *v, void *field,
+                      char *why, size_t whylen) {
+  ql__config_list l;
+  char e[ECHO_MAX + 8];
+  const char *p = v;
+
+  memset(&l, 0, sizeof l);
+  while (is_blank(*p))
+    p++;
+  while (*p != '\0') {
+    const char *end = strchr(p, ',');
+    size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
+    char item[QL_CONFIG_ITEM_MAX];
+    while (n > 0 && is_blank(p[n - 1]))
+      n--;
+    if (n == 0) {
+      snprintf(why, whylen, "empty item in the list");
+      return QL_EINVAL;
+    }
+    if (n >= sizeof item) {
+      snprintf(why, whylen, "list item longer than %zu bytes",
+               sizeof item - 1);
+      return QL_EINVAL;
+    }
+    memcpy(item, p, n);
+    item[n] = '\0';
+    if (o->check != NULL && o->check(item, why, whylen) != 0)
+      return QL_EINVAL;
+    for (unsigned i = 0; i < l.n; i++)
+      if (strcmp(l.item[i], item) == 0) {
+        snprintf(why, whylen, "'%s' is listed twice",
+                 echo(item, e, sizeof e));
+        return QL_EINVAL;
+      }
+    if (l.n >= o->max || l.n >= QL_CONFIG_LIST_MAX) {
+      snprintf(why, whylen, "more than %" PRIu64 " items", o->max);
+      return QL_EINVAL;
+    }
+    memcpy(l.item[l.n++], item, n + 1);
+    if (end == NULL)
+      break;
+    p = end + 1;
+    while (is_blank(*p))
+      p++;
+    if (*p == '\0') {
+      snprintf(why, whylen, "empty item in the list");
+      return QL_EINVAL;
+    }
+  }
+  memcpy(field, &l, sizeof l);
+  return 0;
+}
+
+static void format_list(const ql__option *o, const void *field, char *buf,
+                        size_t len) {
+  ql__config_list l;
+  sbuf b = {buf, len, 0};
+  (void)o;
+  memcpy(&l, field, sizeof l);
+  if (len > 0)
+    buf[0] = '\0';
+  for (unsigned i = 0; i < l.n && i < QL_CONFIG_LIST_MAX; i++)
+    sb_printf(&b, "%s%.*s", i ? "," : "", QL_CONFIG_ITEM_MAX - 1, l.item[i]);
+}
+
+/* --------------------------------------------------------------- types */
+
+typedef struct type_ops {
+  const char *metavar; /* for --help */
+  int (*parse)(const ql__option *o, const char *v, void *field, char *why,
+               size_t whylen);
+  void (*format)(const ql__option *o, const void *field, char *buf,
+                 size_t len);
+} type_ops;
+
+static const type_ops types[QL_OPT_TYPE_COUNT_] = {
+    [QL_OPT_PATH] = {"PATH", parse_path, format_path},
+    [QL_OPT_UINT] = {"N", parse_number, format_number},
+    [QL_OPT_SIZE] = {"SIZE", parse_number, format_number},
+    [QL_OPT_DURATION] = {"TIME", parse_number, format_number},
+    [QL_OPT_BOOL] = {"yes|no", parse_bool, format_bool},
+    [QL_OPT_ENUM] = {NULL, parse_enum, format_enum},
+    [QL_OPT_LIST] = {"A,B,...", parse_list, format_list},
+};
+
+int ql__option_parse(const ql__option *o, const char *value, void *base,
+                     char *why, size_t whylen) {
+  char dummy[1];
+  if (why == NULL || whylen == 0) {
+    why = dummy;
+    whylen = sizeof dummy;
+  }
+  why[0] = '\0';
+  if (o == NULL || value == NULL || base == NULL ||
+      (unsigned)o->type >= QL_OPT_TYPE_COUNT_) {
+    snprintf(why, whylen, "invalid argument");
+    return QL_EINVAL;
+  }
+  return types[o->type].parse(o, value, (char *)base + o->offset, why, whylen);
+}
+
+void ql__option_format(const ql__option *o, const void *base, char *buf,
+                       size_t len) {
+  if (len == 0)
+    return;
+  buf[0] = '\0';
+  if ((unsigned)o->type < QL_OPT_TYPE_COUNT_)
+    types[o->type].format(o, (const char *)base + o->offset, buf, len);
+}
+
+/* --------------------------------------------------------------- table */
+
+const ql__option *ql__config_find(const char *name) {
+  if (name == NULL)
+    return NULL;
+  for (size_t i = 0; i < N_OPTIONS; i++) {
+    const char *a = options[i].name, *b = name;
+    for (; *a != '\0' && (*a == *b || (*a == '_' && *b == '-')); a++, b++)
+      ;
+    if (*a == '\0' && *b == '\0')
+      return &options[i];
+  }
+  return NULL;
+}
+
+/* A default that does not parse is a bug in the table, which the unit
+ * test would have caught: input cannot make this fail. */
+void ql__config_init_defaults(ql__config *cfg) {
+  char buf[PATH_MAX], why[256];
+  memset(cfg, 0, sizeof *cfg);
+  for (size_t i = 0; i < N_OPTIONS; i++) {
+    const ql__option *o = &options[i];
+    const char *def = o->def;
+    if (def == NULL) {
+      o->def_fn(buf, sizeof buf);
+      def = buf;
+    }
+    int rc = ql__option_parse(o, def, cfg, why, sizeof why);
+    assert(rc == 0);
+    (void)rc;
+  }
+}
+
+int ql__config_set(ql__config *cfg, const char *key, const char *value,
+                   char *err, size_t errlen) {
+  char e[ECHO_MAX + 8], why[256];
+  const ql__option *o = ql__config_find(key);
+  if (o == NULL) {
+    snprintf(err, errlen, "unknown option '%s'",
+             echo(key != NULL ? key : "", e, sizeof e));
+    return QL_EINVAL;
+  }
+  if (ql__option_parse(o, value, cfg, why, sizeof why) != 0) {
+    snprintf(err, errlen, "%s: %s", echo(key, e, sizeof e), why);
+    return QL_EINVAL;
+  }
+  return 0;
+}
+
+/* ---------------------------------------------------------------- INI */
+
+typedef struct ini {
+  const char *name; /* of the file, for messages */
+  unsigned line;
+  int in_section; /* inside [qlineard] */
+  unsigned seen[N_OPTIONS]; /* line that set each option, 0 if none */
+  ql__config *cfg;
+  char *err;
+  size_t errlen;
+} ini;
+
+__attribute__((format(printf, 2, 3))) static int ini_error(ini *p,
+                                                           const char *fmt,
+                                                           ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (p->line == 0) /* about the whole file */
+    snprintf(p->err, p->errlen, "%s: %s", p->name, msg);
+  else
+    snprintf(p->err, p->errlen, "%s:%u: %s", p->name, p->line, msg);
+  return QL_EINVAL;
+}
+
+/* Where an unquoted value ends: at a '#' or ';' that begins it or follows
+ * a blank (so "a#b" keeps its '#'), else at its end. */
+static char *value_end(char *v) {
+  for (char *p = v; *p != '\0'; p++)
+    if ((*p == '#' || *p == ';') && (p == v || is_blank(p[-1])))
+      return p;
+  return v + strlen(v);
+}
+
+static int is_comment_or_empty(const char *s) {
+  while (is_blank(*s))
+    s++;
+  return *s == '\0' || *s == '#' || *s == ';';
+}
+
+/* One line, NUL-terminated, without its line end; modified in place. */
+static int ini_line(ini *p, char *s) {
+  char e[ECHO_MAX + 8], why[256];
+  while (is_blank(*s))
+    s++;
+  char *end = s + strlen(s);
+  while (end > s && is_blank(end[-1]))
+    *--end = '\0';
+  if (*s == '\0' || *s == '#' || *s == ';')
+    return 0;
+
+  if (*s == '[') {
+    char *close = strchr(s, ']');
+    if (close == NULL)
+      return ini_error(p, "malformed section header (no ']')");
+    if (!is_comment_or_empty(close + 1))
+      return ini_error(p, "text after the section header");
+    *close = '\0';
+    char *name = s + 1;
+    while (is_blank(*name))
+      name++;
+    for (char *t = close; t > name && is_blank(t[-1]);)
+      *--t = '\0';
+    if (strcmp(name, "qlineard") != 0)
+      return ini_error(p, "unknown section [%s] (only [qlineard] is known)",
+                       echo(name, e, sizeof e));
+    p->in_section = 1;
+    return 0;
+  }
+
+  char *eq = strchr(s, '=');
+  if (eq == NULL)
+    return ini_error(p, "expected 'key = value'");
+  char *key = s, *v = eq + 1;
+  for (char *t = eq; t > key && is_blank(t[-1]);)
+    *--t = '\0';
+  *eq = '\0';
+  if (*key == '\0')
+    return ini_error(p, "no key before '='");
+
+  /* An exact key: dashes are for the command line. */
+  const ql__option *o = ql__config_find(key);
+  if (o == NULL || strcmp(o->name, key) != 0) {
+    if (o != NULL)
+      return ini_error(p, "unknown option '%s' (did you mean %s?)",
+                       echo(key, e, sizeof e), o->name);
+    return ini_error(p, "unknown option '%s'", echo(key, e, sizeof e));
+  }
+  if (!p->in_section)
+    return ini_error(p, "%s: outside a section (options go under "
+                     "[qlineard])", o->name);
+  size_t idx = (size_t)(o - options);
+  if (p->seen[idx] != 0)
+    return ini_error(p, "%s: set twice (first on line %u)", o->name,
+                     p->seen[idx]);
+
+  while (is_blank(*v))
+    v++;
+  if (*v == '"') {
+    char *q = strchr(++v, '"');
+    if (q == NULL)
+      return ini_error(p, "%s: unterminated quoted value", o->name);
+    if (!is_comment_or_empty(q + 1))
+      return ini_error(p, "%s: text after the quoted value", o->name);
+    *q = '\0';
+  } else {
+    char *t = value_end(v);
+    while (t > v && is_blank(t[-1]))
+      t--;
+    *t = '\0';
+  }
+  if (ql__option_parse(o, v, p->cfg, why, sizeof why) != 0)
+    return ini_error(p, "%s: %s", o->name, why);
+  p->seen[idx] = p->line;
+  return 0;
+}
+
+int ql__config_parse_buffer(const char *name, const char *buf, size_t len,
+                            ql__config *cfg, char *err, size_t errlen) {
+  ql__config tmp = *cfg;
+  ini p;
+  char dummy[1];
+  size_t pos = 0;
+
+  if (err == NULL || errlen == 0) {
+    err = dummy;
+    errlen = sizeof dummy;
+  }
+  err[0] = '\0';
+  memset(&p, 0, sizeof p);
+  p.name = name != NULL ? name : "(config)";
+  p.cfg = &tmp;
+  p.err = err;
+  p.errlen = errlen;
+  if (buf == NULL && len != 0)
+    return ini_error(&p, "no data");
+  if (len > MAX_FILE_BYTES)
+    return ini_error(&p, "larger than %u bytes", MAX_FILE_BYTES);
+  if (len >= 3 && memcmp(buf, "\xEF\xBB\xBF", 3) == 0)
+    pos = 3; /* a UTF-8 byte order mark, as some editors write */
+  while (pos < len) {
+    char line[MAX_LINE_BYTES + 1];
+    const char *start = buf + pos;
+    const char *nl = memchr(start, '\n', len - pos);
+    size_t n = nl != NULL ? (size_t)(nl - start) : len - pos;
+    pos += n + (nl != NULL);
+    p.line++;
+    if (n > 0 && start[n - 1] == '\r')
+      n--;
+    if (n > MAX_LINE_BYTES)
+      return ini_error(&p, "line longer than %u bytes", MAX_LINE_BYTES);
+    if (memchr(start, '\0', n) != NULL)
+      return ini_error(&p, "NUL byte in the line");
+    memcpy(line, start, n);
+    line[n] = '\0';
+    int rc = ini_line(&p, line);
+    if (rc != 0)
+      return rc;
+  }
+  *cfg = tmp;
+  return 0;
+}
+
+int ql__config_parse_file(const char *path, ql__config *cfg, char *err,
+                          size_t errlen) {
+  struct stat st;
+  char *buf;
+  size_t len = 0;
+  int fd, rc;
+
+  fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    return QL_EIO;
+  }
+  if (fstat(fd, &st) != 0) {
+    snprintf(err, errlen, "%s: %s", path, strerror(errno));
+    close(fd);
+    return QL_EIO;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "%s: is a directory", path);
+    close(fd);
+    return QL_EIO;
+  }
+  /* One byte more than allowed, to see that a file is too large. */
+  if ((buf = malloc(MAX_FILE_BYTES + 1)) == NULL) {
+    close(fd);
+    snprintf(err, errlen, "%s: out of memory", path);
+    return QL_ENOMEM;
+  }
+  while (len <= MAX_FILE_BYTES) {
+    ssize_t got = read(fd, buf + len, MAX_FILE_BYTES + 1 - len);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got < 0) {
+      snprintf(err, errlen, "%s: %s", path, strerror(errno));
+      free(buf);
+      close(fd);
+      return QL_EIO;
+    }
+    if (got == 0)
+      break;
+    len += (size_t)got;
+  }
+  close(fd);
+  rc = ql__config_parse_buffer(path, buf, len, cfg, err, errlen);
+  free(buf);
+  return rc;
+}
+
+/* ------------------------------------------------------- command line */
+
+/* The cross-field rules, after every source has been applied. */
+static void finish(ql__config *cfg) {
+  /* A chunk plus its envelope must fit in one message. */
+  if (cfg->max_chunk_bytes > cfg->max_message_bytes - QL_ENVELOPE_BYTES)
+    cfg->max_chunk_bytes = cfg->max_message_bytes - QL_ENVELOPE_BYTES;
+}
+
+/*
+ * One walk over argv. Without cfg it only checks the syntax and fills cl
+ * (and stops at --help or --version); with cfg it applies the options in
+ * order. Two walks, because the file named by --config sits between the
+ * defaults and the command line wherever --config appears.
+ */
+static int walk_args(int argc, char *const argv[], ql__config *cfg,
+                     ql__cmdline *cl, char *err, size_t errlen) {
+  char e[ECHO_MAX + 8], why[256];
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      cl->help = 1;
+      return 0;
+    }
+    if (strcmp(a, "--version") == 0) {
+      cl->version = 1;
+      return 0;
+    }
+    if (strcmp(a, "--print-config") == 0) {
+      cl->print_config = 1;
+      continue;
+    }
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+      snprintf(err, errlen, "unexpected argument '%s'", echo(a, e, sizeof e));
+      return QL_EINVAL;
+    }
+
+    /* --KEY=VALUE or --KEY VALUE */
+    char key[64];
+    const char *eq = strchr(a + 2, '='), *value;
+    size_t klen = eq != NULL ? (size_t)(eq - a - 2) : strlen(a + 2);
+    if (klen >= sizeof key) {
+      snprintf(err, errlen, "unknown option '%s'", echo(a, e, sizeof e));
+      return QL_EINVAL;
+    }
+    memcpy(key, a + 2, klen);
+    key[klen] = '\0';
+    const ql__option *o = ql__config_find(key);
+    int is_config = strcmp(key, "config") == 0;
+    int is_set = strcmp(key, "set") == 0;
+    if (o == NULL && !is_config && !is_set) {
+      snprintf(err, errlen, "unknown option '--%s'", echo(key, e, sizeof e));
+      return QL_EINVAL;
+    }
+    if (eq != NULL) {
+      value = eq + 1;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      snprintf(err, errlen, "--%s needs a value", key);
+      return QL_EINVAL;
+    }
+
+    if (is_config) {
+      if (cfg == NULL && cl->config_file != NULL) {
+        snprintf(err, errlen, "--config given twice");
+        return QL_EINVAL;
+      }
+      cl->config_file = value;
+    } else if (is_set) {
+      /* --set KEY=VALUE, KEY as in the file */
+      const char *seq = strchr(value, '=');
+      char skey[64];
+      size_t n = seq != NULL ? (size_t)(seq - value) : 0;
+      if (seq == NULL || n == 0 || n >= sizeof skey) {
+        snprintf(err, errlen, "--set '%s': expected KEY=VALUE",
+                 echo(value, e, sizeof e));
+        return QL_EINVAL;
+      }
+      memcpy(skey, value, n);
+      skey[n] = '\0';
+      if (cfg == NULL && ql__config_find(skey) == NULL) {
+        snprintf(err, errlen, "--set: unknown option '%s'",
+                 echo(skey, e, sizeof e));
+        return QL_EINVAL;
+      }
+      if (cfg != NULL &&
+          ql__config_set(cfg, skey, seq + 1, why, sizeof why) != 0) {
+        snprintf(err, errlen, "--set %s", why);
+        return QL_EINVAL;
+      }
+    } else if (cfg != NULL &&
+               ql__option_parse(o, value, cfg, why, sizeof why) != 0) {
+      snprintf(err, errlen, "--%s: %s", key, why);
+      return QL_EINVAL;
+    }
+  }
+  return 0;
+}
+
+int ql__config_from_args(int argc, char *const argv[], ql__config *cfg,
+                         ql__cmdline *cl, char *err, size_t errlen) {
+  int rc;
+  char dummy[1];
+  if (err == NULL || errlen == 0) {
+    err = dummy;
+    errlen = sizeof dummy;
+  }
+  err[0] = '\0';
+  memset(cl, 0, sizeof *cl);
+  ql__config_init_defaults(cfg);
+  if ((rc = walk_args(argc, argv, NULL, cl, err, errlen)) != 0 ||
+      cl->help || cl->version)
+    return rc;
+  if (cl->config_file != NULL &&
+      (rc = ql__config_parse_file(cl->config_file, cfg, err, errlen)) != 0)
+    return rc;
+  if ((rc = walk_args(argc, argv, cfg, cl, err, errlen)) != 0)
+    return rc;
+  finish(cfg);
+  return 0;
+}
+
+/* -------------------------------------------------------------- reload */
+
+int ql__config_reload(const ql__config *old, const ql__config *parsed,
+                      ql__config *out, char *report, size_t len) {
+  /* Values can be as long as a path: compare and print them as text. */
+  char a[PATH_MAX + 64], b[PATH_MAX + 64];
+  char applied_buf[512], restart_buf[512];
+  sbuf applied = {applied_buf, sizeof applied_buf, 0};
+  sbuf restart = {restart_buf, sizeof restart_buf, 0};
+  sbuf r = {report, len, 0};
+  ql__config res = *old;
+  int n_applied = 0, n_restart = 0;
+
+  applied_buf[0] = restart_buf[0] = '\0';
+  for (size_t i = 0; i < N_OPTIONS; i++) {
+    const ql__option *o = &options[i];
+    ql__option_format(o, old, a, sizeof a);
+    ql__option_format(o, parsed, b, sizeof b);
+    if (strcmp(a, b) == 0)
+      continue;
+    if (o->flags & QL_OPT_LIVE) {
+      memcpy((char *)&res + o->offset, (const char *)parsed + o->offset,
+             o->size);
+      sb_printf(&applied, "%s%s = %.64s", n_applied ? ", " : "", o->name, b);
+      n_applied++;
+    } else {
+      sb_printf(&restart, "%s%s (running %.64s, configured %.64s)",
+                n_restart ? ", " : "", o->name, a, b);
+      n_restart++;
+    }
+  }
+  *out = res;
+  if (len > 0)
+    report[0] = '\0';
+  if (n_applied)
+    sb_printf(&r, "applied: %s", applied_buf);
+  if (n_restart)
+    sb_printf(&r, "%sneeds a restart: %s", n_applied ? "; " : "",
+              restart_buf);
+  if (!n_applied && !n_restart)
+    sb_printf(&r, "no changes");
+  return n_applied;
+}
+
+/* ------------------------------------------------------------- writers */
+
+/* A value as the INI reader reads it back: quoted when it is empty, has
+ * blanks at either end, or holds a comment character. */
+static void write_value(FILE *f, const char *v) {
+  size_t n = strlen(v);
+  int quote = n == 0 || is_blank(v[0]) || is_blank(v[n - 1]) ||
+              strpbrk(v, "#;\"") != NULL;
+  fprintf(f, quote ? "\"%s\"\n" : "%s\n", v);
+}
+
+void ql__config_dump(const ql__config *cfg, FILE *f) {
+  char v[PATH_MAX + 64];
+  fprintf(f, "# qlineard --print-config\n[qlineard]\n");
+  for (size_t i = 0; i < N_OPTIONS; i++) {
+    ql__option_format(&options[i], cfg, v, sizeof v);
+    fprintf(f, "%s = ", options[i].name);
+    write_value(f, v);
+  }
+}
+
+/* text on lines of at most 78 columns, each indented by 6. */
+static void write_wrapped(FILE *f, const char *text) {
+  size_t col = 0;
+  while (*text != '\0') {
+    size_t n = strcspn(text, " ");
+    if (col > 0 && col + 1 + n > 78) {
+      fputc('\n', f);
+      col = 0;
+    }
+    col += (size_t)fprintf(f, "%s%.*s", col == 0 ? "      " : " ", (int)n,
+                           text);
+    text += n;
+    text += strspn(text, " ");
+  }
+  fputc('\n', f);
+}
+
+void ql__config_help(FILE *f) {
+  char def[PATH_MAX + 64], lo[32], hi[32], dash[64], meta[128];
+  ql__config cfg;
+
+  ql__config_init_defaults(&cfg);
+  fprintf(f,
+          "usage: qlineard [--config FILE] [--OPTION VALUE]... "
+          "[--print-config]\n"
+          "Serves quantized linear layers to local processes.\n\n"
+          "  --config FILE       read options from FILE (INI, section "
+          "[qlineard])\n"
+          "  --OPTION VALUE      set an option, also --OPTION=VALUE; the "
+          "command line\n"
+          "                      wins over the file\n"
+          "  --set KEY=VALUE     set an option by its name in the file\n"
+          "  --print-config      print the effective configuration and "
+          "exit\n"
+          "  --version, --help\n\n"
+          "Options (in the file: the name with '_'; SIZE takes K, M, G, T; "
+          "TIME takes\nms, s, min, h; [SIGHUP]: a reload applies a new "
+          "value):\n");
+  for (size_t i = 0; i < N_OPTIONS; i++) {
+    const ql__option *o = &options[i];
+    sbuf m = {meta, sizeof meta, 0};
+    dashed(o, dash, sizeof dash);
+    if (o->type == QL_OPT_ENUM) {
+      for (const ql__opt_name *n = o->names; n->name != NULL; n++)
+        sb_printf(&m, "%s%s", n == o->names ? "" : "|", n->name);
+    } else {
+      sb_printf(&m, "%s", types[o->type].metavar);
+    }
+    fprintf(f, "  --%s %s\n", dash, meta);
+    write_wrapped(f, o->help);
+    ql__option_format(o, &cfg, def, sizeof def);
+    fprintf(f, "      default %s", def[0] != '\0' ? def : "empty");
+    if (o->type == QL_OPT_UINT || o->type == QL_OPT_SIZE ||
+        o->type == QL_OPT_DURATION) {
+      format_units(o->min, units_of(o->type), lo, sizeof lo);
+      format_units(o->max, units_of(o->type), hi, sizeof hi);
+      fprintf(f, ", %s to %s", lo, hi);
+    }
+    fprintf(f, "%s\n", o->flags & QL_OPT_LIVE ? " [SIGHUP]" : "");
+  }
+}
