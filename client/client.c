@@ -12,6 +12,13 @@
  * Messages are checked rather than trusted: the reply must decode, carry the
  * request's request_id and the matching body, and every size or shape it
  * states is checked before anything is copied to the caller.
+ *
+ * The session is a second connection, a SOCK_SEQPACKET socket to
+ * session.sock beside the request socket: one exchange at a time (a mutex),
+ * one packet each way, descriptors of new regions as SCM_RIGHTS. Its token
+ * goes into every request. A fork() handler closes the child's copy of
+ * every session socket, so a session ends with the process that opened it
+ * even when children outlive it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -64,6 +73,18 @@ typedef Qlinear__V1__Response__BodyCase BodyCase;
 /* LoadAbort after a failure is best effort and must not double the wait. */
 #define ABORT_TIMEOUT_MS 2000
 #define ERRBUF_SIZE 1024
+/* Session socket: token size and largest packet (as the daemon's). */
+#define TOKEN_BYTES 16
+#define SESSION_MSG_MAX 4096
+/* Descriptors accepted in one session reply (one is expected; more are
+ * closed). */
+#define MAX_FDS 4
+
+/* A region and its place in its client's list. */
+typedef struct region_node {
+  ql_region pub; /* first: the caller's ql_region * is this node */
+  struct region_node *prev, *next;
+} region_node;
 
 struct ql_client {
   char *address;
@@ -75,7 +96,21 @@ struct ql_client {
   uint64_t cap;       /* max_message_bytes from Hello; 0 before it */
   uint64_t max_chunk; /* max_chunk_bytes from Hello; 0 if none set */
   ql_hello_info hello;
+  region_node *regions; /* live regions (lock) */
+  /* The session. sess_lock serialises exchanges on sess_fd; the token is
+   * written by ql_connect() (and the fork handler) only. */
+  pthread_mutex_t sess_lock;
+  int sess_fd;           /* -1: none (never opened, or a forked child) */
+  uint64_t sess_next_id; /* SessionRequest.request_id (sess_lock) */
+  uint8_t token[TOKEN_BYTES];
+  bool has_token;
+  struct ql_client *all_prev, *all_next; /* every client (all_lock) */
 };
+
+/* Every client of the process, for the fork handler. */
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static ql_client *all_clients;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* ------------------------------------------------------------ errors */
 
@@ -286,6 +321,10 @@ static int call(ql_client *c, Request *req, BodyCase want, int timeout_ms,
 
   *out = NULL;
   req->request_id = request_id_new();
+  if (c->has_token) {
+    req->session_token.data = c->token;
+    req->session_token.len = TOKEN_BYTES;
+  }
   client_limits(c, &cap, NULL);
 
   /* The daemon drops oversized messages unread and nanomsg would resend
@@ -555,6 +594,308 @@ fail:
   return rv;
 }
 
+/* ------------------------------------------------------------ session */
+
+/*
+ * In a child made by fork() the parent's sessions must not live on: the
+ * child's copy of a session socket would keep the session open after the
+ * parent died, and with it every weight and region it holds. The child
+ * closes its copies and forgets the tokens; the parent is unaffected.
+ */
+static void atfork_prepare(void) { pthread_mutex_lock(&all_lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&all_lock); }
+static void atfork_child(void) {
+  for (ql_client *c = all_clients; c != NULL; c = c->all_next) {
+    if (c->sess_fd >= 0)
+      close(c->sess_fd);
+    c->sess_fd = -1;
+    c->has_token = false;
+    memset(c->token, 0, sizeof c->token);
+  }
+  pthread_mutex_unlock(&all_lock);
+}
+static void atfork_register(void) {
+  pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+static void clients_add(ql_client *c) {
+  pthread_once(&atfork_once, atfork_register);
+  pthread_mutex_lock(&all_lock);
+  c->all_prev = NULL;
+  c->all_next = all_clients;
+  if (all_clients != NULL)
+    all_clients->all_prev = c;
+  all_clients = c;
+  pthread_mutex_unlock(&all_lock);
+}
+
+static void clients_remove(ql_client *c) {
+  pthread_mutex_lock(&all_lock);
+  if (c->all_prev != NULL)
+    c->all_prev->all_next = c->all_next;
+  else if (all_clients == c)
+    all_clients = c->all_next;
+  if (c->all_next != NULL)
+    c->all_next->all_prev = c->all_prev;
+  c->all_prev = c->all_next = NULL;
+  pthread_mutex_unlock(&all_lock);
+}
+
+/* The session socket beside the request socket: ipc://DIR/x -> DIR/
+ * session.sock. */
+static int session_path(const char *address, struct sockaddr_un *sa) {
+  const char *path, *slash;
+  memset(sa, 0, sizeof *sa);
+  sa->sun_family = AF_UNIX;
+  if (strncmp(address, "ipc://", 6) != 0)
+    return err_set(QL_EINVAL, "sessions need an ipc:// address, not %s",
+                   address);
+  path = address + 6;
+  slash = strrchr(path, '/');
+  size_t dirlen = slash != NULL ? (size_t)(slash - path) + 1 : 0;
+  if (dirlen + sizeof "session.sock" > sizeof sa->sun_path)
+    return err_set(QL_EINVAL, "the session socket path beside %s is longer "
+                              "than %zu bytes",
+                   path, sizeof sa->sun_path - 1);
+  memcpy(sa->sun_path, path, dirlen);
+  memcpy(sa->sun_path + dirlen, "session.sock", sizeof "session.sock");
+  return 0;
+}
+
+/* Waits for events on fd until the deadline (timeout_ms < 0: forever). */
+static int wait_fd(int fd, short events, int timeout_ms, int64_t deadline) {
+  for (;;) {
+    int left = -1;
+    if (timeout_ms >= 0) {
+      int64_t l = deadline - now_ms();
+      if (l <= 0)
+        return err_set(QL_ETIMEDOUT, "no session reply within %d ms",
+                       timeout_ms);
+      left = l > INT_MAX ? INT_MAX : (int)l;
+    }
+    struct pollfd p = {fd, events, 0};
+    int n = poll(&p, 1, left);
+    if (n > 0)
+      return 0;
+    if (n < 0 && errno != EINTR)
+      return err_set(map_errno(errno), "poll: %s", strerror(errno));
+  }
+}
+
+/* Closes every descriptor of the SCM_RIGHTS messages in mh except, when
+ * keep is not NULL, the first, which is stored there (-1 if none). */
+static int take_fds(struct msghdr *mh, int *keep) {
+  int n = 0;
+  if (keep != NULL)
+    *keep = -1;
+  for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm != NULL;
+       cm = CMSG_NXTHDR(mh, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+      continue;
+    size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+      if (keep != NULL && *keep < 0)
+        *keep = fd;
+      else
+        close(fd);
+      n++;
+    }
+  }
+  return n;
+}
+
+/*
+ * Receives the next packet from the session socket. A reply to an earlier
+ * exchange that timed out is skipped (its descriptor closed). Returns 0
+ * with *out the decoded response and *fd_out its descriptor (or -1).
+ */
+static int session_recv(ql_client *c, uint64_t id, int timeout_ms,
+                        int64_t deadline, Qlinear__V1__SessionResponse **out,
+                        int *fd_out) {
+  uint8_t buf[SESSION_MSG_MAX];
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(MAX_FDS * sizeof(int))];
+  } ctl;
+  bool reset = false;
+  for (;;) {
+    int rv = wait_fd(c->sess_fd, POLLIN, timeout_ms, deadline);
+    if (rv != 0)
+      return rv;
+    struct iovec iov = {buf, sizeof buf};
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof ctl.buf;
+    ssize_t n = recvmsg(c->sess_fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+      continue;
+    /* A daemon that closes with our request unread in its queue (it
+     * refused the connection) makes the kernel report ECONNRESET once,
+     * ahead of the reply it queued before closing: read on. */
+    if (n < 0 && errno == ECONNRESET && !reset) {
+      reset = true;
+      continue;
+    }
+    if (n < 0)
+      return err_set(map_errno(errno), "session socket: %s", strerror(errno));
+    int fd = -1;
+    take_fds(&mh, &fd);
+    if (n == 0) {
+      if (fd >= 0)
+        close(fd);
+      return err_set(QL_ECONNECT, "the daemon closed the session");
+    }
+    Qlinear__V1__SessionResponse *r = NULL;
+    if (!(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
+      r = qlinear__v1__session_response__unpack(NULL, (size_t)n, buf);
+    if (r == NULL) {
+      if (fd >= 0)
+        close(fd);
+      return err_set(QL_EPROTO, "cannot decode the daemon's session reply "
+                                "(%zd bytes)", n);
+    }
+    /* Id 0 with an error: the daemon could not read the request (or
+     * refused the connection before reading anything). */
+    bool mine = r->request_id == id ||
+                (r->request_id == 0 && r->status != NULL &&
+                 r->status->code != 0);
+    if (mine) {
+      *out = r;
+      *fd_out = fd;
+      return 0;
+    }
+    if (fd >= 0)
+      close(fd);
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+  }
+}
+
+/*
+ * One exchange on the session socket: req gets the next id, its reply must
+ * carry it, a zero status and the body want. On success *out is the
+ * caller's (free with qlinear__v1__session_response__free_unpacked) and, if
+ * fd_out is not NULL, *fd_out holds the descriptor that came with it (or
+ * -1); a descriptor nobody asked for is closed.
+ */
+static int session_call(ql_client *c, Qlinear__V1__SessionRequest *req,
+                        Qlinear__V1__SessionResponse__BodyCase want,
+                        Qlinear__V1__SessionResponse **out, int *fd_out) {
+  uint8_t buf[SESSION_MSG_MAX];
+  Qlinear__V1__SessionResponse *r = NULL;
+  int fd = -1, rv;
+  int64_t deadline = c->timeout_ms >= 0 ? now_ms() + c->timeout_ms : 0;
+
+  *out = NULL;
+  if (fd_out != NULL)
+    *fd_out = -1;
+  pthread_mutex_lock(&c->sess_lock);
+  if (c->sess_fd < 0) {
+    rv = err_set(QL_ESESSION, "this client has no session (it was opened "
+                              "by the parent of this process?)");
+    goto done;
+  }
+  req->request_id = ++c->sess_next_id;
+  size_t len = qlinear__v1__session_request__get_packed_size(req);
+  if (len > sizeof buf) {
+    rv = err_set(QL_EINVAL, "session request of %zu bytes", len);
+    goto done;
+  }
+  qlinear__v1__session_request__pack(req, buf);
+  for (;;) {
+    ssize_t n = send(c->sess_fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == (ssize_t)len)
+      break;
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && errno == EAGAIN) {
+      if ((rv = wait_fd(c->sess_fd, POLLOUT, c->timeout_ms, deadline)) != 0)
+        goto done;
+      continue;
+    }
+    /* The daemon may have said why before it closed the socket (too many
+     * sessions): read that, else report the failed send. */
+    int e = n < 0 ? errno : EIO;
+    if (session_recv(c, req->request_id, 0, now_ms() + 100, &r, &fd) == 0 &&
+        r->status != NULL && r->status->code != 0) {
+      rv = status_error(r->status);
+      goto done;
+    }
+    rv = err_set(map_errno(e), "session socket: %s", strerror(e));
+    goto done;
+  }
+  if ((rv = session_recv(c, req->request_id, c->timeout_ms, deadline, &r,
+                         &fd)) != 0)
+    goto done;
+  if (r->status != NULL && r->status->code != 0) {
+    rv = status_error(r->status);
+    goto done;
+  }
+  if (r->body_case != want || r->open == NULL) {
+    /* Every body of the oneof is a message pointer (as in call()). */
+    rv = err_set(QL_EPROTO, "session reply has body %d, expected %d",
+                 (int)r->body_case, (int)want);
+    goto done;
+  }
+  *out = r;
+  r = NULL;
+  if (fd_out != NULL) {
+    *fd_out = fd;
+    fd = -1;
+  }
+  rv = 0;
+done:
+  pthread_mutex_unlock(&c->sess_lock);
+  if (fd >= 0)
+    close(fd);
+  if (r != NULL)
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+  return rv;
+}
+
+/* Connects session.sock and performs SessionOpen: the token. */
+static int session_open(ql_client *c) {
+  Qlinear__V1__SessionRequest req = QLINEAR__V1__SESSION_REQUEST__INIT;
+  Qlinear__V1__SessionOpenRequest op = QLINEAR__V1__SESSION_OPEN_REQUEST__INIT;
+  Qlinear__V1__SessionResponse *r = NULL;
+  struct sockaddr_un sa;
+  int rv, fd;
+
+  if ((rv = session_path(c->address, &sa)) != 0)
+    return rv;
+  if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0)
+    return err_set(map_errno(errno), "socket: %s", strerror(errno));
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    int e = errno;
+    close(fd);
+    if (e == ENOENT || e == ECONNREFUSED)
+      return err_set(QL_ECONNECT, "no session socket at %s (is qlineard "
+                                  "running?)", sa.sun_path);
+    return err_set(map_errno(e), "%s: %s", sa.sun_path, strerror(e));
+  }
+  c->sess_fd = fd;
+  op.protocol_version = QL_PROTOCOL_VERSION;
+  op.client_name = c->client_name;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_OPEN;
+  req.open = &op;
+  if ((rv = session_call(c, &req, QLINEAR__V1__SESSION_RESPONSE__BODY_OPEN,
+                         &r, NULL)) != 0)
+    return rv;
+  if (r->open->token.len != TOKEN_BYTES) {
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+    return err_set(QL_EPROTO, "session token of %zu bytes, expected %d",
+                   r->open->token.len, TOKEN_BYTES);
+  }
+  memcpy(c->token, r->open->token.data, TOKEN_BYTES);
+  c->has_token = true;
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  return 0;
+}
+
 /* ------------------------------------------------------------ lifecycle */
 
 QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
@@ -578,10 +919,17 @@ QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
 
   if ((c = calloc(1, sizeof *c)) == NULL)
     return err_set(QL_ENOMEM, "allocating the client");
+  c->sess_fd = -1;
   if (pthread_mutex_init(&c->lock, NULL) != 0) {
     free(c);
     return err_set(QL_ENOMEM, "initialising a mutex");
   }
+  if (pthread_mutex_init(&c->sess_lock, NULL) != 0) {
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    return err_set(QL_ENOMEM, "initialising a mutex");
+  }
+  clients_add(c);
   c->timeout_ms = QL_DEFAULT_TIMEOUT_MS;
   if (opts != NULL && opts->timeout_ms != 0)
     c->timeout_ms = opts->timeout_ms < 0 ? -1 : opts->timeout_ms;
@@ -609,6 +957,10 @@ QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
     }
     goto fail;
   }
+  /* Hello first: the daemon answers it only once its loop runs, and by
+   * then session.sock is there too. */
+  if ((rv = session_open(c)) != 0)
+    goto fail;
   *out = c;
   return 0;
 
@@ -620,8 +972,19 @@ fail:
 QL_EXPORT void ql_close(ql_client *c) {
   if (c == NULL)
     return;
+  clients_remove(c);
+  /* Closing the session socket ends the session in the daemon. */
+  if (c->sess_fd >= 0)
+    close(c->sess_fd);
+  while (c->regions != NULL) {
+    region_node *r = c->regions;
+    c->regions = r->next;
+    munmap(r->pub.data, r->pub.size);
+    free(r);
+  }
   for (size_t i = 0; i < c->n_idle; i++)
     nn_close(c->idle[i]);
+  pthread_mutex_destroy(&c->sess_lock);
   pthread_mutex_destroy(&c->lock);
   free(c->address);
   free(c->client_name);
@@ -674,6 +1037,7 @@ static int weight_info_from(const Qlinear__V1__WeightInfo *w,
   out->k = sp->k;
   out->has_bias = sp->has_bias ? 1 : 0;
   out->asymmetric = sp->asymmetric ? 1 : 0;
+  out->pinned = sp->pin ? 1 : 0;
   out->policy = (int)sp->policy;
   out->scale_dtype = (int)sp->scale_dtype;
   memcpy(out->digest, w->digest.data, QL_DIGEST_BYTES);
@@ -900,6 +1264,7 @@ QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
   spec.policy = (Qlinear__V1__Path)d->policy;
   spec.scale_dtype = (Qlinear__V1__DType)d->scale_dtype;
   spec.asymmetric = d->asymmetric != 0;
+  spec.pin = d->pin != 0;
   br.spec = &spec;
   segment segs[2] = {{d->data, wbytes}, {d->bias, bbytes}};
   return upload(c, &br, segs, 2, d->progress, d->progress_arg, info_out,
@@ -1067,20 +1432,13 @@ QL_EXPORT int ql_lookup(ql_client *c, const char *name, ql_weight_info *out) {
 
 /* ------------------------------------------------------------ linear */
 
-QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
-                        ql_dtype dtype, uint64_t m, uint64_t k, const void *x,
-                        uint64_t n, void *y, ql_linear_result *res) {
-  Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
-  Qlinear__V1__Tensor xt;
-  Request req = QLINEAR__V1__REQUEST__INIT;
-  Response *resp = NULL;
-  uint64_t shape[2] = {m, k}, mk, mn, xbytes, ybytes, cap, room;
-  size_t esz;
+/* Checks what every linear call shares before anything is sent. */
+static int check_linear_args(ql_client *c, const char *weight, ql_path path,
+                             ql_dtype dtype, uint64_t m, uint64_t k,
+                             uint64_t n) {
   int rv;
-
-  err_clear();
-  if (c == NULL || x == NULL || y == NULL)
-    return err_set(QL_EINVAL, "client, x or y is NULL");
+  if (c == NULL)
+    return err_set(QL_EINVAL, "client is NULL");
   if ((rv = check_name(weight)) != 0)
     return rv;
   if (!ql_dtype_valid(dtype))
@@ -1093,6 +1451,102 @@ QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
                               "dimension must be at least 1",
                    (unsigned long long)m, (unsigned long long)k,
                    (unsigned long long)m, (unsigned long long)n);
+  return 0;
+}
+
+/*
+ * Sends a prepared Linear request and checks its reply: y must be [m, n]
+ * in dtype, inline with ybytes bytes when ys is NULL (copied to y), else
+ * naming exactly the slice ys.
+ */
+static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
+                       ql_dtype dtype, uint64_t m, uint64_t n,
+                       uint64_t ybytes, const Qlinear__V1__RegionSlice *ys,
+                       void *y, ql_linear_result *res) {
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  int rv;
+
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+  req.linear = lr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LINEAR, c->timeout_ms,
+                 &resp)) != 0)
+    goto fail;
+
+  const Qlinear__V1__LinearResponse *lp = resp->linear;
+  const Qlinear__V1__Tensor *yt = lp->y;
+  if (yt == NULL) {
+    rv = err_set(QL_EPROTO, "reply without y");
+    goto fail;
+  }
+  if ((int)yt->dtype != (int)dtype) {
+    rv = err_set(QL_EDTYPE, "reply y has data type %d, expected %d",
+                 (int)yt->dtype, (int)dtype);
+    goto fail;
+  }
+  if (yt->n_shape != 2 || yt->shape[0] != m || yt->shape[1] != n) {
+    rv = err_set(QL_ESHAPE, "reply y has %zu dimensions [%llu, %llu%s], "
+                            "expected [%llu, %llu]",
+                 yt->n_shape,
+                 (unsigned long long)(yt->n_shape > 0 ? yt->shape[0] : 0),
+                 (unsigned long long)(yt->n_shape > 1 ? yt->shape[1] : 0),
+                 yt->n_shape > 2 ? ", ..." : "", (unsigned long long)m,
+                 (unsigned long long)n);
+    goto fail;
+  }
+  if (ys != NULL) {
+    const Qlinear__V1__RegionSlice *got =
+        yt->data_case == QLINEAR__V1__TENSOR__DATA_REGION ? yt->region : NULL;
+    if (got == NULL || got->region_id != ys->region_id ||
+        got->offset != ys->offset || got->length != ys->length) {
+      rv = err_set(QL_EPROTO, "reply y is not the slice asked for");
+      goto fail;
+    }
+  } else if (yt->data_case != QLINEAR__V1__TENSOR__DATA_INLINE_DATA ||
+             yt->inline_data.len != ybytes) {
+    rv = err_set(QL_EPROTO, "reply y carries %zu bytes of data, [%llu, %llu] "
+                            "needs %llu",
+                 yt->data_case == QLINEAR__V1__TENSOR__DATA_INLINE_DATA
+                     ? yt->inline_data.len
+                     : 0,
+                 (unsigned long long)m, (unsigned long long)n,
+                 (unsigned long long)ybytes);
+    goto fail;
+  }
+  /* Strict here, unlike listings: the path that ran is part of the answer
+   * and this protocol version knows every path. */
+  if (!ql_path_valid(lp->path)) {
+    rv = err_set(QL_EPROTO, "reply names unknown path %d", (int)lp->path);
+    goto fail;
+  }
+  if (ys == NULL)
+    memcpy(y, yt->inline_data.data, (size_t)ybytes);
+  if (res != NULL) {
+    res->path = (ql_path)lp->path;
+    copy_str(res->impl, sizeof res->impl, lp->impl);
+  }
+  rv = 0;
+
+fail:
+  if (resp != NULL)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  return rv;
+}
+
+QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
+                        ql_dtype dtype, uint64_t m, uint64_t k, const void *x,
+                        uint64_t n, void *y, ql_linear_result *res) {
+  Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
+  Qlinear__V1__Tensor xt;
+  uint64_t shape[2] = {m, k}, mk, mn, xbytes, ybytes, cap, room;
+  size_t esz;
+  int rv;
+
+  err_clear();
+  if (c == NULL || x == NULL || y == NULL)
+    return err_set(QL_EINVAL, "client, x or y is NULL");
+  if ((rv = check_linear_args(c, weight, path, dtype, m, k, n)) != 0)
+    return rv;
   esz = ql_dtype_size(dtype);
   client_limits(c, &cap, NULL);
   room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
@@ -1120,60 +1574,228 @@ QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
   lr.weight = (char *)weight;
   lr.x = &xt;
   lr.path = (Qlinear__V1__Path)path;
-  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
-  req.linear = &lr;
-  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LINEAR, c->timeout_ms,
-                 &resp)) != 0)
-    goto fail;
+  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, y, res);
+}
 
-  const Qlinear__V1__LinearResponse *lp = resp->linear;
-  const Qlinear__V1__Tensor *yt = lp->y;
-  if (yt == NULL) {
-    rv = err_set(QL_EPROTO, "reply without y");
+/* True if r is a live region of c. */
+static bool region_of(ql_client *c, const ql_region *r) {
+  bool found = false;
+  pthread_mutex_lock(&c->lock);
+  for (region_node *p = c->regions; p != NULL && !found; p = p->next)
+    found = &p->pub == r;
+  pthread_mutex_unlock(&c->lock);
+  return found;
+}
+
+/* Checks a slice of this client for what, holding bytes, and describes it
+ * on the wire. */
+static int slice_msg(ql_client *c, const char *what, const ql_slice *sl,
+                     uint64_t bytes, size_t esz,
+                     Qlinear__V1__RegionSlice *out) {
+  if (sl->region == NULL || !region_of(c, sl->region))
+    return err_set(QL_EINVAL, "%s: not a region of this client", what);
+  /* off <= size && len <= size - off: no sum that could wrap. */
+  uint64_t size = sl->region->size;
+  if (!(sl->offset <= size && sl->length <= size - sl->offset))
+    return err_set(QL_EINVAL, "%s: %llu bytes at offset %llu do not fit the "
+                              "region's %llu bytes",
+                   what, (unsigned long long)sl->length,
+                   (unsigned long long)sl->offset, (unsigned long long)size);
+  if (sl->offset % esz != 0)
+    return err_set(QL_EINVAL, "%s: offset %llu is not a multiple of the "
+                              "%zu-byte element size",
+                   what, (unsigned long long)sl->offset, esz);
+  if (sl->length != bytes)
+    return err_set(QL_ESHAPE, "%s: the slice holds %llu bytes, %llu needed",
+                   what, (unsigned long long)sl->length,
+                   (unsigned long long)bytes);
+  qlinear__v1__region_slice__init(out);
+  out->region_id = sl->region->id;
+  out->offset = sl->offset;
+  out->length = sl->length;
+  return 0;
+}
+
+QL_EXPORT int ql_linear_region(ql_client *c, const char *weight, ql_path path,
+                               ql_dtype dtype, uint64_t m, uint64_t k,
+                               const ql_slice *x, uint64_t n,
+                               const ql_slice *y, void *y_inline,
+                               ql_linear_result *res) {
+  Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
+  Qlinear__V1__Tensor xt;
+  Qlinear__V1__RegionSlice xs, ys;
+  uint64_t shape[2] = {m, k}, mk, mn, xbytes, ybytes, cap, room;
+  size_t esz;
+  int rv;
+
+  err_clear();
+  if (c == NULL || x == NULL || (y == NULL) == (y_inline == NULL))
+    return err_set(QL_EINVAL, "client or x is NULL, or not exactly one of y "
+                              "and y_inline is given");
+  if ((rv = check_linear_args(c, weight, path, dtype, m, k, n)) != 0)
+    return rv;
+  esz = ql_dtype_size(dtype);
+  if (!mul_ok(m, k, &mk) || !mul_ok(mk, esz, &xbytes) || !mul_ok(m, n, &mn) ||
+      !mul_ok(mn, esz, &ybytes))
+    return err_set(QL_ETOOBIG, "x [%llu, %llu] or y [%llu, %llu] is too large",
+                   (unsigned long long)m, (unsigned long long)k,
+                   (unsigned long long)m, (unsigned long long)n);
+  if ((rv = slice_msg(c, "x", x, xbytes, esz, &xs)) != 0)
+    return rv;
+  if (y != NULL) {
+    if ((rv = slice_msg(c, "y", y, ybytes, esz, &ys)) != 0)
+      return rv;
+    if (x->region == y->region && x->offset < y->offset + y->length &&
+        y->offset < x->offset + x->length)
+      return err_set(QL_EINVAL, "the x and y slices overlap");
+  } else {
+    client_limits(c, &cap, NULL);
+    room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
+    if (ybytes > room)
+      return err_set(QL_ETOOBIG, "y [%llu, %llu] does not fit the daemon's "
+                                 "cap of %llu bytes: give a region slice",
+                     (unsigned long long)m, (unsigned long long)n,
+                     (unsigned long long)cap);
+  }
+
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = (Qlinear__V1__DType)dtype;
+  xt.n_shape = 2;
+  xt.shape = shape;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+  xt.region = &xs;
+  lr.weight = (char *)weight;
+  lr.x = &xt;
+  lr.path = (Qlinear__V1__Path)path;
+  lr.y_out = y != NULL ? &ys : NULL;
+  return linear_call(c, &lr, dtype, m, n, ybytes, lr.y_out, y_inline, res);
+}
+
+/* ------------------------------------------------------------ regions */
+
+/* Tells the daemon to forget region id; best effort when cleaning up. */
+static int destroy_remote(ql_client *c, uint64_t id) {
+  Qlinear__V1__SessionRequest req = QLINEAR__V1__SESSION_REQUEST__INIT;
+  Qlinear__V1__DestroyRegionRequest dr =
+      QLINEAR__V1__DESTROY_REGION_REQUEST__INIT;
+  Qlinear__V1__SessionResponse *r = NULL;
+  dr.region_id = id;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION;
+  req.destroy_region = &dr;
+  int rv = session_call(c, &req,
+                        QLINEAR__V1__SESSION_RESPONSE__BODY_DESTROY_REGION, &r,
+                        NULL);
+  if (r != NULL)
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+  return rv;
+}
+
+QL_EXPORT int ql_region_create(ql_client *c, size_t size, ql_region **out) {
+  Qlinear__V1__SessionRequest req = QLINEAR__V1__SESSION_REQUEST__INIT;
+  Qlinear__V1__CreateRegionRequest cr = QLINEAR__V1__CREATE_REGION_REQUEST__INIT;
+  Qlinear__V1__SessionResponse *r = NULL;
+  region_node *node = NULL;
+  void *base = MAP_FAILED;
+  uint64_t id = 0;
+  int fd = -1, rv;
+
+  err_clear();
+  if (out != NULL)
+    *out = NULL;
+  if (c == NULL || out == NULL)
+    return err_set(QL_EINVAL, "client or output is NULL");
+  if (size == 0)
+    return err_set(QL_EINVAL, "a region of 0 bytes");
+  cr.size = size;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_REGION;
+  req.create_region = &cr;
+  if ((rv = session_call(c, &req,
+                         QLINEAR__V1__SESSION_RESPONSE__BODY_CREATE_REGION, &r,
+                         &fd)) != 0)
+    return rv;
+  id = r->create_region->region_id;
+  if (id == 0 || r->create_region->size != size || fd < 0) {
+    rv = err_set(QL_EPROTO, "the daemon sent region %llu of %llu bytes%s",
+                 (unsigned long long)id,
+                 (unsigned long long)r->create_region->size,
+                 fd < 0 ? " without a descriptor" : "");
     goto fail;
   }
-  if ((int)yt->dtype != (int)dtype) {
-    rv = err_set(QL_EDTYPE, "reply y has data type %d, expected %d",
-                 (int)yt->dtype, (int)dtype);
+  /* Mapping a file that could shrink would expose us to SIGBUS: accept
+   * only what the daemon promises, a memfd of this size sealed against
+   * shrinking and growing. */
+  struct stat st;
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != size || seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+          (F_SEAL_SHRINK | F_SEAL_GROW)) {
+    rv = err_set(QL_EPROTO, "the region's descriptor is not a sealed memfd of "
+                            "%zu bytes", size);
     goto fail;
   }
-  if (yt->n_shape != 2 || yt->shape[0] != m || yt->shape[1] != n) {
-    rv = err_set(QL_ESHAPE, "reply y has %zu dimensions [%llu, %llu%s], "
-                            "expected [%llu, %llu]",
-                 yt->n_shape,
-                 (unsigned long long)(yt->n_shape > 0 ? yt->shape[0] : 0),
-                 (unsigned long long)(yt->n_shape > 1 ? yt->shape[1] : 0),
-                 yt->n_shape > 2 ? ", ..." : "", (unsigned long long)m,
-                 (unsigned long long)n);
+  base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    rv = err_set(map_errno(errno), "mapping the region: %s", strerror(errno));
     goto fail;
   }
-  if (yt->data_case != QLINEAR__V1__TENSOR__DATA_INLINE_DATA ||
-      yt->inline_data.len != ybytes) {
-    rv = err_set(QL_EPROTO, "reply y carries %zu bytes of data, [%llu, %llu] "
-                            "needs %llu",
-                 yt->data_case == QLINEAR__V1__TENSOR__DATA_INLINE_DATA
-                     ? yt->inline_data.len
-                     : 0,
-                 (unsigned long long)m, (unsigned long long)n,
-                 (unsigned long long)ybytes);
+  if ((node = calloc(1, sizeof *node)) == NULL) {
+    rv = err_set(QL_ENOMEM, "allocating the region");
     goto fail;
   }
-  /* Strict here, unlike listings: the path that ran is part of the answer
-   * and this protocol version knows every path. */
-  if (!ql_path_valid(lp->path)) {
-    rv = err_set(QL_EPROTO, "reply names unknown path %d", (int)lp->path);
-    goto fail;
-  }
-  memcpy(y, yt->inline_data.data, (size_t)ybytes);
-  if (res != NULL) {
-    res->path = (ql_path)lp->path;
-    copy_str(res->impl, sizeof res->impl, lp->impl);
-  }
-  rv = 0;
+  close(fd);
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  node->pub.id = id;
+  node->pub.size = size;
+  node->pub.data = base;
+  pthread_mutex_lock(&c->lock);
+  node->next = c->regions;
+  if (c->regions != NULL)
+    c->regions->prev = node;
+  c->regions = node;
+  pthread_mutex_unlock(&c->lock);
+  *out = &node->pub;
+  return 0;
 
 fail:
-  if (resp != NULL)
-    qlinear__v1__response__free_unpacked(resp, NULL);
+  if (base != MAP_FAILED)
+    munmap(base, size);
+  if (fd >= 0)
+    close(fd);
+  if (r != NULL)
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+  if (id != 0) {
+    char saved[ERRBUF_SIZE];
+    memcpy(saved, errbuf, sizeof saved);
+    destroy_remote(c, id);
+    memcpy(errbuf, saved, sizeof saved);
+  }
+  return rv;
+}
+
+QL_EXPORT int ql_region_destroy(ql_client *c, ql_region *r) {
+  err_clear();
+  if (r == NULL)
+    return 0;
+  if (c == NULL)
+    return err_set(QL_EINVAL, "client is NULL");
+  region_node *node = (region_node *)r, *p;
+  pthread_mutex_lock(&c->lock);
+  for (p = c->regions; p != NULL && p != node; p = p->next)
+    ;
+  if (p != NULL) {
+    if (node->prev != NULL)
+      node->prev->next = node->next;
+    else
+      c->regions = node->next;
+    if (node->next != NULL)
+      node->next->prev = node->prev;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (p == NULL)
+    return err_set(QL_EINVAL, "not a region of this client");
+  int rv = destroy_remote(c, node->pub.id);
+  munmap(node->pub.data, node->pub.size);
+  free(node);
   return rv;
 }
 
@@ -1223,6 +1845,9 @@ QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
   b->s.uploads_in_progress = st->uploads_in_progress;
   b->s.n_per_weight = n;
   b->s.per_weight = n > 0 ? b->w : NULL;
+  b->s.sessions = st->sessions;
+  b->s.regions = st->regions;
+  b->s.region_bytes = st->region_bytes;
   for (size_t i = 0; i < n; i++) {
     const Qlinear__V1__WeightStats *ws = st->per_weight[i];
     ql_weight_stats *o = &b->w[i];

@@ -47,13 +47,14 @@ static const char usage_text[] =
     "  status                 daemon version, instance, limits and devices\n"
     "  list                   resident weights\n"
     "  load NAME FILE.npy --format FMT [--bias FILE.npy] [--policy POLICY]\n"
-    "       [--scale-dtype DTYPE] [--bf16]\n"
+    "       [--scale-dtype DTYPE] [--bf16] [--pin]\n"
     "                         upload a float weight [N, K] for the daemon to\n"
     "                         quantize; FMT is q4g32..q4g256, q8c, q8b32..q8b256\n"
     "                         (q8b32a.. asymmetric) or f8r; POLICY auto or\n"
     "                         weight-only; DTYPE of the scales bf16, f16 or\n"
-    "                         f32 (default: as TorchAO, the data's own dtype,\n"
-    "                         f32 for f8r)\n"
+    "                         f32 (default: as TorchAO, the data's own dtype);\n"
+    "                         --pin keeps it resident after qlinearctl exits\n"
+    "                         (the daemon's own user only)\n"
     "  unload NAME            drop this client's hold on a weight\n"
     "  linear NAME X.npy [-o Y.npy] [--path auto|wo|aq] [--bf16]\n"
     "                         y = x.W^T + b for x [M, K] (or [K]); y has x's\n"
@@ -419,13 +420,14 @@ static void draw_bar(void *arg, uint64_t done, uint64_t total) {
 }
 
 static int cmd_load(ctx *cx, int argc, char **argv) {
-  enum { OPT_FORMAT = 256, OPT_BIAS, OPT_POLICY, OPT_SCALE, OPT_BF16 };
+  enum { OPT_FORMAT = 256, OPT_BIAS, OPT_POLICY, OPT_SCALE, OPT_BF16, OPT_PIN };
   static const struct option opts[] = {
       {"format", required_argument, NULL, OPT_FORMAT},
       {"bias", required_argument, NULL, OPT_BIAS},
       {"policy", required_argument, NULL, OPT_POLICY},
       {"scale-dtype", required_argument, NULL, OPT_SCALE},
       {"bf16", no_argument, NULL, OPT_BF16},
+      {"pin", no_argument, NULL, OPT_PIN},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *bias_path = NULL, *format = NULL;
@@ -465,12 +467,15 @@ static int cmd_load(ctx *cx, int argc, char **argv) {
     case OPT_BF16:
       bf16 = true;
       break;
+    case OPT_PIN:
+      d.pin = 1;
+      break;
     case 'h':
       puts("usage: qlinearctl load NAME FILE.npy --format "
            "q4g{32,64,128,256}|q8c|q8b{32,64,128,256}[a]|f8r\n"
            "                       [--bias FILE.npy] [--policy "
            "auto|weight-only]\n"
-           "                       [--scale-dtype bf16|f16|f32] [--bf16]");
+           "                       [--scale-dtype bf16|f16|f32] [--bf16] [--pin]");
       return 0;
     default:
       return bad_option("load", argv);

@@ -5,12 +5,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "handlers.h"
 #include "log.h"
 #include "import.h"
 #include "registry.h"
 #include "protocol.h"
+#include "session.h"
 
 #define DAEMON_VERSION PACKAGE_VERSION
 
@@ -89,6 +92,7 @@ static void fill_info(info_buf *b, ql__weight *w) {
           ? w->q->group_size
           : 0;
   b->spec.asymmetric = w->q->zero != NULL && w->q->format == QL_FORMAT_Q8B;
+  b->spec.pin = w->pinned != 0;
   b->spec.n = (uint64_t)w->q->n;
   b->spec.k = (uint64_t)w->q->k;
   b->spec.has_bias = w->q->bias != NULL;
@@ -181,8 +185,9 @@ static const char *format_name(int f) {
   }
 }
 
-static void on_load_begin(ql__server *s, const Qlinear__V1__LoadBeginRequest *b,
-                          reply *r, Qlinear__V1__LoadBeginResponse *out) {
+static void on_load_begin(ql__server *s, ql__session *ss,
+                          const Qlinear__V1__LoadBeginRequest *b, reply *r,
+                          Qlinear__V1__LoadBeginResponse *out) {
   const Qlinear__V1__WeightSpec *sp = b->spec;
   ql__upload tmpl;
   memset(&tmpl, 0, sizeof tmpl);
@@ -223,7 +228,13 @@ static void on_load_begin(ql__server *s, const Qlinear__V1__LoadBeginRequest *b,
   tmpl.policy = (ql_path)sp->policy;
   tmpl.has_bias = sp->has_bias;
   tmpl.asymmetric = sp->asymmetric;
+  tmpl.pin = sp->pin;
   tmpl.last_ns = ql__now_ns();
+  if (ql__session_upload_room(s, ss) != 0) {
+    set_error(r, QL_EEXHAUSTED, "load_begin: the session already has %d "
+              "uploads in progress", QL_SESSION_MAX_UPLOADS);
+    return;
+  }
   ql__upload *up;
   if ((rc = ql__uploads_begin(s->uploads, &tmpl, &up)) != 0) {
     if (rc == QL_EEXHAUSTED)
@@ -233,6 +244,7 @@ static void on_load_begin(ql__server *s, const Qlinear__V1__LoadBeginRequest *b,
       set_error(r, rc, "load_begin: cannot allocate %zu bytes", tmpl.total);
     return;
   }
+  ql__session_upload_add(ss, up->id);
   qlinear__v1__load_begin_response__init(out);
   out->upload_id = up->id;
   out->total_bytes = up->total;
@@ -240,9 +252,18 @@ static void on_load_begin(ql__server *s, const Qlinear__V1__LoadBeginRequest *b,
   r->resp.load_begin = out;
 }
 
-static void on_load_chunk(ql__server *s, const Qlinear__V1__LoadChunkRequest *c,
-                          reply *r, Qlinear__V1__LoadChunkResponse *out) {
-  ql__upload *up = ql__uploads_get(s->uploads, c->upload_id);
+/* The upload of that id if this session began it: another session's
+ * upload is not found, exactly like one that does not exist. */
+static ql__upload *session_upload(ql__server *s, ql__session *ss,
+                                  uint64_t id) {
+  ql__upload *up = ql__uploads_get(s->uploads, id);
+  return up != NULL && ql__session_upload_owns(ss, id) ? up : NULL;
+}
+
+static void on_load_chunk(ql__server *s, ql__session *ss,
+                          const Qlinear__V1__LoadChunkRequest *c, reply *r,
+                          Qlinear__V1__LoadChunkResponse *out) {
+  ql__upload *up = session_upload(s, ss, c->upload_id);
   if (up == NULL) {
     set_error(r, QL_ENOTFOUND, "load_chunk: no upload %llu",
               (unsigned long long)c->upload_id);
@@ -277,6 +298,7 @@ typedef struct commit_work {
   uv_work_t work;
   ql__server *s;
   ql__upload *up;
+  uint64_t session_id; /* the session may end while the commit runs */
   void *route;
   uint64_t request_id;
   ql__weight *w;
@@ -337,6 +359,7 @@ static void commit_done(uv_work_t *work, int status) {
   reply_init(&r, c->request_id);
   Qlinear__V1__LoadCommitResponse out;
   info_buf ib;
+  ql__session *ss = ql__session_by_id(s, c->session_id);
   s->commits_running--;
   if (status != 0 && c->rc == 0)
     c->rc = QL_EINTERNAL;
@@ -347,36 +370,57 @@ static void commit_done(uv_work_t *work, int status) {
   } else if (c->rc != 0) {
     set_error(&r, c->rc, "load_commit: cannot quantize: %s",
               ql_strerror(c->rc));
+  } else if (ss == NULL) {
+    /* Nobody would hold the weight: it is not stored. */
+    set_error(&r, QL_ESESSION, "load_commit: the session ended before the "
+              "commit completed");
+  } else if (c->up->pin && ql__session_uid(ss) != geteuid()) {
+    set_error(&r, QL_EPERM, "load_commit: only the daemon's own user may "
+              "pin a weight");
   } else {
     ql__weight *existing = NULL;
     int rc = ql__weight_store_insert(s->weights, c->w, &existing);
     if (rc == QL_EEXIST) {
       set_error(&r, rc, "load_commit: a weight named '%s' with other "
                 "content is resident", c->w->name);
+    } else if ((rc = ql__session_hold(s, ss, existing ? existing : c->w)) !=
+               0) {
+      /* A weight this commit just stored has no other holder. */
+      if (existing == NULL)
+        ql__weight_store_remove(s->weights, c->w->name);
+      if (rc == QL_EEXHAUSTED)
+        set_error(&r, rc, "load_commit: the session already holds %d "
+                  "weights", QL_SESSION_MAX_WEIGHTS);
+      else
+        set_error(&r, rc, "load_commit: out of memory");
     } else {
       ql__weight *w = existing ? existing : c->w;
+      if (c->up->pin)
+        w->pinned = 1;
       qlinear__v1__load_commit_response__init(&out);
       fill_info(&ib, w);
       out.weight = &ib.info;
       out.shared = existing != NULL;
       r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_COMMIT;
       r.resp.load_commit = &out;
-      ql__info("%s weight %s (%llux%llu, %zu bytes)",
+      ql__info("%s weight %s (%llux%llu, %zu bytes) for session %llu",
                existing ? "shared" : "loaded", w->name,
                (unsigned long long)w->q->n, (unsigned long long)w->q->k,
-               w->bytes);
+               w->bytes, (unsigned long long)c->session_id);
     }
   }
+  if (ss != NULL)
+    ql__session_upload_forget(ss, c->up->id);
   send_reply(s, c->route, &r);
   ql__weight_unref(c->w); /* the store holds its own reference */
   ql__uploads_remove(s->uploads, c->up);
   free(c);
 }
 
-static int on_load_commit(ql__server *s, uint64_t id,
+static int on_load_commit(ql__server *s, ql__session *ss, uint64_t id,
                           const Qlinear__V1__LoadCommitRequest *m, void *route,
                           reply *r) {
-  ql__upload *up = ql__uploads_get(s->uploads, m->upload_id);
+  ql__upload *up = session_upload(s, ss, m->upload_id);
   if (up == NULL) {
     set_error(r, QL_ENOTFOUND, "load_commit: no upload %llu",
               (unsigned long long)m->upload_id);
@@ -398,6 +442,7 @@ static int on_load_commit(ql__server *s, uint64_t id,
   }
   c->s = s;
   c->up = up;
+  c->session_id = ql__session_id(ss);
   c->route = route;
   c->request_id = id;
   c->work.data = c;
@@ -411,9 +456,10 @@ static int on_load_commit(ql__server *s, uint64_t id,
   return 1; /* answered later */
 }
 
-static void on_load_abort(ql__server *s, const Qlinear__V1__LoadAbortRequest *m,
-                          reply *r, Qlinear__V1__LoadAbortResponse *out) {
-  ql__upload *up = ql__uploads_get(s->uploads, m->upload_id);
+static void on_load_abort(ql__server *s, ql__session *ss,
+                          const Qlinear__V1__LoadAbortRequest *m, reply *r,
+                          Qlinear__V1__LoadAbortResponse *out) {
+  ql__upload *up = session_upload(s, ss, m->upload_id);
   if (up == NULL) {
     set_error(r, QL_ENOTFOUND, "load_abort: no upload %llu",
               (unsigned long long)m->upload_id);
@@ -424,6 +470,7 @@ static void on_load_abort(ql__server *s, const Qlinear__V1__LoadAbortRequest *m,
     return;
   }
   ql__uploads_remove(s->uploads, up);
+  ql__session_upload_forget(ss, m->upload_id);
   qlinear__v1__load_abort_response__init(out);
   r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_ABORT;
   r->resp.load_abort = out;
@@ -438,13 +485,36 @@ void ql__handlers_expire_uploads(ql__server *s) {
 
 /* ------------------------------------------------------- unload, list */
 
-static void on_unload(ql__server *s, const Qlinear__V1__UnloadWeightRequest *m,
-                      reply *r, Qlinear__V1__UnloadWeightResponse *out) {
-  if (ql__weight_store_remove(s->weights, m->name) != 0) {
-    set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
+/* Unload drops this session's hold; the weight goes when nobody holds it
+ * (DESIGN §8). Weights held only by other sessions are theirs: unloading
+ * those is for the admin socket. */
+static void on_unload(ql__server *s, ql__session *ss,
+                      const Qlinear__V1__UnloadWeightRequest *m, reply *r,
+                      Qlinear__V1__UnloadWeightResponse *out) {
+  ql__weight *pw = ql__weight_store_get(s->weights, m->name);
+  if (pw != NULL && pw->pinned && ql__session_uid(ss) == geteuid()) {
+    /* The owner's unload of a pinned weight removes it at once; sessions
+     * holding it keep their references until they let go. */
+    pw->pinned = 0;
+    ql__session_release(s, ss, m->name);
+    if (ql__weight_store_get(s->weights, m->name) == pw)
+      ql__weight_store_remove(s->weights, m->name);
+    ql__info("unloaded pinned weight %s", m->name);
+    qlinear__v1__unload_weight_response__init(out);
+    r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_UNLOAD;
+    r->resp.unload = out;
     return;
   }
-  ql__info("unloaded weight %s", m->name);
+  if (ql__session_release(s, ss, m->name) != 0) {
+    if (ql__weight_store_get(s->weights, m->name) != NULL)
+      set_error(r, QL_EPERM, "unload: this session does not hold '%s' (other "
+                "sessions do)", m->name);
+    else
+      set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
+    return;
+  }
+  ql__info("session %llu unloaded weight %s",
+           (unsigned long long)ql__session_id(ss), m->name);
   qlinear__v1__unload_weight_response__init(out);
   r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_UNLOAD;
   r->resp.unload = out;
@@ -497,27 +567,39 @@ typedef struct linear_job {
   ql__job job;
   ql__server *s;
   void *route;
-  ql__request *req; /* owns x */
+  ql__request *req; /* owns x when it is inline */
   ql__weight *w;    /* one reference */
+  ql__region *xr;   /* x's region (one reference), or NULL: inline */
+  ql__region *yr;   /* y's region (one reference), or NULL: y is ours */
+  const void *x;    /* inline data or inside xr's mapping */
   ql_path path;
   ql_dtype dt;
   int64_t m;
-  void *y;
+  void *y;          /* malloc'd by the worker, or inside yr's mapping */
   size_t y_bytes;
   size_t cost; /* bytes counted in s->queued_bytes */
   int rc;
   const char *impl;
 } linear_job;
 
+/* Worker thread. x and y may lie in a region the client maps too: the
+ * kernels get them where they are, no copy. The client can change x while
+ * this runs; that can only change its own result (the ops read x once into
+ * their own buffers before checking it). */
 static void linear_run(ql__job *job) {
   linear_job *j = (linear_job *)job;
-  const Qlinear__V1__Tensor *x = j->req->msg->linear->x;
+  /* Fault injection for tests of queueing, ordering and the drain: a job
+   * that takes a known time whatever the kernels' speed. */
+  if (j->s->test_delay_ms > 0) {
+    struct timespec ts = {(time_t)(j->s->test_delay_ms / 1000),
+                          (long)(j->s->test_delay_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
   if (atomic_load(&j->s->cancel)) {
     j->rc = QL_ESHUTDOWN;
     return;
   }
-  j->y = malloc(j->y_bytes);
-  if (j->y == NULL) {
+  if (j->yr == NULL && (j->y = malloc(j->y_bytes)) == NULL) {
     j->rc = QL_ENOMEM;
     return;
   }
@@ -532,7 +614,7 @@ static void linear_run(ql__job *job) {
   /* The generic ops read the canonical form; a backend's own read the
    * layout its repack made at load (NULL when it has none). */
   const void *packed = im == ql_generic_impl(op) ? NULL : j->w->packed;
-  ql_linear_args a = {q, packed, j->dt, x->inline_data.data, j->m, j->y};
+  ql_linear_args a = {q, packed, j->dt, j->x, j->m, j->y};
   j->impl = im->name;
   j->rc = im->fn.linear(&a);
 }
@@ -544,6 +626,7 @@ static void linear_done(ql__job *job) {
   reply_init(&r, j->req->msg->request_id);
   Qlinear__V1__LinearResponse out;
   Qlinear__V1__Tensor y;
+  Qlinear__V1__RegionSlice yslice;
   uint64_t shape[2] = {(uint64_t)j->m, (uint64_t)j->w->q->n};
   s->queued_bytes -= j->cost;
   if (j->rc == QL_ENONFINITE) {
@@ -558,9 +641,20 @@ static void linear_done(ql__job *job) {
     y.dtype = (Qlinear__V1__DType)j->dt;
     y.shape = shape;
     y.n_shape = 2;
-    y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
-    y.inline_data.data = j->y;
-    y.inline_data.len = j->y_bytes;
+    if (j->yr != NULL) {
+      /* The result is where the client asked for it: name that slice. */
+      const Qlinear__V1__RegionSlice *want = j->req->msg->linear->y_out;
+      qlinear__v1__region_slice__init(&yslice);
+      yslice.region_id = want->region_id;
+      yslice.offset = want->offset;
+      yslice.length = want->length;
+      y.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+      y.region = &yslice;
+    } else {
+      y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+      y.inline_data.data = j->y;
+      y.inline_data.len = j->y_bytes;
+    }
     out.y = &y;
     out.path = (Qlinear__V1__Path)j->path;
     out.impl = (char *)j->impl;
@@ -580,33 +674,92 @@ static void linear_done(ql__job *job) {
   }
   send_reply(s, j->route, &r);
   ql__weight_unref(j->w);
+  /* A region destroyed (or whose session ended) while this job waited is
+   * unmapped here, by its last reference. */
+  ql__region_unref(j->xr);
+  ql__region_unref(j->yr);
   ql__request_free(j->req);
-  free(j->y);
+  if (j->yr == NULL)
+    free(j->y);
   free(j);
 }
 
+/*
+ * Looks up a slice in the session's regions and checks its bounds the only
+ * safe way, off <= size && len <= size - off (protocol.c has already
+ * checked its alignment and, for x, its length). Sets r and returns NULL
+ * when it does not fit.
+ */
+static ql__region *slice_region(ql__session *ss, const char *what,
+                                const Qlinear__V1__RegionSlice *sl, reply *r) {
+  ql__region *reg = ql__session_region(ss, sl->region_id);
+  if (reg == NULL) {
+    set_error(r, QL_ENOTFOUND, "linear: %s: the session has no region %llu",
+              what, (unsigned long long)sl->region_id);
+    return NULL;
+  }
+  if (!ql__slice_valid(sl->offset, sl->length, reg->size)) {
+    set_error(r, QL_EINVAL, "linear: %s: %llu bytes at offset %llu do not "
+              "fit region %llu of %llu bytes", what,
+              (unsigned long long)sl->length, (unsigned long long)sl->offset,
+              (unsigned long long)reg->id, (unsigned long long)reg->size);
+    return NULL;
+  }
+  return reg;
+}
+
 /* Takes ownership of req when it returns 1 (answered later). */
-static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
+static int on_linear(ql__server *s, ql__session *ss, ql__request *req,
+                     void *route, reply *r) {
   const Qlinear__V1__LinearRequest *l = req->msg->linear;
+  const Qlinear__V1__Tensor *x = l->x;
+  const Qlinear__V1__RegionSlice *xs =
+      x->data_case == QLINEAR__V1__TENSOR__DATA_REGION ? x->region : NULL;
+  const Qlinear__V1__RegionSlice *ys = l->y_out;
   ql__weight *w = ql__weight_store_get(s->weights, l->weight);
   if (w == NULL) {
     set_error(r, QL_ENOTFOUND, "linear: no weight named '%s'", l->weight);
     return 0;
   }
-  uint64_t m = l->x->shape[0], k = l->x->shape[1];
+  uint64_t m = x->shape[0], k = x->shape[1];
   if (k != (uint64_t)w->q->k) {
     set_error(r, QL_ESHAPE, "linear: x has K=%llu, weight '%s' has K=%lld",
               (unsigned long long)k, w->name, (long long)w->q->k);
     return 0;
   }
-  ql_dtype dt = (ql_dtype)l->x->dtype;
+  ql_dtype dt = (ql_dtype)x->dtype;
   size_t y_bytes;
-  if (ql__mul_size(m, (size_t)w->q->n, ql_dtype_size(dt), &y_bytes) != 0 ||
-      y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
+  if (ql__mul_size(m, (size_t)w->q->n, ql_dtype_size(dt), &y_bytes) != 0) {
+    set_error(r, QL_ESHAPE, "linear: the [%llu,%lld] result overflows",
+              (unsigned long long)m, (long long)w->q->n);
+    return 0;
+  }
+  /* Only an inline y travels in the reply: a region takes any size. */
+  if (ys == NULL && y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
     set_error(r, QL_ETOOBIG, "linear: the [%llu,%lld] result exceeds the "
               "%zu-byte message cap", (unsigned long long)m,
               (long long)w->q->n, s->cfg.max_message_bytes);
     return 0;
+  }
+  ql__region *xr = NULL, *yr = NULL;
+  if (xs != NULL && (xr = slice_region(ss, "x", xs, r)) == NULL)
+    return 0;
+  if (ys != NULL) {
+    if ((yr = slice_region(ss, "y_out", ys, r)) == NULL)
+      return 0;
+    if (ys->length != y_bytes) {
+      set_error(r, QL_ESHAPE, "linear: the y_out slice holds %llu bytes, "
+                "[%llu,%lld] of %zu-byte elements needs %zu",
+                (unsigned long long)ys->length, (unsigned long long)m,
+                (long long)w->q->n, ql_dtype_size(dt), y_bytes);
+      return 0;
+    }
+    /* Both slices are inside their regions, so these sums cannot wrap. */
+    if (xr == yr && xs->offset < ys->offset + ys->length &&
+        ys->offset < xs->offset + xs->length) {
+      set_error(r, QL_EINVAL, "linear: the x and y_out slices overlap");
+      return 0;
+    }
   }
   /* Path: the request's own choice, else the weight's policy, else by the
    * request's row count (DESIGN §6). */
@@ -630,8 +783,9 @@ static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
     }
     path = QL_PATH_WEIGHT_ONLY;
   }
-  /* Waiting jobs hold their x and, soon, their y: bound both. */
-  size_t cost = l->x->inline_data.len + y_bytes;
+  /* Waiting jobs hold their inline x and, soon, their inline y: bound
+   * both. Region memory is the session's and bounded there. */
+  size_t cost = (xr ? 0 : x->inline_data.len) + (yr ? 0 : y_bytes);
   if (cost > s->cfg.max_queued_bytes - s->queued_bytes) {
     set_error(r, QL_EEXHAUSTED, "linear: %zu bytes of requests are already "
               "queued", s->queued_bytes);
@@ -648,6 +802,10 @@ static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
   j->route = route;
   j->req = req;
   j->w = w;
+  j->xr = xr;
+  j->yr = yr;
+  j->x = xr ? (const void *)(xr->base + xs->offset) : x->inline_data.data;
+  j->y = yr ? (void *)(yr->base + ys->offset) : NULL;
   j->path = path;
   j->dt = dt;
   j->m = (int64_t)m;
@@ -661,6 +819,10 @@ static int on_linear(ql__server *s, ql__request *req, void *route, reply *r) {
     return 0;
   }
   ql__weight_ref(w);
+  if (xr)
+    ql__region_ref(xr);
+  if (yr)
+    ql__region_ref(yr);
   s->queued_bytes += cost;
   return 1;
 }
@@ -687,6 +849,21 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
     return;
   }
   const ql__msg_request *m = req->msg;
+  /* Every body but Hello (discovery) runs in a session: its token comes
+   * first, before anything else about the request is looked at. */
+  ql__session *ss = NULL;
+  if (m->body_case != QLINEAR__V1__REQUEST__BODY_HELLO &&
+      (ss = ql__session_find(s, m->session_token.data,
+                             m->session_token.len)) == NULL) {
+    reply_error(s, route, m->request_id, QL_ESESSION,
+                m->session_token.len == 0
+                    ? "the request carries no session token (open a session "
+                      "on session.sock first)"
+                    : "unknown session token (the session ended, or the "
+                      "daemon restarted)");
+    ql__request_free(req);
+    return;
+  }
   if ((rc = ql__request_validate(m, err, sizeof err)) != 0) {
     reply_error(s, route, m->request_id, rc, err);
     ql__request_free(req);
@@ -718,22 +895,22 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
     on_hello(s, m->hello, &r, &body.hello);
     break;
   case QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN:
-    on_load_begin(s, m->load_begin, &r, &body.begin);
+    on_load_begin(s, ss, m->load_begin, &r, &body.begin);
     break;
   case QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK:
-    on_load_chunk(s, m->load_chunk, &r, &body.chunk);
+    on_load_chunk(s, ss, m->load_chunk, &r, &body.chunk);
     break;
   case QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT:
-    if (on_load_commit(s, m->request_id, m->load_commit, route, &r)) {
+    if (on_load_commit(s, ss, m->request_id, m->load_commit, route, &r)) {
       ql__request_free(req);
       return;
     }
     break;
   case QLINEAR__V1__REQUEST__BODY_LOAD_ABORT:
-    on_load_abort(s, m->load_abort, &r, &body.abort);
+    on_load_abort(s, ss, m->load_abort, &r, &body.abort);
     break;
   case QLINEAR__V1__REQUEST__BODY_UNLOAD:
-    on_unload(s, m->unload, &r, &body.unload);
+    on_unload(s, ss, m->unload, &r, &body.unload);
     break;
   case QLINEAR__V1__REQUEST__BODY_LIST: {
     size_t n = ql__weight_store_count(s->weights);
@@ -752,7 +929,7 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
     break;
   }
   case QLINEAR__V1__REQUEST__BODY_LINEAR:
-    if (on_linear(s, req, route, &r))
+    if (on_linear(s, ss, req, route, &r))
       return; /* the job owns req and route now */
     break;
   case QLINEAR__V1__REQUEST__BODY_STATS: {
@@ -774,6 +951,8 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
     stats.uploads_in_progress = ql__uploads_count(s->uploads);
     stats.per_weight = sc.ptrs;
     stats.n_per_weight = sc.n;
+    ql__sessions_counts(s, &stats.sessions, &stats.regions,
+                        &stats.region_bytes);
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
     r.resp.stats = &stats;
     break;

@@ -7,6 +7,10 @@
  * thread pool; their replies are sent when they complete. Every failure is
  * answered with a Status carrying a QL_E* code and a message; nothing a
  * client sends can change stored state unless the request succeeds.
+ *
+ * Every body but Hello needs the token of an open session (session.h); a
+ * request acts for that session: its uploads, the weights it holds, its
+ * regions. Another session's upload or region is not found.
  */
 #ifndef QL_HANDLERS_H
 #define QL_HANDLERS_H
@@ -14,6 +18,7 @@
 #include <stddef.h>
 
 #include "qlineard.h"
+#include "session.h"
 
 /* Transport callback; arg is the ql__server. Consumes route. */
 void ql__handle_message(void *arg, const void *body, size_t len, void *route);

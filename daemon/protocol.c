@@ -38,27 +38,45 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...) {
  * to the budget; 16 bytes keep the payload max-aligned. */
 #define HDR 16
 
-static void *budget_alloc(void *data, size_t size) {
-  ql__request *r = data;
-  if (size > r->limit - r->used || size > SIZE_MAX - HDR)
+static void *budget_take(size_t *used, size_t limit, size_t size) {
+  if (size > limit - *used || size > SIZE_MAX - HDR)
     return NULL;
   unsigned char *p = malloc(size + HDR);
   if (p == NULL)
     return NULL;
   memcpy(p, &size, sizeof size);
-  r->used += size;
+  *used += size;
   return p + HDR;
 }
 
-static void budget_free(void *data, void *ptr) {
-  ql__request *r = data;
+static void budget_give(size_t *used, void *ptr) {
   if (ptr == NULL)
     return;
   unsigned char *p = (unsigned char *)ptr - HDR;
   size_t size;
   memcpy(&size, p, sizeof size);
-  r->used -= size;
+  *used -= size;
   free(p);
+}
+
+static void *budget_alloc(void *data, size_t size) {
+  ql__request *r = data;
+  return budget_take(&r->used, r->limit, size);
+}
+
+static void budget_free(void *data, void *ptr) {
+  ql__request *r = data;
+  budget_give(&r->used, ptr);
+}
+
+static void *session_budget_alloc(void *data, size_t size) {
+  ql__session_request *r = data;
+  return budget_take(&r->used, r->limit, size);
+}
+
+static void session_budget_free(void *data, void *ptr) {
+  ql__session_request *r = data;
+  budget_give(&r->used, ptr);
 }
 
 int ql__mul_size(size_t a, size_t b, size_t c, size_t *out) {
@@ -201,6 +219,20 @@ static int validate_spec(const Qlinear__V1__WeightSpec *s, int packed,
   return 0;
 }
 
+/* The stateless part of a region slice: an offset aligned to the element
+ * size (the mapping is page-aligned, so the kernels see aligned elements).
+ * Bounds need the region: handlers.c checks them with ql__slice_valid(). */
+static int check_slice(const char *what, const Qlinear__V1__RegionSlice *sl,
+                       size_t es, char *err, size_t errlen) {
+  if (sl->offset % es != 0) {
+    seterr(err, errlen, "linear: %s slice offset %llu is not a multiple of "
+           "the %zu-byte element size", what, (unsigned long long)sl->offset,
+           es);
+    return QL_EINVAL;
+  }
+  return 0;
+}
+
 static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
                            size_t errlen) {
   int rc;
@@ -231,19 +263,35 @@ static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
            (unsigned long long)m, (unsigned long long)k);
     return QL_ESHAPE;
   }
-  if (x->data_case != QLINEAR__V1__TENSOR__DATA_INLINE_DATA) {
+  size_t want;
+  int overflow = ql__mul_size((size_t)m, (size_t)k, es, &want) != 0;
+  if (x->data_case == QLINEAR__V1__TENSOR__DATA_INLINE_DATA) {
+    if (overflow || x->inline_data.len != want) {
+      seterr(err, errlen, "linear: x holds %zu bytes, [%llu,%llu] of "
+             "%zu-byte elements needs %llu",
+             x->inline_data.len, (unsigned long long)m, (unsigned long long)k,
+             es, (unsigned long long)m * k * es);
+      return QL_ESHAPE;
+    }
+  } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_REGION &&
+             x->region != NULL) {
+    if ((rc = check_slice("x", x->region, es, err, errlen)) != 0)
+      return rc;
+    if (overflow || x->region->length != want) {
+      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
+             "of %zu-byte elements needs %llu",
+             (unsigned long long)x->region->length, (unsigned long long)m,
+             (unsigned long long)k, es, (unsigned long long)m * k * es);
+      return QL_ESHAPE;
+    }
+  } else {
     seterr(err, errlen, "linear: x carries no data");
     return QL_EINVAL;
   }
-  size_t want;
-  if (ql__mul_size((size_t)m, (size_t)k, es, &want) != 0 ||
-      x->inline_data.len != want) {
-    seterr(err, errlen, "linear: x holds %zu bytes, [%llu,%llu] of %zu-byte "
-           "elements needs %llu",
-           x->inline_data.len, (unsigned long long)m, (unsigned long long)k,
-           es, (unsigned long long)m * k * es);
-    return QL_ESHAPE;
-  }
+  /* y_out's length depends on the weight's N: handlers.c checks it. */
+  if (l->y_out != NULL &&
+      (rc = check_slice("y_out", l->y_out, es, err, errlen)) != 0)
+    return rc;
   return 0;
 }
 
@@ -310,5 +358,66 @@ void ql__request_free(ql__request *r) {
     return;
   if (r->msg != NULL)
     qlinear__v1__request__free_unpacked(r->msg, &r->alloc);
+  free(r);
+}
+
+/* ------------------------------------------------------- session socket */
+
+int ql__session_request_validate(const ql__msg_session_request *req,
+                                 char *err, size_t errlen) {
+  switch (req->body_case) {
+  case QLINEAR__V1__SESSION_REQUEST__BODY_OPEN:
+    return 0; /* the version is compared by the session, which answers */
+  case QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_REGION:
+    if (req->create_region->size == 0) {
+      seterr(err, errlen, "create_region: size 0");
+      return QL_EINVAL;
+    }
+    return 0;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION:
+    if (req->destroy_region->region_id == 0) {
+      seterr(err, errlen, "destroy_region: region id 0");
+      return QL_EINVAL;
+    }
+    return 0;
+  default:
+    seterr(err, errlen, "session request has no known body");
+    return QL_EPROTO;
+  }
+}
+
+int ql__session_request_decode(const void *buf, size_t len, size_t budget,
+                               ql__session_request **out, char *err,
+                               size_t errlen) {
+  *out = NULL;
+  if (len > QL_SESSION_MSG_MAX) {
+    seterr(err, errlen, "session message of %zu bytes (at most %d)", len,
+           QL_SESSION_MSG_MAX);
+    return QL_EPROTO;
+  }
+  ql__session_request *r = calloc(1, sizeof *r);
+  if (r == NULL) {
+    seterr(err, errlen, "out of memory");
+    return QL_ENOMEM;
+  }
+  r->limit = budget;
+  r->alloc.alloc = session_budget_alloc;
+  r->alloc.free = session_budget_free;
+  r->alloc.allocator_data = r;
+  r->msg = qlinear__v1__session_request__unpack(&r->alloc, len, buf);
+  if (r->msg == NULL) {
+    seterr(err, errlen, "not a valid qlinear.v1.SessionRequest");
+    ql__session_request_free(r);
+    return QL_EPROTO;
+  }
+  *out = r;
+  return 0;
+}
+
+void ql__session_request_free(ql__session_request *r) {
+  if (r == NULL)
+    return;
+  if (r->msg != NULL)
+    qlinear__v1__session_request__free_unpacked(r->msg, &r->alloc);
   free(r);
 }

@@ -17,6 +17,15 @@
 typedef Qlinear__V1__Request ql__msg_request;
 typedef Qlinear__V1__Response ql__msg_response;
 
+typedef Qlinear__V1__SessionRequest ql__msg_session_request;
+typedef Qlinear__V1__SessionResponse ql__msg_session_response;
+
+/* Bytes of a session token (Request.session_token). */
+#define QL_SESSION_TOKEN_BYTES 16
+
+/* Largest packet on the session socket, either way. */
+#define QL_SESSION_MSG_MAX 4096
+
 /* A decoded request and the allocator budget its memory came from. */
 typedef struct ql__request {
   ql__msg_request *msg;       /* owned; freed by ql__request_free() */
@@ -42,11 +51,52 @@ void ql__request_free(ql__request *r);
 /*
  * Checks everything about a request that needs no daemon state: a body is
  * set, enum values are known, names are well formed, shapes are positive
- * and match the inline data length without overflow. Returns 0 or a QL_E*
- * code with the reason in err.
+ * and match the inline data or region slice length without overflow,
+ * region slice offsets are aligned to the element size. The session token
+ * and whether a slice lies inside its region are for handlers.c. Returns 0
+ * or a QL_E* code with the reason in err.
  */
 int ql__request_validate(const ql__msg_request *req, char *err,
                          size_t errlen);
+
+/*
+ * A decoded session-socket message (SessionRequest) and its budget, as for
+ * ql__request. The whole packet is at most QL_SESSION_MSG_MAX bytes.
+ */
+typedef struct ql__session_request {
+  ql__msg_session_request *msg; /* owned; ql__session_request_free() */
+  ProtobufCAllocator alloc;
+  size_t used;
+  size_t limit;
+} ql__session_request;
+
+/*
+ * Unpacks buf[0..len) as a SessionRequest with at most budget bytes of
+ * heap, without validating it (see ql__request_decode(): same contract).
+ */
+int ql__session_request_decode(const void *buf, size_t len, size_t budget,
+                               ql__session_request **out, char *err,
+                               size_t errlen);
+
+/* Frees r and its message. Safe on NULL. */
+void ql__session_request_free(ql__session_request *r);
+
+/*
+ * Checks a session message without daemon state: a known body, a region
+ * size that is not 0, a region id that is not 0. Returns 0 or a QL_E* code
+ * with the reason in err.
+ */
+int ql__session_request_validate(const ql__msg_session_request *req,
+                                 char *err, size_t errlen);
+
+/*
+ * True when bytes [off, off + len) lie inside an object of size bytes,
+ * checked as off <= size && len <= size - off so that no sum can wrap.
+ * An empty slice at the very end (off == size, len == 0) is inside.
+ */
+static inline int ql__slice_valid(uint64_t off, uint64_t len, uint64_t size) {
+  return off <= size && len <= size - off;
+}
 
 /* True for a weight name matching [A-Za-z0-9._/-]{1,255} with no ".."
  * component and no leading "/". */

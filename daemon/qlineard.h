@@ -20,8 +20,18 @@
 #include "weights.h"
 #include "worker.h"
 
-/* Options; main.c fills them from the command line (a config file joins
- * later). Defaults from ql__config_defaults(). */
+/* A list option's value, e.g. required_devices = cpu,cuda:0: up to
+ * QL_CONFIG_LIST_MAX distinct items, each a NUL-terminated name. */
+#define QL_CONFIG_LIST_MAX 16
+#define QL_CONFIG_ITEM_MAX 64
+typedef struct ql__config_list {
+  unsigned n;
+  char item[QL_CONFIG_LIST_MAX][QL_CONFIG_ITEM_MAX];
+} ql__config_list;
+
+/* Options. Each field is described once in the table of conf.c (type,
+ * default, bounds, whether SIGHUP changes it); main.c fills them from the
+ * config file and the command line through that table. */
 typedef struct ql__config {
   char socket_dir[PATH_MAX]; /* directory of qlineard.sock; created 0700 */
   size_t max_message_bytes;  /* larger messages are refused (NN_RCVMAXSIZE) */
@@ -34,11 +44,14 @@ typedef struct ql__config {
                                 is answered QL_ESHUTDOWN */
   uint32_t crossover_rows;   /* AUTO: rows below this run weight-only */
   int log_level;             /* QL_LOG_* */
+  char state_dir[PATH_MAX];  /* persistent weight store; "" = none */
+  char admin_dir[PATH_MAX];  /* directory of admin.sock; "" = none */
+  uint32_t cpu_threads;      /* CPU worker threads; 0 = online CPUs */
+  size_t cpu_budget_bytes;   /* weight bytes resident on the CPU; 0 = no
+                                limit */
+  ql__config_list required_devices; /* must be present before READY=1 */
 } ql__config;
 
-/* Fills cfg with the defaults; the socket directory follows the rule of
- * ql_default_address(): $XDG_RUNTIME_DIR/qlinear, else /tmp/qlinear-<uid>. */
-void ql__config_defaults(ql__config *cfg);
 
 typedef struct ql__counters {
   uint64_t requests; /* requests received (decodable or not) */
@@ -52,13 +65,20 @@ typedef struct ql__server {
   uv_loop_t *loop;
   char address[PATH_MAX + 8]; /* "ipc://<socket_dir>/qlineard.sock" */
   ql__transport *transport;
+  struct ql__sessions *sessions; /* session.sock and its sessions
+                                    (session.h) */
   ql__weight_store *weights;
   ql__uploads *uploads;
   ql__worker *cpu; /* the CPU device worker */
   const ql_backend *cpu_backend; /* its kernels (registry) */
-  uv_signal_t sig_int, sig_term;
+  uv_signal_t sig_int, sig_term, sig_hup;
+  int argc;    /* the command line, read again on SIGHUP */
+  char **argv;
   uv_timer_t sweep; /* expires idle uploads */
   uv_timer_t drain; /* polls for the end of in-flight work at shutdown */
+  uv_timer_t watchdog; /* pings systemd while workers make progress */
+  uint64_t wd_last_completed;
+  int wd_misses;
   uint8_t instance_id[16];
   uint64_t start_ns;
   size_t commits_running; /* LoadCommit quantizations in the thread pool */
@@ -68,10 +88,13 @@ typedef struct ql__server {
                              answered QL_ESHUTDOWN (read by workers) */
   uint64_t stop_ns;       /* when stopping began */
   int quiet_ticks;        /* drain ticks with nothing in flight */
+  uint64_t test_delay_ms; /* QL_TEST_KERNEL_DELAY_MS: tests only, every
+                             linear job sleeps this long first */
   ql__counters counters;
 } ql__server;
 
-/* Runs the daemon until SIGINT/SIGTERM; returns the process exit status. */
-int ql__server_run(const ql__config *cfg);
+/* Runs the daemon until SIGINT/SIGTERM; returns the process exit status.
+ * argv (kept, not copied) is parsed again on SIGHUP. */
+int ql__server_run(const ql__config *cfg, int argc, char **argv);
 
 #endif /* QLINEARD_H */

@@ -17,28 +17,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "conf.h"
 #include "handlers.h"
 #include "log.h"
+#include "notify.h"
 #include "qlineard.h"
-
-void ql__config_defaults(ql__config *cfg) {
-  memset(cfg, 0, sizeof *cfg);
-  const char *xdg = getenv("XDG_RUNTIME_DIR");
-  if (xdg != NULL && xdg[0] == '/')
-    snprintf(cfg->socket_dir, sizeof cfg->socket_dir, "%s/qlinear", xdg);
-  else
-    snprintf(cfg->socket_dir, sizeof cfg->socket_dir, "/tmp/qlinear-%u",
-             (unsigned)getuid());
-  cfg->max_message_bytes = 64u << 20;
-  cfg->max_chunk_bytes = 4u << 20;
-  cfg->max_upload_bytes = (size_t)4 << 30;
-  cfg->upload_idle_ms = 120000;
-  cfg->max_queue = 1024;
-  cfg->max_queued_bytes = (size_t)1 << 30;
-  cfg->drain_ms = 30000;
-  cfg->crossover_rows = 16;
-  cfg->log_level = QL_LOG_INFO;
-}
 
 /*
  * Makes the socket directory (0700) if it is missing and checks that an
@@ -122,6 +105,25 @@ static void on_drain(uv_timer_t *t) {
   close_all(s);
 }
 
+/*
+ * WATCHDOG=1 only while the workers make progress: a tick where a worker
+ * has jobs pending and completed none since the previous tick is a miss;
+ * two misses in a row (a kernel stuck for a whole watchdog period) stop
+ * the pings and systemd restarts the daemon. Completions arrive through
+ * the loop, so a stuck loop stops the pings too.
+ */
+static void on_watchdog(uv_timer_t *t) {
+  ql__server *s = t->data;
+  uint64_t done = ql__worker_completed(s->cpu);
+  if (ql__worker_pending(s->cpu) > 0 && done == s->wd_last_completed)
+    s->wd_misses++;
+  else
+    s->wd_misses = 0;
+  s->wd_last_completed = done;
+  if (s->wd_misses < 2)
+    ql__notify_watchdog();
+}
+
 static void on_signal(uv_signal_t *sig, int signum) {
   ql__server *s = sig->data;
   if (s->stopping) {
@@ -130,6 +132,9 @@ static void on_signal(uv_signal_t *sig, int signum) {
   }
   s->stopping = 1;
   s->stop_ns = ql__now_ns();
+  ql__notify_stopping();
+  ql__notify_status("stopping: draining %zu requests",
+                    ql__handlers_in_flight(s));
   ql__notice("%s: stopping; %zu request%s in flight", strsignal(signum),
              ql__handlers_in_flight(s),
              ql__handlers_in_flight(s) == 1 ? "" : "s");
@@ -138,19 +143,51 @@ static void on_signal(uv_signal_t *sig, int signum) {
   uv_timer_start(&s->drain, on_drain, 20, 20);
 }
 
+/*
+ * SIGHUP: read the configuration again from the same sources (the file
+ * and the command line, which still override it), apply the options that
+ * may change live, and say what needs a restart. A bad file changes
+ * nothing.
+ */
+static void on_hup(uv_signal_t *sig, int signum) {
+  ql__server *s = sig->data;
+  (void)signum;
+  ql__config *parsed = malloc(sizeof *parsed);
+  char err[1024], rep[1024];
+  ql__cmdline cl;
+  if (parsed == NULL)
+    return;
+  if (ql__config_from_args(s->argc, s->argv, parsed, &cl, err, sizeof err) !=
+      0) {
+    ql__err("SIGHUP: %s; keeping the running configuration", err);
+    free(parsed);
+    return;
+  }
+  ql__config_reload(&s->cfg, parsed, &s->cfg, rep, sizeof rep);
+  free(parsed);
+  ql__log_set_level(s->cfg.log_level);
+  ql__worker_set_max_queue(s->cpu, s->cfg.max_queue);
+  ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
+  ql__notice("SIGHUP: %s", rep);
+  ql__notify_status("reloaded: %s", rep);
+}
+
 static void close_all(ql__server *s) {
   /* Workers first: completing a job replies through the transport. */
   if (s->cpu)
     ql__worker_close(s->cpu);
   ql__transport_close(s->transport);
   s->transport = NULL;
+  ql__sessions_close(s); /* ends every session: releases what they hold */
   uv_close((uv_handle_t *)&s->sig_int, NULL);
   uv_close((uv_handle_t *)&s->sig_term, NULL);
+  uv_close((uv_handle_t *)&s->sig_hup, NULL);
   uv_close((uv_handle_t *)&s->sweep, NULL);
   uv_close((uv_handle_t *)&s->drain, NULL);
+  uv_close((uv_handle_t *)&s->watchdog, NULL);
 }
 
-int ql__server_run(const ql__config *cfg) {
+int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   int rc, status = 1;
   ql__server *s = calloc(1, sizeof *s);
   uv_loop_t loop;
@@ -159,8 +196,19 @@ int ql__server_run(const ql__config *cfg) {
     return 1;
   }
   s->cfg = *cfg;
+  s->argc = argc;
+  s->argv = argv;
   s->loop = &loop;
   s->start_ns = ql__now_ns();
+  /* A test hook, from the environment so no configuration can set it. */
+  const char *delay = getenv("QL_TEST_KERNEL_DELAY_MS");
+  if (delay != NULL) {
+    s->test_delay_ms = strtoull(delay, NULL, 10);
+    if (s->test_delay_ms > 60000)
+      s->test_delay_ms = 60000;
+    ql__warn("QL_TEST_KERNEL_DELAY_MS: every linear job sleeps %llu ms",
+             (unsigned long long)s->test_delay_ms);
+  }
   ql__log_set_level(cfg->log_level);
   signal(SIGPIPE, SIG_IGN);
   if (getrandom(s->instance_id, sizeof s->instance_id, 0) !=
@@ -194,11 +242,15 @@ int ql__server_run(const ql__config *cfg) {
   /* These cannot fail on a valid loop (libuv only checks arguments). */
   uv_signal_init(&loop, &s->sig_int);
   uv_signal_init(&loop, &s->sig_term);
+  uv_signal_init(&loop, &s->sig_hup);
   uv_timer_init(&loop, &s->sweep);
   uv_timer_init(&loop, &s->drain);
-  s->sig_int.data = s->sig_term.data = s->sweep.data = s->drain.data = s;
+  uv_timer_init(&loop, &s->watchdog);
+  s->sig_int.data = s->sig_term.data = s->sig_hup.data = s;
+  s->sweep.data = s->drain.data = s->watchdog.data = s;
   if (uv_signal_start(&s->sig_int, on_signal, SIGINT) != 0 ||
       uv_signal_start(&s->sig_term, on_signal, SIGTERM) != 0 ||
+      uv_signal_start(&s->sig_hup, on_hup, SIGHUP) != 0 ||
       uv_timer_start(&s->sweep, on_sweep, 1000, 1000) != 0) {
     ql__err("cannot install signal handlers");
     close_all(s);
@@ -215,8 +267,27 @@ int ql__server_run(const ql__config *cfg) {
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
   }
+  if (ql__sessions_open(s) != 0) {
+    close_all(s);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    goto fail;
+  }
+  /* The socket directory's group is the access boundary: the sockets
+   * themselves are group-writable whatever the umask. */
+  if (chmod(path, 0660) != 0)
+    ql__warn("chmod %s: %s", path, strerror(errno));
   ql__notice("listening at %s (cpu device, message cap %zu bytes)",
              s->address, cfg->max_message_bytes);
+  char ready[PATH_MAX + 64];
+  snprintf(ready, sizeof ready, "serving %s; %zu weights", s->address,
+           ql__weight_store_count(s->weights));
+  ql__notify_ready(ready);
+  /* systemd arms its watchdog at READY; ping at half its period. */
+  uint64_t wd = ql__notify_watchdog_usec();
+  if (wd > 0) {
+    uv_timer_start(&s->watchdog, on_watchdog, wd / 2000, wd / 2000);
+    uv_unref((uv_handle_t *)&s->watchdog);
+  }
   uv_run(&loop, UV_RUN_DEFAULT);
   unlink(path);
   ql__notice("stopped");

@@ -54,6 +54,7 @@ int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
   if (tmpl->total == 0)
     return QL_EINVAL;
   if (u->count >= MAX_UPLOADS || tmpl->total > SIZE_MAX - sizeof *tmpl ||
+      u->bytes > u->max_bytes || /* the budget shrank on SIGHUP */
       cost_of(tmpl) > u->max_bytes - u->bytes)
     return QL_EEXHAUSTED;
   ql__upload *up = malloc(sizeof *up);
@@ -83,6 +84,10 @@ int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
   u->bytes += cost_of(up);
   *out = up;
   return 0;
+}
+
+void ql__uploads_set_max(ql__uploads *u, size_t max_bytes) {
+  u->max_bytes = max_bytes;
 }
 
 ql__upload *ql__uploads_get(ql__uploads *u, uint64_t id) {

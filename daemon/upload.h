@@ -37,6 +37,7 @@ typedef struct ql__upload {
   ql_path policy;
   int has_bias;
   int asymmetric;       /* q8b */
+  int pin;              /* keep resident without holders */
   int packed;           /* arrays below, not float data */
   ql_zero_kind zero_kind;
   ql__upload_array arrays[QL__ARR_N];
@@ -54,6 +55,9 @@ typedef struct ql__uploads ql__uploads;
 /* max_bytes bounds the sum of all uploads' totals. */
 int ql__uploads_create(size_t max_bytes, ql__uploads **out);
 void ql__uploads_free(ql__uploads *u); /* safe on NULL */
+
+/* Changes the byte budget (SIGHUP); uploads in progress stay. */
+void ql__uploads_set_max(ql__uploads *u, size_t max_bytes);
 
 /*
  * Starts an upload described by tmpl (all fields but id, data, received,

@@ -40,6 +40,7 @@ typedef struct ql__weight {
   size_t bytes;                    /* resident bytes (all arrays) */
   int refs;                        /* the store's + one per queued job */
   int in_store;                    /* still reachable by name */
+  int pinned;                      /* stays without session holders */
   ql__weight_stats stats;
   struct ql__weight *next;         /* hash chain / list link */
 } ql__weight;

@@ -23,6 +23,7 @@ struct ql__worker {
   int stop;             /* (mu) */
   size_t max_queue;
   size_t pending;       /* loop thread: submitted, done() not yet called */
+  uint64_t completed;   /* loop thread: done() calls so far */
   int closed;
 };
 
@@ -73,6 +74,7 @@ static void complete_finished(ql__worker *w) {
   while (job != NULL) {
     ql__job *next = job->next;
     w->pending--;
+    w->completed++;
     job->done(job);
     job = next;
   }
@@ -143,6 +145,14 @@ int ql__worker_submit(ql__worker *w, ql__job *job) {
 }
 
 size_t ql__worker_pending(const ql__worker *w) { return w->pending; }
+
+uint64_t ql__worker_completed(const ql__worker *w) { return w->completed; }
+
+void ql__worker_set_max_queue(ql__worker *w, size_t max_queue) {
+  pthread_mutex_lock(&w->mu);
+  w->max_queue = max_queue;
+  pthread_mutex_unlock(&w->mu);
+}
 
 void ql__worker_close(ql__worker *w) {
   if (w == NULL || w->closed)

@@ -50,14 +50,15 @@ extern "C" {
   XX(BADFILE, -20, "malformed or unsupported file")                            \
   XX(CONNECT, -21, "cannot connect to the daemon")                             \
   XX(PERM, -22, "permission denied")                                           \
-  XX(NAME, -23, "invalid weight name")
+  XX(NAME, -23, "invalid weight name")                                         \
+  XX(SESSION, -24, "no such session")
 
 typedef enum ql_errno {
   QL_OK = 0,
 #define QL_ERRNO_ENUM_(name, val, msg) QL_E##name = (val),
   QL_ERRNO_MAP(QL_ERRNO_ENUM_)
 #undef QL_ERRNO_ENUM_
-  QL_ERRNO_MIN_ = -24 /* one below the last code: for range checks */
+  QL_ERRNO_MIN_ = -25 /* one below the last code: for range checks */
 } ql_errno;
 
 /* A static, human-readable description of err ("unknown error" for codes

@@ -1,6 +1,7 @@
 /* harness.c - see harness.h. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,8 @@ void td_start(td *d, const char *const *args) {
   ck_assert_ptr_nonnull(mkdtemp(d->dir));
   chmod(d->dir, 0700);
   snprintf(d->address, sizeof d->address, "ipc://%s/qlineard.sock", d->dir);
+  snprintf(d->session, sizeof d->session, "%s/session.sock", d->dir);
+  d->sess.fd = -1;
   snprintf(d->log, sizeof d->log, "%s.log", d->dir);
   const char *argv[32];
   int n = 0;
@@ -76,7 +79,8 @@ void td_start(td *d, const char *const *args) {
   char path[300];
   snprintf(path, sizeof path, "%s/qlineard.sock", d->dir);
   for (int i = 0; i < 1000; i++) {
-    if (socket_accepts(path))
+    /* session.sock comes right after qlineard.sock. */
+    if (socket_accepts(path) && td_session_open(d, &d->sess) == 0)
       return;
     ck_assert_msg(td_alive(d), "qlineard exited at start (see %s)", d->log);
     sleep_ms(20);
@@ -111,9 +115,11 @@ int td_wait(td *d, int timeout_ms) {
       waitpid(d->pid, &st, 0);
     d->pid = 0;
   }
+  td_session_close(&d->sess);
   char path[300];
   snprintf(path, sizeof path, "%s/qlineard.sock", d->dir);
   unlink(path);
+  unlink(d->session);
   rmdir(d->dir);
   if (status != 0) {
     /* Show the daemon's log when it did not stop cleanly. */
@@ -156,14 +162,173 @@ Qlinear__V1__Response *td_call_bytes(const td *d, const void *buf, size_t len,
   return resp;
 }
 
+Qlinear__V1__Response *td_call_as(const td *d, const td_session *s,
+                                  const Qlinear__V1__Request *req,
+                                  int timeout_ms) {
+  /* A shallow copy: packing only reads what it points to. */
+  Qlinear__V1__Request r = *req;
+  if (r.session_token.len == 0 && s != NULL && s->fd >= 0) {
+    r.session_token.data = (uint8_t *)s->token;
+    r.session_token.len = sizeof s->token;
+  }
+  size_t len = qlinear__v1__request__get_packed_size(&r);
+  uint8_t *buf = tu_xmalloc(len ? len : 1);
+  qlinear__v1__request__pack(&r, buf);
+  Qlinear__V1__Response *resp = td_call_bytes(d, buf, len, timeout_ms);
+  free(buf);
+  return resp;
+}
+
 Qlinear__V1__Response *td_call(const td *d, const Qlinear__V1__Request *req,
                                int timeout_ms) {
-  size_t len = qlinear__v1__request__get_packed_size(req);
-  uint8_t *buf = tu_xmalloc(len ? len : 1);
-  qlinear__v1__request__pack(req, buf);
-  Qlinear__V1__Response *r = td_call_bytes(d, buf, len, timeout_ms);
-  free(buf);
+  return td_call_as(d, &d->sess, req, timeout_ms);
+}
+
+/* ------------------------------------------------------------- sessions */
+
+Qlinear__V1__SessionResponse *td_session_call(
+    td_session *s, Qlinear__V1__SessionRequest *req, int *fd_out,
+    int timeout_ms) {
+  uint8_t buf[4096];
+  if (fd_out != NULL)
+    *fd_out = -1;
+  req->request_id = ++s->next_id;
+  size_t len = qlinear__v1__session_request__get_packed_size(req);
+  ck_assert_uint_le(len, sizeof buf);
+  qlinear__v1__session_request__pack(req, buf);
+  /* A daemon that refused the connection (too many sessions) sent its
+   * reason and closed: the send fails, the reason is still there. */
+  if (send(s->fd, buf, len, MSG_NOSIGNAL) != (ssize_t)len)
+    timeout_ms = 100;
+  struct pollfd p = {s->fd, POLLIN, 0};
+  if (poll(&p, 1, timeout_ms) != 1)
+    return NULL;
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(4 * sizeof(int))];
+  } ctl;
+  struct iovec iov = {buf, sizeof buf};
+  struct msghdr mh;
+  memset(&mh, 0, sizeof mh);
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = ctl.buf;
+  mh.msg_controllen = sizeof ctl.buf;
+  ssize_t n = recvmsg(s->fd, &mh, MSG_CMSG_CLOEXEC);
+  /* A daemon that closed with our packet unread (a refused connection)
+   * makes the kernel report ECONNRESET once, ahead of its reply. */
+  if (n < 0 && errno == ECONNRESET)
+    n = recvmsg(s->fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); n >= 0 && c != NULL;
+       c = CMSG_NXTHDR(&mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+      continue;
+    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; i++) {
+      int fd;
+      memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      if (fd_out != NULL && *fd_out < 0)
+        *fd_out = fd;
+      else
+        close(fd);
+    }
+  }
+  if (n <= 0)
+    return NULL;
+  Qlinear__V1__SessionResponse *r =
+      qlinear__v1__session_response__unpack(NULL, (size_t)n, buf);
+  ck_assert_msg(r != NULL, "daemon sent an undecodable session reply");
   return r;
+}
+
+int td_session_open(const td *d, td_session *s) {
+  struct sockaddr_un sa;
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  ck_assert_uint_lt(strlen(d->session), sizeof sa.sun_path);
+  memcpy(sa.sun_path, d->session, strlen(d->session) + 1);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(fd, 0);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return QL_ECONNECT;
+  }
+  s->fd = fd;
+  Qlinear__V1__SessionRequest req;
+  Qlinear__V1__SessionOpenRequest op;
+  qlinear__v1__session_request__init(&req);
+  qlinear__v1__session_open_request__init(&op);
+  op.protocol_version = QL_PROTOCOL_VERSION;
+  op.client_name = "harness";
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_OPEN;
+  req.open = &op;
+  Qlinear__V1__SessionResponse *r = td_session_call(s, &req, NULL, 5000);
+  int rc = r == NULL ? QL_ETIMEDOUT : r->status ? r->status->code : 0;
+  if (rc == 0) {
+    ck_assert_int_eq(r->body_case, QLINEAR__V1__SESSION_RESPONSE__BODY_OPEN);
+    ck_assert_uint_eq(r->open->token.len, sizeof s->token);
+    memcpy(s->token, r->open->token.data, sizeof s->token);
+    s->max_regions = r->open->max_regions;
+    s->max_region_bytes = r->open->max_region_bytes;
+  } else {
+    td_session_close(s);
+  }
+  if (r != NULL)
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+  return rc;
+}
+
+void td_session_close(td_session *s) {
+  if (s->fd >= 0)
+    close(s->fd);
+  s->fd = -1;
+}
+
+int td_region_create(td_session *s, uint64_t size, uint64_t *id, int *fd) {
+  Qlinear__V1__SessionRequest req;
+  Qlinear__V1__CreateRegionRequest cr;
+  qlinear__v1__session_request__init(&req);
+  qlinear__v1__create_region_request__init(&cr);
+  cr.size = size;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_REGION;
+  req.create_region = &cr;
+  *id = 0;
+  *fd = -1;
+  int rfd = -1;
+  Qlinear__V1__SessionResponse *r = td_session_call(s, &req, &rfd, 5000);
+  ck_assert_msg(r != NULL, "no reply to create_region");
+  int rc = r->status ? r->status->code : 0;
+  if (rc == 0) {
+    ck_assert_int_eq(r->body_case,
+                     QLINEAR__V1__SESSION_RESPONSE__BODY_CREATE_REGION);
+    ck_assert_uint_eq(r->create_region->size, size);
+    ck_assert_int_ge(rfd, 0);
+    *id = r->create_region->region_id;
+    *fd = rfd;
+  } else {
+    ck_assert_msg(r->status->message && r->status->message[0],
+                  "error reply without a message");
+    ck_assert_int_lt(rfd, 0);
+  }
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  return rc;
+}
+
+int td_region_destroy(td_session *s, uint64_t id) {
+  Qlinear__V1__SessionRequest req;
+  Qlinear__V1__DestroyRegionRequest dr;
+  qlinear__v1__session_request__init(&req);
+  qlinear__v1__destroy_region_request__init(&dr);
+  dr.region_id = id;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION;
+  req.destroy_region = &dr;
+  Qlinear__V1__SessionResponse *r = td_session_call(s, &req, NULL, 5000);
+  ck_assert_msg(r != NULL, "no reply to destroy_region");
+  int rc = r->status ? r->status->code : 0;
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  return rc;
 }
 
 void td_randn(uint64_t *state, float *out, size_t n, float sigma) {

@@ -1,7 +1,8 @@
 /*
  * harness.h - runs a real qlineard for integration tests: a private socket
  * directory, the daemon as a child process, and raw protocol calls that
- * bypass libqlinear so the daemon's own answers to bad input are tested.
+ * bypass libqlinear so the daemon's own answers to bad input are tested:
+ * requests on the nanomsg socket and packets on the session socket.
  */
 #ifndef QL_TEST_HARNESS_H
 #define QL_TEST_HARNESS_H
@@ -12,20 +13,32 @@
 
 #include "qlinear.pb-c.h"
 
+/* A raw session (session.sock), without libqlinear. */
+typedef struct td_session {
+  int fd;            /* -1: none */
+  uint8_t token[16]; /* Request.session_token */
+  uint64_t next_id;  /* SessionRequest.request_id */
+  uint32_t max_regions;      /* the limits SessionOpen announced */
+  uint64_t max_region_bytes;
+} td_session;
+
 typedef struct td {
   pid_t pid;
   char dir[256];     /* private socket directory */
   char address[300]; /* ipc://<dir>/qlineard.sock */
+  char session[300]; /* <dir>/session.sock */
   char log[300];     /* the daemon's stderr */
+  td_session sess;   /* the harness's own session: td_call() uses it */
 } td;
 
 /* Starts $QLINEARD with the given extra arguments (NULL-terminated list,
- * may be NULL) and waits until it accepts connections. Aborts the test on
- * failure. */
+ * may be NULL), waits until it accepts connections and opens the harness's
+ * session (d->sess). Aborts the test on failure. */
 void td_start(td *d, const char *const *args);
 
 /* Sends SIGTERM and returns the daemon's exit status (-1 if it was killed
- * by a signal or did not stop within 20 s). Removes the directory. */
+ * by a signal or did not stop within 20 s). Closes d->sess and removes the
+ * directory. */
 int td_stop(td *d);
 
 /* Sends sig to the daemon. */
@@ -39,12 +52,47 @@ int td_wait(td *d, int timeout_ms);
 int td_alive(td *d);
 
 /*
- * One raw request/reply over a fresh REQ socket. Returns the unpacked
- * Response (free with qlinear__v1__response__free_unpacked(r, NULL)) or
- * NULL on timeout.
+ * One raw request/reply over a fresh REQ socket, carrying the token of the
+ * harness's session unless req has a token of its own. Returns the
+ * unpacked Response (free with qlinear__v1__response__free_unpacked(r,
+ * NULL)) or NULL on timeout.
  */
 Qlinear__V1__Response *td_call(const td *d, const Qlinear__V1__Request *req,
                                int timeout_ms);
+
+/* The same with the token of session s (NULL: with no token at all, unless
+ * req has one). */
+Qlinear__V1__Response *td_call_as(const td *d, const td_session *s,
+                                  const Qlinear__V1__Request *req,
+                                  int timeout_ms);
+
+/*
+ * Opens a raw session: connects <dir>/session.sock and sends SessionOpen.
+ * Returns 0 with s->token set, or the daemon's error code (QL_EEXHAUSTED
+ * when too many sessions are open), or QL_ECONNECT / QL_ETIMEDOUT; s->fd is
+ * -1 then.
+ */
+int td_session_open(const td *d, td_session *s);
+
+/* Closes the session's socket (which ends it in the daemon). Safe twice. */
+void td_session_close(td_session *s);
+
+/*
+ * One raw exchange on a session: req gets the next request id. Returns the
+ * reply (free with qlinear__v1__session_response__free_unpacked(r, NULL))
+ * or NULL on timeout or end of file; a descriptor that came with it is
+ * stored in *fd_out if fd_out is not NULL, else closed (-1: none).
+ */
+Qlinear__V1__SessionResponse *td_session_call(
+    td_session *s, Qlinear__V1__SessionRequest *req, int *fd_out,
+    int timeout_ms);
+
+/* CreateRegion on a raw session: returns the status code; on success *id
+ * is the region's id and *fd its descriptor (the caller closes it). */
+int td_region_create(td_session *s, uint64_t size, uint64_t *id, int *fd);
+
+/* DestroyRegion on a raw session: returns the status code. */
+int td_region_destroy(td_session *s, uint64_t id);
 
 /* Sends raw bytes as one message and waits for a reply; returns the reply
  * (as above) or NULL on timeout. */

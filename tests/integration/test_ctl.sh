@@ -1,6 +1,11 @@
 #!/bin/sh
 # test_ctl.sh - the README's qlinearctl lines, as pasted, against a real
 # qlineard on a temporary socket; then qlinearctl's answers to bad input.
+#
+# Each qlinearctl command is a session of its own, and a weight lives while
+# a session holds it (DESIGN §8), or, pinned by the daemon's own user,
+# until that user unloads it. ctl_hold (a helper beside this script) holds
+# a weight the way a serving process would.
 set -u
 : "${QLINEARD:?run through make check}" "${QLINEARCTL:?}" "${QL_SRCDIR:?}"
 
@@ -11,8 +16,11 @@ chmod 700 "$dir"
 pass=0
 fail=0
 daemon=""
+holder=""
+hold="$(dirname "$QLINEARD")/tests/integration/ctl_hold"
 
 cleanup() {
+  if [ -n "$holder" ]; then kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null; fi
   if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
   rm -rf "$dir"
 }
@@ -43,7 +51,10 @@ ctl="$QLINEARCTL"
 expect 0 "example data" -- python3 "$QL_SRCDIR/deploy/example-npy" "$work"
 expect 0 "status" -- "$ctl" status
 grep -q "cpu" "$dir/out" || bad "status does not list the cpu device"
-expect 0 "load" -- "$ctl" load demo/proj "$work/w.npy" --format q4g128 --bias "$work/b.npy"
+
+# The README's lines, as pasted: a pinned weight outlives qlinearctl's
+# own session until its owner unloads it.
+expect 0 "load --pin" -- "$ctl" load demo/proj "$work/w.npy" --format q4g128 --bias "$work/b.npy" --pin
 expect 0 "list" -- "$ctl" list
 grep -q "demo/proj" "$dir/out" || bad "list does not show demo/proj"
 grep -q "q4g128" "$dir/out" || bad "list does not show the format"
@@ -76,6 +87,39 @@ expect 1 "K mismatch" -- "$ctl" linear demo/proj "$work/b.npy"
 expect 2 "unknown command" -- "$ctl" frobnicate
 expect 0 "unload" -- "$ctl" unload demo/proj
 expect 1 "unload again" -- "$ctl" unload demo/proj
+
+# Without --pin a weight lives while a session holds it. The holder's
+# standard input is a FIFO kept open on descriptor 3.
+mkfifo "$dir/hold.in"
+"$hold" demo/held "$work/w.npy" "$work/b.npy" 128 <"$dir/hold.in" >"$dir/hold.out" 2>&1 &
+holder=$!
+exec 3>"$dir/hold.in"
+i=0
+until grep -q "held demo/held" "$dir/hold.out"; do
+  i=$((i + 1))
+  if [ $i -ge 200 ] || ! kill -0 "$holder" 2>/dev/null; then
+    echo "ctl_hold did not hold demo/held:"; cat "$dir/hold.out"; exit 1
+  fi
+  sleep 0.05
+done
+expect 0 "load shared" -- "$ctl" load demo/held "$work/w.npy" --format q4g128 --bias "$work/b.npy"
+grep -q "shared" "$dir/out" || bad "load of a held weight not reported as shared"
+expect 0 "linear on a held weight" -- "$ctl" linear demo/held "$work/x.npy"
+# qlinearctl's own hold went with its session; another session's is not
+# its to drop.
+expect 1 "unload of a weight another session holds" -- "$ctl" unload demo/held
+grep -q "other sessions" "$dir/err" || bad "unload: no 'other sessions' message: $(cat "$dir/err")"
+# The holder exits: its session ends and takes the weight with it.
+exec 3>&-
+wait "$holder"
+st=$?
+holder=""
+[ "$st" -eq 0 ] && ok || { bad "ctl_hold exited $st"; cat "$dir/hold.out"; }
+i=0
+while "$ctl" list >"$dir/out" 2>&1 && grep -q "demo/held" "$dir/out" && [ $i -lt 100 ]; do
+  i=$((i + 1)); sleep 0.02
+done
+grep -q "demo/held" "$dir/out" && bad "demo/held outlived the last session holding it" || ok
 
 # The daemon survived all of it and stops cleanly.
 kill -TERM "$daemon"

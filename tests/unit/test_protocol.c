@@ -1,7 +1,8 @@
 /*
  * test_protocol.c - unit tests for daemon/protocol.c: the request decoder
- * with its allocation budget, stateless validation, weight names and the
- * overflow-checked size product.
+ * with its allocation budget, stateless validation, weight names, the
+ * overflow-checked size product, region slice bounds and the session
+ * socket's message decoder.
  *
  * Every validation case goes over the wire the way the daemon sees it: the
  * message is packed with the generated protobuf-c code, decoded with
@@ -123,6 +124,7 @@ static struct {
   Qlinear__V1__StatsRequest stats;
   Qlinear__V1__LinearRequest linear;
   Qlinear__V1__Tensor x;
+  Qlinear__V1__RegionSlice xs, ys;
   uint64_t shape[3];
   uint8_t chunk_data[300];
   uint8_t xbuf[XBUF_BYTES];
@@ -232,6 +234,28 @@ static Qlinear__V1__Request *mk_linear(int dtype, uint64_t m, uint64_t k) {
   return &g.req;
 }
 
+/* The same with x as a region slice at offset off (aligned), and y written
+ * to a slice of region 9 when with_y. */
+static Qlinear__V1__Request *mk_linear_region(int dtype, uint64_t m,
+                                              uint64_t k, uint64_t off,
+                                              int with_y) {
+  mk_linear(dtype, 1, 1); /* no inline bytes needed: any m and k */
+  g.shape[0] = m;
+  g.shape[1] = k;
+  qlinear__v1__region_slice__init(&g.xs);
+  g.xs.region_id = 7;
+  g.xs.offset = off;
+  g.xs.length = m * k * ql_dtype_size(dtype);
+  g.x.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+  g.x.region = &g.xs;
+  qlinear__v1__region_slice__init(&g.ys);
+  g.ys.region_id = 9;
+  g.ys.offset = 4096;
+  g.ys.length = 12345; /* checked against the weight's N by the daemon */
+  g.linear.y_out = with_y ? &g.ys : NULL;
+  return &g.req;
+}
+
 /* Every valid request body, for the tests that sweep all of them. */
 static Qlinear__V1__Request *mk_valid(int i) {
   switch (i) {
@@ -245,10 +269,13 @@ static Qlinear__V1__Request *mk_valid(int i) {
   case 7: return mk_list();
   case 8: return mk_stats();
   case 9: return mk_linear(QL_DTYPE_F32, 3, 5);
-  default: return mk_linear(QL_DTYPE_BF16, 16, 64);
+  case 10: return mk_linear(QL_DTYPE_BF16, 16, 64);
+  case 11: return mk_linear_region(QL_DTYPE_F16, 4, 8, 64, 0);
+  default: return mk_linear_region(QL_DTYPE_F32, 1 << 20, 4096,
+                                   (uint64_t)1 << 40, 1);
   }
 }
-#define N_VALID 11
+#define N_VALID 13
 
 /* ---------------------------------------------------------- round trips */
 
@@ -401,6 +428,40 @@ START_TEST(test_roundtrip_linear) {
     release(r);
     free(buf);
   }
+}
+END_TEST
+
+START_TEST(test_roundtrip_linear_region) {
+  /* x as a slice, y_out, and the session token of the envelope. */
+  uint8_t token[16];
+  for (int i = 0; i < 16; i++)
+    token[i] = (uint8_t)(0x5a + i);
+  mk_linear_region(QL_DTYPE_F32, 1 << 20, 4096, (uint64_t)1 << 40, 1);
+  g.req.session_token.data = token;
+  g.req.session_token.len = sizeof token;
+  uint8_t *buf;
+  ql__request *r = roundtrip(&buf);
+  ck_assert_uint_eq(r->msg->session_token.len, 16);
+  ck_assert_mem_eq(r->msg->session_token.data, token, 16);
+  const Qlinear__V1__Tensor *x = r->msg->linear->x;
+  ck_assert_int_eq(x->data_case, QLINEAR__V1__TENSOR__DATA_REGION);
+  ck_assert_uint_eq(x->region->region_id, 7);
+  ck_assert_uint_eq(x->region->offset, (uint64_t)1 << 40);
+  ck_assert_uint_eq(x->region->length, ((uint64_t)1 << 20) * 4096 * 4);
+  const Qlinear__V1__RegionSlice *y = r->msg->linear->y_out;
+  ck_assert_ptr_nonnull(y);
+  ck_assert_uint_eq(y->region_id, 9);
+  ck_assert_uint_eq(y->offset, 4096);
+  ck_assert_uint_eq(y->length, 12345);
+  release(r);
+  free(buf);
+  /* Without y_out the field stays absent. */
+  mk_linear_region(QL_DTYPE_F16, 4, 8, 64, 0);
+  r = roundtrip(&buf);
+  ck_assert_ptr_null(r->msg->linear->y_out);
+  ck_assert_uint_eq(r->msg->session_token.len, 0);
+  release(r);
+  free(buf);
 }
 END_TEST
 
@@ -849,6 +910,261 @@ START_TEST(test_validate_linear_length) {
 }
 END_TEST
 
+START_TEST(test_validate_linear_region) {
+  static const int dts[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
+  for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+    uint64_t es = ql_dtype_size(dts[i]);
+    expect_rc(mk_linear_region(dts[i], 3, 7, 0, 1), 0);
+    /* Any aligned offset: bounds need the region (handlers.c). */
+    expect_rc(mk_linear_region(dts[i], 3, 7, UINT64_MAX - es + 1, 1), 0);
+    /* The length is dtype x shape, exactly. */
+    mk_linear_region(dts[i], 3, 7, 0, 0);
+    g.xs.length += 1;
+    expect_rc(&g.req, QL_ESHAPE);
+    g.xs.length -= 2;
+    expect_rc(&g.req, QL_ESHAPE);
+    g.xs.length = 0;
+    expect_rc(&g.req, QL_ESHAPE);
+    g.xs.length = 3 * 7 * (es == 4 ? 2 : 4); /* another dtype's */
+    expect_rc(&g.req, QL_ESHAPE);
+    g.xs.length = UINT64_MAX;
+    expect_rc(&g.req, QL_ESHAPE);
+    /* Offsets of x and y_out that split an element. */
+    mk_linear_region(dts[i], 3, 7, 1, 0);
+    expect_rc(&g.req, QL_EINVAL);
+    mk_linear_region(dts[i], 3, 7, UINT64_MAX, 0);
+    expect_rc(&g.req, QL_EINVAL);
+    mk_linear_region(dts[i], 3, 7, 0, 1);
+    g.ys.offset = es + 1;
+    expect_rc(&g.req, QL_EINVAL);
+  }
+  /* A region case without its slice carries no data. */
+  mk_linear_region(QL_DTYPE_F32, 2, 2, 0, 0);
+  g.x.region = NULL;
+  char err[256] = "";
+  ck_assert_int_eq(ql__request_validate(&g.req, err, sizeof err), QL_EINVAL);
+  /* Shapes whose byte size overflows fail whatever the slice says. */
+  mk_linear_region(QL_DTYPE_F32, 2, 2, 0, 0);
+  g.shape[0] = (uint64_t)1 << 62;
+  expect_rc(&g.req, QL_ESHAPE);
+}
+END_TEST
+
+/* The one bounds check of a slice: off <= size && len <= size - off. */
+START_TEST(test_slice_valid) {
+  static const struct {
+    uint64_t off, len, size;
+    int ok;
+  } cases[] = {
+      {0, 0, 0, 1},
+      {0, 4096, 4096, 1},
+      {4096, 0, 4096, 1}, /* empty, at the very end */
+      {4094, 2, 4096, 1},
+      {4095, 2, 4096, 0},
+      {4096, 1, 4096, 0},
+      {4097, 0, 4096, 0},
+      {0, 4097, 4096, 0},
+      {UINT64_MAX, 2, 4096, 0},     /* off + len wraps to 1 */
+      {UINT64_MAX - 1, 2, 4096, 0}, /* wraps to 0 */
+      {2, UINT64_MAX - 1, 4096, 0}, /* wraps to 0 */
+      {UINT64_MAX, 1, UINT64_MAX, 0},
+      {UINT64_MAX, 0, UINT64_MAX, 1},
+      {0, UINT64_MAX, UINT64_MAX, 1},
+      {1, UINT64_MAX, UINT64_MAX, 0},
+      {(uint64_t)1 << 63, (uint64_t)1 << 63, UINT64_MAX, 0},
+      {(uint64_t)1 << 63, ((uint64_t)1 << 63) - 1, UINT64_MAX, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_msg(ql__slice_valid(cases[i].off, cases[i].len,
+                                  cases[i].size) == cases[i].ok,
+                  "case %zu", i);
+}
+END_TEST
+
+/* -------------------------------------------------------- session socket */
+
+static uint8_t *pack_sreq(const Qlinear__V1__SessionRequest *m, size_t *len) {
+  size_t n = qlinear__v1__session_request__get_packed_size(m);
+  uint8_t *buf = tu_xmalloc(n ? n : 1);
+  ck_assert_uint_eq(qlinear__v1__session_request__pack(m, buf), n);
+  *len = n;
+  return buf;
+}
+
+static struct {
+  Qlinear__V1__SessionRequest req;
+  Qlinear__V1__SessionOpenRequest open;
+  Qlinear__V1__CreateRegionRequest create;
+  Qlinear__V1__DestroyRegionRequest destroy;
+} sg;
+
+static Qlinear__V1__SessionRequest *mk_sreq(int which) {
+  qlinear__v1__session_request__init(&sg.req);
+  sg.req.request_id = 0xfedcba9876543210ull;
+  switch (which) {
+  case 0:
+    qlinear__v1__session_open_request__init(&sg.open);
+    sg.open.protocol_version = QL_PROTOCOL_VERSION;
+    sg.open.client_name = "test_protocol";
+    sg.req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_OPEN;
+    sg.req.open = &sg.open;
+    break;
+  case 1:
+    qlinear__v1__create_region_request__init(&sg.create);
+    sg.create.size = (uint64_t)1 << 32;
+    sg.req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_REGION;
+    sg.req.create_region = &sg.create;
+    break;
+  default:
+    qlinear__v1__destroy_region_request__init(&sg.destroy);
+    sg.destroy.region_id = UINT64_MAX;
+    sg.req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION;
+    sg.req.destroy_region = &sg.destroy;
+    break;
+  }
+  return &sg.req;
+}
+#define N_SVALID 3
+
+static int session_validate(const Qlinear__V1__SessionRequest *m) {
+  size_t len;
+  uint8_t *buf = pack_sreq(m, &len);
+  ql__session_request *r = NULL;
+  char err[256] = "", err2[256] = "";
+  ck_assert_int_eq(ql__session_request_decode(buf, len, len + 16384, &r, err,
+                                              sizeof err),
+                   0);
+  ck_assert_uint_eq(r->msg->request_id, m->request_id);
+  ck_assert_int_eq(r->msg->body_case, m->body_case);
+  int rc = ql__session_request_validate(r->msg, err, sizeof err);
+  ck_assert_int_eq(ql__session_request_validate(m, err2, sizeof err2), rc);
+  if (rc != 0)
+    ck_assert_str_ne(err, "");
+  qlinear__v1__session_request__free_unpacked(r->msg, &r->alloc);
+  r->msg = NULL;
+  ck_assert_uint_eq(r->used, 0); /* every byte back to the budget */
+  ql__session_request_free(r);
+  free(buf);
+  return rc;
+}
+
+START_TEST(test_session_messages) {
+  for (int i = 0; i < N_SVALID; i++)
+    ck_assert_int_eq(session_validate(mk_sreq(i)), 0);
+  /* A client name travels intact. */
+  size_t len;
+  uint8_t *buf = pack_sreq(mk_sreq(0), &len);
+  ql__session_request *r = NULL;
+  ck_assert_int_eq(ql__session_request_decode(buf, len, len + 16384, &r, NULL,
+                                              0),
+                   0);
+  ck_assert_str_eq(r->msg->open->client_name, "test_protocol");
+  ck_assert_uint_eq(r->msg->open->protocol_version, QL_PROTOCOL_VERSION);
+  ql__session_request_free(r);
+  free(buf);
+  /* Size 0, id 0, no body. */
+  mk_sreq(1)->create_region->size = 0;
+  ck_assert_int_eq(session_validate(&sg.req), QL_EINVAL);
+  mk_sreq(2)->destroy_region->region_id = 0;
+  ck_assert_int_eq(session_validate(&sg.req), QL_EINVAL);
+  mk_sreq(0)->body_case = QLINEAR__V1__SESSION_REQUEST__BODY__NOT_SET;
+  ck_assert_int_eq(session_validate(&sg.req), QL_EPROTO);
+  /* Another protocol version still decodes: the session answers it. */
+  mk_sreq(0)->open->protocol_version = 99;
+  ck_assert_int_eq(session_validate(&sg.req), 0);
+}
+END_TEST
+
+START_TEST(test_session_decode_bad) {
+  ql__session_request *r = (ql__session_request *)&r;
+  char err[256] = "";
+  /* Garbage, and the request socket's messages are no session packets
+   * when their fields clash. */
+  static const struct {
+    const char *bytes;
+    size_t len;
+  } bad[] = {
+      {"\x0f", 1}, {"\x08\x80", 2}, {"\x82\x01\x05\x08", 4},
+      {"\x80\x01\x00", 3}, {"\xff\xff\xff\xff\xff", 5},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    r = (ql__session_request *)&r;
+    ck_assert_int_eq(ql__session_request_decode(bad[i].bytes, bad[i].len,
+                                                16384, &r, err, sizeof err),
+                     QL_EPROTO);
+    ck_assert_ptr_null(r);
+    ck_assert_str_ne(err, "");
+  }
+  /* A packet of the largest size decodes; one byte more never does,
+   * whatever it holds. */
+  char *name = calloc(1, QL_SESSION_MSG_MAX + 1);
+  size_t len = 0, nl = QL_SESSION_MSG_MAX - 32;
+  uint8_t *buf = NULL;
+  for (;; nl++) {
+    memset(name, 'n', nl);
+    mk_sreq(0)->open->client_name = name;
+    free(buf);
+    buf = pack_sreq(&sg.req, &len);
+    if (len >= QL_SESSION_MSG_MAX)
+      break;
+  }
+  ck_assert_uint_eq(len, QL_SESSION_MSG_MAX);
+  ck_assert_int_eq(ql__session_request_decode(buf, len, 65536, &r, NULL, 0),
+                   0);
+  ql__session_request_free(r);
+  name[nl] = 'n';
+  mk_sreq(0)->open->client_name = name;
+  free(buf);
+  buf = pack_sreq(&sg.req, &len);
+  ck_assert_uint_eq(len, QL_SESSION_MSG_MAX + 1);
+  ck_assert_int_eq(ql__session_request_decode(buf, len, 65536, &r, err,
+                                              sizeof err),
+                   QL_EPROTO);
+  ck_assert_ptr_null(r);
+  free(buf);
+  free(name);
+  /* Every strict prefix that cuts into a body, and every budget below
+   * what a message needs, fail cleanly. */
+  for (int i = 0; i < N_SVALID; i++) {
+    size_t hlen;
+    Qlinear__V1__SessionRequest *m = mk_sreq(i);
+    Qlinear__V1__SessionRequest__BodyCase bc = m->body_case;
+    m->body_case = QLINEAR__V1__SESSION_REQUEST__BODY__NOT_SET;
+    free(pack_sreq(m, &hlen)); /* just the request_id */
+    m->body_case = bc;
+    buf = pack_sreq(m, &len);
+    for (size_t cut = hlen + 1; cut < len; cut++) {
+      ck_assert_int_eq(ql__session_request_decode(buf, cut, 16384, &r, NULL,
+                                                  0),
+                       QL_EPROTO);
+      ck_assert_ptr_null(r);
+    }
+    size_t min = 0;
+    while (ql__session_request_decode(buf, len, min, &r, NULL, 0) != 0) {
+      ck_assert_ptr_null(r);
+      min++;
+      ck_assert_uint_lt(min, 16384);
+    }
+    ck_assert_uint_le(r->used, min);
+    ql__session_request_free(r);
+    free(buf);
+  }
+  ql__session_request_free(NULL);
+}
+END_TEST
+
+/* The error space: QL_ESESSION joined the end of the list. */
+START_TEST(test_error_codes) {
+  ck_assert_int_eq(QL_ESESSION, -24);
+  ck_assert_int_eq(QL_ERRNO_MIN_, QL_ESESSION - 1);
+  ck_assert_str_eq(ql_err_name(QL_ESESSION), "QL_ESESSION");
+  ck_assert_str_eq(ql_strerror(QL_ESESSION), "no such session");
+  ck_assert_str_eq(ql_err_name(QL_ERRNO_MIN_), "QL_EUNKNOWN");
+  for (int code = -1; code > QL_ERRNO_MIN_; code--)
+    ck_assert_str_ne(ql_err_name(code), "QL_EUNKNOWN");
+}
+END_TEST
+
 /* ---------------------------------------------------------------- names */
 
 static const struct {
@@ -1234,6 +1550,7 @@ static Suite *protocol_suite(void) {
   tcase_add_test(tc, test_roundtrip_unload);
   tcase_add_test(tc, test_roundtrip_list_stats);
   tcase_add_test(tc, test_roundtrip_linear);
+  tcase_add_test(tc, test_roundtrip_linear_region);
   tcase_add_test(tc, test_roundtrip_response_linear);
   tcase_add_test(tc, test_roundtrip_response_error_and_hello);
   suite_add_tcase(s, tc);
@@ -1255,6 +1572,14 @@ static Suite *protocol_suite(void) {
   tcase_add_test(tc, test_validate_linear_dims);
   tcase_add_test(tc, test_validate_linear_range);
   tcase_add_test(tc, test_validate_linear_length);
+  tcase_add_test(tc, test_validate_linear_region);
+  tcase_add_test(tc, test_slice_valid);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("session");
+  tcase_add_test(tc, test_session_messages);
+  tcase_add_test(tc, test_session_decode_bad);
+  tcase_add_test(tc, test_error_codes);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("names");

@@ -19,8 +19,21 @@
  *   nothing else may use the client while they run.
  * - Data buffers are row-major and in the machine's (little-endian) byte
  *   order; f16 is IEEE binary16, bf16 the upper half of an f32.
- * - A child process made by fork() must not use a client of its parent
- *   (nanomsg's threads do not survive fork): it connects anew.
+ * - A child process made by fork() must not use, nor close, a client of
+ *   its parent (nanomsg's threads do not survive fork, and the session is
+ *   the parent's): it connects anew. In the child the library closes its
+ *   copy of every session socket and forgets the tokens, so the parent's
+ *   session still ends when the parent does; the parent's regions stay
+ *   mapped in the child (fork copies mappings) but the child cannot name
+ *   them in requests.
+ *
+ * Sessions: ql_connect() opens a session with the daemon (on session.sock,
+ * in the directory of the ipc:// request socket) and every request carries
+ * its token; ql_close() ends it. The session owns what it made: its
+ * shared-memory regions, and its hold on every weight it loaded (or loaded
+ * again and found shared). When the session ends, even by a crash of the
+ * process, the daemon destroys its regions and drops its holds at once; a
+ * weight that no session holds any more is unloaded.
  */
 #ifndef QLINEAR_H
 #define QLINEAR_H
@@ -55,9 +68,9 @@ extern "C" {
 
 #define QL_DEFAULT_TIMEOUT_MS 30000
 
-/* A connection to one daemon: its address, the limits it announced in Hello
- * and a pool of idle sockets. Opaque; created by ql_connect(), freed by
- * ql_close(). */
+/* A connection to one daemon: its address, the limits it announced in Hello,
+ * a pool of idle sockets and the session. Opaque; created by ql_connect(),
+ * freed by ql_close(). */
 typedef struct ql_client ql_client;
 
 /* Options of ql_connect(). Zero-initialise the struct ({0}) and set what you
@@ -118,12 +131,16 @@ typedef struct ql_load_desc {
   const void *bias;    /* [n] in dtype, or NULL for no bias; borrowed */
   ql_path policy;      /* the path of requests that leave theirs AUTO */
   /* dtype of the scale and zero arrays the daemon keeps: 0 means the
-   * format's default (dtype for q4g/q8c/q8b, as TorchAO does; f32 for
-   * f8r), else a ql_dtype. */
+   * format's default (the data's own dtype, as TorchAO does), else a
+   * ql_dtype. */
   int scale_dtype;
   ql_progress_cb progress; /* optional, NULL for none */
   void *progress_arg;      /* passed to progress as is */
   int asymmetric;          /* q8b: 1 for the asymmetric form */
+  /* 1: keep the weight resident after this client's session ends, until
+   * an unload by the daemon's own user; only that user may pin
+   * (QL_EPERM otherwise). */
+  int pin;
 } ql_load_desc;
 
 /* One already-quantized array (row-major, borrowed). data NULL: absent. */
@@ -165,6 +182,7 @@ typedef struct ql_weight_info {
   uint64_t k;          /* in_features */
   int has_bias;        /* 1 if the weight has a bias, else 0 */
   int asymmetric;      /* q8b: 1 for the asymmetric form */
+  int pinned;          /* 1 if resident without session holders */
   int policy;          /* a ql_path: AUTO or WEIGHT_ONLY */
   int scale_dtype;     /* a ql_dtype; 0 if the daemon left it unspecified */
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
@@ -210,7 +228,34 @@ typedef struct ql_stats_info {
   size_t n_per_weight;          /* entries of per_weight */
   ql_weight_stats *per_weight;  /* one per (weight, device); inside this
                                    allocation, NULL when n_per_weight is 0 */
+  uint64_t sessions;            /* sessions open now, this one included */
+  uint64_t regions;             /* regions of all sessions */
+  uint64_t region_bytes;        /* their sizes added up */
 } ql_stats_info;
+
+/*
+ * A shared-memory region made by the daemon for this client's session
+ * (ql_region_create()): the same memory is mapped in the daemon, so a
+ * Linear request can read x from it and write y into it with no copy and no
+ * message-size limit. Owned by the library: valid from ql_region_create()
+ * until ql_region_destroy() or ql_close(). Read and write data freely; only
+ * avoid writing a slice that a request in flight reads, or reading one it
+ * writes, until that request returned.
+ */
+typedef struct ql_region {
+  uint64_t id;  /* the daemon's id, unique while it runs; never 0 */
+  size_t size;  /* bytes, as asked for */
+  void *data;   /* size bytes, read-write, page-aligned; zero-filled at
+                   creation */
+} ql_region;
+
+/* Bytes [offset, offset + length) of a region of this client. offset must
+ * be a multiple of the element size of the data it holds. */
+typedef struct ql_slice {
+  const ql_region *region;
+  uint64_t offset;
+  uint64_t length;
+} ql_slice;
 
 /*
  * Writes the default daemon address into buf (len bytes, NUL included):
@@ -231,7 +276,10 @@ QL_EXPORT int ql_default_address(char *buf, size_t len);
  * Connects to the daemon at address (NULL means ql_default_address()) and
  * performs Hello: the protocol versions must match (else QL_EVERSION), and
  * the announced message cap, chunk limit and instance id are remembered.
- * opts may be NULL for the defaults.
+ * Then opens the session: the address must be ipc://DIR/NAME, and the
+ * session socket is DIR/session.sock (else QL_EINVAL, QL_ECONNECT, or
+ * QL_EEXHAUSTED when the daemon has too many sessions open). opts may be
+ * NULL for the defaults.
  *
  * For an ipc:// address the socket file is checked first, so a missing
  * daemon fails at once with QL_ECONNECT (or QL_EPERM) instead of waiting
@@ -244,8 +292,10 @@ QL_EXPORT int ql_default_address(char *buf, size_t len);
 QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
                          ql_client **out);
 
-/* Closes the client's sockets and frees it. NULL is a no-op. No other call
- * on this client may be running or follow. */
+/* Ends the session (the daemon destroys its regions and drops its weight
+ * holds), unmaps and frees the regions still alive, closes the client's
+ * sockets and frees it. NULL is a no-op. No other call on this client may
+ * be running or follow. */
 QL_EXPORT void ql_close(ql_client *c);
 
 /* Performs a new Hello and fills *out. Also refreshes the limits the client
@@ -274,7 +324,9 @@ QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
 QL_EXPORT int ql_load_packed(ql_client *c, const ql_packed_desc *d,
                              ql_weight_info *info_out, int *shared_out);
 
-/* Drops this client's hold on the weight called name. */
+/* Drops this session's hold on the weight called name (the daemon unloads
+ * a weight no session holds). QL_ENOTFOUND when there is no such weight,
+ * QL_EPERM when only other sessions hold it. */
 QL_EXPORT int ql_unload(ql_client *c, const char *name);
 
 /*
@@ -304,6 +356,40 @@ QL_EXPORT int ql_lookup(ql_client *c, const char *name, ql_weight_info *out);
 QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
                         ql_dtype dtype, uint64_t m, uint64_t k, const void *x,
                         uint64_t n, void *y, ql_linear_result *res);
+
+/*
+ * The same with x read from a region slice and y written either into a
+ * region slice (y not NULL, y_inline NULL: nothing is copied either way,
+ * and the result may be larger than the message cap) or into y_inline
+ * (y NULL: the reply carries it, as for ql_linear()). Exactly one of y and
+ * y_inline is given. x->length must be m·k and y->length m·n elements of
+ * dtype; both slices lie inside their regions, belong to this client and do
+ * not overlap (QL_EINVAL or QL_ESHAPE otherwise, checked here and again by
+ * the daemon).
+ */
+QL_EXPORT int ql_linear_region(ql_client *c, const char *weight, ql_path path,
+                               ql_dtype dtype, uint64_t m, uint64_t k,
+                               const ql_slice *x, uint64_t n,
+                               const ql_slice *y, void *y_inline,
+                               ql_linear_result *res);
+
+/*
+ * Asks the daemon for a new region of size bytes (size > 0) and maps it.
+ * The daemon seals it against shrinking and growing, so neither side can
+ * cut the memory from under the other. A session holds at most a daemon-set
+ * number of regions and bytes (QL_EEXHAUSTED past them). On success *out
+ * is the library's, released by ql_region_destroy() or ql_close(); on
+ * failure it is NULL.
+ */
+QL_EXPORT int ql_region_create(ql_client *c, size_t size, ql_region **out);
+
+/*
+ * Destroys a region of this client: tells the daemon (requests already
+ * queued on it still complete: the daemon keeps its mapping until they
+ * finish), then unmaps and frees it here whatever the daemon answered. NULL
+ * is a no-op; a region of another client is QL_EINVAL.
+ */
+QL_EXPORT int ql_region_destroy(ql_client *c, ql_region *r);
 
 /* Fetches the daemon's counters. On success *out is owned by the caller and
  * freed with ql_stats_free(); on failure it is NULL. */

@@ -1,0 +1,810 @@
+/* session.c - see session.h. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+
+#include "log.h"
+#include "protocol.h"
+#include "session.h"
+
+#define TOKEN_BUCKETS 256 /* indexed by the token's first byte */
+#define HOLD_BUCKETS 256
+/* Packets handled per wake-up of one session, so that a chatty client
+ * does not starve the others (the poll is level-triggered). */
+#define BURST 32
+/* Heap a session message may make the unpacker use, beyond its size. */
+#define SESSION_BUDGET_SLACK 16384
+/* After EMFILE the listener pauses this long instead of spinning. */
+#define ACCEPT_RETRY_MS 100
+
+/* One held weight, shared by all its holders: the holder count and one
+ * weight reference, which keeps the pointer valid while any session holds
+ * it whatever happens to the store. */
+typedef struct hold {
+  ql__weight *w;
+  size_t holders;
+  struct hold *next; /* bucket chain */
+} hold;
+
+struct ql__session {
+  uint64_t id;
+  int fd;
+  uv_poll_t poll;
+  struct ql__sessions *owner;
+  pid_t pid; /* SO_PEERCRED at accept */
+  uid_t uid;
+  gid_t gid;
+  char client_name[64]; /* printable, for logs */
+  uint8_t token[QL_SESSION_TOKEN_BYTES];
+  int open;  /* SessionOpen answered: the token is valid */
+  int ended; /* removed from every table; the handle is closing */
+  ql__region *regions;
+  size_t n_regions;
+  uint64_t region_bytes;
+  hold **held; /* weights this session holds */
+  size_t n_held, cap_held;
+  uint64_t uploads[QL_SESSION_MAX_UPLOADS]; /* uploads it began */
+  size_t n_uploads;
+  ql__session *next;     /* every session */
+  ql__session *tok_next; /* open sessions by token */
+};
+
+struct ql__sessions {
+  ql__server *s;
+  int fd; /* the listening socket */
+  uv_poll_t poll;
+  uv_timer_t retry;
+  char path[PATH_MAX];
+  ql__session *list;
+  size_t count;
+  ql__session *by_token[TOKEN_BUCKETS];
+  hold *holds[HOLD_BUCKETS];
+  uint64_t next_session_id, next_region_id;
+  uint64_t regions, region_bytes; /* over every session */
+  int closing_handles;            /* close callbacks still to come */
+};
+
+typedef struct ql__sessions ql__sessions;
+
+/* ---------------------------------------------------------------- regions */
+
+void ql__region_ref(ql__region *r) { r->refs++; }
+
+void ql__region_unref(ql__region *r) {
+  if (r == NULL || --r->refs > 0)
+    return;
+  munmap(r->base, (size_t)r->size);
+  free(r);
+}
+
+static int map_errno(int e) {
+  switch (e) {
+  case EMFILE:
+  case ENFILE:
+    return QL_EEXHAUSTED;
+  case ENOMEM:
+  case ENOSPC:
+  case EFBIG:
+    return QL_ENOMEM;
+  default:
+    return QL_EIO;
+  }
+}
+
+/*
+ * Makes a sealed memfd of size bytes and the daemon's mapping of it. The
+ * seals are what make the mapping safe: nobody (the client included) can
+ * shrink the file under it, which would turn the daemon's next access into
+ * SIGBUS, nor grow it, nor change the seals. On success *fd_out is the
+ * descriptor to pass to the client (the caller closes it).
+ */
+static int region_create(ql__sessions *o, ql__session *ss, uint64_t size,
+                         ql__region **out, int *fd_out, char *err,
+                         size_t errlen) {
+  int fd = -1, rc;
+  void *base = MAP_FAILED;
+  if (ss->n_regions >= QL_SESSION_MAX_REGIONS) {
+    snprintf(err, errlen, "create_region: the session already has %d "
+             "regions", QL_SESSION_MAX_REGIONS);
+    return QL_EEXHAUSTED;
+  }
+  if (size > QL_SESSION_MAX_REGION_BYTES - ss->region_bytes ||
+      size > (uint64_t)SIZE_MAX) {
+    snprintf(err, errlen, "create_region: %llu more bytes exceed the "
+             "session's %llu bytes of regions (%llu in use)",
+             (unsigned long long)size,
+             (unsigned long long)QL_SESSION_MAX_REGION_BYTES,
+             (unsigned long long)ss->region_bytes);
+    return QL_EEXHAUSTED;
+  }
+  fd = memfd_create("qlinear-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    rc = map_errno(errno);
+    snprintf(err, errlen, "create_region: memfd_create: %s", strerror(errno));
+    return rc;
+  }
+  if (ftruncate(fd, (off_t)size) != 0) {
+    rc = map_errno(errno);
+    snprintf(err, errlen, "create_region: cannot size it: %s",
+             strerror(errno));
+    goto fail;
+  }
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+      0) {
+    rc = QL_EINTERNAL;
+    snprintf(err, errlen, "create_region: cannot seal it: %s",
+             strerror(errno));
+    goto fail;
+  }
+  base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    rc = map_errno(errno);
+    snprintf(err, errlen, "create_region: cannot map it: %s",
+             strerror(errno));
+    goto fail;
+  }
+  ql__region *r = calloc(1, sizeof *r);
+  if (r == NULL) {
+    rc = QL_ENOMEM;
+    snprintf(err, errlen, "create_region: out of memory");
+    goto fail;
+  }
+  r->id = ++o->next_region_id;
+  r->size = size;
+  r->base = base;
+  r->refs = 1; /* the session's */
+  r->next = ss->regions;
+  ss->regions = r;
+  ss->n_regions++;
+  ss->region_bytes += size;
+  o->regions++;
+  o->region_bytes += size;
+  *out = r;
+  *fd_out = fd;
+  return 0;
+fail:
+  if (base != MAP_FAILED)
+    munmap(base, (size_t)size);
+  close(fd);
+  return rc;
+}
+
+/* Unlinks region id from its session and drops the session's reference;
+ * jobs still using it keep it mapped. */
+static int region_destroy(ql__sessions *o, ql__session *ss, uint64_t id) {
+  for (ql__region **pp = &ss->regions; *pp; pp = &(*pp)->next) {
+    ql__region *r = *pp;
+    if (r->id != id)
+      continue;
+    *pp = r->next;
+    r->next = NULL;
+    ss->n_regions--;
+    ss->region_bytes -= r->size;
+    o->regions--;
+    o->region_bytes -= r->size;
+    ql__region_unref(r);
+    return 0;
+  }
+  return QL_ENOTFOUND;
+}
+
+ql__region *ql__session_region(ql__session *ss, uint64_t id) {
+  for (ql__region *r = ss->regions; r; r = r->next)
+    if (r->id == id)
+      return r;
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- weights */
+
+static size_t hold_bucket(const ql__weight *w) {
+  return (size_t)(((uintptr_t)w >> 4) % HOLD_BUCKETS);
+}
+
+/*
+ * One holder less. The last one takes the weight out of the store if it is
+ * still the one stored under its name; queued jobs keep their own
+ * references, so the memory goes when the last of them finishes.
+ */
+static void hold_drop(ql__server *s, hold *h) {
+  ql__sessions *o = s->sessions;
+  if (--h->holders > 0)
+    return;
+  for (hold **pp = &o->holds[hold_bucket(h->w)]; *pp; pp = &(*pp)->next) {
+    if (*pp == h) {
+      *pp = h->next;
+      break;
+    }
+  }
+  ql__weight *w = h->w;
+  if (!w->pinned && w->in_store &&
+      ql__weight_store_get(s->weights, w->name) == w) {
+    ql__info("weight %s released by its last session", w->name);
+    ql__weight_store_remove(s->weights, w->name);
+  }
+  ql__weight_unref(w);
+  free(h);
+}
+
+int ql__session_hold(ql__server *s, ql__session *ss, ql__weight *w) {
+  ql__sessions *o = s->sessions;
+  for (size_t i = 0; i < ss->n_held; i++)
+    if (ss->held[i]->w == w)
+      return 0;
+  if (ss->n_held >= QL_SESSION_MAX_WEIGHTS)
+    return QL_EEXHAUSTED;
+  if (ss->n_held == ss->cap_held) {
+    size_t cap = ss->cap_held ? ss->cap_held * 2 : 8;
+    hold **a = realloc(ss->held, cap * sizeof *a);
+    if (a == NULL)
+      return QL_ENOMEM;
+    ss->held = a;
+    ss->cap_held = cap;
+  }
+  hold *h = o->holds[hold_bucket(w)];
+  while (h != NULL && h->w != w)
+    h = h->next;
+  if (h == NULL) {
+    if ((h = calloc(1, sizeof *h)) == NULL)
+      return QL_ENOMEM;
+    h->w = w;
+    ql__weight_ref(w);
+    h->next = o->holds[hold_bucket(w)];
+    o->holds[hold_bucket(w)] = h;
+  }
+  h->holders++;
+  ss->held[ss->n_held++] = h;
+  return 0;
+}
+
+int ql__session_release(ql__server *s, ql__session *ss, const char *name) {
+  /* A name may be held twice if its first weight left the store (only a
+   * later admin unload can do that): the stored one goes first. */
+  size_t pick = SIZE_MAX;
+  for (size_t i = 0; i < ss->n_held; i++) {
+    const ql__weight *w = ss->held[i]->w;
+    if (strcmp(w->name, name) != 0)
+      continue;
+    if (pick == SIZE_MAX || w->in_store)
+      pick = i;
+  }
+  if (pick == SIZE_MAX)
+    return QL_ENOTFOUND;
+  hold *h = ss->held[pick];
+  ss->held[pick] = ss->held[--ss->n_held];
+  hold_drop(s, h);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- uploads */
+
+int ql__session_upload_room(ql__server *s, ql__session *ss) {
+  /* Forget uploads that ended without us (the idle sweep). */
+  for (size_t i = 0; i < ss->n_uploads;) {
+    if (ql__uploads_get(s->uploads, ss->uploads[i]) == NULL)
+      ss->uploads[i] = ss->uploads[--ss->n_uploads];
+    else
+      i++;
+  }
+  return ss->n_uploads < QL_SESSION_MAX_UPLOADS ? 0 : QL_EEXHAUSTED;
+}
+
+void ql__session_upload_add(ql__session *ss, uint64_t id) {
+  if (ss->n_uploads < QL_SESSION_MAX_UPLOADS)
+    ss->uploads[ss->n_uploads++] = id;
+}
+
+int ql__session_upload_owns(const ql__session *ss, uint64_t id) {
+  for (size_t i = 0; i < ss->n_uploads; i++)
+    if (ss->uploads[i] == id)
+      return 1;
+  return 0;
+}
+
+void ql__session_upload_forget(ql__session *ss, uint64_t id) {
+  for (size_t i = 0; i < ss->n_uploads; i++) {
+    if (ss->uploads[i] == id) {
+      ss->uploads[i] = ss->uploads[--ss->n_uploads];
+      return;
+    }
+  }
+}
+
+/* --------------------------------------------------------------- sessions */
+
+uid_t ql__session_uid(const ql__session *ss) { return ss->uid; }
+
+uint64_t ql__session_id(const ql__session *ss) { return ss->id; }
+
+ql__session *ql__session_by_id(ql__server *s, uint64_t id) {
+  if (s->sessions == NULL)
+    return NULL;
+  for (ql__session *ss = s->sessions->list; ss; ss = ss->next)
+    if (ss->id == id)
+      return ss;
+  return NULL;
+}
+
+ql__session *ql__session_find(ql__server *s, const uint8_t *token,
+                              size_t len) {
+  if (s->sessions == NULL || token == NULL || len != QL_SESSION_TOKEN_BYTES)
+    return NULL;
+  for (ql__session *ss = s->sessions->by_token[token[0]]; ss;
+       ss = ss->tok_next)
+    if (CRYPTO_memcmp(ss->token, token, QL_SESSION_TOKEN_BYTES) == 0)
+      return ss;
+  return NULL;
+}
+
+void ql__sessions_counts(const ql__server *s, uint64_t *sessions,
+                         uint64_t *regions, uint64_t *region_bytes) {
+  const ql__sessions *o = s->sessions;
+  *sessions = o ? o->count : 0;
+  *regions = o ? o->regions : 0;
+  *region_bytes = o ? o->region_bytes : 0;
+}
+
+static void on_session_closed(uv_handle_t *h) {
+  ql__session *ss = h->data;
+  close(ss->fd);
+  free(ss->held);
+  free(ss);
+}
+
+/*
+ * The end of a session, whatever its cause: it leaves every table at once,
+ * so its token stops working; its regions, holds and uploads (those not
+ * being committed: a commit finds the session gone when it completes) are
+ * released now. Only the memory of the session itself waits for libuv.
+ */
+static void session_end(ql__session *ss, const char *why) {
+  ql__sessions *o = ss->owner;
+  ql__server *s = o->s;
+  if (ss->ended)
+    return;
+  ss->ended = 1;
+  for (ql__session **pp = &o->list; *pp; pp = &(*pp)->next) {
+    if (*pp == ss) {
+      *pp = ss->next;
+      break;
+    }
+  }
+  if (ss->open) {
+    for (ql__session **pp = &o->by_token[ss->token[0]]; *pp;
+         pp = &(*pp)->tok_next) {
+      if (*pp == ss) {
+        *pp = ss->tok_next;
+        break;
+      }
+    }
+  }
+  o->count--;
+  size_t nreg = ss->n_regions, nheld = ss->n_held;
+  while (ss->regions != NULL)
+    region_destroy(o, ss, ss->regions->id);
+  while (ss->n_held > 0)
+    hold_drop(s, ss->held[--ss->n_held]);
+  for (size_t i = 0; i < ss->n_uploads; i++) {
+    ql__upload *up = ql__uploads_get(s->uploads, ss->uploads[i]);
+    if (up != NULL && !up->committing)
+      ql__uploads_remove(s->uploads, up);
+  }
+  ss->n_uploads = 0;
+  OPENSSL_cleanse(ss->token, sizeof ss->token);
+  ql__info("session %llu (pid %ld) ended: %s; %zu region%s destroyed, %zu "
+           "weight%s released",
+           (unsigned long long)ss->id, (long)ss->pid, why, nreg,
+           nreg == 1 ? "" : "s", nheld, nheld == 1 ? "" : "s");
+  uv_close((uv_handle_t *)&ss->poll, on_session_closed);
+}
+
+/*
+ * Sends one SessionResponse, with fd as SCM_RIGHTS when fd >= 0. Never
+ * blocks: a client that does not read its replies until its socket buffer
+ * is full has its session ended by the caller.
+ */
+static int send_response(int sock, const ql__msg_session_response *resp,
+                         int fd) {
+  uint8_t buf[QL_SESSION_MSG_MAX];
+  size_t len = qlinear__v1__session_response__get_packed_size(resp);
+  if (len > sizeof buf)
+    return -1; /* cannot happen: every field is bounded */
+  qlinear__v1__session_response__pack(resp, buf);
+  struct iovec iov = {buf, len};
+  struct msghdr mh;
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  memset(&mh, 0, sizeof mh);
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (fd >= 0) {
+    memset(&ctl, 0, sizeof ctl);
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof ctl.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  ssize_t n;
+  do
+    n = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  return n == (ssize_t)len ? 0 : -1;
+}
+
+/* A response with a status and no body. */
+static int send_error(int sock, uint64_t request_id, int code,
+                      const char *msg) {
+  ql__msg_session_response resp;
+  Qlinear__V1__Status st;
+  qlinear__v1__session_response__init(&resp);
+  qlinear__v1__status__init(&st);
+  st.code = code;
+  st.message = (char *)(msg && *msg ? msg : ql_strerror(code));
+  resp.request_id = request_id;
+  resp.status = &st;
+  return send_response(sock, &resp, -1);
+}
+
+static void copy_printable(char *dst, size_t len, const char *src) {
+  size_t i = 0;
+  for (; src != NULL && src[i] != '\0' && i + 1 < len; i++) {
+    unsigned char ch = (unsigned char)src[i];
+    dst[i] = ch < 0x20 || ch >= 0x7f ? '?' : (char)ch;
+  }
+  dst[i] = '\0';
+}
+
+/*
+ * Answers one packet. Returns -1 when the session ended (its reply could
+ * not be sent), else 0.
+ */
+static int session_packet(ql__session *ss, const uint8_t *buf, size_t len) {
+  ql__sessions *o = ss->owner;
+  char err[256] = "";
+  ql__session_request *req = NULL;
+  ql__msg_session_response resp;
+  Qlinear__V1__Status st;
+  Qlinear__V1__SessionOpenResponse open;
+  Qlinear__V1__CreateRegionResponse created;
+  Qlinear__V1__DestroyRegionResponse destroyed;
+  int rc, fd = -1;
+  ql__region *r = NULL;
+
+  rc = ql__session_request_decode(buf, len, len + SESSION_BUDGET_SLACK, &req,
+                                  err, sizeof err);
+  if (rc != 0) {
+    /* Not a SessionRequest: answered under id 0, as on the request
+     * socket. */
+    if (send_error(ss->fd, 0, rc, err) == 0)
+      return 0;
+    session_end(ss, "a reply could not be sent");
+    return -1;
+  }
+  const ql__msg_session_request *m = req->msg;
+  qlinear__v1__session_response__init(&resp);
+  qlinear__v1__status__init(&st);
+  resp.request_id = m->request_id;
+  resp.status = &st;
+  st.message = err;
+  if ((rc = ql__session_request_validate(m, err, sizeof err)) != 0)
+    goto reply;
+  if (m->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_OPEN && !ss->open) {
+    rc = QL_ESESSION;
+    snprintf(err, sizeof err, "the session is not open yet (send open "
+             "first)");
+    goto reply;
+  }
+  switch (m->body_case) {
+  case QLINEAR__V1__SESSION_REQUEST__BODY_OPEN:
+    if (ss->open) {
+      rc = QL_EPROTO;
+      snprintf(err, sizeof err, "open: the session is already open");
+      break;
+    }
+    if (m->open->protocol_version != QL_PROTOCOL_VERSION) {
+      rc = QL_EVERSION;
+      snprintf(err, sizeof err, "open: client speaks protocol %u, daemon %u",
+               m->open->protocol_version, QL_PROTOCOL_VERSION);
+      break;
+    }
+    ss->open = 1;
+    ss->tok_next = o->by_token[ss->token[0]];
+    o->by_token[ss->token[0]] = ss;
+    copy_printable(ss->client_name, sizeof ss->client_name,
+                   m->open->client_name);
+    ql__info("session %llu opened by pid %ld (uid %lu, gid %lu, %s)",
+             (unsigned long long)ss->id, (long)ss->pid,
+             (unsigned long)ss->uid, (unsigned long)ss->gid,
+             ss->client_name[0] ? ss->client_name : "unnamed");
+    qlinear__v1__session_open_response__init(&open);
+    open.token.data = ss->token;
+    open.token.len = sizeof ss->token;
+    open.max_regions = QL_SESSION_MAX_REGIONS;
+    open.max_region_bytes = QL_SESSION_MAX_REGION_BYTES;
+    resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_OPEN;
+    resp.open = &open;
+    break;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_REGION:
+    rc = region_create(o, ss, m->create_region->size, &r, &fd, err,
+                       sizeof err);
+    if (rc != 0)
+      break;
+    qlinear__v1__create_region_response__init(&created);
+    created.region_id = r->id;
+    created.size = r->size;
+    resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_CREATE_REGION;
+    resp.create_region = &created;
+    ql__debug("session %llu: region %llu of %llu bytes",
+              (unsigned long long)ss->id, (unsigned long long)r->id,
+              (unsigned long long)r->size);
+    break;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION:
+    rc = region_destroy(o, ss, m->destroy_region->region_id);
+    if (rc != 0) {
+      snprintf(err, sizeof err, "destroy_region: the session has no region "
+               "%llu", (unsigned long long)m->destroy_region->region_id);
+      break;
+    }
+    qlinear__v1__destroy_region_response__init(&destroyed);
+    resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_DESTROY_REGION;
+    resp.destroy_region = &destroyed;
+    break;
+  default: /* validate refused it */
+    rc = QL_EPROTO;
+    break;
+  }
+reply:
+  if (rc != 0) {
+    st.code = rc;
+    resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY__NOT_SET;
+    if (err[0] == '\0')
+      snprintf(err, sizeof err, "%s", ql_strerror(rc));
+    ql__debug("session %llu: %s: %s", (unsigned long long)ss->id,
+              ql_err_name(rc), err);
+  }
+  int sent = send_response(ss->fd, &resp, fd);
+  if (fd >= 0)
+    close(fd); /* the mapping stays; the client has its own descriptor */
+  ql__session_request_free(req);
+  if (sent != 0) {
+    /* A region the client never received is of no use to it. */
+    if (r != NULL)
+      region_destroy(o, ss, r->id);
+    session_end(ss, "a reply could not be sent");
+    return -1;
+  }
+  return 0;
+}
+
+static void on_session(uv_poll_t *p, int status, int events) {
+  ql__session *ss = p->data;
+  if (status < 0) {
+    session_end(ss, uv_strerror(status));
+    return;
+  }
+  if (events & UV_READABLE) {
+    for (int i = 0; i < BURST; i++) {
+      /* One byte more than the largest packet, so that MSG_TRUNC or the
+       * length tells an oversized one. No control buffer: descriptors a
+       * client sends are closed by the kernel, never installed here. */
+      uint8_t buf[QL_SESSION_MSG_MAX + 1];
+      struct iovec iov = {buf, sizeof buf};
+      struct msghdr mh;
+      memset(&mh, 0, sizeof mh);
+      mh.msg_iov = &iov;
+      mh.msg_iovlen = 1;
+      ssize_t n = recvmsg(ss->fd, &mh, MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        break;
+      if (n < 0) {
+        session_end(ss, strerror(errno));
+        return;
+      }
+      if (n == 0) { /* also what an empty packet looks like */
+        session_end(ss, "the client closed its socket");
+        return;
+      }
+      if ((mh.msg_flags & MSG_TRUNC) || (size_t)n > QL_SESSION_MSG_MAX) {
+        if (send_error(ss->fd, 0, QL_ETOOBIG, "session packet larger than "
+                       "4096 bytes") != 0) {
+          session_end(ss, "a reply could not be sent");
+          return;
+        }
+        continue;
+      }
+      if (session_packet(ss, buf, (size_t)n) != 0)
+        return;
+    }
+  }
+  if (events & UV_DISCONNECT)
+    session_end(ss, "the client closed its socket");
+}
+
+/* A new connection: record who it is, give it a token and start reading.
+ * Over the limit it gets one error packet and is closed. */
+static void session_accept(ql__sessions *o, int fd) {
+  struct ucred cred;
+  socklen_t clen = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 ||
+      clen != sizeof cred) {
+    ql__warn("session: no peer credentials: %s", strerror(errno));
+    close(fd);
+    return;
+  }
+  if (o->count >= QL_SESSIONS_MAX) {
+    ql__warn("session from pid %ld refused: %d sessions are open",
+             (long)cred.pid, QL_SESSIONS_MAX);
+    send_error(fd, 0, QL_EEXHAUSTED, "too many sessions are open");
+    close(fd);
+    return;
+  }
+  ql__session *ss = calloc(1, sizeof *ss);
+  if (ss == NULL ||
+      getrandom(ss->token, sizeof ss->token, 0) != (ssize_t)sizeof ss->token) {
+    ql__err("session from pid %ld refused: %s", (long)cred.pid,
+            ss == NULL ? "out of memory" : "getrandom failed");
+    send_error(fd, 0, ss == NULL ? QL_ENOMEM : QL_EINTERNAL, NULL);
+    free(ss);
+    close(fd);
+    return;
+  }
+  ss->fd = fd;
+  ss->owner = o;
+  ss->pid = cred.pid;
+  ss->uid = cred.uid;
+  ss->gid = cred.gid;
+  ss->poll.data = ss;
+  if (uv_poll_init(o->s->loop, &ss->poll, fd) != 0) {
+    free(ss);
+    close(fd);
+    return;
+  }
+  if (uv_poll_start(&ss->poll, UV_READABLE | UV_DISCONNECT, on_session) !=
+      0) {
+    uv_close((uv_handle_t *)&ss->poll, on_session_closed);
+    return;
+  }
+  ss->id = ++o->next_session_id;
+  ss->next = o->list;
+  o->list = ss;
+  o->count++;
+  ql__debug("session %llu: connection from pid %ld uid %lu gid %lu",
+            (unsigned long long)ss->id, (long)cred.pid,
+            (unsigned long)cred.uid, (unsigned long)cred.gid);
+}
+
+static void on_retry(uv_timer_t *t);
+
+static void on_listen(uv_poll_t *p, int status, int events) {
+  ql__sessions *o = p->data;
+  (void)events;
+  if (status < 0) {
+    ql__err("session socket poll failed: %s", uv_strerror(status));
+    return;
+  }
+  for (int i = 0; i < BURST; i++) {
+    int fd = accept4(o->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      session_accept(o, fd);
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED)
+      continue;
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+        errno == ENOMEM) {
+      /* The poll is level-triggered: pause rather than spin. */
+      ql__warn("cannot accept sessions: %s", strerror(errno));
+      uv_poll_stop(&o->poll);
+      uv_timer_start(&o->retry, on_retry, ACCEPT_RETRY_MS, 0);
+    }
+    return;
+  }
+}
+
+static void on_retry(uv_timer_t *t) {
+  ql__sessions *o = t->data;
+  uv_poll_start(&o->poll, UV_READABLE, on_listen);
+}
+
+static void on_listener_closed(uv_handle_t *h) {
+  ql__sessions *o = h->data;
+  if (--o->closing_handles > 0)
+    return;
+  if (o->fd >= 0)
+    close(o->fd);
+  free(o);
+}
+
+int ql__sessions_open(ql__server *s) {
+  struct sockaddr_un sa;
+  int rc = QL_EIO;
+  ql__sessions *o = calloc(1, sizeof *o);
+  if (o == NULL) {
+    ql__err("cannot open the session socket: out of memory");
+    return QL_ENOMEM;
+  }
+  o->s = s;
+  o->fd = -1;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  if (snprintf(o->path, sizeof o->path, "%s/session.sock",
+               s->cfg.socket_dir) >= (int)sizeof sa.sun_path) {
+    ql__err("session socket path too long: %s/session.sock",
+            s->cfg.socket_dir);
+    free(o);
+    return QL_EINVAL;
+  }
+  strcpy(sa.sun_path, o->path);
+  o->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (o->fd < 0)
+    goto fail;
+  /* The caller owns the directory now (the request socket is bound), so
+   * a file here is a leftover of a daemon that died. */
+  unlink(o->path);
+  if (bind(o->fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+      listen(o->fd, 128) != 0)
+    goto fail;
+  /* As for the request socket: the directory's group is the access
+   * boundary, so the socket is group-writable whatever the umask. */
+  if (chmod(o->path, 0660) != 0)
+    ql__warn("chmod %s: %s", o->path, strerror(errno));
+  if (uv_poll_init(s->loop, &o->poll, o->fd) != 0) {
+    rc = QL_EINTERNAL;
+    goto fail;
+  }
+  uv_timer_init(s->loop, &o->retry);
+  o->poll.data = o->retry.data = o;
+  if (uv_poll_start(&o->poll, UV_READABLE, on_listen) != 0) {
+    ql__err("cannot poll %s", o->path);
+    unlink(o->path);
+    o->closing_handles = 2;
+    uv_close((uv_handle_t *)&o->poll, on_listener_closed);
+    uv_close((uv_handle_t *)&o->retry, on_listener_closed);
+    return QL_EINTERNAL;
+  }
+  s->sessions = o;
+  ql__notice("sessions at %s", o->path);
+  return 0;
+fail:
+  ql__err("cannot listen at %s: %s", o->path, strerror(errno));
+  if (o->fd >= 0) {
+    close(o->fd);
+    unlink(o->path);
+  }
+  free(o);
+  return rc;
+}
+
+void ql__sessions_close(ql__server *s) {
+  ql__sessions *o = s->sessions;
+  if (o == NULL)
+    return;
+  while (o->list != NULL)
+    session_end(o->list, "the daemon is stopping");
+  /* Holds live only in sessions: none can be left. */
+  s->sessions = NULL;
+  unlink(o->path);
+  o->closing_handles = 2;
+  uv_close((uv_handle_t *)&o->poll, on_listener_closed);
+  uv_close((uv_handle_t *)&o->retry, on_listener_closed);
+}

@@ -1,0 +1,115 @@
+/*
+ * session.h - sessions and their shared-memory regions (DESIGN §7, §8).
+ *
+ * A client opens a session by connecting to session.sock (AF_UNIX,
+ * SOCK_SEQPACKET) beside the request socket: the daemon records the peer's
+ * uid, gid and pid (SO_PEERCRED) and answers SessionOpen with a random
+ * 128-bit token that every nanomsg request then carries. Over the same
+ * socket the client creates and destroys regions: memfds the daemon makes,
+ * seals (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, so no client can
+ * truncate one under the daemon's mapping) and maps, and passes to the
+ * client as SCM_RIGHTS descriptors.
+ *
+ * The session lives exactly as long as its connection: when the socket
+ * closes (exit, crash, kill -9), its regions are destroyed, its uploads in
+ * progress dropped and its hold on every weight released at once; a weight
+ * no session holds any more leaves the store. Requests still queued keep
+ * what they use alive through references, so nothing is freed under them.
+ *
+ * Everything here runs on the loop thread; workers only read and write the
+ * mapping of a region a job holds a reference to.
+ */
+#ifndef QL_SESSION_H
+#define QL_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "qlineard.h"
+
+/* Limits, in one place until they become config options. */
+#define QL_SESSIONS_MAX 256           /* sessions open at once */
+#define QL_SESSION_MAX_REGIONS 64     /* regions of one session */
+#define QL_SESSION_MAX_REGION_BYTES ((uint64_t)4 << 30) /* their sizes */
+#define QL_SESSION_MAX_WEIGHTS 1024   /* weights one session holds */
+#define QL_SESSION_MAX_UPLOADS 16     /* its uploads in progress */
+
+/* A shared-memory region: the daemon's mapping of a sealed memfd. */
+typedef struct ql__region {
+  uint64_t id;    /* unique for the daemon's lifetime, never 0 */
+  uint64_t size;  /* bytes; the memfd is sealed at this size */
+  uint8_t *base;  /* MAP_SHARED, read-write */
+  int refs;       /* its session's (until destroyed) + one per job */
+  struct ql__region *next; /* in its session's list */
+} ql__region;
+
+typedef struct ql__session ql__session;
+
+/*
+ * Binds <socket_dir>/session.sock (replacing a file left there: the caller
+ * has made sure no other daemon owns the directory) and starts accepting
+ * sessions on s->loop; s->sessions is set on success. Returns 0 or a QL_E*
+ * code (logged); on failure nothing is left open.
+ */
+int ql__sessions_open(ql__server *s);
+
+/*
+ * Ends every session (releasing what they hold, as if each client had
+ * closed its socket), stops listening and removes session.sock. Memory is
+ * freed once libuv has closed the handles. Safe on a server without
+ * sessions and when called twice.
+ */
+void ql__sessions_close(ql__server *s);
+
+/* The open session whose token is token[0..len), or NULL (wrong length,
+ * unknown, or ended). Compares in constant time. */
+ql__session *ql__session_find(ql__server *s, const uint8_t *token,
+                              size_t len);
+
+/* A session's number (for logs and for work that outlives a callback),
+ * and the session of that number if it is still open, else NULL. */
+uint64_t ql__session_id(const ql__session *ss);
+
+/* The peer's uid (SO_PEERCRED at accept). */
+uid_t ql__session_uid(const ql__session *ss);
+ql__session *ql__session_by_id(ql__server *s, uint64_t id);
+
+/* The session's region of that id, or NULL: another session's region is
+ * not found. No reference is taken. */
+ql__region *ql__session_region(ql__session *ss, uint64_t id);
+
+/* A job's reference to a region; the last unref unmaps it. Loop thread. */
+void ql__region_ref(ql__region *r);
+void ql__region_unref(ql__region *r);
+
+/*
+ * Makes the session a holder of w (a weight in the store). Holding twice
+ * is holding once. QL_EEXHAUSTED past QL_SESSION_MAX_WEIGHTS, QL_ENOMEM;
+ * nothing changes on failure.
+ */
+int ql__session_hold(ql__server *s, ql__session *ss, ql__weight *w);
+
+/*
+ * Drops the session's hold on the weight called name; a weight no session
+ * holds any more is removed from the store (jobs using it keep it alive
+ * until they finish). QL_ENOTFOUND if the session holds no such weight.
+ */
+int ql__session_release(ql__server *s, ql__session *ss, const char *name);
+
+/*
+ * Uploads belong to the session that began them. upload_room is 0 when the
+ * session may begin another (QL_EEXHAUSTED otherwise); upload_add records
+ * one (after upload_room said yes; it cannot fail then); upload_owns tells
+ * whether the session began upload id; upload_forget drops the record.
+ */
+int ql__session_upload_room(ql__server *s, ql__session *ss);
+void ql__session_upload_add(ql__session *ss, uint64_t id);
+int ql__session_upload_owns(const ql__session *ss, uint64_t id);
+void ql__session_upload_forget(ql__session *ss, uint64_t id);
+
+/* Counts for Stats. */
+void ql__sessions_counts(const ql__server *s, uint64_t *sessions,
+                         uint64_t *regions, uint64_t *region_bytes);
+
+#endif /* QL_SESSION_H */
