@@ -1,12 +1,398 @@
 /*
- * backend.c - the CPU backend's registration. The CPU is always built and
- * is the default device. It has no implementations of its own yet, so
- * every op dispatches to the generic ones; SIMD kernels register here.
+ * backend.c - the CPU backend's registration (the one place that lists
+ * its implementations) and the glue every CPU op shares: argument checks
+ * as strict as the reference's, activation widening and quantization,
+ * the split of N between the pool's threads, and the f32 → dtype store.
+ * The CPU is always built and is the default device.
+ *
+ * Levels (cpu.h): each op is registered once per instruction level,
+ * highest first, with a supports() that accepts only the level the
+ * process runs at, so dispatch picks the one that runs and its name says
+ * which (metrics, qlinearctl). All levels read the same layout, made by
+ * cpu.repack, and give the same bytes as the generic op.
+ *
+ * Formats: q4g and q8c (WO and AQ). q8b and f8r are not implemented here
+ * yet: dispatch gives the generic ops for them.
  */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
 #include "registry.h"
+
+#define FMTS (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C))
+
+/* Below this many multiply-adds a call stays on the calling thread: the
+ * wake-up of the pool would cost more than it saves. */
+#define PARALLEL_MIN_MACS ((int64_t)1 << 17)
+
+static int mul_size(size_t a, size_t b, size_t *out) {
+  if (a != 0 && b > SIZE_MAX / a)
+    return 0;
+  *out = a * b;
+  return 1;
+}
+
+/* The kernels of level l, or of the highest level this CPU has when l is
+ * above it (an implementation called without dispatch never runs
+ * instructions the CPU lacks). */
+static const ql__cpu_kernels *kernels(ql__cpu_level l) {
+  ql__cpu_level d = ql__cpu_level_detected();
+  return ql__cpu_kernels_for(l < d ? l : d);
+}
+
+/* The argument checks of kernels/reference.c op_args(), so that the CPU
+ * ops fail where and how the generic ones do. */
+static int linear_args(const ql_linear_args *a, size_t *esz) {
+  size_t mk, mn, bytes;
+  int rc;
+  if (a == NULL || a->w == NULL || a->x == NULL || a->y == NULL)
+    return QL_EINVAL;
+  if ((rc = ql_qweight_check(a->w)) != 0)
+    return rc;
+  if ((*esz = ql_dtype_size(a->dt)) == 0)
+    return QL_EDTYPE;
+  if (a->m < 1 || a->m > QL_DIM_MAX)
+    return QL_ESHAPE;
+  if (!mul_size((size_t)a->m, (size_t)a->w->k, &mk) ||
+      !mul_size(mk, sizeof(float), &bytes) ||
+      !mul_size((size_t)a->m, (size_t)a->w->n, &mn) ||
+      !mul_size(mn, sizeof(float), &bytes))
+    return QL_ESHAPE;
+  return 0;
+}
+
+/* The layout to read: the one repack made at load, or (a caller that has
+ * none, e.g. a weight loaded before this backend had a repack) one built
+ * for this call in *tmp. */
+static int layout(const ql_linear_args *a, const ql__cpu_packed **p,
+                  ql__cpu_packed **tmp) {
+  *tmp = NULL;
+  if (a->packed != NULL) {
+    *p = a->packed;
+    return ql__cpu_packed_matches(*p, a->w) ? 0 : QL_EINVAL;
+  }
+  int rc = ql__cpu_pack(a->w, tmp);
+  *p = *tmp;
+  return rc;
+}
+
+/* x as f32: x itself for f32 activations, else a widened copy in *buf.
+ * QL_ENONFINITE when check is set and any value is NaN or Inf. */
+static int widen_x(const ql_linear_args *a, int check, const float **xf,
+                   float **buf) {
+  size_t n = (size_t)a->m * (size_t)a->w->k;
+  *buf = NULL;
+  if (a->dt == QL_DTYPE_F32) {
+    *xf = a->x;
+  } else {
+    if ((*buf = malloc(n * sizeof(float))) == NULL)
+      return QL_ENOMEM;
+    ql_to_f32(a->dt, a->x, *buf, n);
+    *xf = *buf;
+  }
+  if (check)
+    for (size_t i = 0; i < n; i++)
+      if (!isfinite((*xf)[i]))
+        return QL_ENONFINITE;
+  return 0;
+}
+
+/* One linear call split over the pool: part p computes the tiles
+ * [tiles·p/parts, tiles·(p+1)/parts), every row of x. */
+typedef struct lin_job {
+  const ql__cpu_kernels *kt;
+  const ql__cpu_packed *p;
+  int aq;
+  const float *x; /* WO */
+  int64_t m;
+  ql__cpu_xq xq;  /* AQ */
+  const float *bias;
+  float *y;
+} lin_job;
+
+static void lin_part(void *ctx, int part, int parts) {
+  const lin_job *j = ctx;
+  const ql__cpu_packed *p = j->p;
+  int64_t t0 = p->tiles * part / parts, t1 = p->tiles * (part + 1) / parts;
+  if (t0 >= t1)
+    return;
+  if (j->aq) {
+    if (p->format == QL_FORMAT_Q4G)
+      j->kt->aq_q4g(p, &j->xq, t0, t1, j->bias, j->y);
+    else
+      j->kt->aq_q8c(p, &j->xq, t0, t1, j->bias, j->y);
+  } else {
+    if (p->format == QL_FORMAT_Q4G)
+      j->kt->wo_q4g(p, j->x, j->m, t0, t1, j->bias, j->y);
+    else
+      j->kt->wo_q8c(p, j->x, j->m, t0, t1, j->bias, j->y);
+  }
+}
+
+/* Runs the job on as many pool threads as the work is worth, then stores
+ * y (already there for f32 outputs). */
+static void lin_run(lin_job *j, const ql_linear_args *a) {
+  double macs = (double)j->m * (double)a->w->n * (double)a->w->k;
+  int parts = macs < (double)PARALLEL_MIN_MACS ? 1 : ql__cpu_threads();
+  if ((int64_t)parts > j->p->tiles)
+    parts = (int)j->p->tiles;
+  ql__cpu_parallel(lin_part, j, parts);
+  if (a->dt != QL_DTYPE_F32)
+    ql_from_f32(a->dt, j->y, a->y, (size_t)j->m * (size_t)a->w->n);
+}
+
+static int run_wo(ql__cpu_level level, const ql_linear_args *a) {
+  const ql__cpu_packed *p;
+  ql__cpu_packed *tmp = NULL;
+  float *xbuf = NULL, *ybuf = NULL;
+  lin_job j;
+  size_t esz;
+  int rc;
+
+  if ((rc = linear_args(a, &esz)) != 0)
+    return rc;
+  if (a->w->format != QL_FORMAT_Q4G && a->w->format != QL_FORMAT_Q8C)
+    return QL_ENOTSUP;
+  memset(&j, 0, sizeof j);
+  if ((rc = widen_x(a, 1, &j.x, &xbuf)) != 0)
+    goto out;
+  if ((rc = layout(a, &p, &tmp)) != 0)
+    goto out;
+  if (a->dt != QL_DTYPE_F32 &&
+      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) ==
+          NULL) {
+    rc = QL_ENOMEM;
+    goto out;
+  }
+  j.kt = kernels(level);
+  j.p = p;
+  j.m = a->m;
+  j.bias = a->w->bias;
+  j.y = a->dt == QL_DTYPE_F32 ? a->y : ybuf;
+  lin_run(&j, a);
+out:
+  ql__cpu_packed_free(tmp);
+  free(xbuf);
+  free(ybuf);
+  return rc;
+}
+
+/* Quantizes the rows of xf [m][k], src data widened, into q (the
+ * bit-exact int8 rule of ql_quantize_rows_i8_src), rows padded with zeros
+ * to kp, with the sums the AQ kernels need (cpu.h). */
+static int quantize_x(const ql__cpu_kernels *kt, const ql__cpu_packed *p,
+                      ql_dtype src, const float *xf, int64_t m, int8_t *xq,
+                      int64_t kp,
+                      float *sx, int32_t *gsum8, float *gsumf) {
+  int64_t k = p->k;
+  for (int64_t r = 0; r < m; r++) {
+    int8_t *q = xq + (size_t)r * (size_t)kp;
+    int rc = kt->quant_row(src, xf + (size_t)r * (size_t)k, k, q, sx + r);
+    if (rc != 0)
+      return rc;
+    memset(q + k, 0, (size_t)(kp - k));
+    if (p->format == QL_FORMAT_Q4G) {
+      for (int64_t g = 0; g < p->groups; g++) {
+        int64_t k0 = g * (int64_t)p->gs, k1 = k0 + (int64_t)p->gs;
+        int32_t s = 0;
+        if (k1 > k)
+          k1 = k;
+        for (int64_t i = k0; i < k1; i++)
+          s += q[i];
+        gsum8[(size_t)r * (size_t)p->groups + (size_t)g] = 8 * s;
+        gsumf[(size_t)r * (size_t)p->groups + (size_t)g] = (float)s;
+      }
+    } else {
+      int32_t s = 0;
+      for (int64_t i = 0; i < k; i++)
+        s += q[i];
+      gsum8[r] = 128 * s; /* |s| <= 128·K: fits for K <= QL_AQ_Q8C_MAX_K */
+    }
+  }
+  return 0;
+}
+
+static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
+  const ql__cpu_packed *p;
+  ql__cpu_packed *tmp = NULL;
+  float *xbuf = NULL, *ybuf = NULL, *sx = NULL, *gsumf = NULL;
+  int8_t *xq = NULL;
+  int32_t *gsum8 = NULL;
+  const float *xf;
+  int64_t kb, kp, ng;
+  size_t esz, xq_bytes;
+  lin_job j;
+  int rc;
+
+  if ((rc = linear_args(a, &esz)) != 0)
+    return rc;
+  if (a->w->format != QL_FORMAT_Q4G && a->w->format != QL_FORMAT_Q8C)
+    return QL_ENOTSUP;
+  if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
+    return QL_ESHAPE;
+  memset(&j, 0, sizeof j);
+  j.kt = kernels(level);
+  kb = a->w->format == QL_FORMAT_Q4G ? QL_CPU_Q4G_KB : QL_CPU_Q8C_KB;
+  kp = (a->w->k + kb - 1) / kb * kb;
+  ng = a->w->format == QL_FORMAT_Q4G ? a->w->groups : 1;
+  rc = QL_ESHAPE;
+  if (!mul_size((size_t)a->m, (size_t)kp, &xq_bytes))
+    goto out;
+  if ((rc = widen_x(a, 0, &xf, &xbuf)) != 0)
+    goto out;
+  if ((rc = layout(a, &p, &tmp)) != 0)
+    goto out;
+  rc = QL_ENOMEM;
+  if ((xq = malloc(xq_bytes)) == NULL ||
+      (sx = malloc((size_t)a->m * sizeof(float))) == NULL ||
+      (gsum8 = malloc((size_t)a->m * (size_t)ng * sizeof(int32_t))) == NULL ||
+      (gsumf = malloc((size_t)a->m * (size_t)ng * sizeof(float))) == NULL)
+    goto out;
+  if ((rc = quantize_x(j.kt, p, a->dt, xf, a->m, xq, kp, sx, gsum8,
+                       gsumf)) != 0)
+    goto out;
+  free(xbuf);
+  xbuf = NULL;
+  rc = QL_ENOMEM;
+  if (a->dt != QL_DTYPE_F32 &&
+      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) ==
+          NULL)
+    goto out;
+  j.p = p;
+  j.aq = 1;
+  j.m = a->m;
+  j.xq = (ql__cpu_xq){xq, a->m, kp, sx, gsum8, gsumf};
+  j.bias = a->w->bias;
+  j.y = a->dt == QL_DTYPE_F32 ? a->y : ybuf;
+  lin_run(&j, a);
+  rc = 0;
+out:
+  ql__cpu_packed_free(tmp);
+  free(xbuf);
+  free(ybuf);
+  free(xq);
+  free(sx);
+  free(gsum8);
+  free(gsumf);
+  return rc;
+}
+
+/* QL_OP_QUANTIZE_ROWS: f32 int8 rows at the level's speed, the same bytes
+ * as ql_quantize_rows_i8_src and its argument checks. e4m3 rows, and rows
+ * of another src (whose values the reference also checks for
+ * representability), go to the reference. */
+static int run_qrows(ql__cpu_level level, const ql_qrows_args *a) {
+  const ql__cpu_kernels *kt = kernels(level);
+  size_t mk, mg, ng;
+  if (a == NULL)
+    return QL_EINVAL;
+  ql_dtype src = (int)a->src == 0 ? QL_DTYPE_F32 : a->src;
+  if (a->kind == QL_QROWS_E4M3)
+    return a->gsum != NULL ? QL_EINVAL
+                           : ql_quantize_rows_e4m3_src(src, a->x, a->m, a->k,
+                                                       a->xq, a->sx);
+  if (a->kind != QL_QROWS_I8)
+    return QL_EINVAL;
+  if (src != QL_DTYPE_F32)
+    return ql_quantize_rows_i8_src(src, a->x, a->m, a->k, a->gs, a->xq, a->sx,
+                                   a->gsum);
+  if (a->x == NULL || a->xq == NULL || a->sx == NULL || a->gs < 1)
+    return QL_EINVAL;
+  if (a->m < 1 || a->m > QL_DIM_MAX || a->k < 1 || a->k > QL_DIM_MAX)
+    return QL_ESHAPE;
+  ng = (size_t)a->k / a->gs + ((size_t)a->k % a->gs != 0);
+  if (!mul_size((size_t)a->m, (size_t)a->k, &mk) ||
+      !mul_size((size_t)a->m, ng, &mg))
+    return QL_ESHAPE;
+  if (a->gsum != NULL &&
+      ((int64_t)a->gs < a->k ? (int64_t)a->gs : a->k) > QL_QROWS_MAX_GROUP)
+    return QL_ESHAPE;
+  for (int64_t r = 0; r < a->m; r++) {
+    int8_t *q = (int8_t *)a->xq + (size_t)r * (size_t)a->k;
+    int rc = kt->quant_row(QL_DTYPE_F32, a->x + (size_t)r * (size_t)a->k, a->k,
+                           q, a->sx + r);
+    if (rc != 0)
+      return rc;
+    if (a->gsum != NULL)
+      for (size_t g = 0, k0 = 0; k0 < (size_t)a->k; g++, k0 += a->gs) {
+        size_t k1 = (size_t)a->k - k0 < a->gs ? (size_t)a->k : k0 + a->gs;
+        int32_t s = 0;
+        for (size_t i = k0; i < k1; i++)
+          s += q[i];
+        a->gsum[(size_t)r * ng + g] = s;
+      }
+  }
+  return 0;
+}
+
+static int repack(ql_repack_args *a) {
+  ql__cpu_packed *p = NULL;
+  int rc = ql__cpu_pack(a->w, &p);
+  a->packed = p;
+  a->packed_bytes = rc == 0 ? p->bytes + sizeof *p : 0;
+  return rc;
+}
+
+static void free_packed(void *p) { ql__cpu_packed_free(p); }
+
+/* ------------------------------------------------------- registration */
+
+/* supports() of level L: only at the level the process runs at. The q8c
+ * AQ bound on K is the generic one (int32 sums). */
+#define LEVEL_FUNCS(L, tag)                                                    \
+  static int sup_##tag(const ql_kernel_impl *im, ql_format f, int64_t m,      \
+                       int64_t n, int64_t k) {                                 \
+    (void)im, (void)f, (void)m, (void)n, (void)k;                              \
+    return ql__cpu_level_get() == (L);                                         \
+  }                                                                            \
+  static int sup_aq_##tag(const ql_kernel_impl *im, ql_format f, int64_t m,   \
+                          int64_t n, int64_t k) {                              \
+    return sup_##tag(im, f, m, n, k) &&                                        \
+           (f != QL_FORMAT_Q8C || k <= QL_AQ_Q8C_MAX_K);                       \
+  }                                                                            \
+  static int wo_##tag(const ql_linear_args *a) { return run_wo((L), a); }      \
+  static int aq_##tag(const ql_linear_args *a) { return run_aq((L), a); }      \
+  static int qrows_##tag(const ql_qrows_args *a) { return run_qrows((L), a); }
+
+LEVEL_FUNCS(QL_CPU_LEVEL_AVX512, avx512)
+LEVEL_FUNCS(QL_CPU_LEVEL_AVX2_VNNI, avx2vnni)
+LEVEL_FUNCS(QL_CPU_LEVEL_AVX2, avx2)
+LEVEL_FUNCS(QL_CPU_LEVEL_C, c)
+
+#define IMPL_LIN(name, op, sup, fn)                                            \
+  {name, op, FMTS, QL_ALL_DTYPES, sup, {.linear = fn}, NULL}
+/* quantize_rows: f32 activations only; rows that came from f16/bf16 take
+ * the generic op. */
+#define IMPL_QROWS(name, sup, fn)                                              \
+  {name, QL_OP_QUANTIZE_ROWS, FMTS, QL_DT_BIT(QL_DTYPE_F32), sup,              \
+   {.quantize_rows = fn}, NULL}
+
+static const ql_kernel_impl impls[] = {
+    {"cpu.repack", QL_OP_REPACK, FMTS, QL_ALL_DTYPES, NULL,
+     {.repack = repack}, free_packed},
+
+    IMPL_LIN("cpu.avx512.linear_wo", QL_OP_LINEAR_WO, sup_avx512, wo_avx512),
+    IMPL_LIN("cpu.avx2vnni.linear_wo", QL_OP_LINEAR_WO, sup_avx2vnni,
+             wo_avx2vnni),
+    IMPL_LIN("cpu.avx2.linear_wo", QL_OP_LINEAR_WO, sup_avx2, wo_avx2),
+    IMPL_LIN("cpu.c.linear_wo", QL_OP_LINEAR_WO, sup_c, wo_c),
+
+    IMPL_LIN("cpu.avx512.linear_aq", QL_OP_LINEAR_AQ, sup_aq_avx512, aq_avx512),
+    IMPL_LIN("cpu.avx2vnni.linear_aq", QL_OP_LINEAR_AQ, sup_aq_avx2vnni,
+             aq_avx2vnni),
+    IMPL_LIN("cpu.avx2.linear_aq", QL_OP_LINEAR_AQ, sup_aq_avx2, aq_avx2),
+    IMPL_LIN("cpu.c.linear_aq", QL_OP_LINEAR_AQ, sup_aq_c, aq_c),
+
+    IMPL_QROWS("cpu.avx512.quantize_rows", sup_avx512, qrows_avx512),
+    IMPL_QROWS("cpu.avx2vnni.quantize_rows", sup_avx2vnni, qrows_avx2vnni),
+    IMPL_QROWS("cpu.avx2.quantize_rows", sup_avx2, qrows_avx2),
+    IMPL_QROWS("cpu.c.quantize_rows", sup_c, qrows_c),
+};
 
 const ql_backend ql__backend_cpu = {
     .name = "cpu",
-    .impls = NULL,
-    .n_impls = 0,
+    .impls = impls,
+    .n_impls = sizeof impls / sizeof impls[0],
 };

@@ -1,0 +1,491 @@
+/*
+ * kern_avx512.c - the AVX-512 (F/BW/VL/VNNI) level of the CPU kernels
+ * (cpu.h). Every function carries the target attribute, so the rest of
+ * the build stays portable; they run only after level.c found the
+ * features. Lane j of every vector is row j of a 16-row tile; the
+ * arithmetic of each lane is, operation for operation, that of kern_c.c
+ * and of the reference (no FMA: mul and add round separately, and the
+ * library is compiled with -ffp-contract=off so that the compiler does
+ * not fuse them either).
+ *
+ * Decoding without a conversion instruction: a 4-bit u (or 8-bit byte)
+ * OR-ed into the mantissa of 2^23 is the float 2^23 + u, and subtracting
+ * 2^23 + 8 (+ 128) gives q exactly.
+ */
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "cpu.h"
+
+#define TGT                                                                    \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define INL static inline __attribute__((always_inline)) TGT
+
+#define T QL_CPU_TILE
+
+/* The loops over tiles and rows of a block have constant trip counts
+ * once inlined; unrolled, their vectors live in registers. */
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* Software prefetch PF_BYTES ahead in a tile's stream: with 2-4 tiles per
+ * pass there are as many streams per core, which the hardware prefetcher
+ * alone does not keep far enough ahead for a memory-bound GEMV. Past the
+ * end of a tile it touches the next tile or the end of the layout: a
+ * prefetch never faults. */
+#define PF_BYTES 2048
+#define PREFETCH(ptr) _mm_prefetch((const char *)(ptr) + PF_BYTES, _MM_HINT_T0)
+
+/* 16 scale/zero values of dtype dt, widened exactly to f32. */
+INL __m512 load16(ql_dtype dt, const uint8_t *p) {
+  if (dt == QL_DTYPE_F32)
+    return _mm512_loadu_ps(p);
+  if (dt == QL_DTYPE_F16)
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+INL __mmask16 rows_mask(const ql__cpu_packed *p, int64_t t) {
+  int64_t rows = p->n - t * T;
+  return rows >= T ? (__mmask16)0xFFFF : (__mmask16)((1u << rows) - 1u);
+}
+
+/* y[r][tile t] = v (+ bias), the rows of the tile that exist. */
+INL void store_row(const ql__cpu_packed *p, int64_t t, __m512 v,
+                   const float *bias, float *yr) {
+  __mmask16 mk = rows_mask(p, t);
+  if (bias != NULL)
+    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + t * T));
+  _mm512_mask_storeu_ps(yr + t * T, mk, v);
+}
+
+INL __m512i bcast32(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+/* ------------------------------------------------------------ WO q4g */
+
+/*
+ * tb tiles (starting at t) x mb rows of x (starting at m0), all of K.
+ * Called with constant tb and mb so that the accumulators stay in
+ * registers.
+ */
+INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
+                    int64_t m0, const int mb, int64_t t, const int tb,
+                    const float *bias, float *y) {
+  __m512 acc[4][4];
+  const uint8_t *tp[4];
+  const __m512i nib = _mm512_set1_epi32(0xF);
+  const __m512i magic = _mm512_set1_epi32(0x4B000000);
+  const __m512 magic8 = _mm512_set1_ps(8388616.0f); /* 2^23 + 8 */
+  const size_t esz = ql_dtype_size(p->sdt);
+  const int64_t K = p->k;
+  const float *xr[4];
+
+  UNROLL
+
+  for (int a = 0; a < tb; a++) {
+    tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      acc[a][r] = _mm512_setzero_ps();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = x + (size_t)(m0 + r) * (size_t)K;
+
+  for (int64_t g = 0; g < p->groups; g++) {
+    __m512 s[4], z[4];
+    const uint8_t *d[4];
+    int64_t nb = ql__cpu_q4g_blocks(p, g), k0 = g * (int64_t)p->gs;
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      const uint8_t *gp = tp[a] + (size_t)g * p->group_bytes;
+      s[a] = load16(p->sdt, gp);
+      z[a] = load16(p->sdt, gp + T * esz);
+      d[a] = gp + p->sz_bytes;
+    }
+    for (int64_t b = 0; b < nb; b++, k0 += QL_CPU_Q4G_KB) {
+      __m512i v[4];
+      UNROLL
+      for (int a = 0; a < tb; a++) {
+        v[a] = _mm512_load_si512((const void *)(d[a] + (size_t)b * QL_CPU_BLOCK));
+        PREFETCH(d[a] + (size_t)b * QL_CPU_BLOCK);
+      }
+#define WO_Q4G_STEP(i, u_of)                                                   \
+  do {                                                                         \
+    UNROLL                                                                     \
+    for (int a = 0; a < tb; a++) {                                             \
+      __m512i u = _mm512_ternarylogic_epi32(u_of, nib, magic, 0xEA);           \
+      __m512 qf = _mm512_sub_ps(_mm512_castsi512_ps(u), magic8);               \
+      __m512 wq = fma ? _mm512_fmadd_ps(qf, s[a], z[a])                        \
+                      : _mm512_add_ps(_mm512_mul_ps(qf, s[a]), z[a]);          \
+      UNROLL                                                                   \
+      for (int r = 0; r < mb; r++)                                             \
+        acc[a][r] = _mm512_add_ps(                                             \
+            acc[a][r], _mm512_mul_ps(_mm512_set1_ps(xr[r][k0 + (i)]), wq));    \
+    }                                                                          \
+  } while (0)
+      if (K - k0 >= QL_CPU_Q4G_KB) {
+        WO_Q4G_STEP(0, v[a]);
+        WO_Q4G_STEP(1, _mm512_srli_epi32(v[a], 8));
+        WO_Q4G_STEP(2, _mm512_srli_epi32(v[a], 16));
+        WO_Q4G_STEP(3, _mm512_srli_epi32(v[a], 24));
+        WO_Q4G_STEP(4, _mm512_srli_epi32(v[a], 4));
+        WO_Q4G_STEP(5, _mm512_srli_epi32(v[a], 12));
+        WO_Q4G_STEP(6, _mm512_srli_epi32(v[a], 20));
+        WO_Q4G_STEP(7, _mm512_srli_epi32(v[a], 28));
+      } else {
+        int kn = (int)(K - k0);
+        for (int i = 0; i < kn; i++) {
+          __m128i sh = _mm_cvtsi32_si128((i & 3) * 8 + (i & 4));
+          WO_Q4G_STEP(i, _mm512_srl_epi32(v[a], sh));
+        }
+      }
+#undef WO_Q4G_STEP
+    }
+  }
+  UNROLL
+  for (int a = 0; a < tb; a++)
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
+}
+
+/* ------------------------------------------------------------ WO q8c */
+
+INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
+                    const int mb, int64_t t, const int tb, const float *bias,
+                    float *y) {
+  __m512 acc[4][4], s[4];
+  const uint8_t *tp[4];
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  const __m512i magic = _mm512_set1_epi32(0x4B000000);
+  const __m512 magic128 = _mm512_set1_ps(8388736.0f); /* 2^23 + 128 */
+  const int64_t K = p->k, nb = (K + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB;
+  const float *xr[4];
+
+  UNROLL
+
+  for (int a = 0; a < tb; a++) {
+    tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
+    s[a] = _mm512_load_ps((const void *)tp[a]);
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      acc[a][r] = _mm512_setzero_ps();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = x + (size_t)(m0 + r) * (size_t)K;
+
+  for (int64_t b = 0, k0 = 0; b < nb; b++, k0 += QL_CPU_Q8C_KB) {
+    __m512i v[4];
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      v[a] = _mm512_load_si512(
+          (const void *)(tp[a] + QL_CPU_BLOCK + (size_t)b * QL_CPU_BLOCK));
+      PREFETCH(tp[a] + QL_CPU_BLOCK + (size_t)b * QL_CPU_BLOCK);
+    }
+#define WO_Q8C_STEP(i, u_of)                                                   \
+  do {                                                                         \
+    UNROLL                                                                     \
+    for (int a = 0; a < tb; a++) {                                             \
+      __m512i u = _mm512_ternarylogic_epi32(u_of, byte, magic, 0xEA);          \
+      __m512 qf = _mm512_sub_ps(_mm512_castsi512_ps(u), magic128);             \
+      __m512 wq = _mm512_mul_ps(qf, s[a]);                                     \
+      UNROLL                                                                   \
+      for (int r = 0; r < mb; r++)                                             \
+        acc[a][r] = _mm512_add_ps(                                             \
+            acc[a][r], _mm512_mul_ps(_mm512_set1_ps(xr[r][k0 + (i)]), wq));    \
+    }                                                                          \
+  } while (0)
+    if (K - k0 >= QL_CPU_Q8C_KB) {
+      WO_Q8C_STEP(0, v[a]);
+      WO_Q8C_STEP(1, _mm512_srli_epi32(v[a], 8));
+      WO_Q8C_STEP(2, _mm512_srli_epi32(v[a], 16));
+      WO_Q8C_STEP(3, _mm512_srli_epi32(v[a], 24));
+    } else {
+      int kn = (int)(K - k0);
+      for (int i = 0; i < kn; i++) {
+        __m128i sh = _mm_cvtsi32_si128(i * 8);
+        WO_Q8C_STEP(i, _mm512_srl_epi32(v[a], sh));
+      }
+    }
+#undef WO_Q8C_STEP
+  }
+  UNROLL
+  for (int a = 0; a < tb; a++)
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
+}
+
+/* ------------------------------------------------------------ AQ q8c */
+
+INL void aq_q8c_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+                    const int mb, int64_t t, const int tb, const float *bias,
+                    float *y) {
+  __m512i acc[4][8];
+  const uint8_t *tp[4];
+  const int8_t *xr[8];
+  const int64_t nb = xq->kp / QL_CPU_Q8C_KB;
+
+  UNROLL
+
+  for (int a = 0; a < tb; a++) {
+    tp[a] = p->data + (size_t)(t + a) * p->tile_bytes + QL_CPU_BLOCK;
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      acc[a][r] = _mm512_setzero_si512();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = xq->xq + (size_t)(m0 + r) * (size_t)xq->kp;
+  for (int64_t b = 0; b < nb; b++) {
+    __m512i v[4];
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      v[a] = _mm512_load_si512((const void *)(tp[a] + (size_t)b * QL_CPU_BLOCK));
+      PREFETCH(tp[a] + (size_t)b * QL_CPU_BLOCK);
+    }
+    UNROLL
+    for (int r = 0; r < mb; r++) {
+      __m512i xb = bcast32(xr[r] + b * QL_CPU_Q8C_KB);
+      UNROLL
+      for (int a = 0; a < tb; a++)
+        acc[a][r] = _mm512_dpbusd_epi32(acc[a][r], v[a], xb);
+    }
+  }
+  /* Σ x·u - 128·Σ x = Σ x·w, exact: both sides wrap modulo 2^32 in
+   * vpdpbusd and vpsubd, and the result fits an int32. */
+  UNROLL
+  for (int a = 0; a < tb; a++) {
+    __m512 s = _mm512_load_ps((const void *)(tp[a] - QL_CPU_BLOCK));
+    UNROLL
+    for (int r = 0; r < mb; r++) {
+      __m512i ai = _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[m0 + r]));
+      __m512 sxw = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), s);
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(ai), sxw);
+      store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
+    }
+  }
+}
+
+/* ------------------------------------------------------------ AQ q4g */
+
+INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+                    const int mb, int64_t t, const int tb, const float *bias,
+                    float *y) {
+  __m512 facc[4][4];
+  const uint8_t *tp[4];
+  const int8_t *xr[4];
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  const size_t esz = ql_dtype_size(p->sdt);
+  const int64_t G = p->groups;
+
+  UNROLL
+
+  for (int a = 0; a < tb; a++) {
+    tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      facc[a][r] = _mm512_setzero_ps();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = xq->xq + (size_t)(m0 + r) * (size_t)xq->kp;
+
+  for (int64_t g = 0; g < G; g++) {
+    __m512i acc[4][4];
+    const uint8_t *d[4];
+    int64_t nb = ql__cpu_q4g_blocks(p, g), k0 = g * (int64_t)p->gs;
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      d[a] = tp[a] + (size_t)g * p->group_bytes + p->sz_bytes;
+      UNROLL
+      for (int r = 0; r < mb; r++)
+        acc[a][r] = _mm512_setzero_si512();
+    }
+    for (int64_t b = 0; b < nb; b++, k0 += QL_CPU_Q4G_KB) {
+      __m512i lo[4], hi[4];
+      UNROLL
+      for (int a = 0; a < tb; a++) {
+        __m512i v = _mm512_load_si512((const void *)(d[a] + (size_t)b * QL_CPU_BLOCK));
+        PREFETCH(d[a] + (size_t)b * QL_CPU_BLOCK);
+        lo[a] = _mm512_and_si512(v, lo4);
+        hi[a] = _mm512_and_si512(_mm512_srli_epi32(v, 4), lo4);
+      }
+      UNROLL
+      for (int r = 0; r < mb; r++) {
+        __m512i x0 = bcast32(xr[r] + k0), x1 = bcast32(xr[r] + k0 + 4);
+        UNROLL
+        for (int a = 0; a < tb; a++) {
+          acc[a][r] = _mm512_dpbusd_epi32(acc[a][r], lo[a], x0);
+          acc[a][r] = _mm512_dpbusd_epi32(acc[a][r], hi[a], x1);
+        }
+      }
+    }
+    /* Σ x·u - 8·Σx = Σ x·q; then the reference's f32 steps: the scale
+     * term, then the zero term. */
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      const uint8_t *gp = tp[a] + (size_t)g * p->group_bytes;
+      __m512 s = load16(p->sdt, gp), z = load16(p->sdt, gp + T * esz);
+      UNROLL
+      for (int r = 0; r < mb; r++) {
+        size_t gi = (size_t)(m0 + r) * (size_t)G + (size_t)g;
+        __m512i ai = _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[gi]));
+        __m512 t1 = _mm512_mul_ps(s, _mm512_cvtepi32_ps(ai));
+        __m512 t2 = _mm512_mul_ps(z, _mm512_set1_ps(xq->gsumf[gi]));
+        facc[a][r] = _mm512_add_ps(facc[a][r], t1);
+        facc[a][r] = _mm512_add_ps(facc[a][r], t2);
+      }
+    }
+  }
+  UNROLL
+  for (int a = 0; a < tb; a++)
+    UNROLL
+    for (int r = 0; r < mb; r++) {
+      __m512 v = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), facc[a][r]);
+      store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
+    }
+}
+
+/* ------------------------------------------------------------ drivers */
+
+/* A call of blk with constant (tb, mb) for every pair the drivers use. */
+#define CASES(blk, ...)                                                        \
+  switch (tb * 16 + mb) {                                                      \
+  case 0x41: blk(__VA_ARGS__, 1, t, 4, bias, y); break;                                  \
+  case 0x42: blk(__VA_ARGS__, 2, t, 4, bias, y); break;                                  \
+  case 0x21: blk(__VA_ARGS__, 1, t, 2, bias, y); break;                                  \
+  case 0x22: blk(__VA_ARGS__, 2, t, 2, bias, y); break;                                  \
+  case 0x23: blk(__VA_ARGS__, 3, t, 2, bias, y); break;                                  \
+  case 0x24: blk(__VA_ARGS__, 4, t, 2, bias, y); break;                                  \
+  case 0x11: blk(__VA_ARGS__, 1, t, 1, bias, y); break;                                  \
+  case 0x12: blk(__VA_ARGS__, 2, t, 1, bias, y); break;                                  \
+  case 0x13: blk(__VA_ARGS__, 3, t, 1, bias, y); break;                                  \
+  default: blk(__VA_ARGS__, 4, t, 1, bias, y); break;                                    \
+  }
+
+/*
+ * Tiles in blocks of tb, rows in blocks of up to 4 (2 with 4 tiles: the
+ * registers), tiles outermost so that a block of weight tiles stays in
+ * cache while every row of x passes over it. 1-2 rows take 4 tiles at a
+ * time: 4-8 independent sums hide the latency of the adds. The blocking
+ * changes which lanes share a pass, never the operations on a lane.
+ */
+#define DRIVE(TB12, blk, ...)                                                  \
+  for (int64_t t = t0; t < t1;) {                                              \
+    int tb = m <= 2 ? (TB12) : 2;                                              \
+    if (t1 - t < tb)                                                           \
+      tb = t1 - t >= 2 ? 2 : 1;                                                \
+    for (int64_t m0 = 0; m0 < m;) {                                            \
+      int mb = m - m0 < 4 ? (int)(m - m0) : 4;                                 \
+      if (tb == 4 && mb > 2)                                                   \
+        mb = 2;                                                                \
+      CASES(blk, __VA_ARGS__)                                                  \
+      m0 += mb;                                                                \
+    }                                                                          \
+    t += tb;                                                                   \
+  }
+
+static TGT void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  if (p->fma_dequant) {
+    DRIVE(2, wo_q4g_blk, 1, p, x, m0)
+  } else {
+    DRIVE(2, wo_q4g_blk, 0, p, x, m0)
+  }
+}
+
+static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  DRIVE(4, wo_q8c_blk, p, x, m0)
+}
+
+static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  const int64_t m = xq->m;
+  DRIVE(4, aq_q4g_blk, p, xq, m0)
+}
+
+/* q8c AQ has no per-group epilogue: 2 tiles x 6 rows (12 accumulators)
+ * when there are enough rows. */
+static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  const int64_t m = xq->m;
+  for (int64_t t = t0; t < t1;) {
+    int tb = m <= 2 ? 4 : 2;
+    if (t1 - t < tb)
+      tb = t1 - t >= 2 ? 2 : 1;
+    for (int64_t m0 = 0; m0 < m;) {
+      int mb = m - m0 < 4 ? (int)(m - m0) : 4;
+      if (tb == 4 && mb > 2)
+        mb = 2;
+      if (tb == 2 && m - m0 >= 6) {
+        aq_q8c_blk(p, xq, m0, 6, t, 2, bias, y);
+        mb = 6;
+      } else {
+        CASES(aq_q8c_blk, p, xq, m0)
+      }
+      m0 += mb;
+    }
+    t += tb;
+  }
+}
+
+/* -------------------------------------------------------- quantize */
+
+static TGT int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
+                         float *sx) {
+  const __m512 lim = _mm512_set1_ps(3.40282347e+38f);
+  __m512 vmax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  float amax, scale, inv;
+  int64_t i;
+
+  for (i = 0; i + 16 <= k; i += 16) {
+    __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    bad |= (__mmask16)~_mm512_cmp_ps_mask(a, lim, _CMP_LE_OQ);
+    vmax = _mm512_max_ps(vmax, a);
+  }
+  if (i < k) {
+    __mmask16 mk = (__mmask16)((1u << (k - i)) - 1u);
+    __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, x + i));
+    bad |= (__mmask16)(mk & ~_mm512_cmp_ps_mask(a, lim, _CMP_LE_OQ));
+    vmax = _mm512_max_ps(vmax, a);
+  }
+  if (bad)
+    return QL_ENONFINITE;
+  /* the reference's scalar steps */
+  amax = _mm512_reduce_max_ps(vmax);
+  scale = ql__cpu_rnd_src(src, amax / 127.5f);
+  if (scale < QL_I8_SCALE_EPS)
+    scale = QL_I8_SCALE_EPS;
+  inv = 1.0f / scale;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  /* rne(x·inv) (vcvtps2dq rounds to nearest even in the default MXCSR
+   * mode, like rintf), then the clamp to [-128, 127] as a signed
+   * saturation */
+  for (i = 0; i + 16 <= k; i += 16) {
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vinv));
+    _mm_storeu_si128((__m128i *)(xq + i), _mm512_cvtsepi32_epi8(q));
+  }
+  if (i < k) {
+    __mmask16 mk = (__mmask16)((1u << (k - i)) - 1u);
+    __m512i q = _mm512_cvtps_epi32(
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), vinv));
+    _mm512_mask_cvtsepi32_storeu_epi8(xq + i, mk, q);
+  }
+  *sx = scale;
+  return 0;
+}
+
+const ql__cpu_kernels ql__cpu_kernels_avx512 = {wo_q4g, wo_q8c, aq_q4g,
+                                                aq_q8c, quant_row};
+
+#endif /* __x86_64__ */

@@ -1,0 +1,494 @@
+/*
+ * test_cpu.c - unit tests of the CPU backend (kernels/cpu/) for what the
+ * conformance harness does not cover: the instruction-level override, the
+ * thread pool (any QL_CPU_THREADS gives the same bytes, fork, concurrent
+ * callers), the repacked layout (round trips, validation, a call without
+ * one), and the backend's promise that every level gives the bytes of the
+ * generic reference op.
+ *
+ * The level and the pool size are fixed at the first call in a process,
+ * and check runs each test in its own process (CK_FORK), so a test sets
+ * QL_CPU_LEVEL / QL_CPU_THREADS before its first call into the backend.
+ * main() must not call into the backend.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cpu.h"
+#include "ql_kernels.h"
+#include "registry.h"
+#include "testutil.h"
+
+static const ql_backend *cpu(void) {
+  const ql_backend *b = ql_backend_find("cpu");
+  ck_assert_ptr_nonnull(b);
+  return b;
+}
+
+/* A random weight of format f (q4g group gs), scale dtype sdt, with an
+ * adversarial row or two (all zero, constant -127.5/1024: q8c -128). */
+static ql_qweight *make_weight(uint64_t seed, ql_format f, uint32_t gs,
+                               ql_dtype sdt, int64_t n, int64_t k, int bias) {
+  float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
+  float *b = tu_xmalloc((size_t)n * sizeof(float));
+  ql_qweight *q = NULL;
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t i = 0; i < k; i++)
+      w[r * k + i] = n > 2 && r == 1   ? 0.0f
+                     : n > 2 && r == 2 ? -127.5f / 1024.0f
+                                       : (float)(0.05 * tu_rng_gauss(&seed) +
+                                                 0.01 * (double)(r % 3));
+  for (int64_t r = 0; r < n; r++)
+    b[r] = (float)tu_rng_gauss(&seed);
+  ql_quant_params p = {f, gs, 0, sdt};
+  ck_assert_int_eq(ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w,
+                                       bias ? b : NULL, &q),
+                   0);
+  free(w);
+  free(b);
+  return q;
+}
+
+/* x [m,k] in dtype dt: Gaussian rows, every fourth row with ties and
+ * ±amax, one all-zero row. */
+static void *make_x(uint64_t seed, ql_dtype dt, int64_t m, int64_t k) {
+  float *xf = tu_xmalloc((size_t)(m * k) * sizeof(float));
+  void *x = tu_xmalloc((size_t)(m * k) * ql_dtype_size(dt));
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t i = 0; i < k; i++) {
+      float v = (float)tu_rng_gauss(&seed);
+      if (r % 4 == 1)
+        v = (float)((double)((i * 37) % 255) - 127.0 + 0.5) / 16.0f;
+      if (r % 4 == 3)
+        v = 0.0f;
+      xf[r * k + i] = v;
+    }
+  ql_from_f32(dt, xf, x, (size_t)(m * k));
+  free(xf);
+  return x;
+}
+
+/* Runs op through the CPU backend (with its repacked layout) and through
+ * the generic op, and requires identical bytes. Returns the name of the
+ * implementation that ran. */
+static const char *same_as_generic(const ql_qweight *q, ql_op op, ql_dtype dt,
+                                   const void *x, int64_t m, const char *ctx) {
+  const ql_kernel_impl *im = ql_dispatch(cpu(), op, q->format, dt, m, q->n,
+                                         q->k);
+  const ql_kernel_impl *rp = ql_dispatch(cpu(), QL_OP_REPACK, q->format,
+                                         QL_DTYPE_F32, 0, q->n, q->k);
+  size_t bytes = (size_t)(m * q->n) * ql_dtype_size(dt);
+  unsigned char *y = tu_xmalloc(bytes), *want = tu_xmalloc(bytes);
+  ql_repack_args ra = {q, NULL, 0};
+  ck_assert_ptr_nonnull(im);
+  ck_assert_ptr_nonnull(rp);
+  REQUIRE(strncmp(im->name, "cpu.", 4) == 0, "%s: dispatch gave %s", ctx,
+          im->name);
+  ck_assert_int_eq(rp->fn.repack(&ra), 0);
+  memset(y, 0xFF, bytes);
+  ql_linear_args a = {q, ra.packed, dt, x, m, y};
+  int rc = im->fn.linear(&a);
+  REQUIRE(rc == 0, "%s: %s returned %d", ctx, im->name, rc);
+  rc = op == QL_OP_LINEAR_WO ? ql_linear_wo_ref(q, dt, x, m, want)
+                             : ql_linear_aq_ref(q, dt, x, m, want);
+  ck_assert_int_eq(rc, 0);
+  if (memcmp(y, want, bytes) != 0) {
+    size_t i = 0;
+    while (y[i] == want[i])
+      i++;
+    ck_abort_msg("%s: %s differs from the generic op at byte %zu (element "
+                 "%zu)", ctx, im->name, i, i / ql_dtype_size(dt));
+  }
+  rp->free_packed(ra.packed);
+  free(y);
+  free(want);
+  return im->name;
+}
+
+/* The shape matrix every level is checked on: ragged N and K around the
+ * tile (16), block (4/8) and group sizes. */
+static const int64_t Ms[] = {1, 2, 3, 5, 6, 7, 13};
+static const int64_t Ns[] = {1, 15, 16, 17, 47, 64};
+static const int64_t Ks[] = {1, 5, 8, 31, 64, 100, 129, 300};
+
+static void check_level_matrix(void) {
+  static const struct {
+    ql_format f;
+    uint32_t gs;
+  } fmts[] = {{QL_FORMAT_Q4G, 32},
+              {QL_FORMAT_Q4G, 64},
+              {QL_FORMAT_Q4G, 128},
+              {QL_FORMAT_Q4G, 256},
+              {QL_FORMAT_Q8C, 0}};
+  static const ql_dtype dts[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
+  char ctx[160];
+  int combo = 0;
+  for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
+    for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
+      for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++, combo++) {
+        ql_dtype sdt = dts[combo % 3], adt = dts[(combo / 3) % 3];
+        int64_t n = Ns[ni], k = Ks[ki], mmax = 13;
+        ql_qweight *q = make_weight(1000 + (uint64_t)combo, fmts[fi].f,
+                                    fmts[fi].gs, sdt, n, k, combo & 1);
+        void *x = make_x(77 + (uint64_t)k, adt, mmax, k);
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+          for (int aq = 0; aq < 2; aq++) {
+            snprintf(ctx, sizeof ctx, "%s gs=%u %s M=%lld N=%lld K=%lld "
+                     "scale=%s act=%s",
+                     fmts[fi].f == QL_FORMAT_Q4G ? "q4g" : "q8c", fmts[fi].gs,
+                     aq ? "AQ" : "WO", (long long)Ms[mi], (long long)n,
+                     (long long)k, tu_dtype_name(sdt), tu_dtype_name(adt));
+            same_as_generic(q, aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, adt, x,
+                            Ms[mi], ctx);
+          }
+        free(x);
+        ql_qweight_free(q);
+      }
+}
+
+static const char *const level_env[] = {"c", "avx2", "avx2vnni", "avx512"};
+
+/* Every level (those above the CPU's give the CPU's): the override takes,
+ * the names say which level ran, and the bytes are the generic op's. */
+START_TEST(test_levels_match_generic) {
+  ql__cpu_level want = (ql__cpu_level)_i;
+  setenv("QL_CPU_LEVEL", level_env[_i], 1);
+  if (want > ql__cpu_level_detected())
+    want = ql__cpu_level_detected();
+  ck_assert_int_eq(ql__cpu_level_get(), want);
+  const ql_kernel_impl *im = ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_Q4G,
+                                         QL_DTYPE_F32, 1, 64, 64);
+  char prefix[32];
+  snprintf(prefix, sizeof prefix, "cpu.%s.", ql__cpu_level_name(want));
+  REQUIRE(strncmp(im->name, prefix, strlen(prefix)) == 0,
+          "level %s: WO dispatch gave %s", level_env[_i], im->name);
+  check_level_matrix();
+}
+END_TEST
+
+/* The override lowers, never raises, and an unknown value is ignored. */
+START_TEST(test_level_unknown_ignored) {
+  setenv("QL_CPU_LEVEL", "avx9000", 1);
+  ck_assert_int_eq(ql__cpu_level_get(), ql__cpu_level_detected());
+}
+END_TEST
+
+START_TEST(test_level_names) {
+  ck_assert_str_eq(ql__cpu_level_name(QL_CPU_LEVEL_C), "c");
+  ck_assert_str_eq(ql__cpu_level_name(QL_CPU_LEVEL_AVX2), "avx2");
+  ck_assert_str_eq(ql__cpu_level_name(QL_CPU_LEVEL_AVX2_VNNI), "avx2vnni");
+  ck_assert_str_eq(ql__cpu_level_name(QL_CPU_LEVEL_AVX512), "avx512");
+  ck_assert_str_eq(ql__cpu_level_name((ql__cpu_level)99), "?");
+}
+END_TEST
+
+/* A case large enough to run on the pool, for every thread count. */
+static void check_parallel_case(void) {
+  static const ql_format fs[2] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C};
+  for (int fi = 0; fi < 2; fi++) {
+    ql_qweight *q = make_weight(5 + (uint64_t)fi, fs[fi], 64, QL_DTYPE_BF16,
+                                301, 520, 1);
+    void *x = make_x(9, QL_DTYPE_F32, 9, 520);
+    for (int64_t m = 1; m <= 9; m += 4) {
+      same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "threads WO");
+      same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "threads AQ");
+    }
+    free(x);
+    ql_qweight_free(q);
+  }
+}
+
+/* QL_CPU_THREADS = 1, 2, 3, 7: the bytes are the generic op's whatever
+ * the split of N. */
+START_TEST(test_threads_same_bytes) {
+  static const char *const nt[] = {"1", "2", "3", "7"};
+  setenv("QL_CPU_THREADS", nt[_i], 1);
+  ck_assert_int_eq(ql__cpu_threads(), atoi(nt[_i]));
+  check_parallel_case();
+}
+END_TEST
+
+START_TEST(test_threads_bad_env) {
+  setenv("QL_CPU_THREADS", "0", 1);
+  ck_assert_int_ge(ql__cpu_threads(), 1);
+}
+END_TEST
+
+/* ql__cpu_parallel runs each part exactly once. */
+static void count_part(void *ctx, int part, int parts) {
+  int *hits = ctx;
+  ck_assert_int_lt(part, parts);
+  __atomic_add_fetch(&hits[part], 1, __ATOMIC_RELAXED);
+}
+
+START_TEST(test_pool_parts) {
+  setenv("QL_CPU_THREADS", "4", 1);
+  for (int rep = 0; rep < 200; rep++) {
+    int hits[8] = {0};
+    int want = 1 + rep % 6, got = want < 4 ? want : 4;
+    ql__cpu_parallel(count_part, hits, want);
+    for (int i = 0; i < 8; i++)
+      REQUIRE(hits[i] == (i < got ? 1 : 0), "rep %d part %d ran %d times", rep,
+              i, hits[i]);
+  }
+}
+END_TEST
+
+/* After fork() the child has no workers: its first call builds its own
+ * pool instead of waiting forever for the parent's. */
+START_TEST(test_pool_fork) {
+  setenv("QL_CPU_THREADS", "2", 1);
+  check_parallel_case();
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    alarm(60);
+    check_parallel_case();
+    _exit(0);
+  }
+  int st = 0;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  check_parallel_case();
+}
+END_TEST
+
+/* Several threads calling at once are served one call at a time, each
+ * with the right bytes. */
+static void *caller(void *arg) {
+  (void)arg;
+  check_parallel_case();
+  return NULL;
+}
+
+START_TEST(test_pool_concurrent_callers) {
+  pthread_t th[3];
+  setenv("QL_CPU_THREADS", "2", 1);
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(pthread_create(&th[i], NULL, caller, NULL), 0);
+  for (int i = 0; i < 3; i++)
+    ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+}
+END_TEST
+
+/* pack then unpack gives back the canonical arrays, byte for byte (q8c
+ * scales as their f32 values), for ragged shapes and every scale dtype. */
+START_TEST(test_repack_round_trip) {
+  static const ql_dtype dts[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
+  static const int64_t ns[] = {1, 16, 33}, ks[] = {1, 7, 64, 65, 257};
+  static const uint32_t gss[] = {32, 64, 128, 256};
+  int c = 0;
+  for (int fi = 0; fi < 2; fi++)
+    for (size_t ni = 0; ni < 3; ni++)
+      for (size_t ki = 0; ki < 5; ki++)
+        for (size_t gi = 0; gi < (fi == 0 ? 4u : 1u); gi++, c++) {
+          ql_format f = fi == 0 ? QL_FORMAT_Q4G : QL_FORMAT_Q8C;
+          ql_dtype sdt = dts[c % 3];
+          ql_qweight *q = make_weight(300 + (uint64_t)c, f, gss[gi], sdt,
+                                      ns[ni], ks[ki], 0);
+          ql__cpu_packed *p = NULL;
+          ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+          ck_assert(ql__cpu_packed_matches(p, q));
+          ck_assert_int_eq((long long)p->tiles, (long long)((q->n + 15) / 16));
+          ck_assert_uint_eq((uintptr_t)p->data % 64, 0);
+          size_t sb = f == QL_FORMAT_Q8C ? (size_t)q->n * sizeof(float)
+                                         : q->scale_bytes;
+          uint8_t *qd = tu_xmalloc(q->qdata_bytes);
+          void *sc = tu_xmalloc(sb), *ze = tu_xmalloc(sb);
+          ck_assert_int_eq(ql__cpu_unpack(p, qd, sc, ze), 0);
+          REQUIRE(memcmp(qd, q->qdata, q->qdata_bytes) == 0,
+                  "qdata differs: fmt %d N=%lld K=%lld gs=%u", f,
+                  (long long)q->n, (long long)q->k, gss[gi]);
+          if (f == QL_FORMAT_Q4G) {
+            ck_assert(memcmp(sc, q->scale, sb) == 0);
+            ck_assert(memcmp(ze, q->zero, sb) == 0);
+          } else {
+            for (int64_t j = 0; j < q->n; j++)
+              ck_assert(((float *)sc)[j] ==
+                        ql_load_f32(q->scale_dtype, q->scale, (size_t)j));
+          }
+          free(qd);
+          free(sc);
+          free(ze);
+          ql__cpu_packed_free(p);
+          ql_qweight_free(q);
+        }
+}
+END_TEST
+
+/* The repack op: the layout of the formats it handles, its size, and
+ * dispatch to the generic (no layout) for the others. */
+START_TEST(test_repack_op) {
+  ql_qweight *q = make_weight(1, QL_FORMAT_Q4G, 32, QL_DTYPE_BF16, 20, 70, 0);
+  const ql_kernel_impl *rp = ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q4G,
+                                         QL_DTYPE_F32, 0, 20, 70);
+  ql_repack_args ra = {q, NULL, 0};
+  ck_assert_str_eq(rp->name, "cpu.repack");
+  ck_assert_int_eq(rp->fn.repack(&ra), 0);
+  ck_assert_ptr_nonnull(ra.packed);
+  ck_assert_uint_ge(ra.packed_bytes, ((ql__cpu_packed *)ra.packed)->bytes);
+  rp->free_packed(ra.packed);
+  rp->free_packed(NULL);
+  ql_qweight_free(q);
+  ck_assert_ptr_eq(ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q8B,
+                               QL_DTYPE_F32, 0, 20, 70),
+                   ql_generic_impl(QL_OP_REPACK));
+}
+END_TEST
+
+/* Without a layout (packed NULL) the ops build one for the call: same
+ * bytes. A layout of another weight is refused. */
+START_TEST(test_packed_null_and_mismatch) {
+  ql_qweight *q = make_weight(2, QL_FORMAT_Q8C, 0, QL_DTYPE_F32, 40, 96, 1);
+  ql_qweight *o = make_weight(3, QL_FORMAT_Q8C, 0, QL_DTYPE_F32, 40, 97, 1);
+  void *x = make_x(4, QL_DTYPE_F32, 3, 96);
+  float y[3 * 40], want[3 * 40];
+  ql__cpu_packed *po = NULL;
+  for (int aq = 0; aq < 2; aq++) {
+    ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
+    const ql_kernel_impl *im = ql_dispatch(cpu(), op, QL_FORMAT_Q8C,
+                                           QL_DTYPE_F32, 3, 40, 96);
+    ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 3, y};
+    ck_assert_int_eq(im->fn.linear(&a), 0);
+    ck_assert_int_eq(aq ? ql_linear_aq_ref(q, QL_DTYPE_F32, x, 3, want)
+                        : ql_linear_wo_ref(q, QL_DTYPE_F32, x, 3, want),
+                     0);
+    ck_assert(memcmp(y, want, sizeof y) == 0);
+    ck_assert_int_eq(ql__cpu_pack(o, &po), 0);
+    a.packed = po;
+    ck_assert_int_eq(im->fn.linear(&a), QL_EINVAL);
+    ql__cpu_packed_free(po);
+  }
+  free(x);
+  ql_qweight_free(q);
+  ql_qweight_free(o);
+}
+END_TEST
+
+/* NaN or Inf in x: QL_ENONFINITE from both paths. */
+START_TEST(test_nonfinite) {
+  ql_qweight *q = make_weight(2, QL_FORMAT_Q4G, 32, QL_DTYPE_F32, 16, 64, 0);
+  float *x = make_x(4, QL_DTYPE_F32, 2, 64), y[2 * 16];
+  for (int v = 0; v < 2; v++) {
+    x[64 + 37] = v ? INFINITY : NAN;
+    for (int aq = 0; aq < 2; aq++) {
+      const ql_kernel_impl *im = ql_dispatch(
+          cpu(), aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, QL_FORMAT_Q4G,
+          QL_DTYPE_F32, 2, 16, 64);
+      ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y};
+      ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
+    }
+  }
+  free(x);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* q8c AQ at the largest K: the +128 offset sum wraps an int32 (|Σ x·u|
+ * up to 128·255·K) and the correction brings it back exactly. */
+START_TEST(test_aq_q8c_max_k_wrap) {
+  enum { n = 4, m = 2 };
+  const int64_t k = QL_AQ_Q8C_MAX_K;
+  float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
+  float *x = tu_xmalloc((size_t)(m * k) * sizeof(float));
+  float y[m * n], want[m * n];
+  ql_qweight *q = NULL;
+  ql_quant_params p = {QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32};
+  for (int64_t i = 0; i < n * k; i++) /* rows: all -128, all 127, ... */
+    w[i] = (i / k) % 2 == 0 ? -1.0f : (i % k == 0 ? -1.0f : 127.0f / 127.5f);
+  for (int64_t i = 0; i < m * k; i++)
+    x[i] = i / k == 0 ? -1.0f : 1.0f;
+  ck_assert_int_eq(ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w, NULL, &q), 0);
+  const ql_kernel_impl *im = ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
+                                         QL_DTYPE_F32, m, n, k);
+  ck_assert_ptr_nonnull(im);
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, m, y};
+  ck_assert_int_eq(im->fn.linear(&a), 0);
+  ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, want), 0);
+  ck_assert(memcmp(y, want, sizeof y) == 0);
+  /* one past the bound is declined, as the generic op declines it */
+  ck_assert_ptr_null(ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
+                                 QL_DTYPE_F32, m, n, k + 1));
+  free(w);
+  free(x);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* quantize_rows op: the reference's bytes for any gs, with and without
+ * gsum, odd K; rows of another src go to the reference too. */
+START_TEST(test_quantize_rows) {
+  static const int64_t ks[] = {1, 15, 16, 17, 100, 1000};
+  static const uint32_t gss[] = {1, 7, 32, 256, 5000};
+  for (size_t ki = 0; ki < 6; ki++)
+    for (size_t gi = 0; gi < 5; gi++)
+      for (int withg = 0; withg < 2; withg++) {
+        int64_t k = ks[ki], m = 5, ng = (k + gss[gi] - 1) / gss[gi];
+        float *x = make_x(11 + (uint64_t)k, QL_DTYPE_F32, m, k);
+        int8_t *q1 = tu_xmalloc((size_t)(m * k)), *q2 = tu_xmalloc((size_t)(m * k));
+        float s1[5], s2[5];
+        int32_t *g1 = tu_xmalloc((size_t)(m * ng) * 4), *g2 = tu_xmalloc((size_t)(m * ng) * 4);
+        const ql_kernel_impl *im = ql_dispatch(cpu(), QL_OP_QUANTIZE_ROWS,
+                                               QL_FORMAT_Q8C, QL_DTYPE_F32, m,
+                                               1, k);
+        ql_qrows_args a = {QL_QROWS_I8, x, m, k, gss[gi], q1, s1,
+                           withg ? g1 : NULL, QL_DTYPE_F32};
+        ck_assert(strncmp(im->name, "cpu.", 4) == 0);
+        ck_assert_int_eq(im->fn.quantize_rows(&a), 0);
+        ck_assert_int_eq(ql_quantize_rows_i8(x, m, k, gss[gi], q2, s2,
+                                             withg ? g2 : NULL),
+                         0);
+        ck_assert(memcmp(q1, q2, (size_t)(m * k)) == 0);
+        ck_assert(memcmp(s1, s2, sizeof s1) == 0);
+        if (withg)
+          ck_assert(memcmp(g1, g2, (size_t)(m * ng) * 4) == 0);
+        /* bf16 src: the reference's rule and checks */
+        a.src = QL_DTYPE_BF16;
+        ck_assert_int_eq(im->fn.quantize_rows(&a),
+                         ql_quantize_rows_i8_src(QL_DTYPE_BF16, x, m, k,
+                                                 gss[gi], q2, s2,
+                                                 withg ? g2 : NULL));
+        free(x);
+        free(q1);
+        free(q2);
+        free(g1);
+        free(g2);
+      }
+}
+END_TEST
+
+static Suite *cpu_suite(void) {
+  Suite *s = suite_create("cpu");
+  TCase *tc = tcase_create("levels");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, test_levels_match_generic, 0, 4);
+  tcase_add_test(tc, test_level_unknown_ignored);
+  tcase_add_test(tc, test_level_names);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("pool");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_threads_same_bytes, 0, 4);
+  tcase_add_test(tc, test_threads_bad_env);
+  tcase_add_test(tc, test_pool_parts);
+  tcase_add_test(tc, test_pool_fork);
+  tcase_add_test(tc, test_pool_concurrent_callers);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("layout");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_repack_round_trip);
+  tcase_add_test(tc, test_repack_op);
+  tcase_add_test(tc, test_packed_null_and_mismatch);
+  tcase_add_test(tc, test_nonfinite);
+  tcase_add_test(tc, test_aq_q8c_max_k_wrap);
+  tcase_add_test(tc, test_quantize_rows);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) { return tu_run_suite(cpu_suite(), CK_NORMAL); }
