@@ -107,7 +107,7 @@ typedef struct lin_job {
   int aq;
   const float *x; /* WO */
   int64_t m;
-  ql__cpu_xq xq;  /* AQ */
+  ql__cpu_xq xq; /* AQ */
   const float *bias;
   float *y;
 } lin_job;
@@ -161,8 +161,7 @@ static int run_wo(ql__cpu_level level, const ql_linear_args *a) {
   if ((rc = layout(a, &p, &tmp)) != 0)
     goto out;
   if (a->dt != QL_DTYPE_F32 &&
-      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) ==
-          NULL) {
+      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) == NULL) {
     rc = QL_ENOMEM;
     goto out;
   }
@@ -184,8 +183,7 @@ out:
  * to kp, with the sums the AQ kernels need (cpu.h). */
 static int quantize_x(const ql__cpu_kernels *kt, const ql__cpu_packed *p,
                       ql_dtype src, const float *xf, int64_t m, int8_t *xq,
-                      int64_t kp,
-                      float *sx, int32_t *gsum8, float *gsumf) {
+                      int64_t kp, float *sx, int32_t *gsum8, float *gsumf) {
   int64_t k = p->k;
   for (int64_t r = 0; r < m; r++) {
     int8_t *q = xq + (size_t)r * (size_t)kp;
@@ -250,15 +248,14 @@ static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
       (gsum8 = malloc((size_t)a->m * (size_t)ng * sizeof(int32_t))) == NULL ||
       (gsumf = malloc((size_t)a->m * (size_t)ng * sizeof(float))) == NULL)
     goto out;
-  if ((rc = quantize_x(j.kt, p, a->dt, xf, a->m, xq, kp, sx, gsum8,
-                       gsumf)) != 0)
+  if ((rc = quantize_x(j.kt, p, a->dt, xf, a->m, xq, kp, sx, gsum8, gsumf)) !=
+      0)
     goto out;
   free(xbuf);
   xbuf = NULL;
   rc = QL_ENOMEM;
   if (a->dt != QL_DTYPE_F32 &&
-      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) ==
-          NULL)
+      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) == NULL)
     goto out;
   j.p = p;
   j.aq = 1;
@@ -290,9 +287,9 @@ static int run_qrows(ql__cpu_level level, const ql_qrows_args *a) {
     return QL_EINVAL;
   ql_dtype src = (int)a->src == 0 ? QL_DTYPE_F32 : a->src;
   if (a->kind == QL_QROWS_E4M3)
-    return a->gsum != NULL ? QL_EINVAL
-                           : ql_quantize_rows_e4m3_src(src, a->x, a->m, a->k,
-                                                       a->xq, a->sx);
+    return a->gsum != NULL
+               ? QL_EINVAL
+               : ql_quantize_rows_e4m3_src(src, a->x, a->m, a->k, a->xq, a->sx);
   if (a->kind != QL_QROWS_I8)
     return QL_EINVAL;
   if (src != QL_DTYPE_F32)
@@ -342,12 +339,12 @@ static void free_packed(void *p) { ql__cpu_packed_free(p); }
 /* supports() of level L: only at the level the process runs at. The q8c
  * AQ bound on K is the generic one (int32 sums). */
 #define LEVEL_FUNCS(L, tag)                                                    \
-  static int sup_##tag(const ql_kernel_impl *im, ql_format f, int64_t m,      \
+  static int sup_##tag(const ql_kernel_impl *im, ql_format f, int64_t m,       \
                        int64_t n, int64_t k) {                                 \
     (void)im, (void)f, (void)m, (void)n, (void)k;                              \
     return ql__cpu_level_get() == (L);                                         \
   }                                                                            \
-  static int sup_aq_##tag(const ql_kernel_impl *im, ql_format f, int64_t m,   \
+  static int sup_aq_##tag(const ql_kernel_impl *im, ql_format f, int64_t m,    \
                           int64_t n, int64_t k) {                              \
     return sup_##tag(im, f, m, n, k) &&                                        \
            (f != QL_FORMAT_Q8C || k <= QL_AQ_Q8C_MAX_K);                       \
@@ -362,16 +359,23 @@ LEVEL_FUNCS(QL_CPU_LEVEL_AVX2, avx2)
 LEVEL_FUNCS(QL_CPU_LEVEL_C, c)
 
 #define IMPL_LIN(name, op, sup, fn)                                            \
-  {name, op, FMTS, QL_ALL_DTYPES, sup, {.linear = fn}, NULL}
+  { name, op, FMTS, QL_ALL_DTYPES, sup, {.linear = fn}, NULL }
 /* quantize_rows: f32 activations only; rows that came from f16/bf16 take
  * the generic op. */
 #define IMPL_QROWS(name, sup, fn)                                              \
-  {name, QL_OP_QUANTIZE_ROWS, FMTS, QL_DT_BIT(QL_DTYPE_F32), sup,              \
-   {.quantize_rows = fn}, NULL}
+  {                                                                            \
+    name, QL_OP_QUANTIZE_ROWS, FMTS, QL_DT_BIT(QL_DTYPE_F32), sup,             \
+        {.quantize_rows = fn}, NULL                                            \
+  }
 
 static const ql_kernel_impl impls[] = {
-    {"cpu.repack", QL_OP_REPACK, FMTS, QL_ALL_DTYPES, NULL,
-     {.repack = repack}, free_packed},
+    {"cpu.repack",
+     QL_OP_REPACK,
+     FMTS,
+     QL_ALL_DTYPES,
+     NULL,
+     {.repack = repack},
+     free_packed},
 
     IMPL_LIN("cpu.avx512.linear_wo", QL_OP_LINEAR_WO, sup_avx512, wo_avx512),
     IMPL_LIN("cpu.avx2vnni.linear_wo", QL_OP_LINEAR_WO, sup_avx2vnni,

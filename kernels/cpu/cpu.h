@@ -106,24 +106,24 @@ void ql__cpu_parallel(void (*fn)(void *ctx, int part, int parts), void *ctx,
  *      i of dword j holds u = w + 128 of row j at k0+i (padding u = 128).
  */
 typedef struct ql__cpu_packed {
-  uint32_t magic;       /* QL_CPU_PACK_MAGIC */
-  uint32_t version;     /* QL_CPU_PACK_VERSION */
+  uint32_t magic;   /* QL_CPU_PACK_MAGIC */
+  uint32_t version; /* QL_CPU_PACK_VERSION */
   ql_format format;
   int64_t n, k;
-  uint32_t gs;          /* q4g group size; K for q8c */
-  int64_t groups;       /* G */
-  ql_dtype sdt;         /* dtype of the scales/zeros in the layout (q4g:
-                           the weight's; q8c: f32) */
-  int64_t tiles;        /* ceil(N / 16) */
-  size_t tile_bytes;    /* stride between tiles */
-  size_t group_bytes;   /* q4g: stride between groups in a tile */
-  size_t sz_bytes;      /* q4g: bytes of a group's scale+zero header */
-  size_t bytes;         /* total size of data */
-  int fma_dequant;      /* q4g: every (scale, zero) of the weight has
-                           fl(fl(q·s) + z) == fma(q, s, z) for q in
-                           [-8, 7] (pack.c says when), so the kernels may
-                           dequantize with one FMA; 0 otherwise */
-  uint8_t *data;        /* 64-byte aligned, tiles·tile_bytes bytes */
+  uint32_t gs;        /* q4g group size; K for q8c */
+  int64_t groups;     /* G */
+  ql_dtype sdt;       /* dtype of the scales/zeros in the layout (q4g:
+                         the weight's; q8c: f32) */
+  int64_t tiles;      /* ceil(N / 16) */
+  size_t tile_bytes;  /* stride between tiles */
+  size_t group_bytes; /* q4g: stride between groups in a tile */
+  size_t sz_bytes;    /* q4g: bytes of a group's scale+zero header */
+  size_t bytes;       /* total size of data */
+  int fma_dequant;    /* q4g: every (scale, zero) of the weight has
+                         fl(fl(q·s) + z) == fma(q, s, z) for q in
+                         [-8, 7] (pack.c says when), so the kernels may
+                         dequantize with one FMA; 0 otherwise */
+  uint8_t *data;      /* 64-byte aligned, tiles·tile_bytes bytes */
 } ql__cpu_packed;
 
 /* Builds the layout of w (q4g or q8c). 0, QL_ENOTSUP for another format,
@@ -180,10 +180,10 @@ typedef struct ql__cpu_xq {
  *          widened them); QL_ENONFINITE when the row holds NaN or Inf.
  */
 typedef struct ql__cpu_kernels {
-  void (*wo_q4g)(const ql__cpu_packed *p, const float *x, int64_t m,
-                 int64_t t0, int64_t t1, const float *bias, float *y);
-  void (*wo_q8c)(const ql__cpu_packed *p, const float *x, int64_t m,
-                 int64_t t0, int64_t t1, const float *bias, float *y);
+  void (*wo_q4g)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
+                 int64_t t1, const float *bias, float *y);
+  void (*wo_q8c)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
+                 int64_t t1, const float *bias, float *y);
   void (*aq_q4g)(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,
                  int64_t t1, const float *bias, float *y);
   void (*aq_q8c)(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,

@@ -3,8 +3,10 @@
  * F16C, with and without AVX-VNNI. A 16-row tile is two 256-bit halves
  * (columns); lane j of column c is row 8c + j of the tile. As at the other
  * levels, each lane does the reference's operations in the reference's
- * order (no FMA is ever used: the feature is only required because every
- * AVX2 CPU has it and the F16C/AVX2 pair comes with it).
+ * order (no FMA: the feature is only required because every
+ * AVX2 CPU has it and the F16C/AVX2 pair comes with it), except where
+ * it is exact: the q4g dequantization of a layout whose scales allow it
+ * (cpu.h, fma_dequant).
  *
  * The AQ kernels exist twice (kern_avx2_aq.h, included once per
  * variant): with vpdpbusd (AVX-VNNI), and without it, where the u8·s8
@@ -65,9 +67,9 @@ INL void store_col(const ql__cpu_packed *p, int64_t t, int c, __m256 v,
 /* ------------------------------------------------------------ WO q4g */
 
 /* tb tiles (2·tb columns) x mb rows, all of K; constant tb, mb. */
-INL void wo_q4g_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
-                    const int mb, int64_t t, const int tb, const float *bias,
-                    float *y) {
+INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
+                    int64_t m0, const int mb, int64_t t, const int tb,
+                    const float *bias, float *y) {
   __m256 acc[4][4], s[4], z[4];
   const uint8_t *tp[2];
   const __m256i nib = _mm256_set1_epi32(0xF);
@@ -79,14 +81,13 @@ INL void wo_q4g_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   const float *xr[4];
 
   UNROLL
-
   for (int a = 0; a < tb; a++)
     tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
   UNROLL
   for (int c = 0; c < nc; c++)
     UNROLL
-    for (int r = 0; r < mb; r++)
-      acc[c][r] = _mm256_setzero_ps();
+  for (int r = 0; r < mb; r++)
+    acc[c][r] = _mm256_setzero_ps();
   UNROLL
   for (int r = 0; r < mb; r++)
     xr[r] = x + (size_t)(m0 + r) * (size_t)K;
@@ -105,14 +106,16 @@ INL void wo_q4g_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
       __m256i v[4];
       UNROLL
       for (int c = 0; c < nc; c++)
-        v[c] = _mm256_load_si256((const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
+        v[c] = _mm256_load_si256(
+            (const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
 #define WO_Q4G_STEP(i, u_of)                                                   \
   do {                                                                         \
     UNROLL                                                                     \
     for (int c = 0; c < nc; c++) {                                             \
-      __m256i u = _mm256_or_si256(_mm256_and_si256(u_of, nib), magic);        \
+      __m256i u = _mm256_or_si256(_mm256_and_si256(u_of, nib), magic);         \
       __m256 qf = _mm256_sub_ps(_mm256_castsi256_ps(u), magic8);               \
-      __m256 wq = _mm256_add_ps(_mm256_mul_ps(qf, s[c]), z[c]);                \
+      __m256 wq = fma ? _mm256_fmadd_ps(qf, s[c], z[c])                        \
+                      : _mm256_add_ps(_mm256_mul_ps(qf, s[c]), z[c]);          \
       UNROLL                                                                   \
       for (int r = 0; r < mb; r++)                                             \
         acc[c][r] = _mm256_add_ps(                                             \
@@ -141,9 +144,9 @@ INL void wo_q4g_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   UNROLL
   for (int c = 0; c < nc; c++)
     UNROLL
-    for (int r = 0; r < mb; r++)
-      store_col(p, t + c / 2, c & 1, acc[c][r], bias,
-                y + (size_t)(m0 + r) * (size_t)p->n);
+  for (int r = 0; r < mb; r++)
+    store_col(p, t + c / 2, c & 1, acc[c][r], bias,
+              y + (size_t)(m0 + r) * (size_t)p->n);
 }
 
 /* ------------------------------------------------------------ WO q8c */
@@ -161,7 +164,6 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   const float *xr[4];
 
   UNROLL
-
   for (int c = 0; c < nc; c++) {
     const uint8_t *tp = p->data + (size_t)(t + c / 2) * p->tile_bytes;
     s[c] = _mm256_load_ps((const float *)tp + (c & 1) * H);
@@ -178,12 +180,13 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
     __m256i v[4];
     UNROLL
     for (int c = 0; c < nc; c++)
-      v[c] = _mm256_load_si256((const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
+      v[c] =
+          _mm256_load_si256((const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
 #define WO_Q8C_STEP(i, u_of)                                                   \
   do {                                                                         \
     UNROLL                                                                     \
     for (int c = 0; c < nc; c++) {                                             \
-      __m256i u = _mm256_or_si256(_mm256_and_si256(u_of, byte), magic);       \
+      __m256i u = _mm256_or_si256(_mm256_and_si256(u_of, byte), magic);        \
       __m256 qf = _mm256_sub_ps(_mm256_castsi256_ps(u), magic128);             \
       __m256 wq = _mm256_mul_ps(qf, s[c]);                                     \
       UNROLL                                                                   \
@@ -209,21 +212,33 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   UNROLL
   for (int c = 0; c < nc; c++)
     UNROLL
-    for (int r = 0; r < mb; r++)
-      store_col(p, t + c / 2, c & 1, acc[c][r], bias,
-                y + (size_t)(m0 + r) * (size_t)p->n);
+  for (int r = 0; r < mb; r++)
+    store_col(p, t + c / 2, c & 1, acc[c][r], bias,
+              y + (size_t)(m0 + r) * (size_t)p->n);
 }
 
 /* A call of blk with constant (tb, mb): 1-2 rows take 2 tiles (4
  * columns: 4-8 independent sums), more rows 1 tile x up to 4 rows. */
 #define CASES(blk, ...)                                                        \
   switch (tb * 16 + mb) {                                                      \
-  case 0x21: blk(__VA_ARGS__, 1, t, 2, bias, y); break;                        \
-  case 0x22: blk(__VA_ARGS__, 2, t, 2, bias, y); break;                        \
-  case 0x11: blk(__VA_ARGS__, 1, t, 1, bias, y); break;                        \
-  case 0x12: blk(__VA_ARGS__, 2, t, 1, bias, y); break;                        \
-  case 0x13: blk(__VA_ARGS__, 3, t, 1, bias, y); break;                        \
-  default: blk(__VA_ARGS__, 4, t, 1, bias, y); break;                          \
+  case 0x21:                                                                   \
+    blk(__VA_ARGS__, 1, t, 2, bias, y);                                        \
+    break;                                                                     \
+  case 0x22:                                                                   \
+    blk(__VA_ARGS__, 2, t, 2, bias, y);                                        \
+    break;                                                                     \
+  case 0x11:                                                                   \
+    blk(__VA_ARGS__, 1, t, 1, bias, y);                                        \
+    break;                                                                     \
+  case 0x12:                                                                   \
+    blk(__VA_ARGS__, 2, t, 1, bias, y);                                        \
+    break;                                                                     \
+  case 0x13:                                                                   \
+    blk(__VA_ARGS__, 3, t, 1, bias, y);                                        \
+    break;                                                                     \
+  default:                                                                     \
+    blk(__VA_ARGS__, 4, t, 1, bias, y);                                        \
+    break;                                                                     \
   }
 
 #define DRIVE(blk, ...)                                                        \
@@ -239,7 +254,11 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
 
 static TGT void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
-  DRIVE(wo_q4g_blk, p, x, m0)
+  if (p->fma_dequant) {
+    DRIVE(wo_q4g_blk, 1, p, x, m0)
+  } else {
+    DRIVE(wo_q4g_blk, 0, p, x, m0)
+  }
 }
 
 static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,

@@ -43,13 +43,14 @@ typedef struct AQ_NAME(ws) {
 } AQ_NAME(ws);
 
 AQ_INL AQ_NAME(xs) AQ_NAME(x_split)(__m256i xb) {
-  AQ_NAME(xs) r = {_mm256_srai_epi16(_mm256_slli_epi16(xb, 8), 8),
-                   _mm256_srai_epi16(xb, 8)};
+  AQ_NAME(xs)
+  r = {_mm256_srai_epi16(_mm256_slli_epi16(xb, 8), 8),
+       _mm256_srai_epi16(xb, 8)};
   return r;
 }
 AQ_INL AQ_NAME(ws) AQ_NAME(w_split)(__m256i w) {
-  AQ_NAME(ws) r = {_mm256_and_si256(w, _mm256_set1_epi16(0xFF)),
-                   _mm256_srli_epi16(w, 8)};
+  AQ_NAME(ws)
+  r = {_mm256_and_si256(w, _mm256_set1_epi16(0xFF)), _mm256_srli_epi16(w, 8)};
   return r;
 }
 AQ_INL __m256i AQ_NAME(dot)(__m256i acc, AQ_NAME(ws) w, AQ_NAME(xs) x) {
@@ -75,7 +76,6 @@ AQ_INL void AQ_NAME(aq_q8c_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
   const int nc = 2 * tb;
 
   UNROLL
-
   for (int c = 0; c < nc; c++) {
     d[c] = p->data + (size_t)(t + c / 2) * p->tile_bytes + QL_CPU_BLOCK +
            (c & 1) * 32;
@@ -94,7 +94,8 @@ AQ_INL void AQ_NAME(aq_q8c_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
           (const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK)));
     UNROLL
     for (int r = 0; r < mb; r++) {
-      AQ_NAME(xs) xs = AQ_NAME(x_split)(AQ_NAME(bcast32)(xr[r] + b * QL_CPU_Q8C_KB));
+      AQ_NAME(xs)
+      xs = AQ_NAME(x_split)(AQ_NAME(bcast32)(xr[r] + b * QL_CPU_Q8C_KB));
       UNROLL
       for (int c = 0; c < nc; c++)
         acc[c][r] = AQ_NAME(dot)(acc[c][r], w[c], xs);
@@ -103,14 +104,17 @@ AQ_INL void AQ_NAME(aq_q8c_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
   /* Σ x·u - 128·Σ x = Σ x·w (exact modulo 2^32, and it fits) */
   UNROLL
   for (int c = 0; c < nc; c++) {
-    const float *sc = (const float *)(p->data + (size_t)(t + c / 2) * p->tile_bytes);
+    const float *sc =
+        (const float *)(p->data + (size_t)(t + c / 2) * p->tile_bytes);
     __m256 s = _mm256_load_ps(sc + (c & 1) * H);
     UNROLL
     for (int r = 0; r < mb; r++) {
-      __m256i ai = _mm256_sub_epi32(acc[c][r], _mm256_set1_epi32(xq->gsum8[m0 + r]));
+      __m256i ai =
+          _mm256_sub_epi32(acc[c][r], _mm256_set1_epi32(xq->gsum8[m0 + r]));
       __m256 sxw = _mm256_mul_ps(_mm256_set1_ps(xq->sx[m0 + r]), s);
       __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(ai), sxw);
-      store_col(p, t + c / 2, c & 1, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
+      store_col(p, t + c / 2, c & 1, v, bias,
+                y + (size_t)(m0 + r) * (size_t)p->n);
     }
   }
 }
@@ -128,14 +132,13 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
   const int nc = 2 * tb;
 
   UNROLL
-
   for (int a = 0; a < tb; a++)
     tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
   UNROLL
   for (int c = 0; c < nc; c++)
     UNROLL
-    for (int r = 0; r < mb; r++)
-      facc[c][r] = _mm256_setzero_ps();
+  for (int r = 0; r < mb; r++)
+    facc[c][r] = _mm256_setzero_ps();
   UNROLL
   for (int r = 0; r < mb; r++)
     xr[r] = xq->xq + (size_t)(m0 + r) * (size_t)xq->kp;
@@ -146,7 +149,8 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
     int64_t nb = ql__cpu_q4g_blocks(p, g), k0 = g * (int64_t)p->gs;
     UNROLL
     for (int c = 0; c < nc; c++) {
-      d[c] = tp[c / 2] + (size_t)g * p->group_bytes + p->sz_bytes + (c & 1) * 32;
+      d[c] =
+          tp[c / 2] + (size_t)g * p->group_bytes + p->sz_bytes + (c & 1) * 32;
       UNROLL
       for (int r = 0; r < mb; r++)
         acc[c][r] = _mm256_setzero_si256();
@@ -155,9 +159,11 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
       AQ_NAME(ws) lo[4], hi[4];
       UNROLL
       for (int c = 0; c < nc; c++) {
-        __m256i v = _mm256_load_si256((const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
+        __m256i v = _mm256_load_si256(
+            (const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
         lo[c] = AQ_NAME(w_split)(_mm256_and_si256(v, lo4));
-        hi[c] = AQ_NAME(w_split)(_mm256_and_si256(_mm256_srli_epi32(v, 4), lo4));
+        hi[c] =
+            AQ_NAME(w_split)(_mm256_and_si256(_mm256_srli_epi32(v, 4), lo4));
       }
       UNROLL
       for (int r = 0; r < mb; r++) {
@@ -178,7 +184,8 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
       UNROLL
       for (int r = 0; r < mb; r++) {
         size_t gi = (size_t)(m0 + r) * (size_t)G + (size_t)g;
-        __m256i ai = _mm256_sub_epi32(acc[c][r], _mm256_set1_epi32(xq->gsum8[gi]));
+        __m256i ai =
+            _mm256_sub_epi32(acc[c][r], _mm256_set1_epi32(xq->gsum8[gi]));
         __m256 t1 = _mm256_mul_ps(s, _mm256_cvtepi32_ps(ai));
         __m256 t2 = _mm256_mul_ps(z, _mm256_set1_ps(xq->gsumf[gi]));
         facc[c][r] = _mm256_add_ps(facc[c][r], t1);
@@ -189,22 +196,23 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
   UNROLL
   for (int c = 0; c < nc; c++)
     UNROLL
-    for (int r = 0; r < mb; r++) {
-      __m256 v = _mm256_mul_ps(_mm256_set1_ps(xq->sx[m0 + r]), facc[c][r]);
-      store_col(p, t + c / 2, c & 1, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
-    }
+  for (int r = 0; r < mb; r++) {
+    __m256 v = _mm256_mul_ps(_mm256_set1_ps(xq->sx[m0 + r]), facc[c][r]);
+    store_col(p, t + c / 2, c & 1, v, bias,
+              y + (size_t)(m0 + r) * (size_t)p->n);
+  }
 }
 
-static AQ_TGT void AQ_NAME(aq_q8c)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
-                                   int64_t t0, int64_t t1, const float *bias,
-                                   float *y) {
+static AQ_TGT void AQ_NAME(aq_q8c)(const ql__cpu_packed *p,
+                                   const ql__cpu_xq *xq, int64_t t0, int64_t t1,
+                                   const float *bias, float *y) {
   const int64_t m = xq->m;
   DRIVE(AQ_NAME(aq_q8c_blk), p, xq, m0)
 }
 
-static AQ_TGT void AQ_NAME(aq_q4g)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
-                                   int64_t t0, int64_t t1, const float *bias,
-                                   float *y) {
+static AQ_TGT void AQ_NAME(aq_q4g)(const ql__cpu_packed *p,
+                                   const ql__cpu_xq *xq, int64_t t0, int64_t t1,
+                                   const float *bias, float *y) {
   const int64_t m = xq->m;
   DRIVE(AQ_NAME(aq_q4g_blk), p, xq, m0)
 }

@@ -6,7 +6,8 @@
  * arithmetic of each lane is, operation for operation, that of kern_c.c
  * and of the reference (no FMA: mul and add round separately, and the
  * library is compiled with -ffp-contract=off so that the compiler does
- * not fuse them either).
+ * not fuse them either), except the one FMA that is exact: the q4g
+ * dequantization of a layout whose scales allow it (cpu.h, fma_dequant).
  *
  * Decoding without a conversion instruction: a 4-bit u (or 8-bit byte)
  * OR-ed into the mantissa of 2^23 is the float 2^23 + u, and subtracting
@@ -19,7 +20,8 @@
 #include "cpu.h"
 
 #define TGT                                                                    \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,"       \
+                        "f16c")))
 #define INL static inline __attribute__((always_inline)) TGT
 
 #define T QL_CPU_TILE
@@ -60,6 +62,18 @@ INL void store_row(const ql__cpu_packed *p, int64_t t, __m512 v,
   _mm512_mask_storeu_ps(yr + t * T, mk, v);
 }
 
+/*
+ * acc += Σ_{i<4} u[i]·x[i] per dword lane (vpdpbusd), u the unsigned bytes
+ * of w, x the signed bytes of x (the same 4 in every lane: bcast32). In
+ * asm because GCC 12 copies the accumulator of _mm512_dpbusd_epi32 to a
+ * scratch register and back around every call: two moves per dot product,
+ * which in the large-M blocks costs about a third of the VNNI peak.
+ */
+INL __m512i dpbusd_r(__m512i acc, __m512i w, __m512i x) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+  return acc;
+}
+
 INL __m512i bcast32(const int8_t *p) {
   int32_t v;
   memcpy(&v, p, sizeof v);
@@ -86,7 +100,6 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
   const float *xr[4];
 
   UNROLL
-
   for (int a = 0; a < tb; a++) {
     tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
     UNROLL
@@ -112,7 +125,8 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
       __m512i v[4];
       UNROLL
       for (int a = 0; a < tb; a++) {
-        v[a] = _mm512_load_si512((const void *)(d[a] + (size_t)b * QL_CPU_BLOCK));
+        v[a] =
+            _mm512_load_si512((const void *)(d[a] + (size_t)b * QL_CPU_BLOCK));
         PREFETCH(d[a] + (size_t)b * QL_CPU_BLOCK);
       }
 #define WO_Q4G_STEP(i, u_of)                                                   \
@@ -151,8 +165,8 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
   UNROLL
   for (int a = 0; a < tb; a++)
     UNROLL
-    for (int r = 0; r < mb; r++)
-      store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
+  for (int r = 0; r < mb; r++)
+    store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
 }
 
 /* ------------------------------------------------------------ WO q8c */
@@ -169,7 +183,6 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   const float *xr[4];
 
   UNROLL
-
   for (int a = 0; a < tb; a++) {
     tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
     s[a] = _mm512_load_ps((const void *)tp[a]);
@@ -219,8 +232,8 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   UNROLL
   for (int a = 0; a < tb; a++)
     UNROLL
-    for (int r = 0; r < mb; r++)
-      store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
+  for (int r = 0; r < mb; r++)
+    store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
 }
 
 /* ------------------------------------------------------------ AQ q8c */
@@ -228,13 +241,12 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
 INL void aq_q8c_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
                     const int mb, int64_t t, const int tb, const float *bias,
                     float *y) {
-  __m512i acc[4][8];
+  __m512i acc[4][4];
   const uint8_t *tp[4];
-  const int8_t *xr[8];
+  const int8_t *xr[4];
   const int64_t nb = xq->kp / QL_CPU_Q8C_KB;
 
   UNROLL
-
   for (int a = 0; a < tb; a++) {
     tp[a] = p->data + (size_t)(t + a) * p->tile_bytes + QL_CPU_BLOCK;
     UNROLL
@@ -248,7 +260,8 @@ INL void aq_q8c_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
     __m512i v[4];
     UNROLL
     for (int a = 0; a < tb; a++) {
-      v[a] = _mm512_load_si512((const void *)(tp[a] + (size_t)b * QL_CPU_BLOCK));
+      v[a] =
+          _mm512_load_si512((const void *)(tp[a] + (size_t)b * QL_CPU_BLOCK));
       PREFETCH(tp[a] + (size_t)b * QL_CPU_BLOCK);
     }
     UNROLL
@@ -256,7 +269,7 @@ INL void aq_q8c_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
       __m512i xb = bcast32(xr[r] + b * QL_CPU_Q8C_KB);
       UNROLL
       for (int a = 0; a < tb; a++)
-        acc[a][r] = _mm512_dpbusd_epi32(acc[a][r], v[a], xb);
+        acc[a][r] = dpbusd_r(acc[a][r], v[a], xb);
     }
   }
   /* Σ x·u - 128·Σ x = Σ x·w, exact: both sides wrap modulo 2^32 in
@@ -266,13 +279,72 @@ INL void aq_q8c_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
     __m512 s = _mm512_load_ps((const void *)(tp[a] - QL_CPU_BLOCK));
     UNROLL
     for (int r = 0; r < mb; r++) {
-      __m512i ai = _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[m0 + r]));
+      __m512i ai =
+          _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[m0 + r]));
       __m512 sxw = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), s);
       __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(ai), sxw);
       store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
     }
   }
 }
+
+/*
+ * The large-M block of q8c AQ: 4 tiles x 6 rows, 24 accumulators written
+ * out as variables (in an array GCC copies them between registers on every
+ * step). Each broadcast of x feeds 4 vpdpbusd: broadcasts take the same
+ * vector pipes as the dot products on Zen 4/5, so fewer per product is
+ * what brings the block close to the VNNI peak. (A broadcast folded
+ * into vpdpbusd, {1to16}, costs a load per product instead: slower.)
+ */
+#define Q8_ACC(r)                                                              \
+  __m512i c0##r = _mm512_setzero_si512(), c1##r = c0##r, c2##r = c0##r,        \
+          c3##r = c0##r;
+#define Q8_ROW(r)                                                              \
+  xv = bcast32(xb + (r)*ld);                                                   \
+  c0##r = dpbusd_r(c0##r, w0, xv);                                             \
+  c1##r = dpbusd_r(c1##r, w1, xv);                                             \
+  c2##r = dpbusd_r(c2##r, w2, xv);                                             \
+  c3##r = dpbusd_r(c3##r, w3, xv);
+
+INL void aq_q8c_4x6(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+                    int64_t t, const float *bias, float *y) {
+  const size_t tbytes = p->tile_bytes;
+  const uint8_t *d0 = p->data + (size_t)t * tbytes + QL_CPU_BLOCK;
+  const int8_t *x0 = xq->xq + (size_t)m0 * (size_t)xq->kp;
+  const size_t ld = (size_t)xq->kp;
+  const int64_t nb = xq->kp / QL_CPU_Q8C_KB;
+  Q8_ACC(0)
+  Q8_ACC(1) Q8_ACC(2) Q8_ACC(3) Q8_ACC(4)
+      Q8_ACC(5) for (int64_t b = 0; b < nb; b++) {
+    const uint8_t *d = d0 + (size_t)b * QL_CPU_BLOCK;
+    __m512i w0 = _mm512_load_si512((const void *)d);
+    __m512i w1 = _mm512_load_si512((const void *)(d + tbytes));
+    __m512i w2 = _mm512_load_si512((const void *)(d + 2 * tbytes));
+    __m512i w3 = _mm512_load_si512((const void *)(d + 3 * tbytes));
+    const int8_t *xb = x0 + b * QL_CPU_Q8C_KB;
+    __m512i xv;
+    Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) Q8_ROW(5)
+  }
+  __m512i acc[4][6] = {{c00, c01, c02, c03, c04, c05},
+                       {c10, c11, c12, c13, c14, c15},
+                       {c20, c21, c22, c23, c24, c25},
+                       {c30, c31, c32, c33, c34, c35}};
+  UNROLL
+  for (int a = 0; a < 4; a++) {
+    __m512 s =
+        _mm512_load_ps((const void *)(p->data + (size_t)(t + a) * tbytes));
+    UNROLL
+    for (int r = 0; r < 6; r++) {
+      __m512i ai =
+          _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[m0 + r]));
+      __m512 sxw = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), s);
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(ai), sxw);
+      store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
+    }
+  }
+}
+#undef Q8_ACC
+#undef Q8_ROW
 
 /* ------------------------------------------------------------ AQ q4g */
 
@@ -287,7 +359,6 @@ INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
   const int64_t G = p->groups;
 
   UNROLL
-
   for (int a = 0; a < tb; a++) {
     tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
     UNROLL
@@ -313,7 +384,8 @@ INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
       __m512i lo[4], hi[4];
       UNROLL
       for (int a = 0; a < tb; a++) {
-        __m512i v = _mm512_load_si512((const void *)(d[a] + (size_t)b * QL_CPU_BLOCK));
+        __m512i v =
+            _mm512_load_si512((const void *)(d[a] + (size_t)b * QL_CPU_BLOCK));
         PREFETCH(d[a] + (size_t)b * QL_CPU_BLOCK);
         lo[a] = _mm512_and_si512(v, lo4);
         hi[a] = _mm512_and_si512(_mm512_srli_epi32(v, 4), lo4);
@@ -323,8 +395,8 @@ INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
         __m512i x0 = bcast32(xr[r] + k0), x1 = bcast32(xr[r] + k0 + 4);
         UNROLL
         for (int a = 0; a < tb; a++) {
-          acc[a][r] = _mm512_dpbusd_epi32(acc[a][r], lo[a], x0);
-          acc[a][r] = _mm512_dpbusd_epi32(acc[a][r], hi[a], x1);
+          acc[a][r] = dpbusd_r(acc[a][r], lo[a], x0);
+          acc[a][r] = dpbusd_r(acc[a][r], hi[a], x1);
         }
       }
     }
@@ -337,7 +409,8 @@ INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
       UNROLL
       for (int r = 0; r < mb; r++) {
         size_t gi = (size_t)(m0 + r) * (size_t)G + (size_t)g;
-        __m512i ai = _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[gi]));
+        __m512i ai =
+            _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[gi]));
         __m512 t1 = _mm512_mul_ps(s, _mm512_cvtepi32_ps(ai));
         __m512 t2 = _mm512_mul_ps(z, _mm512_set1_ps(xq->gsumf[gi]));
         facc[a][r] = _mm512_add_ps(facc[a][r], t1);
@@ -348,69 +421,206 @@ INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
   UNROLL
   for (int a = 0; a < tb; a++)
     UNROLL
-    for (int r = 0; r < mb; r++) {
+  for (int r = 0; r < mb; r++) {
+    __m512 v = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), facc[a][r]);
+    store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
+  }
+}
+
+/*
+ * The large-M block of q4g AQ: 4 tiles x 4 rows, the 16 int32 sums of a
+ * group as variables (see aq_q8c_4x6), the f32 sums across groups in an
+ * array (touched once per group).
+ */
+#define Q4_ACC(r)                                                              \
+  __m512i c0##r = _mm512_setzero_si512(), c1##r = c0##r, c2##r = c0##r,        \
+          c3##r = c0##r;
+#define Q4_ROW(r)                                                              \
+  x0 = bcast32(xb + (r)*ld);                                                   \
+  x1 = bcast32(xb + (r)*ld + 4);                                               \
+  c0##r = dpbusd_r(dpbusd_r(c0##r, l0, x0), h0, x1);                           \
+  c1##r = dpbusd_r(dpbusd_r(c1##r, l1, x0), h1, x1);                           \
+  c2##r = dpbusd_r(dpbusd_r(c2##r, l2, x0), h2, x1);                           \
+  c3##r = dpbusd_r(dpbusd_r(c3##r, l3, x0), h3, x1);
+#define Q4_SPLIT(a)                                                            \
+  __m512i v##a = _mm512_load_si512((const void *)(d + (a)*tbytes));            \
+  __m512i l##a = _mm512_and_si512(v##a, lo4);                                  \
+  __m512i h##a = _mm512_and_si512(_mm512_srli_epi32(v##a, 4), lo4);
+
+INL void aq_q4g_4x4(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+                    int64_t t, const float *bias, float *y) {
+  const size_t tbytes = p->tile_bytes, esz = ql_dtype_size(p->sdt);
+  const uint8_t *tp = p->data + (size_t)t * tbytes;
+  const int8_t *xr0 = xq->xq + (size_t)m0 * (size_t)xq->kp;
+  const size_t ld = (size_t)xq->kp;
+  const __m512i lo4 = _mm512_set1_epi8(0x0F);
+  const int64_t G = p->groups;
+  __m512 facc[4][4];
+
+  UNROLL
+  for (int a = 0; a < 4; a++) {
+    UNROLL
+    for (int r = 0; r < 4; r++)
+      facc[a][r] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < G; g++) {
+    const uint8_t *gp = tp + (size_t)g * p->group_bytes;
+    const uint8_t *d0 = gp + p->sz_bytes;
+    const int8_t *xg = xr0 + g * (int64_t)p->gs;
+    int64_t nb = ql__cpu_q4g_blocks(p, g);
+    Q4_ACC(0) Q4_ACC(1) Q4_ACC(2) Q4_ACC(3) for (int64_t b = 0; b < nb; b++) {
+      const uint8_t *d = d0 + (size_t)b * QL_CPU_BLOCK;
+      const int8_t *xb = xg + b * QL_CPU_Q4G_KB;
+      __m512i x0, x1;
+      Q4_SPLIT(0)
+      Q4_SPLIT(1) Q4_SPLIT(2) Q4_SPLIT(3) Q4_ROW(0) Q4_ROW(1) Q4_ROW(2)
+          Q4_ROW(3)
+    }
+    __m512i acc[4][4] = {{c00, c01, c02, c03},
+                         {c10, c11, c12, c13},
+                         {c20, c21, c22, c23},
+                         {c30, c31, c32, c33}};
+    UNROLL
+    for (int a = 0; a < 4; a++) {
+      const uint8_t *ga = gp + (size_t)a * tbytes;
+      __m512 s = load16(p->sdt, ga), z = load16(p->sdt, ga + T * esz);
+      UNROLL
+      for (int r = 0; r < 4; r++) {
+        size_t gi = (size_t)(m0 + r) * (size_t)G + (size_t)g;
+        __m512i ai =
+            _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[gi]));
+        __m512 t1 = _mm512_mul_ps(s, _mm512_cvtepi32_ps(ai));
+        __m512 t2 = _mm512_mul_ps(z, _mm512_set1_ps(xq->gsumf[gi]));
+        facc[a][r] = _mm512_add_ps(facc[a][r], t1);
+        facc[a][r] = _mm512_add_ps(facc[a][r], t2);
+      }
+    }
+  }
+  UNROLL
+  for (int a = 0; a < 4; a++) {
+    UNROLL
+    for (int r = 0; r < 4; r++) {
       __m512 v = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), facc[a][r]);
       store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
     }
+  }
 }
+#undef Q4_ACC
+#undef Q4_ROW
+#undef Q4_SPLIT
 
 /* ------------------------------------------------------------ drivers */
+
+/* Rows of x per chunk: about 384 KiB of them, a multiple of 12 (the row
+ * blocks are 4 or 6), and at least 96: with long rows (large K) x no
+ * longer fits the L2 anyway, and a small chunk would stream the whole
+ * weight from memory again for every few rows. */
+static inline int64_t m_chunk(size_t row_bytes) {
+  int64_t c = (int64_t)((384u << 10) / (row_bytes ? row_bytes : 1)) / 12 * 12;
+  return c < 96 ? 96 : c;
+}
 
 /* A call of blk with constant (tb, mb) for every pair the drivers use. */
 #define CASES(blk, ...)                                                        \
   switch (tb * 16 + mb) {                                                      \
-  case 0x41: blk(__VA_ARGS__, 1, t, 4, bias, y); break;                                  \
-  case 0x42: blk(__VA_ARGS__, 2, t, 4, bias, y); break;                                  \
-  case 0x21: blk(__VA_ARGS__, 1, t, 2, bias, y); break;                                  \
-  case 0x22: blk(__VA_ARGS__, 2, t, 2, bias, y); break;                                  \
-  case 0x23: blk(__VA_ARGS__, 3, t, 2, bias, y); break;                                  \
-  case 0x24: blk(__VA_ARGS__, 4, t, 2, bias, y); break;                                  \
-  case 0x11: blk(__VA_ARGS__, 1, t, 1, bias, y); break;                                  \
-  case 0x12: blk(__VA_ARGS__, 2, t, 1, bias, y); break;                                  \
-  case 0x13: blk(__VA_ARGS__, 3, t, 1, bias, y); break;                                  \
-  default: blk(__VA_ARGS__, 4, t, 1, bias, y); break;                                    \
+  case 0x41:                                                                   \
+    blk(__VA_ARGS__, 1, t, 4, bias, y);                                        \
+    break;                                                                     \
+  case 0x42:                                                                   \
+    blk(__VA_ARGS__, 2, t, 4, bias, y);                                        \
+    break;                                                                     \
+  case 0x21:                                                                   \
+    blk(__VA_ARGS__, 1, t, 2, bias, y);                                        \
+    break;                                                                     \
+  case 0x22:                                                                   \
+    blk(__VA_ARGS__, 2, t, 2, bias, y);                                        \
+    break;                                                                     \
+  case 0x23:                                                                   \
+    blk(__VA_ARGS__, 3, t, 2, bias, y);                                        \
+    break;                                                                     \
+  case 0x24:                                                                   \
+    blk(__VA_ARGS__, 4, t, 2, bias, y);                                        \
+    break;                                                                     \
+  case 0x11:                                                                   \
+    blk(__VA_ARGS__, 1, t, 1, bias, y);                                        \
+    break;                                                                     \
+  case 0x12:                                                                   \
+    blk(__VA_ARGS__, 2, t, 1, bias, y);                                        \
+    break;                                                                     \
+  case 0x13:                                                                   \
+    blk(__VA_ARGS__, 3, t, 1, bias, y);                                        \
+    break;                                                                     \
+  default:                                                                     \
+    blk(__VA_ARGS__, 4, t, 1, bias, y);                                        \
+    break;                                                                     \
   }
 
 /*
  * Tiles in blocks of tb, rows in blocks of up to 4 (2 with 4 tiles: the
  * registers), tiles outermost so that a block of weight tiles stays in
- * cache while every row of x passes over it. 1-2 rows take 4 tiles at a
- * time: 4-8 independent sums hide the latency of the adds. The blocking
- * changes which lanes share a pass, never the operations on a lane.
+ * cache while every row of x passes over it. 1-2 rows take TB12 tiles at
+ * a time (several independent sums hide the latency of the adds; q4g WO,
+ * with more work per weight, is best at 2 and the others at 4 on Zen 5).
+ * Many rows go in chunks whose x fits the L2 cache (m_chunk), each chunk
+ * passing over all the tiles, so that x is not fetched again from L3 for
+ * every tile. The blocking changes which lanes share a pass, never the
+ * operations on a lane.
  */
-#define DRIVE(TB12, blk, ...)                                                  \
-  for (int64_t t = t0; t < t1;) {                                              \
-    int tb = m <= 2 ? (TB12) : 2;                                              \
-    if (t1 - t < tb)                                                           \
-      tb = t1 - t >= 2 ? 2 : 1;                                                \
-    for (int64_t m0 = 0; m0 < m;) {                                            \
-      int mb = m - m0 < 4 ? (int)(m - m0) : 4;                                 \
-      if (tb == 4 && mb > 2)                                                   \
-        mb = 2;                                                                \
-      CASES(blk, __VA_ARGS__)                                                  \
-      m0 += mb;                                                                \
+#define DRIVE(TB12, ROWB, blk, ...)                                            \
+  for (int64_t mc = 0, mcn = m_chunk(ROWB); mc < m; mc += mcn) {               \
+    int64_t mend = m - mc < mcn ? m : mc + mcn;                                \
+    for (int64_t t = t0; t < t1;) {                                            \
+      int tb = m <= 2 ? (TB12) : 2;                                            \
+      if (t1 - t < tb)                                                         \
+        tb = t1 - t >= 2 ? 2 : 1;                                              \
+      for (int64_t m0 = mc; m0 < mend;) {                                      \
+        int mb = mend - m0 < 4 ? (int)(mend - m0) : 4;                         \
+        if (tb == 4 && mb > 2)                                                 \
+          mb = 2;                                                              \
+        CASES(blk, __VA_ARGS__)                                                \
+        m0 += mb;                                                              \
+      }                                                                        \
+      t += tb;                                                                 \
     }                                                                          \
-    t += tb;                                                                   \
   }
 
 static TGT void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   if (p->fma_dequant) {
-    DRIVE(2, wo_q4g_blk, 1, p, x, m0)
+    DRIVE(2, (size_t)p->k * 4, wo_q4g_blk, 1, p, x, m0)
   } else {
-    DRIVE(2, wo_q4g_blk, 0, p, x, m0)
+    DRIVE(2, (size_t)p->k * 4, wo_q4g_blk, 0, p, x, m0)
   }
 }
 
 static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
-  DRIVE(4, wo_q8c_blk, p, x, m0)
+  DRIVE(4, (size_t)p->k * 4, wo_q8c_blk, p, x, m0)
 }
 
 static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   const int64_t m = xq->m;
-  DRIVE(4, aq_q4g_blk, p, xq, m0)
+  for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp); mc < m; mc += mcn) {
+    int64_t mend = m - mc < mcn ? m : mc + mcn;
+    for (int64_t t = t0; t < t1;) {
+      int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;
+      for (int64_t m0 = mc; m0 < mend;) {
+        int mb;
+        if (tb == 4 && mend - m0 >= 4) {
+          aq_q4g_4x4(p, xq, m0, t, bias, y);
+          mb = 4;
+        } else {
+          mb = mend - m0 < 4 ? (int)(mend - m0) : 4;
+          if (tb == 4 && mb > 2)
+            mb = 2;
+          CASES(aq_q4g_blk, p, xq, m0)
+        }
+        m0 += mb;
+      }
+      t += tb;
+    }
+  }
 }
 
 /* q8c AQ has no per-group epilogue: 2 tiles x 6 rows (12 accumulators)
@@ -418,23 +628,26 @@ static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
 static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   const int64_t m = xq->m;
-  for (int64_t t = t0; t < t1;) {
-    int tb = m <= 2 ? 4 : 2;
-    if (t1 - t < tb)
-      tb = t1 - t >= 2 ? 2 : 1;
-    for (int64_t m0 = 0; m0 < m;) {
-      int mb = m - m0 < 4 ? (int)(m - m0) : 4;
-      if (tb == 4 && mb > 2)
-        mb = 2;
-      if (tb == 2 && m - m0 >= 6) {
-        aq_q8c_blk(p, xq, m0, 6, t, 2, bias, y);
-        mb = 6;
-      } else {
-        CASES(aq_q8c_blk, p, xq, m0)
+  for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp); mc < m; mc += mcn) {
+    int64_t mend = m - mc < mcn ? m : mc + mcn;
+    for (int64_t t = t0; t < t1;) {
+      int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;
+      for (int64_t m0 = mc; m0 < mend;) {
+        int mb;
+        if (tb == 4 && mend - m0 >= 6) {
+          aq_q8c_4x6(p, xq, m0, t, bias, y);
+          mb = 6;
+        } else {
+          /* the rows left over (and M <= 5): 4 tiles x 2 rows, or 2 x 4 */
+          mb = mend - m0 < 4 ? (int)(mend - m0) : 4;
+          if (tb == 4 && mb > 2)
+            mb = 2;
+          CASES(aq_q8c_blk, p, xq, m0)
+        }
+        m0 += mb;
       }
-      m0 += mb;
+      t += tb;
     }
-    t += tb;
   }
 }
 
@@ -485,7 +698,7 @@ static TGT int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
   return 0;
 }
 
-const ql__cpu_kernels ql__cpu_kernels_avx512 = {wo_q4g, wo_q8c, aq_q4g,
-                                                aq_q8c, quant_row};
+const ql__cpu_kernels ql__cpu_kernels_avx512 = {wo_q4g, wo_q8c, aq_q4g, aq_q8c,
+                                                quant_row};
 
 #endif /* __x86_64__ */

@@ -53,8 +53,7 @@ static void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
         for (int64_t b = 0; b < nb; b++) {
           const uint8_t *blk = gp + p->sz_bytes + (size_t)b * QL_CPU_BLOCK;
           int64_t k0 = g * (int64_t)p->gs + b * QL_CPU_Q4G_KB;
-          int kn = p->k - k0 < QL_CPU_Q4G_KB ? (int)(p->k - k0)
-                                              : QL_CPU_Q4G_KB;
+          int kn = p->k - k0 < QL_CPU_Q4G_KB ? (int)(p->k - k0) : QL_CPU_Q4G_KB;
           for (int i = 0; i < kn; i++)
             for (int j = 0; j < T; j++) {
               unsigned u = (blk[4 * j + (i & 3)] >> (i & 4)) & 0xFu;
@@ -132,7 +131,8 @@ static void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,
           }
         }
         for (int r = 0; r < mb; r++) {
-          float gsf = xq->gsumf[(size_t)(m0 + r) * (size_t)p->groups + (size_t)g];
+          float gsf =
+              xq->gsumf[(size_t)(m0 + r) * (size_t)p->groups + (size_t)g];
           for (int j = 0; j < T; j++) {
             float t1v = s[j] * (float)ia[r][j];
             float t2v = z[j] * gsf;
@@ -165,8 +165,8 @@ static void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,
       for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = tile + QL_CPU_BLOCK + (size_t)b * QL_CPU_BLOCK;
         for (int r = 0; r < mb; r++) {
-          const int8_t *xr = xq->xq + (size_t)(m0 + r) * (size_t)xq->kp +
-                             b * QL_CPU_Q8C_KB;
+          const int8_t *xr =
+              xq->xq + (size_t)(m0 + r) * (size_t)xq->kp + b * QL_CPU_Q8C_KB;
           for (int i = 0; i < QL_CPU_Q8C_KB; i++)
             for (int j = 0; j < T; j++)
               ia[r][j] += xr[i] * ((int)blk[4 * j + i] - 128);

@@ -34,7 +34,8 @@ static int layout_sizes(ql__cpu_packed *p) {
   if (p->format == QL_FORMAT_Q4G) {
     esz = ql_dtype_size(p->sdt);
     p->sz_bytes = round_up(2 * QL_CPU_TILE * esz, QL_CPU_BLOCK);
-    p->group_bytes = p->sz_bytes + (size_t)(p->gs / QL_CPU_Q4G_KB) * QL_CPU_BLOCK;
+    p->group_bytes =
+        p->sz_bytes + (size_t)(p->gs / QL_CPU_Q4G_KB) * QL_CPU_BLOCK;
     /* every group but the last has gs/8 blocks */
     p->tile_bytes = (size_t)(p->groups - 1) * p->group_bytes + p->sz_bytes +
                     (size_t)ql__cpu_q4g_blocks(p, p->groups - 1) * QL_CPU_BLOCK;
@@ -56,8 +57,9 @@ static int layout_sizes(ql__cpu_packed *p) {
  * complement, so q + 8 is that nibble with its top bit flipped. */
 static unsigned q4g_u(const ql_qweight *w, size_t rowbytes, int64_t n,
                       int64_t k) {
-  unsigned nib = (w->qdata[(size_t)n * rowbytes + (size_t)(k >> 1)] >>
-                  ((k & 1) * 4)) & 0xFu;
+  unsigned nib =
+      (w->qdata[(size_t)n * rowbytes + (size_t)(k >> 1)] >> ((k & 1) * 4)) &
+      0xFu;
   return nib ^ 8u;
 }
 
@@ -76,8 +78,8 @@ static int q4g_fma_exact(const ql_qweight *w) {
     float z = ql_load_f32(w->scale_dtype, w->zero, i);
     uint32_t bits;
     memcpy(&bits, &s, sizeof bits);
-    if ((bits & 7u) != 0 || !(8.0 * fabs((double)s) + fabs((double)z) <=
-                               (double)FLT_MAX))
+    if ((bits & 7u) != 0 ||
+        !(8.0 * fabs((double)s) + fabs((double)z) <= (double)FLT_MAX))
       return 0;
   }
   return 1;
@@ -129,8 +131,8 @@ static void pack_q8c(const ql_qweight *w, ql__cpu_packed *p) {
     float sc[QL_CPU_TILE];
     for (int j = 0; j < QL_CPU_TILE; j++) {
       int64_t n = t * QL_CPU_TILE + j;
-      sc[j] = n < w->n ? ql_load_f32(w->scale_dtype, w->scale, (size_t)n)
-                       : 0.0f;
+      sc[j] =
+          n < w->n ? ql_load_f32(w->scale_dtype, w->scale, (size_t)n) : 0.0f;
     }
     memcpy(tile, sc, sizeof sc);
     for (int64_t b = 0; b < blocks; b++) {
@@ -229,8 +231,8 @@ int ql__cpu_unpack(const ql__cpu_packed *p, uint8_t *qdata, void *scale,
       memcpy((float *)scale + n, tile + (size_t)j * sizeof(float),
              sizeof(float));
       for (int64_t k = 0; k < p->k; k++) {
-        const uint8_t *blk = tile + QL_CPU_BLOCK +
-                             (size_t)(k / QL_CPU_Q8C_KB) * QL_CPU_BLOCK;
+        const uint8_t *blk =
+            tile + QL_CPU_BLOCK + (size_t)(k / QL_CPU_Q8C_KB) * QL_CPU_BLOCK;
         q[(size_t)n * (size_t)p->k + (size_t)k] =
             (int8_t)((int)blk[4 * j + (int)(k % QL_CPU_Q8C_KB)] - 128);
       }

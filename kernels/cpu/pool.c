@@ -35,19 +35,28 @@ typedef struct pool {
   pthread_mutex_t call_mu; /* one parallel call at a time */
   pthread_mutex_t mu;      /* guards sleeping and waking */
   pthread_cond_t work_cv, done_cv;
-  int nthreads;            /* T, the caller included; 0 until created */
-  int sleepers;            /* workers waiting on work_cv (under mu) */
-  int caller_sleeps;       /* the caller waits on done_cv (under mu) */
+  int nthreads;      /* T, the caller included; 0 until created */
+  int sleepers;      /* workers waiting on work_cv (under mu) */
+  int caller_sleeps; /* the caller waits on done_cv (under mu) */
   atomic_uint_fast64_t gen;
-  atomic_int pending;      /* worker parts of the current job not done */
+  atomic_int pending; /* worker parts of the current job not done */
   void (*fn)(void *, int, int);
   void *ctx;
   int parts;
 } pool;
 
-static pool P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
-                 PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0,
-                 0, 0, NULL, NULL, 0};
+static pool P = {PTHREAD_MUTEX_INITIALIZER,
+                 PTHREAD_MUTEX_INITIALIZER,
+                 PTHREAD_COND_INITIALIZER,
+                 PTHREAD_COND_INITIALIZER,
+                 0,
+                 0,
+                 0,
+                 0,
+                 0,
+                 NULL,
+                 NULL,
+                 0};
 static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
 static int atfork_done;
 static int want_threads = -1; /* the configured T, read once */
@@ -161,8 +170,8 @@ static void atfork_child(void) {
  * creation fails: the pool still works with those it has. Workers block
  * every signal, so that signals go to the daemon's own threads. */
 static void pool_create(void) {
-  int t = want_threads < 0 ? (want_threads = configured_threads())
-                           : want_threads;
+  int t =
+      want_threads < 0 ? (want_threads = configured_threads()) : want_threads;
   sigset_t all, old;
   pthread_attr_t attr;
 

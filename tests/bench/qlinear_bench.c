@@ -76,22 +76,26 @@ typedef struct opts {
 } opts;
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: qlinear-bench [options]\n"
-          "  --quick            4096x4096, M in {1,16,512}, 5 pairs, short samples\n"
-          "  --shapes NxK,...   default 4096x4096,14336x4096,4096x14336\n"
-          "  --formats LIST     q4g,q8c (default both)\n"
-          "  --paths LIST       wo,aq (default both)\n"
-          "  --m LIST           rows, default 1,2,4,8,16,32,64,128,256,512\n"
-          "  --pairs P          interleaved A/B pairs per figure (>= 5, default 7)\n"
-          "  --threads T        CPU pool size (QL_CPU_THREADS), default 2\n"
-          "  --gs G             q4g group size, default 128\n"
-          "  --scale-dtype D    bf16 (default), f16 or f32\n"
-          "  --ref-max-m M      compare with the generic op up to M rows (default 8)\n"
-          "  --min-sample-ms S  minimum length of one timed sample (default 60)\n"
-          "  --llc-mb L         last-level cache size (default: sysconf, else 32)\n"
-          "  --no-blas, --no-dnnl  skip those baselines\n"
-          "  --json             JSON lines only\n");
+  fprintf(
+      f,
+      "usage: qlinear-bench [options]\n"
+      "  --quick            4096x4096, M in {1,16,512}, 5 pairs, short "
+      "samples\n"
+      "  --shapes NxK,...   default 4096x4096,14336x4096,4096x14336\n"
+      "  --formats LIST     q4g,q8c (default both)\n"
+      "  --paths LIST       wo,aq (default both)\n"
+      "  --m LIST           rows, default 1,2,4,8,16,32,64,128,256,512\n"
+      "  --pairs P          interleaved A/B pairs per figure (>= 5, default "
+      "7)\n"
+      "  --threads T        CPU pool size (QL_CPU_THREADS), default 2\n"
+      "  --gs G             q4g group size, default 128\n"
+      "  --scale-dtype D    bf16 (default), f16 or f32\n"
+      "  --ref-max-m M      compare with the generic op up to M rows (default "
+      "8)\n"
+      "  --min-sample-ms S  minimum length of one timed sample (default 60)\n"
+      "  --llc-mb L         last-level cache size (default: sysconf, else 32)\n"
+      "  --no-blas, --no-dnnl  skip those baselines\n"
+      "  --json             JSON lines only\n");
 }
 
 static int parse_list(const char *s, int64_t *out, int max) {
@@ -252,8 +256,8 @@ typedef struct timed {
   const char *name;
   void (*run)(void *ctx, long i);
   void *ctx;
-  long reps;  /* calls per sample, calibrated */
-  long next;  /* the next call index (keeps rotating across samples) */
+  long reps; /* calls per sample, calibrated */
+  long next; /* the next call index (keeps rotating across samples) */
 } timed;
 
 /* One sample: reps calls; the time per call. */
@@ -323,7 +327,7 @@ static stat3 ab_pairs(timed *a, timed *b, int pairs, double min_s,
 typedef struct read_ctx {
   const uint8_t *const *bufs;
   int ncopies;
-  size_t bytes;      /* per call, a multiple of 256 */
+  size_t bytes; /* per call, a multiple of 256 */
   const uint8_t *cur;
   volatile uint64_t sink;
   ql__cpu_level level;
@@ -404,10 +408,10 @@ typedef struct wset {
   ql__cpu_packed **pk; /* ncopies layouts (the CPU backend's repack) */
   const ql_kernel_impl *rp;
   int ncopies;
-  size_t wbytes;       /* canonical qdata + scale + zero */
-  float **deq;         /* nf copies of dequant(W) f32 [N,K], for BLAS */
+  size_t wbytes; /* canonical qdata + scale + zero */
+  float **deq;   /* nf copies of dequant(W) f32 [N,K], for BLAS */
   int nf;
-  int8_t *w8;          /* q8c: the int8 weight [N,K] for oneDNN */
+  int8_t *w8; /* q8c: the int8 weight [N,K] for oneDNN */
 } wset;
 
 typedef struct lin_ctx {
@@ -421,8 +425,10 @@ typedef struct lin_ctx {
 
 static void lin_run(void *ctx, long i) {
   lin_ctx *c = ctx;
-  ql_linear_args a = {c->ws->q, c->ref ? NULL : c->ws->pk[i % c->ws->ncopies],
-                      QL_DTYPE_F32, c->x, c->m, c->y};
+  ql_linear_args a = {
+      c->ws->q,     c->ref ? NULL : c->ws->pk[i % c->ws->ncopies],
+      QL_DTYPE_F32, c->x,
+      c->m,         c->y};
   int rc = c->im->fn.linear(&a);
   if (rc != 0) {
     fprintf(stderr, "qlinear-bench: %s returned %d\n", c->im->name, rc);
@@ -514,8 +520,8 @@ static int wset_make(const opts *o, ql_format f, int64_t n, int64_t k,
   ws->ncopies = (int)ceil(4.0 * o->llc_bytes / (double)ws->wbytes);
   if (ws->ncopies < 1)
     ws->ncopies = 1;
-  ws->rp = ql_dispatch(ql_backend_find("cpu"), QL_OP_REPACK, f, QL_DTYPE_F32,
-                       0, n, k);
+  ws->rp = ql_dispatch(ql_backend_find("cpu"), QL_OP_REPACK, f, QL_DTYPE_F32, 0,
+                       n, k);
   ws->pk = calloc((size_t)ws->ncopies, sizeof *ws->pk);
   for (int c = 0; c < ws->ncopies; c++) {
     ql_repack_args ra = {ws->q, NULL, 0};
@@ -559,8 +565,8 @@ typedef struct fig {
 #define MAXFIG 6
 
 static void print_stat(FILE *f, const char *name, stat3 s) {
-  fprintf(f, ",\"%s\":{\"median\":%.4f,\"min\":%.4f,\"max\":%.4f}", name,
-          s.med, s.min, s.max);
+  fprintf(f, ",\"%s\":{\"median\":%.4f,\"min\":%.4f,\"max\":%.4f}", name, s.med,
+          s.min, s.max);
 }
 
 static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
@@ -620,7 +626,8 @@ static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
     uint8_t *xu = xalloc((size_t)(m * k));
     int32_t *cc = xalloc((size_t)(m * n) * sizeof(int32_t));
     for (int64_t i = 0; i < m * k; i++)
-      xu[i] = (uint8_t)(128 + (int)lrintf(fmaxf(fminf(x[i] * 40.0f, 127.0f), -128.0f)));
+      xu[i] = (uint8_t)(128 + (int)lrintf(
+                                  fmaxf(fminf(x[i] * 40.0f, 127.0f), -128.0f)));
     dnnl_ctx dc = {ws, xu, m, cc};
     timed dn = {"onednn", dnnl_run, &dc, 0, 0};
     figs[nfig].name = "onednn_u8s8s32";
@@ -632,8 +639,8 @@ static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
   }
 #endif
   if (aq && ws->f == QL_FORMAT_Q4G && q8c != NULL) {
-    const ql_kernel_impl *im8 = ql_dispatch(cpu, op, QL_FORMAT_Q8C,
-                                            QL_DTYPE_F32, m, n, k);
+    const ql_kernel_impl *im8 =
+        ql_dispatch(cpu, op, QL_FORMAT_Q8C, QL_DTYPE_F32, m, n, k);
     lin_ctx qc = {im8, q8c, x, m, y2, 0};
     timed q8 = {"q8c_aq", lin_run, &qc, 0, 0};
     figs[nfig].name = "q8c_aq";
@@ -646,13 +653,12 @@ static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
     timed gr = {"ref", lin_run, &gc, 0, 0};
     double min_s = o->min_sample_s;
     figs[nfig].name = "ref";
-    figs[nfig].r = ab_pairs(&ours, &gr, o->pairs, min_s, &t_a,
-                            &figs[nfig].t_base);
+    figs[nfig].r =
+        ab_pairs(&ours, &gr, o->pairs, min_s, &t_a, &figs[nfig].t_base);
     nfig++;
   }
 
-  snprintf(fmt, sizeof fmt, ws->f == QL_FORMAT_Q4G ? "q4g/g%u" : "q8c",
-           o->gs);
+  snprintf(fmt, sizeof fmt, ws->f == QL_FORMAT_Q4G ? "q4g/g%u" : "q8c", o->gs);
   t_base = figs[0].t_base;
   if (!o->json_only) {
     if (header) {
@@ -676,12 +682,13 @@ static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
          "\"read_gbs\":%.3f",
          (long long)n, (long long)k, ws->f == QL_FORMAT_Q4G ? "q4g" : "q8c",
          ws->f == QL_FORMAT_Q4G ? o->gs : 0,
-         o->sdt == QL_DTYPE_F32 ? "f32" : o->sdt == QL_DTYPE_F16 ? "f16" : "bf16",
+         o->sdt == QL_DTYPE_F32   ? "f32"
+         : o->sdt == QL_DTYPE_F16 ? "f16"
+                                  : "bf16",
          aq ? "aq" : "wo", (long long)m, ql__cpu_threads(),
          ql__cpu_level_name(ql__cpu_level_get()), im->name, ws->wbytes,
          ws->ncopies, o->pairs, t_ours * 1e3,
-         (double)ws->wbytes / t_ours * 1e-9,
-         (double)rc.bytes / t_base * 1e-9);
+         (double)ws->wbytes / t_ours * 1e-9, (double)rc.bytes / t_base * 1e-9);
   print_stat(stdout, "vs_read", figs[0].r);
   for (int i = 1; i < nfig; i++) {
     char key[40];
@@ -700,7 +707,8 @@ int main(int argc, char **argv) {
   opts o;
   char tbuf[16];
 
-  if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+  if (argc > 1 &&
+      (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
     usage(stdout);
     return 0;
   }

@@ -38,16 +38,16 @@ static ql_qweight *make_weight(uint64_t seed, ql_format f, uint32_t gs,
   ql_qweight *q = NULL;
   for (int64_t r = 0; r < n; r++)
     for (int64_t i = 0; i < k; i++)
-      w[r * k + i] = n > 2 && r == 1   ? 0.0f
-                     : n > 2 && r == 2 ? -127.5f / 1024.0f
-                                       : (float)(0.05 * tu_rng_gauss(&seed) +
-                                                 0.01 * (double)(r % 3));
+      w[r * k + i] =
+          n > 2 && r == 1 ? 0.0f
+          : n > 2 && r == 2
+              ? -127.5f / 1024.0f
+              : (float)(0.05 * tu_rng_gauss(&seed) + 0.01 * (double)(r % 3));
   for (int64_t r = 0; r < n; r++)
     b[r] = (float)tu_rng_gauss(&seed);
   ql_quant_params p = {f, gs, 0, sdt};
-  ck_assert_int_eq(ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w,
-                                       bias ? b : NULL, &q),
-                   0);
+  ck_assert_int_eq(
+      ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w, bias ? b : NULL, &q), 0);
   free(w);
   free(b);
   return q;
@@ -77,10 +77,10 @@ static void *make_x(uint64_t seed, ql_dtype dt, int64_t m, int64_t k) {
  * implementation that ran. */
 static const char *same_as_generic(const ql_qweight *q, ql_op op, ql_dtype dt,
                                    const void *x, int64_t m, const char *ctx) {
-  const ql_kernel_impl *im = ql_dispatch(cpu(), op, q->format, dt, m, q->n,
-                                         q->k);
-  const ql_kernel_impl *rp = ql_dispatch(cpu(), QL_OP_REPACK, q->format,
-                                         QL_DTYPE_F32, 0, q->n, q->k);
+  const ql_kernel_impl *im =
+      ql_dispatch(cpu(), op, q->format, dt, m, q->n, q->k);
+  const ql_kernel_impl *rp =
+      ql_dispatch(cpu(), QL_OP_REPACK, q->format, QL_DTYPE_F32, 0, q->n, q->k);
   size_t bytes = (size_t)(m * q->n) * ql_dtype_size(dt);
   unsigned char *y = tu_xmalloc(bytes), *want = tu_xmalloc(bytes);
   ql_repack_args ra = {q, NULL, 0};
@@ -101,7 +101,8 @@ static const char *same_as_generic(const ql_qweight *q, ql_op op, ql_dtype dt,
     while (y[i] == want[i])
       i++;
     ck_abort_msg("%s: %s differs from the generic op at byte %zu (element "
-                 "%zu)", ctx, im->name, i, i / ql_dtype_size(dt));
+                 "%zu)",
+                 ctx, im->name, i, i / ql_dtype_size(dt));
   }
   rp->free_packed(ra.packed);
   free(y);
@@ -137,7 +138,8 @@ static void check_level_matrix(void) {
         void *x = make_x(77 + (uint64_t)k, adt, mmax, k);
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
           for (int aq = 0; aq < 2; aq++) {
-            snprintf(ctx, sizeof ctx, "%s gs=%u %s M=%lld N=%lld K=%lld "
+            snprintf(ctx, sizeof ctx,
+                     "%s gs=%u %s M=%lld N=%lld K=%lld "
                      "scale=%s act=%s",
                      fmts[fi].f == QL_FORMAT_Q4G ? "q4g" : "q8c", fmts[fi].gs,
                      aq ? "AQ" : "WO", (long long)Ms[mi], (long long)n,
@@ -190,8 +192,8 @@ END_TEST
 static void check_parallel_case(void) {
   static const ql_format fs[2] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C};
   for (int fi = 0; fi < 2; fi++) {
-    ql_qweight *q = make_weight(5 + (uint64_t)fi, fs[fi], 64, QL_DTYPE_BF16,
-                                301, 520, 1);
+    ql_qweight *q =
+        make_weight(5 + (uint64_t)fi, fs[fi], 64, QL_DTYPE_BF16, 301, 520, 1);
     void *x = make_x(9, QL_DTYPE_F32, 9, 520);
     for (int64_t m = 1; m <= 9; m += 4) {
       same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "threads WO");
@@ -320,12 +322,48 @@ START_TEST(test_repack_round_trip) {
 }
 END_TEST
 
+/* The q4g layout allows the one-FMA dequantization exactly when it gives
+ * the reference's bytes: bf16/f16 scales (few significant bits) yes,
+ * arbitrary f32 scales no, and never when q·s could overflow. Both kinds
+ * of layout then run through the level matrix above. */
+START_TEST(test_repack_fma_flag) {
+  ql__cpu_packed *p = NULL;
+  ql_qweight *q = make_weight(7, QL_FORMAT_Q4G, 32, QL_DTYPE_BF16, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  q = make_weight(7, QL_FORMAT_Q4G, 32, QL_DTYPE_F16, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  q = make_weight(7, QL_FORMAT_Q4G, 32, QL_DTYPE_F32, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  /* the same f32 scales cut to 21 significant bits qualify... */
+  for (int64_t i = 0; i < q->groups * q->n; i++)
+    ((float *)q->scale)[i] =
+        tu_bits_f32(tu_f32_bits(((float *)q->scale)[i]) & ~7u);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  /* ...unless one is so large that 8·s overflows */
+  ((float *)q->scale)[5] = 0x1p126f;
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+}
+END_TEST
+
 /* The repack op: the layout of the formats it handles, its size, and
  * dispatch to the generic (no layout) for the others. */
 START_TEST(test_repack_op) {
   ql_qweight *q = make_weight(1, QL_FORMAT_Q4G, 32, QL_DTYPE_BF16, 20, 70, 0);
-  const ql_kernel_impl *rp = ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q4G,
-                                         QL_DTYPE_F32, 0, 20, 70);
+  const ql_kernel_impl *rp =
+      ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q4G, QL_DTYPE_F32, 0, 20, 70);
   ql_repack_args ra = {q, NULL, 0};
   ck_assert_str_eq(rp->name, "cpu.repack");
   ck_assert_int_eq(rp->fn.repack(&ra), 0);
@@ -334,9 +372,9 @@ START_TEST(test_repack_op) {
   rp->free_packed(ra.packed);
   rp->free_packed(NULL);
   ql_qweight_free(q);
-  ck_assert_ptr_eq(ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q8B,
-                               QL_DTYPE_F32, 0, 20, 70),
-                   ql_generic_impl(QL_OP_REPACK));
+  ck_assert_ptr_eq(
+      ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q8B, QL_DTYPE_F32, 0, 20, 70),
+      ql_generic_impl(QL_OP_REPACK));
 }
 END_TEST
 
@@ -350,8 +388,8 @@ START_TEST(test_packed_null_and_mismatch) {
   ql__cpu_packed *po = NULL;
   for (int aq = 0; aq < 2; aq++) {
     ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
-    const ql_kernel_impl *im = ql_dispatch(cpu(), op, QL_FORMAT_Q8C,
-                                           QL_DTYPE_F32, 3, 40, 96);
+    const ql_kernel_impl *im =
+        ql_dispatch(cpu(), op, QL_FORMAT_Q8C, QL_DTYPE_F32, 3, 40, 96);
     ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 3, y};
     ck_assert_int_eq(im->fn.linear(&a), 0);
     ck_assert_int_eq(aq ? ql_linear_aq_ref(q, QL_DTYPE_F32, x, 3, want)
@@ -376,9 +414,9 @@ START_TEST(test_nonfinite) {
   for (int v = 0; v < 2; v++) {
     x[64 + 37] = v ? INFINITY : NAN;
     for (int aq = 0; aq < 2; aq++) {
-      const ql_kernel_impl *im = ql_dispatch(
-          cpu(), aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, QL_FORMAT_Q4G,
-          QL_DTYPE_F32, 2, 16, 64);
+      const ql_kernel_impl *im =
+          ql_dispatch(cpu(), aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO,
+                      QL_FORMAT_Q4G, QL_DTYPE_F32, 2, 16, 64);
       ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y};
       ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
     }
@@ -403,8 +441,8 @@ START_TEST(test_aq_q8c_max_k_wrap) {
   for (int64_t i = 0; i < m * k; i++)
     x[i] = i / k == 0 ? -1.0f : 1.0f;
   ck_assert_int_eq(ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w, NULL, &q), 0);
-  const ql_kernel_impl *im = ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
-                                         QL_DTYPE_F32, m, n, k);
+  const ql_kernel_impl *im =
+      ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, QL_DTYPE_F32, m, n, k);
   ck_assert_ptr_nonnull(im);
   ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, m, y};
   ck_assert_int_eq(im->fn.linear(&a), 0);
@@ -429,19 +467,21 @@ START_TEST(test_quantize_rows) {
       for (int withg = 0; withg < 2; withg++) {
         int64_t k = ks[ki], m = 5, ng = (k + gss[gi] - 1) / gss[gi];
         float *x = make_x(11 + (uint64_t)k, QL_DTYPE_F32, m, k);
-        int8_t *q1 = tu_xmalloc((size_t)(m * k)), *q2 = tu_xmalloc((size_t)(m * k));
+        int8_t *q1 = tu_xmalloc((size_t)(m * k)),
+               *q2 = tu_xmalloc((size_t)(m * k));
         float s1[5], s2[5];
-        int32_t *g1 = tu_xmalloc((size_t)(m * ng) * 4), *g2 = tu_xmalloc((size_t)(m * ng) * 4);
-        const ql_kernel_impl *im = ql_dispatch(cpu(), QL_OP_QUANTIZE_ROWS,
-                                               QL_FORMAT_Q8C, QL_DTYPE_F32, m,
-                                               1, k);
-        ql_qrows_args a = {QL_QROWS_I8, x, m, k, gss[gi], q1, s1,
-                           withg ? g1 : NULL, QL_DTYPE_F32};
+        int32_t *g1 = tu_xmalloc((size_t)(m * ng) * 4),
+                *g2 = tu_xmalloc((size_t)(m * ng) * 4);
+        const ql_kernel_impl *im = ql_dispatch(
+            cpu(), QL_OP_QUANTIZE_ROWS, QL_FORMAT_Q8C, QL_DTYPE_F32, m, 1, k);
+        ql_qrows_args a = {QL_QROWS_I8, x,  m,  k,
+                           gss[gi],     q1, s1, withg ? g1 : NULL,
+                           QL_DTYPE_F32};
         ck_assert(strncmp(im->name, "cpu.", 4) == 0);
         ck_assert_int_eq(im->fn.quantize_rows(&a), 0);
-        ck_assert_int_eq(ql_quantize_rows_i8(x, m, k, gss[gi], q2, s2,
-                                             withg ? g2 : NULL),
-                         0);
+        ck_assert_int_eq(
+            ql_quantize_rows_i8(x, m, k, gss[gi], q2, s2, withg ? g2 : NULL),
+            0);
         ck_assert(memcmp(q1, q2, (size_t)(m * k)) == 0);
         ck_assert(memcmp(s1, s2, sizeof s1) == 0);
         if (withg)
@@ -482,6 +522,7 @@ static Suite *cpu_suite(void) {
   tc = tcase_create("layout");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_repack_round_trip);
+  tcase_add_test(tc, test_repack_fma_flag);
   tcase_add_test(tc, test_repack_op);
   tcase_add_test(tc, test_packed_null_and_mismatch);
   tcase_add_test(tc, test_nonfinite);
