@@ -102,4 +102,47 @@ static inline int tu_run_suite(Suite *s, enum print_output mode) {
   return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+/* The e4m3fn rules of DESIGN §4 written independently of kernels/convert.c,
+ * for tests to check the kernels against. */
+/* Value of an e4m3fn code from the definition: bias 7, 3 mantissa bits,
+ * subnormals m·2^-9 (not for the NaN codes 0x7F/0xFF). */
+static inline double tu_e4m3_value(uint32_t c) {
+  int e = (c >> 3) & 0xF, m = c & 7;
+  double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+  return (c & 0x80) ? -v : v;
+}
+
+/* The e4m3fn code nearest to v by exhaustive search, ties to the even code
+ * (even mantissa), saturating at ±448, NaN to 0x7F|sign: the conversion
+ * rule written independently of convert.c's bit manipulation. */
+static inline uint8_t tu_e4m3_nearest(double v) {
+  uint8_t sign = signbit(v) ? 0x80 : 0;
+  double a = fabs(v), db = a;
+  uint32_t best = 0, c;
+
+  if (isnan(v))
+    return sign | 0x7F;
+  if (a >= 448.0)
+    return sign | 0x7E;
+  for (c = 1; c <= 0x7E; c++) {
+    double d = fabs(a - tu_e4m3_value(c));
+    if (d < db || (d == db && !(c & 1))) {
+      best = c;
+      db = d;
+    }
+  }
+  return (uint8_t)(sign | best);
+}
+
+/* The spacing of e4m3 values around magnitude a (a <= 448): 2^-9 below
+ * 2^-6 (subnormals), else 2^(floor(log2 a) - 3). */
+static inline double tu_e4m3_ulp(double a) {
+  int e;
+  if (a < 0x1p-6)
+    return 0x1p-9;
+  frexp(a, &e); /* a in [2^(e-1), 2^e) */
+  return ldexp(1.0, e - 4);
+}
+
+
 #endif

@@ -39,46 +39,6 @@ static double f16_value(uint16_t h) {
   return (h & 0x8000) ? -v : v;
 }
 
-/* Value of an e4m3fn code from the definition: bias 7, 3 mantissa bits,
- * subnormals m·2^-9 (not for the NaN codes 0x7F/0xFF). */
-static double e4m3_value(uint32_t c) {
-  int e = (c >> 3) & 0xF, m = c & 7;
-  double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
-  return (c & 0x80) ? -v : v;
-}
-
-/* The e4m3fn code nearest to v by exhaustive search, ties to the even code
- * (even mantissa), saturating at ±448, NaN to 0x7F|sign: the conversion
- * rule written independently of convert.c's bit manipulation. */
-static uint8_t e4m3_nearest(double v) {
-  uint8_t sign = signbit(v) ? 0x80 : 0;
-  double a = fabs(v), db = a;
-  uint32_t best = 0, c;
-
-  if (isnan(v))
-    return sign | 0x7F;
-  if (a >= 448.0)
-    return sign | 0x7E;
-  for (c = 1; c <= 0x7E; c++) {
-    double d = fabs(a - e4m3_value(c));
-    if (d < db || (d == db && !(c & 1))) {
-      best = c;
-      db = d;
-    }
-  }
-  return (uint8_t)(sign | best);
-}
-
-/* The spacing of e4m3 values around magnitude a (a <= 448): 2^-9 below
- * 2^-6 (subnormals), else 2^(floor(log2 a) - 3). */
-static double e4m3_ulp(double a) {
-  int e;
-  if (a < 0x1p-6)
-    return 0x1p-9;
-  frexp(a, &e); /* a in [2^(e-1), 2^e) */
-  return ldexp(1.0, e - 4);
-}
-
 /* ------------------------------------------------------------ conversions */
 
 START_TEST(test_f16_exhaustive) {
@@ -226,7 +186,7 @@ static int is_nearest(double ax, uint32_t hm, uint32_t top,
 
 static double f16_mag(uint32_t hm) { return f16_value((uint16_t)hm); }
 static double bf16_mag(uint32_t hm) { return (double)tu_bits_f32(hm << 16); }
-static double e4m3_mag(uint32_t cm) { return e4m3_value(cm); }
+static double e4m3_mag(uint32_t cm) { return tu_e4m3_value(cm); }
 
 START_TEST(test_narrowing_random_nearest) {
   uint64_t rng = 11;
@@ -289,12 +249,12 @@ START_TEST(test_e4m3_all_codes) {
               ql_f32_to_e4m3(f));
       continue;
     }
-    REQUIRE((double)f == e4m3_value(c), "e4m3 %02x widened to %a, want %a", c,
-            (double)f, e4m3_value(c));
+    REQUIRE((double)f == tu_e4m3_value(c), "e4m3 %02x widened to %a, want %a", c,
+            (double)f, tu_e4m3_value(c));
     REQUIRE(!!signbit(f) == !!(c & 0x80), "sign of %02x", c);
     REQUIRE(ql_f32_to_e4m3(f) == c, "e4m3 %02x round trip gave %02x", c,
             ql_f32_to_e4m3(f));
-    REQUIRE(e4m3_nearest((double)f) == c, "test encoder disagrees on %02x", c);
+    REQUIRE(tu_e4m3_nearest((double)f) == c, "test encoder disagrees on %02x", c);
   }
   /* the landmarks of the format */
   ck_assert(ql_e4m3_to_f32(0x7E) == 448.0f);
@@ -315,7 +275,7 @@ END_TEST
 START_TEST(test_e4m3_boundaries) {
   uint32_t c;
   for (c = 0; c < 0x7E; c++) {
-    float lo = (float)e4m3_value(c), hi = (float)e4m3_value(c + 1);
+    float lo = (float)tu_e4m3_value(c), hi = (float)tu_e4m3_value(c + 1);
     float mid = (float)(((double)lo + hi) / 2); /* exact: few bits */
     uint32_t even = (c & 1) ? c + 1 : c, sg;
 
@@ -415,8 +375,8 @@ START_TEST(test_e4m3_random_nearest) {
     else
       REQUIRE(cm < 0x7F && is_nearest(fabs((double)x), cm, 0x7F, e4m3_mag),
               "e4m3 of %a is %02x: not the nearest-even", (double)x, c);
-    REQUIRE(c == e4m3_nearest((double)x), "e4m3 of %a: %02x vs %02x", (double)x,
-            c, e4m3_nearest((double)x));
+    REQUIRE(c == tu_e4m3_nearest((double)x), "e4m3 of %a: %02x vs %02x", (double)x,
+            c, tu_e4m3_nearest((double)x));
   }
 }
 END_TEST
@@ -837,8 +797,8 @@ static double check_f8r_row(const ql_qweight *q, const float *x,
     } else {
       t = (double)(float)((double)x[i] / (double)s_st);
       tc = t < -448.0 ? -448.0 : t > 448.0 ? 448.0 : t;
-      want = e4m3_nearest(tc);
-      step = e4m3_ulp(fabs(tc));
+      want = tu_e4m3_nearest(tc);
+      step = tu_e4m3_ulp(fabs(tc));
       bound = (double)s_st * (0.5 * step + fmax(0.0, fabs(t) - 448.0)) +
               4.0 * u * (fabs((double)x[i]) + fabs((double)xh));
     }
@@ -850,7 +810,7 @@ static double check_f8r_row(const ql_qweight *q, const float *x,
         fabs((double)s_st - s) <= 0x1p-8 * s)
       REQUIRE((got & 0x7F) == 0x7E, "f8r amax maps to %02x", got);
     REQUIRE(tu_f32_bits(xh) ==
-                tu_f32_bits((float)(e4m3_value(got) * (double)s_st)),
+                tu_f32_bits((float)(tu_e4m3_value(got) * (double)s_st)),
             "f8r x̂[%lld,%lld] = %a", (long long)r, (long long)i, (double)xh);
     REQUIRE(err <= bound, "f8r |x - x̂| = %g > %g at [%lld,%lld] (%s)", err,
             bound, (long long)r, (long long)i, tu_dtype_name(q->scale_dtype));

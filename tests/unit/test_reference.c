@@ -56,42 +56,6 @@ static ql_quant_params params_of(const cfg *c, ql_dtype sdt) {
   return p;
 }
 
-/* Value of an e4m3fn code from the definition (bias 7, 3 mantissa bits,
- * subnormals m·2^-9); not for the NaN codes. */
-static double e4m3_value(uint32_t c) {
-  int e = (c >> 3) & 0xF, m = c & 7;
-  double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
-  return (c & 0x80) ? -v : v;
-}
-
-/* The nearest e4m3fn code by exhaustive search, ties to the even code,
- * saturating at ±448: the rule written independently of convert.c. */
-static uint8_t e4m3_nearest(double v) {
-  uint8_t sign = signbit(v) ? 0x80 : 0;
-  double a = fabs(v), db = a;
-  uint32_t best = 0, c;
-
-  if (a >= 448.0)
-    return sign | 0x7E;
-  for (c = 1; c <= 0x7E; c++) {
-    double d = fabs(a - e4m3_value(c));
-    if (d < db || (d == db && !(c & 1))) {
-      best = c;
-      db = d;
-    }
-  }
-  return (uint8_t)(sign | best);
-}
-
-/* The spacing of e4m3 values around magnitude a <= 448. */
-static double e4m3_ulp(double a) {
-  int e;
-  if (a < 0x1p-6)
-    return 0x1p-9;
-  frexp(a, &e);
-  return ldexp(1.0, e - 4);
-}
-
 typedef int (*linear_fn)(const ql_qweight *, ql_dtype, const void *, int64_t,
                          void *);
 
@@ -386,7 +350,7 @@ START_TEST(test_qrows_e4m3_independent) {
             (double)sx[r], (double)s);
     for (i = 0; i < K; i++) {
       double t = (double)(float)((double)xr[i] / (double)s);
-      uint8_t want = e4m3_nearest(t < -448.0 ? -448.0 : t > 448.0 ? 448.0 : t);
+      uint8_t want = tu_e4m3_nearest(t < -448.0 ? -448.0 : t > 448.0 ? 448.0 : t);
       REQUIRE(xq[r * K + i] == want, "xq[%d,%d] = %02x, want %02x (x %a)", r, i,
               xq[r * K + i], want, (double)xr[i]);
       if (fabsf(xr[i]) == amax && amax >= 1e-12f)
@@ -589,7 +553,7 @@ static float e4m3_row_ref(ql_dtype src, const float *x, int64_t k,
     s = 0x1p-24;
   for (int64_t i = 0; i < k; i++) {
     double t = (double)(float)((double)x[i] / s);
-    q[i] = e4m3_nearest(t < -448.0 ? -448.0 : t > 448.0 ? 448.0 : t);
+    q[i] = tu_e4m3_nearest(t < -448.0 ? -448.0 : t > 448.0 ? 448.0 : t);
   }
   return (float)s;
 }
@@ -1057,7 +1021,7 @@ static void aq_check_dt(const ql_qweight *q, ql_dtype dt, const float *x,
         double sum = 0.0;
         a = 0.0;
         for (i = 0; i < k; i++) {
-          double p = e4m3_value(xc[i]) * e4m3_value((uint32_t)wq_at(q, j, i));
+          double p = tu_e4m3_value(xc[i]) * tu_e4m3_value((uint32_t)wq_at(q, j, i));
           REQUIRE((double)(float)p == p, "e4m3 product %a not exact in f32", p);
           acc = add32(acc, (float)p);
           sum += p;
@@ -1460,8 +1424,8 @@ START_TEST(test_nmse_vs_unquantized) {
           double xv = x[r * K + i], wv = w[j * K + i];
           if (q->format == QL_FORMAT_F8R) {
             /* the local e4m3 step, in units of the scale */
-            dw *= e4m3_ulp(fmin(fabs(wv) / dw, 448.0));
-            dx *= e4m3_ulp(fmin(fabs(xv) / dx, 448.0));
+            dw *= tu_e4m3_ulp(fmin(fabs(wv) / dw, 448.0));
+            dx *= tu_e4m3_ulp(fmin(fabs(xv) / dx, 448.0));
           }
           pred += xv * xv * dw * dw / 12.0;
           if (op)
