@@ -461,6 +461,32 @@ QL_EXPORT int ql_default_address(char *buf, size_t len) {
   return 0;
 }
 
+QL_EXPORT int ql_default_admin_address(char *buf, size_t len) {
+  const char *env = getenv("QLINEAR_ADMIN_ADDRESS");
+  char base[QL_ADDRESS_MAX + 64];
+  int n;
+
+  if (buf == NULL || len == 0)
+    return QL_EINVAL;
+  if (env != NULL && env[0] != '\0') {
+    n = snprintf(buf, len, "%s", env);
+  } else {
+    char *slash;
+    if (ql_default_address(base, sizeof base) != 0 ||
+        (slash = strrchr(base, '/')) == NULL) {
+      buf[0] = '\0';
+      return QL_EINVAL;
+    }
+    *slash = '\0';
+    n = snprintf(buf, len, "%s/admin/admin.sock", base);
+  }
+  if (n < 0 || (size_t)n >= len) {
+    buf[0] = '\0';
+    return QL_EINVAL;
+  }
+  return 0;
+}
+
 /*
  * For an ipc:// address, tells "no daemon" apart from "slow daemon" before
  * anything waits: nanomsg's nn_connect succeeds on a missing path and
@@ -958,8 +984,8 @@ QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
     goto fail;
   }
   /* Hello first: the daemon answers it only once its loop runs, and by
-   * then session.sock is there too. */
-  if ((rv = session_open(c)) != 0)
+   * then session.sock is there too. The admin socket has no sessions. */
+  if ((opts == NULL || !opts->admin) && (rv = session_open(c)) != 0)
     goto fail;
   *out = c;
   return 0;
@@ -1037,7 +1063,7 @@ static int weight_info_from(const Qlinear__V1__WeightInfo *w,
   out->k = sp->k;
   out->has_bias = sp->has_bias ? 1 : 0;
   out->asymmetric = sp->asymmetric ? 1 : 0;
-  out->pinned = sp->pin ? 1 : 0;
+  out->persistent = sp->persistent ? 1 : 0;
   out->policy = (int)sp->policy;
   out->scale_dtype = (int)sp->scale_dtype;
   memcpy(out->digest, w->digest.data, QL_DIGEST_BYTES);
@@ -1264,7 +1290,7 @@ QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
   spec.policy = (Qlinear__V1__Path)d->policy;
   spec.scale_dtype = (Qlinear__V1__DType)d->scale_dtype;
   spec.asymmetric = d->asymmetric != 0;
-  spec.pin = d->pin != 0;
+  spec.persistent = d->persistent != 0;
   br.spec = &spec;
   segment segs[2] = {{d->data, wbytes}, {d->bias, bbytes}};
   return upload(c, &br, segs, 2, d->progress, d->progress_arg, info_out,
@@ -1335,6 +1361,7 @@ QL_EXPORT int ql_load_packed(ql_client *c, const ql_packed_desc *d,
   spec.has_bias = d->bias.data != NULL;
   spec.policy = (Qlinear__V1__Path)d->policy;
   spec.asymmetric = d->asymmetric != 0;
+  spec.persistent = d->persistent != 0;
   br.spec = &spec;
   br.packed = &ps;
   return upload(c, &br, segs, nseg, d->progress, d->progress_arg, info_out,
@@ -1358,6 +1385,29 @@ QL_EXPORT int ql_unload(ql_client *c, const char *name) {
   if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_UNLOAD, c->timeout_ms,
                  &resp)) != 0)
     return rv;
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  return 0;
+}
+
+QL_EXPORT int ql_reload_config(ql_client *c, char *report, size_t len) {
+  Qlinear__V1__ReloadConfigRequest rr =
+      QLINEAR__V1__RELOAD_CONFIG_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  int rv;
+
+  err_clear();
+  if (report != NULL && len > 0)
+    report[0] = '\0';
+  if (c == NULL)
+    return err_set(QL_EINVAL, "client is NULL");
+  req.body_case = QLINEAR__V1__REQUEST__BODY_RELOAD;
+  req.reload = &rr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_RELOAD, c->timeout_ms,
+                 &resp)) != 0)
+    return rv;
+  if (report != NULL && len > 0)
+    copy_str(report, len, resp->reload->report);
   qlinear__v1__response__free_unpacked(resp, NULL);
   return 0;
 }
@@ -1848,6 +1898,20 @@ QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
   b->s.sessions = st->sessions;
   b->s.regions = st->regions;
   b->s.region_bytes = st->region_bytes;
+  b->s.persistent_weights = st->persistent_weights;
+  b->s.n_devices_total = st->n_devices;
+  for (size_t i = 0; i < st->n_devices && i < QL_MAX_DEVICES; i++) {
+    const Qlinear__V1__DeviceStats *ds = st->devices[i];
+    if (ds == NULL) {
+      rv = err_set(QL_EPROTO, "empty device entry");
+      goto fail;
+    }
+    copy_str(b->s.devices[i].device, sizeof b->s.devices[i].device,
+             ds->device);
+    b->s.devices[i].bytes_resident = ds->bytes_resident;
+    b->s.devices[i].budget_bytes = ds->budget_bytes;
+    b->s.n_devices = i + 1;
+  }
   for (size_t i = 0; i < n; i++) {
     const Qlinear__V1__WeightStats *ws = st->per_weight[i];
     ql_weight_stats *o = &b->w[i];

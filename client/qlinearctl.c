@@ -31,7 +31,7 @@
 #define PRINT_COLS 8
 
 static const char usage_text[] =
-    "usage: qlinearctl [-a ADDRESS] [-t TIMEOUT_MS] COMMAND [ARGS]\n"
+    "usage: qlinearctl [--admin] [-a ADDRESS] [-t TIMEOUT_MS] COMMAND [ARGS]\n"
     "\n"
     "Talks to qlineard, the daemon that serves quantized linear layers.\n"
     "\n"
@@ -39,6 +39,10 @@ static const char usage_text[] =
     "  -a, --address ADDRESS  daemon address (default: $QLINEAR_ADDRESS, else\n"
     "                         ipc://$XDG_RUNTIME_DIR/qlinear/qlineard.sock, else\n"
     "                         ipc:///tmp/qlinear-$UID/qlineard.sock)\n"
+    "      --admin            talk to the admin socket (default address:\n"
+    "                         $QLINEAR_ADMIN_ADDRESS, else admin/admin.sock\n"
+    "                         beside the default socket): persistent loads,\n"
+    "                         unloading any weight, reload\n"
     "  -t, --timeout MS       time limit of each request in milliseconds\n"
     "                         (default 30000; 0 waits forever)\n"
     "  -h, --help             show this help\n"
@@ -47,19 +51,21 @@ static const char usage_text[] =
     "  status                 daemon version, instance, limits and devices\n"
     "  list                   resident weights\n"
     "  load NAME FILE.npy --format FMT [--bias FILE.npy] [--policy POLICY]\n"
-    "       [--scale-dtype DTYPE] [--bf16] [--pin]\n"
+    "       [--scale-dtype DTYPE] [--bf16] [--persistent]\n"
     "                         upload a float weight [N, K] for the daemon to\n"
     "                         quantize; FMT is q4g32..q4g256, q8c, q8b32..q8b256\n"
     "                         (q8b32a.. asymmetric) or f8r; POLICY auto or\n"
     "                         weight-only; DTYPE of the scales bf16, f16 or\n"
     "                         f32 (default: as TorchAO, the data's own dtype);\n"
-    "                         --pin keeps it resident after qlinearctl exits\n"
-    "                         (the daemon's own user only)\n"
-    "  unload NAME            drop this client's hold on a weight\n"
+    "                         --persistent (with --admin) stores it: it stays\n"
+    "                         resident, across restarts, until an admin unload\n"
+    "  unload NAME            drop this client's hold on a weight; with\n"
+    "                         --admin, remove it (and its stored file)\n"
     "  linear NAME X.npy [-o Y.npy] [--path auto|wo|aq] [--bf16]\n"
     "                         y = x.W^T + b for x [M, K] (or [K]); y has x's\n"
     "                         data type; without -o the values are printed\n"
     "  stats [--prometheus]   request, batch and kernel counters\n"
+    "  reload                 (with --admin) re-read the daemon's config\n"
     "\n"
     ".npy files hold '<f4' or '<f2' arrays; with --bf16, '<u2' arrays are\n"
     "taken as bf16 bit patterns (and y is written as '<u2').\n";
@@ -69,6 +75,7 @@ static const char usage_text[] =
 typedef struct ctx {
   const char *address; /* NULL: the library's default */
   int timeout_ms;      /* 0: default, -1: forever */
+  int admin;           /* --admin: the admin socket, no session */
   ql_client *client;
 } ctx;
 
@@ -120,6 +127,7 @@ static int connect_ctx(ctx *cx) {
   char what[QL_ADDRESS_MAX + 16];
   opts.timeout_ms = cx->timeout_ms;
   opts.client_name = "qlinearctl";
+  opts.admin = cx->admin;
   int rv = ql_connect(cx->address, &opts, &cx->client);
   if (rv != 0) {
     char def[QL_ADDRESS_MAX];
@@ -378,8 +386,8 @@ static int cmd_list(ctx *cx, int argc, char **argv) {
     if (len > namew)
       namew = len;
   }
-  printf("%-*s  %-7s %-13s %-4s  %-12s  %10s  %s\n", namew, "NAME", "FORMAT",
-         "N x K", "BIAS", "DIGEST", "RESIDENT", "DEVICES");
+  printf("%-*s  %-7s %-13s %-4s  %-6s  %-12s  %10s  %s\n", namew, "NAME",
+         "FORMAT", "N x K", "BIAS", "STORED", "DIGEST", "RESIDENT", "DEVICES");
   for (size_t i = 0; i < n; i++) {
     char fmt[32], shape[48], dg[2 * QL_DIGEST_BYTES + 1], bytes[32];
     format_name(w[i].format, w[i].group_size, fmt, sizeof fmt);
@@ -388,8 +396,9 @@ static int cmd_list(ctx *cx, int argc, char **argv) {
     snprintf(shape, sizeof shape, "%" PRIu64 "x%" PRIu64, w[i].n, w[i].k);
     hex(w[i].digest, sizeof w[i].digest, dg);
     dg[12] = '\0';
-    printf("%-*s  %-7s %-13s %-4s  %-12s  %10s  %s\n", namew, w[i].name, fmt,
-           shape, w[i].has_bias ? "yes" : "no", dg,
+    printf("%-*s  %-7s %-13s %-4s  %-6s  %-12s  %10s  %s\n", namew,
+           w[i].name, fmt, shape, w[i].has_bias ? "yes" : "no",
+           w[i].persistent ? "yes" : "no", dg,
            human_bytes(w[i].bytes_resident, bytes, sizeof bytes),
            w[i].devices);
   }
@@ -420,14 +429,14 @@ static void draw_bar(void *arg, uint64_t done, uint64_t total) {
 }
 
 static int cmd_load(ctx *cx, int argc, char **argv) {
-  enum { OPT_FORMAT = 256, OPT_BIAS, OPT_POLICY, OPT_SCALE, OPT_BF16, OPT_PIN };
+  enum { OPT_FORMAT = 256, OPT_BIAS, OPT_POLICY, OPT_SCALE, OPT_BF16, OPT_PERSISTENT };
   static const struct option opts[] = {
       {"format", required_argument, NULL, OPT_FORMAT},
       {"bias", required_argument, NULL, OPT_BIAS},
       {"policy", required_argument, NULL, OPT_POLICY},
       {"scale-dtype", required_argument, NULL, OPT_SCALE},
       {"bf16", no_argument, NULL, OPT_BF16},
-      {"pin", no_argument, NULL, OPT_PIN},
+      {"persistent", no_argument, NULL, OPT_PERSISTENT},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *bias_path = NULL, *format = NULL;
@@ -467,15 +476,15 @@ static int cmd_load(ctx *cx, int argc, char **argv) {
     case OPT_BF16:
       bf16 = true;
       break;
-    case OPT_PIN:
-      d.pin = 1;
+    case OPT_PERSISTENT:
+      d.persistent = 1;
       break;
     case 'h':
       puts("usage: qlinearctl load NAME FILE.npy --format "
            "q4g{32,64,128,256}|q8c|q8b{32,64,128,256}[a]|f8r\n"
            "                       [--bias FILE.npy] [--policy "
            "auto|weight-only]\n"
-           "                       [--scale-dtype bf16|f16|f32] [--bf16] [--pin]");
+           "                       [--scale-dtype bf16|f16|f32] [--bf16] [--persistent]");
       return 0;
     default:
       return bad_option("load", argv);
@@ -799,6 +808,23 @@ static void print_prometheus(const ql_stats_info *s) {
   prom_head("qlinear_uploads_in_progress", "gauge",
             "Uploads begun and neither committed nor aborted.");
   printf("qlinear_uploads_in_progress %" PRIu64 "\n", s->uploads_in_progress);
+  prom_head("qlinear_persistent_weights", "gauge",
+            "Weights stored in the state directory.");
+  printf("qlinear_persistent_weights %" PRIu64 "\n", s->persistent_weights);
+  prom_head("qlinear_device_weight_bytes", "gauge",
+            "Bytes of weights resident on a device.");
+  for (size_t i = 0; i < s->n_devices; i++) {
+    fputs("qlinear_device_weight_bytes{device=\"", stdout);
+    prom_label(s->devices[i].device);
+    printf("\"} %" PRIu64 "\n", s->devices[i].bytes_resident);
+  }
+  prom_head("qlinear_device_budget_bytes", "gauge",
+            "Weight bytes a device may hold; 0: no budget.");
+  for (size_t i = 0; i < s->n_devices; i++) {
+    fputs("qlinear_device_budget_bytes{device=\"", stdout);
+    prom_label(s->devices[i].device);
+    printf("\"} %" PRIu64 "\n", s->devices[i].budget_bytes);
+  }
 
   for (size_t m = 0; m < sizeof per_weight_metrics / sizeof per_weight_metrics[0];
        m++) {
@@ -853,8 +879,17 @@ static void print_stats_table(const ql_stats_info *s) {
   printf("traffic       %s in, %s out\n",
          human_bytes(s->bytes_in, b1, sizeof b1),
          human_bytes(s->bytes_out, b2, sizeof b2));
-  printf("weights       %" PRIu64 " (%" PRIu64 " uploads in progress)\n",
-         s->weights, s->uploads_in_progress);
+  printf("weights       %" PRIu64 " (%" PRIu64 " stored, %" PRIu64
+         " uploads in progress)\n",
+         s->weights, s->persistent_weights, s->uploads_in_progress);
+  for (size_t i = 0; i < s->n_devices; i++) {
+    const ql_device_memory *d = &s->devices[i];
+    printf("memory        %s: %s", d->device,
+           human_bytes(d->bytes_resident, b1, sizeof b1));
+    if (d->budget_bytes != 0)
+      printf(" of %s budget", human_bytes(d->budget_bytes, b2, sizeof b2));
+    putchar('\n');
+  }
   if (s->n_per_weight == 0)
     return;
 
@@ -918,6 +953,35 @@ static int cmd_stats(ctx *cx, int argc, char **argv) {
   return 0;
 }
 
+/* ------------------------------------------------------------ reload */
+
+static int cmd_reload(ctx *cx, int argc, char **argv) {
+  static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
+                                       {NULL, 0, NULL, 0}};
+  char report[1024];
+  int ch, rv;
+
+  getopt_reset();
+  while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    if (ch == 'h') {
+      puts("usage: qlinearctl --admin reload");
+      return 0;
+    }
+    return bad_option("reload", argv);
+  }
+  if (optind != argc)
+    return usage_error("reload takes no arguments");
+  if (!cx->admin)
+    return usage_error("reload goes through the admin socket: "
+                       "qlinearctl --admin reload");
+  if ((rv = connect_ctx(cx)) != 0)
+    return rv;
+  if ((rv = ql_reload_config(cx->client, report, sizeof report)) != 0)
+    return fail_ql("reload", rv);
+  printf("%s\n", report);
+  return 0;
+}
+
 /* ------------------------------------------------------------ main */
 
 static const struct command {
@@ -926,15 +990,17 @@ static const struct command {
 } commands[] = {
     {"status", cmd_status}, {"list", cmd_list},     {"load", cmd_load},
     {"unload", cmd_unload}, {"linear", cmd_linear}, {"stats", cmd_stats},
+    {"reload", cmd_reload},
 };
 
 int main(int argc, char **argv) {
   static const struct option opts[] = {
       {"address", required_argument, NULL, 'a'},
       {"timeout", required_argument, NULL, 't'},
+      {"admin", no_argument, NULL, 'A'},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
-  ctx cx = {NULL, 0, NULL};
+  ctx cx = {NULL, 0, 0, NULL};
   int ch, rv;
 
   /* '+': stop at the command; its options are its own. */
@@ -957,6 +1023,9 @@ int main(int argc, char **argv) {
       cx.timeout_ms = v == 0 ? -1 : (int)v;
       break;
     }
+    case 'A':
+      cx.admin = 1;
+      break;
     case 'h':
       fputs(usage_text, stdout);
       return 0;
@@ -967,6 +1036,12 @@ int main(int argc, char **argv) {
   }
   if (optind >= argc)
     return usage_error("no command given");
+  char admin_addr[QL_ADDRESS_MAX + 64];
+  if (cx.admin && cx.address == NULL) {
+    if (ql_default_admin_address(admin_addr, sizeof admin_addr) != 0)
+      return usage_error("the default admin address does not fit; use -a");
+    cx.address = admin_addr;
+  }
 
   const char *name = argv[optind];
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {

@@ -52,7 +52,7 @@ static const ql__option options[] = {
     {.name = "admin_dir", .type = QL_OPT_PATH, .flags = QL_OPT_EMPTY_OK,
      FIELD(admin_dir), .max = MAX_PATH_LEN, .def = "",
      .help = "directory of admin.sock, entered only by the admin group; "
-             "empty: no admin socket"},
+             "empty: SOCKET_DIR/admin, made 0700"},
     {.name = "state_dir", .type = QL_OPT_PATH, .flags = QL_OPT_EMPTY_OK,
      FIELD(state_dir), .max = MAX_PATH_LEN, .def = "",
      .help = "persistent weight store (the service uses /var/lib/qlinear); "

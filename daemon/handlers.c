@@ -14,6 +14,7 @@
 #include "registry.h"
 #include "protocol.h"
 #include "session.h"
+#include "store.h"
 
 #define DAEMON_VERSION PACKAGE_VERSION
 
@@ -49,7 +50,7 @@ static void send_reply(ql__server *s, void *route, reply *r) {
               (unsigned long long)r->resp.request_id,
               ql_err_name(r->status.code), r->msg);
   }
-  ql__transport_reply(s->transport, route, &r->resp, &s->counters.bytes_out);
+  ql__transport_reply(route, &r->resp, &s->counters.bytes_out);
 }
 
 static void set_error(reply *r, int code, const char *fmt, ...)
@@ -92,7 +93,7 @@ static void fill_info(info_buf *b, ql__weight *w) {
           ? w->q->group_size
           : 0;
   b->spec.asymmetric = w->q->zero != NULL && w->q->format == QL_FORMAT_Q8B;
-  b->spec.pin = w->pinned != 0;
+  b->spec.persistent = w->persistent != 0;
   b->spec.n = (uint64_t)w->q->n;
   b->spec.k = (uint64_t)w->q->k;
   b->spec.has_bias = w->q->bias != NULL;
@@ -228,9 +229,20 @@ static void on_load_begin(ql__server *s, ql__session *ss,
   tmpl.policy = (ql_path)sp->policy;
   tmpl.has_bias = sp->has_bias;
   tmpl.asymmetric = sp->asymmetric;
-  tmpl.pin = sp->pin;
+  tmpl.persistent = sp->persistent;
+  tmpl.admin = ss == NULL;
   tmpl.last_ns = ql__now_ns();
-  if (ql__session_upload_room(s, ss) != 0) {
+  if (sp->persistent && ss != NULL) {
+    set_error(r, QL_EPERM, "load_begin: persistent loads go through the "
+              "admin socket");
+    return;
+  }
+  if (sp->persistent && s->store == NULL) {
+    set_error(r, QL_ENOTSUP, "load_begin: the daemon has no state "
+              "directory (state_dir) to store persistent weights in");
+    return;
+  }
+  if (ss != NULL && ql__session_upload_room(s, ss) != 0) {
     set_error(r, QL_EEXHAUSTED, "load_begin: the session already has %d "
               "uploads in progress", QL_SESSION_MAX_UPLOADS);
     return;
@@ -244,7 +256,8 @@ static void on_load_begin(ql__server *s, ql__session *ss,
       set_error(r, rc, "load_begin: cannot allocate %zu bytes", tmpl.total);
     return;
   }
-  ql__session_upload_add(ss, up->id);
+  if (ss != NULL)
+    ql__session_upload_add(ss, up->id);
   qlinear__v1__load_begin_response__init(out);
   out->upload_id = up->id;
   out->total_bytes = up->total;
@@ -252,12 +265,17 @@ static void on_load_begin(ql__server *s, ql__session *ss,
   r->resp.load_begin = out;
 }
 
-/* The upload of that id if this session began it: another session's
- * upload is not found, exactly like one that does not exist. */
+/* The upload of that id if this session began it (ss NULL: the admin
+ * socket): another's upload is not found, exactly like one that does not
+ * exist. */
 static ql__upload *session_upload(ql__server *s, ql__session *ss,
                                   uint64_t id) {
   ql__upload *up = ql__uploads_get(s->uploads, id);
-  return up != NULL && ql__session_upload_owns(ss, id) ? up : NULL;
+  if (up == NULL)
+    return NULL;
+  if (ss == NULL)
+    return up->admin ? up : NULL;
+  return !up->admin && ql__session_upload_owns(ss, id) ? up : NULL;
 }
 
 static void on_load_chunk(ql__server *s, ql__session *ss,
@@ -299,6 +317,7 @@ typedef struct commit_work {
   ql__server *s;
   ql__upload *up;
   uint64_t session_id; /* the session may end while the commit runs */
+  int admin;           /* from the admin socket: no session */
   void *route;
   uint64_t request_id;
   ql__weight *w;
@@ -352,14 +371,130 @@ static void commit_run(uv_work_t *work) {
     ql_qweight_free(q);
 }
 
+/* ------------------------------------------------------ persistent loads */
+
+/* The write of a persistent weight's file, in the thread pool: the weight
+ * is resident (and marked storing, so nothing removes it) while it runs. */
+typedef struct store_work {
+  uv_work_t work;
+  ql__server *s;
+  ql__weight *w; /* one reference */
+  int shared;    /* the weight was already resident before this load */
+  void *route;
+  uint64_t request_id;
+  int rc;
+  char err[200];
+} store_work;
+
+static void store_run(uv_work_t *work) {
+  store_work *sw = work->data;
+  sw->rc = ql__store_put(sw->s->store, sw->w->name, sw->w->q, sw->w->digest,
+                         sw->w->policy, sw->err, sizeof sw->err);
+}
+
+/* Replies to a LoadCommit that succeeded. */
+static void reply_committed(ql__server *s, void *route, uint64_t request_id,
+                            ql__weight *w, int shared) {
+  reply r;
+  Qlinear__V1__LoadCommitResponse out;
+  info_buf ib;
+  reply_init(&r, request_id);
+  qlinear__v1__load_commit_response__init(&out);
+  fill_info(&ib, w);
+  out.weight = &ib.info;
+  out.shared = shared != 0;
+  r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_COMMIT;
+  r.resp.load_commit = &out;
+  send_reply(s, route, &r);
+}
+
+/* A weight nobody keeps any more (no session holds it, the admin socket
+ * neither pinned nor stored it) leaves the store. */
+static void drop_if_unheld(ql__server *s, ql__weight *w) {
+  if (!w->pinned && !w->storing && w->holders == 0 && w->in_store &&
+      ql__weight_store_get(s->weights, w->name) == w)
+    ql__weight_store_remove(s->weights, w->name);
+}
+
+static void store_done(uv_work_t *work, int status) {
+  store_work *sw = work->data;
+  ql__server *s = sw->s;
+  ql__weight *w = sw->w;
+  s->commits_running--;
+  w->storing = 0;
+  if (status != 0 && sw->rc == 0)
+    sw->rc = QL_EINTERNAL;
+  if (sw->rc == 0) {
+    /* Acknowledged only now: the file and its directory entry are on
+     * disk, so a crash from here on loses nothing. */
+    w->persistent = w->pinned = 1;
+    s->persistent_count++;
+    ql__notice("stored persistent weight %s (%zu bytes)", w->name, w->bytes);
+    reply_committed(s, sw->route, sw->request_id, w, sw->shared);
+  } else {
+    ql__err("cannot store weight %s: %s", w->name,
+            sw->err[0] ? sw->err : ql_strerror(sw->rc));
+    reply r;
+    reply_init(&r, sw->request_id);
+    set_error(&r, sw->rc, "load_commit: the weight could not be stored: %s",
+              sw->err[0] ? sw->err : ql_strerror(sw->rc));
+    send_reply(s, sw->route, &r);
+    drop_if_unheld(s, w); /* a load that fails changes nothing */
+  }
+  ql__weight_unref(w);
+  free(sw);
+}
+
+/*
+ * The admin socket's commit: the weight becomes resident without a session
+ * holder and, when persistent, is written to the state directory before
+ * the load is acknowledged. Returns 1 when the reply is left to the store
+ * write, else 0 with r filled.
+ */
+static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
+                        int shared, void *route, uint64_t request_id,
+                        reply *r) {
+  if (!up->persistent || w->persistent) {
+    w->pinned = 1;
+    ql__info("%s weight %s (%zu bytes) for the admin socket",
+             shared ? "kept" : "loaded", w->name, w->bytes);
+    return 0;
+  }
+  if (w->storing) {
+    set_error(r, QL_EEXHAUSTED, "load_commit: weight '%s' is being stored "
+              "by another load; try again", w->name);
+    return 0;
+  }
+  store_work *sw = calloc(1, sizeof *sw);
+  if (sw == NULL) {
+    set_error(r, QL_ENOMEM, "load_commit: out of memory");
+    return 0;
+  }
+  sw->s = s;
+  sw->w = w;
+  sw->shared = shared;
+  sw->route = route;
+  sw->request_id = request_id;
+  sw->work.data = sw;
+  if (uv_queue_work(s->loop, &sw->work, store_run, store_done) != 0) {
+    free(sw);
+    set_error(r, QL_EINTERNAL, "load_commit: cannot queue work");
+    return 0;
+  }
+  ql__weight_ref(w);
+  w->storing = 1;
+  s->commits_running++;
+  return 1;
+}
+
 static void commit_done(uv_work_t *work, int status) {
   commit_work *c = work->data;
   ql__server *s = c->s;
   reply r;
   reply_init(&r, c->request_id);
-  Qlinear__V1__LoadCommitResponse out;
-  info_buf ib;
-  ql__session *ss = ql__session_by_id(s, c->session_id);
+  ql__session *ss = c->admin ? NULL : ql__session_by_id(s, c->session_id);
+  ql__weight *existing = NULL, *w = NULL;
+  int rc, later = 0;
   s->commits_running--;
   if (status != 0 && c->rc == 0)
     c->rc = QL_EINTERNAL;
@@ -370,48 +505,51 @@ static void commit_done(uv_work_t *work, int status) {
   } else if (c->rc != 0) {
     set_error(&r, c->rc, "load_commit: cannot quantize: %s",
               ql_strerror(c->rc));
-  } else if (ss == NULL) {
+  } else if (!c->admin && ss == NULL) {
     /* Nobody would hold the weight: it is not stored. */
     set_error(&r, QL_ESESSION, "load_commit: the session ended before the "
               "commit completed");
-  } else if (c->up->pin && ql__session_uid(ss) != geteuid()) {
-    set_error(&r, QL_EPERM, "load_commit: only the daemon's own user may "
-              "pin a weight");
+  } else if ((rc = ql__weight_store_insert(s->weights, c->w, &existing)) ==
+             QL_EEXIST) {
+    set_error(&r, rc, "load_commit: a weight named '%s' with other "
+              "content is resident", c->w->name);
+  } else if (rc == QL_ENOMEM) {
+    set_error(&r, rc, "load_commit: %zu more bytes would exceed the cpu "
+              "budget (%zu of %zu bytes in use)", c->w->bytes,
+              ql__weight_store_bytes(s->weights),
+              ql__weight_store_budget(s->weights));
+  } else if (rc != 0) {
+    set_error(&r, rc, "load_commit: %s", ql_strerror(rc));
+  } else if (c->admin) {
+    w = existing ? existing : c->w;
+    later = commit_admin(s, c->up, w, existing != NULL, c->route,
+                         c->request_id, &r);
+    if (r.status.code != 0)
+      drop_if_unheld(s, w);
+  } else if ((rc = ql__session_hold(s, ss, existing ? existing : c->w)) !=
+             0) {
+    /* A weight this commit just stored has no other holder. */
+    drop_if_unheld(s, existing ? existing : c->w);
+    if (rc == QL_EEXHAUSTED)
+      set_error(&r, rc, "load_commit: the session already holds %d "
+                "weights", QL_SESSION_MAX_WEIGHTS);
+    else
+      set_error(&r, rc, "load_commit: out of memory");
   } else {
-    ql__weight *existing = NULL;
-    int rc = ql__weight_store_insert(s->weights, c->w, &existing);
-    if (rc == QL_EEXIST) {
-      set_error(&r, rc, "load_commit: a weight named '%s' with other "
-                "content is resident", c->w->name);
-    } else if ((rc = ql__session_hold(s, ss, existing ? existing : c->w)) !=
-               0) {
-      /* A weight this commit just stored has no other holder. */
-      if (existing == NULL)
-        ql__weight_store_remove(s->weights, c->w->name);
-      if (rc == QL_EEXHAUSTED)
-        set_error(&r, rc, "load_commit: the session already holds %d "
-                  "weights", QL_SESSION_MAX_WEIGHTS);
-      else
-        set_error(&r, rc, "load_commit: out of memory");
-    } else {
-      ql__weight *w = existing ? existing : c->w;
-      if (c->up->pin)
-        w->pinned = 1;
-      qlinear__v1__load_commit_response__init(&out);
-      fill_info(&ib, w);
-      out.weight = &ib.info;
-      out.shared = existing != NULL;
-      r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_COMMIT;
-      r.resp.load_commit = &out;
-      ql__info("%s weight %s (%llux%llu, %zu bytes) for session %llu",
-               existing ? "shared" : "loaded", w->name,
-               (unsigned long long)w->q->n, (unsigned long long)w->q->k,
-               w->bytes, (unsigned long long)c->session_id);
-    }
+    w = existing ? existing : c->w;
+    ql__info("%s weight %s (%llux%llu, %zu bytes) for session %llu",
+             existing ? "shared" : "loaded", w->name,
+             (unsigned long long)w->q->n, (unsigned long long)w->q->k,
+             w->bytes, (unsigned long long)c->session_id);
   }
   if (ss != NULL)
     ql__session_upload_forget(ss, c->up->id);
-  send_reply(s, c->route, &r);
+  if (!later) {
+    if (r.status.code == 0)
+      reply_committed(s, c->route, c->request_id, w, existing != NULL);
+    else
+      send_reply(s, c->route, &r);
+  }
   ql__weight_unref(c->w); /* the store holds its own reference */
   ql__uploads_remove(s->uploads, c->up);
   free(c);
@@ -442,7 +580,8 @@ static int on_load_commit(ql__server *s, ql__session *ss, uint64_t id,
   }
   c->s = s;
   c->up = up;
-  c->session_id = ql__session_id(ss);
+  c->admin = ss == NULL;
+  c->session_id = ss ? ql__session_id(ss) : 0;
   c->route = route;
   c->request_id = id;
   c->work.data = c;
@@ -470,7 +609,8 @@ static void on_load_abort(ql__server *s, ql__session *ss,
     return;
   }
   ql__uploads_remove(s->uploads, up);
-  ql__session_upload_forget(ss, m->upload_id);
+  if (ss != NULL)
+    ql__session_upload_forget(ss, m->upload_id);
   qlinear__v1__load_abort_response__init(out);
   r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_ABORT;
   r->resp.load_abort = out;
@@ -485,36 +625,55 @@ void ql__handlers_expire_uploads(ql__server *s) {
 
 /* ------------------------------------------------------- unload, list */
 
-/* Unload drops this session's hold; the weight goes when nobody holds it
- * (DESIGN §8). Weights held only by other sessions are theirs: unloading
- * those is for the admin socket. */
+/*
+ * On the request socket, unload drops this session's hold; the weight goes
+ * when nobody holds it (DESIGN §8). Weights held only by other sessions,
+ * or kept by the admin socket, are not the session's to remove: on the
+ * admin socket, unload removes the weight whoever holds it, and its file
+ * first when it is persistent (if that fails, nothing changes). Requests
+ * queued on it keep their references and complete.
+ */
 static void on_unload(ql__server *s, ql__session *ss,
                       const Qlinear__V1__UnloadWeightRequest *m, reply *r,
                       Qlinear__V1__UnloadWeightResponse *out) {
-  ql__weight *pw = ql__weight_store_get(s->weights, m->name);
-  if (pw != NULL && pw->pinned && ql__session_uid(ss) == geteuid()) {
-    /* The owner's unload of a pinned weight removes it at once; sessions
-     * holding it keep their references until they let go. */
-    pw->pinned = 0;
-    ql__session_release(s, ss, m->name);
-    if (ql__weight_store_get(s->weights, m->name) == pw)
-      ql__weight_store_remove(s->weights, m->name);
-    ql__info("unloaded pinned weight %s", m->name);
-    qlinear__v1__unload_weight_response__init(out);
-    r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_UNLOAD;
-    r->resp.unload = out;
-    return;
-  }
-  if (ql__session_release(s, ss, m->name) != 0) {
-    if (ql__weight_store_get(s->weights, m->name) != NULL)
-      set_error(r, QL_EPERM, "unload: this session does not hold '%s' (other "
-                "sessions do)", m->name);
+  ql__weight *w = ql__weight_store_get(s->weights, m->name);
+  if (ss == NULL) {
+    if (w == NULL) {
+      set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
+      return;
+    }
+    if (w->storing) {
+      set_error(r, QL_EEXHAUSTED, "unload: weight '%s' is being stored; "
+                "try again", m->name);
+      return;
+    }
+    if (w->persistent) {
+      int rc = ql__store_remove(s->store, m->name);
+      if (rc != 0 && rc != QL_ENOTFOUND) {
+        set_error(r, rc, "unload: cannot remove the stored file of '%s': %s",
+                  m->name, ql_strerror(rc));
+        return;
+      }
+    }
+    ql__notice("admin unloaded weight %s%s (%d session%s held it)", m->name,
+               w->persistent ? " and its stored file" : "", w->holders,
+               w->holders == 1 ? "" : "s");
+    if (w->persistent)
+      s->persistent_count--;
+    w->pinned = w->persistent = 0;
+    ql__weight_store_remove(s->weights, m->name);
+  } else if (ql__session_release(s, ss, m->name) != 0) {
+    if (w != NULL)
+      set_error(r, QL_EPERM, "unload: this session does not hold '%s' (%s)",
+                m->name, w->pinned ? "the admin socket keeps it"
+                                   : "other sessions do");
     else
       set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
     return;
+  } else {
+    ql__info("session %llu unloaded weight %s",
+             (unsigned long long)ql__session_id(ss), m->name);
   }
-  ql__info("session %llu unloaded weight %s",
-           (unsigned long long)ql__session_id(ss), m->name);
   qlinear__v1__unload_weight_response__init(out);
   r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_UNLOAD;
   r->resp.unload = out;
@@ -833,8 +992,13 @@ size_t ql__handlers_in_flight(const ql__server *s) {
   return s->commits_running + (s->cpu ? ql__worker_pending(s->cpu) : 0);
 }
 
-void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
-  ql__server *s = arg;
+/*
+ * Both sockets' requests. admin: from admin.sock, whose directory is the
+ * access check (only the admin group may enter it); its requests carry no
+ * session token and act for the admin socket as a whole.
+ */
+static void handle(ql__server *s, int admin, const void *buf, size_t len,
+                   void *route) {
   char err[256] = "";
   ql__request *req = NULL;
   s->counters.requests++;
@@ -852,7 +1016,7 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
   /* Every body but Hello (discovery) runs in a session: its token comes
    * first, before anything else about the request is looked at. */
   ql__session *ss = NULL;
-  if (m->body_case != QLINEAR__V1__REQUEST__BODY_HELLO &&
+  if (!admin && m->body_case != QLINEAR__V1__REQUEST__BODY_HELLO &&
       (ss = ql__session_find(s, m->session_token.data,
                              m->session_token.len)) == NULL) {
     reply_error(s, route, m->request_id, QL_ESESSION,
@@ -874,6 +1038,18 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
     ql__request_free(req);
     return;
   }
+  /* Each socket has its own work: computing runs in sessions, which own
+   * regions and quotas; administration only where the admin group is. */
+  const char *refused = NULL;
+  if (admin && m->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR)
+    refused = "linear requests go to the request socket, in a session";
+  else if (!admin && m->body_case == QLINEAR__V1__REQUEST__BODY_RELOAD)
+    refused = "reload_config goes through the admin socket";
+  if (refused != NULL) {
+    reply_error(s, route, m->request_id, QL_EPERM, refused);
+    ql__request_free(req);
+    return;
+  }
 
   reply r;
   reply_init(&r, m->request_id);
@@ -883,8 +1059,12 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
     Qlinear__V1__LoadChunkResponse chunk;
     Qlinear__V1__LoadAbortResponse abort;
     Qlinear__V1__UnloadWeightResponse unload;
+    Qlinear__V1__ReloadConfigResponse reload;
     hello_buf hello;
   } body;
+  char report[1024];
+  Qlinear__V1__DeviceStats cpu_stats, *devs[1] = {&cpu_stats};
+  static char cpu_name[] = "cpu";
   Qlinear__V1__ListWeightsResponse list;
   Qlinear__V1__StatsResponse stats;
   list_ctx lc = {NULL, NULL, 0};
@@ -953,10 +1133,24 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
     stats.n_per_weight = sc.n;
     ql__sessions_counts(s, &stats.sessions, &stats.regions,
                         &stats.region_bytes);
+    qlinear__v1__device_stats__init(&cpu_stats);
+    cpu_stats.device = cpu_name;
+    cpu_stats.bytes_resident = ql__weight_store_bytes(s->weights);
+    cpu_stats.budget_bytes = ql__weight_store_budget(s->weights);
+    stats.devices = devs;
+    stats.n_devices = 1;
+    stats.persistent_weights = s->persistent_count;
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
     r.resp.stats = &stats;
     break;
   }
+  case QLINEAR__V1__REQUEST__BODY_RELOAD:
+    ql__server_reload(s, report, sizeof report);
+    qlinear__v1__reload_config_response__init(&body.reload);
+    body.reload.report = report;
+    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_RELOAD;
+    r.resp.reload = &body.reload;
+    break;
   default:
     set_error(&r, QL_EPROTO, "request has no known body");
     break;
@@ -967,4 +1161,13 @@ void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
   free(sc.st);
   free(sc.ptrs);
   ql__request_free(req);
+}
+
+void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
+  handle(arg, 0, buf, len, route);
+}
+
+void ql__handle_admin_message(void *arg, const void *buf, size_t len,
+                              void *route) {
+  handle(arg, 1, buf, len, route);
 }

@@ -8,9 +8,12 @@
  * answered with a Status carrying a QL_E* code and a message; nothing a
  * client sends can change stored state unless the request succeeds.
  *
- * Every body but Hello needs the token of an open session (session.h); a
- * request acts for that session: its uploads, the weights it holds, its
- * regions. Another session's upload or region is not found.
+ * On the request socket every body but Hello needs the token of an open
+ * session (session.h); a request acts for that session: its uploads, the
+ * weights it holds, its regions. Another session's upload or region is not
+ * found. The admin socket needs no token: its directory's group is the
+ * check. Persistent loads, unloads of any weight and ReloadConfig are
+ * admin-only; Linear is refused there.
  */
 #ifndef QL_HANDLERS_H
 #define QL_HANDLERS_H
@@ -20,8 +23,11 @@
 #include "qlineard.h"
 #include "session.h"
 
-/* Transport callback; arg is the ql__server. Consumes route. */
+/* Transport callbacks of the request socket and of admin.sock; arg is the
+ * ql__server. Consume route. */
 void ql__handle_message(void *arg, const void *body, size_t len, void *route);
+void ql__handle_admin_message(void *arg, const void *body, size_t len,
+                              void *route);
 
 /* Number of requests accepted and not yet answered (commits and linear
  * jobs), for the shutdown drain. */

@@ -303,6 +303,7 @@ int ql__request_validate(const ql__msg_request *req, char *err,
   case QLINEAR__V1__REQUEST__BODY_STATS:
   case QLINEAR__V1__REQUEST__BODY_LOAD_COMMIT:
   case QLINEAR__V1__REQUEST__BODY_LOAD_ABORT:
+  case QLINEAR__V1__REQUEST__BODY_RELOAD:
     return 0;
   case QLINEAR__V1__REQUEST__BODY_LOAD_BEGIN: {
     const Qlinear__V1__LoadBeginRequest *b = req->load_begin;

@@ -45,7 +45,8 @@ typedef struct ql__config {
   uint32_t crossover_rows;   /* AUTO: rows below this run weight-only */
   int log_level;             /* QL_LOG_* */
   char state_dir[PATH_MAX];  /* persistent weight store; "" = none */
-  char admin_dir[PATH_MAX];  /* directory of admin.sock; "" = none */
+  char admin_dir[PATH_MAX];  /* directory of admin.sock; "" =
+                                <socket_dir>/admin */
   uint32_t cpu_threads;      /* CPU worker threads; 0 = online CPUs */
   size_t cpu_budget_bytes;   /* weight bytes resident on the CPU; 0 = no
                                 limit */
@@ -65,6 +66,10 @@ typedef struct ql__server {
   uv_loop_t *loop;
   char address[PATH_MAX + 8]; /* "ipc://<socket_dir>/qlineard.sock" */
   ql__transport *transport;
+  ql__transport *admin; /* admin.sock */
+  char admin_address[PATH_MAX + 8];
+  struct ql__store *store; /* the state directory, or NULL: none */
+  size_t persistent_count; /* weights with a file in the store */
   struct ql__sessions *sessions; /* session.sock and its sessions
                                     (session.h) */
   ql__weight_store *weights;
@@ -96,5 +101,10 @@ typedef struct ql__server {
 /* Runs the daemon until SIGINT/SIGTERM; returns the process exit status.
  * argv (kept, not copied) is parsed again on SIGHUP. */
 int ql__server_run(const ql__config *cfg, int argc, char **argv);
+
+/* Reads the configuration again (SIGHUP, or ReloadConfig on the admin
+ * socket) and applies what can change live; report says what changed and
+ * what needs a restart. A bad file changes nothing. */
+void ql__server_reload(ql__server *s, char *report, size_t len);
 
 #endif /* QLINEARD_H */

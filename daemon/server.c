@@ -22,6 +22,7 @@
 #include "log.h"
 #include "notify.h"
 #include "qlineard.h"
+#include "store.h"
 
 /*
  * Makes the socket directory (0700) if it is missing and checks that an
@@ -40,6 +41,29 @@ static int prepare_socket_dir(const char *dir) {
   }
   if (st.st_uid != getuid() || (st.st_mode & 0002)) {
     ql__err("%s must belong to this user and not be world-writable", dir);
+    return QL_EPERM;
+  }
+  return 0;
+}
+
+/*
+ * The admin directory is the admin socket's only access check: it must be
+ * ours and closed to others (group access is the point: the admin group).
+ * A missing one is made 0700, for the daemon's own user only.
+ */
+static int prepare_admin_dir(const char *dir) {
+  struct stat st;
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    ql__err("cannot create %s: %s", dir, strerror(errno));
+    return QL_EIO;
+  }
+  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    ql__err("%s is not a directory", dir);
+    return QL_EIO;
+  }
+  if (st.st_uid != geteuid() || (st.st_mode & 0007)) {
+    ql__err("%s must belong to this user and give others no access "
+            "(mode 0750 or 2750, group: the admin group)", dir);
     return QL_EPERM;
   }
   return 0;
@@ -79,6 +103,114 @@ static void on_sweep(uv_timer_t *t) {
 }
 
 static void close_all(ql__server *s);
+
+/* The devices this daemon serves. The CPU is always there; accelerator
+ * backends add theirs when they register. */
+static const char *const served_devices[] = {"cpu"};
+
+/* READY=1 only with every required device present: a missing GPU is an
+ * error, never a silent fall-back to the CPU (DESIGN §10). */
+static int check_required_devices(const ql__config *cfg) {
+  for (unsigned i = 0; i < cfg->required_devices.n; i++) {
+    const char *want = cfg->required_devices.item[i];
+    int found = 0;
+    for (size_t d = 0; d < sizeof served_devices / sizeof *served_devices; d++)
+      found |= strcmp(want, served_devices[d]) == 0;
+    if (!found) {
+      ql__err("required device %s is not present (present: cpu)", want);
+      return QL_ENOTFOUND;
+    }
+  }
+  return 0;
+}
+
+/*
+ * ql__store_load_all()'s callback: a stored weight becomes resident, kept
+ * by the admin socket. When this returns non-zero the store frees q and
+ * keeps the file (a weight over the budget today may fit after a change of
+ * configuration: it is never deleted for that).
+ */
+static int load_stored(void *arg, const char *name, ql_qweight *q,
+                       ql_path policy, const uint8_t digest[QL_DIGEST_BYTES]) {
+  ql__server *s = arg;
+  ql__weight *w, *existing = NULL;
+  int rc = ql__weight_create_known(name, q, policy, s->cpu_backend, digest,
+                                   &w);
+  if (rc != 0) {
+    ql__err("stored weight %s: %s; its file is kept", name, ql_strerror(rc));
+    return rc;
+  }
+  rc = ql__weight_store_insert(s->weights, w, &existing);
+  if (rc != 0 || existing != NULL) {
+    if (rc == QL_ENOMEM)
+      ql__err("stored weight %s (%zu bytes) exceeds the cpu budget; its "
+              "file is kept", name, w->bytes);
+    else
+      ql__err("stored weight %s: %s; its file is kept", name,
+              ql_strerror(rc ? rc : QL_EEXIST));
+    w->q = NULL; /* q is the store's again: it frees it */
+    ql__weight_unref(w);
+    return rc ? rc : QL_EEXIST;
+  }
+  w->pinned = w->persistent = 1;
+  s->persistent_count++;
+  ql__weight_unref(w); /* the resident store keeps its reference */
+  return 0;
+}
+
+/* Opens the state directory and makes every stored weight resident, before
+ * any socket is open: clients never see a half-loaded daemon. */
+static int open_store(ql__server *s) {
+  char err[512];
+  uint64_t t0 = ql__now_ns();
+  int rc = ql__store_open(s->cfg.state_dir, &s->store, err, sizeof err);
+  if (rc != 0) {
+    ql__err("state directory %s: %s", s->cfg.state_dir, err);
+    return rc;
+  }
+  ql__notify_status("loading stored weights from %s", s->cfg.state_dir);
+  rc = ql__store_load_all(s->store, load_stored, s);
+  if (rc < 0) {
+    ql__err("cannot read the state directory %s: %s", s->cfg.state_dir,
+            ql_strerror(rc));
+    return rc;
+  }
+  ql__notice("loaded %d stored weight%s (%zu bytes) from %s in %.0f ms", rc,
+             rc == 1 ? "" : "s", ql__weight_store_bytes(s->weights),
+             s->cfg.state_dir, (double)(ql__now_ns() - t0) / 1e6);
+  return 0;
+}
+
+/* Binds admin.sock in admin_dir, group- but not world-accessible. */
+static int open_admin(ql__server *s) {
+  char dir[PATH_MAX], path[PATH_MAX];
+  int rc;
+  /* By default a directory of the daemon's own user, inside the socket
+   * directory: the service configures one for the admin group. */
+  if ((s->cfg.admin_dir[0] != '\0'
+           ? snprintf(dir, sizeof dir, "%s", s->cfg.admin_dir)
+           : snprintf(dir, sizeof dir, "%s/admin", s->cfg.socket_dir)) >=
+          (int)sizeof dir ||
+      snprintf(path, sizeof path, "%s/admin.sock", dir) >= (int)sizeof path) {
+    ql__err("admin directory path too long");
+    return QL_EINVAL;
+  }
+  snprintf(s->admin_address, sizeof s->admin_address, "ipc://%s", path);
+  if ((rc = prepare_admin_dir(dir)) != 0 ||
+      (rc = clear_stale_socket(path)) != 0)
+    return rc;
+  if ((rc = ql__transport_open(s->loop, s->admin_address,
+                               s->cfg.max_message_bytes,
+                               ql__handle_admin_message, s, &s->admin)) !=
+      0) {
+    ql__err("cannot listen at %s: %s", s->admin_address, ql_strerror(rc));
+    return rc;
+  }
+  if (chmod(path, 0660) != 0)
+    ql__warn("chmod %s: %s", path, strerror(errno));
+  ql__notice("admin socket at %s", s->admin_address);
+  return 0;
+}
 
 /*
  * The bounded drain: while work is in flight, wait; past the deadline,
@@ -144,32 +276,41 @@ static void on_signal(uv_signal_t *sig, int signum) {
 }
 
 /*
- * SIGHUP: read the configuration again from the same sources (the file
- * and the command line, which still override it), apply the options that
- * may change live, and say what needs a restart. A bad file changes
- * nothing.
+ * SIGHUP and ReloadConfig: read the configuration again from the same
+ * sources (the file and the command line, which still override it), apply
+ * the options that may change live, and say what needs a restart. A bad
+ * file changes nothing.
  */
-static void on_hup(uv_signal_t *sig, int signum) {
-  ql__server *s = sig->data;
-  (void)signum;
+void ql__server_reload(ql__server *s, char *report, size_t len) {
   ql__config *parsed = malloc(sizeof *parsed);
-  char err[1024], rep[1024];
+  char err[1024];
   ql__cmdline cl;
-  if (parsed == NULL)
+  if (parsed == NULL) {
+    snprintf(report, len, "out of memory; keeping the running "
+             "configuration");
     return;
+  }
   if (ql__config_from_args(s->argc, s->argv, parsed, &cl, err, sizeof err) !=
       0) {
-    ql__err("SIGHUP: %s; keeping the running configuration", err);
+    ql__err("reload: %s; keeping the running configuration", err);
+    snprintf(report, len, "%s; keeping the running configuration", err);
     free(parsed);
     return;
   }
-  ql__config_reload(&s->cfg, parsed, &s->cfg, rep, sizeof rep);
+  ql__config_reload(&s->cfg, parsed, &s->cfg, report, len);
   free(parsed);
   ql__log_set_level(s->cfg.log_level);
   ql__worker_set_max_queue(s->cpu, s->cfg.max_queue);
   ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
-  ql__notice("SIGHUP: %s", rep);
-  ql__notify_status("reloaded: %s", rep);
+  ql__weight_store_set_budget(s->weights, s->cfg.cpu_budget_bytes);
+  ql__notice("reload: %s", report);
+  ql__notify_status("reloaded: %s", report);
+}
+
+static void on_hup(uv_signal_t *sig, int signum) {
+  char rep[1024];
+  (void)signum;
+  ql__server_reload(sig->data, rep, sizeof rep);
 }
 
 static void close_all(ql__server *s) {
@@ -178,6 +319,8 @@ static void close_all(ql__server *s) {
     ql__worker_close(s->cpu);
   ql__transport_close(s->transport);
   s->transport = NULL;
+  ql__transport_close(s->admin);
+  s->admin = NULL;
   ql__sessions_close(s); /* ends every session: releases what they hold */
   uv_close((uv_handle_t *)&s->sig_int, NULL);
   uv_close((uv_handle_t *)&s->sig_term, NULL);
@@ -233,12 +376,17 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     ql__err("the cpu backend is missing or malformed");
     goto fail;
   }
-  if ((rc = ql__weight_store_create(&s->weights)) != 0 ||
+  if (check_required_devices(cfg) != 0)
+    goto fail;
+  if ((rc = ql__weight_store_create(cfg->cpu_budget_bytes, &s->weights)) !=
+          0 ||
       (rc = ql__uploads_create(cfg->max_upload_bytes, &s->uploads)) != 0 ||
       (rc = ql__worker_create(&loop, "cpu", cfg->max_queue, &s->cpu)) != 0) {
     ql__err("cannot start: %s", ql_strerror(rc));
     goto fail;
   }
+  if (cfg->state_dir[0] != '\0' && open_store(s) != 0)
+    goto fail;
   /* These cannot fail on a valid loop (libuv only checks arguments). */
   uv_signal_init(&loop, &s->sig_int);
   uv_signal_init(&loop, &s->sig_term);
@@ -267,7 +415,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
   }
-  if (ql__sessions_open(s) != 0) {
+  if (ql__sessions_open(s) != 0 || open_admin(s) != 0) {
     close_all(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
@@ -279,8 +427,9 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   ql__notice("listening at %s (cpu device, message cap %zu bytes)",
              s->address, cfg->max_message_bytes);
   char ready[PATH_MAX + 64];
-  snprintf(ready, sizeof ready, "serving %s; %zu weights", s->address,
-           ql__weight_store_count(s->weights));
+  snprintf(ready, sizeof ready, "serving %s; %zu weights (%zu stored)",
+           s->address, ql__weight_store_count(s->weights),
+           s->persistent_count);
   ql__notify_ready(ready);
   /* systemd arms its watchdog at READY; ping at half its period. */
   uint64_t wd = ql__notify_watchdog_usec();
@@ -290,12 +439,15 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   }
   uv_run(&loop, UV_RUN_DEFAULT);
   unlink(path);
+  if (s->admin_address[0] != '\0')
+    unlink(s->admin_address + 6); /* after "ipc://" */
   ql__notice("stopped");
   status = 0;
 fail:
   ql__worker_free(s->cpu);
   ql__uploads_free(s->uploads);
   ql__weight_store_free(s->weights);
+  ql__store_close(s->store);
   uv_run(&loop, UV_RUN_NOWAIT); /* runs close callbacks still pending */
   if (uv_loop_close(&loop) != 0)
     ql__warn("loop closed with handles still open");

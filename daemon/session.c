@@ -221,6 +221,7 @@ static size_t hold_bucket(const ql__weight *w) {
  */
 static void hold_drop(ql__server *s, hold *h) {
   ql__sessions *o = s->sessions;
+  h->w->holders--;
   if (--h->holders > 0)
     return;
   for (hold **pp = &o->holds[hold_bucket(h->w)]; *pp; pp = &(*pp)->next) {
@@ -230,7 +231,7 @@ static void hold_drop(ql__server *s, hold *h) {
     }
   }
   ql__weight *w = h->w;
-  if (!w->pinned && w->in_store &&
+  if (!w->pinned && !w->storing && w->in_store &&
       ql__weight_store_get(s->weights, w->name) == w) {
     ql__info("weight %s released by its last session", w->name);
     ql__weight_store_remove(s->weights, w->name);
@@ -266,6 +267,7 @@ int ql__session_hold(ql__server *s, ql__session *ss, ql__weight *w) {
     o->holds[hold_bucket(w)] = h;
   }
   h->holders++;
+  w->holders++;
   ss->held[ss->n_held++] = h;
   return 0;
 }

@@ -44,23 +44,31 @@ static int map_nn_errno(int e) {
 
 /*
  * A route is our own copy of the control data nanomsg returned with a
- * message (its SP header: the backtrace to the requesting peer), prefixed
- * by its length. Owning a copy keeps the ownership rules simple: nanomsg
+ * message (its SP header: the backtrace to the requesting peer) and the
+ * transport it came in on, so a reply finds its socket however long the
+ * work took. Owning a copy keeps the ownership rules simple: nanomsg
  * copies control data given by length on send, so a route is freed by us
  * whether the send succeeds or not.
  */
-static void *copy_route(const void *ctl) {
+typedef struct route {
+  ql__transport *t;
+  size_t len;
+  unsigned char ctl[];
+} route;
+
+static route *copy_route(ql__transport *t, const void *ctl) {
   if (ctl == NULL)
     return NULL;
   const struct nn_cmsghdr *c = ctl;
   size_t len = c->cmsg_len;
   if (len < sizeof *c || len > 4096)
     return NULL;
-  unsigned char *r = malloc(sizeof(size_t) + len);
+  route *r = malloc(sizeof *r + len);
   if (r == NULL)
     return NULL;
-  memcpy(r, &len, sizeof len);
-  memcpy(r + sizeof len, ctl, len);
+  r->t = t;
+  r->len = len;
+  memcpy(r->ctl, ctl, len);
   return r;
 }
 
@@ -92,15 +100,15 @@ static void on_readable(uv_poll_t *p, int status, int events) {
         ql__warn("receive failed: %s", nn_strerror(e));
       return;
     }
-    void *route = copy_route(ctl);
+    route *rt = copy_route(t, ctl);
     if (ctl != NULL)
       nn_freemsg(ctl);
-    if (route == NULL) {
+    if (rt == NULL) {
       /* Without a header no reply can be routed: drop the message. */
       nn_freemsg(body);
       continue;
     }
-    t->cb(t->arg, body, (size_t)n, route);
+    t->cb(t->arg, body, (size_t)n, rt);
     nn_freemsg(body);
     if (!t->polling)
       return;
@@ -157,8 +165,10 @@ fail:
   return rc;
 }
 
-int ql__transport_reply(ql__transport *t, void *route,
-                        const ql__msg_response *resp, size_t *bytes_out) {
+int ql__transport_reply(void *route_, const ql__msg_response *resp,
+                        size_t *bytes_out) {
+  route *rt = route_;
+  ql__transport *t = rt->t;
   int rc = 0;
   size_t len = qlinear__v1__response__get_packed_size(resp);
   /* Every response carries a Status, so len > 0. */
@@ -168,15 +178,13 @@ int ql__transport_reply(ql__transport *t, void *route,
     goto done;
   }
   qlinear__v1__response__pack(resp, msg);
-  size_t ctl_len;
-  memcpy(&ctl_len, route, sizeof ctl_len);
   struct nn_iovec iov = {.iov_base = &msg, .iov_len = NN_MSG};
   struct nn_msghdr hdr;
   memset(&hdr, 0, sizeof hdr);
   hdr.msg_iov = &iov;
   hdr.msg_iovlen = 1;
-  hdr.msg_control = (unsigned char *)route + sizeof ctl_len;
-  hdr.msg_controllen = ctl_len;
+  hdr.msg_control = rt->ctl;
+  hdr.msg_controllen = rt->len;
   if (nn_sendmsg(t->sock, &hdr, NN_DONTWAIT) < 0) {
     int e = nn_errno();
     nn_freemsg(msg); /* a failed send leaves the body chunk with us */
@@ -187,7 +195,7 @@ int ql__transport_reply(ql__transport *t, void *route,
   if (bytes_out)
     *bytes_out += len;
 done:
-  free(route);
+  free(rt);
   return rc;
 }
 

@@ -36,14 +36,14 @@ int ql__transport_open(uv_loop_t *loop, const char *address, size_t max_msg,
                        ql__on_message cb, void *arg, ql__transport **out);
 
 /*
- * Packs resp and sends it back along route. Consumes route whatever
- * happens.
+ * Packs resp and sends it back along route, on the transport the request
+ * came in on (which must still be open). Consumes route whatever happens.
  * Never blocks: a reply the peer cannot take now is dropped (its REQ socket
  * resends after its resend interval). May be called from any thread.
  * Returns 0 or a QL_E* code; adds the bytes sent to *bytes_out if not NULL.
  */
-int ql__transport_reply(ql__transport *t, void *route,
-                        const ql__msg_response *resp, size_t *bytes_out);
+int ql__transport_reply(void *route, const ql__msg_response *resp,
+                        size_t *bytes_out);
 
 /* Frees a control header without replying. */
 void ql__transport_drop(void *route);

@@ -37,7 +37,9 @@ typedef struct ql__upload {
   ql_path policy;
   int has_bias;
   int asymmetric;       /* q8b */
-  int pin;              /* keep resident without holders */
+  int persistent;       /* store it in the state directory */
+  int admin;            /* begun on the admin socket, which owns it (no
+                           session does) */
   int packed;           /* arrays below, not float data */
   ql_zero_kind zero_kind;
   ql__upload_array arrays[QL__ARR_N];

@@ -11,6 +11,8 @@
 struct ql__weight_store {
   ql__weight *buckets[NBUCKETS];
   size_t count;
+  size_t bytes;  /* sum of bytes of the weights in the store */
+  size_t budget; /* 0: no limit */
 };
 
 /* FNV-1a: names are short and come from authenticated local clients; the
@@ -22,9 +24,21 @@ static size_t bucket_of(const char *name) {
   return h % NBUCKETS;
 }
 
-int ql__weight_store_create(ql__weight_store **out) {
+int ql__weight_store_create(size_t budget, ql__weight_store **out) {
   *out = calloc(1, sizeof **out);
-  return *out ? 0 : QL_ENOMEM;
+  if (*out == NULL)
+    return QL_ENOMEM;
+  (*out)->budget = budget;
+  return 0;
+}
+
+void ql__weight_store_set_budget(ql__weight_store *s, size_t budget) {
+  s->budget = budget;
+}
+
+size_t ql__weight_store_bytes(const ql__weight_store *s) { return s->bytes; }
+size_t ql__weight_store_budget(const ql__weight_store *s) {
+  return s->budget;
 }
 
 void ql__weight_store_free(ql__weight_store *s) {
@@ -73,6 +87,13 @@ done:
 
 int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
                       const ql_backend *b, ql__weight **out) {
+  return ql__weight_create_known(name, q, policy, b, NULL, out);
+}
+
+int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
+                            const ql_backend *b,
+                            const uint8_t digest[QL_DIGEST_BYTES],
+                            ql__weight **out) {
   int rc;
   *out = NULL;
   if (strlen(name) >= sizeof((ql__weight *)0)->name)
@@ -80,7 +101,9 @@ int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
   ql__weight *w = calloc(1, sizeof *w);
   if (w == NULL)
     return QL_ENOMEM;
-  if ((rc = ql__weight_digest(q, w->digest)) != 0) {
+  if (digest != NULL) {
+    memcpy(w->digest, digest, QL_DIGEST_BYTES);
+  } else if ((rc = ql__weight_digest(q, w->digest)) != 0) {
     free(w);
     return rc;
   }
@@ -126,12 +149,16 @@ int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
     *existing = old;
     return 0;
   }
+  if (s->budget != 0 &&
+      (w->bytes > s->budget || s->bytes > s->budget - w->bytes))
+    return QL_ENOMEM;
   size_t b = bucket_of(w->name);
   w->next = s->buckets[b];
   s->buckets[b] = w;
   w->in_store = 1;
   w->refs++;
   s->count++;
+  s->bytes += w->bytes;
   return 0;
 }
 
@@ -144,6 +171,7 @@ int ql__weight_store_remove(ql__weight_store *s, const char *name) {
       w->next = NULL;
       w->in_store = 0;
       s->count--;
+      s->bytes -= w->bytes;
       ql__weight_unref(w);
       return 0;
     }

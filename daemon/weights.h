@@ -40,14 +40,28 @@ typedef struct ql__weight {
   size_t bytes;                    /* resident bytes (all arrays) */
   int refs;                        /* the store's + one per queued job */
   int in_store;                    /* still reachable by name */
-  int pinned;                      /* stays without session holders */
+  int holders;                     /* sessions holding it (session.c) */
+  int pinned;                      /* loaded through the admin socket:
+                                      stays without session holders */
+  int persistent;                  /* its file is in the state directory */
+  int storing;                     /* a store write of it is running */
   ql__weight_stats stats;
   struct ql__weight *next;         /* hash chain / list link */
 } ql__weight;
 
 typedef struct ql__weight_store ql__weight_store;
 
-int ql__weight_store_create(ql__weight_store **out);
+/* budget: resident bytes (ql__weight.bytes summed over the weights in the
+ * store) the store may hold; 0 for no limit. */
+int ql__weight_store_create(size_t budget, ql__weight_store **out);
+
+/* Changes the budget (SIGHUP); weights already in the store stay even if
+ * they now exceed it. */
+void ql__weight_store_set_budget(ql__weight_store *s, size_t budget);
+
+/* Bytes of the weights in the store, and the budget (0: none). */
+size_t ql__weight_store_bytes(const ql__weight_store *s);
+size_t ql__weight_store_budget(const ql__weight_store *s);
 /* Drops the store's references; weights still held by jobs stay alive
  * until those jobs release them. Safe on NULL. */
 void ql__weight_store_free(ql__weight_store *s);
@@ -62,11 +76,19 @@ void ql__weight_store_free(ql__weight_store *s);
 int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
                       const ql_backend *b, ql__weight **out);
 
+/* As ql__weight_create() with the digest already known (a store file's,
+ * which ql__store_parse() has just verified): it is not computed again. */
+int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
+                            const ql_backend *b,
+                            const uint8_t digest[QL_DIGEST_BYTES],
+                            ql__weight **out);
+
 /*
  * Inserts w under its name. If a weight of that name exists with the same
  * digest, nothing is inserted, *existing is set to the resident one and 0
  * is returned (the caller then releases w). Another digest gives
- * QL_EEXIST. On success the store takes its own reference.
+ * QL_EEXIST; a weight that would take the store past its budget gives
+ * QL_ENOMEM. On success the store takes its own reference.
  */
 int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
                             ql__weight **existing);

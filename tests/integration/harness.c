@@ -51,6 +51,7 @@ void td_start(td *d, const char *const *args) {
   chmod(d->dir, 0700);
   snprintf(d->address, sizeof d->address, "ipc://%s/qlineard.sock", d->dir);
   snprintf(d->session, sizeof d->session, "%s/session.sock", d->dir);
+  snprintf(d->admin, sizeof d->admin, "ipc://%s/admin/admin.sock", d->dir);
   d->sess.fd = -1;
   snprintf(d->log, sizeof d->log, "%s.log", d->dir);
   const char *argv[32];
@@ -120,6 +121,10 @@ int td_wait(td *d, int timeout_ms) {
   snprintf(path, sizeof path, "%s/qlineard.sock", d->dir);
   unlink(path);
   unlink(d->session);
+  snprintf(path, sizeof path, "%s/admin/admin.sock", d->dir);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/admin", d->dir);
+  rmdir(path);
   rmdir(d->dir);
   if (status != 0) {
     /* Show the daemon's log when it did not stop cleanly. */
@@ -139,15 +144,16 @@ int td_stop(td *d) {
   return td_wait(d, 20000);
 }
 
-Qlinear__V1__Response *td_call_bytes(const td *d, const void *buf, size_t len,
-                                     int timeout_ms) {
+static Qlinear__V1__Response *call_bytes_at(const char *address,
+                                            const void *buf, size_t len,
+                                            int timeout_ms) {
   int s = nn_socket(AF_SP, NN_REQ);
   ck_assert_int_ge(s, 0);
   int resend = 3600 * 1000;
   nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
   nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &timeout_ms, sizeof timeout_ms);
   nn_setsockopt(s, NN_REQ, NN_REQ_RESEND_IVL, &resend, sizeof resend);
-  ck_assert_int_ge(nn_connect(s, d->address), 0);
+  ck_assert_int_ge(nn_connect(s, address), 0);
   Qlinear__V1__Response *resp = NULL;
   if (nn_send(s, buf, len, 0) == (int)len) {
     void *msg = NULL;
@@ -159,6 +165,22 @@ Qlinear__V1__Response *td_call_bytes(const td *d, const void *buf, size_t len,
     }
   }
   nn_close(s);
+  return resp;
+}
+
+Qlinear__V1__Response *td_call_bytes(const td *d, const void *buf, size_t len,
+                                     int timeout_ms) {
+  return call_bytes_at(d->address, buf, len, timeout_ms);
+}
+
+Qlinear__V1__Response *td_call_admin(const td *d,
+                                     const Qlinear__V1__Request *req,
+                                     int timeout_ms) {
+  size_t len = qlinear__v1__request__get_packed_size(req);
+  uint8_t *buf = tu_xmalloc(len ? len : 1);
+  qlinear__v1__request__pack(req, buf);
+  Qlinear__V1__Response *resp = call_bytes_at(d->admin, buf, len, timeout_ms);
+  free(buf);
   return resp;
 }
 

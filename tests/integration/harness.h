@@ -27,6 +27,7 @@ typedef struct td {
   char dir[256];     /* private socket directory */
   char address[300]; /* ipc://<dir>/qlineard.sock */
   char session[300]; /* <dir>/session.sock */
+  char admin[320];   /* ipc://<dir>/admin/admin.sock (the default) */
   char log[300];     /* the daemon's stderr */
   td_session sess;   /* the harness's own session: td_call() uses it */
 } td;
@@ -59,6 +60,11 @@ int td_alive(td *d);
  */
 Qlinear__V1__Response *td_call(const td *d, const Qlinear__V1__Request *req,
                                int timeout_ms);
+
+/* One raw request on the admin socket (no token). As td_call(). */
+Qlinear__V1__Response *td_call_admin(const td *d,
+                                     const Qlinear__V1__Request *req,
+                                     int timeout_ms);
 
 /* The same with the token of session s (NULL: with no token at all, unless
  * req has one). */

@@ -3,9 +3,10 @@
 # qlineard on a temporary socket; then qlinearctl's answers to bad input.
 #
 # Each qlinearctl command is a session of its own, and a weight lives while
-# a session holds it (DESIGN §8), or, pinned by the daemon's own user,
-# until that user unloads it. ctl_hold (a helper beside this script) holds
-# a weight the way a serving process would.
+# a session holds it (DESIGN §8), or, loaded through the admin socket,
+# until an admin unload (persistent: stored, across restarts). ctl_hold (a
+# helper beside this script) holds a weight the way a serving process
+# would.
 set -u
 : "${QLINEARD:?run through make check}" "${QLINEARCTL:?}" "${QL_SRCDIR:?}"
 
@@ -38,7 +39,7 @@ expect() {
     bad "$what: exit $got, want $want"; cat "$dir/out" "$dir/err"; fi
 }
 
-"$QLINEARD" --socket-dir "$dir/sock" --log-level debug 2>"$dir/daemon.log" &
+"$QLINEARD" --socket-dir "$dir/sock" --state-dir "$dir/state" --log-level debug 2>"$dir/daemon.log" &
 daemon=$!
 export QLINEAR_ADDRESS="ipc://$dir/sock/qlineard.sock"
 i=0
@@ -52,11 +53,15 @@ expect 0 "example data" -- python3 "$QL_SRCDIR/deploy/example-npy" "$work"
 expect 0 "status" -- "$ctl" status
 grep -q "cpu" "$dir/out" || bad "status does not list the cpu device"
 
-# The README's lines, as pasted: a pinned weight outlives qlinearctl's
-# own session until its owner unloads it.
-expect 0 "load --pin" -- "$ctl" load demo/proj "$work/w.npy" --format q4g128 --bias "$work/b.npy" --pin
+# The README's lines, as pasted: a persistent weight outlives qlinearctl's
+# own session until an admin unloads it.
+expect 1 "persistent load on the request socket" -- "$ctl" load demo/proj "$work/w.npy" --format q4g128 --persistent
+grep -q "admin socket" "$dir/err" || bad "no 'admin socket' message: $(cat "$dir/err")"
+expect 0 "load --persistent" -- "$ctl" --admin load demo/proj "$work/w.npy" --format q4g128 --bias "$work/b.npy" --persistent
 expect 0 "list" -- "$ctl" list
 grep -q "demo/proj" "$dir/out" || bad "list does not show demo/proj"
+grep -q "demo/proj .* yes  *yes" "$dir/out" || bad "list does not show demo/proj as stored: $(cat "$dir/out")"
+ls "$dir/state"/*.safetensors >/dev/null 2>&1 || bad "no store file for demo/proj"
 grep -q "q4g128" "$dir/out" || bad "list does not show the format"
 expect 0 "linear" -- "$ctl" linear demo/proj "$work/x.npy" -o "$work/y.npy"
 # y.npy: [4,256] f32 = 4096 data bytes after a header padded to 64 bytes.
@@ -85,10 +90,15 @@ expect 2 "unknown format" -- "$ctl" load x "$work/w.npy" --format q5z
 expect 1 "unknown weight" -- "$ctl" linear nope "$work/x.npy"
 expect 1 "K mismatch" -- "$ctl" linear demo/proj "$work/b.npy"
 expect 2 "unknown command" -- "$ctl" frobnicate
-expect 0 "unload" -- "$ctl" unload demo/proj
-expect 1 "unload again" -- "$ctl" unload demo/proj
+expect 1 "unload of an admin weight from a session" -- "$ctl" unload demo/proj
+expect 2 "reload without --admin" -- "$ctl" reload
+expect 0 "reload" -- "$ctl" --admin reload
+grep -q "no changes" "$dir/out" || bad "reload report: $(cat "$dir/out")"
+expect 0 "unload" -- "$ctl" --admin unload demo/proj
+expect 1 "unload again" -- "$ctl" --admin unload demo/proj
+ls "$dir/state"/*.safetensors >/dev/null 2>&1 && bad "store file left after unload" || ok
 
-# Without --pin a weight lives while a session holds it. The holder's
+# Without --admin a weight lives while a session holds it. The holder's
 # standard input is a FIFO kept open on descriptor 3.
 mkfifo "$dir/hold.in"
 "$hold" demo/held "$work/w.npy" "$work/b.npy" 128 <"$dir/hold.in" >"$dir/hold.out" 2>&1 &

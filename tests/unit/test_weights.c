@@ -27,7 +27,7 @@ static ql_qweight *make_q(uint64_t seed, ql_format f) {
 
 START_TEST(test_share_and_exists) {
   ql__weight_store *s;
-  ck_assert_int_eq(ql__weight_store_create(&s), 0);
+  ck_assert_int_eq(ql__weight_store_create(0, &s), 0);
   ql__weight *a, *b, *c, *existing;
   ck_assert_int_eq(ql__weight_create("w", make_q(1, QL_FORMAT_Q4G),
                                      QL_PATH_AUTO, NULL, &a), 0);
@@ -63,7 +63,7 @@ END_TEST
 
 START_TEST(test_many_names) {
   ql__weight_store *s;
-  ck_assert_int_eq(ql__weight_store_create(&s), 0);
+  ck_assert_int_eq(ql__weight_store_create(0, &s), 0);
   for (int i = 0; i < 3000; i++) {
     char name[32];
     snprintf(name, sizeof name, "layer.%d", i);
@@ -130,12 +130,52 @@ START_TEST(test_repack_at_load) {
 }
 END_TEST
 
+/* The budget: a weight that would take the store past it is refused and
+ * changes nothing; removal gives its bytes back; a lower budget keeps what
+ * is resident. */
+START_TEST(test_budget) {
+  ql__weight *a, *b, *c, *existing;
+  ck_assert_int_eq(ql__weight_create("a", make_q(1, QL_FORMAT_Q8C),
+                                     QL_PATH_AUTO, NULL, &a), 0);
+  ck_assert_int_eq(ql__weight_create("b", make_q(2, QL_FORMAT_Q8C),
+                                     QL_PATH_AUTO, NULL, &b), 0);
+  ck_assert_int_eq(ql__weight_create("c", make_q(3, QL_FORMAT_Q8C),
+                                     QL_PATH_AUTO, NULL, &c), 0);
+  ck_assert_uint_eq(a->bytes, b->bytes);
+  ql__weight_store *s;
+  ck_assert_int_eq(ql__weight_store_create(2 * a->bytes, &s), 0);
+  ck_assert_uint_eq(ql__weight_store_budget(s), 2 * a->bytes);
+  ck_assert_int_eq(ql__weight_store_insert(s, a, &existing), 0);
+  ck_assert_int_eq(ql__weight_store_insert(s, b, &existing), 0);
+  ck_assert_uint_eq(ql__weight_store_bytes(s), 2 * a->bytes);
+  ck_assert_int_eq(ql__weight_store_insert(s, c, &existing), QL_ENOMEM);
+  ck_assert_int_eq(c->refs, 1);
+  ck_assert_int_eq(c->in_store, 0);
+  ck_assert_uint_eq(ql__weight_store_count(s), 2);
+  ck_assert_uint_eq(ql__weight_store_bytes(s), 2 * a->bytes);
+  ck_assert_int_eq(ql__weight_store_remove(s, "a"), 0);
+  ck_assert_uint_eq(ql__weight_store_bytes(s), b->bytes);
+  ck_assert_int_eq(ql__weight_store_insert(s, c, &existing), 0);
+  ql__weight_store_set_budget(s, 1);
+  ck_assert_uint_eq(ql__weight_store_count(s), 2);
+  ck_assert_int_eq(ql__weight_store_remove(s, "c"), 0);
+  ck_assert_int_eq(ql__weight_store_insert(s, c, &existing), QL_ENOMEM);
+  ql__weight_store_set_budget(s, 0); /* no limit */
+  ck_assert_int_eq(ql__weight_store_insert(s, c, &existing), 0);
+  ql__weight_unref(a);
+  ql__weight_unref(b);
+  ql__weight_unref(c);
+  ql__weight_store_free(s);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("weights");
   TCase *tc = tcase_create("weights");
   tcase_add_test(tc, test_share_and_exists);
   tcase_add_test(tc, test_many_names);
   tcase_add_test(tc, test_repack_at_load);
+  tcase_add_test(tc, test_budget);
   suite_add_tcase(s, tc);
   return tu_run_suite(s, CK_NORMAL);
 }

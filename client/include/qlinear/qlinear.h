@@ -83,6 +83,11 @@ typedef struct ql_connect_opts {
   int timeout_ms;
   /* Shown in the daemon's log only; NULL means "libqlinear". Copied. */
   const char *client_name;
+  /* 1: address is the daemon's admin socket (ipc://ADMIN_DIR/admin.sock,
+   * open only to the admin group). No session is opened: persistent loads,
+   * ql_unload() of any weight and ql_reload_config() work there; regions
+   * and ql_linear() do not (QL_ESESSION / QL_EPERM). */
+  int admin;
 } ql_connect_opts;
 
 /* One device of the daemon, as Hello lists it. */
@@ -137,10 +142,11 @@ typedef struct ql_load_desc {
   ql_progress_cb progress; /* optional, NULL for none */
   void *progress_arg;      /* passed to progress as is */
   int asymmetric;          /* q8b: 1 for the asymmetric form */
-  /* 1: keep the weight resident after this client's session ends, until
-   * an unload by the daemon's own user; only that user may pin
-   * (QL_EPERM otherwise). */
-  int pin;
+  /* 1: store the weight in the daemon's state directory: it stays
+   * resident with no session holding it and across restarts, until an
+   * admin unload. Admin socket only (QL_EPERM on the request socket;
+   * QL_ENOTSUP when the daemon has no state directory). */
+  int persistent;
 } ql_load_desc;
 
 /* One already-quantized array (row-major, borrowed). data NULL: absent. */
@@ -169,6 +175,7 @@ typedef struct ql_packed_desc {
   ql_path policy;
   ql_progress_cb progress; /* optional */
   void *progress_arg;
+  int persistent;          /* as in ql_load_desc */
 } ql_packed_desc;
 
 /* A resident weight (ListWeights, LoadCommit). Enumerated fields hold the
@@ -182,7 +189,7 @@ typedef struct ql_weight_info {
   uint64_t k;          /* in_features */
   int has_bias;        /* 1 if the weight has a bias, else 0 */
   int asymmetric;      /* q8b: 1 for the asymmetric form */
-  int pinned;          /* 1 if resident without session holders */
+  int persistent;      /* 1 if stored in the daemon's state directory */
   int policy;          /* a ql_path: AUTO or WEIGHT_ONLY */
   int scale_dtype;     /* a ql_dtype; 0 if the daemon left it unspecified */
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
@@ -215,6 +222,13 @@ typedef struct ql_weight_stats {
   uint64_t bytes_resident; /* this weight's bytes on this device */
 } ql_weight_stats;
 
+/* Weight memory of one device against its budget. */
+typedef struct ql_device_memory {
+  char device[QL_DEVICE_NAME_MAX];
+  uint64_t bytes_resident; /* weights resident on it */
+  uint64_t budget_bytes;   /* loads past it fail (QL_ENOMEM); 0: none */
+} ql_device_memory;
+
 /* The daemon's counters (Stats). One allocation: free it with
  * ql_stats_free() (or ql_free()), never per_weight on its own. */
 typedef struct ql_stats_info {
@@ -231,6 +245,10 @@ typedef struct ql_stats_info {
   uint64_t sessions;            /* sessions open now, this one included */
   uint64_t regions;             /* regions of all sessions */
   uint64_t region_bytes;        /* their sizes added up */
+  uint64_t persistent_weights;  /* weights in the state directory */
+  size_t n_devices;             /* entries of devices[] */
+  size_t n_devices_total;       /* devices the daemon reported */
+  ql_device_memory devices[QL_MAX_DEVICES];
 } ql_stats_info;
 
 /*
@@ -271,6 +289,16 @@ typedef struct ql_slice {
  * longer paths. Thread-safe as far as getenv() is.
  */
 QL_EXPORT int ql_default_address(char *buf, size_t len);
+
+/*
+ * Writes the default admin socket address into buf (len bytes): the
+ * environment variable QLINEAR_ADMIN_ADDRESS if it is set and not empty,
+ * else "admin/admin.sock" in the directory of ql_default_address() (where
+ * a daemon without admin_dir in its config puts it). The system service's
+ * admin socket is ipc:///run/qlinear-admin/admin.sock: set the variable.
+ * Returns 0, or QL_EINVAL (buf then holds "").
+ */
+QL_EXPORT int ql_default_admin_address(char *buf, size_t len);
 
 /*
  * Connects to the daemon at address (NULL means ql_default_address()) and
@@ -326,8 +354,15 @@ QL_EXPORT int ql_load_packed(ql_client *c, const ql_packed_desc *d,
 
 /* Drops this session's hold on the weight called name (the daemon unloads
  * a weight no session holds). QL_ENOTFOUND when there is no such weight,
- * QL_EPERM when only other sessions hold it. */
+ * QL_EPERM when only other sessions hold it or the admin socket keeps it.
+ * On an admin client, removes the weight whoever holds it, and its stored
+ * file when it is persistent. */
 QL_EXPORT int ql_unload(ql_client *c, const char *name);
+
+/* Admin client only (QL_EPERM otherwise): makes the daemon read its
+ * configuration again, as SIGHUP does. report (len bytes, may be NULL)
+ * receives what changed and what needs a restart, NUL-terminated. */
+QL_EXPORT int ql_reload_config(ql_client *c, char *report, size_t len);
 
 /*
  * Lists the resident weights. On success *out is an array of *count entries
