@@ -390,6 +390,10 @@ static void store_run(uv_work_t *work) {
   store_work *sw = work->data;
   sw->rc = ql__store_put(sw->s->store, sw->w->name, sw->w->q, sw->w->digest,
                          sw->w->policy, sw->err, sizeof sw->err);
+  /* The device layout too, so the next start maps it (a failure only
+   * costs that start a repack). */
+  if (sw->rc == 0)
+    (void)ql__weight_cache_layout(sw->w, sw->s->store);
 }
 
 /* Replies to a LoadCommit that succeeded. */

@@ -135,7 +135,7 @@ static int load_stored(void *arg, const char *name, ql_qweight *q,
   ql__server *s = arg;
   ql__weight *w, *existing = NULL;
   int rc = ql__weight_create_known(name, q, policy, s->cpu_backend, digest,
-                                   &w);
+                                   s->store, &w);
   if (rc != 0) {
     ql__err("stored weight %s: %s; its file is kept", name, ql_strerror(rc));
     return rc;

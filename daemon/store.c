@@ -599,8 +599,19 @@ static void set_array(ql_array *a, const tensor *t, const uint8_t *data) {
   a->shape[1] = t->ndim == 2 ? t->shape[1] : 0;
 }
 
+/* ql__store_parse(); borrow: the weight's arrays stay in buf (which must
+ * then outlive it) when they are canonical and aligned, as the writer
+ * makes them. */
+static int parse(const uint8_t *buf, size_t len, int borrow,
+                 ql__stored_weight *out, char *err, size_t errlen);
+
 int ql__store_parse(const uint8_t *buf, size_t len, ql__stored_weight *out,
                     char *err, size_t errlen) {
+  return parse(buf, len, 0, out, err, errlen);
+}
+
+static int parse(const uint8_t *buf, size_t len, int borrow,
+                 ql__stored_weight *out, char *err, size_t errlen) {
   header h;
   json_t *root = NULL, *val, *meta = NULL;
   json_error_t jerr;
@@ -690,7 +701,12 @@ int ql__store_parse(const uint8_t *buf, size_t len, ql__stored_weight *out,
   set_array(&d.scale, &h.t[T_SCALE], data);
   set_array(&d.zero, &h.t[T_ZERO], data);
   set_array(&d.bias, &h.t[T_BIAS], data);
-  if ((rc = ql_qweight_import(&d, &q, ierr, sizeof ierr)) != 0) {
+  rc = QL_ENOTSUP;
+  if (borrow)
+    rc = ql_qweight_import_borrowed(&d, &q, ierr, sizeof ierr);
+  if (rc == QL_ENOTSUP)
+    rc = ql_qweight_import(&d, &q, ierr, sizeof ierr);
+  if (rc != 0) {
     if (rc != QL_ENOMEM)
       rc = QL_EBADFILE;
     fail(err, errlen, rc, "%s", ierr);
@@ -788,9 +804,12 @@ static void sync_parent(const char *path) {
   free(p);
 }
 
+#define LAYOUT_SUFFIX ".layout"
+#define LAYOUT_TMP_MARK LAYOUT_SUFFIX ".tmp-"
+
 static int remove_temp(ql__store *s, const char *f, void *arg) {
   int *removed = arg;
-  if (strstr(f, TMP_MARK) == NULL)
+  if (strstr(f, TMP_MARK) == NULL && strstr(f, LAYOUT_TMP_MARK) == NULL)
     return 0;
   if (unlinkat(s->dirfd, f, 0) == 0) {
     ql__notice("store: removed %s left by an interrupted write", f);
@@ -949,8 +968,23 @@ static void move_aside(ql__store *s, const char *f, const char *why,
   }
 }
 
+/* A stored weight's mapping, released with the weight that borrows it. */
+typedef struct file_map {
+  void *addr;
+  size_t len;
+} file_map;
+
+static void unmap_release(void *backing) {
+  file_map *m = backing;
+  munmap(m->addr, m->len);
+  free(m);
+}
+
 /* Maps and parses one file. QL_EBADFILE: the file is bad (err says why);
- * QL_ENOTSUP: not a regular file (left alone); others: could not read. */
+ * QL_ENOTSUP: not a regular file (left alone); others: could not read.
+ * The weight reads its arrays from the mapping (the page cache: nothing is
+ * copied, and the mapping outlives an unlink of the file), which it keeps
+ * until it is freed. */
 static int load_file(ql__store *s, const char *f, ql__stored_weight *w,
                      char *err, size_t errlen) {
   struct stat st;
@@ -989,13 +1023,29 @@ static int load_file(ql__store *s, const char *f, ql__stored_weight *w,
     goto done;
   }
   (void)madvise(map, (size_t)st.st_size, MADV_SEQUENTIAL);
-  rc = ql__store_parse(map, (size_t)st.st_size, w, err, errlen);
+  file_map *fm = malloc(sizeof *fm);
+  if (fm == NULL) {
+    rc = fail(err, errlen, QL_ENOMEM, "out of memory");
+    goto done;
+  }
+  rc = parse(map, (size_t)st.st_size, 1, w, err, errlen);
+  if (rc == 0 && w->q->borrowed) {
+    fm->addr = map;
+    fm->len = (size_t)st.st_size;
+    w->q->backing = fm;
+    w->q->release = unmap_release;
+    map = NULL; /* the weight's now */
+  } else {
+    free(fm);
+  }
 done:
   if (map != NULL)
     munmap(map, (size_t)st.st_size);
   close(fd);
   return rc;
 }
+
+static int drop_orphan(ql__store *s, const char *f, void *arg);
 
 int ql__store_load_all(ql__store *s, ql__store_load_cb cb, void *arg) {
   name_list l = {NULL, 0, 0};
@@ -1056,6 +1106,7 @@ int ql__store_load_all(ql__store *s, ql__store_load_cb cb, void *arg) {
   if (bad > 0)
     ql__warn("store: %d corrupt file%s moved aside in %s", bad,
              bad == 1 ? "" : "s", s->dir);
+  (void)scan_dir(s, drop_orphan, NULL);
   rc = loaded;
 done:
   for (size_t i = 0; i < l.n; i++)
@@ -1203,8 +1254,11 @@ fail:
   return rc;
 }
 
+/* Removes the cached layouts of a digest no stored file has any more. */
+static void drop_layouts(ql__store *s, const char *digest_hex);
+
 int ql__store_remove(ql__store *s, const char *name) {
-  char tag[TAG_HEX + 1];
+  char tag[TAG_HEX + 1], digest_hex[DIGEST_HEX + 1];
   tag_match m;
   int rc;
 
@@ -1229,5 +1283,195 @@ int ql__store_remove(ql__store *s, const char *name) {
     ql__err("store: cannot sync %s: %s", s->dir, strerror(errno));
     return rc;
   }
+  memcpy(digest_hex, m.found, DIGEST_HEX);
+  digest_hex[DIGEST_HEX] = '\0';
+  drop_layouts(s, digest_hex);
+  return 0;
+}
+
+/* ------------------------------------------------------- layout cache */
+
+/*
+ * <digest>.<layout id>.layout: a 64-byte header, then the image at
+ * LAYOUT_DATA_OFF (page-aligned in the mapping, so every alignment a
+ * layout needs holds). The image is a derived copy: written without the
+ * directory fsync of a put, trusted when its header and size are right,
+ * removed and rebuilt when they are not.
+ */
+#define LAYOUT_MAGIC "QLLAYOUT"
+#define LAYOUT_VERSION 1u
+#define LAYOUT_DATA_OFF 4096u
+#define LAYOUT_ID_MAX 32
+
+typedef struct layout_header {
+  char magic[8];
+  uint32_t version;
+  uint32_t reserved;
+  uint64_t data_off;
+  uint64_t data_len;
+  char layout_id[LAYOUT_ID_MAX]; /* NUL-padded */
+} layout_header;
+
+_Static_assert(sizeof(layout_header) == 64, "layout header is 64 bytes");
+
+/* The file name of (digest, id); 0, or QL_EINVAL for an id that is not
+ * [A-Za-z0-9_-]{1,31}. */
+static int layout_file(const uint8_t digest[QL_DIGEST_BYTES], const char *id,
+                       char *buf, size_t len) {
+  char hex[DIGEST_HEX + 1];
+  size_t n = strlen(id);
+  if (n == 0 || n >= LAYOUT_ID_MAX)
+    return QL_EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    char c = id[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '-' || c == '_'))
+      return QL_EINVAL;
+  }
+  hex_encode(digest, QL_DIGEST_BYTES, hex);
+  if ((size_t)snprintf(buf, len, "%s.%s" LAYOUT_SUFFIX, hex, id) >= len)
+    return QL_EINVAL;
+  return 0;
+}
+
+int ql__store_layout_map(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
+                         const char *layout_id, const void **data,
+                         size_t *len, void **map) {
+  char f[DIGEST_HEX + LAYOUT_ID_MAX + 16];
+  struct stat st;
+  layout_header h;
+  int rc = QL_ENOTFOUND;
+  *data = NULL;
+  *len = 0;
+  *map = NULL;
+  if (s == NULL || layout_file(digest, layout_id, f, sizeof f) != 0)
+    return QL_EINVAL;
+  int fd = openat(s->dirfd, f, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return QL_ENOTFOUND;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (uint64_t)st.st_size < LAYOUT_DATA_OFF ||
+      pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h ||
+      memcmp(h.magic, LAYOUT_MAGIC, 8) != 0 || h.version != LAYOUT_VERSION ||
+      h.data_off != LAYOUT_DATA_OFF ||
+      h.data_len != (uint64_t)st.st_size - LAYOUT_DATA_OFF ||
+      h.layout_id[LAYOUT_ID_MAX - 1] != '\0' ||
+      strcmp(h.layout_id, layout_id) != 0 || h.data_len > SIZE_MAX) {
+    ql__warn("store: cached layout %s is malformed; rebuilding it", f);
+    (void)unlinkat(s->dirfd, f, 0);
+    goto done;
+  }
+  file_map *fm = malloc(sizeof *fm);
+  void *addr = fm == NULL ? MAP_FAILED
+                          : mmap(NULL, (size_t)st.st_size, PROT_READ,
+                                 MAP_PRIVATE, fd, 0);
+  if (addr == MAP_FAILED) {
+    free(fm);
+    rc = QL_ENOMEM;
+    goto done;
+  }
+  fm->addr = addr;
+  fm->len = (size_t)st.st_size;
+  *data = (const uint8_t *)addr + LAYOUT_DATA_OFF;
+  *len = (size_t)h.data_len;
+  *map = fm;
+  rc = 0;
+done:
+  close(fd);
+  return rc;
+}
+
+void ql__store_layout_unmap(void *map) {
+  if (map != NULL)
+    unmap_release(map);
+}
+
+int ql__store_layout_put(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
+                         const char *layout_id, const void *data, size_t len) {
+  char f[DIGEST_HEX + LAYOUT_ID_MAX + 16], tmp[sizeof f + 48];
+  static const uint8_t zeros[LAYOUT_DATA_OFF];
+  layout_header h;
+  int rc;
+  if (s == NULL || data == NULL || layout_file(digest, layout_id, f,
+                                               sizeof f) != 0)
+    return QL_EINVAL;
+  memset(&h, 0, sizeof h);
+  memcpy(h.magic, LAYOUT_MAGIC, 8);
+  h.version = LAYOUT_VERSION;
+  h.data_off = LAYOUT_DATA_OFF;
+  h.data_len = len;
+  snprintf(h.layout_id, sizeof h.layout_id, "%s", layout_id);
+  snprintf(tmp, sizeof tmp, "%s.tmp-%ld.%u", f, (long)getpid(),
+           atomic_fetch_add(&s->seq, 1));
+  int fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                  0640);
+  if (fd < 0)
+    return errno_rc(errno);
+  /* fsync before the rename: after a crash the name holds all of the
+   * image or none of it. */
+  if (write_all(fd, &h, sizeof h) != 0 ||
+      write_all(fd, zeros, LAYOUT_DATA_OFF - sizeof h) != 0 ||
+      write_all(fd, data, len) != 0 || fsync(fd) != 0) {
+    rc = errno_rc(errno);
+    close(fd);
+    (void)unlinkat(s->dirfd, tmp, 0);
+    return rc;
+  }
+  close(fd);
+  if (renameat(s->dirfd, tmp, s->dirfd, f) != 0) {
+    rc = errno_rc(errno);
+    (void)unlinkat(s->dirfd, tmp, 0);
+    return rc;
+  }
+  return 0;
+}
+
+/* scan_dir() callbacks: does a weight file of this digest exist; remove
+ * the layouts of a digest. */
+typedef struct digest_scan {
+  const char *hex; /* DIGEST_HEX digits; NULL: any digest (orphans) */
+  int found;
+} digest_scan;
+
+static int has_weight_of(ql__store *s, const char *f, void *arg) {
+  digest_scan *d = arg;
+  (void)s;
+  if (well_formed(f) && memcmp(f, d->hex, DIGEST_HEX) == 0)
+    d->found = 1;
+  return 0;
+}
+
+static int is_layout(const char *f) {
+  size_t n = strlen(f);
+  return n > DIGEST_HEX + 1 + sizeof LAYOUT_SUFFIX - 1 &&
+         f[DIGEST_HEX] == '.' &&
+         strcmp(f + n - (sizeof LAYOUT_SUFFIX - 1), LAYOUT_SUFFIX) == 0;
+}
+
+static int unlink_layout_of(ql__store *s, const char *f, void *arg) {
+  digest_scan *d = arg;
+  if (is_layout(f) && memcmp(f, d->hex, DIGEST_HEX) == 0 &&
+      unlinkat(s->dirfd, f, 0) != 0)
+    ql__warn("store: cannot remove %s/%s: %s", s->dir, f, strerror(errno));
+  return 0;
+}
+
+static void drop_layouts(ql__store *s, const char *digest_hex) {
+  digest_scan d = {digest_hex, 0};
+  if (scan_dir(s, has_weight_of, &d) != 0 || d.found)
+    return;
+  (void)scan_dir(s, unlink_layout_of, &d);
+}
+
+/* A layout whose weight file is gone (an unload interrupted between the
+ * two unlinks, or a corrupt file moved aside) is removed at start. */
+static int drop_orphan(ql__store *s, const char *f, void *arg) {
+  char hex[DIGEST_HEX + 1];
+  (void)arg;
+  if (!is_layout(f))
+    return 0;
+  memcpy(hex, f, DIGEST_HEX);
+  hex[DIGEST_HEX] = '\0';
+  drop_layouts(s, hex);
   return 0;
 }

@@ -15,6 +15,10 @@
  *       the same content get two files (no sharing on disk, so removing
  *       one name never touches another's file), and a name has at most one
  *       file (a put of a name stored with other content is QL_EEXIST).
+ *   <digest>.<layout id>.layout  a device layout of that content, cached
+ *       (ql__store_layout_put) so a restart maps it instead of repacking;
+ *       removed with the last file of its digest, or at start when that is
+ *       gone.
  *   <file>.tmp-<pid>.<seq>       a write in progress; removed at open.
  *   <file>.corrupt-<UTC time>    a file that failed validation, moved aside
  *   <file>.duplicate-<UTC time>  a second valid file for an already loaded
@@ -121,6 +125,23 @@ int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
  * 0, QL_ENOTFOUND when nothing is stored under name, QL_ENAME, QL_EIO.
  */
 int ql__store_remove(ql__store *s, const char *name);
+
+/*
+ * The layout cache. ql__store_layout_map() maps the cached image of
+ * (digest, layout_id) read-only: on success *data and *len point into a
+ * mapping that stays valid until ql__store_layout_unmap(*map) (an unlink of
+ * the file does not end it). QL_ENOTFOUND when there is none (a malformed
+ * one is removed and reported as none), QL_EINVAL for a bad layout_id
+ * ([A-Za-z0-9_-]{1,31}), QL_ENOMEM. ql__store_layout_put() writes an
+ * image atomically (temp file, fsync, rename); a failure is only a missed
+ * cache: 0 or a QL_E* code for the log. Both may run on any thread.
+ */
+int ql__store_layout_map(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
+                         const char *layout_id, const void **data,
+                         size_t *len, void **map);
+void ql__store_layout_unmap(void *map); /* safe on NULL */
+int ql__store_layout_put(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
+                         const char *layout_id, const void *data, size_t len);
 
 /* ---- internals, exposed for the tests and the fuzz target ---- */
 

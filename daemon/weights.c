@@ -4,6 +4,7 @@
 
 #include <openssl/evp.h>
 
+#include "store.h"
 #include "weights.h"
 
 #define NBUCKETS 1024
@@ -87,13 +88,44 @@ done:
 
 int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
                       const ql_backend *b, ql__weight **out) {
-  return ql__weight_create_known(name, q, policy, b, NULL, out);
+  return ql__weight_create_known(name, q, policy, b, NULL, NULL, out);
+}
+
+/* The layout of w from the store's cache: 1 when adopted. */
+static int adopt_cached(ql__weight *w, const ql_kernel_impl *rp,
+                        ql__store *cache) {
+  const void *data;
+  size_t len, bytes = 0;
+  void *map, *packed = NULL;
+  if (cache == NULL || rp->adopt == NULL || rp->layout_id == NULL ||
+      ql__store_layout_map(cache, w->digest, rp->layout_id, &data, &len,
+                           &map) != 0)
+    return 0;
+  if (rp->adopt(w->q, data, len, &packed, &bytes) != 0) {
+    ql__store_layout_unmap(map);
+    return 0;
+  }
+  w->packed = packed;
+  w->packed_bytes = bytes;
+  w->layout_map = map;
+  return 1;
+}
+
+int ql__weight_cache_layout(const ql__weight *w, ql__store *cache) {
+  const void *data;
+  size_t len;
+  const ql_kernel_impl *rp = w->repack;
+  if (cache == NULL || rp == NULL || w->layout_map != NULL ||
+      rp->image == NULL || rp->layout_id == NULL ||
+      rp->image(w->packed, &data, &len) != 0)
+    return 0;
+  return ql__store_layout_put(cache, w->digest, rp->layout_id, data, len);
 }
 
 int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
                             const ql_backend *b,
                             const uint8_t digest[QL_DIGEST_BYTES],
-                            ql__weight **out) {
+                            ql__store *cache, ql__weight **out) {
   int rc;
   *out = NULL;
   if (strlen(name) >= sizeof((ql__weight *)0)->name)
@@ -111,7 +143,11 @@ int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
    * has one for this format and shape, else the generic (no layout). */
   const ql_kernel_impl *rp =
       ql_dispatch(b, QL_OP_REPACK, q->format, QL_DTYPE_F32, 0, q->n, q->k);
-  if (rp != NULL && rp != ql_generic_impl(QL_OP_REPACK)) {
+  w->q = q;
+  if (rp != NULL && rp != ql_generic_impl(QL_OP_REPACK) &&
+      adopt_cached(w, rp, cache)) {
+    w->repack = rp;
+  } else if (rp != NULL && rp != ql_generic_impl(QL_OP_REPACK)) {
     ql_repack_args ra = {q, NULL, 0};
     if ((rc = rp->fn.repack(&ra)) != 0) {
       free(w);
@@ -120,6 +156,8 @@ int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
     w->packed = ra.packed;
     w->packed_bytes = ra.packed_bytes;
     w->repack = rp;
+    if (cache != NULL)
+      (void)ql__weight_cache_layout(w, cache);
   }
   strcpy(w->name, name);
   w->policy = policy;
@@ -195,6 +233,7 @@ void ql__weight_unref(ql__weight *w) {
     return;
   if (w->repack != NULL)
     w->repack->free_packed(w->packed);
+  ql__store_layout_unmap(w->layout_map); /* after the layout borrowing it */
   ql_qweight_free(w->q);
   free(w);
 }

@@ -35,6 +35,8 @@ typedef struct ql__weight {
   void *packed;
   const ql_kernel_impl *repack;    /* frees packed */
   size_t packed_bytes;
+  void *layout_map;                /* the cached image packed borrows, or
+                                      NULL (ql__store_layout_map) */
   ql_path policy;                  /* AUTO, WEIGHT_ONLY or ACT_QUANT */
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
   size_t bytes;                    /* resident bytes (all arrays) */
@@ -77,11 +79,19 @@ int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
                       const ql_backend *b, ql__weight **out);
 
 /* As ql__weight_create() with the digest already known (a store file's,
- * which ql__store_parse() has just verified): it is not computed again. */
+ * which ql__store_parse() has just verified): it is not computed again.
+ * With a store (may be NULL), the device layout is mapped from its cache
+ * when there, else made and written to the cache (ql__store_layout_*). */
+struct ql__store;
 int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
                             const ql_backend *b,
                             const uint8_t digest[QL_DIGEST_BYTES],
-                            ql__weight **out);
+                            struct ql__store *cache, ql__weight **out);
+
+/* Writes w's device layout to the store's layout cache if it has one that
+ * can be cached and it did not come from there. 0 or the cache's error
+ * (only worth a log line). Any thread: w is not changed. */
+int ql__weight_cache_layout(const ql__weight *w, struct ql__store *cache);
 
 /*
  * Inserts w under its name. If a weight of that name exists with the same

@@ -101,10 +101,15 @@ int ql_qweight_check(const ql_qweight *w) {
 void ql_qweight_free(ql_qweight *w) {
   if (w == NULL)
     return;
-  free(w->qdata);
-  free(w->scale);
-  free(w->zero);
-  free(w->bias);
+  if (w->borrowed) {
+    if (w->release != NULL)
+      w->release(w->backing);
+  } else {
+    free(w->qdata);
+    free(w->scale);
+    free(w->zero);
+    free(w->bias);
+  }
   free(w);
 }
 

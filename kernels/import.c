@@ -234,6 +234,11 @@ static unsigned int_nibble(const ql_array *q, size_t r, size_t k, size_t kk) {
 
 /* Copies the canonical qdata of d into w->qdata and checks what only the
  * values can tell: the padding nibble of an odd K, the NaN codes of f8r. */
+static int check_qdata(const ql_import_desc *d, const ql_qweight *w,
+                       char *err, size_t errlen);
+static int import(const ql_import_desc *d, int borrow, ql_qweight **out,
+                  char *err, size_t errlen);
+
 static int import_qdata(const ql_import_desc *d, ql_qweight *w, char *err,
                         size_t errlen) {
   size_t n = (size_t)d->n, k = (size_t)d->k, r, i;
@@ -249,6 +254,15 @@ static int import_qdata(const ql_import_desc *d, ql_qweight *w, char *err,
   } else {
     memcpy(w->qdata, src, w->qdata_bytes);
   }
+  return check_qdata(d, w, err, errlen);
+}
+
+/* The values of canonical qdata that are not allowed: a non-zero padding
+ * nibble (odd K, q4g) and the e4m3 NaN codes. Reads w->qdata. */
+static int check_qdata(const ql_import_desc *d, const ql_qweight *w,
+                       char *err, size_t errlen) {
+  size_t n = (size_t)d->n, k = (size_t)d->k, r, i;
+  const unsigned char *src = d->qdata.data;
   if (d->format == QL_FORMAT_Q4G && (k & 1)) {
     size_t rowbytes = k / 2 + 1;
     for (r = 0; r < n; r++) {
@@ -321,8 +335,37 @@ static int import_int_zero(const ql_import_desc *d, ql_qweight *w, size_t g,
   return 0;
 }
 
+static int aligned(const void *p, size_t a) {
+  return ((uintptr_t)p & (a - 1)) == 0;
+}
+
+int ql_qweight_import_borrowed(const ql_import_desc *d, ql_qweight **out,
+                               char *err, size_t errlen) {
+  if (out != NULL)
+    *out = NULL;
+  if (d == NULL || out == NULL)
+    return fail(err, errlen, QL_EINVAL, "no descriptor or output");
+  size_t ssz = ql_array_dtype_size(d->scale.dtype);
+  if (d->zero_kind != QL_ZERO_FLOAT || d->qdata.data == NULL ||
+      !(BYTES & BIT(d->qdata.dtype) || d->qdata.dtype == QL_ADT_F8E4M3) ||
+      d->scale.data == NULL || !(FLOATS & BIT(d->scale.dtype)) ||
+      !aligned(d->scale.data, ssz) ||
+      (d->zero.data != NULL && !aligned(d->zero.data, ssz)) ||
+      (d->bias.data != NULL &&
+       (d->bias.dtype != QL_ADT_F32 || !aligned(d->bias.data, 4))))
+    return fail(err, errlen, QL_ENOTSUP, "not borrowable");
+  return import(d, 1, out, err, errlen);
+}
+
 int ql_qweight_import(const ql_import_desc *d, ql_qweight **out, char *err,
                       size_t errlen) {
+  return import(d, 0, out, err, errlen);
+}
+
+/* Both imports; borrow: d's arrays are canonical (checked by the caller)
+ * and become the weight's without a copy. */
+static int import(const ql_import_desc *d, int borrow, ql_qweight **out,
+                  char *err, size_t errlen) {
   ql_qweight *w = NULL;
   size_t qb, sb, nn, kk, g, cols, esz;
   int64_t groups;
@@ -457,6 +500,28 @@ int ql_qweight_import(const ql_import_desc *d, ql_qweight **out, char *err,
   w->scale_dtype = sdt;
   w->qdata_bytes = qb;
   w->scale_bytes = sb;
+  if (borrow) {
+    /* Never written through the weight (ql_qweight.borrowed). */
+    w->borrowed = 1;
+    w->qdata = (uint8_t *)d->qdata.data;
+    w->scale = (void *)d->scale.data;
+    w->zero = has_zero ? (void *)d->zero.data : NULL;
+    w->bias = (float *)d->bias.data;
+    if ((rc = check_qdata(d, w, err, errlen)) ||
+        (rc = check_finite("scale", sdt, w->scale, sb / ql_dtype_size(sdt),
+                           d->format == QL_FORMAT_Q4G ||
+                                   d->format == QL_FORMAT_Q8B
+                               ? nn
+                               : 1,
+                           err, errlen)) ||
+        (w->zero != NULL &&
+         (rc = check_finite("zero", sdt, w->zero, sb / ql_dtype_size(sdt),
+                            nn, err, errlen))) ||
+        (w->bias != NULL && (rc = check_finite("bias", QL_DTYPE_F32, w->bias,
+                                               nn, 1, err, errlen))))
+      goto fail;
+    goto built;
+  }
   rc = fail(err, errlen, QL_ENOMEM, "out of memory");
   if ((w->qdata = malloc(qb)) == NULL || (w->scale = malloc(sb)) == NULL ||
       (has_zero && (w->zero = malloc(sb)) == NULL) ||
@@ -500,6 +565,7 @@ int ql_qweight_import(const ql_import_desc *d, ql_qweight **out, char *err,
                            errlen)))
       goto fail;
   }
+built:
   /* What we built must be what the rest of the library accepts. */
   if ((rc = ql_qweight_check(w)) != 0) {
     rc = fail(err, errlen, QL_EINTERNAL, "import built an inconsistent "

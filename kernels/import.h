@@ -53,6 +53,18 @@ typedef struct ql_import_desc {
 int ql_qweight_import(const ql_import_desc *d, ql_qweight **out, char *err,
                       size_t errlen);
 
+/*
+ * The same checks, but the weight borrows d's arrays instead of copying
+ * them (ql_qweight.borrowed): for arrays already in the canonical form
+ * (float zero point, qdata u8/i8 or e4m3 bytes, bias f32), each aligned to
+ * its element size. Anything else is QL_ENOTSUP before any check (the
+ * caller imports with a copy). The arrays must outlive the weight and are
+ * never written through it; the caller sets (*out)->release and ->backing
+ * when freeing the weight should release them.
+ */
+int ql_qweight_import_borrowed(const ql_import_desc *d, ql_qweight **out,
+                               char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

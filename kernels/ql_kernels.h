@@ -78,6 +78,13 @@ typedef struct ql_qweight {
   void *zero;           /* [G, N] (q4g, asymmetric q8b), else NULL */
   size_t scale_bytes;   /* bytes of scale[] (zero[] has the same size) */
   float *bias;          /* [N] f32, or NULL */
+  /* 0: the arrays are the weight's own (malloc'd) and ql_qweight_free()
+   * frees them. 1: they are borrowed (ql_qweight_import_borrowed(), e.g.
+   * from a mapped file) and never written; ql_qweight_free() calls
+   * release(backing) instead, when release is set. */
+  int borrowed;
+  void (*release)(void *backing);
+  void *backing;
 } ql_qweight;
 
 /* How ql_qweight_quantize() quantizes. */

@@ -99,6 +99,21 @@ struct ql_kernel_impl {
     int (*repack)(ql_repack_args *a);
   } fn;
   void (*free_packed)(void *packed); /* QL_OP_REPACK only */
+  /*
+   * QL_OP_REPACK, optional (NULL: a layout is not cached). A layout whose
+   * bytes form one contiguous image can be cached across restarts:
+   * image() gives that image; adopt() rebuilds the layout of w around such
+   * an image without copying it (the image must outlive the layout, and
+   * free_packed() then leaves it alone). adopt() checks that len is the
+   * size w's layout has and everything else it can without reading the
+   * image, whose bytes it trusts. layout_id names the image format ("cpu-1"):
+   * a cache keys images by (weight digest, layout_id), and a layout_id
+   * changes whenever the layout does.
+   */
+  const char *layout_id;
+  int (*image)(const void *packed, const void **data, size_t *len);
+  int (*adopt)(const ql_qweight *w, const void *data, size_t len,
+               void **packed, size_t *packed_bytes);
 };
 
 /* A backend: one kind of device and its implementations. */

@@ -334,6 +334,22 @@ static int repack(ql_repack_args *a) {
 
 static void free_packed(void *p) { ql__cpu_packed_free(p); }
 
+static int image(const void *packed, const void **data, size_t *len) {
+  const ql__cpu_packed *p = packed;
+  *data = p->data;
+  *len = p->bytes;
+  return 0;
+}
+
+static int adopt(const ql_qweight *w, const void *data, size_t len,
+                 void **packed, size_t *packed_bytes) {
+  ql__cpu_packed *p = NULL;
+  int rc = ql__cpu_packed_adopt(w, data, len, &p);
+  *packed = p;
+  *packed_bytes = rc == 0 ? p->bytes + sizeof *p : 0;
+  return rc;
+}
+
 /* ------------------------------------------------------- registration */
 
 /* supports() of level L: only at the level the process runs at. The q8c
@@ -358,24 +374,30 @@ LEVEL_FUNCS(QL_CPU_LEVEL_AVX2_VNNI, avx2vnni)
 LEVEL_FUNCS(QL_CPU_LEVEL_AVX2, avx2)
 LEVEL_FUNCS(QL_CPU_LEVEL_C, c)
 
-#define IMPL_LIN(name, op, sup, fn)                                            \
-  { name, op, FMTS, QL_ALL_DTYPES, sup, {.linear = fn}, NULL }
+#define IMPL_LIN(nm, o, sup, f)                                                 \
+  {                                                                            \
+    .name = nm, .op = o, .formats = FMTS, .dtypes = QL_ALL_DTYPES,             \
+    .supports = sup, .fn = {.linear = f}                                       \
+  }
 /* quantize_rows: f32 activations only; rows that came from f16/bf16 take
  * the generic op. */
-#define IMPL_QROWS(name, sup, fn)                                              \
+#define IMPL_QROWS(nm, sup, f)                                                 \
   {                                                                            \
-    name, QL_OP_QUANTIZE_ROWS, FMTS, QL_DT_BIT(QL_DTYPE_F32), sup,             \
-        {.quantize_rows = fn}, NULL                                            \
+    .name = nm, .op = QL_OP_QUANTIZE_ROWS, .formats = FMTS,                    \
+    .dtypes = QL_DT_BIT(QL_DTYPE_F32), .supports = sup,                        \
+    .fn = {.quantize_rows = f}                                                 \
   }
 
 static const ql_kernel_impl impls[] = {
-    {"cpu.repack",
-     QL_OP_REPACK,
-     FMTS,
-     QL_ALL_DTYPES,
-     NULL,
-     {.repack = repack},
-     free_packed},
+    {.name = "cpu.repack",
+     .op = QL_OP_REPACK,
+     .formats = FMTS,
+     .dtypes = QL_ALL_DTYPES,
+     .fn = {.repack = repack},
+     .free_packed = free_packed,
+     .layout_id = QL_CPU_LAYOUT_ID,
+     .image = image,
+     .adopt = adopt},
 
     IMPL_LIN("cpu.avx512.linear_wo", QL_OP_LINEAR_WO, sup_avx512, wo_avx512),
     IMPL_LIN("cpu.avx2vnni.linear_wo", QL_OP_LINEAR_WO, sup_avx2vnni,

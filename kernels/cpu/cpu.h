@@ -86,6 +86,9 @@ void ql__cpu_parallel(void (*fn)(void *ctx, int part, int parts), void *ctx,
 
 #define QL_CPU_PACK_MAGIC 0x55504351u /* "QCPU" */
 #define QL_CPU_PACK_VERSION 1u
+/* The registry's name of the layout image (cached across restarts): bump
+ * it with QL_CPU_PACK_VERSION. */
+#define QL_CPU_LAYOUT_ID "cpu-1"
 
 /*
  * The CPU layout of a weight, made by repack at load (canonical form
@@ -124,6 +127,7 @@ typedef struct ql__cpu_packed {
                          [-8, 7] (pack.c says when), so the kernels may
                          dequantize with one FMA; 0 otherwise */
   uint8_t *data;      /* 64-byte aligned, tiles·tile_bytes bytes */
+  int borrowed;       /* data is not ours (ql__cpu_packed_adopt) */
 } ql__cpu_packed;
 
 /* Builds the layout of w (q4g or q8c). 0, QL_ENOTSUP for another format,
@@ -133,6 +137,13 @@ int ql__cpu_pack(const ql_qweight *w, ql__cpu_packed **out);
 
 /* Safe on NULL. */
 void ql__cpu_packed_free(ql__cpu_packed *p);
+
+/* The layout of w around data (len bytes, 64-byte aligned), an image of a
+ * layout ql__cpu_pack made of the same weight: only its size is checked;
+ * data is borrowed (not freed with the layout). 0, QL_ENOTSUP (format),
+ * QL_EINVAL (len or alignment), QL_ENOMEM. */
+int ql__cpu_packed_adopt(const ql_qweight *w, const void *data, size_t len,
+                         ql__cpu_packed **out);
 
 /* 1 when p is a layout of w: same format, shape, group size and scale
  * dtype. */

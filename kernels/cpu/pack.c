@@ -15,7 +15,8 @@ static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 void ql__cpu_packed_free(ql__cpu_packed *p) {
   if (p == NULL)
     return;
-  free(p->data);
+  if (!p->borrowed)
+    free(p->data);
   free(p);
 }
 
@@ -150,7 +151,8 @@ static void pack_q8c(const ql_qweight *w, ql__cpu_packed *p) {
   }
 }
 
-int ql__cpu_pack(const ql_qweight *w, ql__cpu_packed **out) {
+/* The header of w's layout, data not yet allocated. */
+static int layout_header(const ql_qweight *w, ql__cpu_packed **out) {
   ql__cpu_packed *p;
   int rc;
 
@@ -180,6 +182,37 @@ int ql__cpu_pack(const ql_qweight *w, ql__cpu_packed **out) {
     free(p);
     return rc;
   }
+  *out = p;
+  return 0;
+}
+
+int ql__cpu_packed_adopt(const ql_qweight *w, const void *data, size_t len,
+                         ql__cpu_packed **out) {
+  ql__cpu_packed *p;
+  int rc = layout_header(w, &p);
+  *out = NULL;
+  if (rc != 0)
+    return rc;
+  if (len != p->bytes || ((uintptr_t)data & (QL_CPU_BLOCK - 1)) != 0) {
+    free(p);
+    return QL_EINVAL;
+  }
+  p->data = (uint8_t *)data; /* only read */
+  p->borrowed = 1;
+  /* Derived from the scales, which the caller has checked: not trusted
+   * from the image. */
+  if (w->format == QL_FORMAT_Q4G)
+    p->fma_dequant = q4g_fma_exact(w);
+  *out = p;
+  return 0;
+}
+
+int ql__cpu_pack(const ql_qweight *w, ql__cpu_packed **out) {
+  ql__cpu_packed *p;
+  int rc = layout_header(w, &p);
+  *out = NULL;
+  if (rc != 0)
+    return rc;
   p->data = aligned_alloc(QL_CPU_BLOCK, round_up(p->bytes, QL_CPU_BLOCK));
   if (p->data == NULL) {
     free(p);

@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_restart.h"
 #include "cpu.h"
 #include "ql_kernels.h"
 #include "registry.h"
@@ -707,6 +708,8 @@ int main(int argc, char **argv) {
   opts o;
   char tbuf[16];
 
+  if (argc > 1 && strcmp(argv[1], "restart") == 0)
+    return ql_bench_restart(argc - 1, argv + 1);
   if (argc > 1 &&
       (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
     usage(stdout);

@@ -243,6 +243,7 @@ START_TEST(persistent_survives_kill9) {
   ck_assert_int_eq(load(a, "m/q8", &l2, QL_FORMAT_Q8C, 0, 1, &shared), 0);
   ck_assert_int_eq(shared, 1);
   ck_assert_int_eq(count_files(st, ".safetensors"), 2);
+  ck_assert_int_eq(count_files(st, ".layout"), 2);
   ql_close(a);
   ql_client *u = user(&d);
   ql_weight_info before;
@@ -277,6 +278,7 @@ START_TEST(persistent_survives_kill9) {
   ck_assert_int_eq(ql_unload(a, "m/q8"), QL_ENOTFOUND);
   ql_close(a);
   ck_assert_int_eq(count_files(st, ".safetensors"), 1);
+  ck_assert_int_eq(count_files(st, ".layout"), 1);
   ck_assert_int_eq(resident(u, "m/q8", &after), QL_ENOTFOUND);
   ql_close(u);
   ck_assert_int_eq(td_stop(&d), 0);
@@ -299,7 +301,35 @@ START_TEST(persistent_survives_kill9) {
 }
 END_TEST
 
-/* A truncated store file is moved aside at start; the others still load. */
+/* The path of the file in dir whose name starts with the digest and ends
+ * with suffix; "" if none. */
+static void find_file(const char *dir, const uint8_t *digest,
+                      const char *suffix, char *path, size_t len) {
+  char hex[2 * QL_DIGEST_BYTES + 1];
+  for (int i = 0; i < QL_DIGEST_BYTES; i++)
+    snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+  DIR *dd = opendir(dir);
+  struct dirent *e;
+  path[0] = '\0';
+  ck_assert_ptr_nonnull(dd);
+  while ((e = readdir(dd)) != NULL) {
+    size_t n = strlen(e->d_name), sl = strlen(suffix);
+    if (strncmp(e->d_name, hex, 64) == 0 && n > sl &&
+        strcmp(e->d_name + n - sl, suffix) == 0)
+      snprintf(path, len, "%s/%s", dir, e->d_name);
+  }
+  closedir(dd);
+}
+
+static void truncate_half(const char *path) {
+  struct stat sb;
+  ck_assert_msg(path[0] != '\0', "no such file");
+  ck_assert_int_eq(stat(path, &sb), 0);
+  ck_assert_int_eq(truncate(path, sb.st_size / 2), 0);
+}
+
+/* A truncated store file is moved aside at start; the others still load.
+ * A truncated layout cache is rebuilt, with the same results. */
 START_TEST(corrupt_store_file) {
   char st[256], path[512];
   td d;
@@ -312,33 +342,40 @@ START_TEST(corrupt_store_file) {
   ql_client *a = admin(&d);
   ck_assert_int_eq(load(a, "good", &l1, QL_FORMAT_Q8C, 0, 1, NULL), 0);
   ck_assert_int_eq(load(a, "bad", &l2, QL_FORMAT_Q8C, 0, 1, NULL), 0);
-  ql_weight_info bad;
+  ql_weight_info bad, good;
   ck_assert_int_eq(resident(a, "bad", &bad), 0);
+  ck_assert_int_eq(resident(a, "good", &good), 0);
   ql_close(a);
+  float x[2 * 128];
+  uint64_t seed = 11;
+  td_randn(&seed, x, 2 * 128, 1.0f);
+  ql_client *u = user(&d);
+  float *y = linear(u, "good", x, 2, 128, 64);
+  ql_close(u);
   ck_assert_int_eq(td_stop(&d), 0);
+  ck_assert_int_eq(count_files(st, ".layout"), 2);
 
-  /* The file of "bad" starts with its digest: cut it in half. */
-  char hex[2 * QL_DIGEST_BYTES + 1];
-  for (int i = 0; i < QL_DIGEST_BYTES; i++)
-    snprintf(hex + 2 * i, 3, "%02x", bad.digest[i]);
-  DIR *dd = opendir(st);
-  struct dirent *e;
-  path[0] = '\0';
-  while ((e = readdir(dd)) != NULL)
-    if (strncmp(e->d_name, hex, 64) == 0)
-      snprintf(path, sizeof path, "%s/%s", st, e->d_name);
-  closedir(dd);
-  ck_assert_msg(path[0] != '\0', "no store file for 'bad'");
-  struct stat sb;
-  ck_assert_int_eq(stat(path, &sb), 0);
-  ck_assert_int_eq(truncate(path, sb.st_size / 2), 0);
+  find_file(st, bad.digest, ".safetensors", path, sizeof path);
+  truncate_half(path);
+  find_file(st, good.digest, ".layout", path, sizeof path);
+  truncate_half(path);
 
   td_start(&d, args);
-  ql_client *u = user(&d);
+  u = user(&d);
   ql_weight_info wi;
   ck_assert_int_eq(resident(u, "good", &wi), 0);
   ck_assert_int_eq(resident(u, "bad", &wi), QL_ENOTFOUND);
   ck_assert_int_eq(count_files(st, ".corrupt-"), 1);
+  float *z = linear(u, "good", x, 2, 128, 64);
+  ck_assert_mem_eq(z, y, 2 * 64 * sizeof(float));
+  free(y);
+  free(z);
+  /* The bad weight's layout went with it; the good one's was rebuilt. */
+  ck_assert_int_eq(count_files(st, ".layout"), 1);
+  struct stat sb;
+  find_file(st, good.digest, ".layout", path, sizeof path);
+  ck_assert_int_eq(stat(path, &sb), 0);
+  ck_assert_int_gt(sb.st_size, 4096 + 64 * 128);
   ql_close(u);
   /* The name is free again: a new persistent load of it works. */
   a = admin(&d);

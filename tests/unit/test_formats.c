@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "import.h"
 #include "ql_kernels.h"
 #include "testutil.h"
 
@@ -2002,6 +2003,116 @@ START_TEST(test_nmse_gaussian) {
 }
 END_TEST
 
+/* ---- borrowed imports: the arrays are used where they are */
+
+static int released;
+static void count_release(void *b) { released += b == &released; }
+
+/* The canonical arrays of q as an import descriptor. */
+static ql_import_desc desc_of(const ql_qweight *q) {
+  ql_import_desc d;
+  int sdt = (int)q->scale_dtype; /* ql_dtype values equal ADT 1..3 */
+  memset(&d, 0, sizeof d);
+  d.format = q->format;
+  d.group_size = q->group_size;
+  d.n = q->n;
+  d.k = q->k;
+  d.asymmetric = q->asymmetric;
+  d.qdata = (ql_array){q->qdata, q->qdata_bytes,
+                       q->format == QL_FORMAT_Q4G   ? QL_ADT_U8
+                       : q->format == QL_FORMAT_F8R ? QL_ADT_F8E4M3
+                                                    : QL_ADT_I8,
+                       2,
+                       {q->n, q->format == QL_FORMAT_Q4G ? (q->k + 1) / 2
+                                                         : q->k}};
+  int grouped = q->format == QL_FORMAT_Q4G || q->format == QL_FORMAT_Q8B;
+  d.scale = (ql_array){q->scale, q->scale_bytes, sdt, grouped ? 2 : 1,
+                       {grouped ? q->groups : q->n, grouped ? q->n : 1}};
+  if (q->zero != NULL)
+    d.zero = (ql_array){q->zero, q->scale_bytes, sdt, 2, {q->groups, q->n}};
+  if (q->bias != NULL)
+    d.bias = (ql_array){q->bias, (size_t)q->n * 4, QL_ADT_F32, 1, {q->n, 1}};
+  return d;
+}
+
+START_TEST(test_import_borrowed) {
+  static const ql_format fmts[] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C,
+                                   QL_FORMAT_Q8B, QL_FORMAT_F8R};
+  enum { N = 12, K = 70 };
+  float w[N * K], b[N], a[N * K], c[N * K];
+  uint64_t st = 77;
+  for (int i = 0; i < N * K; i++)
+    w[i] = (float)tu_rng_gauss(&st);
+  for (int i = 0; i < N; i++)
+    b[i] = (float)tu_rng_gauss(&st);
+  for (int f = 0; f < 4; f++) {
+    ql_quant_params p = {fmts[f], fmts[f] == QL_FORMAT_Q8C ||
+                                          fmts[f] == QL_FORMAT_F8R
+                                      ? 0
+                                      : 32,
+                         fmts[f] == QL_FORMAT_Q8B, QL_DTYPE_BF16};
+    ql_qweight *q = NULL, *v = NULL, *cp = NULL;
+    char err[256];
+    ck_assert_int_eq(ql_qweight_quantize(&p, N, K, QL_DTYPE_F32, w, b, &q), 0);
+    ql_import_desc d = desc_of(q);
+    ck_assert_int_eq(ql_qweight_import_borrowed(&d, &v, err, sizeof err), 0);
+    ck_assert_int_eq(v->borrowed, 1);
+    ck_assert_ptr_eq(v->qdata, q->qdata);
+    ck_assert_ptr_eq(v->scale, q->scale);
+    ck_assert_ptr_eq(v->zero, q->zero);
+    ck_assert_ptr_eq(v->bias, q->bias);
+    ck_assert_int_eq(ql_qweight_import(&d, &cp, err, sizeof err), 0);
+    ck_assert_int_eq(cp->borrowed, 0);
+    ck_assert_int_eq(ql_qweight_dequantize(v, a), 0);
+    ck_assert_int_eq(ql_qweight_dequantize(cp, c), 0);
+    ck_assert_mem_eq(a, c, sizeof a);
+    /* Freeing a borrowed weight releases its backing, not the arrays. */
+    released = 0;
+    v->backing = &released;
+    v->release = count_release;
+    ql_qweight_free(v);
+    ck_assert_int_eq(released, 1);
+    ck_assert_int_eq(q->qdata[0], cp->qdata[0]);
+
+    /* Not canonical, or misaligned: declined before any check. */
+    ql_import_desc e = d;
+    e.bias.dtype = QL_ADT_BF16;
+    ck_assert_int_eq(ql_qweight_import_borrowed(&e, &v, err, sizeof err),
+                     QL_ENOTSUP);
+    ck_assert_ptr_null(v);
+    e = d;
+    e.scale.data = (const uint8_t *)d.scale.data + 1;
+    ck_assert_int_eq(ql_qweight_import_borrowed(&e, &v, err, sizeof err),
+                     QL_ENOTSUP);
+    /* The values are checked as in a copying import. */
+    uint16_t saved;
+    memcpy(&saved, q->scale, 2);
+    uint16_t nan = 0x7fc0; /* bf16 NaN */
+    memcpy(q->scale, &nan, 2);
+    ck_assert_int_eq(ql_qweight_import_borrowed(&d, &v, err, sizeof err),
+                     QL_ENONFINITE);
+    ck_assert_ptr_nonnull(strstr(err, "scale"));
+    memcpy(q->scale, &saved, 2);
+    if (fmts[f] == QL_FORMAT_F8R) {
+      uint8_t keep = q->qdata[5];
+      q->qdata[5] = 0x7f;
+      ck_assert_int_eq(ql_qweight_import_borrowed(&d, &v, err, sizeof err),
+                       QL_ENONFINITE);
+      q->qdata[5] = keep;
+    }
+    if (fmts[f] == QL_FORMAT_Q4G) { /* K = 70 is even: make it odd */
+      ql_import_desc o = d;
+      o.k = K - 1;
+      o.qdata.shape[1] = (K - 1 + 1) / 2;
+      ck_assert_int_eq(
+          ql_qweight_import_borrowed(&o, &v, err, sizeof err) != 0, 1);
+    }
+    ql_qweight_free(cp);
+    ql_qweight_free(q);
+  }
+}
+END_TEST
+
 static Suite *formats_suite(void) {
   Suite *s = suite_create("formats");
   TCase *tc;
@@ -2048,6 +2159,7 @@ static Suite *formats_suite(void) {
   tcase_add_loop_test(tc, test_default_scale_dtype, 0, NCFG);
   tcase_add_test(tc, test_f8r_default_scale_dtype);
   tcase_add_test(tc, test_check_and_dequantize_args);
+  tcase_add_test(tc, test_import_borrowed);
   tcase_add_loop_test(tc, test_src_dtype_widening, 0, NCFG);
   tcase_add_loop_test(tc, test_nmse_gaussian, 0, NCFG);
   suite_add_tcase(s, tc);

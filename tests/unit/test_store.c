@@ -511,6 +511,78 @@ START_TEST(test_remove) {
 }
 END_TEST
 
+/* The layout cache: an image round-trips through put and map (page-aligned
+ * data), outlives an unlink while mapped, goes with the last file of its
+ * digest, is removed when its header is wrong and at start when it is an
+ * orphan; layout ids that are not file-name safe are refused. */
+START_TEST(test_layout_cache) {
+  ql_qweight *q = small_q(12);
+  uint8_t d[QL_DIGEST_BYTES], img[3000];
+  const void *data;
+  size_t len;
+  void *map;
+  char path[4400], hex[65];
+  for (size_t i = 0; i < sizeof img; i++)
+    img[i] = (uint8_t)(i * 7 + 1);
+  digest_of(q, d);
+  for (int i = 0; i < QL_DIGEST_BYTES; i++)
+    snprintf(hex + 2 * i, 3, "%02x", d[i]);
+  make_dir();
+  ql__store *s = open_store();
+  ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-1", &data, &len, &map),
+                   QL_ENOTFOUND);
+  ck_assert_int_eq(ql__store_layout_put(s, d, "../x", img, sizeof img),
+                   QL_EINVAL);
+  ck_assert_int_eq(ql__store_layout_put(s, d, "", img, sizeof img),
+                   QL_EINVAL);
+  put(s, "w/a", q, QL_PATH_AUTO);
+  put(s, "w/b", q, QL_PATH_AUTO);
+  ck_assert_int_eq(ql__store_layout_put(s, d, "cpu-1", img, sizeof img), 0);
+  ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-1", &data, &len, &map), 0);
+  ck_assert_uint_eq(len, sizeof img);
+  ck_assert_uint_eq((uintptr_t)data % 4096, 0);
+  ck_assert_mem_eq(data, img, sizeof img);
+  ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-2", &data, &len, &map),
+                   QL_ENOTFOUND);
+  ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-1", &data, &len, &map), 0);
+  /* Another name with the same content keeps the layout; the last one
+   * takes it along, and a mapping stays readable after that. */
+  ck_assert_int_eq(ql__store_remove(s, "w/a"), 0);
+  ck_assert_int_eq(count_files(".layout"), 1);
+  ck_assert_int_eq(ql__store_remove(s, "w/b"), 0);
+  ck_assert_int_eq(count_files(".layout"), 0);
+  ck_assert_mem_eq(data, img, sizeof img);
+  ql__store_layout_unmap(map);
+  ql__store_layout_unmap(NULL);
+
+  /* A header that disagrees with the file's size: removed, reported as
+   * absent. */
+  put(s, "w/a", q, QL_PATH_AUTO);
+  ck_assert_int_eq(ql__store_layout_put(s, d, "cpu-1", img, sizeof img), 0);
+  snprintf(path, sizeof path, "%s/%s.cpu-1.layout", dir, hex);
+  ck_assert_int_eq(truncate(path, 4096 + 100), 0);
+  ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-1", &data, &len, &map),
+                   QL_ENOTFOUND);
+  ck_assert_int_eq(count_files(".layout"), 0);
+  /* An orphan (its weight file gone behind the store's back) is removed
+   * at start; a layout with its weight stays. */
+  ck_assert_int_eq(ql__store_layout_put(s, d, "cpu-1", img, sizeof img), 0);
+  uint8_t other[QL_DIGEST_BYTES];
+  memset(other, 0xab, sizeof other);
+  ck_assert_int_eq(ql__store_layout_put(s, other, "cpu-1", img, sizeof img),
+                   0);
+  ck_assert_int_eq(count_files(".layout"), 2);
+  ql__store_close(s);
+  loaded l;
+  ck_assert_int_eq(reload(&l), 1);
+  free_loaded(&l);
+  ck_assert_int_eq(count_files(".layout"), 1);
+  ck_assert_int_eq(count_files(hex), 2);
+  ql_qweight_free(q);
+  rm_dir();
+}
+END_TEST
+
 /* ------------------------------------------------- crashes and corruption */
 
 /* A crash mid-put leaves a temp file (removed at open, never loaded); a
@@ -1174,6 +1246,7 @@ int main(void) {
   tcase_add_test(tc, test_misnamed_and_duplicate);
   tcase_add_test(tc, test_callback_refuses_and_odd_entries);
   tcase_add_test(tc, test_open_creates_and_locks);
+  tcase_add_test(tc, test_layout_cache);
   suite_add_tcase(s, tc);
   return tu_run_suite(s, CK_NORMAL);
 }
