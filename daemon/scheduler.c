@@ -1,0 +1,744 @@
+/* scheduler.c - see scheduler.h. */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler.h"
+
+/* The two classes of queue, in priority order. */
+enum { WO = 0, AQ = 1, NCLASS = 2 };
+
+/*
+ * A small open-addressing table from uint64_t keys to uint64_t values with
+ * linear probing and backward-shift deletion (no tombstones). It maps a
+ * session id to its request count and, per device, a weight key to its
+ * slot. The capacity is a power of two and at least twice the entries.
+ */
+typedef struct map {
+  uint64_t *key;
+  uint64_t *val;
+  uint8_t *used;
+  size_t cap, n;
+} map;
+
+#define MAP_NONE SIZE_MAX
+#define MAP_MIN_CAP 16
+
+/* A queue: the waiting requests of one (weight, device, path). */
+struct ql__sched_queue {
+  struct slot *slot;
+  int cls;                    /* WO or AQ */
+  ql__sched_req *head, *tail; /* FIFO, linked through req->next */
+  size_t n;                   /* waiting requests, a partly started head too */
+  uint64_t rows;              /* rows not yet dispatched */
+  uint64_t ns_per_row;        /* cost estimate */
+  int measured;               /* ns_per_row has seen a measurement or a set */
+  /* A lower bound of the deadlines of the waiting requests with none of
+   * their rows started; 0 = there are none. Removing a request can leave
+   * it low, which only costs a scan. */
+  uint64_t min_deadline;
+  uint32_t running; /* batches dispatched, not yet completed */
+  /* In the device's list of its class while n > 0. */
+  struct ql__sched_queue *act_prev, *act_next;
+};
+typedef struct ql__sched_queue queue;
+
+/* Everything about one (weight, device). */
+typedef struct slot {
+  const void *weight;
+  unsigned device;
+  queue q[NCLASS];
+  ql__sched_stats stats;
+} slot;
+
+typedef struct device {
+  map slots;             /* weight key -> slot * */
+  queue *active[NCLASS]; /* queues with waiting requests */
+  uint64_t queued_cost;  /* estimated ns of the rows waiting */
+  uint64_t running_cost; /* estimated ns of the batches running */
+} device;
+
+struct ql__sched {
+  ql__sched_config cfg;
+  uint64_t delay_ns;
+  device dev[QL_SCHED_MAX_DEVICES];
+  map sessions; /* session id -> requests in the scheduler */
+  uint64_t seq; /* submits so far */
+};
+
+/* A list handed back, in order: append at the tail. */
+typedef struct list {
+  ql__sched_req *head, **tailp;
+} list;
+
+/* ------------------------------------------------------------------ map */
+
+static uint64_t mix(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ull;
+  return k ^ (k >> 33);
+}
+
+static void map_free(map *m) {
+  free(m->key);
+  free(m->val);
+  free(m->used);
+  memset(m, 0, sizeof *m);
+}
+
+static int map_alloc(map *m, size_t cap) {
+  m->key = calloc(cap, sizeof *m->key);
+  m->val = calloc(cap, sizeof *m->val);
+  m->used = calloc(cap, 1);
+  m->cap = cap;
+  m->n = 0;
+  if (m->key == NULL || m->val == NULL || m->used == NULL) {
+    map_free(m);
+    return QL_ENOMEM;
+  }
+  return 0;
+}
+
+static size_t map_find(const map *m, uint64_t key) {
+  if (m->cap == 0)
+    return MAP_NONE;
+  size_t mask = m->cap - 1;
+  for (size_t i = (size_t)mix(key) & mask; m->used[i]; i = (i + 1) & mask)
+    if (m->key[i] == key)
+      return i;
+  return MAP_NONE;
+}
+
+/* Puts a key known to be absent; there must be room (map_reserve). */
+static void map_insert(map *m, uint64_t key, uint64_t val) {
+  size_t mask = m->cap - 1, i = (size_t)mix(key) & mask;
+  assert(2 * (m->n + 1) <= m->cap);
+  while (m->used[i])
+    i = (i + 1) & mask;
+  m->used[i] = 1;
+  m->key[i] = key;
+  m->val[i] = val;
+  m->n++;
+}
+
+/* Makes room for one more entry, so the next map_insert cannot fail. On
+ * failure the map is unchanged. */
+static int map_reserve(map *m) {
+  if (2 * (m->n + 1) <= m->cap)
+    return 0;
+  size_t cap = m->cap ? 2 * m->cap : MAP_MIN_CAP;
+  map old = *m, grown;
+  if (cap < m->cap || map_alloc(&grown, cap) != 0)
+    return QL_ENOMEM;
+  for (size_t i = 0; i < old.cap; i++)
+    if (old.used[i])
+      map_insert(&grown, old.key[i], old.val[i]);
+  map_free(&old);
+  *m = grown;
+  return 0;
+}
+
+/* Deletes entry i and shifts back the entries of its probe run that would
+ * no longer be found past the hole. */
+static void map_delete(map *m, size_t i) {
+  size_t mask = m->cap - 1, j = i;
+  m->used[i] = 0;
+  m->n--;
+  for (;;) {
+    j = (j + 1) & mask;
+    if (!m->used[j])
+      return;
+    size_t home = (size_t)mix(m->key[j]) & mask;
+    /* Entry j may fill the hole at i unless its home lies cyclically in
+     * (i, j]. */
+    if ((i < j) ? (home > i && home <= j) : (home > i || home <= j))
+      continue;
+    m->key[i] = m->key[j];
+    m->val[i] = m->val[j];
+    m->used[i] = 1;
+    m->used[j] = 0;
+    i = j;
+  }
+}
+
+/* ------------------------------------------------------------- helpers */
+
+static int path_class(ql_path p) { return p == QL_PATH_ACT_QUANT ? AQ : WO; }
+
+static ql_path class_path(int cls) {
+  return cls == AQ ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY;
+}
+
+static uint64_t clamp_rate(uint64_t ns) {
+  return ns < 1                         ? 1
+         : ns > QL_SCHED_MAX_NS_PER_ROW ? QL_SCHED_MAX_NS_PER_ROW
+                                        : ns;
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b) {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static void list_init(list *l) {
+  l->head = NULL;
+  l->tailp = &l->head;
+}
+
+static void list_push(list *l, ql__sched_req *r) {
+  r->next = NULL;
+  *l->tailp = r;
+  l->tailp = &r->next;
+}
+
+unsigned ql__sched_hist_bucket(uint64_t ns) {
+  unsigned b = 0;
+  ns >>= 10;
+  while (ns != 0 && b < QL_SCHED_HIST_BUCKETS - 1) {
+    b++;
+    ns >>= 1;
+  }
+  return b;
+}
+
+uint64_t ql__sched_hist_lower_ns(unsigned bucket) {
+  if (bucket == 0 || bucket >= QL_SCHED_HIST_BUCKETS)
+    return 0;
+  return (uint64_t)1 << (bucket + 9);
+}
+
+/* The most rows of one launch from a queue of class cls. */
+static uint32_t batch_cap(const ql__sched *s, int cls) {
+  uint32_t cap = s->cfg.max_batch_rows;
+  if (cls == AQ && s->cfg.prefill_chunk_rows != 0 &&
+      s->cfg.prefill_chunk_rows < cap)
+    cap = s->cfg.prefill_chunk_rows;
+  return cap;
+}
+
+static slot *slot_find(const ql__sched *s, unsigned d, const void *weight) {
+  size_t i = map_find(&s->dev[d].slots, (uint64_t)(uintptr_t)weight);
+  return i == MAP_NONE ? NULL : (slot *)(uintptr_t)s->dev[d].slots.val[i];
+}
+
+/* The slot of (weight, d), made on first use; NULL when out of memory. */
+static slot *slot_get(ql__sched *s, unsigned d, const void *weight) {
+  slot *sl = slot_find(s, d, weight);
+  if (sl != NULL)
+    return sl;
+  if (map_reserve(&s->dev[d].slots) != 0)
+    return NULL;
+  if ((sl = calloc(1, sizeof *sl)) == NULL)
+    return NULL;
+  sl->weight = weight;
+  sl->device = d;
+  for (int c = 0; c < NCLASS; c++) {
+    sl->q[c].slot = sl;
+    sl->q[c].cls = c;
+    sl->q[c].ns_per_row = s->cfg.default_ns_per_row;
+  }
+  map_insert(&s->dev[d].slots, (uint64_t)(uintptr_t)weight,
+             (uint64_t)(uintptr_t)sl);
+  return sl;
+}
+
+static void activate(device *dv, queue *q) {
+  q->act_prev = NULL;
+  q->act_next = dv->active[q->cls];
+  if (q->act_next != NULL)
+    q->act_next->act_prev = q;
+  dv->active[q->cls] = q;
+}
+
+static void deactivate(device *dv, queue *q) {
+  if (q->act_prev != NULL)
+    q->act_prev->act_next = q->act_next;
+  else
+    dv->active[q->cls] = q->act_next;
+  if (q->act_next != NULL)
+    q->act_next->act_prev = q->act_prev;
+  q->act_prev = q->act_next = NULL;
+}
+
+/* One request fewer for session (handed back). */
+static void session_release(ql__sched *s, uint64_t session) {
+  size_t i = map_find(&s->sessions, session);
+  assert(i != MAP_NONE && s->sessions.val[i] > 0);
+  if (--s->sessions.val[i] == 0)
+    map_delete(&s->sessions, i);
+}
+
+/* Whether r is handed back now: no rows running, and either all computed
+ * or the rest given up (status set by a removal). */
+static int is_finished(const ql__sched_req *r) {
+  return r->done == r->dispatched &&
+         (r->dispatched == r->rows || r->status != 0);
+}
+
+/*
+ * Takes r, which follows prev (NULL: r is the head), out of q with status
+ * code. It goes to out if none of its rows is running; otherwise it is cut
+ * short and complete() hands it back when its running rows are done.
+ */
+static void unqueue(ql__sched *s, queue *q, ql__sched_req *prev,
+                    ql__sched_req *r, int code, list *out) {
+  device *dv = &s->dev[q->slot->device];
+  uint32_t left = r->rows - r->dispatched;
+  if (prev != NULL)
+    prev->next = r->next;
+  else
+    q->head = r->next;
+  if (q->tail == r)
+    q->tail = prev;
+  q->n--;
+  q->rows -= left;
+  dv->queued_cost -= (uint64_t)left * r->charge;
+  if (q->n == 0)
+    deactivate(dv, q);
+  r->next = NULL;
+  r->status = code;
+  if (is_finished(r)) {
+    session_release(s, r->session);
+    list_push(out, r);
+  }
+}
+
+/*
+ * Moves the requests of q whose deadline is due and none of whose rows has
+ * started to out (QL_EDEADLINE), and makes min_deadline exact again. A
+ * request whose rows have started runs to its end: answering it late is
+ * better than throwing away the rows computed.
+ */
+static void expire_queue(ql__sched *s, queue *q, uint64_t now_ns, list *out) {
+  if (q->min_deadline == 0 || q->min_deadline > now_ns)
+    return;
+  uint64_t min = 0;
+  ql__sched_req *prev = NULL, *r = q->head;
+  while (r != NULL) {
+    ql__sched_req *next = r->next;
+    if (r->dispatched == 0 && r->deadline_ns != 0) {
+      if (r->deadline_ns <= now_ns) {
+        q->slot->stats.expired++;
+        unqueue(s, q, prev, r, QL_EDEADLINE, out);
+        r = next;
+        continue;
+      }
+      if (min == 0 || r->deadline_ns < min)
+        min = r->deadline_ns;
+    }
+    prev = r;
+    r = next;
+  }
+  q->min_deadline = min;
+}
+
+static void expire_device(ql__sched *s, unsigned d, uint64_t now_ns,
+                          list *out) {
+  for (int c = 0; c < NCLASS; c++) {
+    queue *q = s->dev[d].active[c];
+    while (q != NULL) {
+      queue *next = q->act_next; /* q may leave the list */
+      expire_queue(s, q, now_ns, out);
+      q = next;
+    }
+  }
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static int config_check(const ql__sched_config *cfg) {
+  if (cfg == NULL || cfg->max_batch_rows == 0 || cfg->max_queue == 0 ||
+      cfg->n_devices == 0 || cfg->n_devices > QL_SCHED_MAX_DEVICES ||
+      cfg->max_queue_delay_us > QL_SCHED_MAX_DELAY_US)
+    return QL_EINVAL;
+  return 0;
+}
+
+static void config_apply(ql__sched *s, const ql__sched_config *cfg) {
+  s->cfg = *cfg;
+  s->cfg.default_ns_per_row =
+      clamp_rate(cfg->default_ns_per_row ? cfg->default_ns_per_row
+                                         : QL_SCHED_DEFAULT_NS_PER_ROW);
+  s->delay_ns = cfg->max_queue_delay_us * 1000u;
+}
+
+int ql__sched_create(const ql__sched_config *cfg, ql__sched **out) {
+  int rc = config_check(cfg);
+  ql__sched *s = NULL;
+  *out = NULL;
+  if (rc != 0)
+    return rc;
+  rc = QL_ENOMEM;
+  if ((s = calloc(1, sizeof *s)) == NULL)
+    goto fail;
+  config_apply(s, cfg);
+  if (map_alloc(&s->sessions, MAP_MIN_CAP) != 0)
+    goto fail;
+  for (unsigned d = 0; d < cfg->n_devices; d++)
+    if (map_alloc(&s->dev[d].slots, MAP_MIN_CAP) != 0)
+      goto fail;
+  *out = s;
+  return 0;
+fail:
+  ql__sched_free(s);
+  return rc;
+}
+
+void ql__sched_free(ql__sched *s) {
+  if (s == NULL)
+    return;
+  for (unsigned d = 0; d < QL_SCHED_MAX_DEVICES; d++) {
+    map *m = &s->dev[d].slots;
+    for (size_t i = 0; i < m->cap; i++)
+      if (m->used[i])
+        free((slot *)(uintptr_t)m->val[i]);
+    map_free(m);
+  }
+  map_free(&s->sessions);
+  free(s);
+}
+
+int ql__sched_configure(ql__sched *s, const ql__sched_config *cfg) {
+  int rc = config_check(cfg);
+  if (rc != 0)
+    return rc;
+  if (cfg->n_devices != s->cfg.n_devices)
+    return QL_EINVAL;
+  config_apply(s, cfg);
+  return 0;
+}
+
+/* --------------------------------------------------------------- submit */
+
+int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
+  if (r == NULL || r->weight == NULL || r->rows == 0 ||
+      (r->path != QL_PATH_WEIGHT_ONLY && r->path != QL_PATH_ACT_QUANT))
+    return QL_EINVAL;
+  unsigned nd = s->cfg.n_devices;
+  uint64_t all = nd == 64 ? UINT64_MAX : ((uint64_t)1 << nd) - 1, cand;
+  if (r->device >= 0) {
+    if ((unsigned)r->device >= nd)
+      return QL_EINVAL;
+    cand = (uint64_t)1 << r->device;
+  } else if ((cand = r->holders & all) == 0) {
+    return QL_ENOTFOUND;
+  }
+  if (r->deadline_ns != 0 && r->deadline_ns <= now_ns)
+    return QL_EDEADLINE;
+
+  size_t si = map_find(&s->sessions, r->session);
+  if (s->cfg.session_quota != 0 && si != MAP_NONE &&
+      s->sessions.val[si] >= s->cfg.session_quota)
+    return QL_EEXHAUSTED;
+
+  /* The device with room and the earliest estimated completion. */
+  int cls = path_class(r->path), best = -1;
+  uint64_t best_est = 0;
+  for (unsigned d = 0; d < nd; d++) {
+    if (!(cand >> d & 1))
+      continue;
+    slot *sl = slot_find(s, d, r->weight);
+    const queue *q = sl ? &sl->q[cls] : NULL;
+    if (q != NULL && q->n >= s->cfg.max_queue)
+      continue;
+    uint64_t rate = q ? q->ns_per_row : s->cfg.default_ns_per_row;
+    uint64_t est =
+        sat_add(sat_add(s->dev[d].queued_cost, s->dev[d].running_cost),
+                (uint64_t)r->rows * rate);
+    if (best < 0 || est < best_est) {
+      best = (int)d;
+      best_est = est;
+    }
+  }
+  if (best < 0)
+    return QL_EEXHAUSTED;
+
+  /* Allocate before changing anything, so a failure changes nothing
+   * visible (an empty slot is invisible but for ql__sched_stats_get). */
+  if (si == MAP_NONE && map_reserve(&s->sessions) != 0)
+    return QL_ENOMEM;
+  slot *sl = slot_get(s, (unsigned)best, r->weight);
+  if (sl == NULL)
+    return QL_ENOMEM;
+  if (si == MAP_NONE)
+    map_insert(&s->sessions, r->session, 1);
+  else
+    s->sessions.val[si]++;
+
+  device *dv = &s->dev[best];
+  queue *q = &sl->q[cls];
+  r->on_device = (unsigned)best;
+  r->status = 0;
+  r->enqueue_ns = now_ns;
+  r->next = NULL;
+  r->seq = ++s->seq;
+  r->charge = q->ns_per_row;
+  r->dispatched = 0;
+  r->done = 0;
+  if (q->tail != NULL)
+    q->tail->next = r;
+  else
+    q->head = r;
+  q->tail = r;
+  if (q->n++ == 0)
+    activate(dv, q);
+  q->rows += r->rows;
+  dv->queued_cost += (uint64_t)r->rows * r->charge;
+  if (r->deadline_ns != 0 &&
+      (q->min_deadline == 0 || r->deadline_ns < q->min_deadline))
+    q->min_deadline = r->deadline_ns;
+  return 0;
+}
+
+/* ----------------------------------------------------------------- next */
+
+/*
+ * When q's work may start: at once if a full batch waits, nothing is held,
+ * its head has started (the rest of a started request gains nothing from
+ * waiting) or a waiting request's deadline falls within the hold (holding
+ * it would turn a short wait into DEADLINE_EXCEEDED); else once its oldest
+ * request has waited max_queue_delay_us.
+ */
+static uint64_t due_at(const ql__sched *s, const queue *q) {
+  if (s->delay_ns == 0 || q->rows >= batch_cap(s, q->cls) ||
+      q->head->dispatched != 0)
+    return 0;
+  uint64_t release = sat_add(q->head->enqueue_ns, s->delay_ns);
+  if (q->min_deadline != 0 && q->min_deadline <= release)
+    return 0;
+  return release;
+}
+
+/* Moves up to a batch of rows from the head of q into b. */
+static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
+  device *dv = &s->dev[q->slot->device];
+  ql__sched_stats *st = &q->slot->stats;
+  uint32_t room = batch_cap(s, q->cls);
+  while (q->head != NULL && room > 0 && b->n < b->cap) {
+    ql__sched_req *r = q->head;
+    uint32_t left = r->rows - r->dispatched;
+    uint32_t take = left < room ? left : room;
+    if (r->dispatched == 0) {
+      assert(r->deadline_ns == 0 || r->deadline_ns > now_ns);
+      uint64_t waited = now_ns > r->enqueue_ns ? now_ns - r->enqueue_ns : 0;
+      st->queue_ns += waited;
+      st->queue_hist[ql__sched_hist_bucket(waited)]++;
+    }
+    b->slice[b->n++] = (ql__sched_slice){r, r->dispatched, take};
+    b->rows += take;
+    r->dispatched += take;
+    room -= take;
+    q->rows -= take;
+    dv->queued_cost -= (uint64_t)take * r->charge;
+    if (r->dispatched == r->rows) {
+      q->head = r->next;
+      if (q->head == NULL)
+        q->tail = NULL;
+      r->next = NULL;
+      q->n--;
+    }
+  }
+  if (q->n == 0)
+    deactivate(dv, q);
+  b->weight = q->slot->weight;
+  b->path = class_path(q->cls);
+  b->queue = q;
+  b->cost = (uint64_t)b->rows * q->ns_per_row;
+  dv->running_cost += b->cost;
+  q->running++;
+}
+
+int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
+                   ql__sched_batch *b) {
+  b->n = 0;
+  b->rows = 0;
+  b->weight = NULL;
+  b->path = QL_PATH_AUTO;
+  b->device = device;
+  b->retry_ns = 0;
+  b->expired = NULL;
+  b->queue = NULL;
+  b->cost = 0;
+  if (device >= s->cfg.n_devices || b->slice == NULL || b->cap == 0)
+    return QL_EINVAL;
+
+  list expired;
+  list_init(&expired);
+  expire_device(s, device, now_ns, &expired);
+  b->expired = expired.head;
+
+  /* Decode first; oldest head first within a class; held queues only
+   * tell when to come back. */
+  queue *best = NULL;
+  uint64_t retry = 0;
+  for (int c = 0; c < NCLASS && best == NULL; c++) {
+    for (queue *q = s->dev[device].active[c]; q != NULL; q = q->act_next) {
+      uint64_t due = due_at(s, q);
+      if (due > now_ns) {
+        if (retry == 0 || due < retry)
+          retry = due;
+      } else if (best == NULL || q->head->seq < best->head->seq) {
+        best = q;
+      }
+    }
+  }
+  if (best == NULL) {
+    b->retry_ns = retry;
+    return 0;
+  }
+  fill(s, best, now_ns, b);
+  return 0;
+}
+
+/* ------------------------------------------------------------- complete */
+
+void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
+                        ql__sched_req **finished) {
+  list done;
+  list_init(&done);
+  queue *q = b->queue;
+  if (q != NULL) {
+    device *dv = &s->dev[q->slot->device];
+    ql__sched_stats *st = &q->slot->stats;
+    assert(q->running > 0 && dv->running_cost >= b->cost);
+    dv->running_cost -= b->cost;
+    q->running--;
+    st->batches++;
+    if (q->cls == AQ)
+      st->aq_batches++;
+    else
+      st->wo_batches++;
+    st->rows += b->rows;
+    if (kernel_ns != 0) {
+      st->kernel_ns += kernel_ns;
+      st->kernel_hist[ql__sched_hist_bucket(kernel_ns)]++;
+      uint64_t meas = clamp_rate(kernel_ns / b->rows);
+      q->ns_per_row =
+          q->measured ? clamp_rate((3 * q->ns_per_row + meas) / 4) : meas;
+      q->measured = 1;
+    }
+    for (uint32_t i = 0; i < b->n; i++) {
+      ql__sched_req *r = b->slice[i].req;
+      r->done += b->slice[i].rows;
+      assert(r->done <= r->dispatched);
+      if (is_finished(r)) {
+        if (r->status == 0)
+          st->requests++;
+        session_release(s, r->session);
+        list_push(&done, r);
+      }
+    }
+    b->queue = NULL;
+  }
+  *finished = done.head;
+}
+
+/* --------------------------------------------------------------- remove */
+
+void ql__sched_expire(ql__sched *s, uint64_t now_ns, ql__sched_req **out) {
+  list l;
+  list_init(&l);
+  for (unsigned d = 0; d < s->cfg.n_devices; d++)
+    expire_device(s, d, now_ns, &l);
+  *out = l.head;
+}
+
+/* Removes the waiting requests of session, or all when all is set. */
+static void remove_where(ql__sched *s, int all, uint64_t session, int code,
+                         ql__sched_req **out) {
+  list l;
+  list_init(&l);
+  /* A cut request is known to be finished by its non-zero status. */
+  assert(code < 0);
+  if (code >= 0)
+    code = QL_EINTERNAL;
+  for (unsigned d = 0; d < s->cfg.n_devices; d++) {
+    for (int c = 0; c < NCLASS; c++) {
+      queue *q = s->dev[d].active[c];
+      while (q != NULL) {
+        queue *qnext = q->act_next; /* q may leave the list */
+        ql__sched_req *prev = NULL, *r = q->head;
+        while (r != NULL) {
+          ql__sched_req *next = r->next;
+          if (all || r->session == session)
+            unqueue(s, q, prev, r, code, &l);
+          else
+            prev = r;
+          r = next;
+        }
+        q = qnext;
+      }
+    }
+  }
+  *out = l.head;
+}
+
+void ql__sched_remove_session(ql__sched *s, uint64_t session, int code,
+                              ql__sched_req **out) {
+  remove_where(s, 0, session, code, out);
+}
+
+void ql__sched_remove_all(ql__sched *s, int code, ql__sched_req **out) {
+  remove_where(s, 1, 0, code, out);
+}
+
+/* ---------------------------------------------------------------- other */
+
+void ql__sched_forget(ql__sched *s, const void *weight) {
+  for (unsigned d = 0; d < s->cfg.n_devices; d++) {
+    map *m = &s->dev[d].slots;
+    size_t i = map_find(m, (uint64_t)(uintptr_t)weight);
+    if (i == MAP_NONE)
+      continue;
+    slot *sl = (slot *)(uintptr_t)m->val[i];
+    for (int c = 0; c < NCLASS; c++)
+      assert(sl->q[c].n == 0 && sl->q[c].running == 0);
+    map_delete(m, i);
+    free(sl);
+  }
+}
+
+int ql__sched_set_cost(ql__sched *s, const void *weight, unsigned device,
+                       ql_path path, uint64_t ns_per_row) {
+  if (weight == NULL || device >= s->cfg.n_devices ||
+      (path != QL_PATH_WEIGHT_ONLY && path != QL_PATH_ACT_QUANT))
+    return QL_EINVAL;
+  slot *sl = slot_get(s, device, weight);
+  if (sl == NULL)
+    return QL_ENOMEM;
+  queue *q = &sl->q[path_class(path)];
+  q->ns_per_row = clamp_rate(ns_per_row);
+  q->measured = 1;
+  return 0;
+}
+
+int ql__sched_stats_get(const ql__sched *s, const void *weight, unsigned device,
+                        ql__sched_stats *out) {
+  const slot *sl =
+      device < s->cfg.n_devices ? slot_find(s, device, weight) : NULL;
+  if (sl == NULL)
+    return QL_ENOTFOUND;
+  *out = sl->stats;
+  return 0;
+}
+
+size_t ql__sched_waiting(const ql__sched *s, const void *weight,
+                         unsigned device, ql_path path) {
+  const slot *sl =
+      device < s->cfg.n_devices ? slot_find(s, device, weight) : NULL;
+  if (sl == NULL || (path != QL_PATH_WEIGHT_ONLY && path != QL_PATH_ACT_QUANT))
+    return 0;
+  return sl->q[path_class(path)].n;
+}
+
+size_t ql__sched_session_count(const ql__sched *s, uint64_t session) {
+  size_t i = map_find(&s->sessions, session);
+  return i == MAP_NONE ? 0 : (size_t)s->sessions.val[i];
+}
+
+uint64_t ql__sched_device_load(const ql__sched *s, unsigned device) {
+  if (device >= s->cfg.n_devices)
+    return 0;
+  return s->dev[device].queued_cost + s->dev[device].running_cost;
+}

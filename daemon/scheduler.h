@@ -1,0 +1,296 @@
+/*
+ * scheduler.h - the policy that turns waiting Linear requests into kernel
+ * launches (DESIGN §6): one queue per (weight, device, path), coalescing,
+ * decode before prefill, prefill in chunks, oldest-first fairness,
+ * backpressure, deadlines and per-(weight, device) counters.
+ *
+ * The scheduler is policy only. It starts no thread, reads no clock (every
+ * call that needs the time takes now_ns, on any monotonic clock the caller
+ * likes, in nanoseconds) and knows nothing of libuv, messages or kernels,
+ * so the same calls give the same answers in a unit test and in qlineard.
+ * It is not thread-safe: the daemon calls it from the loop thread only.
+ * Costs: a submit looks at each candidate device once, a next at each
+ * queue of the device with work waiting (and at the requests of a queue
+ * only when one of its deadlines may be due), a removal at every waiting
+ * request.
+ *
+ * How the daemon uses it:
+ *
+ *   submit   the caller embeds a ql__sched_req in its job, fills the "in"
+ *            fields (the path already resolved: WEIGHT_ONLY or ACT_QUANT)
+ *            and calls ql__sched_submit(). Nothing is allocated per
+ *            request; the request links into its queue through itself.
+ *   next     when a worker of device d is free it calls ql__sched_next(),
+ *            which returns a batch: one weight, one path, and a list of
+ *            slices (request, first row, row count) to run as one launch.
+ *            Batch row i is row i of the slices laid end to end, so the
+ *            caller gathers x rows in slice order and scatters y the same
+ *            way. Requests whose deadline passed come back on the side.
+ *   complete when the launch is done, ql__sched_complete() records it and
+ *            returns the requests whose rows are now all computed.
+ *   remove   at the end of a session, or at shutdown, the waiting requests
+ *            come back to be answered with an error.
+ *
+ * Every request handed back to the caller (by complete, next's expired
+ * list, expire or remove) comes back exactly once, with req->status saying
+ * how to answer it, and the scheduler never touches it again: it is then
+ * the caller's to free. Lists handed back are linked through req->next, in
+ * a deterministic order; read next before freeing an element.
+ *
+ * Cost model (for choosing a device): each queue keeps an estimate of its
+ * kernel time per row, ns_per_row, seeded by the config's default or by
+ * ql__sched_set_cost() and then moved a quarter of the way towards each
+ * measured launch (kernel_ns / rows). A device's estimated completion for a
+ * new request is the estimated time of everything queued or running on it
+ * plus the request's own rows at its queue's rate. This ignores the fixed
+ * part of a launch and overlap between a device's workers; it only has to
+ * rank devices, not predict latencies.
+ */
+#ifndef QL_SCHEDULER_H
+#define QL_SCHEDULER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ql_defs.h"
+
+/* Devices one scheduler serves (device masks are 64-bit). */
+#define QL_SCHED_MAX_DEVICES 64
+/* Histogram buckets: 0 holds [0, 1024) ns, bucket b > 0 holds
+ * [2^(b+9), 2^(b+10)) ns, and the last one everything above. */
+#define QL_SCHED_HIST_BUCKETS 32
+/* Estimated kernel time per row before anything is known. */
+#define QL_SCHED_DEFAULT_NS_PER_ROW 100000u
+/* Estimates and measurements are clamped to this (about 16.8 ms a row), so
+ * the sums of estimates cannot wrap in practice. */
+#define QL_SCHED_MAX_NS_PER_ROW ((uint64_t)1 << 24)
+/* The longest max_queue_delay_us accepted: one second. */
+#define QL_SCHED_MAX_DELAY_US 1000000u
+
+typedef struct ql__sched ql__sched;
+struct ql__sched_queue; /* private */
+
+typedef struct ql__sched_config {
+  uint32_t max_batch_rows; /* rows in one launch, >= 1 */
+  /* A queue with fewer than a full batch of rows waits until its oldest
+   * request has waited this long, so that later requests can join the
+   * launch (never past a waiting request's deadline); 0 (the default)
+   * never holds work back. */
+  uint64_t max_queue_delay_us;
+  /* The most rows of one ACT_QUANT (prefill) launch: a long prefill runs as
+   * several launches and decode work waiting on the device runs between
+   * them. 0 = max_batch_rows. */
+  uint32_t prefill_chunk_rows;
+  size_t max_queue; /* waiting requests per queue, >= 1 */
+  /* Requests of one session in the scheduler at once (submitted and not
+   * yet handed back); 0 = no quota. */
+  size_t session_quota;
+  unsigned n_devices; /* 1 .. QL_SCHED_MAX_DEVICES */
+  /* Estimated kernel time per row of a queue that has no measurement;
+   * 0 = QL_SCHED_DEFAULT_NS_PER_ROW. */
+  uint64_t default_ns_per_row;
+} ql__sched_config;
+
+/*
+ * A Linear request as the scheduler sees it. The caller embeds it in its
+ * own job (no allocation per request) and keeps it alive, unmoved, from a
+ * successful submit until it is handed back; it is submitted again only
+ * after that. A request's M must fit in rows (the message cap makes it far
+ * smaller).
+ */
+typedef struct ql__sched_req ql__sched_req;
+struct ql__sched_req {
+  /* In: set by the caller before ql__sched_submit(), unchanged after. */
+  const void *weight;   /* opaque key: only the same key coalesces */
+  int device;           /* run on this device, or -1: the best of holders */
+  uint64_t holders;     /* with device -1: bit d set if device d holds the
+                           weight; ignored otherwise */
+  ql_path path;         /* QL_PATH_WEIGHT_ONLY or QL_PATH_ACT_QUANT */
+  uint32_t rows;        /* M, >= 1 */
+  uint64_t session;     /* for the quota and ql__sched_remove_session() */
+  uint64_t deadline_ns; /* answer DEADLINE_EXCEEDED rather than start the
+                           request at or after this time; 0 = none */
+
+  /* Out: set by the scheduler, read-only to the caller. */
+  unsigned on_device;  /* the device whose queue it joined */
+  int status;          /* when handed back: 0 when every row was
+                          computed, else the QL_E* code to answer */
+  uint64_t enqueue_ns; /* now_ns of the submit */
+  ql__sched_req *next; /* the next request in a list handed back */
+
+  /* Private. */
+  uint64_t seq;        /* submit order, for FIFO and oldest-first */
+  uint64_t charge;     /* estimated ns per row when queued */
+  uint32_t dispatched; /* rows handed out in batches */
+  uint32_t done;       /* rows completed */
+};
+
+/* Rows [offset, offset + rows) of req, in one launch. */
+typedef struct ql__sched_slice {
+  ql__sched_req *req;
+  uint32_t offset;
+  uint32_t rows;
+} ql__sched_slice;
+
+/*
+ * One launch. The caller provides the slice array and keeps the batch
+ * until ql__sched_complete(); a batch may be reused after that.
+ */
+typedef struct ql__sched_batch {
+  /* In: set by the caller before ql__sched_next(). */
+  ql__sched_slice *slice; /* room for cap slices (cap >= max_batch_rows
+                             never limits a batch) */
+  uint32_t cap;
+
+  /* Out: set by ql__sched_next(). */
+  uint32_t n;         /* slices; 0 = nothing to run now */
+  uint32_t rows;      /* their rows, <= max_batch_rows */
+  const void *weight; /* every slice's weight, path and device */
+  ql_path path;
+  unsigned device;
+  /* With n == 0: the time at which a queue held by max_queue_delay_us
+   * becomes due, so call again then (or when a request arrives); 0 when
+   * the device has nothing waiting. */
+  uint64_t retry_ns;
+  /* Requests that reached their deadline before any of their rows ran:
+   * handed back with status QL_EDEADLINE, whatever n is. */
+  ql__sched_req *expired;
+
+  /* Private. */
+  struct ql__sched_queue *queue; /* NULL once completed */
+  uint64_t cost;                 /* estimated ns, counted as running */
+} ql__sched_batch;
+
+/* Counters of one (weight, device), kept until ql__sched_forget(). */
+typedef struct ql__sched_stats {
+  uint64_t requests;   /* requests whose rows were all computed */
+  uint64_t rows;       /* rows computed */
+  uint64_t batches;    /* launches */
+  uint64_t wo_batches; /* launches on the weight-only path */
+  uint64_t aq_batches; /* launches on the activation-quantized path */
+  uint64_t expired;    /* requests handed back with QL_EDEADLINE */
+  uint64_t queue_ns;   /* sum of waits from submit to the first launch */
+  uint64_t kernel_ns;  /* sum of measured launch times */
+  uint64_t queue_hist[QL_SCHED_HIST_BUCKETS];  /* one entry per request */
+  uint64_t kernel_hist[QL_SCHED_HIST_BUCKETS]; /* one per measured launch */
+} ql__sched_stats;
+
+/*
+ * Makes a scheduler for cfg (copied). Returns 0 and sets *out, the
+ * caller's until ql__sched_free(); QL_EINVAL for a config out of range;
+ * QL_ENOMEM. On failure *out is NULL.
+ */
+int ql__sched_create(const ql__sched_config *cfg, ql__sched **out);
+
+/*
+ * Frees s and its counters. Requests still inside are not touched (they
+ * are the caller's memory); call ql__sched_remove_all() first to get them
+ * back. Safe on NULL.
+ */
+void ql__sched_free(ql__sched *s);
+
+/*
+ * Applies a new config (SIGHUP). n_devices cannot change (QL_EINVAL);
+ * queued requests stay even where a queue is now over its bound.
+ */
+int ql__sched_configure(ql__sched *s, const ql__sched_config *cfg);
+
+/*
+ * Queues req at now_ns. Returns 0, after which the scheduler holds req
+ * until it hands it back; or, with nothing changed and req still wholly
+ * the caller's:
+ *   QL_EINVAL     a field out of range (no weight, no rows, a path other
+ *                 than WEIGHT_ONLY/ACT_QUANT, no such device)
+ *   QL_ENOTFOUND  device -1 and no device in holders
+ *   QL_EDEADLINE  deadline_ns is already due (<= now_ns)
+ *   QL_EEXHAUSTED the session's quota is used up, or the queue of
+ *                 (weight, device, path) is full; with device -1, full on
+ *                 every holder
+ *   QL_ENOMEM
+ * With device -1 the request joins, among the holders whose queue has
+ * room, the one with the earliest estimated completion (lowest index on a
+ * tie).
+ */
+int ql__sched_submit(ql__sched *s, ql__sched_req *req, uint64_t now_ns);
+
+/*
+ * Chooses the next launch for a free worker of device at now_ns and fills
+ * b (see ql__sched_batch). First, requests of this device whose deadline
+ * is due and none of whose rows has started are moved to b->expired. Then,
+ * among the queues that are due (see max_queue_delay_us), WEIGHT_ONLY
+ * queues go before ACT_QUANT ones and, within a class, the queue whose
+ * oldest request is oldest goes first. Its requests are taken in FIFO
+ * order up to max_batch_rows (prefill_chunk_rows for ACT_QUANT) and
+ * b->cap slices; a request that does not fit is split, its remaining rows
+ * staying at the head of its queue.
+ * Returns 0, or QL_EINVAL (no such device, no slice room) with b->n 0.
+ */
+int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
+                   ql__sched_batch *b);
+
+/*
+ * Records that b's launch ran, taking kernel_ns (measured by the caller;
+ * 0 = not measured: no kernel time is recorded and the cost estimate
+ * stays), and sets *finished to the requests whose rows are now all done,
+ * or whose remaining rows were removed while these ran; they are handed
+ * back. b->slice stays readable. Completing a batch twice, or one with
+ * n == 0, does nothing.
+ */
+void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
+                        ql__sched_req **finished);
+
+/*
+ * Moves the waiting requests of every device whose deadline is due and
+ * none of whose rows has started to *out, with status QL_EDEADLINE: for a
+ * timer, so they are answered even while every worker is busy.
+ */
+void ql__sched_expire(ql__sched *s, uint64_t now_ns, ql__sched_req **out);
+
+/*
+ * Takes the waiting requests of session (or all, for shutdown) out of the
+ * queues, with status code (a QL_E* code, < 0). Those with no rows running
+ * are set in *out. One with rows running (a prefill between chunks) loses
+ * its remaining rows and comes back from the ql__sched_complete() that
+ * finishes its last running rows, with the same status. Requests whose
+ * rows are all dispatched are not waiting and are not affected.
+ */
+void ql__sched_remove_session(ql__sched *s, uint64_t session, int code,
+                              ql__sched_req **out);
+void ql__sched_remove_all(ql__sched *s, int code, ql__sched_req **out);
+
+/*
+ * Forgets weight: its queues and counters on every device. The weight must
+ * have no request in the scheduler (the daemon's queued jobs hold a
+ * reference to their weight, so this holds when its last one goes).
+ */
+void ql__sched_forget(ql__sched *s, const void *weight);
+
+/*
+ * Sets the estimated kernel time per row of (weight, device, path), e.g.
+ * from the crossover calibration (clamped to 1 .. QL_SCHED_MAX_NS_PER_ROW).
+ * Returns 0, QL_EINVAL or QL_ENOMEM.
+ */
+int ql__sched_set_cost(ql__sched *s, const void *weight, unsigned device,
+                       ql_path path, uint64_t ns_per_row);
+
+/* Copies the counters of (weight, device) to *out; QL_ENOTFOUND when it
+ * has never had a request or a cost (or was forgotten). */
+int ql__sched_stats_get(const ql__sched *s, const void *weight, unsigned device,
+                        ql__sched_stats *out);
+
+/* Requests waiting in the queue of (weight, device, path), counting one
+ * whose rows have partly started. */
+size_t ql__sched_waiting(const ql__sched *s, const void *weight,
+                         unsigned device, ql_path path);
+
+/* The session's requests in the scheduler (what its quota counts). */
+size_t ql__sched_session_count(const ql__sched *s, uint64_t session);
+
+/* Estimated ns of the work queued on device and running on it. */
+uint64_t ql__sched_device_load(const ql__sched *s, unsigned device);
+
+/* The histogram bucket of a time, and the lowest time of a bucket. */
+unsigned ql__sched_hist_bucket(uint64_t ns);
+uint64_t ql__sched_hist_lower_ns(unsigned bucket);
+
+#endif /* QL_SCHEDULER_H */
