@@ -86,4 +86,7 @@ void wset_free(wset *ws);
 /* Writes ,"name":{"median":..,"min":..,"max":..} to f. */
 void print_stat(FILE *f, const char *name, stat3 s);
 
+/* `qlinear-bench daemon ARGS...` (argv[0] is "daemon"): exit status. */
+int bench_daemon(int argc, char **argv);
+
 #endif /* QL_BENCH_H */

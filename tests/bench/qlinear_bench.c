@@ -28,6 +28,8 @@
  *
  * Output: a table for people, and one JSON object per case on a line that
  * starts with "{" (grep '^{').
+ *
+ * `qlinear-bench daemon` measures qlineard end to end (bench_daemon.c).
  */
 #include <errno.h>
 #include <math.h>
@@ -96,7 +98,9 @@ static void usage(FILE *f) {
       "  --min-sample-ms S  minimum length of one timed sample (default 60)\n"
       "  --llc-mb L         last-level cache size (default: sysconf, else 32)\n"
       "  --no-blas, --no-dnnl  skip those baselines\n"
-      "  --json             JSON lines only\n");
+      "  --json             JSON lines only\n"
+      "       qlinear-bench daemon [options]  (qlineard end to end; "
+      "daemon --help)\n");
 }
 
 static int parse_list(const char *s, int64_t *out, int max) {
@@ -672,6 +676,10 @@ int main(int argc, char **argv) {
   opts o;
   char tbuf[16];
 
+  /* The daemon bench has options of its own and needs no re-exec: it
+   * calls no BLAS and sets the CPU pool's size itself. */
+  if (argc > 1 && strcmp(argv[1], "daemon") == 0)
+    return bench_daemon(argc - 1, argv + 1);
   if (argc > 1 &&
       (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
     usage(stdout);
