@@ -28,6 +28,8 @@
  *
  * Output: a table for people, and one JSON object per case on a line that
  * starts with "{" (grep '^{').
+ *
+ * `qlinear-bench daemon` measures qlineard end to end (bench_daemon.c).
  */
 #include <errno.h>
 #include <math.h>
@@ -38,6 +40,7 @@
 #include <unistd.h>
 
 #include "bench_restart.h"
+#include "bench.h"
 #include "cpu.h"
 #include "ql_kernels.h"
 #include "registry.h"
@@ -96,7 +99,11 @@ static void usage(FILE *f) {
       "  --min-sample-ms S  minimum length of one timed sample (default 60)\n"
       "  --llc-mb L         last-level cache size (default: sysconf, else 32)\n"
       "  --no-blas, --no-dnnl  skip those baselines\n"
-      "  --json             JSON lines only\n");
+      "  --json             JSON lines only\n"
+      "       qlinear-bench daemon [options]  (qlineard end to end; "
+      "daemon --help)\n"
+      "       qlinear-bench restart [--gib G] [--pairs P] [--daemon PATH]\n"
+      "                         (restart time with G GiB of stored weights)\n");
 }
 
 static int parse_list(const char *s, int64_t *out, int max) {
@@ -246,23 +253,14 @@ static int parse_opts(int argc, char **argv, opts *o) {
 
 /* ------------------------------------------------------------ timing */
 
-static double now_s(void) {
+double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* Something to time: run(ctx, i) does call i (rotating over copies). */
-typedef struct timed {
-  const char *name;
-  void (*run)(void *ctx, long i);
-  void *ctx;
-  long reps; /* calls per sample, calibrated */
-  long next; /* the next call index (keeps rotating across samples) */
-} timed;
-
 /* One sample: reps calls; the time per call. */
-static double sample(timed *t) {
+double sample(timed *t) {
   double t0 = now_s();
   for (long r = 0; r < t->reps; r++)
     t->run(t->ctx, t->next++);
@@ -270,7 +268,7 @@ static double sample(timed *t) {
 }
 
 /* Enough calls per sample to last min_s (one warm-up call first). */
-static void calibrate(timed *t, double min_s) {
+void calibrate(timed *t, double min_s) {
   double t1;
   t->reps = 1;
   sample(t);
@@ -283,12 +281,7 @@ static int cmp_d(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-typedef struct stat3 {
-  double med, min, max;
-  int valid;
-} stat3;
-
-static stat3 stats(double *v, int n) {
+stat3 stats(double *v, int n) {
   stat3 s = {0, 0, 0, 1};
   qsort(v, (size_t)n, sizeof *v, cmp_d);
   s.min = v[0];
@@ -402,29 +395,7 @@ static void read_run(void *ctx, long i) {
 
 /* ------------------------------------------------------------- cases */
 
-/* A weight of one format with its copies (for rotation). */
-typedef struct wset {
-  ql_format f;
-  ql_qweight *q;
-  ql__cpu_packed **pk; /* ncopies layouts (the CPU backend's repack) */
-  const ql_kernel_impl *rp;
-  int ncopies;
-  size_t wbytes; /* canonical qdata + scale + zero */
-  float **deq;   /* nf copies of dequant(W) f32 [N,K], for BLAS */
-  int nf;
-  int8_t *w8; /* q8c: the int8 weight [N,K] for oneDNN */
-} wset;
-
-typedef struct lin_ctx {
-  const ql_kernel_impl *im;
-  const wset *ws;
-  const float *x;
-  int64_t m;
-  float *y;
-  int ref; /* the generic op, canonical weight */
-} lin_ctx;
-
-static void lin_run(void *ctx, long i) {
+void lin_run(void *ctx, long i) {
   lin_ctx *c = ctx;
   ql_linear_args a = {
       c->ws->q,     c->ref ? NULL : c->ws->pk[i % c->ws->ncopies],
@@ -482,7 +453,7 @@ static void dnnl_run(void *ctx, long i) {
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 
-static double gauss(void) {
+double gauss(void) {
   double u1, u2;
   g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
   u1 = ((double)(g_rng >> 11) + 0.5) * 0x1p-53;
@@ -491,7 +462,7 @@ static double gauss(void) {
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-static void *xalloc(size_t n) {
+void *xalloc(size_t n) {
   void *p = aligned_alloc(64, (n + 63) / 64 * 64);
   if (p == NULL) {
     fprintf(stderr, "qlinear-bench: out of memory (%zu bytes)\n", n);
@@ -546,7 +517,7 @@ static int wset_make(const opts *o, ql_format f, int64_t n, int64_t k,
   return 0;
 }
 
-static void wset_free(wset *ws) {
+void wset_free(wset *ws) {
   for (int c = 0; c < ws->ncopies; c++)
     ws->rp->free_packed(ws->pk[c]);
   for (int c = 0; c < ws->nf; c++)
@@ -565,7 +536,7 @@ typedef struct fig {
 
 #define MAXFIG 6
 
-static void print_stat(FILE *f, const char *name, stat3 s) {
+void print_stat(FILE *f, const char *name, stat3 s) {
   fprintf(f, ",\"%s\":{\"median\":%.4f,\"min\":%.4f,\"max\":%.4f}", name, s.med,
           s.min, s.max);
 }
@@ -710,6 +681,10 @@ int main(int argc, char **argv) {
 
   if (argc > 1 && strcmp(argv[1], "restart") == 0)
     return ql_bench_restart(argc - 1, argv + 1);
+  /* The daemon bench has options of its own and needs no re-exec: it
+   * calls no BLAS and sets the CPU pool's size itself. */
+  if (argc > 1 && strcmp(argv[1], "daemon") == 0)
+    return bench_daemon(argc - 1, argv + 1);
   if (argc > 1 &&
       (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
     usage(stdout);
