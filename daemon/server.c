@@ -376,6 +376,12 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     ql__err("the cpu backend is missing or malformed");
     goto fail;
   }
+  /* Before any kernel runs (the store's repacks below are the first). */
+  if (s->cpu_backend->set_threads != NULL &&
+      (rc = s->cpu_backend->set_threads(cfg->cpu_threads)) != 0) {
+    ql__err("cpu_threads = %u: %s", cfg->cpu_threads, ql_strerror(rc));
+    goto fail;
+  }
   if (check_required_devices(cfg) != 0)
     goto fail;
   if ((rc = ql__weight_store_create(cfg->cpu_budget_bytes, &s->weights)) !=

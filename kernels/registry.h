@@ -121,6 +121,10 @@ typedef struct ql_backend {
   const char *name; /* "cpu", "cuda", "ze" */
   const ql_kernel_impl *impls;
   size_t n_impls;
+  /* Optional: the threads the backend's kernels use (0: its default),
+   * set before its first kernel runs. 0, QL_EINVAL (out of range) or
+   * QL_ENOTSUP (too late: its threads exist). */
+  int (*set_threads)(unsigned threads);
 } ql_backend;
 
 /* Bits for ql_kernel_impl.formats and .dtypes. */

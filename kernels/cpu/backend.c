@@ -421,4 +421,5 @@ const ql_backend ql__backend_cpu = {
     .name = "cpu",
     .impls = impls,
     .n_impls = sizeof impls / sizeof impls[0],
+    .set_threads = ql__cpu_set_threads,
 };

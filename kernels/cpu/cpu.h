@@ -63,6 +63,11 @@ const char *ql__cpu_level_name(ql__cpu_level l);
  */
 int ql__cpu_threads(void);
 
+/* Sets the pool's size before it is created: threads in [1, 256], or 0 for
+ * the default above. 0, QL_EINVAL, or QL_ENOTSUP once the pool exists with
+ * another size. */
+int ql__cpu_set_threads(unsigned threads);
+
 /*
  * Runs fn(ctx, part, parts) for part = 0 .. parts-1, parts =
  * min(max_parts, ql__cpu_threads()), one part per pool thread, part 0 on

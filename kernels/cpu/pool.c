@@ -99,6 +99,20 @@ int ql__cpu_threads(void) {
   return t;
 }
 
+int ql__cpu_set_threads(unsigned threads) {
+  int rc = 0;
+  if (threads > POOL_MAX)
+    return QL_EINVAL;
+  pthread_mutex_lock(&init_mu);
+  int t = threads == 0 ? configured_threads() : (int)threads;
+  if (P.nthreads != 0) /* the pool exists: only its own size is fine */
+    rc = t == want_threads ? 0 : QL_ENOTSUP;
+  else
+    want_threads = t;
+  pthread_mutex_unlock(&init_mu);
+  return rc;
+}
+
 /* A worker's index, and the generation before the first job it must run:
  * read by the creator, because a new thread may start only after that
  * job has been published. */

@@ -501,6 +501,27 @@ START_TEST(test_quantize_rows) {
 }
 END_TEST
 
+static void count_parts(void *ctx, int part, int parts) {
+  (void)part;
+  *(int *)ctx = parts;
+}
+
+/* The pool's size is the daemon's to set (cpu_threads) until the pool
+ * exists; then only its own size is accepted. Forked per test by check, so
+ * this process has no pool yet. */
+START_TEST(test_set_threads) {
+  int parts = 0;
+  ck_assert_int_eq(ql__cpu_set_threads(1000), QL_EINVAL);
+  ck_assert_int_eq(ql__cpu_set_threads(3), 0);
+  ck_assert_int_eq(ql__cpu_threads(), 3);
+  ql__cpu_parallel(count_parts, &parts, 8);
+  ck_assert_int_eq(parts, 3);
+  ck_assert_int_eq(ql__cpu_set_threads(5), QL_ENOTSUP);
+  ck_assert_int_eq(ql__cpu_set_threads(3), 0);
+  ck_assert_int_eq(ql__cpu_threads(), 3);
+}
+END_TEST
+
 static Suite *cpu_suite(void) {
   Suite *s = suite_create("cpu");
   TCase *tc = tcase_create("levels");
@@ -528,6 +549,7 @@ static Suite *cpu_suite(void) {
   tcase_add_test(tc, test_nonfinite);
   tcase_add_test(tc, test_aq_q8c_max_k_wrap);
   tcase_add_test(tc, test_quantize_rows);
+  tcase_add_test(tc, test_set_threads);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -42,7 +42,7 @@ static const ql_kernel_impl fake_impls[] = {
      .fn.linear = fake_linear},
 };
 
-static const ql_backend fake = {"fake", fake_impls, 2};
+static const ql_backend fake = {"fake", fake_impls, 2, NULL};
 
 START_TEST(test_generic) {
   static const char *names[QL_OP_COUNT] = {
@@ -124,7 +124,7 @@ END_TEST
 
 START_TEST(test_backend_check_rejects) {
   ql_kernel_impl bad[1];
-  ql_backend b = {"bad", bad, 1};
+  ql_backend b = {"bad", bad, 1, NULL};
   bad[0] = fake_impls[0];
   ck_assert_int_eq(ql_backend_check(&b), 0);
   bad[0].fn.linear = NULL; /* no function */
@@ -143,10 +143,10 @@ START_TEST(test_backend_check_rejects) {
   ck_assert_int_eq(ql_backend_check(&b), 0);
   bad[0].free_packed = NULL;
   ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
-  ql_backend nul = {NULL, NULL, 0};
+  ql_backend nul = {NULL, NULL, 0, NULL};
   ck_assert_int_eq(ql_backend_check(&nul), QL_EINVAL);
   ck_assert_int_eq(ql_backend_check(NULL), QL_EINVAL);
-  ql_backend noimpls = {"x", NULL, 3};
+  ql_backend noimpls = {"x", NULL, 3, NULL};
   ck_assert_int_eq(ql_backend_check(&noimpls), QL_EINVAL);
 }
 END_TEST

@@ -104,7 +104,7 @@ static const ql_kernel_impl fake_impls[] = {
      .fn.repack = fake_repack,
      .free_packed = fake_free},
 };
-static const ql_backend fake = {"fake", fake_impls, 1};
+static const ql_backend fake = {"fake", fake_impls, 1, NULL};
 
 /* The backend's repack runs at load for the formats it handles, its
  * layout counts as resident bytes, and it is freed with the weight. */
