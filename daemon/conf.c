@@ -83,6 +83,11 @@ static const ql__option options[] = {
     {.name = "upload_idle_ms", .type = QL_OPT_DURATION, .flags = QL_OPT_LIVE,
      FIELD(upload_idle_ms), .min = 1, .max = 86400000, .def = "2min",
      .help = "an upload idle this long is dropped"},
+    {.name = "session_lease_ms", .type = QL_OPT_DURATION,
+     .flags = QL_OPT_LIVE, FIELD(session_lease_ms), .min = 0,
+     .max = 604800000, .def = "0",
+     .help = "a session with no request for this long is ended (a "
+             "backstop: a session ends when its socket closes); 0: never"},
     {.name = "max_queue", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(max_queue), .min = 1, .max = 1u << 20, .def = "1024",
      .help = "waiting requests per device worker"},

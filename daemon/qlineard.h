@@ -38,6 +38,7 @@ typedef struct ql__config {
   size_t max_chunk_bytes;    /* largest LoadChunk payload */
   size_t max_upload_bytes;   /* all uploads in progress together */
   uint64_t upload_idle_ms;   /* an idle upload is dropped after this */
+  uint64_t session_lease_ms; /* a session idle this long ends; 0: never */
   size_t max_queue;          /* waiting jobs per device worker */
   size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */
   uint64_t drain_ms;         /* shutdown: queued work not started by then

@@ -99,7 +99,9 @@ static int clear_stale_socket(const char *path) {
 }
 
 static void on_sweep(uv_timer_t *t) {
-  ql__handlers_expire_uploads(t->data);
+  ql__server *s = t->data;
+  ql__handlers_expire_uploads(s);
+  ql__sessions_expire(s, s->cfg.session_lease_ms * 1000000u);
 }
 
 static void close_all(ql__server *s);
@@ -405,7 +407,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   if (uv_signal_start(&s->sig_int, on_signal, SIGINT) != 0 ||
       uv_signal_start(&s->sig_term, on_signal, SIGTERM) != 0 ||
       uv_signal_start(&s->sig_hup, on_hup, SIGHUP) != 0 ||
-      uv_timer_start(&s->sweep, on_sweep, 1000, 1000) != 0) {
+      uv_timer_start(&s->sweep, on_sweep, 250, 250) != 0) {
     ql__err("cannot install signal handlers");
     close_all(s);
     uv_run(&loop, UV_RUN_DEFAULT);

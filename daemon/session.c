@@ -58,6 +58,7 @@ struct ql__session {
   size_t n_held, cap_held;
   uint64_t uploads[QL_SESSION_MAX_UPLOADS]; /* uploads it began */
   size_t n_uploads;
+  uint64_t last_ns;      /* its last request or session packet (lease) */
   ql__session *next;     /* every session */
   ql__session *tok_next; /* open sessions by token */
 };
@@ -346,9 +347,29 @@ ql__session *ql__session_find(ql__server *s, const uint8_t *token,
     return NULL;
   for (ql__session *ss = s->sessions->by_token[token[0]]; ss;
        ss = ss->tok_next)
-    if (CRYPTO_memcmp(ss->token, token, QL_SESSION_TOKEN_BYTES) == 0)
+    if (CRYPTO_memcmp(ss->token, token, QL_SESSION_TOKEN_BYTES) == 0) {
+      ss->last_ns = ql__now_ns(); /* a request renews the lease */
       return ss;
+    }
   return NULL;
+}
+
+static void session_end(ql__session *ss, const char *why);
+
+void ql__sessions_expire(ql__server *s, uint64_t lease_ns) {
+  ql__sessions *o = s->sessions;
+  uint64_t now = ql__now_ns();
+  if (o == NULL || lease_ns == 0)
+    return;
+  for (ql__session *ss = o->list, *next; ss != NULL; ss = next) {
+    next = ss->next; /* session_end unlinks ss */
+    if (now - ss->last_ns > lease_ns) {
+      ql__notice("session %llu (pid %ld): no request for %llu ms; its lease "
+                 "expired", (unsigned long long)ss->id, (long)ss->pid,
+                 (unsigned long long)((now - ss->last_ns) / 1000000u));
+      session_end(ss, "its lease expired");
+    }
+  }
 }
 
 void ql__sessions_counts(const ql__server *s, uint64_t *sessions,
@@ -634,6 +655,7 @@ static void on_session(uv_poll_t *p, int status, int events) {
         }
         continue;
       }
+      ss->last_ns = ql__now_ns();
       if (session_packet(ss, buf, (size_t)n) != 0)
         return;
     }
@@ -687,6 +709,7 @@ static void session_accept(ql__sessions *o, int fd) {
     return;
   }
   ss->id = ++o->next_session_id;
+  ss->last_ns = ql__now_ns();
   ss->next = o->list;
   o->list = ss;
   o->count++;

@@ -108,6 +108,12 @@ void ql__session_upload_add(ql__session *ss, uint64_t id);
 int ql__session_upload_owns(const ql__session *ss, uint64_t id);
 void ql__session_upload_forget(ql__session *ss, uint64_t id);
 
+/* The lease, a backstop for a peer that keeps its socket open but is gone
+ * (stopped, or its descriptor leaked into a process that never exits):
+ * ends every session with no request and no session packet for longer
+ * than lease_ns. 0: no lease. */
+void ql__sessions_expire(ql__server *s, uint64_t lease_ns);
+
 /* Counts for Stats. */
 void ql__sessions_counts(const ql__server *s, uint64_t *sessions,
                          uint64_t *regions, uint64_t *region_bytes);

@@ -479,6 +479,36 @@ START_TEST(admin_unload_of_held_weight) {
 }
 END_TEST
 
+/* The lease: a session with no request for session_lease_ms ends (its
+ * regions with it); one that keeps asking stays. */
+START_TEST(session_lease) {
+  td d;
+  layer l;
+  const char *args[] = {"--session-lease-ms", "700", NULL};
+  td_start(&d, args);
+  layer_make(&l, 16, 32, 12);
+  ql_client *idle = user(&d), *busy = user(&d);
+  ql_region *r = NULL;
+  ck_assert_int_eq(ql_region_create(idle, 8192, &r), 0);
+  ck_assert_int_eq(load(busy, "lw", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
+  ql_weight_info wi;
+  for (int i = 0; i < 20; i++) { /* 2 s of requests, 100 ms apart */
+    ck_assert_int_eq(resident(busy, "lw", &wi), 0);
+    usleep(100 * 1000);
+  }
+  ck_assert_int_eq(resident(idle, "lw", &wi), QL_ESESSION);
+  ql_stats_info *s = NULL;
+  ck_assert_int_eq(ql_stats(busy, &s), 0);
+  ck_assert_uint_eq(s->regions, 0);
+  ck_assert_uint_eq(s->weights, 1); /* busy still holds it */
+  ql_stats_free(s);
+  ql_close(idle);
+  ql_close(busy);
+  layer_free(&l);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* A required device that is not there stops the start with a message; the
  * daemon never reports ready without it. */
 START_TEST(required_device_missing) {
@@ -526,6 +556,7 @@ int main(void) {
   tcase_add_test(tc, budget_overflow);
   tcase_add_test(tc, admin_unload_of_held_weight);
   tcase_add_test(tc, required_device_missing);
+  tcase_add_test(tc, session_lease);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
