@@ -90,7 +90,24 @@ static const ql__option options[] = {
              "backstop: a session ends when its socket closes); 0: never"},
     {.name = "max_queue", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(max_queue), .min = 1, .max = 1u << 20, .def = "1024",
-     .help = "waiting requests per device worker"},
+     .help = "waiting requests per (weight, device, path) queue; a full "
+             "queue answers RESOURCE_EXHAUSTED"},
+    {.name = "session_max_requests", .type = QL_OPT_UINT,
+     .flags = QL_OPT_LIVE, FIELD(session_max_requests), .min = 0,
+     .max = 1u << 20, .def = "256",
+     .help = "requests of one session waiting or running at once; 0: no "
+             "quota"},
+    {.name = "max_batch_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(max_batch_rows), .min = 1, .max = 1u << 20, .def = "512",
+     .help = "rows of waiting requests coalesced into one launch"},
+    {.name = "prefill_chunk_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(prefill_chunk_rows), .min = 1, .max = 1u << 20, .def = "256",
+     .help = "rows of one activation-quantized launch: a longer prefill "
+             "runs in chunks, decode work between them"},
+    {.name = "max_queue_delay_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(max_queue_delay_us), .min = 0, .max = 1000000, .def = "0",
+     .help = "a batch smaller than max_batch_rows may wait this long for "
+             "more requests; 0: never waits"},
     {.name = "max_queued_bytes", .type = QL_OPT_SIZE, .flags = QL_OPT_LIVE,
      FIELD(max_queued_bytes), .min = 1u << 20, .max = (uint64_t)1 << 44,
      .def = "1G", .help = "tensor bytes held by waiting requests"},

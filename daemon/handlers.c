@@ -11,67 +11,15 @@
 #include "handlers.h"
 #include "log.h"
 #include "import.h"
+#include "linear.h"
 #include "registry.h"
 #include "protocol.h"
+#include "reply.h"
 #include "session.h"
 #include "store.h"
 
 #define DAEMON_VERSION PACKAGE_VERSION
 
-
-typedef struct reply {
-  ql__msg_response resp;
-  Qlinear__V1__Status status;
-  char msg[256];
-} reply;
-
-static void reply_init(reply *r, uint64_t request_id) {
-  qlinear__v1__response__init(&r->resp);
-  qlinear__v1__status__init(&r->status);
-  r->resp.request_id = request_id;
-  r->resp.status = &r->status;
-  r->msg[0] = '\0';
-  r->status.message = r->msg;
-}
-
-static void send_reply(ql__server *s, void *route, reply *r) {
-  /* Clients receive at most the announced cap: a reply that outgrew it
-   * (a very long listing) becomes an error they can read. */
-  if (r->status.code == 0 && qlinear__v1__response__get_packed_size(&r->resp) >
-                                 s->cfg.max_message_bytes) {
-    r->status.code = QL_ETOOBIG;
-    r->resp.body_case = QLINEAR__V1__RESPONSE__BODY__NOT_SET;
-    snprintf(r->msg, sizeof r->msg, "the reply would exceed the %zu-byte "
-             "message cap", s->cfg.max_message_bytes);
-  }
-  if (r->status.code != 0) {
-    s->counters.errors++;
-    ql__debug("request %llu failed: %s: %s",
-              (unsigned long long)r->resp.request_id,
-              ql_err_name(r->status.code), r->msg);
-  }
-  ql__transport_reply(route, &r->resp, &s->counters.bytes_out);
-}
-
-static void set_error(reply *r, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_error(reply *r, int code, const char *fmt, ...) {
-  r->status.code = code;
-  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY__NOT_SET;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(r->msg, sizeof r->msg, fmt, ap);
-  va_end(ap);
-}
-
-/* Replies with an error and no body. */
-static void reply_error(ql__server *s, void *route, uint64_t id, int code,
-                        const char *text) {
-  reply r;
-  reply_init(&r, id);
-  set_error(&r, code, "%s", text && *text ? text : ql_strerror(code));
-  send_reply(s, route, &r);
-}
 
 /* ------------------------------------------------------------ weight info */
 
@@ -117,7 +65,7 @@ typedef struct hello_buf {
 } hello_buf;
 
 static void on_hello(ql__server *s, const Qlinear__V1__HelloRequest *h,
-                     reply *r, hello_buf *b) {
+                     ql__reply *r, hello_buf *b) {
   static char name[] = "cpu", version[] = DAEMON_VERSION;
   Qlinear__V1__HelloResponse *hr = &b->hr;
   qlinear__v1__hello_response__init(hr);
@@ -187,7 +135,7 @@ static const char *format_name(int f) {
 }
 
 static void on_load_begin(ql__server *s, ql__session *ss,
-                          const Qlinear__V1__LoadBeginRequest *b, reply *r,
+                          const Qlinear__V1__LoadBeginRequest *b, ql__reply *r,
                           Qlinear__V1__LoadBeginResponse *out) {
   const Qlinear__V1__WeightSpec *sp = b->spec;
   ql__upload tmpl;
@@ -199,14 +147,14 @@ static void on_load_begin(ql__server *s, ql__session *ss,
                             (int64_t)sp->n, (int64_t)sp->k,
                             sdt ? sdt : QL_DTYPE_F32, NULL, NULL, NULL);
   if (rc != 0) {
-    set_error(r, rc, "load_begin: %llux%llu is not a valid %s weight",
+    ql__reply_set_error(r, rc, "load_begin: %llux%llu is not a valid %s weight",
               (unsigned long long)sp->n, (unsigned long long)sp->k,
               format_name((int)sp->format));
     return;
   }
   if (b->packed != NULL) {
     if (packed_template(b->packed, &tmpl, &tmpl.total) != 0) {
-      set_error(r, QL_ESHAPE, "load_begin: packed arrays overflow");
+      ql__reply_set_error(r, QL_ESHAPE, "load_begin: packed arrays overflow");
       return;
     }
   } else {
@@ -214,7 +162,7 @@ static void on_load_begin(ql__server *s, ql__session *ss,
     if (ql__mul_size(sp->n, sp->k, es, &wbytes) != 0 ||
         (sp->has_bias && ql__mul_size(sp->n, 1, es, &bbytes) != 0) ||
         wbytes > SIZE_MAX - bbytes) {
-      set_error(r, QL_ESHAPE, "load_begin: weight size overflows");
+      ql__reply_set_error(r, QL_ESHAPE, "load_begin: weight size overflows");
       return;
     }
     tmpl.total = wbytes + bbytes;
@@ -233,27 +181,27 @@ static void on_load_begin(ql__server *s, ql__session *ss,
   tmpl.admin = ss == NULL;
   tmpl.last_ns = ql__now_ns();
   if (sp->persistent && ss != NULL) {
-    set_error(r, QL_EPERM, "load_begin: persistent loads go through the "
+    ql__reply_set_error(r, QL_EPERM, "load_begin: persistent loads go through the "
               "admin socket");
     return;
   }
   if (sp->persistent && s->store == NULL) {
-    set_error(r, QL_ENOTSUP, "load_begin: the daemon has no state "
+    ql__reply_set_error(r, QL_ENOTSUP, "load_begin: the daemon has no state "
               "directory (state_dir) to store persistent weights in");
     return;
   }
   if (ss != NULL && ql__session_upload_room(s, ss) != 0) {
-    set_error(r, QL_EEXHAUSTED, "load_begin: the session already has %d "
+    ql__reply_set_error(r, QL_EEXHAUSTED, "load_begin: the session already has %d "
               "uploads in progress", QL_SESSION_MAX_UPLOADS);
     return;
   }
   ql__upload *up;
   if ((rc = ql__uploads_begin(s->uploads, &tmpl, &up)) != 0) {
     if (rc == QL_EEXHAUSTED)
-      set_error(r, rc, "load_begin: the upload budget cannot hold %zu more "
+      ql__reply_set_error(r, rc, "load_begin: the upload budget cannot hold %zu more "
                 "bytes (or too many uploads are in progress)", tmpl.total);
     else
-      set_error(r, rc, "load_begin: cannot allocate %zu bytes", tmpl.total);
+      ql__reply_set_error(r, rc, "load_begin: cannot allocate %zu bytes", tmpl.total);
     return;
   }
   if (ss != NULL)
@@ -279,29 +227,29 @@ static ql__upload *session_upload(ql__server *s, ql__session *ss,
 }
 
 static void on_load_chunk(ql__server *s, ql__session *ss,
-                          const Qlinear__V1__LoadChunkRequest *c, reply *r,
+                          const Qlinear__V1__LoadChunkRequest *c, ql__reply *r,
                           Qlinear__V1__LoadChunkResponse *out) {
   ql__upload *up = session_upload(s, ss, c->upload_id);
   if (up == NULL) {
-    set_error(r, QL_ENOTFOUND, "load_chunk: no upload %llu",
+    ql__reply_set_error(r, QL_ENOTFOUND, "load_chunk: no upload %llu",
               (unsigned long long)c->upload_id);
     return;
   }
   if (c->data.len > s->cfg.max_chunk_bytes) {
-    set_error(r, QL_ETOOBIG, "load_chunk: %zu bytes, the limit is %zu",
+    ql__reply_set_error(r, QL_ETOOBIG, "load_chunk: %zu bytes, the limit is %zu",
               c->data.len, s->cfg.max_chunk_bytes);
     return;
   }
   int rc = ql__upload_append(up, c->offset, c->data.data, c->data.len,
                              ql__now_ns());
   if (rc == QL_ESEQUENCE)
-    set_error(r, rc, "load_chunk: offset %llu, expected %zu",
+    ql__reply_set_error(r, rc, "load_chunk: offset %llu, expected %zu",
               (unsigned long long)c->offset, up->received);
   else if (rc == QL_ESHAPE)
-    set_error(r, rc, "load_chunk: %zu bytes at %zu exceed the %zu expected",
+    ql__reply_set_error(r, rc, "load_chunk: %zu bytes at %zu exceed the %zu expected",
               c->data.len, up->received, up->total);
   else if (rc != 0)
-    set_error(r, QL_ESEQUENCE, "load_chunk: upload is being committed");
+    ql__reply_set_error(r, QL_ESEQUENCE, "load_chunk: upload is being committed");
   if (rc != 0)
     return;
   qlinear__v1__load_chunk_response__init(out);
@@ -399,17 +347,17 @@ static void store_run(uv_work_t *work) {
 /* Replies to a LoadCommit that succeeded. */
 static void reply_committed(ql__server *s, void *route, uint64_t request_id,
                             ql__weight *w, int shared) {
-  reply r;
+  ql__reply r;
   Qlinear__V1__LoadCommitResponse out;
   info_buf ib;
-  reply_init(&r, request_id);
+  ql__reply_init(&r, request_id);
   qlinear__v1__load_commit_response__init(&out);
   fill_info(&ib, w);
   out.weight = &ib.info;
   out.shared = shared != 0;
   r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_COMMIT;
   r.resp.load_commit = &out;
-  send_reply(s, route, &r);
+  ql__reply_send(s, route, &r);
 }
 
 /* A weight nobody keeps any more (no session holds it, the admin socket
@@ -438,11 +386,11 @@ static void store_done(uv_work_t *work, int status) {
   } else {
     ql__err("cannot store weight %s: %s", w->name,
             sw->err[0] ? sw->err : ql_strerror(sw->rc));
-    reply r;
-    reply_init(&r, sw->request_id);
-    set_error(&r, sw->rc, "load_commit: the weight could not be stored: %s",
+    ql__reply r;
+    ql__reply_init(&r, sw->request_id);
+    ql__reply_set_error(&r, sw->rc, "load_commit: the weight could not be stored: %s",
               sw->err[0] ? sw->err : ql_strerror(sw->rc));
-    send_reply(s, sw->route, &r);
+    ql__reply_send(s, sw->route, &r);
     drop_if_unheld(s, w); /* a load that fails changes nothing */
   }
   ql__weight_unref(w);
@@ -457,7 +405,7 @@ static void store_done(uv_work_t *work, int status) {
  */
 static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
                         int shared, void *route, uint64_t request_id,
-                        reply *r) {
+                        ql__reply *r) {
   if (!up->persistent || w->persistent) {
     w->pinned = 1;
     ql__info("%s weight %s (%zu bytes) for the admin socket",
@@ -465,13 +413,13 @@ static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
     return 0;
   }
   if (w->storing) {
-    set_error(r, QL_EEXHAUSTED, "load_commit: weight '%s' is being stored "
+    ql__reply_set_error(r, QL_EEXHAUSTED, "load_commit: weight '%s' is being stored "
               "by another load; try again", w->name);
     return 0;
   }
   store_work *sw = calloc(1, sizeof *sw);
   if (sw == NULL) {
-    set_error(r, QL_ENOMEM, "load_commit: out of memory");
+    ql__reply_set_error(r, QL_ENOMEM, "load_commit: out of memory");
     return 0;
   }
   sw->s = s;
@@ -482,7 +430,7 @@ static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
   sw->work.data = sw;
   if (uv_queue_work(s->loop, &sw->work, store_run, store_done) != 0) {
     free(sw);
-    set_error(r, QL_EINTERNAL, "load_commit: cannot queue work");
+    ql__reply_set_error(r, QL_EINTERNAL, "load_commit: cannot queue work");
     return 0;
   }
   ql__weight_ref(w);
@@ -494,8 +442,8 @@ static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
 static void commit_done(uv_work_t *work, int status) {
   commit_work *c = work->data;
   ql__server *s = c->s;
-  reply r;
-  reply_init(&r, c->request_id);
+  ql__reply r;
+  ql__reply_init(&r, c->request_id);
   ql__session *ss = c->admin ? NULL : ql__session_by_id(s, c->session_id);
   ql__weight *existing = NULL, *w = NULL;
   int rc, later = 0;
@@ -503,27 +451,27 @@ static void commit_done(uv_work_t *work, int status) {
   if (status != 0 && c->rc == 0)
     c->rc = QL_EINTERNAL;
   if (c->rc != 0 && c->err[0] != '\0') {
-    set_error(&r, c->rc, "load_commit: %s", c->err);
+    ql__reply_set_error(&r, c->rc, "load_commit: %s", c->err);
   } else if (c->rc == QL_ENONFINITE) {
-    set_error(&r, c->rc, "load_commit: NaN or Inf in the weight or bias");
+    ql__reply_set_error(&r, c->rc, "load_commit: NaN or Inf in the weight or bias");
   } else if (c->rc != 0) {
-    set_error(&r, c->rc, "load_commit: cannot quantize: %s",
+    ql__reply_set_error(&r, c->rc, "load_commit: cannot quantize: %s",
               ql_strerror(c->rc));
   } else if (!c->admin && ss == NULL) {
     /* Nobody would hold the weight: it is not stored. */
-    set_error(&r, QL_ESESSION, "load_commit: the session ended before the "
+    ql__reply_set_error(&r, QL_ESESSION, "load_commit: the session ended before the "
               "commit completed");
   } else if ((rc = ql__weight_store_insert(s->weights, c->w, &existing)) ==
              QL_EEXIST) {
-    set_error(&r, rc, "load_commit: a weight named '%s' with other "
+    ql__reply_set_error(&r, rc, "load_commit: a weight named '%s' with other "
               "content is resident", c->w->name);
   } else if (rc == QL_ENOMEM) {
-    set_error(&r, rc, "load_commit: %zu more bytes would exceed the cpu "
+    ql__reply_set_error(&r, rc, "load_commit: %zu more bytes would exceed the cpu "
               "budget (%zu of %zu bytes in use)", c->w->bytes,
               ql__weight_store_bytes(s->weights),
               ql__weight_store_budget(s->weights));
   } else if (rc != 0) {
-    set_error(&r, rc, "load_commit: %s", ql_strerror(rc));
+    ql__reply_set_error(&r, rc, "load_commit: %s", ql_strerror(rc));
   } else if (c->admin) {
     w = existing ? existing : c->w;
     later = commit_admin(s, c->up, w, existing != NULL, c->route,
@@ -535,10 +483,10 @@ static void commit_done(uv_work_t *work, int status) {
     /* A weight this commit just stored has no other holder. */
     drop_if_unheld(s, existing ? existing : c->w);
     if (rc == QL_EEXHAUSTED)
-      set_error(&r, rc, "load_commit: the session already holds %d "
+      ql__reply_set_error(&r, rc, "load_commit: the session already holds %d "
                 "weights", QL_SESSION_MAX_WEIGHTS);
     else
-      set_error(&r, rc, "load_commit: out of memory");
+      ql__reply_set_error(&r, rc, "load_commit: out of memory");
   } else {
     w = existing ? existing : c->w;
     ql__info("%s weight %s (%llux%llu, %zu bytes) for session %llu",
@@ -552,7 +500,7 @@ static void commit_done(uv_work_t *work, int status) {
     if (r.status.code == 0)
       reply_committed(s, c->route, c->request_id, w, existing != NULL);
     else
-      send_reply(s, c->route, &r);
+      ql__reply_send(s, c->route, &r);
   }
   ql__weight_unref(c->w); /* the store holds its own reference */
   ql__uploads_remove(s->uploads, c->up);
@@ -561,25 +509,25 @@ static void commit_done(uv_work_t *work, int status) {
 
 static int on_load_commit(ql__server *s, ql__session *ss, uint64_t id,
                           const Qlinear__V1__LoadCommitRequest *m, void *route,
-                          reply *r) {
+                          ql__reply *r) {
   ql__upload *up = session_upload(s, ss, m->upload_id);
   if (up == NULL) {
-    set_error(r, QL_ENOTFOUND, "load_commit: no upload %llu",
+    ql__reply_set_error(r, QL_ENOTFOUND, "load_commit: no upload %llu",
               (unsigned long long)m->upload_id);
     return 0;
   }
   if (up->committing) {
-    set_error(r, QL_ESEQUENCE, "load_commit: already committing");
+    ql__reply_set_error(r, QL_ESEQUENCE, "load_commit: already committing");
     return 0;
   }
   if (up->received != up->total) {
-    set_error(r, QL_ESHAPE, "load_commit: received %zu of %zu bytes",
+    ql__reply_set_error(r, QL_ESHAPE, "load_commit: received %zu of %zu bytes",
               up->received, up->total);
     return 0;
   }
   commit_work *c = calloc(1, sizeof *c);
   if (c == NULL) {
-    set_error(r, QL_ENOMEM, "load_commit: out of memory");
+    ql__reply_set_error(r, QL_ENOMEM, "load_commit: out of memory");
     return 0;
   }
   c->s = s;
@@ -591,7 +539,7 @@ static int on_load_commit(ql__server *s, ql__session *ss, uint64_t id,
   c->work.data = c;
   if (uv_queue_work(s->loop, &c->work, commit_run, commit_done) != 0) {
     free(c);
-    set_error(r, QL_EINTERNAL, "load_commit: cannot queue work");
+    ql__reply_set_error(r, QL_EINTERNAL, "load_commit: cannot queue work");
     return 0;
   }
   up->committing = 1;
@@ -600,16 +548,16 @@ static int on_load_commit(ql__server *s, ql__session *ss, uint64_t id,
 }
 
 static void on_load_abort(ql__server *s, ql__session *ss,
-                          const Qlinear__V1__LoadAbortRequest *m, reply *r,
+                          const Qlinear__V1__LoadAbortRequest *m, ql__reply *r,
                           Qlinear__V1__LoadAbortResponse *out) {
   ql__upload *up = session_upload(s, ss, m->upload_id);
   if (up == NULL) {
-    set_error(r, QL_ENOTFOUND, "load_abort: no upload %llu",
+    ql__reply_set_error(r, QL_ENOTFOUND, "load_abort: no upload %llu",
               (unsigned long long)m->upload_id);
     return;
   }
   if (up->committing) {
-    set_error(r, QL_ESEQUENCE, "load_abort: upload is being committed");
+    ql__reply_set_error(r, QL_ESEQUENCE, "load_abort: upload is being committed");
     return;
   }
   ql__uploads_remove(s->uploads, up);
@@ -638,23 +586,23 @@ void ql__handlers_expire_uploads(ql__server *s) {
  * queued on it keep their references and complete.
  */
 static void on_unload(ql__server *s, ql__session *ss,
-                      const Qlinear__V1__UnloadWeightRequest *m, reply *r,
+                      const Qlinear__V1__UnloadWeightRequest *m, ql__reply *r,
                       Qlinear__V1__UnloadWeightResponse *out) {
   ql__weight *w = ql__weight_store_get(s->weights, m->name);
   if (ss == NULL) {
     if (w == NULL) {
-      set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
+      ql__reply_set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
       return;
     }
     if (w->storing) {
-      set_error(r, QL_EEXHAUSTED, "unload: weight '%s' is being stored; "
+      ql__reply_set_error(r, QL_EEXHAUSTED, "unload: weight '%s' is being stored; "
                 "try again", m->name);
       return;
     }
     if (w->persistent) {
       int rc = ql__store_remove(s->store, m->name);
       if (rc != 0 && rc != QL_ENOTFOUND) {
-        set_error(r, rc, "unload: cannot remove the stored file of '%s': %s",
+        ql__reply_set_error(r, rc, "unload: cannot remove the stored file of '%s': %s",
                   m->name, ql_strerror(rc));
         return;
       }
@@ -668,11 +616,11 @@ static void on_unload(ql__server *s, ql__session *ss,
     ql__weight_store_remove(s->weights, m->name);
   } else if (ql__session_release(s, ss, m->name) != 0) {
     if (w != NULL)
-      set_error(r, QL_EPERM, "unload: this session does not hold '%s' (%s)",
+      ql__reply_set_error(r, QL_EPERM, "unload: this session does not hold '%s' (%s)",
                 m->name, w->pinned ? "the admin socket keeps it"
                                    : "other sessions do");
     else
-      set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
+      ql__reply_set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
     return;
   } else {
     ql__info("session %llu unloaded weight %s",
@@ -699,7 +647,9 @@ static void list_one(ql__weight *w, void *arg) {
 /* ------------------------------------------------------------------ stats */
 
 typedef struct stats_ctx {
+  const ql__server *s;
   Qlinear__V1__WeightStats *st;
+  uint64_t (*hist)[2][32]; /* queue and kernel histograms per entry */
   Qlinear__V1__WeightStats **ptrs;
   size_t n;
 } stats_ctx;
@@ -720,280 +670,15 @@ static void stats_one(ql__weight *w, void *arg) {
   st->kernel_ns = w->stats.kernel_ns;
   st->impl = (char *)w->stats.impl;
   st->bytes_resident = w->bytes;
+  ql__linear_stats(c->s, w, st, c->hist[c->n][0], c->hist[c->n][1]);
   c->ptrs[c->n] = st;
   c->n++;
-}
-
-/* ----------------------------------------------------------------- linear */
-
-typedef struct linear_job {
-  ql__job job;
-  ql__server *s;
-  void *route;
-  ql__request *req; /* owns x when it is inline */
-  ql__weight *w;    /* one reference */
-  ql__region *xr;   /* x's region (one reference), or NULL: inline */
-  ql__region *yr;   /* y's region (one reference), or NULL: y is ours */
-  const void *x;    /* inline data or inside xr's mapping */
-  ql_path path;
-  ql_dtype dt;
-  int64_t m;
-  void *y;          /* malloc'd by the worker, or inside yr's mapping */
-  size_t y_bytes;
-  size_t cost; /* bytes counted in s->queued_bytes */
-  int rc;
-  const char *impl;
-} linear_job;
-
-/* Worker thread. x and y may lie in a region the client maps too: the
- * kernels get them where they are, no copy. The client can change x while
- * this runs; that can only change its own result (the ops read x once into
- * their own buffers before checking it). */
-static void linear_run(ql__job *job) {
-  linear_job *j = (linear_job *)job;
-  /* Fault injection for tests of queueing, ordering and the drain: a job
-   * that takes a known time whatever the kernels' speed. */
-  if (j->s->test_delay_ms > 0) {
-    struct timespec ts = {(time_t)(j->s->test_delay_ms / 1000),
-                          (long)(j->s->test_delay_ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-  }
-  if (atomic_load(&j->s->cancel)) {
-    j->rc = QL_ESHUTDOWN;
-    return;
-  }
-  if (j->yr == NULL && (j->y = malloc(j->y_bytes)) == NULL) {
-    j->rc = QL_ENOMEM;
-    return;
-  }
-  const ql_qweight *q = j->w->q;
-  ql_op op = j->path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO : QL_OP_LINEAR_AQ;
-  const ql_kernel_impl *im =
-      ql_dispatch(j->s->cpu_backend, op, q->format, j->dt, j->m, q->n, q->k);
-  if (im == NULL) {
-    j->rc = QL_ENOTSUP;
-    return;
-  }
-  /* The generic ops read the canonical form; a backend's own read the
-   * layout its repack made at load (NULL when it has none). */
-  const void *packed = im == ql_generic_impl(op) ? NULL : j->w->packed;
-  ql_linear_args a = {q, packed, j->dt, j->x, j->m, j->y};
-  j->impl = im->name;
-  j->rc = im->fn.linear(&a);
-}
-
-static void linear_done(ql__job *job) {
-  linear_job *j = (linear_job *)job;
-  ql__server *s = j->s;
-  reply r;
-  reply_init(&r, j->req->msg->request_id);
-  Qlinear__V1__LinearResponse out;
-  Qlinear__V1__Tensor y;
-  Qlinear__V1__RegionSlice yslice;
-  uint64_t shape[2] = {(uint64_t)j->m, (uint64_t)j->w->q->n};
-  s->queued_bytes -= j->cost;
-  if (j->rc == QL_ENONFINITE) {
-    set_error(&r, j->rc, "linear: NaN or Inf in the activations");
-  } else if (j->rc == QL_ESHUTDOWN) {
-    set_error(&r, j->rc, "linear: the daemon stopped before running it");
-  } else if (j->rc != 0) {
-    set_error(&r, j->rc, "linear: %s", ql_strerror(j->rc));
-  } else {
-    qlinear__v1__linear_response__init(&out);
-    qlinear__v1__tensor__init(&y);
-    y.dtype = (Qlinear__V1__DType)j->dt;
-    y.shape = shape;
-    y.n_shape = 2;
-    if (j->yr != NULL) {
-      /* The result is where the client asked for it: name that slice. */
-      const Qlinear__V1__RegionSlice *want = j->req->msg->linear->y_out;
-      qlinear__v1__region_slice__init(&yslice);
-      yslice.region_id = want->region_id;
-      yslice.offset = want->offset;
-      yslice.length = want->length;
-      y.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
-      y.region = &yslice;
-    } else {
-      y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
-      y.inline_data.data = j->y;
-      y.inline_data.len = j->y_bytes;
-    }
-    out.y = &y;
-    out.path = (Qlinear__V1__Path)j->path;
-    out.impl = (char *)j->impl;
-    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LINEAR;
-    r.resp.linear = &out;
-    ql__weight_stats *st = &j->w->stats;
-    st->requests++;
-    st->rows += (uint64_t)j->m;
-    st->batches++;
-    if (j->path == QL_PATH_WEIGHT_ONLY)
-      st->wo_batches++;
-    else
-      st->aq_batches++;
-    st->queue_ns += job->start_ns - job->enqueue_ns;
-    st->kernel_ns += job->end_ns - job->start_ns;
-    st->impl = j->impl;
-  }
-  send_reply(s, j->route, &r);
-  ql__weight_unref(j->w);
-  /* A region destroyed (or whose session ended) while this job waited is
-   * unmapped here, by its last reference. */
-  ql__region_unref(j->xr);
-  ql__region_unref(j->yr);
-  ql__request_free(j->req);
-  if (j->yr == NULL)
-    free(j->y);
-  free(j);
-}
-
-/*
- * Looks up a slice in the session's regions and checks its bounds the only
- * safe way, off <= size && len <= size - off (protocol.c has already
- * checked its alignment and, for x, its length). Sets r and returns NULL
- * when it does not fit.
- */
-static ql__region *slice_region(ql__session *ss, const char *what,
-                                const Qlinear__V1__RegionSlice *sl, reply *r) {
-  ql__region *reg = ql__session_region(ss, sl->region_id);
-  if (reg == NULL) {
-    set_error(r, QL_ENOTFOUND, "linear: %s: the session has no region %llu",
-              what, (unsigned long long)sl->region_id);
-    return NULL;
-  }
-  if (!ql__slice_valid(sl->offset, sl->length, reg->size)) {
-    set_error(r, QL_EINVAL, "linear: %s: %llu bytes at offset %llu do not "
-              "fit region %llu of %llu bytes", what,
-              (unsigned long long)sl->length, (unsigned long long)sl->offset,
-              (unsigned long long)reg->id, (unsigned long long)reg->size);
-    return NULL;
-  }
-  return reg;
-}
-
-/* Takes ownership of req when it returns 1 (answered later). */
-static int on_linear(ql__server *s, ql__session *ss, ql__request *req,
-                     void *route, reply *r) {
-  const Qlinear__V1__LinearRequest *l = req->msg->linear;
-  const Qlinear__V1__Tensor *x = l->x;
-  const Qlinear__V1__RegionSlice *xs =
-      x->data_case == QLINEAR__V1__TENSOR__DATA_REGION ? x->region : NULL;
-  const Qlinear__V1__RegionSlice *ys = l->y_out;
-  ql__weight *w = ql__weight_store_get(s->weights, l->weight);
-  if (w == NULL) {
-    set_error(r, QL_ENOTFOUND, "linear: no weight named '%s'", l->weight);
-    return 0;
-  }
-  uint64_t m = x->shape[0], k = x->shape[1];
-  if (k != (uint64_t)w->q->k) {
-    set_error(r, QL_ESHAPE, "linear: x has K=%llu, weight '%s' has K=%lld",
-              (unsigned long long)k, w->name, (long long)w->q->k);
-    return 0;
-  }
-  ql_dtype dt = (ql_dtype)x->dtype;
-  size_t y_bytes;
-  if (ql__mul_size(m, (size_t)w->q->n, ql_dtype_size(dt), &y_bytes) != 0) {
-    set_error(r, QL_ESHAPE, "linear: the [%llu,%lld] result overflows",
-              (unsigned long long)m, (long long)w->q->n);
-    return 0;
-  }
-  /* Only an inline y travels in the reply: a region takes any size. */
-  if (ys == NULL && y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
-    set_error(r, QL_ETOOBIG, "linear: the [%llu,%lld] result exceeds the "
-              "%zu-byte message cap", (unsigned long long)m,
-              (long long)w->q->n, s->cfg.max_message_bytes);
-    return 0;
-  }
-  ql__region *xr = NULL, *yr = NULL;
-  if (xs != NULL && (xr = slice_region(ss, "x", xs, r)) == NULL)
-    return 0;
-  if (ys != NULL) {
-    if ((yr = slice_region(ss, "y_out", ys, r)) == NULL)
-      return 0;
-    if (ys->length != y_bytes) {
-      set_error(r, QL_ESHAPE, "linear: the y_out slice holds %llu bytes, "
-                "[%llu,%lld] of %zu-byte elements needs %zu",
-                (unsigned long long)ys->length, (unsigned long long)m,
-                (long long)w->q->n, ql_dtype_size(dt), y_bytes);
-      return 0;
-    }
-    /* Both slices are inside their regions, so these sums cannot wrap. */
-    if (xr == yr && xs->offset < ys->offset + ys->length &&
-        ys->offset < xs->offset + xs->length) {
-      set_error(r, QL_EINVAL, "linear: the x and y_out slices overlap");
-      return 0;
-    }
-  }
-  /* Path: the request's own choice, else the weight's policy, else by the
-   * request's row count (DESIGN §6). */
-  ql_path path = (ql_path)l->path;
-  if (path == QL_PATH_AUTO)
-    path = w->policy;
-  if (path == QL_PATH_AUTO)
-    path = m < s->cfg.crossover_rows ? QL_PATH_WEIGHT_ONLY
-                                     : QL_PATH_ACT_QUANT;
-  /* Where no implementation can run the activation-quantized path (q8b is
-   * weight-only; int8 AQ accumulates in int32, which bounds K for q8c), a
-   * chosen path falls back to weight-only and a forced one is refused. */
-  if (path == QL_PATH_ACT_QUANT &&
-      ql_dispatch(s->cpu_backend, QL_OP_LINEAR_AQ, w->q->format, dt,
-                  (int64_t)m, w->q->n, w->q->k) == NULL) {
-    if ((ql_path)l->path == QL_PATH_ACT_QUANT) {
-      set_error(r, QL_ENOTSUP, "linear: %s weight '%s' (K=%lld) has no "
-                "activation-quantized path", format_name(w->q->format),
-                w->name, (long long)w->q->k);
-      return 0;
-    }
-    path = QL_PATH_WEIGHT_ONLY;
-  }
-  /* Waiting jobs hold their inline x and, soon, their inline y: bound
-   * both. Region memory is the session's and bounded there. */
-  size_t cost = (xr ? 0 : x->inline_data.len) + (yr ? 0 : y_bytes);
-  if (cost > s->cfg.max_queued_bytes - s->queued_bytes) {
-    set_error(r, QL_EEXHAUSTED, "linear: %zu bytes of requests are already "
-              "queued", s->queued_bytes);
-    return 0;
-  }
-  linear_job *j = calloc(1, sizeof *j);
-  if (j == NULL) {
-    set_error(r, QL_ENOMEM, "linear: out of memory");
-    return 0;
-  }
-  j->job.run = linear_run;
-  j->job.done = linear_done;
-  j->s = s;
-  j->route = route;
-  j->req = req;
-  j->w = w;
-  j->xr = xr;
-  j->yr = yr;
-  j->x = xr ? (const void *)(xr->base + xs->offset) : x->inline_data.data;
-  j->y = yr ? (void *)(yr->base + ys->offset) : NULL;
-  j->path = path;
-  j->dt = dt;
-  j->m = (int64_t)m;
-  j->y_bytes = y_bytes;
-  j->cost = cost;
-  int rc = ql__worker_submit(s->cpu, &j->job);
-  if (rc != 0) {
-    free(j);
-    set_error(r, rc, rc == QL_EEXHAUSTED ? "linear: the cpu queue is full"
-                                         : "linear: daemon is stopping");
-    return 0;
-  }
-  ql__weight_ref(w);
-  if (xr)
-    ql__region_ref(xr);
-  if (yr)
-    ql__region_ref(yr);
-  s->queued_bytes += cost;
-  return 1;
 }
 
 /* -------------------------------------------------------------- dispatch */
 
 size_t ql__handlers_in_flight(const ql__server *s) {
-  return s->commits_running + (s->cpu ? ql__worker_pending(s->cpu) : 0);
+  return s->commits_running + ql__linear_in_flight(s);
 }
 
 /*
@@ -1013,7 +698,7 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   int rc = ql__request_decode(buf, len, len + (1u << 20), &req, err,
                               sizeof err);
   if (rc != 0) {
-    reply_error(s, route, 0, rc, err);
+    ql__reply_error(s, route, 0, rc, err);
     return;
   }
   const ql__msg_request *m = req->msg;
@@ -1023,7 +708,7 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   if (!admin && m->body_case != QLINEAR__V1__REQUEST__BODY_HELLO &&
       (ss = ql__session_find(s, m->session_token.data,
                              m->session_token.len)) == NULL) {
-    reply_error(s, route, m->request_id, QL_ESESSION,
+    ql__reply_error(s, route, m->request_id, QL_ESESSION,
                 m->session_token.len == 0
                     ? "the request carries no session token (open a session "
                       "on session.sock first)"
@@ -1033,12 +718,12 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     return;
   }
   if ((rc = ql__request_validate(m, err, sizeof err)) != 0) {
-    reply_error(s, route, m->request_id, rc, err);
+    ql__reply_error(s, route, m->request_id, rc, err);
     ql__request_free(req);
     return;
   }
   if (s->stopping) {
-    reply_error(s, route, m->request_id, QL_ESHUTDOWN, "daemon is stopping");
+    ql__reply_error(s, route, m->request_id, QL_ESHUTDOWN, "daemon is stopping");
     ql__request_free(req);
     return;
   }
@@ -1050,13 +735,13 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   else if (!admin && m->body_case == QLINEAR__V1__REQUEST__BODY_RELOAD)
     refused = "reload_config goes through the admin socket";
   if (refused != NULL) {
-    reply_error(s, route, m->request_id, QL_EPERM, refused);
+    ql__reply_error(s, route, m->request_id, QL_EPERM, refused);
     ql__request_free(req);
     return;
   }
 
-  reply r;
-  reply_init(&r, m->request_id);
+  ql__reply r;
+  ql__reply_init(&r, m->request_id);
   /* Bodies referenced by r live in this frame until send_reply below. */
   union {
     Qlinear__V1__LoadBeginResponse begin;
@@ -1072,7 +757,7 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   Qlinear__V1__ListWeightsResponse list;
   Qlinear__V1__StatsResponse stats;
   list_ctx lc = {NULL, NULL, 0};
-  stats_ctx sc = {NULL, NULL, 0};
+  stats_ctx sc = {s, NULL, NULL, NULL, 0};
 
   switch (m->body_case) {
   case QLINEAR__V1__REQUEST__BODY_HELLO:
@@ -1101,7 +786,7 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     lc.bufs = calloc(n + 1, sizeof *lc.bufs);
     lc.ptrs = calloc(n + 1, sizeof *lc.ptrs);
     if (lc.bufs == NULL || lc.ptrs == NULL) {
-      set_error(&r, QL_ENOMEM, "list: out of memory");
+      ql__reply_set_error(&r, QL_ENOMEM, "list: out of memory");
       break;
     }
     ql__weight_store_foreach(s->weights, list_one, &lc);
@@ -1113,15 +798,16 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     break;
   }
   case QLINEAR__V1__REQUEST__BODY_LINEAR:
-    if (on_linear(s, ss, req, route, &r))
+    if (ql__linear_submit(s, ss, req, route, &r))
       return; /* the job owns req and route now */
     break;
   case QLINEAR__V1__REQUEST__BODY_STATS: {
     size_t n = ql__weight_store_count(s->weights);
     sc.st = calloc(n + 1, sizeof *sc.st);
     sc.ptrs = calloc(n + 1, sizeof *sc.ptrs);
-    if (sc.st == NULL || sc.ptrs == NULL) {
-      set_error(&r, QL_ENOMEM, "stats: out of memory");
+    sc.hist = calloc(n + 1, sizeof *sc.hist);
+    if (sc.st == NULL || sc.ptrs == NULL || sc.hist == NULL) {
+      ql__reply_set_error(&r, QL_ENOMEM, "stats: out of memory");
       break;
     }
     ql__weight_store_foreach(s->weights, stats_one, &sc);
@@ -1156,14 +842,15 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     r.resp.reload = &body.reload;
     break;
   default:
-    set_error(&r, QL_EPROTO, "request has no known body");
+    ql__reply_set_error(&r, QL_EPROTO, "request has no known body");
     break;
   }
-  send_reply(s, route, &r);
+  ql__reply_send(s, route, &r);
   free(lc.bufs);
   free(lc.ptrs);
   free(sc.st);
   free(sc.ptrs);
+  free(sc.hist);
   ql__request_free(req);
 }
 

@@ -39,7 +39,12 @@ typedef struct ql__config {
   size_t max_upload_bytes;   /* all uploads in progress together */
   uint64_t upload_idle_ms;   /* an idle upload is dropped after this */
   uint64_t session_lease_ms; /* a session idle this long ends; 0: never */
-  size_t max_queue;          /* waiting jobs per device worker */
+  size_t max_queue;          /* waiting requests per (weight, device,
+                                path) queue */
+  uint32_t max_batch_rows;   /* rows of one launch */
+  uint32_t prefill_chunk_rows; /* rows of one activation-quantized launch */
+  uint64_t max_queue_delay_us; /* a small batch may wait this long */
+  size_t session_max_requests; /* requests of one session in the queues */
   size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */
   uint64_t drain_ms;         /* shutdown: queued work not started by then
                                 is answered QL_ESHUTDOWN */
@@ -75,6 +80,7 @@ typedef struct ql__server {
                                     (session.h) */
   ql__weight_store *weights;
   ql__uploads *uploads;
+  struct ql__linear_state *lin; /* the scheduler and its timers (linear.c) */
   ql__worker *cpu; /* the CPU device worker */
   const ql_backend *cpu_backend; /* its kernels (registry) */
   uv_signal_t sig_int, sig_term, sig_hup;

@@ -19,6 +19,7 @@
 
 #include "conf.h"
 #include "handlers.h"
+#include "linear.h"
 #include "log.h"
 #include "notify.h"
 #include "qlineard.h"
@@ -231,6 +232,7 @@ static void on_drain(uv_timer_t *t) {
                ql__handlers_in_flight(s),
                ql__handlers_in_flight(s) == 1 ? "" : "s");
       atomic_store(&s->cancel, 1);
+      ql__linear_cancel_waiting(s);
     }
     return;
   }
@@ -305,6 +307,7 @@ void ql__server_reload(ql__server *s, char *report, size_t len) {
   ql__worker_set_max_queue(s->cpu, s->cfg.max_queue);
   ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
   ql__weight_store_set_budget(s->weights, s->cfg.cpu_budget_bytes);
+  ql__linear_configure(s);
   ql__notice("reload: %s", report);
   ql__notify_status("reloaded: %s", report);
 }
@@ -330,6 +333,7 @@ static void close_all(ql__server *s) {
   uv_close((uv_handle_t *)&s->sweep, NULL);
   uv_close((uv_handle_t *)&s->drain, NULL);
   uv_close((uv_handle_t *)&s->watchdog, NULL);
+  ql__linear_close_timers(s);
 }
 
 int ql__server_run(const ql__config *cfg, int argc, char **argv) {
@@ -391,6 +395,11 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
       (rc = ql__uploads_create(cfg->max_upload_bytes, &s->uploads)) != 0 ||
       (rc = ql__worker_create(&loop, "cpu", cfg->max_queue, &s->cpu)) != 0) {
     ql__err("cannot start: %s", ql_strerror(rc));
+    goto fail;
+  }
+  /* Before the store loads: weights tell the scheduler when they go. */
+  if ((rc = ql__linear_open(s)) != 0) {
+    ql__err("cannot start the scheduler: %s", ql_strerror(rc));
     goto fail;
   }
   if (cfg->state_dir[0] != '\0' && open_store(s) != 0)
@@ -455,6 +464,7 @@ fail:
   ql__worker_free(s->cpu);
   ql__uploads_free(s->uploads);
   ql__weight_store_free(s->weights);
+  ql__linear_close(s);
   ql__store_close(s->store);
   uv_run(&loop, UV_RUN_NOWAIT); /* runs close callbacks still pending */
   if (uv_loop_close(&loop) != 0)

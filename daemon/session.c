@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "protocol.h"
+#include "linear.h"
 #include "session.h"
 
 #define TOKEN_BUCKETS 256 /* indexed by the token's first byte */
@@ -415,6 +416,8 @@ static void session_end(ql__session *ss, const char *why) {
     }
   }
   o->count--;
+  /* Its waiting requests go first: their replies go nowhere now. */
+  ql__linear_session_ended(s, ss->id);
   size_t nreg = ss->n_regions, nheld = ss->n_held;
   while (ss->regions != NULL)
     region_destroy(o, ss, ss->regions->id);

@@ -14,7 +14,16 @@ struct ql__weight_store {
   size_t count;
   size_t bytes;  /* sum of bytes of the weights in the store */
   size_t budget; /* 0: no limit */
+  void (*on_free)(ql__weight *w, void *arg);
+  void *on_free_arg;
 };
+
+void ql__weight_store_set_free_hook(ql__weight_store *s,
+                                    void (*fn)(ql__weight *w, void *arg),
+                                    void *arg) {
+  s->on_free = fn;
+  s->on_free_arg = arg;
+}
 
 /* FNV-1a: names are short and come from authenticated local clients; the
  * table only needs to spread them. */
@@ -197,6 +206,8 @@ int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
   w->refs++;
   s->count++;
   s->bytes += w->bytes;
+  w->on_free = s->on_free;
+  w->on_free_arg = s->on_free_arg;
   return 0;
 }
 
@@ -231,6 +242,8 @@ void ql__weight_ref(ql__weight *w) { w->refs++; }
 void ql__weight_unref(ql__weight *w) {
   if (w == NULL || --w->refs > 0)
     return;
+  if (w->on_free != NULL)
+    w->on_free(w, w->on_free_arg);
   if (w->repack != NULL)
     w->repack->free_packed(w->packed);
   ql__store_layout_unmap(w->layout_map); /* after the layout borrowing it */

@@ -48,6 +48,13 @@ typedef struct ql__weight {
   int persistent;                  /* its file is in the state directory */
   int storing;                     /* a store write of it is running */
   ql__weight_stats stats;
+  /* The scheduler's queue keys, one per activation dtype (&sched_key[dt]):
+   * one launch takes one dtype. */
+  char sched_key[4];
+  /* Called with the weight before it is freed (its last reference gone),
+   * when it was ever in a store: set from the store's hook at insert. */
+  void (*on_free)(struct ql__weight *w, void *arg);
+  void *on_free_arg;
   struct ql__weight *next;         /* hash chain / list link */
 } ql__weight;
 
@@ -56,6 +63,12 @@ typedef struct ql__weight_store ql__weight_store;
 /* budget: resident bytes (ql__weight.bytes summed over the weights in the
  * store) the store may hold; 0 for no limit. */
 int ql__weight_store_create(size_t budget, ql__weight_store **out);
+
+/* fn(w, arg) runs when a weight that was inserted in s is freed (loop
+ * thread), e.g. to forget its queues. NULL: nothing. */
+void ql__weight_store_set_free_hook(ql__weight_store *s,
+                                    void (*fn)(ql__weight *w, void *arg),
+                                    void *arg);
 
 /* Changes the budget (SIGHUP); weights already in the store stay even if
  * they now exceed it. */

@@ -213,7 +213,9 @@ START_TEST(test_table_invariants) {
       "socket_dir", "max_message_bytes", "max_chunk_bytes", "max_upload_bytes",
       "upload_idle_ms", "max_queue", "max_queued_bytes", "drain_ms",
       "crossover_rows", "log_level", "state_dir", "admin_dir", "cpu_threads",
-      "cpu_budget_bytes", "required_devices", "session_lease_ms"};
+      "cpu_budget_bytes", "required_devices", "session_lease_ms",
+      "max_batch_rows", "prefill_chunk_rows", "max_queue_delay_us",
+      "session_max_requests"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
@@ -1135,7 +1137,9 @@ START_TEST(test_live_set) {
   static const char *live[] = {"max_upload_bytes", "upload_idle_ms",
                                "max_queue", "max_queued_bytes",
                                "crossover_rows", "drain_ms", "log_level",
-                               "cpu_budget_bytes", "session_lease_ms"};
+                               "cpu_budget_bytes", "session_lease_ms",
+                               "max_batch_rows", "prefill_chunk_rows",
+                               "max_queue_delay_us", "session_max_requests"};
   size_t n, nlive = 0;
   const ql__option *t = ql__config_options(&n);
   for (size_t i = 0; i < n; i++)

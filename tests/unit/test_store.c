@@ -542,8 +542,10 @@ START_TEST(test_layout_cache) {
   ck_assert_uint_eq(len, sizeof img);
   ck_assert_uint_eq((uintptr_t)data % 4096, 0);
   ck_assert_mem_eq(data, img, sizeof img);
+  ql__store_layout_unmap(map);
   ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-2", &data, &len, &map),
                    QL_ENOTFOUND);
+  ck_assert_ptr_null(map);
   ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-1", &data, &len, &map), 0);
   /* Another name with the same content keeps the layout; the last one
    * takes it along, and a mapping stays readable after that. */

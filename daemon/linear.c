@@ -1,0 +1,646 @@
+/* linear.c - see linear.h. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "linear.h"
+#include "log.h"
+#include "registry.h"
+#include "scheduler.h"
+#include "session.h"
+
+/* The CPU device's index in the scheduler (the only device for now). */
+#define DEV_CPU 0u
+/* Slices one batch may hold: one per request at least, up to the rows. */
+#define BATCH_SLICES 256u
+
+/* One Linear request: the scheduler's record and what its reply needs. */
+typedef struct lin_req {
+  ql__sched_req sr;
+  ql__server *s;
+  void *route;
+  ql__request *req; /* owns x when it is inline */
+  ql__weight *w;    /* one reference */
+  ql__region *xr;   /* x's region (one reference), or NULL: inline */
+  ql__region *yr;   /* y's region (one reference), or NULL: y is ours */
+  const uint8_t *x; /* inline data or inside xr's mapping */
+  uint8_t *y;       /* malloc'd here, or inside yr's mapping */
+  size_t x_row, y_row; /* bytes of one row of x and of y */
+  size_t y_bytes;
+  size_t cost;      /* bytes counted in s->queued_bytes */
+  ql_dtype dt;
+  ql_path path;
+  int rc;           /* the first error of a batch it was in */
+  const char *impl; /* of its last launch (static) */
+  uint64_t first_ns; /* when its first rows started (0: not yet) */
+} lin_req;
+
+/* One launch on the device worker. */
+typedef struct batch_job {
+  ql__job job;
+  ql__server *s;
+  ql__sched_batch b;
+  ql__sched_slice slice[BATCH_SLICES];
+  int slice_rc[BATCH_SLICES];
+  int rc;
+  const char *impl;
+} batch_job;
+
+struct ql__linear_state {
+  ql__sched *sched;
+  int busy;            /* a batch is on the CPU worker */
+  size_t in_flight;    /* accepted, not yet answered */
+  uv_timer_t retry;    /* max_queue_delay_us: ask the scheduler again */
+  uv_timer_t expire;   /* answers expired requests while the worker is busy */
+  int timers;
+};
+
+static lin_req *of(ql__sched_req *sr) {
+  return (lin_req *)((char *)sr - offsetof(lin_req, sr));
+}
+
+static ql__sched_config sched_config(const ql__config *c) {
+  ql__sched_config sc;
+  memset(&sc, 0, sizeof sc);
+  sc.max_batch_rows = c->max_batch_rows;
+  sc.max_queue_delay_us = c->max_queue_delay_us;
+  sc.prefill_chunk_rows = c->prefill_chunk_rows;
+  sc.max_queue = c->max_queue;
+  sc.session_quota = c->session_max_requests;
+  sc.n_devices = 1;
+  return sc;
+}
+
+static void on_weight_freed(ql__weight *w, void *arg) {
+  ql__server *s = arg;
+  if (s->lin == NULL || s->lin->sched == NULL)
+    return;
+  for (int dt = 0; dt < 4; dt++)
+    ql__sched_forget(s->lin->sched, &w->sched_key[dt]);
+}
+
+static void pump(ql__server *s);
+
+static void on_retry(uv_timer_t *t) { pump(t->data); }
+
+static void answer_list(ql__server *s, ql__sched_req *list);
+
+static void on_expire(uv_timer_t *t) {
+  ql__server *s = t->data;
+  ql__sched_req *out = NULL;
+  ql__sched_expire(s->lin->sched, ql__now_ns(), &out);
+  answer_list(s, out);
+}
+
+int ql__linear_open(ql__server *s) {
+  struct ql__linear_state *l = calloc(1, sizeof *l);
+  if (l == NULL)
+    return QL_ENOMEM;
+  ql__sched_config sc = sched_config(&s->cfg);
+  int rc = ql__sched_create(&sc, &l->sched);
+  if (rc != 0) {
+    free(l);
+    return rc;
+  }
+  uv_timer_init(s->loop, &l->retry);
+  uv_timer_init(s->loop, &l->expire);
+  l->retry.data = l->expire.data = s;
+  l->timers = 1;
+    s->lin = l;
+  ql__weight_store_set_free_hook(s->weights, on_weight_freed, s);
+  return 0;
+}
+
+void ql__linear_configure(ql__server *s) {
+  ql__sched_config sc = sched_config(&s->cfg);
+  if (s->lin != NULL && ql__sched_configure(s->lin->sched, &sc) != 0)
+    ql__warn("the scheduler kept its configuration");
+}
+
+void ql__linear_close_timers(ql__server *s) {
+  if (s->lin != NULL && s->lin->timers) {
+    uv_close((uv_handle_t *)&s->lin->retry, NULL);
+    uv_close((uv_handle_t *)&s->lin->expire, NULL);
+    s->lin->timers = 0;
+  }
+}
+
+void ql__linear_close(ql__server *s) {
+  if (s->lin == NULL)
+    return;
+  ql__sched_free(s->lin->sched);
+  free(s->lin);
+  s->lin = NULL;
+}
+
+size_t ql__linear_in_flight(const ql__server *s) {
+  return s->lin ? s->lin->in_flight : 0;
+}
+
+/* ----------------------------------------------------------- replies */
+
+/* Answers one request and frees it. */
+static void answer(ql__server *s, lin_req *j) {
+  ql__reply r;
+  Qlinear__V1__LinearResponse out;
+  Qlinear__V1__Tensor y;
+  Qlinear__V1__RegionSlice yslice;
+  uint64_t shape[2] = {j->sr.rows, (uint64_t)j->w->q->n};
+  int rc = j->sr.status != 0 ? j->sr.status : j->rc;
+  ql__reply_init(&r, j->req->msg->request_id);
+  s->queued_bytes -= j->cost;
+  if (--s->lin->in_flight == 0)
+    uv_timer_stop(&s->lin->expire);
+  if (rc == QL_ENONFINITE) {
+    ql__reply_set_error(&r, rc, "linear: NaN or Inf in the activations");
+  } else if (rc == QL_ESHUTDOWN) {
+    ql__reply_set_error(&r, rc, "linear: the daemon stopped before running "
+                        "it");
+  } else if (rc == QL_EDEADLINE) {
+    ql__reply_set_error(&r, rc, "linear: the deadline passed before it "
+                        "started");
+  } else if (rc == QL_ESESSION) {
+    ql__reply_set_error(&r, rc, "linear: the session ended");
+  } else if (rc != 0) {
+    ql__reply_set_error(&r, rc, "linear: %s", ql_strerror(rc));
+  } else {
+    qlinear__v1__linear_response__init(&out);
+    qlinear__v1__tensor__init(&y);
+    y.dtype = (Qlinear__V1__DType)j->dt;
+    y.shape = shape;
+    y.n_shape = 2;
+    if (j->yr != NULL) {
+      /* The result is where the client asked for it: name that slice. */
+      const Qlinear__V1__RegionSlice *want = j->req->msg->linear->y_out;
+      qlinear__v1__region_slice__init(&yslice);
+      yslice.region_id = want->region_id;
+      yslice.offset = want->offset;
+      yslice.length = want->length;
+      y.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+      y.region = &yslice;
+    } else {
+      y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+      y.inline_data.data = j->y;
+      y.inline_data.len = j->y_bytes;
+    }
+    out.y = &y;
+    out.path = (Qlinear__V1__Path)j->path;
+    out.impl = (char *)(j->impl ? j->impl : "");
+    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LINEAR;
+    r.resp.linear = &out;
+    j->w->stats.requests++;
+    j->w->stats.rows += j->sr.rows;
+    if (j->impl != NULL)
+      j->w->stats.impl = j->impl;
+  }
+  ql__reply_send(s, j->route, &r);
+  ql__weight_unref(j->w);
+  /* A region destroyed (or whose session ended) while this waited is
+   * unmapped here, by its last reference. */
+  ql__region_unref(j->xr);
+  ql__region_unref(j->yr);
+  ql__request_free(j->req);
+  if (j->yr == NULL)
+    free(j->y);
+  free(j);
+}
+
+static void answer_list(ql__server *s, ql__sched_req *list) {
+  while (list != NULL) {
+    ql__sched_req *next = list->next;
+    answer(s, of(list));
+    list = next;
+  }
+}
+
+/* ----------------------------------------------------------- batches */
+
+/* The kernel of (weight, path, dtype) for m rows; NULL: none can run it. */
+static const ql_kernel_impl *kernel(const ql__server *s, const ql_qweight *q,
+                                    ql_path path, ql_dtype dt, int64_t m) {
+  ql_op op = path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO : QL_OP_LINEAR_AQ;
+  return ql_dispatch(s->cpu_backend, op, q->format, dt, m, q->n, q->k);
+}
+
+static int run_rows(const ql__server *s, const ql__weight *w, ql_path path,
+                    ql_dtype dt, const void *x, int64_t m, void *y,
+                    const char **impl) {
+  const ql_kernel_impl *im = kernel(s, w->q, path, dt, m);
+  if (im == NULL)
+    return QL_ENOTSUP;
+  ql_op op = path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO : QL_OP_LINEAR_AQ;
+  /* The generic ops read the canonical form; a backend's own read the
+   * layout its repack made at load (NULL when it has none). */
+  const void *packed = im == ql_generic_impl(op) ? NULL : w->packed;
+  ql_linear_args a = {w->q, packed, dt, x, m, y};
+  *impl = im->name;
+  return im->fn.linear(&a);
+}
+
+/*
+ * Worker thread. One slice runs in place (x and y where the request has
+ * them: inline, or in a region the client maps too, no copy); several are
+ * gathered into one x, run as one launch, and y scattered back. The
+ * kernels compute every row on its own (DESIGN §4: batch-invariant), so a
+ * request's bytes do not depend on what it was batched with. A launch that
+ * finds NaN or Inf is run again slice by slice, so only the request that
+ * holds it fails.
+ */
+static void batch_run(ql__job *job) {
+  batch_job *bj = (batch_job *)job;
+  ql__server *s = bj->s;
+  ql__sched_batch *b = &bj->b;
+  lin_req *first = of(b->slice[0].req);
+  const ql__weight *w = first->w;
+  ql_dtype dt = first->dt;
+  size_t xr = first->x_row, yr = first->y_row;
+  uint8_t *xbuf = NULL, *ybuf = NULL;
+
+  /* Fault injection for tests of queueing, ordering and the drain: a
+   * launch that takes a known time whatever the kernels' speed. */
+  if (s->test_delay_ms > 0) {
+    struct timespec ts = {(time_t)(s->test_delay_ms / 1000),
+                          (long)(s->test_delay_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  if (atomic_load(&s->cancel)) {
+    bj->rc = QL_ESHUTDOWN;
+    return;
+  }
+  if (b->n == 1) {
+    lin_req *j = first;
+    uint32_t off = b->slice[0].offset;
+    bj->rc = run_rows(s, w, b->path, dt, j->x + (size_t)off * xr,
+                      b->slice[0].rows, j->y + (size_t)off * yr, &bj->impl);
+    return;
+  }
+  xbuf = malloc((size_t)b->rows * xr);
+  ybuf = malloc((size_t)b->rows * yr);
+  if (xbuf == NULL || ybuf == NULL) {
+    bj->rc = QL_ENOMEM;
+    goto done;
+  }
+  size_t at = 0;
+  for (uint32_t i = 0; i < b->n; i++) {
+    const ql__sched_slice *sl = &b->slice[i];
+    memcpy(xbuf + at * xr, of(sl->req)->x + (size_t)sl->offset * xr,
+           (size_t)sl->rows * xr);
+    at += sl->rows;
+  }
+  bj->rc = run_rows(s, w, b->path, dt, xbuf, b->rows, ybuf, &bj->impl);
+  if (bj->rc == QL_ENONFINITE) {
+    bj->rc = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+      const ql__sched_slice *sl = &b->slice[i];
+      lin_req *j = of(sl->req);
+      bj->slice_rc[i] =
+          run_rows(s, w, b->path, dt, j->x + (size_t)sl->offset * xr,
+                   sl->rows, j->y + (size_t)sl->offset * yr, &bj->impl);
+    }
+    goto done;
+  }
+  if (bj->rc != 0)
+    goto done;
+  at = 0;
+  for (uint32_t i = 0; i < b->n; i++) {
+    const ql__sched_slice *sl = &b->slice[i];
+    memcpy(of(sl->req)->y + (size_t)sl->offset * yr, ybuf + at * yr,
+           (size_t)sl->rows * yr);
+    at += sl->rows;
+  }
+done:
+  free(xbuf);
+  free(ybuf);
+}
+
+static void batch_done(ql__job *job) {
+  batch_job *bj = (batch_job *)job;
+  ql__server *s = bj->s;
+  ql__sched_batch *b = &bj->b;
+  ql__sched_req *finished = NULL;
+  ql__weight *w = of(b->slice[0].req)->w;
+  for (uint32_t i = 0; i < b->n; i++) {
+    lin_req *j = of(b->slice[i].req);
+    int rc = bj->rc != 0 ? bj->rc : bj->slice_rc[i];
+    if (rc != 0 && j->rc == 0)
+      j->rc = rc;
+    j->impl = bj->impl;
+  }
+  w->stats.batches++;
+  if (b->path == QL_PATH_WEIGHT_ONLY)
+    w->stats.wo_batches++;
+  else
+    w->stats.aq_batches++;
+  w->stats.kernel_ns += job->end_ns - job->start_ns;
+  ql__sched_complete(s->lin->sched, b, bj->rc == 0 ? job->end_ns - job->start_ns
+                                                   : 0, &finished);
+  s->lin->busy = 0;
+  free(bj);
+  answer_list(s, finished);
+  pump(s);
+}
+
+/*
+ * Gives the CPU worker its next batch when it has none. Expired requests
+ * the scheduler hands back on the way are answered; a queue held back by
+ * max_queue_delay_us sets the retry timer.
+ */
+static void pump(ql__server *s) {
+  struct ql__linear_state *l = s->lin;
+  while (!l->busy) {
+    batch_job *bj = calloc(1, sizeof *bj);
+    if (bj == NULL) {
+      /* Work stays queued; the next arrival or completion tries again. */
+      ql__err("out of memory for a batch");
+      return;
+    }
+    bj->s = s;
+    bj->b.slice = bj->slice;
+    bj->b.cap = BATCH_SLICES;
+    uint64_t now = ql__now_ns();
+    ql__sched_next(l->sched, DEV_CPU, now, &bj->b);
+    answer_list(s, bj->b.expired);
+    bj->b.expired = NULL;
+    if (bj->b.n == 0) {
+      if (bj->b.retry_ns > now)
+        uv_timer_start(&l->retry, on_retry,
+                       (bj->b.retry_ns - now + 999999) / 1000000, 0);
+      free(bj);
+      return;
+    }
+    for (uint32_t i = 0; i < bj->b.n; i++) {
+      lin_req *j = of(bj->b.slice[i].req);
+      if (j->first_ns == 0) {
+        j->first_ns = now;
+        j->w->stats.queue_ns += now - j->sr.enqueue_ns;
+      }
+    }
+    bj->job.run = batch_run;
+    bj->job.done = batch_done;
+    int rc = ql__worker_submit(s->cpu, &bj->job);
+    if (rc != 0) {
+      /* Only after close: hand the rows back as failed. */
+      ql__sched_req *finished = NULL;
+      bj->rc = rc;
+      for (uint32_t i = 0; i < bj->b.n; i++)
+        if (of(bj->b.slice[i].req)->rc == 0)
+          of(bj->b.slice[i].req)->rc = rc;
+      ql__sched_complete(l->sched, &bj->b, 0, &finished);
+      free(bj);
+      answer_list(s, finished);
+      continue;
+    }
+    l->busy = 1;
+  }
+}
+
+/* ------------------------------------------------------------ arrival */
+
+/*
+ * Looks up a slice in the session's regions and checks its bounds the only
+ * safe way, off <= size && len <= size - off (protocol.c has already
+ * checked its alignment and, for x, its length). Sets r and returns NULL
+ * when it does not fit.
+ */
+static ql__region *slice_region(ql__session *ss, const char *what,
+                                const Qlinear__V1__RegionSlice *sl,
+                                ql__reply *r) {
+  ql__region *reg = ql__session_region(ss, sl->region_id);
+  if (reg == NULL) {
+    ql__reply_set_error(r, QL_ENOTFOUND, "linear: %s: the session has no "
+                        "region %llu", what,
+                        (unsigned long long)sl->region_id);
+    return NULL;
+  }
+  if (!ql__slice_valid(sl->offset, sl->length, reg->size)) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: %s: %llu bytes at offset %llu "
+                        "do not fit region %llu of %llu bytes", what,
+                        (unsigned long long)sl->length,
+                        (unsigned long long)sl->offset,
+                        (unsigned long long)reg->id,
+                        (unsigned long long)reg->size);
+    return NULL;
+  }
+  return reg;
+}
+
+/* The row count from which AUTO requests of w run activation-quantized. */
+static uint64_t crossover(const ql__server *s, const ql__weight *w) {
+  (void)w;
+  return s->cfg.crossover_rows;
+}
+
+static const char *format_name(int f) {
+  static const char *const names[] = {"?", "q4g", "q8c", "q8b", "f8r"};
+  return f >= 1 && f <= 4 ? names[f] : "?";
+}
+
+int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
+                      void *route, ql__reply *r) {
+  const Qlinear__V1__LinearRequest *l = req->msg->linear;
+  const Qlinear__V1__Tensor *x = l->x;
+  const Qlinear__V1__RegionSlice *xs =
+      x->data_case == QLINEAR__V1__TENSOR__DATA_REGION ? x->region : NULL;
+  const Qlinear__V1__RegionSlice *ys = l->y_out;
+  uint64_t now = ql__now_ns();
+  ql__weight *w = ql__weight_store_get(s->weights, l->weight);
+  if (w == NULL) {
+    ql__reply_set_error(r, QL_ENOTFOUND, "linear: no weight named '%s'",
+                        l->weight);
+    return 0;
+  }
+  if (l->device[0] != '\0' && strcmp(l->device, "cpu") != 0) {
+    ql__reply_set_error(r, QL_ENOTFOUND, "linear: no device '%.64s' holds "
+                        "weight '%s' (it is on: cpu)", l->device, w->name);
+    return 0;
+  }
+  uint64_t m = x->shape[0], k = x->shape[1];
+  if (k != (uint64_t)w->q->k) {
+    ql__reply_set_error(r, QL_ESHAPE, "linear: x has K=%llu, weight '%s' has "
+                        "K=%lld", (unsigned long long)k, w->name,
+                        (long long)w->q->k);
+    return 0;
+  }
+  if (m > UINT32_MAX) {
+    ql__reply_set_error(r, QL_ESHAPE, "linear: %llu rows are too many",
+                        (unsigned long long)m);
+    return 0;
+  }
+  ql_dtype dt = (ql_dtype)x->dtype;
+  size_t esz = ql_dtype_size(dt), y_bytes;
+  if (ql__mul_size(m, (size_t)w->q->n, esz, &y_bytes) != 0) {
+    ql__reply_set_error(r, QL_ESHAPE, "linear: the [%llu,%lld] result "
+                        "overflows", (unsigned long long)m,
+                        (long long)w->q->n);
+    return 0;
+  }
+  /* Only an inline y travels in the reply: a region takes any size. */
+  if (ys == NULL && y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
+    ql__reply_set_error(r, QL_ETOOBIG, "linear: the [%llu,%lld] result "
+                        "exceeds the %zu-byte message cap",
+                        (unsigned long long)m, (long long)w->q->n,
+                        s->cfg.max_message_bytes);
+    return 0;
+  }
+  ql__region *xr = NULL, *yr = NULL;
+  if (xs != NULL && (xr = slice_region(ss, "x", xs, r)) == NULL)
+    return 0;
+  if (ys != NULL) {
+    if ((yr = slice_region(ss, "y_out", ys, r)) == NULL)
+      return 0;
+    if (ys->length != y_bytes) {
+      ql__reply_set_error(r, QL_ESHAPE, "linear: the y_out slice holds %llu "
+                          "bytes, [%llu,%lld] of %zu-byte elements needs %zu",
+                          (unsigned long long)ys->length,
+                          (unsigned long long)m, (long long)w->q->n, esz,
+                          y_bytes);
+      return 0;
+    }
+    /* Both slices are inside their regions, so these sums cannot wrap. */
+    if (xr == yr && xs->offset < ys->offset + ys->length &&
+        ys->offset < xs->offset + xs->length) {
+      ql__reply_set_error(r, QL_EINVAL, "linear: the x and y_out slices "
+                          "overlap");
+      return 0;
+    }
+  }
+  /* Path: the request's own choice, else the weight's policy, else by the
+   * request's own row count (DESIGN §6), never by what it is batched
+   * with: that keeps its reply reproducible. */
+  ql_path path = (ql_path)l->path;
+  if (path == QL_PATH_AUTO)
+    path = w->policy;
+  if (path == QL_PATH_AUTO)
+    path = m < crossover(s, w) ? QL_PATH_WEIGHT_ONLY : QL_PATH_ACT_QUANT;
+  /* Where no implementation can run the activation-quantized path (q8b is
+   * weight-only; int8 AQ accumulates in int32, which bounds K for q8c), a
+   * chosen path falls back to weight-only and a forced one is refused. */
+  if (path == QL_PATH_ACT_QUANT &&
+      kernel(s, w->q, QL_PATH_ACT_QUANT, dt, (int64_t)m) == NULL) {
+    if ((ql_path)l->path == QL_PATH_ACT_QUANT) {
+      ql__reply_set_error(r, QL_ENOTSUP, "linear: %s weight '%s' (K=%lld) has "
+                          "no activation-quantized path",
+                          format_name(w->q->format), w->name,
+                          (long long)w->q->k);
+      return 0;
+    }
+    path = QL_PATH_WEIGHT_ONLY;
+  }
+  /* Waiting requests hold their inline x and their inline y: bound both.
+   * Region memory is the session's and bounded there. */
+  size_t cost = (xr ? 0 : x->inline_data.len) + (yr ? 0 : y_bytes);
+  if (cost > s->cfg.max_queued_bytes - s->queued_bytes) {
+    ql__reply_set_error(r, QL_EEXHAUSTED, "linear: %zu bytes of requests are "
+                        "already queued", s->queued_bytes);
+    return 0;
+  }
+  lin_req *j = calloc(1, sizeof *j);
+  if (j == NULL || (yr == NULL && (j->y = malloc(y_bytes ? y_bytes : 1)) ==
+                                      NULL)) {
+    free(j);
+    ql__reply_set_error(r, QL_ENOMEM, "linear: out of memory");
+    return 0;
+  }
+  j->s = s;
+  j->route = route;
+  j->req = req;
+  j->w = w;
+  j->xr = xr;
+  j->yr = yr;
+  j->x = xr ? xr->base + xs->offset : x->inline_data.data;
+  if (yr)
+    j->y = yr->base + ys->offset;
+  j->x_row = (size_t)k * esz;
+  j->y_row = (size_t)w->q->n * esz;
+  j->y_bytes = y_bytes;
+  j->cost = cost;
+  j->dt = dt;
+  j->path = path;
+  j->sr.weight = &w->sched_key[dt & 3];
+  j->sr.device = (int)DEV_CPU;
+  j->sr.path = path;
+  j->sr.rows = (uint32_t)m;
+  j->sr.session = ql__session_id(ss);
+  j->sr.deadline_ns =
+      req->msg->deadline_us ? now + req->msg->deadline_us * 1000u : 0;
+  int rc = m == 0 ? 0 : ql__sched_submit(s->lin->sched, &j->sr, now);
+  if (rc != 0) {
+    if (yr == NULL)
+      free(j->y);
+    free(j);
+    if (rc == QL_EEXHAUSTED)
+      ql__reply_set_error(r, rc, "linear: the queue of '%s' is full, or the "
+                          "session has %zu requests waiting", w->name,
+                          ql__sched_session_count(s->lin->sched,
+                                                  ql__session_id(ss)));
+    else if (rc == QL_EDEADLINE)
+      ql__reply_set_error(r, rc, "linear: the deadline passed on arrival");
+    else
+      ql__reply_set_error(r, rc, "linear: %s", ql_strerror(rc));
+    return 0;
+  }
+  ql__weight_ref(w);
+  if (xr)
+    ql__region_ref(xr);
+  if (yr)
+    ql__region_ref(yr);
+  s->queued_bytes += cost;
+  s->lin->in_flight++;
+  /* Deadlines are checked at every launch; while a long batch runs this
+   * timer answers the expired ones on time. */
+  if (j->sr.deadline_ns != 0 && !uv_is_active((uv_handle_t *)&s->lin->expire))
+    uv_timer_start(&s->lin->expire, on_expire, 5, 5);
+  if (m == 0) { /* nothing to compute: an empty [0, N] result */
+    answer(s, j);
+    return 1;
+  }
+  pump(s);
+  return 1;
+}
+
+/* ---------------------------------------------------------- the end */
+
+void ql__linear_session_ended(ql__server *s, uint64_t session_id) {
+  ql__sched_req *out = NULL;
+  if (s->lin == NULL)
+    return;
+  ql__sched_remove_session(s->lin->sched, session_id, QL_ESESSION, &out);
+  answer_list(s, out);
+}
+
+void ql__linear_cancel_waiting(ql__server *s) {
+  ql__sched_req *out = NULL;
+  if (s->lin == NULL)
+    return;
+  ql__sched_remove_all(s->lin->sched, QL_ESHUTDOWN, &out);
+  answer_list(s, out);
+}
+
+void ql__linear_stats(const ql__server *s, const ql__weight *w,
+                      Qlinear__V1__WeightStats *out,
+                      uint64_t queue_hist[32], uint64_t kernel_hist[32]) {
+  size_t nq = 0, nk = 0;
+  memset(queue_hist, 0, 32 * sizeof *queue_hist);
+  memset(kernel_hist, 0, 32 * sizeof *kernel_hist);
+  for (int dt = 0; s->lin != NULL && dt < 4; dt++) {
+    ql__sched_stats st;
+    if (ql__sched_stats_get(s->lin->sched, &w->sched_key[dt], DEV_CPU, &st) !=
+        0)
+      continue;
+    out->expired += st.expired;
+    for (unsigned b = 0; b < QL_SCHED_HIST_BUCKETS && b < 32; b++) {
+      queue_hist[b] += st.queue_hist[b];
+      kernel_hist[b] += st.kernel_hist[b];
+    }
+  }
+  for (size_t b = 0; b < 32; b++) {
+    if (queue_hist[b])
+      nq = b + 1;
+    if (kernel_hist[b])
+      nk = b + 1;
+  }
+  out->queue_hist = queue_hist;
+  out->n_queue_hist = nq;
+  out->kernel_hist = kernel_hist;
+  out->n_kernel_hist = nk;
+}

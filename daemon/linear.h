@@ -1,0 +1,62 @@
+/*
+ * linear.h - Linear requests from arrival to reply (DESIGN §6): checked
+ * and routed here (path by the request's own row count), queued in the
+ * scheduler (scheduler.h), run as coalesced batches on the device worker,
+ * and answered one by one as their rows complete.
+ *
+ * Everything here runs on the loop thread except the kernels, which run
+ * on the device worker on batches that hold references to everything they
+ * read or write (weight, regions, the requests' buffers).
+ */
+#ifndef QL_LINEAR_H
+#define QL_LINEAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol.h"
+#include "qlineard.h"
+#include "reply.h"
+
+struct ql__session;
+
+/* Makes s->sched from s->cfg and hooks the weights' end into it. 0 or a
+ * QL_E* code. */
+int ql__linear_open(ql__server *s);
+
+/* Applies the live options (SIGHUP, ReloadConfig). */
+void ql__linear_configure(ql__server *s);
+
+/* Closes the timers (with the loop's other handles). */
+void ql__linear_close_timers(ql__server *s);
+
+/* Frees the scheduler; call once nothing is in flight (after the worker
+ * closed) and after the weight store (weights tell it when they go). Safe
+ * when ql__linear_open() failed or never ran. */
+void ql__linear_close(ql__server *s);
+
+/*
+ * A Linear request of session ss. Returns 1 when it was accepted: req and
+ * route are then owned here and answered later. Returns 0 with r set to
+ * the error otherwise (req and route stay the caller's).
+ */
+int ql__linear_submit(ql__server *s, struct ql__session *ss,
+                      ql__request *req, void *route, ql__reply *r);
+
+/* Linear requests accepted and not yet answered. */
+size_t ql__linear_in_flight(const ql__server *s);
+
+/* The session ended: its waiting requests are answered QL_ESESSION (their
+ * replies go nowhere; this frees what they hold). */
+void ql__linear_session_ended(ql__server *s, uint64_t session_id);
+
+/* The drain deadline passed: every waiting request is answered
+ * QL_ESHUTDOWN (a batch already running completes). */
+void ql__linear_cancel_waiting(ql__server *s);
+
+/* Counters of weight w on the CPU device, over its activation dtypes. */
+void ql__linear_stats(const ql__server *s, const ql__weight *w,
+                      Qlinear__V1__WeightStats *out,
+                      uint64_t queue_hist[32], uint64_t kernel_hist[32]);
+
+#endif /* QL_LINEAR_H */

@@ -1,0 +1,473 @@
+/*
+ * test_sched.c - the scheduler in a real qlineard (DESIGN §6): many client
+ * processes whose requests are coalesced, every reply checked byte for
+ * byte against the reference computed in the client (so a request's bytes
+ * are the same alone or coalesced), backpressure (a full queue, a session
+ * quota), deadlines, and a long prefill run in chunks with decode work
+ * going between them.
+ *
+ * QL_TEST_KERNEL_DELAY_MS makes every launch of the daemon take a known
+ * time, so that requests pile up behind one another whatever the kernels'
+ * speed; no assertion depends on how fast this machine is, only on order
+ * and on bounds of several times the delay.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "harness.h"
+#include "ql_kernels.h"
+#include "qlinear/qlinear.h"
+#include "testutil.h"
+
+#define N 256
+#define K 512
+#define GS 128
+
+static float W[N * K], B[N];
+static ql_qweight *Q; /* the daemon's canonical weight, made here too */
+
+static void make_weight(void) {
+  uint64_t seed = 42;
+  td_randn(&seed, W, N * K, 0.05f);
+  td_randn(&seed, B, N, 0.1f);
+  ql_quant_params p = {QL_FORMAT_Q4G, GS, 0, 0};
+  ql_qweight_free(Q);
+  Q = NULL;
+  ck_assert_int_eq(ql_qweight_quantize(&p, N, K, QL_DTYPE_F32, W, B, &Q), 0);
+}
+
+static ql_client *connect_to(const td *d) {
+  ql_client *c = NULL;
+  int rc = ql_connect(d->address, NULL, &c);
+  ck_assert_msg(rc == 0, "connect: %s: %s", ql_strerror(rc), ql_errmsg());
+  return c;
+}
+
+static void load(ql_client *c) {
+  ql_load_desc d;
+  memset(&d, 0, sizeof d);
+  d.name = "w";
+  d.format = QL_FORMAT_Q4G;
+  d.group_size = GS;
+  d.n = N;
+  d.k = K;
+  d.dtype = QL_DTYPE_F32;
+  d.data = W;
+  d.bias = B;
+  int rc = ql_load_float(c, &d, NULL, NULL);
+  ck_assert_msg(rc == 0, "load: %s: %s", ql_strerror(rc), ql_errmsg());
+}
+
+/* x of request (a, b): m rows in dtype dt, from its own seed. */
+static void *make_x(uint64_t a, uint64_t b, int64_t m, ql_dtype dt) {
+  uint64_t seed = a * 1000003u + b + 7;
+  float *f = tu_xmalloc((size_t)m * K * sizeof(float));
+  td_randn(&seed, f, (size_t)m * K, 1.0f);
+  if (dt == QL_DTYPE_F32)
+    return f;
+  void *x = tu_xmalloc((size_t)m * K * 2);
+  ql_from_f32(dt, f, x, (size_t)m * K);
+  free(f);
+  return x;
+}
+
+/* What the daemon must answer: the reference of the path a request of m
+ * rows takes (crossover 16: fewer rows run weight-only). */
+static void *reference(const void *x, int64_t m, ql_dtype dt) {
+  void *y = tu_xmalloc((size_t)m * N * ql_dtype_size(dt));
+  int rc = m < 16 ? ql_linear_wo_ref(Q, dt, x, m, y)
+                  : ql_linear_aq_ref(Q, dt, x, m, y);
+  ck_assert_int_eq(rc, 0);
+  return y;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void start(td *d, const char *delay_ms, const char *const *args) {
+  if (delay_ms != NULL)
+    setenv("QL_TEST_KERNEL_DELAY_MS", delay_ms, 1);
+  td_start(d, args);
+  unsetenv("QL_TEST_KERNEL_DELAY_MS");
+}
+
+/* One Linear on its own thread. */
+typedef struct call {
+  ql_client *c;
+  int64_t m;
+  ql_dtype dt;
+  ql_path path;
+  const void *x;
+  void *y;
+  int rc;
+  int64_t done_ms;
+  ql_linear_result res;
+} call;
+
+static void *call_run(void *p) {
+  call *a = p;
+  a->rc = ql_linear(a->c, "w", a->path, a->dt, (uint64_t)a->m, K, a->x, N,
+                    a->y, &a->res);
+  a->done_ms = now_ms();
+  return NULL;
+}
+
+static void call_init(call *a, ql_client *c, int64_t m, uint64_t seed) {
+  memset(a, 0, sizeof *a);
+  a->c = c;
+  a->m = m;
+  a->dt = QL_DTYPE_F32;
+  a->x = make_x(99, seed, m, a->dt);
+  a->y = tu_xmalloc((size_t)m * N * sizeof(float));
+  a->rc = 1;
+}
+
+static void call_free(call *a) {
+  free((void *)a->x);
+  free(a->y);
+}
+
+static uint64_t weight_stat(ql_client *c, size_t off) {
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_ge(st->n_per_weight, 1);
+  uint64_t v;
+  memcpy(&v, (const char *)&st->per_weight[0] + off, sizeof v);
+  ql_stats_free(st);
+  return v;
+}
+
+/* ------------------------------------------------------------- tests */
+
+#define CLIENTS 8
+#define PER_CLIENT 6
+
+/*
+ * Eight client processes send mixed requests (1 to 4 rows weight-only, 20
+ * rows activation-quantized, f32 and bf16) while each launch takes 30 ms:
+ * they queue and are coalesced. Every reply equals the reference the
+ * client computes itself, which is also what the request gives alone.
+ */
+START_TEST(coalesced_replies_match_reference) {
+  td d;
+  int go[2];
+  make_weight();
+  start(&d, "30", NULL);
+  /* The clients are forked before this process touches nanomsg, whose
+   * threads do not survive a fork; they wait for the weight to be loaded. */
+  ck_assert_int_eq(pipe(go), 0);
+  int *bad = mmap(NULL, sizeof(int) * CLIENTS, PROT_READ | PROT_WRITE,
+                  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(bad, MAP_FAILED);
+  pid_t kids[CLIENTS];
+  for (int i = 0; i < CLIENTS; i++) {
+    kids[i] = fork();
+    ck_assert_int_ge(kids[i], 0);
+    if (kids[i] == 0) {
+      ql_client *cc = NULL;
+      int fails = 0;
+      char b;
+      close(go[1]);
+      if (read(go[0], &b, 1) != 1)
+        _exit(3);
+      if (ql_connect(d.address, NULL, &cc) != 0)
+        _exit(2);
+      for (int r = 0; r < PER_CLIENT; r++) {
+        int64_t m = r == 5 ? 20 : 1 + (i + r) % 4;
+        ql_dtype dt = (i + r) % 3 == 0 ? QL_DTYPE_BF16 : QL_DTYPE_F32;
+        void *x = make_x((uint64_t)i + 1, (uint64_t)r, m, dt);
+        size_t yb = (size_t)m * N * ql_dtype_size(dt);
+        void *y = tu_xmalloc(yb);
+        int rc = ql_linear(cc, "w", QL_PATH_AUTO, dt, (uint64_t)m, K, x, N, y,
+                           NULL);
+        void *ref = reference(x, m, dt);
+        if (rc != 0 || memcmp(y, ref, yb) != 0)
+          fails++;
+        free(x);
+        free(y);
+        free(ref);
+      }
+      ql_close(cc);
+      bad[i] = fails;
+      _exit(0);
+    }
+  }
+  close(go[0]);
+  ql_client *c = connect_to(&d);
+  load(c);
+  /* The same kind of requests alone first: one launch each. */
+  for (int r = 0; r < 2; r++) {
+    void *x = make_x(0, (uint64_t)r, 3, QL_DTYPE_F32);
+    void *y = tu_xmalloc(3 * N * sizeof(float));
+    ck_assert_int_eq(ql_linear(c, "w", QL_PATH_AUTO, QL_DTYPE_F32, 3, K, x, N,
+                               y, NULL),
+                     0);
+    void *ref = reference(x, 3, QL_DTYPE_F32);
+    ck_assert_mem_eq(y, ref, 3 * N * sizeof(float));
+    free(x);
+    free(y);
+    free(ref);
+  }
+  uint64_t batches0 = weight_stat(c, offsetof(ql_weight_stats, batches));
+  ck_assert_uint_eq(batches0, 2);
+  char gobuf[CLIENTS] = {0};
+  ck_assert_int_eq(write(go[1], gobuf, CLIENTS), CLIENTS);
+  close(go[1]);
+  for (int i = 0; i < CLIENTS; i++) {
+    int st;
+    ck_assert_int_eq(waitpid(kids[i], &st, 0), kids[i]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "client %d exited %d", i, st);
+    ck_assert_msg(bad[i] == 0, "client %d: %d replies differ from the "
+                  "reference", i, bad[i]);
+  }
+  munmap(bad, sizeof(int) * CLIENTS);
+  /* Coalescing happened: fewer launches than requests. */
+  uint64_t requests = weight_stat(c, offsetof(ql_weight_stats, requests));
+  uint64_t batches =
+      weight_stat(c, offsetof(ql_weight_stats, batches)) - batches0;
+  ck_assert_uint_eq(requests, 2 + CLIENTS * PER_CLIENT);
+  ck_assert_msg(batches < CLIENTS * PER_CLIENT,
+                "%llu launches for %d requests: nothing was coalesced",
+                (unsigned long long)batches, CLIENTS * PER_CLIENT);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* A full queue answers at once; so does a session over its quota, while
+ * another session still gets in. */
+START_TEST(backpressure) {
+  td d;
+  make_weight();
+  const char *args[] = {"--max-queue", "2", "--session-max-requests", "3",
+                        NULL};
+  start(&d, "400", args);
+  ql_client *c = connect_to(&d), *c2 = connect_to(&d);
+  load(c);
+  call a[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++)
+    call_init(&a[i], i < 3 ? c : c2, 1, (uint64_t)i);
+  /* a[0] runs; a[1], a[2] wait in the weight-only queue (full: 2). */
+  ck_assert_int_eq(pthread_create(&t[0], NULL, call_run, &a[0]), 0);
+  usleep(150 * 1000);
+  ck_assert_int_eq(pthread_create(&t[1], NULL, call_run, &a[1]), 0);
+  ck_assert_int_eq(pthread_create(&t[2], NULL, call_run, &a[2]), 0);
+  usleep(100 * 1000);
+  /* Another session's request finds the queue full: refused at once. */
+  int64_t t0 = now_ms();
+  call_run(&a[3]);
+  ck_assert_int_eq(a[3].rc, QL_EEXHAUSTED);
+  ck_assert_int_lt(a[3].done_ms - t0, 300);
+  /* The first session has 3 requests in the daemon: its quota. A
+   * prefill (another queue, not full) is still refused. */
+  call p;
+  call_init(&p, c, 20, 9);
+  t0 = now_ms();
+  call_run(&p);
+  ck_assert_int_eq(p.rc, QL_EEXHAUSTED);
+  ck_assert_int_lt(p.done_ms - t0, 300);
+  /* ... but the other session's prefill gets in. */
+  p.c = c2;
+  call_run(&p);
+  ck_assert_int_eq(p.rc, 0);
+  for (int i = 0; i < 3; i++) {
+    pthread_join(t[i], NULL);
+    ck_assert_int_eq(a[i].rc, 0);
+  }
+  for (int i = 0; i < 4; i++)
+    call_free(&a[i]);
+  call_free(&p);
+  ql_close(c);
+  ql_close(c2);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* A raw Linear request of m rows of x (f32, inline) with a deadline. */
+typedef struct raw_call {
+  const td *d;
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearRequest lin;
+  Qlinear__V1__Tensor x;
+  uint64_t shape[2];
+  int rc;
+  int64_t done_ms;
+} raw_call;
+
+static void raw_init(raw_call *r, const td *d, const float *x, uint64_t m,
+                     uint64_t deadline_us) {
+  memset(r, 0, sizeof *r);
+  r->d = d;
+  qlinear__v1__request__init(&r->req);
+  qlinear__v1__linear_request__init(&r->lin);
+  qlinear__v1__tensor__init(&r->x);
+  r->shape[0] = m;
+  r->shape[1] = K;
+  r->x.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  r->x.shape = r->shape;
+  r->x.n_shape = 2;
+  r->x.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  r->x.inline_data.data = (uint8_t *)x;
+  r->x.inline_data.len = m * K * sizeof(float);
+  r->lin.weight = "w";
+  r->lin.x = &r->x;
+  r->req.request_id = 4242;
+  r->req.deadline_us = deadline_us;
+  r->req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+  r->req.linear = &r->lin;
+}
+
+static void *raw_run(void *p) {
+  raw_call *r = p;
+  Qlinear__V1__Response *resp = td_call(r->d, &r->req, 10000);
+  r->rc = resp ? resp->status->code : 1;
+  r->done_ms = now_ms();
+  if (resp)
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  return NULL;
+}
+
+/* A request whose deadline passes while it waits is answered
+ * DEADLINE_EXCEEDED without running, on time even though the worker is
+ * busy; one with time to spare runs. */
+START_TEST(deadlines) {
+  td d;
+  make_weight();
+  start(&d, "500", NULL);
+  ql_client *c = connect_to(&d);
+  load(c);
+  call blocker;
+  call_init(&blocker, c, 1, 1);
+  pthread_t tb, t1, t2;
+  ck_assert_int_eq(pthread_create(&tb, NULL, call_run, &blocker), 0);
+  usleep(100 * 1000);
+  float x[K];
+  uint64_t seed = 3;
+  td_randn(&seed, x, K, 1.0f);
+  raw_call late, fine;
+  raw_init(&late, &d, x, 1, 100 * 1000);       /* 100 ms */
+  raw_init(&fine, &d, x, 1, 20 * 1000 * 1000); /* 20 s */
+  int64_t t0 = now_ms();
+  ck_assert_int_eq(pthread_create(&t1, NULL, raw_run, &late), 0);
+  ck_assert_int_eq(pthread_create(&t2, NULL, raw_run, &fine), 0);
+  pthread_join(t1, NULL);
+  ck_assert_int_eq(late.rc, QL_EDEADLINE);
+  /* Answered near its deadline, while the blocker still ran. */
+  ck_assert_int_lt(late.done_ms - t0, 350);
+  pthread_join(t2, NULL);
+  ck_assert_int_eq(fine.rc, 0);
+  pthread_join(tb, NULL);
+  ck_assert_int_eq(blocker.rc, 0);
+  ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, requests)), 2);
+  call_free(&blocker);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* A 64-row prefill runs as four 16-row launches; a decode request sent
+ * after it started is answered before it ends, and the prefill's bytes
+ * are still exactly the reference's. */
+START_TEST(prefill_chunks_let_decode_through) {
+  td d;
+  make_weight();
+  const char *args[] = {"--prefill-chunk-rows", "16", NULL};
+  start(&d, "120", args);
+  ql_client *c = connect_to(&d);
+  load(c);
+  call pre, dec;
+  call_init(&pre, c, 64, 5);
+  call_init(&dec, c, 1, 6);
+  pthread_t tp, td_;
+  ck_assert_int_eq(pthread_create(&tp, NULL, call_run, &pre), 0);
+  usleep(60 * 1000);
+  ck_assert_int_eq(pthread_create(&td_, NULL, call_run, &dec), 0);
+  pthread_join(td_, NULL);
+  pthread_join(tp, NULL);
+  ck_assert_int_eq(pre.rc, 0);
+  ck_assert_int_eq(dec.rc, 0);
+  ck_assert_msg(dec.done_ms < pre.done_ms,
+                "the decode request waited for the whole prefill");
+  ck_assert_int_eq(pre.res.path, QL_PATH_ACT_QUANT);
+  ck_assert_int_eq(dec.res.path, QL_PATH_WEIGHT_ONLY);
+  void *ref = reference(pre.x, 64, QL_DTYPE_F32);
+  ck_assert_mem_eq(pre.y, ref, 64 * N * sizeof(float));
+  free(ref);
+  ref = reference(dec.x, 1, QL_DTYPE_F32);
+  ck_assert_mem_eq(dec.y, ref, N * sizeof(float));
+  free(ref);
+  /* 4 prefill launches and 1 decode launch. */
+  ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, aq_batches)), 4);
+  ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, wo_batches)), 1);
+  call_free(&pre);
+  call_free(&dec);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* NaN in one coalesced request fails that request only. */
+START_TEST(nonfinite_fails_only_its_request) {
+  td d;
+  make_weight();
+  start(&d, "200", NULL);
+  ql_client *c = connect_to(&d);
+  load(c);
+  call blocker, a, b;
+  call_init(&blocker, c, 1, 1);
+  call_init(&a, c, 2, 2);
+  call_init(&b, c, 2, 3);
+  ((float *)a.x)[K + 7] = __builtin_nanf("");
+  pthread_t t0, t1, t2;
+  ck_assert_int_eq(pthread_create(&t0, NULL, call_run, &blocker), 0);
+  usleep(80 * 1000);
+  ck_assert_int_eq(pthread_create(&t1, NULL, call_run, &a), 0);
+  ck_assert_int_eq(pthread_create(&t2, NULL, call_run, &b), 0);
+  pthread_join(t0, NULL);
+  pthread_join(t1, NULL);
+  pthread_join(t2, NULL);
+  ck_assert_int_eq(blocker.rc, 0);
+  ck_assert_int_eq(a.rc, QL_ENONFINITE);
+  ck_assert_int_eq(b.rc, 0);
+  void *ref = reference(b.x, 2, QL_DTYPE_F32);
+  ck_assert_mem_eq(b.y, ref, 2 * N * sizeof(float));
+  free(ref);
+  call_free(&blocker);
+  call_free(&a);
+  call_free(&b);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("sched");
+  TCase *tc = tcase_create("sched");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, coalesced_replies_match_reference);
+  tcase_add_test(tc, backpressure);
+  tcase_add_test(tc, deadlines);
+  tcase_add_test(tc, prefill_chunks_let_decode_through);
+  tcase_add_test(tc, nonfinite_fails_only_its_request);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  ql_qweight_free(Q);
+  return failed == 0 ? 0 : 1;
+}
