@@ -1068,6 +1068,8 @@ static int weight_info_from(const Qlinear__V1__WeightInfo *w,
   out->scale_dtype = (int)sp->scale_dtype;
   memcpy(out->digest, w->digest.data, QL_DIGEST_BYTES);
   out->bytes_resident = w->bytes_resident;
+  out->crossover_rows = w->crossover_rows;
+  out->crossover_measured = w->crossover_measured ? 1 : 0;
   out->n_devices = w->n_devices;
 
   /* Join the device names. Until the last one, keep room for "...\0" so
@@ -1931,6 +1933,11 @@ QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
     o->kernel_ns = ws->kernel_ns;
     copy_str(o->impl, sizeof o->impl, ws->impl);
     o->bytes_resident = ws->bytes_resident;
+    o->expired = ws->expired;
+    for (size_t b = 0; b < ws->n_queue_hist && b < QL_HIST_BUCKETS; b++)
+      o->queue_hist[b] = ws->queue_hist[b];
+    for (size_t b = 0; b < ws->n_kernel_hist && b < QL_HIST_BUCKETS; b++)
+      o->kernel_hist[b] = ws->kernel_hist[b];
   }
   qlinear__v1__response__free_unpacked(resp, NULL);
   *out = &b->s;

@@ -386,19 +386,26 @@ static int cmd_list(ctx *cx, int argc, char **argv) {
     if (len > namew)
       namew = len;
   }
-  printf("%-*s  %-7s %-13s %-4s  %-6s  %-12s  %10s  %s\n", namew, "NAME",
-         "FORMAT", "N x K", "BIAS", "STORED", "DIGEST", "RESIDENT", "DEVICES");
+  printf("%-*s  %-7s %-13s %-4s  %-6s  %-7s  %-12s  %10s  %s\n", namew,
+         "NAME", "FORMAT", "N x K", "BIAS", "STORED", "AQ FROM", "DIGEST",
+         "RESIDENT", "DEVICES");
   for (size_t i = 0; i < n; i++) {
-    char fmt[32], shape[48], dg[2 * QL_DIGEST_BYTES + 1], bytes[32];
+    char fmt[32], shape[48], dg[2 * QL_DIGEST_BYTES + 1], bytes[32], xo[24];
     format_name(w[i].format, w[i].group_size, fmt, sizeof fmt);
     if (w[i].asymmetric)
       strncat(fmt, "a", sizeof fmt - strlen(fmt) - 1);
     snprintf(shape, sizeof shape, "%" PRIu64 "x%" PRIu64, w[i].n, w[i].k);
     hex(w[i].digest, sizeof w[i].digest, dg);
+    /* The crossover: "4*" measured, "16" a default or configured value. */
+    if (w[i].crossover_rows == UINT32_MAX)
+      snprintf(xo, sizeof xo, "never%s", w[i].crossover_measured ? "*" : "");
+    else
+      snprintf(xo, sizeof xo, "%u%s", w[i].crossover_rows,
+               w[i].crossover_measured ? "*" : "");
     dg[12] = '\0';
-    printf("%-*s  %-7s %-13s %-4s  %-6s  %-12s  %10s  %s\n", namew,
+    printf("%-*s  %-7s %-13s %-4s  %-6s  %-7s  %-12s  %10s  %s\n", namew,
            w[i].name, fmt, shape, w[i].has_bias ? "yes" : "no",
-           w[i].persistent ? "yes" : "no", dg,
+           w[i].persistent ? "yes" : "no", xo, dg,
            human_bytes(w[i].bytes_resident, bytes, sizeof bytes),
            w[i].devices);
   }
@@ -780,6 +787,8 @@ static const prom_metric per_weight_metrics[] = {
        "Time spent in kernels.", kernel_ns, 1e-9),
     PM("qlinear_weight_resident_bytes", "gauge",
        "Bytes of the weight resident on the device.", bytes_resident, 1),
+    PM("qlinear_weight_expired_total", "counter",
+       "Requests answered DEADLINE_EXCEEDED without running.", expired, 1),
 };
 
 static void prom_labels(const ql_weight_stats *w) {
@@ -789,6 +798,39 @@ static void prom_labels(const ql_weight_stats *w) {
   prom_label(w->device);
   fputs("\"", stdout);
 }
+
+/* A log2 histogram of ql_weight_stats as a Prometheus histogram in
+ * seconds: cumulative buckets up to each bucket's upper bound, +Inf, then
+ * the sum and the count. */
+static void prom_hist(const char *name, const char *help,
+                      const ql_stats_info *s, size_t hist_off,
+                      size_t sum_off) {
+  prom_head(name, "histogram", help);
+  for (size_t i = 0; i < s->n_per_weight; i++) {
+    const ql_weight_stats *w = &s->per_weight[i];
+    const uint64_t *h = (const uint64_t *)((const char *)w + hist_off);
+    uint64_t cum = 0, sum;
+    memcpy(&sum, (const char *)w + sum_off, sizeof sum);
+    for (int b = 0; b < QL_HIST_BUCKETS - 1; b++) {
+      cum += h[b];
+      printf("%s_bucket", name);
+      prom_labels(w);
+      printf(",le=\"%.9g\"} %" PRIu64 "\n", (double)(1024ull << b) * 1e-9,
+             cum);
+    }
+    cum += h[QL_HIST_BUCKETS - 1];
+    printf("%s_bucket", name);
+    prom_labels(w);
+    printf(",le=\"+Inf\"} %" PRIu64 "\n", cum);
+    printf("%s_sum", name);
+    prom_labels(w);
+    printf("} %.9g\n", (double)sum * 1e-9);
+    printf("%s_count", name);
+    prom_labels(w);
+    printf("} %" PRIu64 "\n", cum);
+  }
+}
+
 
 static void print_prometheus(const ql_stats_info *s) {
   prom_head("qlinear_uptime_seconds", "gauge", "Time since qlineard started.");
@@ -854,6 +896,13 @@ static void print_prometheus(const ql_stats_info *s) {
     prom_labels(w);
     printf(",path=\"aq\"} %" PRIu64 "\n", w->aq_batches);
   }
+  prom_hist("qlinear_weight_queue_wait_seconds",
+            "Time from a request's arrival to its first launch.", s,
+            offsetof(ql_weight_stats, queue_hist),
+            offsetof(ql_weight_stats, queue_ns));
+  prom_hist("qlinear_weight_launch_seconds", "Time of one kernel launch.", s,
+            offsetof(ql_weight_stats, kernel_hist),
+            offsetof(ql_weight_stats, kernel_ns));
   prom_head("qlinear_weight_info", "gauge",
             "The kernel implementation last used, as a label.");
   for (size_t i = 0; i < s->n_per_weight; i++) {
@@ -899,9 +948,10 @@ static void print_stats_table(const ql_stats_info *s) {
     namew = l > namew ? l : namew;
     devw = d > devw ? d : devw;
   }
-  printf("\n%-*s  %-*s  %9s %10s %9s %9s %9s %10s %10s  %10s  %s\n", namew,
-         "WEIGHT", devw, "DEVICE", "REQUESTS", "ROWS", "BATCHES", "WO", "AQ",
-         "QUEUE/REQ", "KERNEL/B", "RESIDENT", "IMPL");
+  printf("\n%-*s  %-*s  %9s %10s %9s %7s %9s %9s %8s %10s %10s  %10s  %s\n",
+         namew, "WEIGHT", devw, "DEVICE", "REQUESTS", "ROWS", "BATCHES",
+         "ROWS/B", "WO", "AQ", "EXPIRED", "QUEUE/REQ", "KERNEL/B",
+         "RESIDENT", "IMPL");
   for (size_t i = 0; i < s->n_per_weight; i++) {
     const ql_weight_stats *w = &s->per_weight[i];
     char q[32], k[32], r[32];
@@ -909,10 +959,11 @@ static void print_stats_table(const ql_stats_info *s) {
              sizeof q);
     human_ns(w->batches ? (double)w->kernel_ns / (double)w->batches : 0, k,
              sizeof k);
-    printf("%-*s  %-*s  %9" PRIu64 " %10" PRIu64 " %9" PRIu64 " %9" PRIu64
-           " %9" PRIu64 " %10s %10s  %10s  %s\n",
+    printf("%-*s  %-*s  %9" PRIu64 " %10" PRIu64 " %9" PRIu64 " %7.1f %9" PRIu64
+           " %9" PRIu64 " %8" PRIu64 " %10s %10s  %10s  %s\n",
            namew, w->weight, devw, w->device, w->requests, w->rows, w->batches,
-           w->wo_batches, w->aq_batches, q, k,
+           w->batches ? (double)w->rows / (double)w->batches : 0.0,
+           w->wo_batches, w->aq_batches, w->expired, q, k,
            human_bytes(w->bytes_resident, r, sizeof r), w->impl);
   }
 }

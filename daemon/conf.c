@@ -112,8 +112,14 @@ static const ql__option options[] = {
      FIELD(max_queued_bytes), .min = 1u << 20, .max = (uint64_t)1 << 44,
      .def = "1G", .help = "tensor bytes held by waiting requests"},
     {.name = "crossover_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
-     FIELD(crossover_rows), .min = 0, .max = 1u << 30, .def = "16",
-     .help = "AUTO path: requests with fewer rows run weight-only"},
+     FIELD(crossover_rows), .min = 0, .max = 1u << 30, .def = "0",
+     .help = "AUTO path: requests with fewer rows run weight-only; 0: "
+             "measured per weight shape after start (and cached in "
+             "state_dir)"},
+    {.name = "crossover_default_rows", .type = QL_OPT_UINT,
+     .flags = QL_OPT_LIVE, FIELD(crossover_default_rows), .min = 1,
+     .max = 1u << 30, .def = "16",
+     .help = "the crossover of a shape not measured yet"},
     {.name = "drain_ms", .type = QL_OPT_DURATION, .flags = QL_OPT_LIVE,
      FIELD(drain_ms), .min = 0, .max = 3600000, .def = "30s",
      .help = "at shutdown, queued work not started by then is refused"},

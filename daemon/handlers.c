@@ -11,6 +11,7 @@
 #include "handlers.h"
 #include "log.h"
 #include "import.h"
+#include "calibrate.h"
 #include "linear.h"
 #include "registry.h"
 #include "protocol.h"
@@ -30,7 +31,7 @@ typedef struct info_buf {
   char *devices[1];
 } info_buf;
 
-static void fill_info(info_buf *b, ql__weight *w) {
+static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
   static char cpu[] = "cpu";
   qlinear__v1__weight_info__init(&b->info);
   qlinear__v1__weight_spec__init(&b->spec);
@@ -51,6 +52,9 @@ static void fill_info(info_buf *b, ql__weight *w) {
   b->info.digest.data = w->digest;
   b->info.digest.len = QL_DIGEST_BYTES;
   b->info.bytes_resident = w->bytes;
+  int measured;
+  b->info.crossover_rows = ql__calibrate_rows(s, w, &measured);
+  b->info.crossover_measured = measured != 0;
   b->devices[0] = cpu;
   b->info.devices = b->devices;
   b->info.n_devices = 1;
@@ -352,7 +356,7 @@ static void reply_committed(ql__server *s, void *route, uint64_t request_id,
   info_buf ib;
   ql__reply_init(&r, request_id);
   qlinear__v1__load_commit_response__init(&out);
-  fill_info(&ib, w);
+  fill_info(s, &ib, w);
   out.weight = &ib.info;
   out.shared = shared != 0;
   r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_COMMIT;
@@ -474,6 +478,7 @@ static void commit_done(uv_work_t *work, int status) {
     ql__reply_set_error(&r, rc, "load_commit: %s", ql_strerror(rc));
   } else if (c->admin) {
     w = existing ? existing : c->w;
+    ql__calibrate_weight(s, w);
     later = commit_admin(s, c->up, w, existing != NULL, c->route,
                          c->request_id, &r);
     if (r.status.code != 0)
@@ -489,6 +494,7 @@ static void commit_done(uv_work_t *work, int status) {
       ql__reply_set_error(&r, rc, "load_commit: out of memory");
   } else {
     w = existing ? existing : c->w;
+    ql__calibrate_weight(s, w);
     ql__info("%s weight %s (%llux%llu, %zu bytes) for session %llu",
              existing ? "shared" : "loaded", w->name,
              (unsigned long long)w->q->n, (unsigned long long)w->q->k,
@@ -632,6 +638,7 @@ static void on_unload(ql__server *s, ql__session *ss,
 }
 
 typedef struct list_ctx {
+  const ql__server *s;
   info_buf *bufs;
   Qlinear__V1__WeightInfo **ptrs;
   size_t n;
@@ -639,7 +646,7 @@ typedef struct list_ctx {
 
 static void list_one(ql__weight *w, void *arg) {
   list_ctx *l = arg;
-  fill_info(&l->bufs[l->n], w);
+  fill_info(l->s, &l->bufs[l->n], w);
   l->ptrs[l->n] = &l->bufs[l->n].info;
   l->n++;
 }
@@ -678,7 +685,8 @@ static void stats_one(ql__weight *w, void *arg) {
 /* -------------------------------------------------------------- dispatch */
 
 size_t ql__handlers_in_flight(const ql__server *s) {
-  return s->commits_running + ql__linear_in_flight(s);
+  return s->commits_running + ql__linear_in_flight(s) +
+         (size_t)ql__calibrate_busy(s);
 }
 
 /*
@@ -756,7 +764,7 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   static char cpu_name[] = "cpu";
   Qlinear__V1__ListWeightsResponse list;
   Qlinear__V1__StatsResponse stats;
-  list_ctx lc = {NULL, NULL, 0};
+  list_ctx lc = {s, NULL, NULL, 0};
   stats_ctx sc = {s, NULL, NULL, NULL, 0};
 
   switch (m->body_case) {

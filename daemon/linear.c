@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "calibrate.h"
 #include "linear.h"
 #include "log.h"
 #include "registry.h"
@@ -225,16 +226,10 @@ static const ql_kernel_impl *kernel(const ql__server *s, const ql_qweight *q,
 static int run_rows(const ql__server *s, const ql__weight *w, ql_path path,
                     ql_dtype dt, const void *x, int64_t m, void *y,
                     const char **impl) {
-  const ql_kernel_impl *im = kernel(s, w->q, path, dt, m);
-  if (im == NULL)
-    return QL_ENOTSUP;
-  ql_op op = path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO : QL_OP_LINEAR_AQ;
-  /* The generic ops read the canonical form; a backend's own read the
-   * layout its repack made at load (NULL when it has none). */
-  const void *packed = im == ql_generic_impl(op) ? NULL : w->packed;
-  ql_linear_args a = {w->q, packed, dt, x, m, y};
-  *impl = im->name;
-  return im->fn.linear(&a);
+  return ql_run_linear(s->cpu_backend,
+                       path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO
+                                                   : QL_OP_LINEAR_AQ,
+                       w->q, w->packed, dt, x, m, y, impl);
 }
 
 /*
@@ -426,8 +421,7 @@ static ql__region *slice_region(ql__session *ss, const char *what,
 
 /* The row count from which AUTO requests of w run activation-quantized. */
 static uint64_t crossover(const ql__server *s, const ql__weight *w) {
-  (void)w;
-  return s->cfg.crossover_rows;
+  return ql__calibrate_rows(s, w, NULL);
 }
 
 static const char *format_name(int f) {

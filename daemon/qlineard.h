@@ -48,7 +48,9 @@ typedef struct ql__config {
   size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */
   uint64_t drain_ms;         /* shutdown: queued work not started by then
                                 is answered QL_ESHUTDOWN */
-  uint32_t crossover_rows;   /* AUTO: rows below this run weight-only */
+  uint32_t crossover_rows;   /* AUTO: rows below this run weight-only;
+                                0: measured per shape (calibrate.h) */
+  uint32_t crossover_default_rows; /* until a shape's is measured */
   int log_level;             /* QL_LOG_* */
   char state_dir[PATH_MAX];  /* persistent weight store; "" = none */
   char admin_dir[PATH_MAX];  /* directory of admin.sock; "" =
@@ -81,6 +83,7 @@ typedef struct ql__server {
   ql__weight_store *weights;
   ql__uploads *uploads;
   struct ql__linear_state *lin; /* the scheduler and its timers (linear.c) */
+  struct ql__calib *calib;      /* crossovers (calibrate.c) */
   ql__worker *cpu; /* the CPU device worker */
   const ql_backend *cpu_backend; /* its kernels (registry) */
   uv_signal_t sig_int, sig_term, sig_hup;

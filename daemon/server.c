@@ -19,6 +19,7 @@
 
 #include "conf.h"
 #include "handlers.h"
+#include "calibrate.h"
 #include "linear.h"
 #include "log.h"
 #include "notify.h"
@@ -157,6 +158,7 @@ static int load_stored(void *arg, const char *name, ql_qweight *q,
   }
   w->pinned = w->persistent = 1;
   s->persistent_count++;
+  ql__calibrate_weight(s, w);
   ql__weight_unref(w); /* the resident store keeps its reference */
   return 0;
 }
@@ -398,7 +400,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     goto fail;
   }
   /* Before the store loads: weights tell the scheduler when they go. */
-  if ((rc = ql__linear_open(s)) != 0) {
+  if ((rc = ql__linear_open(s)) != 0 || (rc = ql__calibrate_open(s)) != 0) {
     ql__err("cannot start the scheduler: %s", ql_strerror(rc));
     goto fail;
   }
@@ -448,6 +450,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
            s->address, ql__weight_store_count(s->weights),
            s->persistent_count);
   ql__notify_ready(ready);
+  ql__calibrate_start(s);
   /* systemd arms its watchdog at READY; ping at half its period. */
   uint64_t wd = ql__notify_watchdog_usec();
   if (wd > 0) {
@@ -463,6 +466,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
 fail:
   ql__worker_free(s->cpu);
   ql__uploads_free(s->uploads);
+  ql__calibrate_close(s);
   ql__weight_store_free(s->weights);
   ql__linear_close(s);
   ql__store_close(s->store);

@@ -51,6 +51,8 @@ typedef struct ql__weight {
   /* The scheduler's queue keys, one per activation dtype (&sched_key[dt]):
    * one launch takes one dtype. */
   char sched_key[4];
+  uint32_t crossover;  /* measured crossover of its shape (calibrate.h) */
+  int crossover_known; /* 1 once crossover is set */
   /* Called with the weight before it is freed (its last reference gone),
    * when it was ever in a store: set from the store's hook at insert. */
   void (*on_free)(struct ql__weight *w, void *arg);

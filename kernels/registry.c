@@ -117,3 +117,17 @@ const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
   }
   return handles(&generic[op], f, dt, m, n, k) ? &generic[op] : NULL;
 }
+
+int ql_run_linear(const ql_backend *b, ql_op op, const ql_qweight *w,
+                  const void *packed, ql_dtype dt, const void *x, int64_t m,
+                  void *y, const char **impl) {
+  const ql_kernel_impl *im = ql_dispatch(b, op, w->format, dt, m, w->n, w->k);
+  if (impl != NULL)
+    *impl = im != NULL ? im->name : NULL;
+  if (im == NULL ||
+      (op != QL_OP_LINEAR_WO && op != QL_OP_LINEAR_AQ))
+    return QL_ENOTSUP;
+  ql_linear_args a = {w, im == ql_generic_impl(op) ? NULL : packed, dt, x, m,
+                      y};
+  return im->fn.linear(&a);
+}

@@ -166,6 +166,17 @@ const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
                                   ql_dtype dt, int64_t m, int64_t n,
                                   int64_t k);
 
+/*
+ * y = x·Wᵀ + b for m rows on backend b's implementation of op
+ * (QL_OP_LINEAR_WO or QL_OP_LINEAR_AQ): the generic op reads the canonical
+ * w, a backend's own reads packed, the layout its repack made (NULL when
+ * it made none). *impl (may be NULL) is set to the implementation's name.
+ * QL_ENOTSUP when nothing can run it; otherwise what the op returns.
+ */
+int ql_run_linear(const ql_backend *b, ql_op op, const ql_qweight *w,
+                  const void *packed, ql_dtype dt, const void *x, int64_t m,
+                  void *y, const char **impl);
+
 #ifdef __cplusplus
 }
 #endif

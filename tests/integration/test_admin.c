@@ -22,6 +22,8 @@
 #include "qlinear/qlinear.h"
 #include "testutil.h"
 
+#define QL_CROSSOVER_NEVER_ROWS UINT32_MAX
+
 /* ------------------------------------------------------------- helpers */
 
 typedef struct layer {
@@ -509,6 +511,102 @@ START_TEST(session_lease) {
 }
 END_TEST
 
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Waits until w's crossover is measured; returns it. */
+static uint32_t measured_crossover(ql_client *c, const char *name) {
+  ql_weight_info wi;
+  for (int i = 0; i < 400; i++) {
+    ck_assert_int_eq(resident(c, name, &wi), 0);
+    if (wi.crossover_measured)
+      return wi.crossover_rows;
+    usleep(50 * 1000);
+  }
+  ck_abort_msg("the crossover of %s was not measured within 20 s", name);
+  return 0;
+}
+
+/*
+ * The crossover is measured after start and cached in the state directory:
+ * a restart takes it from there (a value planted in the file proves it), a
+ * bad file is measured again, and crossover_rows in the config fixes it.
+ */
+START_TEST(crossover_measured_and_cached) {
+  char st[256], path[512], text[1024];
+  td d;
+  layer l;
+  state_dir(st, sizeof st);
+  snprintf(path, sizeof path, "%s/crossover.json", st);
+  const char *args[] = {"--state-dir", st, NULL};
+  layer_make(&l, 64, 128, 13);
+  td_start(&d, args);
+  ql_client *a = admin(&d);
+  ck_assert_int_eq(load(a, "cx", &l, QL_FORMAT_Q8C, 0, 1, NULL), 0);
+  uint32_t rows = measured_crossover(a, "cx");
+  ck_assert(rows == QL_CROSSOVER_NEVER_ROWS || (rows >= 1 && rows <= 512));
+  ql_close(a);
+  ck_assert_int_eq(td_stop(&d), 0);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  /* {"crossover": {"<key>": rows}, "version": 1}: plant 7. */
+  char *colon = strstr(text, "\": ");
+  ck_assert_ptr_nonnull(colon);
+  colon = strstr(colon + 3, "\": ");
+  ck_assert_ptr_nonnull(colon);
+  char *end = colon + 3;
+  while (*end >= '0' && *end <= '9')
+    end++;
+  char planted[1100];
+  snprintf(planted, sizeof planted, "%.*s\": 7%s", (int)(colon - text), text,
+           end);
+  write_text(path, planted);
+
+  td_start(&d, args);
+  ql_client *u = user(&d);
+  ql_weight_info wi;
+  ck_assert_int_eq(resident(u, "cx", &wi), 0);
+  ck_assert_int_eq(wi.crossover_measured, 1);
+  ck_assert_uint_eq(wi.crossover_rows, 7);
+  ql_close(u);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  /* A bad cache is only a cache: measured again, and rewritten. */
+  write_text(path, "{not json");
+  td_start(&d, args);
+  u = user(&d);
+  rows = measured_crossover(u, "cx");
+  ck_assert_uint_ne(rows, 7);
+  ql_close(u);
+  ck_assert_int_eq(td_stop(&d), 0);
+  f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  ck_assert_ptr_nonnull(strstr(text, "\"version\": 1"));
+
+  /* Fixed in the config: that value, not measured. */
+  const char *fixed[] = {"--state-dir", st, "--crossover-rows", "5", NULL};
+  td_start(&d, fixed);
+  u = user(&d);
+  ck_assert_int_eq(resident(u, "cx", &wi), 0);
+  ck_assert_int_eq(wi.crossover_measured, 0);
+  ck_assert_uint_eq(wi.crossover_rows, 5);
+  ql_close(u);
+  ck_assert_int_eq(td_stop(&d), 0);
+  layer_free(&l);
+  rm_state(st);
+}
+END_TEST
+
 /* A required device that is not there stops the start with a message; the
  * daemon never reports ready without it. */
 START_TEST(required_device_missing) {
@@ -557,6 +655,7 @@ int main(void) {
   tcase_add_test(tc, admin_unload_of_held_weight);
   tcase_add_test(tc, required_device_missing);
   tcase_add_test(tc, session_lease);
+  tcase_add_test(tc, crossover_measured_and_cached);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -199,7 +199,9 @@ static td D;
 static ql_client *C;
 
 static void setup(void) {
-  td_start(&D, NULL);
+  /* A fixed crossover: the tests below check which path AUTO takes. */
+  static const char *const args[] = {"--crossover-rows", "16", NULL};
+  td_start(&D, args);
   C = connect_to(&D);
 }
 

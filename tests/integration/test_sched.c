@@ -96,10 +96,19 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Starts the daemon with a fixed crossover of 16 (reference() relies on
+ * it), every launch taking delay_ms, and args. */
 static void start(td *d, const char *delay_ms, const char *const *args) {
+  const char *argv[16];
+  int n = 0;
+  argv[n++] = "--crossover-rows";
+  argv[n++] = "16";
+  for (int i = 0; args != NULL && args[i] != NULL && n < 15; i++)
+    argv[n++] = args[i];
+  argv[n] = NULL;
   if (delay_ms != NULL)
     setenv("QL_TEST_KERNEL_DELAY_MS", delay_ms, 1);
-  td_start(d, args);
+  td_start(d, argv);
   unsetenv("QL_TEST_KERNEL_DELAY_MS");
 }
 

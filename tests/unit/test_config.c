@@ -215,7 +215,7 @@ START_TEST(test_table_invariants) {
       "crossover_rows", "log_level", "state_dir", "admin_dir", "cpu_threads",
       "cpu_budget_bytes", "required_devices", "session_lease_ms",
       "max_batch_rows", "prefill_chunk_rows", "max_queue_delay_us",
-      "session_max_requests"};
+      "session_max_requests", "crossover_default_rows"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
@@ -248,7 +248,8 @@ START_TEST(test_defaults_values) {
   ck_assert_uint_eq(c.max_queue, 1024);
   ck_assert_uint_eq(c.max_queued_bytes, (size_t)1 << 30);
   ck_assert_uint_eq(c.drain_ms, 30000);
-  ck_assert_uint_eq(c.crossover_rows, 16);
+  ck_assert_uint_eq(c.crossover_rows, 0);
+  ck_assert_uint_eq(c.crossover_default_rows, 16);
   ck_assert_int_eq(c.log_level, QL_LOG_INFO);
   ck_assert_str_eq(c.state_dir, "");
   ck_assert_str_eq(c.admin_dir, "");
@@ -1011,7 +1012,7 @@ START_TEST(test_args_precedence) {
   ck_assert_uint_eq(c.max_queue, 5);           /* command line */
   ck_assert_int_eq(c.log_level, QL_LOG_DEBUG); /* file */
   ck_assert_uint_eq(c.drain_ms, 1000);         /* command line */
-  ck_assert_uint_eq(c.crossover_rows, 16);     /* default */
+  ck_assert_uint_eq(c.crossover_default_rows, 16); /* default */
   const char *b[] = {"--config=", NULL};
   ck_assert_int_eq(from_args(b, &c, &cl, err, sizeof err), QL_EIO);
 
@@ -1139,7 +1140,8 @@ START_TEST(test_live_set) {
                                "crossover_rows", "drain_ms", "log_level",
                                "cpu_budget_bytes", "session_lease_ms",
                                "max_batch_rows", "prefill_chunk_rows",
-                               "max_queue_delay_us", "session_max_requests"};
+                               "max_queue_delay_us", "session_max_requests",
+                               "crossover_default_rows"};
   size_t n, nlive = 0;
   const ql__option *t = ql__config_options(&n);
   for (size_t i = 0; i < n; i++)

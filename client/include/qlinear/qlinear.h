@@ -194,6 +194,11 @@ typedef struct ql_weight_info {
   int scale_dtype;     /* a ql_dtype; 0 if the daemon left it unspecified */
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
   uint64_t bytes_resident;         /* over all devices */
+  /* AUTO requests of at least this many rows run activation-quantized
+   * (UINT32_MAX: none do); crossover_measured is 1 when the daemon
+   * measured it for this shape, 0 for its default or configured value. */
+  uint32_t crossover_rows;
+  int crossover_measured;
   size_t n_devices;                /* devices holding it */
   /* Their names joined by ",", e.g. "cpu,cuda:0"; ends in "..." if the list
    * did not fit. */
@@ -208,6 +213,8 @@ typedef struct ql_linear_result {
 
 /* Counters of one weight on one device. Times are sums over all requests,
  * in nanoseconds. */
+#define QL_HIST_BUCKETS 32 /* log2 time histograms: see ql_weight_stats */
+
 typedef struct ql_weight_stats {
   char weight[QL_NAME_MAX];
   char device[QL_DEVICE_NAME_MAX];
@@ -220,6 +227,13 @@ typedef struct ql_weight_stats {
   uint64_t kernel_ns;  /* time spent in kernels */
   char impl[QL_IMPL_MAX]; /* implementation used last */
   uint64_t bytes_resident; /* this weight's bytes on this device */
+  uint64_t expired;        /* requests answered QL_EDEADLINE */
+  /* Histograms: bucket 0 counts times in [0, 1024) ns, bucket b > 0 those
+   * in [2^(b+9), 2^(b+10)) ns, the last one everything above. queue_hist
+   * has one entry per request (arrival to its first launch), kernel_hist
+   * one per launch. */
+  uint64_t queue_hist[QL_HIST_BUCKETS];
+  uint64_t kernel_hist[QL_HIST_BUCKETS];
 } ql_weight_stats;
 
 /* Weight memory of one device against its budget. */

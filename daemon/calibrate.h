@@ -1,0 +1,46 @@
+/*
+ * calibrate.h - the crossover of every weight shape on the CPU device
+ * (DESIGN §6): where AUTO requests switch from the weight-only to the
+ * activation-quantized path. Measured after READY (kernels/crossover.h),
+ * one shape at a time in the libuv thread pool, and cached in
+ * <state_dir>/crossover.json so that a restart does not measure again.
+ * Until a shape is known its weights use crossover_default_rows; a
+ * non-zero crossover_rows in the config fixes the crossover for every
+ * weight and nothing is measured.
+ *
+ * The cache is keyed by what the times depend on: the kernels that run
+ * (their implementation names, which carry the CPU level), the format,
+ * group size, scale dtype and shape. Loop thread only.
+ */
+#ifndef QL_CALIBRATE_H
+#define QL_CALIBRATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qlineard.h"
+#include "xover.h"
+
+/* Reads the cache of the state directory, if there is one (a bad file is
+ * logged and ignored: it is only a cache). 0 or QL_ENOMEM. */
+int ql__calibrate_open(ql__server *s);
+
+/* Frees the table. Call after the loop stopped. Safe when never opened. */
+void ql__calibrate_close(ql__server *s);
+
+/* The daemon is ready: measurements may start. */
+void ql__calibrate_start(ql__server *s);
+
+/* A weight became resident: gives it its shape's crossover, or queues the
+ * shape for measurement. */
+void ql__calibrate_weight(ql__server *s, ql__weight *w);
+
+/* The crossover AUTO requests of w use now; *measured (may be NULL) is 1
+ * for a measured one, 0 for the default or the config's fixed value. */
+uint32_t ql__calibrate_rows(const ql__server *s, const ql__weight *w,
+                            int *measured);
+
+/* 1 while a measurement runs in the thread pool (the drain waits). */
+int ql__calibrate_busy(const ql__server *s);
+
+#endif /* QL_CALIBRATE_H */

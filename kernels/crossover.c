@@ -1,0 +1,110 @@
+/* crossover.c - see crossover.h. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "crossover.h"
+
+#define REPS 5
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+uint32_t ql_crossover_choose(const ql_crossover *c) {
+  uint32_t rows = QL_CROSSOVER_NEVER;
+  if (c == NULL)
+    return rows;
+  for (int i = c->n - 1; i >= 0; i--) {
+    if (c->aq_ns[i] <= 0 || c->aq_ns[i] > c->wo_ns[i])
+      break;
+    rows = (uint32_t)c->m[i];
+  }
+  return rows;
+}
+
+static uint64_t real_clock(void *arg) {
+  (void)arg;
+  return now_ns();
+}
+
+int ql_crossover_measure(const ql_backend *b, const ql_qweight *w,
+                         const void *packed, ql_dtype dt, int64_t max_m,
+                         uint64_t budget_ns, ql_crossover *out) {
+  return ql_crossover_measure_clock(b, w, packed, dt, max_m, budget_ns,
+                                    real_clock, NULL, out);
+}
+
+int ql_crossover_measure_clock(const ql_backend *b, const ql_qweight *w,
+                               const void *packed, ql_dtype dt, int64_t max_m,
+                               uint64_t budget_ns,
+                               uint64_t (*clock)(void *arg), void *clock_arg,
+                               ql_crossover *out) {
+  int rc = 0, wins = 0;
+  void *x = NULL, *y = NULL;
+  float *xf = NULL;
+  if (out == NULL || w == NULL || max_m < 1)
+    return QL_EINVAL;
+  memset(out, 0, sizeof *out);
+  out->rows = QL_CROSSOVER_NEVER;
+  if (max_m > 512)
+    max_m = 512;
+  if (ql_dispatch(b, QL_OP_LINEAR_AQ, w->format, dt, 1, w->n, w->k) == NULL)
+    return 0;
+  size_t esz = ql_dtype_size(dt), kk = (size_t)w->k, nn = (size_t)w->n;
+  /* REPS fresh inputs of max_m rows: a call never reads what the one
+   * before it just brought into the cache. */
+  size_t xrows = (size_t)max_m * REPS;
+  xf = malloc(xrows * kk * sizeof(float));
+  x = malloc(xrows * kk * esz);
+  y = malloc((size_t)max_m * nn * esz);
+  if (xf == NULL || x == NULL || y == NULL) {
+    rc = QL_ENOMEM;
+    goto done;
+  }
+  uint64_t st = 0x2545f4914f6cdd1du;
+  for (size_t i = 0; i < xrows * kk; i++) {
+    st = st * 6364136223846793005u + 1442695040888963407u;
+    xf[i] = (float)((int32_t)(st >> 32)) * (1.0f / 2147483648.0f);
+  }
+  ql_from_f32(dt, xf, x, xrows * kk);
+  uint64_t t0 = clock(clock_arg);
+  for (int64_t m = 1; m <= max_m && out->n < QL_CROSSOVER_SIZES; m *= 2) {
+    double tw[REPS], ta[REPS];
+    for (int r = 0; r < REPS; r++) {
+      const uint8_t *xr = (const uint8_t *)x + (size_t)r * (size_t)m * kk * esz;
+      /* Interleaved, so that a burst of noise hits both paths. */
+      for (int p = 0; p < 2; p++) {
+        uint64_t a = clock(clock_arg);
+        rc = ql_run_linear(b, p ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, w, packed,
+                           dt, xr, m, y, NULL);
+        uint64_t e = clock(clock_arg) - a;
+        if (rc != 0)
+          goto done;
+        (p ? ta : tw)[r] = (double)e;
+      }
+    }
+    qsort(tw, REPS, sizeof *tw, cmp_double);
+    qsort(ta, REPS, sizeof *ta, cmp_double);
+    out->m[out->n] = m;
+    out->wo_ns[out->n] = tw[REPS / 2];
+    out->aq_ns[out->n] = ta[REPS / 2];
+    wins = ta[REPS / 2] <= tw[REPS / 2] ? wins + 1 : 0;
+    out->n++;
+    if (wins >= 2 || clock(clock_arg) - t0 > budget_ns)
+      break;
+  }
+  out->rows = ql_crossover_choose(out);
+done:
+  free(xf);
+  free(x);
+  free(y);
+  return rc;
+}
