@@ -100,10 +100,14 @@ static const ql__option options[] = {
     {.name = "max_batch_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(max_batch_rows), .min = 1, .max = 1u << 20, .def = "512",
      .help = "rows of waiting requests coalesced into one launch"},
+    {.name = "decode_max_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(decode_max_rows), .min = 1, .max = 1u << 20, .def = "8",
+     .help = "requests of at most this many rows are decode work, run "
+             "before prefill work (larger requests)"},
     {.name = "prefill_chunk_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
-     FIELD(prefill_chunk_rows), .min = 1, .max = 1u << 20, .def = "256",
-     .help = "rows of one activation-quantized launch: a longer prefill "
-             "runs in chunks, decode work between them"},
+     FIELD(prefill_chunk_rows), .min = 1, .max = 1u << 20, .def = "32",
+     .help = "rows of one launch of prefill work: a longer prefill runs in "
+             "chunks, decode work between them"},
     {.name = "max_queue_delay_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(max_queue_delay_us), .min = 0, .max = 1000000, .def = "0",
      .help = "a batch smaller than max_batch_rows may wait this long for "

@@ -14,6 +14,19 @@
 #define DEV_CPU 0u
 /* Slices one batch may hold: one per request at least, up to the rows. */
 #define BATCH_SLICES 256u
+/* Queue keys per weight: (dtype, path), &w->sched_key[key_index()]. */
+#define N_KEYS 8
+
+/*
+ * The scheduler orders two classes of work: decode (its WEIGHT_ONLY class:
+ * runs first, never cut) and prefill (its ACT_QUANT class: after decode
+ * work, in chunks of prefill_chunk_rows). A request's class is its size,
+ * decode up to decode_max_rows, whatever path its kernels take; the path
+ * is in the queue key, so one launch never mixes paths or dtypes.
+ */
+static int key_index(ql_dtype dt, ql_path path) {
+  return (int)(dt & 3) * 2 + (path == QL_PATH_ACT_QUANT);
+}
 
 /* One Linear request: the scheduler's record and what its reply needs. */
 typedef struct lin_req {
@@ -76,8 +89,8 @@ static void on_weight_freed(ql__weight *w, void *arg) {
   ql__server *s = arg;
   if (s->lin == NULL || s->lin->sched == NULL)
     return;
-  for (int dt = 0; dt < 4; dt++)
-    ql__sched_forget(s->lin->sched, &w->sched_key[dt]);
+  for (int i = 0; i < N_KEYS; i++)
+    ql__sched_forget(s->lin->sched, &w->sched_key[i]);
 }
 
 static void pump(ql__server *s);
@@ -265,7 +278,7 @@ static void batch_run(ql__job *job) {
   if (b->n == 1) {
     lin_req *j = first;
     uint32_t off = b->slice[0].offset;
-    bj->rc = run_rows(s, w, b->path, dt, j->x + (size_t)off * xr,
+    bj->rc = run_rows(s, w, first->path, dt, j->x + (size_t)off * xr,
                       b->slice[0].rows, j->y + (size_t)off * yr, &bj->impl);
     return;
   }
@@ -282,14 +295,14 @@ static void batch_run(ql__job *job) {
            (size_t)sl->rows * xr);
     at += sl->rows;
   }
-  bj->rc = run_rows(s, w, b->path, dt, xbuf, b->rows, ybuf, &bj->impl);
+  bj->rc = run_rows(s, w, first->path, dt, xbuf, b->rows, ybuf, &bj->impl);
   if (bj->rc == QL_ENONFINITE) {
     bj->rc = 0;
     for (uint32_t i = 0; i < b->n; i++) {
       const ql__sched_slice *sl = &b->slice[i];
       lin_req *j = of(sl->req);
       bj->slice_rc[i] =
-          run_rows(s, w, b->path, dt, j->x + (size_t)sl->offset * xr,
+          run_rows(s, w, first->path, dt, j->x + (size_t)sl->offset * xr,
                    sl->rows, j->y + (size_t)sl->offset * yr, &bj->impl);
     }
     goto done;
@@ -322,7 +335,7 @@ static void batch_done(ql__job *job) {
     j->impl = bj->impl;
   }
   w->stats.batches++;
-  if (b->path == QL_PATH_WEIGHT_ONLY)
+  if (of(b->slice[0].req)->path == QL_PATH_WEIGHT_ONLY)
     w->stats.wo_batches++;
   else
     w->stats.aq_batches++;
@@ -550,9 +563,10 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
   j->cost = cost;
   j->dt = dt;
   j->path = path;
-  j->sr.weight = &w->sched_key[dt & 3];
+  j->sr.weight = &w->sched_key[key_index(dt, path)];
   j->sr.device = (int)DEV_CPU;
-  j->sr.path = path;
+  j->sr.path = m <= s->cfg.decode_max_rows ? QL_PATH_WEIGHT_ONLY
+                                            : QL_PATH_ACT_QUANT;
   j->sr.rows = (uint32_t)m;
   j->sr.session = ql__session_id(ss);
   j->sr.deadline_ns =
@@ -616,9 +630,9 @@ void ql__linear_stats(const ql__server *s, const ql__weight *w,
   size_t nq = 0, nk = 0;
   memset(queue_hist, 0, 32 * sizeof *queue_hist);
   memset(kernel_hist, 0, 32 * sizeof *kernel_hist);
-  for (int dt = 0; s->lin != NULL && dt < 4; dt++) {
+  for (int i = 0; s->lin != NULL && i < N_KEYS; i++) {
     ql__sched_stats st;
-    if (ql__sched_stats_get(s->lin->sched, &w->sched_key[dt], DEV_CPU, &st) !=
+    if (ql__sched_stats_get(s->lin->sched, &w->sched_key[i], DEV_CPU, &st) !=
         0)
       continue;
     out->expired += st.expired;

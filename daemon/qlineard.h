@@ -42,7 +42,8 @@ typedef struct ql__config {
   size_t max_queue;          /* waiting requests per (weight, device,
                                 path) queue */
   uint32_t max_batch_rows;   /* rows of one launch */
-  uint32_t prefill_chunk_rows; /* rows of one activation-quantized launch */
+  uint32_t decode_max_rows;  /* requests up to this are decode work */
+  uint32_t prefill_chunk_rows; /* rows of one launch of prefill work */
   uint64_t max_queue_delay_us; /* a small batch may wait this long */
   size_t session_max_requests; /* requests of one session in the queues */
   size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */

@@ -48,9 +48,9 @@ typedef struct ql__weight {
   int persistent;                  /* its file is in the state directory */
   int storing;                     /* a store write of it is running */
   ql__weight_stats stats;
-  /* The scheduler's queue keys, one per activation dtype (&sched_key[dt]):
-   * one launch takes one dtype. */
-  char sched_key[4];
+  /* The scheduler's queue keys, one per (activation dtype, path): one
+   * launch takes one dtype and runs one path (linear.c: QL_SCHED_KEYS). */
+  char sched_key[8];
   uint32_t crossover;  /* measured crossover of its shape (calibrate.h) */
   int crossover_known; /* 1 once crossover is set */
   /* Called with the weight before it is freed (its last reference gone),

@@ -89,4 +89,7 @@ void print_stat(FILE *f, const char *name, stat3 s);
 /* `qlinear-bench daemon ARGS...` (argv[0] is "daemon"): exit status. */
 int bench_daemon(int argc, char **argv);
 
+/* `qlinear-bench crossover` (bench_crossover.c). */
+int bench_crossover(int argc, char **argv);
+
 #endif /* QL_BENCH_H */

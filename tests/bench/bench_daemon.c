@@ -1266,14 +1266,30 @@ int bench_daemon(int argc, char **argv) {
   }
   free(wb);
   wb = NULL;
+  /* The daemon measures the crossover of a new shape after it is loaded:
+   * wait for it, so that every case runs on the paths it will keep. */
+  ql_weight_info wi;
+  memset(&wi, 0, sizeof wi);
+  for (int i = 0; i < 600 && ql_lookup(c, W_NAME, &wi) == 0 &&
+                  !wi.crossover_measured;
+       i++)
+    usleep(100 * 1000);
 
-  if (!o.json_only)
+  if (!o.json_only) {
     printf("qlinear-bench daemon: qlineard %s (%s), %dx%d q4g/g%d, bf16 "
            "scales, f32 activations;\nthreads %d (daemon and in-process), "
            "level %s, %d pairs, samples %.3f s (per call %.3f s)\n",
            hi.daemon_version, o.daemon, W_N, W_K, W_GROUP, o.threads,
            ql__cpu_level_name(ql__cpu_level_get()), o.pairs, o.seconds,
            o.seconds / 4);
+    if (wi.crossover_rows == UINT32_MAX)
+      printf("crossover: AUTO never runs activation-quantized (%s)\n",
+             wi.crossover_measured ? "measured" : "not measured");
+    else
+      printf("crossover: AUTO runs activation-quantized from %u rows (%s)\n",
+             wi.crossover_rows,
+             wi.crossover_measured ? "measured" : "not measured yet");
+  }
 
   /* 1. Per-call overhead. */
   x = xalloc((size_t)PREFILL_M * W_K * sizeof *x);

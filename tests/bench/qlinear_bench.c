@@ -102,6 +102,8 @@ static void usage(FILE *f) {
       "  --json             JSON lines only\n"
       "       qlinear-bench daemon [options]  (qlineard end to end; "
       "daemon --help)\n"
+      "       qlinear-bench crossover [--shapes NxK,..] [--formats ..] "
+      "(WO vs AQ per M, the crossover, its regret)\n"
       "       qlinear-bench restart [--gib G] [--pairs P] [--daemon PATH]\n"
       "                         (restart time with G GiB of stored weights)\n");
 }
@@ -681,6 +683,8 @@ int main(int argc, char **argv) {
 
   if (argc > 1 && strcmp(argv[1], "restart") == 0)
     return ql_bench_restart(argc - 1, argv + 1);
+  if (argc > 1 && strcmp(argv[1], "crossover") == 0)
+    return bench_crossover(argc - 1, argv + 1);
   /* The daemon bench has options of its own and needs no re-exec: it
    * calls no BLAS and sets the CPU pool's size itself. */
   if (argc > 1 && strcmp(argv[1], "daemon") == 0)

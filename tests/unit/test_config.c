@@ -215,7 +215,7 @@ START_TEST(test_table_invariants) {
       "crossover_rows", "log_level", "state_dir", "admin_dir", "cpu_threads",
       "cpu_budget_bytes", "required_devices", "session_lease_ms",
       "max_batch_rows", "prefill_chunk_rows", "max_queue_delay_us",
-      "session_max_requests", "crossover_default_rows"};
+      "session_max_requests", "crossover_default_rows", "decode_max_rows"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
@@ -1141,7 +1141,7 @@ START_TEST(test_live_set) {
                                "cpu_budget_bytes", "session_lease_ms",
                                "max_batch_rows", "prefill_chunk_rows",
                                "max_queue_delay_us", "session_max_requests",
-                               "crossover_default_rows"};
+                               "crossover_default_rows", "decode_max_rows"};
   size_t n, nlive = 0;
   const ql__option *t = ql__config_options(&n);
   for (size_t i = 0; i < n; i++)
