@@ -1629,6 +1629,96 @@ QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
   return linear_call(c, &lr, dtype, m, n, ybytes, NULL, y, res);
 }
 
+QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
+                              const char *const *weights, ql_path path,
+                              ql_dtype dtype, uint64_t m, uint64_t k,
+                              const void *x, const uint64_t *n,
+                              void *const *y, ql_linear_result *res) {
+  Qlinear__V1__LinearMultiRequest lr = QLINEAR__V1__LINEAR_MULTI_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  Qlinear__V1__Tensor xt;
+  uint64_t shape[2] = {m, k}, mk, xbytes, cap, room, ytotal = 0;
+  uint64_t ybytes[QL_MULTI_MAX];
+  size_t esz;
+  int rv;
+
+  err_clear();
+  if (c == NULL || x == NULL || weights == NULL || n == NULL || y == NULL)
+    return err_set(QL_EINVAL, "client, weights, x, n or y is NULL");
+  if (count == 0 || count > QL_MULTI_MAX)
+    return err_set(QL_EINVAL, "%zu weights, expected 1 to %d", count,
+                   QL_MULTI_MAX);
+  esz = ql_dtype_size(dtype);
+  client_limits(c, &cap, NULL);
+  room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
+  for (size_t i = 0; i < count; i++) {
+    uint64_t mn;
+    if ((rv = check_linear_args(c, weights[i], path, dtype, m, k, n[i])) != 0)
+      return rv;
+    if (y[i] == NULL)
+      return err_set(QL_EINVAL, "y[%zu] is NULL", i);
+    if (!mul_ok(m, n[i], &mn) || !mul_ok(mn, esz, &ybytes[i]) ||
+        ybytes[i] > room - ytotal)
+      return err_set(QL_ETOOBIG, "the results do not fit the daemon's cap of "
+                                 "%llu bytes", (unsigned long long)cap);
+    ytotal += ybytes[i];
+  }
+  if (!mul_ok(m, k, &mk) || !mul_ok(mk, esz, &xbytes) || xbytes > room)
+    return err_set(QL_ETOOBIG, "x [%llu, %llu] does not fit the daemon's cap "
+                               "of %llu bytes",
+                   (unsigned long long)m, (unsigned long long)k,
+                   (unsigned long long)cap);
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = (Qlinear__V1__DType)dtype;
+  xt.n_shape = 2;
+  xt.shape = shape;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  xt.inline_data.data = (uint8_t *)x; /* pack only reads it */
+  xt.inline_data.len = (size_t)xbytes;
+  lr.weights = (char **)weights; /* pack only reads them */
+  lr.n_weights = count;
+  lr.x = &xt;
+  lr.path = (Qlinear__V1__Path)path;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI;
+  req.linear_multi = &lr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LINEAR_MULTI,
+                 c->timeout_ms, &resp)) != 0)
+    return rv;
+  const Qlinear__V1__LinearMultiResponse *mp = resp->linear_multi;
+  if (mp->n_results != count) {
+    rv = err_set(QL_EPROTO, "%zu results for %zu weights", mp->n_results,
+                 count);
+    goto done;
+  }
+  /* Everything is checked before anything is copied out. */
+  for (size_t i = 0; i < count; i++) {
+    const Qlinear__V1__LinearResponse *lp = mp->results[i];
+    const Qlinear__V1__Tensor *yt = lp ? lp->y : NULL;
+    if (yt == NULL || (int)yt->dtype != (int)dtype || yt->n_shape != 2 ||
+        yt->shape[0] != m || yt->shape[1] != n[i] ||
+        yt->data_case != QLINEAR__V1__TENSOR__DATA_INLINE_DATA ||
+        yt->inline_data.len != ybytes[i] || !ql_path_valid(lp->path)) {
+      rv = err_set(QL_EPROTO, "result %zu is not a [%llu, %llu] y of the "
+                              "request's data type", i,
+                   (unsigned long long)m, (unsigned long long)n[i]);
+      goto done;
+    }
+  }
+  for (size_t i = 0; i < count; i++) {
+    const Qlinear__V1__LinearResponse *lp = mp->results[i];
+    memcpy(y[i], lp->y->inline_data.data, (size_t)ybytes[i]);
+    if (res != NULL) {
+      res[i].path = (ql_path)lp->path;
+      copy_str(res[i].impl, sizeof res[i].impl, lp->impl);
+    }
+  }
+  rv = 0;
+done:
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  return rv;
+}
+
 /* True if r is a live region of c. */
 static bool region_of(ql_client *c, const ql_region *r) {
   bool found = false;

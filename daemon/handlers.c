@@ -738,7 +738,8 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   /* Each socket has its own work: computing runs in sessions, which own
    * regions and quotas; administration only where the admin group is. */
   const char *refused = NULL;
-  if (admin && m->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR)
+  if (admin && (m->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR ||
+                m->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI))
     refused = "linear requests go to the request socket, in a session";
   else if (!admin && m->body_case == QLINEAR__V1__REQUEST__BODY_RELOAD)
     refused = "reload_config goes through the admin socket";
@@ -807,6 +808,10 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   }
   case QLINEAR__V1__REQUEST__BODY_LINEAR:
     if (ql__linear_submit(s, ss, req, route, &r))
+      return; /* the job owns req and route now */
+    break;
+  case QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI:
+    if (ql__linear_submit_multi(s, ss, req, route, &r))
       return; /* the job owns req and route now */
     break;
   case QLINEAR__V1__REQUEST__BODY_STATS: {

@@ -28,12 +28,17 @@ static int key_index(ql_dtype dt, ql_path path) {
   return (int)(dt & 3) * 2 + (path == QL_PATH_ACT_QUANT);
 }
 
-/* One Linear request: the scheduler's record and what its reply needs. */
+struct multi;
+
+/* One Linear request, or one weight of a LinearMulti: the scheduler's
+ * record and what its reply needs. */
 typedef struct lin_req {
   ql__sched_req sr;
   ql__server *s;
-  void *route;
-  ql__request *req; /* owns x when it is inline */
+  struct multi *parent; /* LinearMulti: the request it is part of */
+  unsigned index;       /* and which part */
+  void *route;      /* Linear only (a part's is its parent's) */
+  ql__request *req; /* owns x when it is inline (Linear only) */
   ql__weight *w;    /* one reference */
   ql__region *xr;   /* x's region (one reference), or NULL: inline */
   ql__region *yr;   /* y's region (one reference), or NULL: y is ours */
@@ -153,6 +158,119 @@ size_t ql__linear_in_flight(const ql__server *s) {
 
 /* ----------------------------------------------------------- replies */
 
+/* A LinearMulti: answered when its last part is. */
+typedef struct multi {
+  void *route;
+  ql__request *req; /* owns x when it is inline */
+  size_t n;         /* parts submitted */
+  size_t pending;   /* parts not yet answered */
+  int rc;           /* the first failure */
+  char err[640];
+  struct part {
+    uint8_t *y;     /* inline result (owned), or NULL: in a region */
+    size_t y_bytes;
+    uint64_t m, n;
+    ql_dtype dt;
+    ql_path path;
+    const char *impl;
+  } part[QL_MULTI_MAX];
+} multi;
+
+static void multi_answer(ql__server *s, multi *mu) {
+  ql__reply r;
+  Qlinear__V1__LinearMultiResponse out;
+  Qlinear__V1__LinearResponse res[QL_MULTI_MAX], *pres[QL_MULTI_MAX];
+  Qlinear__V1__Tensor y[QL_MULTI_MAX];
+  Qlinear__V1__RegionSlice ys[QL_MULTI_MAX];
+  uint64_t shape[QL_MULTI_MAX][2];
+  const Qlinear__V1__LinearMultiRequest *l = mu->req->msg->linear_multi;
+  ql__reply_init(&r, mu->req->msg->request_id);
+  if (mu->rc != 0) {
+    ql__reply_set_error(&r, mu->rc, "linear_multi: %s", mu->err);
+  } else {
+    qlinear__v1__linear_multi_response__init(&out);
+    for (size_t i = 0; i < mu->n; i++) {
+      struct part *p = &mu->part[i];
+      qlinear__v1__linear_response__init(&res[i]);
+      qlinear__v1__tensor__init(&y[i]);
+      shape[i][0] = p->m;
+      shape[i][1] = p->n;
+      y[i].dtype = (Qlinear__V1__DType)p->dt;
+      y[i].shape = shape[i];
+      y[i].n_shape = 2;
+      if (p->y == NULL) {
+        qlinear__v1__region_slice__init(&ys[i]);
+        ys[i].region_id = l->y_out[i]->region_id;
+        ys[i].offset = l->y_out[i]->offset;
+        ys[i].length = l->y_out[i]->length;
+        y[i].data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+        y[i].region = &ys[i];
+      } else {
+        y[i].data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+        y[i].inline_data.data = p->y;
+        y[i].inline_data.len = p->y_bytes;
+      }
+      res[i].y = &y[i];
+      res[i].path = (Qlinear__V1__Path)p->path;
+      res[i].impl = (char *)(p->impl ? p->impl : "");
+      pres[i] = &res[i];
+    }
+    out.results = pres;
+    out.n_results = mu->n;
+    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LINEAR_MULTI;
+    r.resp.linear_multi = &out;
+  }
+  ql__reply_send(s, mu->route, &r);
+  for (size_t i = 0; i < mu->n; i++)
+    free(mu->part[i].y);
+  ql__request_free(mu->req);
+  free(mu);
+}
+
+static const char *error_text(int rc) {
+  switch (rc) {
+  case QL_ENONFINITE:
+    return "NaN or Inf in the activations";
+  case QL_ESHUTDOWN:
+    return "the daemon stopped before running it";
+  case QL_EDEADLINE:
+    return "the deadline passed before it started";
+  case QL_ESESSION:
+    return "the session ended";
+  default:
+    return ql_strerror(rc);
+  }
+}
+
+/* A part of a LinearMulti is done: its result moves to the parent, which
+ * is answered with the last part. */
+static void part_done(ql__server *s, lin_req *j, int rc) {
+  multi *mu = j->parent;
+  struct part *p = &mu->part[j->index];
+  if (rc != 0 && mu->rc == 0) {
+    mu->rc = rc;
+    snprintf(mu->err, sizeof mu->err, "weight '%s': %s", j->w->name,
+             error_text(rc));
+  }
+  p->m = j->sr.rows;
+  p->n = (uint64_t)j->w->q->n;
+  p->dt = j->dt;
+  p->path = j->path;
+  p->impl = j->impl;
+  p->y_bytes = j->y_bytes;
+  p->y = j->yr == NULL ? j->y : NULL; /* the parent's now */
+  if (rc == 0) {
+    j->w->stats.requests++;
+    j->w->stats.rows += j->sr.rows;
+  }
+  ql__weight_unref(j->w);
+  ql__region_unref(j->xr);
+  ql__region_unref(j->yr);
+  free(j);
+  if (--mu->pending == 0)
+    multi_answer(s, mu);
+}
+
 /* Answers one request and frees it. */
 static void answer(ql__server *s, lin_req *j) {
   ql__reply r;
@@ -161,22 +279,16 @@ static void answer(ql__server *s, lin_req *j) {
   Qlinear__V1__RegionSlice yslice;
   uint64_t shape[2] = {j->sr.rows, (uint64_t)j->w->q->n};
   int rc = j->sr.status != 0 ? j->sr.status : j->rc;
-  ql__reply_init(&r, j->req->msg->request_id);
   s->queued_bytes -= j->cost;
   if (--s->lin->in_flight == 0)
     uv_timer_stop(&s->lin->expire);
-  if (rc == QL_ENONFINITE) {
-    ql__reply_set_error(&r, rc, "linear: NaN or Inf in the activations");
-  } else if (rc == QL_ESHUTDOWN) {
-    ql__reply_set_error(&r, rc, "linear: the daemon stopped before running "
-                        "it");
-  } else if (rc == QL_EDEADLINE) {
-    ql__reply_set_error(&r, rc, "linear: the deadline passed before it "
-                        "started");
-  } else if (rc == QL_ESESSION) {
-    ql__reply_set_error(&r, rc, "linear: the session ended");
-  } else if (rc != 0) {
-    ql__reply_set_error(&r, rc, "linear: %s", ql_strerror(rc));
+  if (j->parent != NULL) {
+    part_done(s, j, rc);
+    return;
+  }
+  ql__reply_init(&r, j->req->msg->request_id);
+  if (rc != 0) {
+    ql__reply_set_error(&r, rc, "linear: %s", error_text(rc));
   } else {
     qlinear__v1__linear_response__init(&out);
     qlinear__v1__tensor__init(&y);
@@ -442,23 +554,28 @@ static const char *format_name(int f) {
   return f >= 1 && f <= 4 ? names[f] : "?";
 }
 
-int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
-                      void *route, ql__reply *r) {
-  const Qlinear__V1__LinearRequest *l = req->msg->linear;
-  const Qlinear__V1__Tensor *x = l->x;
+/*
+ * Checks and queues one weight's computation on x: a Linear request (mu
+ * NULL: the new lin_req owns req and route) or part index of a LinearMulti
+ * (mu owns them). Returns 1 when queued, else 0 with r set.
+ */
+static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
+                      void *route, multi *mu, unsigned index,
+                      const char *weight, const Qlinear__V1__Tensor *x,
+                      ql_path want, const Qlinear__V1__RegionSlice *ys,
+                      const char *device, ql__reply *r) {
   const Qlinear__V1__RegionSlice *xs =
       x->data_case == QLINEAR__V1__TENSOR__DATA_REGION ? x->region : NULL;
-  const Qlinear__V1__RegionSlice *ys = l->y_out;
   uint64_t now = ql__now_ns();
-  ql__weight *w = ql__weight_store_get(s->weights, l->weight);
+  ql__weight *w = ql__weight_store_get(s->weights, weight);
   if (w == NULL) {
     ql__reply_set_error(r, QL_ENOTFOUND, "linear: no weight named '%s'",
-                        l->weight);
+                        weight);
     return 0;
   }
-  if (l->device[0] != '\0' && strcmp(l->device, "cpu") != 0) {
+  if (device[0] != '\0' && strcmp(device, "cpu") != 0) {
     ql__reply_set_error(r, QL_ENOTFOUND, "linear: no device '%.64s' holds "
-                        "weight '%s' (it is on: cpu)", l->device, w->name);
+                        "weight '%s' (it is on: cpu)", device, w->name);
     return 0;
   }
   uint64_t m = x->shape[0], k = x->shape[1];
@@ -514,7 +631,7 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
   /* Path: the request's own choice, else the weight's policy, else by the
    * request's own row count (DESIGN §6), never by what it is batched
    * with: that keeps its reply reproducible. */
-  ql_path path = (ql_path)l->path;
+  ql_path path = want;
   if (path == QL_PATH_AUTO)
     path = w->policy;
   if (path == QL_PATH_AUTO)
@@ -524,7 +641,7 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
    * chosen path falls back to weight-only and a forced one is refused. */
   if (path == QL_PATH_ACT_QUANT &&
       kernel(s, w->q, QL_PATH_ACT_QUANT, dt, (int64_t)m) == NULL) {
-    if ((ql_path)l->path == QL_PATH_ACT_QUANT) {
+    if (want == QL_PATH_ACT_QUANT) {
       ql__reply_set_error(r, QL_ENOTSUP, "linear: %s weight '%s' (K=%lld) has "
                           "no activation-quantized path",
                           format_name(w->q->format), w->name,
@@ -549,8 +666,12 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
     return 0;
   }
   j->s = s;
-  j->route = route;
-  j->req = req;
+  j->parent = mu;
+  j->index = index;
+  if (mu == NULL) {
+    j->route = route;
+    j->req = req;
+  }
   j->w = w;
   j->xr = xr;
   j->yr = yr;
@@ -571,7 +692,7 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
   j->sr.session = ql__session_id(ss);
   j->sr.deadline_ns =
       req->msg->deadline_us ? now + req->msg->deadline_us * 1000u : 0;
-  int rc = m == 0 ? 0 : ql__sched_submit(s->lin->sched, &j->sr, now);
+  int rc = ql__sched_submit(s->lin->sched, &j->sr, now);
   if (rc != 0) {
     if (yr == NULL)
       free(j->y);
@@ -598,11 +719,80 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
    * timer answers the expired ones on time. */
   if (j->sr.deadline_ns != 0 && !uv_is_active((uv_handle_t *)&s->lin->expire))
     uv_timer_start(&s->lin->expire, on_expire, 5, 5);
-  if (m == 0) { /* nothing to compute: an empty [0, N] result */
-    answer(s, j);
-    return 1;
-  }
   pump(s);
+  return 1;
+}
+
+int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
+                      void *route, ql__reply *r) {
+  const Qlinear__V1__LinearRequest *l = req->msg->linear;
+  return submit_one(s, ss, req, route, NULL, 0, l->weight, l->x,
+                    (ql_path)l->path, l->y_out, l->device, r);
+}
+
+int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
+                            void *route, ql__reply *r) {
+  const Qlinear__V1__LinearMultiRequest *l = req->msg->linear_multi;
+  size_t inline_bytes = 0;
+  /* What can be checked before anything runs: every weight exists and
+   * takes x, and the inline results fit one reply. */
+  for (size_t i = 0; i < l->n_weights; i++) {
+    const ql__weight *w = ql__weight_store_get(s->weights, l->weights[i]);
+    if (w == NULL) {
+      ql__reply_set_error(r, QL_ENOTFOUND, "linear_multi: no weight named "
+                          "'%s'", l->weights[i]);
+      return 0;
+    }
+    if (l->x->shape[1] != (uint64_t)w->q->k) {
+      ql__reply_set_error(r, QL_ESHAPE, "linear_multi: x has K=%llu, weight "
+                          "'%s' has K=%lld",
+                          (unsigned long long)l->x->shape[1], w->name,
+                          (long long)w->q->k);
+      return 0;
+    }
+    if (l->n_y_out == 0)
+      inline_bytes += (size_t)l->x->shape[0] * (size_t)w->q->n *
+                      ql_dtype_size((int)l->x->dtype);
+  }
+  if (inline_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
+    ql__reply_set_error(r, QL_ETOOBIG, "linear_multi: the results (%zu "
+                        "bytes) exceed the %zu-byte message cap",
+                        inline_bytes, s->cfg.max_message_bytes);
+    return 0;
+  }
+  multi *mu = calloc(1, sizeof *mu);
+  if (mu == NULL) {
+    ql__reply_set_error(r, QL_ENOMEM, "linear_multi: out of memory");
+    return 0;
+  }
+  mu->route = route;
+  mu->req = req;
+  /* pending counts one extra until every part is submitted, so that a
+   * part answered at once cannot answer the whole early. */
+  mu->pending = 1;
+  for (size_t i = 0; i < l->n_weights; i++) {
+    ql__reply pr;
+    ql__reply_init(&pr, 0);
+    mu->pending++;
+    if (!submit_one(s, ss, req, route, mu, (unsigned)i, l->weights[i], l->x,
+                    (ql_path)l->path, l->n_y_out ? l->y_out[i] : NULL,
+                    l->device, &pr)) {
+      mu->pending--;
+      if (i == 0) {
+        /* Nothing runs: answer with the part's own error. */
+        ql__reply_set_error(r, pr.status.code, "%s", pr.msg);
+        free(mu);
+        return 0;
+      }
+      mu->rc = pr.status.code;
+      snprintf(mu->err, sizeof mu->err, "weight '%s': %s", l->weights[i],
+               pr.msg);
+      break;
+    }
+    mu->n = i + 1;
+  }
+  if (--mu->pending == 0)
+    multi_answer(s, mu);
   return 1;
 }
 

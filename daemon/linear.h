@@ -43,6 +43,11 @@ void ql__linear_close(ql__server *s);
 int ql__linear_submit(ql__server *s, struct ql__session *ss,
                       ql__request *req, void *route, ql__reply *r);
 
+/* The same for a LinearMulti request: one part per weight, each queued as
+ * a request of its own; answered when all are done. */
+int ql__linear_submit_multi(ql__server *s, struct ql__session *ss,
+                            ql__request *req, void *route, ql__reply *r);
+
 /* Linear requests accepted and not yet answered. */
 size_t ql__linear_in_flight(const ql__server *s);
 

@@ -233,16 +233,10 @@ static int check_slice(const char *what, const Qlinear__V1__RegionSlice *sl,
   return 0;
 }
 
-static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
-                           size_t errlen) {
+/* x of a Linear or LinearMulti request; *es gets its element size. */
+static int validate_x(const Qlinear__V1__Tensor *x, size_t *es_out,
+                      char *err, size_t errlen) {
   int rc;
-  if ((rc = check_name("linear", l->weight, err, errlen)) != 0)
-    return rc;
-  if (!ql_path_valid((int)l->path)) {
-    seterr(err, errlen, "linear: unknown path %d", (int)l->path);
-    return QL_EINVAL;
-  }
-  const Qlinear__V1__Tensor *x = l->x;
   if (x == NULL) {
     seterr(err, errlen, "linear: missing x");
     return QL_EINVAL;
@@ -288,10 +282,60 @@ static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
     seterr(err, errlen, "linear: x carries no data");
     return QL_EINVAL;
   }
+  *es_out = es;
+  return 0;
+}
+
+static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
+                           size_t errlen) {
+  int rc;
+  size_t es;
+  if ((rc = check_name("linear", l->weight, err, errlen)) != 0)
+    return rc;
+  if (!ql_path_valid((int)l->path)) {
+    seterr(err, errlen, "linear: unknown path %d", (int)l->path);
+    return QL_EINVAL;
+  }
+  if ((rc = validate_x(l->x, &es, err, errlen)) != 0)
+    return rc;
   /* y_out's length depends on the weight's N: handlers.c checks it. */
   if (l->y_out != NULL &&
       (rc = check_slice("y_out", l->y_out, es, err, errlen)) != 0)
     return rc;
+  return 0;
+}
+
+static int validate_multi(const Qlinear__V1__LinearMultiRequest *l,
+                          char *err, size_t errlen) {
+  int rc;
+  size_t es;
+  if (l->n_weights == 0 || l->n_weights > QL_MULTI_MAX) {
+    seterr(err, errlen, "linear_multi: %zu weights, expected 1 to %d",
+           l->n_weights, QL_MULTI_MAX);
+    return QL_EINVAL;
+  }
+  for (size_t i = 0; i < l->n_weights; i++)
+    if ((rc = check_name("linear_multi", l->weights[i], err, errlen)) != 0)
+      return rc;
+  if (!ql_path_valid((int)l->path)) {
+    seterr(err, errlen, "linear_multi: unknown path %d", (int)l->path);
+    return QL_EINVAL;
+  }
+  if ((rc = validate_x(l->x, &es, err, errlen)) != 0)
+    return rc;
+  if (l->n_y_out != 0 && l->n_y_out != l->n_weights) {
+    seterr(err, errlen, "linear_multi: %zu y_out slices for %zu weights",
+           l->n_y_out, l->n_weights);
+    return QL_EINVAL;
+  }
+  for (size_t i = 0; i < l->n_y_out; i++) {
+    if (l->y_out[i] == NULL) {
+      seterr(err, errlen, "linear_multi: empty y_out slice");
+      return QL_EINVAL;
+    }
+    if ((rc = check_slice("y_out", l->y_out[i], es, err, errlen)) != 0)
+      return rc;
+  }
   return 0;
 }
 
@@ -322,6 +366,8 @@ int ql__request_validate(const ql__msg_request *req, char *err,
     return check_name("unload", req->unload->name, err, errlen);
   case QLINEAR__V1__REQUEST__BODY_LINEAR:
     return validate_linear(req->linear, err, errlen);
+  case QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI:
+    return validate_multi(req->linear_multi, err, errlen);
   default:
     seterr(err, errlen, "request has no known body");
     return QL_EPROTO;

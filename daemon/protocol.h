@@ -107,5 +107,7 @@ int ql__mul_size(size_t a, size_t b, size_t c, size_t *out);
 
 /* Largest N or K accepted (the kernels index rows with 32-bit ints). */
 #define QL_MAX_DIM ((uint64_t)1 << 30)
+/* Weights of one LinearMulti request. */
+#define QL_MULTI_MAX 16
 
 #endif /* QL_PROTOCOL_H */

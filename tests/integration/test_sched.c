@@ -463,6 +463,113 @@ START_TEST(nonfinite_fails_only_its_request) {
 }
 END_TEST
 
+static void load_other(ql_client *c, const char *name, uint64_t n, uint64_t k,
+                       uint64_t seed) {
+  float *w = tu_xmalloc(n * k * sizeof(float));
+  td_randn(&seed, w, n * k, 0.05f);
+  ql_load_desc d;
+  memset(&d, 0, sizeof d);
+  d.name = name;
+  d.format = QL_FORMAT_Q8C;
+  d.n = n;
+  d.k = k;
+  d.dtype = QL_DTYPE_F32;
+  d.data = w;
+  ck_assert_int_eq(ql_load_float(c, &d, NULL, NULL), 0);
+  free(w);
+}
+
+/* LinearMulti: several weights on one x give what each gives alone, in
+ * one round trip; a weight that does not fit fails the whole. */
+START_TEST(linear_multi) {
+  td d;
+  make_weight();
+  start(&d, NULL, NULL);
+  ql_client *c = connect_to(&d);
+  load(c);
+  load_other(c, "w2", 128, K, 8);
+  load_other(c, "w3", 64, 256, 9);
+  for (int64_t m = 1; m <= 32; m *= 4) {
+    void *x = make_x(7, (uint64_t)m, m, QL_DTYPE_F32);
+    const char *names[2] = {"w", "w2"};
+    uint64_t ns[2] = {N, 128};
+    float *y0 = tu_xmalloc((size_t)m * N * 4), *y1 = tu_xmalloc((size_t)m * 128 * 4);
+    float *a0 = tu_xmalloc((size_t)m * N * 4), *a1 = tu_xmalloc((size_t)m * 128 * 4);
+    void *ys[2] = {y0, y1};
+    ql_linear_result res[2];
+    int rc = ql_linear_multi(c, 2, names, QL_PATH_AUTO, QL_DTYPE_F32,
+                             (uint64_t)m, K, x, ns, ys, res);
+    ck_assert_msg(rc == 0, "linear_multi: %s: %s", ql_strerror(rc),
+                  ql_errmsg());
+    ck_assert_int_eq(ql_linear(c, "w", QL_PATH_AUTO, QL_DTYPE_F32,
+                               (uint64_t)m, K, x, N, a0, NULL),
+                     0);
+    ck_assert_int_eq(ql_linear(c, "w2", QL_PATH_AUTO, QL_DTYPE_F32,
+                               (uint64_t)m, K, x, 128, a1, NULL),
+                     0);
+    ck_assert_mem_eq(y0, a0, (size_t)m * N * 4);
+    ck_assert_mem_eq(y1, a1, (size_t)m * 128 * 4);
+    ck_assert_int_eq(res[0].path, m < 16 ? QL_PATH_WEIGHT_ONLY
+                                         : QL_PATH_ACT_QUANT);
+    free(x);
+    free(y0);
+    free(y1);
+    free(a0);
+    free(a1);
+  }
+  float x[K], y[N + 128 + 64];
+  memset(x, 0, sizeof x);
+  void *ys[3] = {y, y + N, y + N + 128};
+  const char *bad_k[3] = {"w", "w2", "w3"};
+  uint64_t ns[3] = {N, 128, 64};
+  ck_assert_int_eq(ql_linear_multi(c, 3, bad_k, QL_PATH_AUTO, QL_DTYPE_F32, 1,
+                                   K, x, ns, ys, NULL),
+                   QL_ESHAPE);
+  const char *missing[2] = {"w", "nope"};
+  ck_assert_int_eq(ql_linear_multi(c, 2, missing, QL_PATH_AUTO, QL_DTYPE_F32,
+                                   1, K, x, ns, ys, NULL),
+                   QL_ENOTFOUND);
+  ck_assert_int_eq(ql_linear_multi(c, 0, missing, QL_PATH_AUTO, QL_DTYPE_F32,
+                                   1, K, x, ns, ys, NULL),
+                   QL_EINVAL);
+  /* The daemon's own checks: no weights, slices not one per weight. */
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearMultiRequest lm;
+  Qlinear__V1__Tensor xt;
+  qlinear__v1__request__init(&req);
+  qlinear__v1__linear_multi_request__init(&lm);
+  qlinear__v1__tensor__init(&xt);
+  uint64_t shape[2] = {1, K};
+  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  xt.shape = shape;
+  xt.n_shape = 2;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  xt.inline_data.data = (uint8_t *)x;
+  xt.inline_data.len = sizeof x;
+  lm.x = &xt;
+  req.request_id = 77;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI;
+  req.linear_multi = &lm;
+  Qlinear__V1__Response *resp = td_call(&d, &req, 10000);
+  ck_assert_ptr_nonnull(resp);
+  ck_assert_int_eq(resp->status->code, QL_EINVAL);
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  char *two[2] = {"w", "w2"};
+  Qlinear__V1__RegionSlice sl, *psl = &sl;
+  qlinear__v1__region_slice__init(&sl);
+  lm.weights = two;
+  lm.n_weights = 2;
+  lm.y_out = &psl;
+  lm.n_y_out = 1;
+  resp = td_call(&d, &req, 10000);
+  ck_assert_ptr_nonnull(resp);
+  ck_assert_int_eq(resp->status->code, QL_EINVAL);
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("sched");
   TCase *tc = tcase_create("sched");
@@ -472,6 +579,7 @@ int main(void) {
   tcase_add_test(tc, deadlines);
   tcase_add_test(tc, prefill_chunks_let_decode_through);
   tcase_add_test(tc, nonfinite_fails_only_its_request);
+  tcase_add_test(tc, linear_multi);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

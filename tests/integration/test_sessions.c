@@ -1109,7 +1109,10 @@ static void *bg_raw_run(void *p) {
 
 START_TEST(test_destroy_in_flight) {
   td d;
-  td_start(&d, NULL);
+  /* The blocker must run as one launch, not in chunks. */
+  static const char *const args[] = {"--prefill-chunk-rows", "1048576",
+                                     "--max-batch-rows", "1048576", NULL};
+  td_start(&d, args);
   ql_client *c = connect_to(&d);
   const uint64_t k = 4096, n = 1024;
   layer l;

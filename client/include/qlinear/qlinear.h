@@ -416,6 +416,22 @@ QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
  * not overlap (QL_EINVAL or QL_ESHAPE otherwise, checked here and again by
  * the daemon).
  */
+/*
+ * Several weights applied to the same x in one round trip (fused q/k/v or
+ * gate/up): for i < count (at most QL_MULTI_MAX), y[i] [m, n[i]] =
+ * x·weights[i]ᵀ + b_i. Every weight must have in_features k. Each runs as
+ * a request of its own in the daemon (its own path, reported in res[i] when
+ * res is not NULL); the call fails if any does, and then writes no y. All
+ * results come back in one reply: together they must fit the daemon's
+ * message cap (QL_ETOOBIG otherwise).
+ */
+#define QL_MULTI_MAX 16
+QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
+                              const char *const *weights, ql_path path,
+                              ql_dtype dtype, uint64_t m, uint64_t k,
+                              const void *x, const uint64_t *n,
+                              void *const *y, ql_linear_result *res);
+
 QL_EXPORT int ql_linear_region(ql_client *c, const char *weight, ql_path path,
                                ql_dtype dtype, uint64_t m, uint64_t k,
                                const ql_slice *x, uint64_t n,
