@@ -18,14 +18,37 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* The worst regret of threshold t over the measured sizes: the routed
+ * path's time over the better path's. */
+static double worst_regret(const ql_crossover *c, uint64_t t) {
+  double worst = 1.0;
+  for (int i = 0; i < c->n; i++) {
+    double wo = c->wo_ns[i], aq = c->aq_ns[i];
+    double best = aq > 0 && aq < wo ? aq : wo;
+    double routed = (uint64_t)c->m[i] >= t && aq > 0 ? aq : wo;
+    if (best > 0 && routed / best > worst)
+      worst = routed / best;
+  }
+  return worst;
+}
+
 uint32_t ql_crossover_choose(const ql_crossover *c) {
   uint32_t rows = QL_CROSSOVER_NEVER;
-  if (c == NULL)
+  if (c == NULL || c->n == 0)
     return rows;
+  /* Minimax: the threshold whose worst regret is smallest, the smallest
+   * such (activation-quantized scales better past the sizes measured). A
+   * path that wins only in a middle band of sizes cannot be followed by
+   * one threshold; this keeps the loss where it does not win small. */
+  double best = worst_regret(c, QL_CROSSOVER_NEVER);
   for (int i = c->n - 1; i >= 0; i--) {
-    if (c->aq_ns[i] <= 0 || c->aq_ns[i] > c->wo_ns[i])
-      break;
-    rows = (uint32_t)c->m[i];
+    if (c->aq_ns[i] <= 0)
+      continue;
+    double r = worst_regret(c, (uint64_t)c->m[i]);
+    if (r <= best) {
+      best = r;
+      rows = (uint32_t)c->m[i];
+    }
   }
   return rows;
 }
@@ -47,7 +70,7 @@ int ql_crossover_measure_clock(const ql_backend *b, const ql_qweight *w,
                                uint64_t budget_ns,
                                uint64_t (*clock)(void *arg), void *clock_arg,
                                ql_crossover *out) {
-  int rc = 0, wins = 0;
+  int rc = 0;
   void *x = NULL, *y = NULL;
   float *xf = NULL;
   if (out == NULL || w == NULL || max_m < 1)
@@ -96,9 +119,8 @@ int ql_crossover_measure_clock(const ql_backend *b, const ql_qweight *w,
     out->m[out->n] = m;
     out->wo_ns[out->n] = tw[REPS / 2];
     out->aq_ns[out->n] = ta[REPS / 2];
-    wins = ta[REPS / 2] <= tw[REPS / 2] ? wins + 1 : 0;
     out->n++;
-    if (wins >= 2 || clock(clock_arg) - t0 > budget_ns)
+    if (clock(clock_arg) - t0 > budget_ns)
       break;
   }
   out->rows = ql_crossover_choose(out);

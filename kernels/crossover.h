@@ -30,10 +30,12 @@ typedef struct ql_crossover {
 } ql_crossover;
 
 /*
- * The crossover of measured times: the smallest measured M from which the
- * activation-quantized path is no slower than the weight-only one at every
- * larger measured M; QL_CROSSOVER_NEVER when it is slower at the largest
- * (or has no times). Pure: the same times give the same answer.
+ * The crossover of measured times: the threshold t (a measured M, or
+ * QL_CROSSOVER_NEVER) that minimises the worst regret over the measured
+ * sizes, regret being the time of the path t routes M to (activation-
+ * quantized from t on) over the better path's; the smallest such t.
+ * QL_CROSSOVER_NEVER without times or without an activation-quantized
+ * path. Pure: the same times give the same answer.
  */
 uint32_t ql_crossover_choose(const ql_crossover *c);
 
@@ -42,9 +44,9 @@ uint32_t ql_crossover_choose(const ql_crossover *c);
  * it) on backend b for activations of dtype dt at M = 1, 2, 4 ... up to
  * max_m (at most 512), each the median of 5 calls on fresh inputs with the
  * two paths interleaved, and fills *out (out->rows by
- * ql_crossover_choose). It stops early once the activation-quantized path
- * has won at two sizes in a row (it only gains with M), or when the time
- * spent passes budget_ns. A weight without an activation-quantized path
+ * ql_crossover_choose). It stops early when the time spent passes
+ * budget_ns (the sizes measured so far decide). A weight without an
+ * activation-quantized path
  * (q8b; q8c with a K the int32 sums cannot hold) gets
  * QL_CROSSOVER_NEVER without a measurement. 0, QL_EINVAL, QL_ENOMEM, or a
  * kernel's error.

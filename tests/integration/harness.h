@@ -33,8 +33,9 @@ typedef struct td {
 } td;
 
 /* Starts $QLINEARD with the given extra arguments (NULL-terminated list,
- * may be NULL), waits until it accepts connections and opens the harness's
- * session (d->sess). Aborts the test on failure. */
+ * may be NULL; they come after the harness's own: --crossover-rows 16,
+ * which a test may override), waits until it accepts connections and opens
+ * the harness's session (d->sess). Aborts the test on failure. */
 void td_start(td *d, const char *const *args);
 
 /* Sends SIGTERM and returns the daemon's exit status (-1 if it was killed

@@ -542,7 +542,7 @@ START_TEST(crossover_measured_and_cached) {
   layer l;
   state_dir(st, sizeof st);
   snprintf(path, sizeof path, "%s/crossover.json", st);
-  const char *args[] = {"--state-dir", st, NULL};
+  const char *args[] = {"--state-dir", st, "--crossover-rows", "0", NULL};
   layer_make(&l, 64, 128, 13);
   td_start(&d, args);
   ql_client *a = admin(&d);

@@ -29,6 +29,7 @@ START_TEST(test_choose) {
   static const double from8[] = {50, 50, 50, 50, 50};
   static const double never[] = {500, 500, 500, 500, 500};
   static const double noisy[] = {9, 25, 30, 90, 100}; /* wins 1, 4, 16 */
+  static const double band[] = {5, 10, 20, 100, 200}; /* wins small only */
   static const double none[] = {0, 0, 0, 0, 0};
   static const double tie[] = {10, 20, 40, 80, 160};
   ql_crossover c = times(5, wo, always);
@@ -40,9 +41,13 @@ START_TEST(test_choose) {
   ck_assert_uint_eq(ql_crossover_choose(&c), 16);
   c = times(5, wo, never);
   ck_assert_uint_eq(ql_crossover_choose(&c), QL_CROSSOVER_NEVER);
-  /* Only a run of wins up to the largest size counts. */
+  /* Minimax: from 4 the worst is 90/80 at M = 8; from 1 it would be 25/20
+   * at M = 2, from 16 40/30 at M = 4. */
   c = times(5, wo, noisy);
-  ck_assert_uint_eq(ql_crossover_choose(&c), 16);
+  ck_assert_uint_eq(ql_crossover_choose(&c), 4);
+  /* AQ wins small and loses big: 200/160 from 1 beats 20/5 never. */
+  c = times(5, wo, band);
+  ck_assert_uint_eq(ql_crossover_choose(&c), 1);
   c = times(5, wo, none);
   ck_assert_uint_eq(ql_crossover_choose(&c), QL_CROSSOVER_NEVER);
   c = times(5, wo, tie); /* no slower is good enough */
@@ -105,7 +110,7 @@ static ql_qweight *small(ql_format f) {
 START_TEST(test_measure) {
   ql_qweight *q = small(QL_FORMAT_Q8C);
   ql_crossover c;
-  /* WO wins at M = 1 (2 us < 3.1 us), AQ at 2 and 4: stop there. */
+  /* WO wins at M = 1 (2 us < 3.1 us), AQ from 2 on; every size is timed. */
   fake_now = 0;
   aq_fixed = 0;
   calls_wo = calls_aq = 0;
@@ -113,13 +118,13 @@ START_TEST(test_measure) {
                                               512, (uint64_t)1e12, fake_clock,
                                               NULL, &c),
                    0);
-  ck_assert_int_eq(c.n, 3);
+  ck_assert_int_eq(c.n, 10);
   ck_assert_uint_eq(c.rows, 2);
-  ck_assert_int_eq(c.m[2], 4);
+  ck_assert_int_eq(c.m[9], 512);
   ck_assert(c.wo_ns[0] == 2000 && c.aq_ns[0] == 3100);
   ck_assert(c.wo_ns[2] == 8000 && c.aq_ns[2] == 3400);
-  ck_assert_int_eq(calls_wo, 15); /* 5 fresh calls per size and path */
-  ck_assert_int_eq(calls_aq, 15);
+  ck_assert_int_eq(calls_wo, 50); /* 5 fresh calls per size and path */
+  ck_assert_int_eq(calls_aq, 50);
   /* AQ never wins: every size up to max_m. */
   fake_now = 0;
   aq_fixed = 100000000;
