@@ -1334,12 +1334,31 @@ static int layout_file(const uint8_t digest[QL_DIGEST_BYTES], const char *id,
   return 0;
 }
 
+int ql__store_layout_check(const uint8_t *head, size_t head_len,
+                           uint64_t file_size, const char *layout_id,
+                           uint64_t *data_len) {
+  layout_header h;
+  *data_len = 0;
+  if (head_len < sizeof h || file_size < LAYOUT_DATA_OFF)
+    return QL_EBADFILE;
+  memcpy(&h, head, sizeof h);
+  if (memcmp(h.magic, LAYOUT_MAGIC, 8) != 0 || h.version != LAYOUT_VERSION ||
+      h.data_off != LAYOUT_DATA_OFF ||
+      h.data_len != file_size - LAYOUT_DATA_OFF ||
+      h.layout_id[LAYOUT_ID_MAX - 1] != '\0' ||
+      strcmp(h.layout_id, layout_id) != 0 || h.data_len > SIZE_MAX)
+    return QL_EBADFILE;
+  *data_len = h.data_len;
+  return 0;
+}
+
 int ql__store_layout_map(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
                          const char *layout_id, const void **data,
                          size_t *len, void **map) {
   char f[DIGEST_HEX + LAYOUT_ID_MAX + 16];
   struct stat st;
   layout_header h;
+  uint64_t dlen;
   int rc = QL_ENOTFOUND;
   *data = NULL;
   *len = 0;
@@ -1350,13 +1369,9 @@ int ql__store_layout_map(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
   if (fd < 0)
     return QL_ENOTFOUND;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      (uint64_t)st.st_size < LAYOUT_DATA_OFF ||
       pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h ||
-      memcmp(h.magic, LAYOUT_MAGIC, 8) != 0 || h.version != LAYOUT_VERSION ||
-      h.data_off != LAYOUT_DATA_OFF ||
-      h.data_len != (uint64_t)st.st_size - LAYOUT_DATA_OFF ||
-      h.layout_id[LAYOUT_ID_MAX - 1] != '\0' ||
-      strcmp(h.layout_id, layout_id) != 0 || h.data_len > SIZE_MAX) {
+      ql__store_layout_check((const uint8_t *)&h, sizeof h,
+                             (uint64_t)st.st_size, layout_id, &dlen) != 0) {
     ql__warn("store: cached layout %s is malformed; rebuilding it", f);
     (void)unlinkat(s->dirfd, f, 0);
     goto done;
@@ -1373,7 +1388,7 @@ int ql__store_layout_map(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
   fm->addr = addr;
   fm->len = (size_t)st.st_size;
   *data = (const uint8_t *)addr + LAYOUT_DATA_OFF;
-  *len = (size_t)h.data_len;
+  *len = (size_t)dlen;
   *map = fm;
   rc = 0;
 done:

@@ -1,14 +1,17 @@
 /*
  * level.c - which instruction level the CPU backend runs at (cpu.h).
  *
- * Detected once per process with __builtin_cpu_supports (GCC and clang;
- * it also checks XCR0, so a kernel that does not save the AVX-512 state
- * does not get AVX-512 code). QL_CPU_LEVEL lowers it so that every level
- * can be tested on one machine.
+ * Detected once per process from CPUID and XCR0 (detect() below).
+ * QL_CPU_LEVEL lowers it so that every level can be tested on one
+ * machine.
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "cpu.h"
 
@@ -22,17 +25,49 @@ static const char *const level_names[QL_CPU_LEVEL_COUNT] = {
     [QL_CPU_LEVEL_AVX512] = "avx512",
 };
 
+#if defined(__x86_64__)
+/* Bit b of a CPUID register, by leaf and subleaf (0 when the leaf is out
+ * of range). */
+static int cpuid_bit(unsigned leaf, unsigned sub, int reg, int b) {
+  unsigned r[4];
+  if (__get_cpuid_max(leaf & 0x80000000u, NULL) < leaf)
+    return 0;
+  __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+  return (int)((r[reg] >> b) & 1u);
+}
+
+/* XCR0: the register state the kernel saves on a context switch. */
+static uint64_t xcr0(void) {
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+/*
+ * CPUID directly (the features by their documented bits, Intel SDM vol. 2,
+ * CPUID), not __builtin_cpu_supports: clang 14 knows neither "f16c" nor
+ * "avxvnni" there. XCR0 must show the YMM state (bits 1-2) for AVX2 and
+ * the opmask and ZMM state (bits 5-7) too for AVX-512, so a kernel that
+ * does not save that state does not get that code.
+ */
 static ql__cpu_level detect(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-  if (avx2 && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512vnni"))
+#if defined(__x86_64__)
+  enum { EAX, EBX, ECX, EDX };
+  if (!cpuid_bit(1, 0, ECX, 27)) /* OSXSAVE: xgetbv is there */
+    return QL_CPU_LEVEL_C;
+  uint64_t x = xcr0();
+  int ymm = (x & 0x6) == 0x6, zmm = (x & 0xe6) == 0xe6;
+  int avx2 = ymm && cpuid_bit(1, 0, ECX, 28) /* AVX */ &&
+             cpuid_bit(1, 0, ECX, 12) /* FMA */ &&
+             cpuid_bit(1, 0, ECX, 29) /* F16C */ &&
+             cpuid_bit(7, 0, EBX, 5) /* AVX2 */;
+  if (avx2 && zmm && cpuid_bit(7, 0, EBX, 16) /* AVX512F */ &&
+      cpuid_bit(7, 0, EBX, 30) /* AVX512BW */ &&
+      cpuid_bit(7, 0, EBX, 31) /* AVX512VL */ &&
+      cpuid_bit(7, 0, ECX, 11) /* AVX512_VNNI */)
     return QL_CPU_LEVEL_AVX512;
-  if (avx2 && __builtin_cpu_supports("avxvnni"))
+  if (avx2 && cpuid_bit(7, 1, EAX, 4) /* AVX-VNNI */)
     return QL_CPU_LEVEL_AVX2_VNNI;
   if (avx2)
     return QL_CPU_LEVEL_AVX2;

@@ -77,6 +77,23 @@ static void round_trip(const ql__stored_weight *w) {
   free(hdr);
 }
 
+/* The same input as the head of a cached layout file whose size is the
+ * input's, and then a page larger: accepted only when its header says
+ * exactly that size, its id is the one wanted, and the file holds the
+ * image after the header's page. */
+static void layout_head(const uint8_t *buf, size_t size) {
+  static const char *const ids[] = {"cpu-1", "x"};
+  for (int i = 0; i < 2; i++) {
+    for (uint64_t extra = 0; extra <= 4096; extra += 4096) {
+      uint64_t len = 99, fsize = (uint64_t)size + extra;
+      int rc = ql__store_layout_check(buf, size, fsize, ids[i], &len);
+      CHECK(rc == 0 || rc == QL_EBADFILE);
+      CHECK(rc == 0 ? fsize >= 4096 && len == fsize - 4096 && size >= 64
+                    : len == 0);
+    }
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   uint8_t *buf = malloc(size ? size : 1);
   ql__stored_weight w;
@@ -86,6 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   CHECK(buf != NULL);
   memcpy(buf, data, size);
+  layout_head(buf, size);
   memset(err, 'x', sizeof err);
   w.q = (ql_qweight *)&w; /* must be overwritten */
   rc = ql__store_parse(buf, size, &w, err, sizeof err);
