@@ -28,6 +28,12 @@
 static void default_socket_dir(char *buf, size_t len);
 static int check_device(const char *s, char *why, size_t whylen);
 
+static const ql__opt_name cpu_levels[] = {
+    {"auto", QL_CPU_LEVEL_OPT_AUTO},         {"c", QL_CPU_LEVEL_OPT_C},
+    {"avx2", QL_CPU_LEVEL_OPT_AVX2},         {"avx2vnni", QL_CPU_LEVEL_OPT_AVX2VNNI},
+    {"avx512", QL_CPU_LEVEL_OPT_AVX512},     {NULL, 0},
+};
+
 static const ql__opt_name log_levels[] = {
     {"err", QL_LOG_ERR},   {"warning", QL_LOG_WARNING},
     {"notice", QL_LOG_NOTICE}, {"info", QL_LOG_INFO},
@@ -62,6 +68,11 @@ static const ql__option options[] = {
      .check = check_device,
      .help = "devices that must be present before the daemon is ready, "
              "e.g. cpu,cuda:0; a missing one is an error"},
+    {.name = "cpu_level", .type = QL_OPT_ENUM, FIELD(cpu_level),
+     .names = cpu_levels, .def = "auto",
+     .help = "highest CPU kernel level to use (auto, avx512, avx2vnni, "
+             "avx2, c): lower ones test or work around a level; the "
+             "environment's QL_CPU_LEVEL also caps it"},
     {.name = "cpu_threads", .type = QL_OPT_UINT, FIELD(cpu_threads),
      .min = 0, .max = 1024, .def = "0",
      .help = "threads of the CPU device; 0: one per online CPU"},

@@ -20,6 +20,15 @@
 #include "weights.h"
 #include "worker.h"
 
+/* cpu_level values; names in conf.c. */
+enum {
+  QL_CPU_LEVEL_OPT_AUTO,
+  QL_CPU_LEVEL_OPT_C,
+  QL_CPU_LEVEL_OPT_AVX2,
+  QL_CPU_LEVEL_OPT_AVX2VNNI,
+  QL_CPU_LEVEL_OPT_AVX512
+};
+
 /* A list option's value, e.g. required_devices = cpu,cuda:0: up to
  * QL_CONFIG_LIST_MAX distinct items, each a NUL-terminated name. */
 #define QL_CONFIG_LIST_MAX 16
@@ -57,6 +66,8 @@ typedef struct ql__config {
   char admin_dir[PATH_MAX];  /* directory of admin.sock; "" =
                                 <socket_dir>/admin */
   uint32_t cpu_threads;      /* CPU worker threads; 0 = online CPUs */
+  int cpu_level;             /* QL_CPU_LEVEL_OPT_*: the highest kernel
+                                level to use; 0 = the best detected */
   size_t cpu_budget_bytes;   /* weight bytes resident on the CPU; 0 = no
                                 limit */
   ql__config_list required_devices; /* must be present before READY=1 */

@@ -385,9 +385,13 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     goto fail;
   }
   /* Before any kernel runs (the store's repacks below are the first). */
-  if (s->cpu_backend->set_threads != NULL &&
-      (rc = s->cpu_backend->set_threads(cfg->cpu_threads)) != 0) {
-    ql__err("cpu_threads = %u: %s", cfg->cpu_threads, ql_strerror(rc));
+  static const char *const levels[] = {"auto", "c", "avx2", "avx2vnni",
+                                       "avx512"};
+  ql_backend_config bc = {cfg->cpu_threads, levels[cfg->cpu_level]};
+  if (s->cpu_backend->configure != NULL &&
+      (rc = s->cpu_backend->configure(&bc)) != 0) {
+    ql__err("cpu_threads = %u, cpu_level = %s: %s", cfg->cpu_threads,
+            bc.level, ql_strerror(rc));
     goto fail;
   }
   if (check_required_devices(cfg) != 0)

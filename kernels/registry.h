@@ -116,16 +116,25 @@ struct ql_kernel_impl {
                void **packed, size_t *packed_bytes);
 };
 
+/* What ql_backend.configure takes; a zero field is the backend's default. */
+typedef struct ql_backend_config {
+  unsigned threads;  /* kernel threads; 0: the CPUs this process may use */
+  const char *level; /* highest instruction level ("avx512", "avx2vnni",
+                        "avx2", "c"); NULL or "auto": the best detected */
+} ql_backend_config;
+
 /* A backend: one kind of device and its implementations. */
 typedef struct ql_backend {
   const char *name; /* "cpu", "cuda", "ze" */
   const ql_kernel_impl *impls;
   size_t n_impls;
-  /* Optional: the threads the backend's kernels use (0: its default),
-   * set before its first kernel runs. 0, QL_EINVAL (out of range) or
-   * QL_ENOTSUP (too late: its threads exist). */
-  int (*set_threads)(unsigned threads);
+  /* Optional: the backend's settings from the daemon's configuration,
+   * applied before its first kernel runs. 0, QL_EINVAL (a value out of
+   * range or unknown), QL_ENOTSUP (a level the machine lacks, or too late:
+   * its threads exist). */
+  int (*configure)(const struct ql_backend_config *c);
 } ql_backend;
+
 
 /* Bits for ql_kernel_impl.formats and .dtypes. */
 #define QL_FMT_BIT(f) (1u << (unsigned)(f))

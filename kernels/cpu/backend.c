@@ -417,9 +417,14 @@ static const ql_kernel_impl impls[] = {
     IMPL_QROWS("cpu.c.quantize_rows", sup_c, qrows_c),
 };
 
+static int configure(const ql_backend_config *c) {
+  int rc = ql__cpu_level_set(c->level);
+  return rc != 0 ? rc : ql__cpu_set_threads(c->threads);
+}
+
 const ql_backend ql__backend_cpu = {
     .name = "cpu",
     .impls = impls,
     .n_impls = sizeof impls / sizeof impls[0],
-    .set_threads = ql__cpu_set_threads,
+    .configure = configure,
 };

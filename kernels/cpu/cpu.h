@@ -68,6 +68,10 @@ int ql__cpu_threads(void);
  * another size. */
 int ql__cpu_set_threads(unsigned threads);
 
+/* Caps the level at name ("auto": no cap) before any kernel ran: 0,
+ * QL_EINVAL (unknown name), QL_ENOTSUP (above the detected level). */
+int ql__cpu_level_set(const char *name);
+
 /*
  * Runs fn(ctx, part, parts) for part = 0 .. parts-1, parts =
  * min(max_parts, ql__cpu_threads()), one part per pool thread, part 0 on

@@ -88,6 +88,21 @@ static void level_init(void) {
     }
 }
 
+int ql__cpu_level_set(const char *name) {
+  pthread_once(&level_once, level_init);
+  if (name == NULL || strcmp(name, "auto") == 0)
+    return 0;
+  for (int l = 0; l < QL_CPU_LEVEL_COUNT; l++)
+    if (strcmp(name, level_names[l]) == 0) {
+      if ((ql__cpu_level)l > level_detected)
+        return QL_ENOTSUP;
+      if ((ql__cpu_level)l < level_active)
+        level_active = (ql__cpu_level)l;
+      return 0;
+    }
+  return QL_EINVAL;
+}
+
 ql__cpu_level ql__cpu_level_get(void) {
   pthread_once(&level_once, level_init);
   return level_active;

@@ -607,6 +607,29 @@ START_TEST(crossover_measured_and_cached) {
 }
 END_TEST
 
+/* cpu_level = c runs the plain C kernels. */
+START_TEST(cpu_level_option) {
+  td d;
+  layer l;
+  const char *args[] = {"--cpu-level", "c", NULL};
+  td_start(&d, args);
+  layer_make(&l, 32, 64, 14);
+  ql_client *u = user(&d);
+  ck_assert_int_eq(load(u, "lv", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
+  float x[64], y[32];
+  memset(x, 0, sizeof x);
+  x[3] = 1.0f;
+  ql_linear_result res;
+  ck_assert_int_eq(ql_linear(u, "lv", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 1, 64,
+                             x, 32, y, &res),
+                   0);
+  ck_assert_msg(strncmp(res.impl, "cpu.c.", 6) == 0, "impl %s", res.impl);
+  ql_close(u);
+  layer_free(&l);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* A required device that is not there stops the start with a message; the
  * daemon never reports ready without it. */
 START_TEST(required_device_missing) {
@@ -656,6 +679,7 @@ int main(void) {
   tcase_add_test(tc, required_device_missing);
   tcase_add_test(tc, session_lease);
   tcase_add_test(tc, crossover_measured_and_cached);
+  tcase_add_test(tc, cpu_level_option);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -522,6 +522,25 @@ START_TEST(test_set_threads) {
 }
 END_TEST
 
+/* cpu_level caps the level: unknown names are refused, a cap only
+ * lowers. Forked per test, so the cap does not leak into other tests. */
+START_TEST(test_level_set) {
+  ql__cpu_level d = ql__cpu_level_detected();
+  ck_assert_int_eq(ql__cpu_level_set("avx999"), QL_EINVAL);
+  ck_assert_int_eq(ql__cpu_level_set("auto"), 0);
+  ck_assert_int_eq(ql__cpu_level_set(NULL), 0);
+  ck_assert_int_eq(ql__cpu_level_set("c"), 0);
+  ck_assert_int_eq(ql__cpu_level_get(), QL_CPU_LEVEL_C);
+  ck_assert_int_eq(ql__cpu_level_detected(), d);
+  if (d >= QL_CPU_LEVEL_AVX2) {
+    ck_assert_int_eq(ql__cpu_level_set("avx2"), 0);
+    ck_assert_int_eq(ql__cpu_level_get(), QL_CPU_LEVEL_C); /* still c */
+  } else {
+    ck_assert_int_eq(ql__cpu_level_set("avx2"), QL_ENOTSUP);
+  }
+}
+END_TEST
+
 static Suite *cpu_suite(void) {
   Suite *s = suite_create("cpu");
   TCase *tc = tcase_create("levels");
@@ -550,6 +569,7 @@ static Suite *cpu_suite(void) {
   tcase_add_test(tc, test_aq_q8c_max_k_wrap);
   tcase_add_test(tc, test_quantize_rows);
   tcase_add_test(tc, test_set_threads);
+  tcase_add_test(tc, test_level_set);
   suite_add_tcase(s, tc);
   return s;
 }
