@@ -29,10 +29,12 @@ static const ql_backend *cpu(void) {
   return b;
 }
 
-/* A random weight of format f (q4g group gs), scale dtype sdt, with an
- * adversarial row or two (all zero, constant -127.5/1024: q8c -128). */
-static ql_qweight *make_weight(uint64_t seed, ql_format f, uint32_t gs,
-                               ql_dtype sdt, int64_t n, int64_t k, int bias) {
+/* A random weight of format f (q4g group, q8b block gs; asym for q8b),
+ * scale dtype sdt, with an adversarial row or two (all zero, constant
+ * -127.5/1024: q8c and q8b -128, f8r ±448). */
+static ql_qweight *make_weight_a(uint64_t seed, ql_format f, uint32_t gs,
+                                 int asym, ql_dtype sdt, int64_t n, int64_t k,
+                                 int bias) {
   float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
   float *b = tu_xmalloc((size_t)n * sizeof(float));
   ql_qweight *q = NULL;
@@ -45,12 +47,30 @@ static ql_qweight *make_weight(uint64_t seed, ql_format f, uint32_t gs,
               : (float)(0.05 * tu_rng_gauss(&seed) + 0.01 * (double)(r % 3));
   for (int64_t r = 0; r < n; r++)
     b[r] = (float)tu_rng_gauss(&seed);
-  ql_quant_params p = {f, gs, 0, sdt};
+  ql_quant_params p = {f, gs, asym, sdt};
   ck_assert_int_eq(
       ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w, bias ? b : NULL, &q), 0);
   free(w);
   free(b);
   return q;
+}
+
+static ql_qweight *make_weight(uint64_t seed, ql_format f, uint32_t gs,
+                               ql_dtype sdt, int64_t n, int64_t k, int bias) {
+  return make_weight_a(seed, f, gs, 0, sdt, n, k, bias);
+}
+
+static const char *fmt_name(const ql_qweight *q) {
+  switch (q->format) {
+  case QL_FORMAT_Q4G:
+    return "q4g";
+  case QL_FORMAT_Q8C:
+    return "q8c";
+  case QL_FORMAT_Q8B:
+    return q->asymmetric ? "q8b-asym" : "q8b";
+  default:
+    return "f8r";
+  }
 }
 
 /* x [m,k] in dtype dt: Gaussian rows, every fourth row with ties and
@@ -278,36 +298,43 @@ START_TEST(test_pool_concurrent_callers) {
 END_TEST
 
 /* pack then unpack gives back the canonical arrays, byte for byte (q8c
- * scales as their f32 values), for ragged shapes and every scale dtype. */
+ * and f8r scales as their f32 values), for ragged shapes, every scale
+ * dtype and every format. */
 START_TEST(test_repack_round_trip) {
   static const ql_dtype dts[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
   static const int64_t ns[] = {1, 16, 33}, ks[] = {1, 7, 64, 65, 257};
   static const uint32_t gss[] = {32, 64, 128, 256};
+  /* q4g, q8c, q8b symmetric, q8b asymmetric, f8r */
+  static const ql_format fs[] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_Q8B,
+                                 QL_FORMAT_Q8B, QL_FORMAT_F8R};
   int c = 0;
-  for (int fi = 0; fi < 2; fi++)
+  for (int fi = 0; fi < 5; fi++)
     for (size_t ni = 0; ni < 3; ni++)
       for (size_t ki = 0; ki < 5; ki++)
-        for (size_t gi = 0; gi < (fi == 0 ? 4u : 1u); gi++, c++) {
-          ql_format f = fi == 0 ? QL_FORMAT_Q4G : QL_FORMAT_Q8C;
+        for (size_t gi = 0; gi < (fi == 0 || fi == 2 || fi == 3 ? 4u : 1u);
+             gi++, c++) {
+          ql_format f = fs[fi];
+          int asym = fi == 3, grouped = fi == 0 || fi == 2 || fi == 3;
           ql_dtype sdt = dts[c % 3];
-          ql_qweight *q = make_weight(300 + (uint64_t)c, f, gss[gi], sdt,
-                                      ns[ni], ks[ki], 0);
+          ql_qweight *q = make_weight_a(300 + (uint64_t)c, f, gss[gi], asym,
+                                        sdt, ns[ni], ks[ki], 0);
           ql__cpu_packed *p = NULL;
           ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
           ck_assert(ql__cpu_packed_matches(p, q));
           ck_assert_int_eq((long long)p->tiles, (long long)((q->n + 15) / 16));
           ck_assert_uint_eq((uintptr_t)p->data % 64, 0);
-          size_t sb = f == QL_FORMAT_Q8C ? (size_t)q->n * sizeof(float)
-                                         : q->scale_bytes;
+          ck_assert_uint_eq(p->tile_bytes % 64, 0);
+          size_t sb = grouped ? q->scale_bytes : (size_t)q->n * sizeof(float);
           uint8_t *qd = tu_xmalloc(q->qdata_bytes);
           void *sc = tu_xmalloc(sb), *ze = tu_xmalloc(sb);
           ck_assert_int_eq(ql__cpu_unpack(p, qd, sc, ze), 0);
           REQUIRE(memcmp(qd, q->qdata, q->qdata_bytes) == 0,
-                  "qdata differs: fmt %d N=%lld K=%lld gs=%u", f,
+                  "qdata differs: %s N=%lld K=%lld gs=%u", fmt_name(q),
                   (long long)q->n, (long long)q->k, gss[gi]);
-          if (f == QL_FORMAT_Q4G) {
+          if (grouped) {
             ck_assert(memcmp(sc, q->scale, sb) == 0);
-            ck_assert(memcmp(ze, q->zero, sb) == 0);
+            if (q->zero != NULL)
+              ck_assert(memcmp(ze, q->zero, sb) == 0);
           } else {
             for (int64_t j = 0; j < q->n; j++)
               ck_assert(((float *)sc)[j] ==
@@ -319,6 +346,56 @@ START_TEST(test_repack_round_trip) {
           ql__cpu_packed_free(p);
           ql_qweight_free(q);
         }
+}
+END_TEST
+
+/* The q8b and f8r layouts: the q8c blocking with the header of scales
+ * (and zeros) described in cpu.h, and no padding of the data blocks. */
+START_TEST(test_repack_sizes) {
+  ql__cpu_packed *p = NULL;
+  /* N = 20: 2 tiles; K = 100, B = 32: 4 blocks of scales, 25 data blocks */
+  ql_qweight *q =
+      make_weight_a(1, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_BF16, 20, 100, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_uint_eq(p->group_bytes, 16 * 2 * 2);
+  ck_assert_uint_eq(p->sz_bytes, 4 * 64);
+  ck_assert_uint_eq(p->tile_bytes, 4 * 64 + 25 * 64);
+  ck_assert_uint_eq(p->bytes, 2 * p->tile_bytes);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  /* symmetric f32: 16·4 bytes per block of scales */
+  q = make_weight_a(1, QL_FORMAT_Q8B, 64, 0, QL_DTYPE_F32, 16, 100, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_uint_eq(p->group_bytes, 64);
+  ck_assert_uint_eq(p->sz_bytes, 2 * 64);
+  ck_assert_uint_eq(p->tile_bytes, 2 * 64 + 25 * 64);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  /* f8r: as q8c */
+  q = make_weight(1, QL_FORMAT_F8R, 0, QL_DTYPE_F16, 17, 9, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_uint_eq(p->sz_bytes, 64);
+  ck_assert_uint_eq(p->tile_bytes, 64 + 3 * 64);
+  ck_assert_uint_eq(p->bytes, 2 * p->tile_bytes);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* An f8r weight holding a NaN code (which neither quantize nor import
+ * makes) has no CPU layout: the kernels' decoding has no NaN. */
+START_TEST(test_repack_f8r_nan) {
+  ql__cpu_packed *p = NULL;
+  ql_qweight *q = make_weight(1, QL_FORMAT_F8R, 0, QL_DTYPE_BF16, 3, 40, 0);
+  q->qdata[77] = 0xFF;
+  ck_assert_int_eq(ql__cpu_pack(q, &p), QL_ENONFINITE);
+  ck_assert_ptr_null(p);
+  q->qdata[77] = 0x7F;
+  ck_assert_int_eq(ql__cpu_pack(q, &p), QL_ENONFINITE);
+  q->qdata[77] = 0x7E; /* 448 */
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
 }
 END_TEST
 
@@ -353,6 +430,67 @@ START_TEST(test_repack_fma_flag) {
   ((float *)q->scale)[5] = 0x1p126f;
   ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
   ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* Asymmetric q8b: one FMA q·s + z is exact when s has at most 17
+ * significant bits (q has up to 7) and 128·|s| + |z| stays finite; bf16
+ * and f16 scales qualify, arbitrary f32 ones do not. Symmetric q8b has no
+ * sum to fuse. f8r folds 2^120 into its scales while that stays finite. */
+START_TEST(test_repack_q8b_f8r_flags) {
+  ql__cpu_packed *p = NULL;
+  ql_qweight *q =
+      make_weight_a(7, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_BF16, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  q = make_weight_a(7, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_F16, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  q = make_weight_a(7, QL_FORMAT_Q8B, 32, 0, QL_DTYPE_BF16, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  q = make_weight_a(7, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_F32, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  /* cut to 17 significant bits (7 low bits clear): yes; 18: no */
+  for (int64_t i = 0; i < q->groups * q->n; i++)
+    ((float *)q->scale)[i] =
+        tu_bits_f32(tu_f32_bits(((float *)q->scale)[i]) & ~0x7Fu);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  ((float *)q->scale)[3] = tu_bits_f32(tu_f32_bits(((float *)q->scale)[3]) | 0x40u);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  /* 128·s overflows */
+  ((float *)q->scale)[3] = 0x1p121f;
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+
+  q = make_weight(7, QL_FORMAT_F8R, 0, QL_DTYPE_F32, 20, 64, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->f8_fold, 1);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  ((float *)q->scale)[19] = 0x1p8f; /* 2^8·2^120 = 2^128: infinite */
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->f8_fold, 0);
+  ql__cpu_packed_free(p);
+  ((float *)q->scale)[19] = 0x1.fffffep7f; /* the largest that folds */
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->f8_fold, 1);
   ql__cpu_packed_free(p);
   ql_qweight_free(q);
 }
@@ -543,7 +681,10 @@ static Suite *cpu_suite(void) {
   tc = tcase_create("layout");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_repack_round_trip);
+  tcase_add_test(tc, test_repack_sizes);
+  tcase_add_test(tc, test_repack_f8r_nan);
   tcase_add_test(tc, test_repack_fma_flag);
+  tcase_add_test(tc, test_repack_q8b_f8r_flags);
   tcase_add_test(tc, test_repack_op);
   tcase_add_test(tc, test_packed_null_and_mismatch);
   tcase_add_test(tc, test_nonfinite);
