@@ -195,17 +195,25 @@ static inline int64_t ql__cpu_q4g_blocks(const ql__cpu_packed *p, int64_t g) {
 
 /* ----------------------------------------------- quantized activations */
 
-/* Activation rows for the AQ kernels, quantized with the bit-exact int8
- * rule: xq [m][kp] int8 (zeros past K), sx [m]; q4g also gsum8 [m][G] =
- * 8·Σ xq and gsumf [m][G] = (float)Σ xq per group; q8c gsum8 [m] =
- * 128·Σ xq over the row (the offset of u = w + 128). */
+/* Activation rows for the AQ kernels. int8 (q4g, q8c), quantized with the
+ * bit-exact int8 rule: xq [m][kp] int8 (zeros past K), sx [m]; q4g also
+ * gsum8 [m][G] = 8·Σ xq and gsumf [m][G] = (float)Σ xq per group; q8c
+ * gsum8 [m] = 128·Σ xq over the row (the offset of u = w + 128).
+ * e4m3 (f8r), quantized with the bit-exact e4m3 rule: xc [m][kp] codes
+ * (0x00 past K), xe [m][kp] = e4m3(xc)·2^119 as f32 (exact; 0 past K),
+ * the form the SIMD kernels multiply (kern_avx512.c), and sx [m]. */
 typedef struct ql__cpu_xq {
   const int8_t *xq;
   int64_t m, kp;
   const float *sx;
   const int32_t *gsum8;
   const float *gsumf;
+  const uint8_t *xc;
+  const float *xe;
 } ql__cpu_xq;
+
+/* The factor in xe (ql__cpu_xq). */
+#define QL_CPU_F8_XSCALE 0x1p119f
 
 /* ------------------------------------------------- per-level kernels */
 
@@ -230,6 +238,12 @@ typedef struct ql__cpu_kernels {
                  int64_t t1, const float *bias, float *y);
   int (*quant_row)(ql_dtype src, const float *x, int64_t k, int8_t *xq,
                    float *sx);
+  void (*wo_q8b)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
+                 int64_t t1, const float *bias, float *y);
+  void (*wo_f8r)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
+                 int64_t t1, const float *bias, float *y);
+  void (*aq_f8r)(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,
+                 int64_t t1, const float *bias, float *y);
 } ql__cpu_kernels;
 
 extern const ql__cpu_kernels ql__cpu_kernels_c;
@@ -251,6 +265,12 @@ static inline float ql__cpu_rnd_src(ql_dtype src, float v) {
 static inline int64_t ql__cpu_kblocks(const ql__cpu_packed *p) {
   return (p->k + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB;
 }
+
+/* 1 when the calling thread's SSE control word has DAZ (denormal inputs
+ * read as zero) set. The SIMD f8r kernels decode e4m3 codes through f32
+ * subnormals, which DAZ would flush; they hand such calls to the C level,
+ * whose arithmetic is the reference's under any MXCSR. */
+int ql__cpu_daz(void);
 
 /* The kernels of level l. */
 const ql__cpu_kernels *ql__cpu_kernels_for(ql__cpu_level l);

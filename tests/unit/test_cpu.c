@@ -131,20 +131,32 @@ static const char *same_as_generic(const ql_qweight *q, ql_op op, ql_dtype dt,
 }
 
 /* The shape matrix every level is checked on: ragged N and K around the
- * tile (16), block (4/8) and group sizes. */
-static const int64_t Ms[] = {1, 2, 3, 5, 6, 7, 13};
+ * tile (16), block (4/8) and group sizes (q4g groups and q8b blocks of
+ * 32..256: K = 100, 129, 300 end in a short one), M around the row blocks
+ * (1-6 rows per pass) and past them (17). */
+static const int64_t Ms[] = {1, 2, 3, 5, 6, 7, 13, 17};
 static const int64_t Ns[] = {1, 15, 16, 17, 47, 64};
 static const int64_t Ks[] = {1, 5, 8, 31, 64, 100, 129, 300};
+
+/* An f8r scale s with s·2^120 past FLT_MAX (the layout's f8_fold off),
+ * exact in every scale dtype. */
+#define F8_BIG_SCALE 4096.0f
+
+static void set_scale(ql_qweight *q, size_t i, float v) {
+  ql_from_f32(q->scale_dtype, &v, (uint8_t *)q->scale + i * ql_dtype_size(q->scale_dtype), 1);
+}
 
 static void check_level_matrix(void) {
   static const struct {
     ql_format f;
     uint32_t gs;
-  } fmts[] = {{QL_FORMAT_Q4G, 32},
-              {QL_FORMAT_Q4G, 64},
-              {QL_FORMAT_Q4G, 128},
-              {QL_FORMAT_Q4G, 256},
-              {QL_FORMAT_Q8C, 0}};
+    int asym;
+  } fmts[] = {{QL_FORMAT_Q4G, 32, 0},  {QL_FORMAT_Q4G, 64, 0},
+              {QL_FORMAT_Q4G, 128, 0}, {QL_FORMAT_Q4G, 256, 0},
+              {QL_FORMAT_Q8C, 0, 0},   {QL_FORMAT_Q8B, 32, 0},
+              {QL_FORMAT_Q8B, 64, 1},  {QL_FORMAT_Q8B, 128, 0},
+              {QL_FORMAT_Q8B, 256, 1}, {QL_FORMAT_Q8B, 32, 1},
+              {QL_FORMAT_Q8B, 256, 0}, {QL_FORMAT_F8R, 0, 0}};
   static const ql_dtype dts[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
   char ctx[160];
   int combo = 0;
@@ -152,18 +164,24 @@ static void check_level_matrix(void) {
     for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
       for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++, combo++) {
         ql_dtype sdt = dts[combo % 3], adt = dts[(combo / 3) % 3];
-        int64_t n = Ns[ni], k = Ks[ki], mmax = 13;
-        ql_qweight *q = make_weight(1000 + (uint64_t)combo, fmts[fi].f,
-                                    fmts[fi].gs, sdt, n, k, combo & 1);
+        int64_t n = Ns[ni], k = Ks[ki], mmax = 17;
+        ql_qweight *q =
+            make_weight_a(1000 + (uint64_t)combo, fmts[fi].f, fmts[fi].gs,
+                          fmts[fi].asym, sdt, n, k, combo & 1);
         void *x = make_x(77 + (uint64_t)k, adt, mmax, k);
+        /* every other f8r weight with one scale too large to fold */
+        if (fmts[fi].f == QL_FORMAT_F8R && (combo / 2) % 2 == 1)
+          set_scale(q, (size_t)(n - 1), F8_BIG_SCALE);
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
           for (int aq = 0; aq < 2; aq++) {
+            if (aq && fmts[fi].f == QL_FORMAT_Q8B)
+              continue; /* weight-only */
             snprintf(ctx, sizeof ctx,
                      "%s gs=%u %s M=%lld N=%lld K=%lld "
                      "scale=%s act=%s",
-                     fmts[fi].f == QL_FORMAT_Q4G ? "q4g" : "q8c", fmts[fi].gs,
-                     aq ? "AQ" : "WO", (long long)Ms[mi], (long long)n,
-                     (long long)k, tu_dtype_name(sdt), tu_dtype_name(adt));
+                     fmt_name(q), fmts[fi].gs, aq ? "AQ" : "WO",
+                     (long long)Ms[mi], (long long)n, (long long)k,
+                     tu_dtype_name(sdt), tu_dtype_name(adt));
             same_as_generic(q, aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, adt, x,
                             Ms[mi], ctx);
           }
@@ -210,14 +228,16 @@ END_TEST
 
 /* A case large enough to run on the pool, for every thread count. */
 static void check_parallel_case(void) {
-  static const ql_format fs[2] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C};
-  for (int fi = 0; fi < 2; fi++) {
-    ql_qweight *q =
-        make_weight(5 + (uint64_t)fi, fs[fi], 64, QL_DTYPE_BF16, 301, 520, 1);
+  static const ql_format fs[4] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_Q8B,
+                                  QL_FORMAT_F8R};
+  for (int fi = 0; fi < 4; fi++) {
+    ql_qweight *q = make_weight_a(5 + (uint64_t)fi, fs[fi], 64, fi == 2,
+                                  QL_DTYPE_BF16, 301, 520, 1);
     void *x = make_x(9, QL_DTYPE_F32, 9, 520);
     for (int64_t m = 1; m <= 9; m += 4) {
       same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "threads WO");
-      same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "threads AQ");
+      if (fs[fi] != QL_FORMAT_Q8B)
+        same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "threads AQ");
     }
     free(x);
     ql_qweight_free(q);
@@ -387,11 +407,16 @@ END_TEST
 START_TEST(test_repack_f8r_nan) {
   ql__cpu_packed *p = NULL;
   ql_qweight *q = make_weight(1, QL_FORMAT_F8R, 0, QL_DTYPE_BF16, 3, 40, 0);
+  float x[40] = {1.0f}, y[3];
   q->qdata[77] = 0xFF;
   ck_assert_int_eq(ql__cpu_pack(q, &p), QL_ENONFINITE);
   ck_assert_ptr_null(p);
   q->qdata[77] = 0x7F;
   ck_assert_int_eq(ql__cpu_pack(q, &p), QL_ENONFINITE);
+  const ql_kernel_impl *im =
+      ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_F8R, QL_DTYPE_F32, 1, 3, 40);
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 1, y};
+  ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
   q->qdata[77] = 0x7E; /* 448 */
   ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
   ql__cpu_packed_free(p);
@@ -496,8 +521,7 @@ START_TEST(test_repack_q8b_f8r_flags) {
 }
 END_TEST
 
-/* The repack op: the layout of the formats it handles, its size, and
- * dispatch to the generic (no layout) for the others. */
+/* The repack op: the layout of every format, its size. */
 START_TEST(test_repack_op) {
   ql_qweight *q = make_weight(1, QL_FORMAT_Q4G, 32, QL_DTYPE_BF16, 20, 70, 0);
   const ql_kernel_impl *rp =
@@ -510,9 +534,22 @@ START_TEST(test_repack_op) {
   rp->free_packed(ra.packed);
   rp->free_packed(NULL);
   ql_qweight_free(q);
-  ck_assert_ptr_eq(
-      ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q8B, QL_DTYPE_F32, 0, 20, 70),
-      ql_generic_impl(QL_OP_REPACK));
+  for (int f = QL_FORMAT_Q4G; f <= QL_FORMAT_F8R; f++)
+    ck_assert_str_eq(ql_dispatch(cpu(), QL_OP_REPACK, (ql_format)f,
+                                 QL_DTYPE_F32, 0, 20, 70)
+                         ->name,
+                     "cpu.repack");
+  /* q8b is weight-only here as everywhere: no AQ implementation at all */
+  ck_assert_ptr_null(
+      ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_Q8B, QL_DTYPE_F32, 1, 20, 70));
+  ck_assert(strncmp(ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_Q8B,
+                                QL_DTYPE_F32, 1, 20, 70)
+                        ->name,
+                    "cpu.", 4) == 0);
+  ck_assert(strncmp(ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_F8R,
+                                QL_DTYPE_BF16, 1, 20, 70)
+                        ->name,
+                    "cpu.", 4) == 0);
 }
 END_TEST
 
@@ -542,27 +579,110 @@ START_TEST(test_packed_null_and_mismatch) {
   free(x);
   ql_qweight_free(q);
   ql_qweight_free(o);
-}
-END_TEST
 
-/* NaN or Inf in x: QL_ENONFINITE from both paths. */
-START_TEST(test_nonfinite) {
-  ql_qweight *q = make_weight(2, QL_FORMAT_Q4G, 32, QL_DTYPE_F32, 16, 64, 0);
-  float *x = make_x(4, QL_DTYPE_F32, 2, 64), y[2 * 16];
+  /* q8b: a layout of the same shape and block but without zeros, or with
+   * another block length, is another weight's */
+  q = make_weight_a(2, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_BF16, 40, 96, 1);
+  x = make_x(4, QL_DTYPE_F32, 3, 96);
+  const ql_kernel_impl *im =
+      ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_Q8B, QL_DTYPE_F32, 3, 40, 96);
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 3, y};
+  ck_assert_int_eq(im->fn.linear(&a), 0);
+  ck_assert_int_eq(ql_linear_wo_ref(q, QL_DTYPE_F32, x, 3, want), 0);
+  ck_assert(memcmp(y, want, sizeof y) == 0);
   for (int v = 0; v < 2; v++) {
-    x[64 + 37] = v ? INFINITY : NAN;
-    for (int aq = 0; aq < 2; aq++) {
-      const ql_kernel_impl *im =
-          ql_dispatch(cpu(), aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO,
-                      QL_FORMAT_Q4G, QL_DTYPE_F32, 2, 16, 64);
-      ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y};
-      ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
-    }
+    o = make_weight_a(3, QL_FORMAT_Q8B, v ? 64 : 32, v, QL_DTYPE_BF16, 40, 96,
+                      1);
+    ck_assert_int_eq(ql__cpu_pack(o, &po), 0);
+    a.packed = po;
+    ck_assert(!ql__cpu_packed_matches(po, q));
+    ck_assert_int_eq(im->fn.linear(&a), QL_EINVAL);
+    ql__cpu_packed_free(po);
+    ql_qweight_free(o);
   }
   free(x);
   ql_qweight_free(q);
 }
 END_TEST
+
+/* NaN or Inf in x: QL_ENONFINITE from both paths. */
+START_TEST(test_nonfinite) {
+  static const ql_format fs[] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_Q8B,
+                                 QL_FORMAT_F8R};
+  for (int fi = 0; fi < 4; fi++) {
+    ql_qweight *q = make_weight(2, fs[fi], 32, QL_DTYPE_F32, 16, 64, 0);
+    float *x = make_x(4, QL_DTYPE_F32, 2, 64), y[2 * 16];
+    for (int v = 0; v < 2; v++) {
+      x[64 + 37] = v ? INFINITY : NAN;
+      for (int aq = 0; aq < 2; aq++) {
+        const ql_kernel_impl *im =
+            ql_dispatch(cpu(), aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, fs[fi],
+                        QL_DTYPE_F32, 2, 16, 64);
+        if (aq && fs[fi] == QL_FORMAT_Q8B)
+          continue;
+        ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y};
+        ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
+      }
+    }
+    free(x);
+    ql_qweight_free(q);
+  }
+}
+END_TEST
+
+/* An f8r weight with every e4m3 code (subnormals 0x01..0x07 and 0x81..0x87
+ * included) in every row position, so that each code goes through each
+ * byte slot of the layout's dwords. */
+static ql_qweight *f8r_all_codes(int64_t n, int64_t k) {
+  ql_qweight *q = make_weight(3, QL_FORMAT_F8R, 0, QL_DTYPE_BF16, n, k, 1);
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t i = 0; i < k; i++) {
+      uint8_t c = (uint8_t)((r * 37 + i * 5) & 0xFF);
+      if ((c & 0x7F) == 0x7F)
+        c = 0x03; /* no NaN codes */
+      q->qdata[r * k + i] = c;
+    }
+  return q;
+}
+
+/* Every e4m3 code decodes to its value at every level, in both paths. */
+START_TEST(test_f8r_all_codes) {
+  setenv("QL_CPU_LEVEL", level_env[_i], 1);
+  ql_qweight *q = f8r_all_codes(37, 259);
+  void *x = make_x(5, QL_DTYPE_F32, 5, 259);
+  for (int64_t m = 1; m <= 5; m += 2) {
+    same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "all codes WO");
+    same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "all codes AQ");
+  }
+  free(x);
+  ql_qweight_free(q);
+}
+END_TEST
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* A thread whose MXCSR has DAZ set reads f32 subnormal inputs as zero,
+ * which would break the SIMD levels' e4m3 decoding (the subnormal codes):
+ * they hand such calls to the C level, whose arithmetic is the
+ * reference's. Set before the first call, so the pool's threads (made
+ * with the caller's floating-point environment) have it too. */
+START_TEST(test_f8r_daz) {
+  setenv("QL_CPU_LEVEL", level_env[_i], 1);
+  setenv("QL_CPU_THREADS", "2", 1);
+  _mm_setcsr(_mm_getcsr() | 0x0040u);
+  ck_assert(ql__cpu_daz());
+  ql_qweight *q = f8r_all_codes(301, 520);
+  void *x = make_x(5, QL_DTYPE_F32, 5, 520);
+  for (int64_t m = 1; m <= 5; m += 4) {
+    same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "DAZ WO");
+    same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "DAZ AQ");
+  }
+  free(x);
+  ql_qweight_free(q);
+  _mm_setcsr(_mm_getcsr() & ~0x0040u);
+}
+END_TEST
+#endif
 
 /* q8c AQ at the largest K: the +128 offset sum wraps an int32 (|Σ x·u|
  * up to 128·255·K) and the correction brings it back exactly. */
@@ -665,6 +785,10 @@ static Suite *cpu_suite(void) {
   TCase *tc = tcase_create("levels");
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_levels_match_generic, 0, 4);
+  tcase_add_loop_test(tc, test_f8r_all_codes, 0, 4);
+#if defined(__x86_64__)
+  tcase_add_loop_test(tc, test_f8r_daz, 0, 4);
+#endif
   tcase_add_test(tc, test_level_unknown_ignored);
   tcase_add_test(tc, test_level_names);
   suite_add_tcase(s, tc);
