@@ -35,6 +35,9 @@
 /* Below this many multiply-adds a call stays on the calling thread: the
  * wake-up of the pool would cost more than it saves. */
 #define PARALLEL_MIN_MACS ((int64_t)1 << 17)
+/* The same for the f8r activation quantization, per value (a division
+ * and an e4m3 rounding each). */
+#define PARALLEL_MIN_XVALS ((int64_t)1 << 13)
 
 static int mul_size(size_t a, size_t b, size_t *out) {
   if (a != 0 && b > SIZE_MAX / a)
@@ -231,6 +234,39 @@ static int quantize_x(const ql__cpu_kernels *kt, const ql__cpu_packed *p,
   return 0;
 }
 
+/* The f8r activation rows of one call, quantized in parts over the pool
+ * (rows are independent; each part records the error of its first bad
+ * row, and the call returns that of the lowest row, as the reference
+ * does). */
+typedef struct f8q_job {
+  ql_dtype src;
+  const float *xf;
+  int64_t m, k, kp;
+  uint8_t *xc;
+  float *xe, *sx;
+  const float *lut; /* e4m3 code -> value·2^119 */
+  int rc[256];      /* per part; the pool has at most 256 threads */
+} f8q_job;
+
+static void f8q_part(void *ctx, int part, int parts) {
+  f8q_job *j = ctx;
+  int64_t r0 = j->m * part / parts, r1 = j->m * (part + 1) / parts;
+  j->rc[part] = 0;
+  for (int64_t r = r0; r < r1; r++) {
+    uint8_t *c = j->xc + (size_t)r * (size_t)j->kp;
+    float *e = j->xe + (size_t)r * (size_t)j->kp;
+    int rc = ql_quantize_rows_e4m3_src(
+        j->src, j->xf + (size_t)r * (size_t)j->k, 1, j->k, c, j->sx + r);
+    if (rc != 0) {
+      j->rc[part] = rc;
+      return;
+    }
+    memset(c + j->k, 0, (size_t)(j->kp - j->k));
+    for (int64_t i = 0; i < j->kp; i++)
+      e[i] = j->lut[c[i]];
+  }
+}
+
 /*
  * The f8r AQ path: the rows of xf quantized with the bit-exact e4m3 rule
  * (ql_quantize_rows_e4m3_src, the reference's own, which also checks them)
@@ -242,46 +278,55 @@ static int run_aq_f8r(const ql__cpu_kernels *kt, const ql_linear_args *a,
   int64_t k = a->w->k, kp = (k + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB *
                                 QL_CPU_Q8C_KB;
   size_t mkp = (size_t)a->m * (size_t)kp, xe_bytes;
-  uint8_t *xc = NULL;
-  float *xe = NULL, *sx = NULL, lut[256];
+  f8q_job *q = NULL;
+  float lut[256];
   lin_job j;
-  int rc = QL_ESHAPE;
+  int rc = QL_ESHAPE, parts;
 
   if (!mul_size(mkp, sizeof(float), &xe_bytes))
     return rc;
   rc = QL_ENOMEM;
-  if ((xc = malloc(mkp)) == NULL || (xe = malloc(xe_bytes)) == NULL ||
-      (sx = malloc((size_t)a->m * sizeof(float))) == NULL)
+  if ((q = calloc(1, sizeof *q)) == NULL || (q->xc = malloc(mkp)) == NULL ||
+      (q->xe = malloc(xe_bytes)) == NULL ||
+      (q->sx = malloc((size_t)a->m * sizeof(float))) == NULL)
     goto out;
-  for (int64_t r = 0; r < a->m; r++) {
-    uint8_t *c = xc + (size_t)r * (size_t)kp;
-    rc = ql_quantize_rows_e4m3_src(a->dt, xf + (size_t)r * (size_t)k, 1, k, c,
-                                   sx + r);
-    if (rc != 0)
-      goto out;
-    memset(c + k, 0, (size_t)(kp - k));
-  }
   /* e4m3 values are at most 448 = 1.75·2^8: ×2^119 stays finite, and
-   * exact */
+   * exact; the NaN codes, which the rule never writes, map to 0 */
   for (int c = 0; c < 256; c++)
     lut[c] = (c & 0x7F) == 0x7F ? 0.0f
                                 : ql_e4m3_to_f32((uint8_t)c) * QL_CPU_F8_XSCALE;
-  for (size_t i = 0; i < mkp; i++)
-    xe[i] = lut[xc[i]];
+  q->src = a->dt;
+  q->xf = xf;
+  q->m = a->m;
+  q->k = k;
+  q->kp = kp;
+  q->lut = lut;
+  parts = (double)a->m * (double)k < (double)PARALLEL_MIN_XVALS
+              ? 1
+              : ql__cpu_threads();
+  if (parts > a->m)
+    parts = (int)a->m;
+  ql__cpu_parallel(f8q_part, q, parts);
+  for (int i = 0; i < parts; i++)
+    if ((rc = q->rc[i]) != 0)
+      goto out;
   memset(&j, 0, sizeof j);
   j.kt = kt;
   j.p = p;
   j.aq = 1;
   j.m = a->m;
-  j.xq = (ql__cpu_xq){NULL, a->m, kp, sx, NULL, NULL, xc, xe};
+  j.xq = (ql__cpu_xq){NULL, a->m, kp, q->sx, NULL, NULL, q->xc, q->xe};
   j.bias = a->w->bias;
   j.y = y;
   lin_run(&j, a);
   rc = 0;
 out:
-  free(xc);
-  free(xe);
-  free(sx);
+  if (q != NULL) {
+    free(q->xc);
+    free(q->xe);
+    free(q->sx);
+  }
+  free(q);
   return rc;
 }
 

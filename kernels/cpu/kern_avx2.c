@@ -307,18 +307,18 @@ INL void wo_q8b_blk(const int asym, const int fma, const ql__cpu_packed *p,
 
 /* ------------------------------------------------------------ f8r */
 
-/* The e4m3 decoding of kern_avx512.c (f8_dec, which says why it is
- * exact): e4m3(code i of each dword)·2^-120 as f32. */
-INL __m256 f8_dec(__m256i v, const int i) {
-  __m256i t = i == 3 ? v : _mm256_slli_epi32(v, 24 - 8 * i);
-  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(t, 4),
-                                              _mm256_set1_epi32(0x87F00000)));
-}
-
-INL __m256 f8_dec_var(__m256i v, int i) {
-  __m256i t = _mm256_sll_epi32(v, _mm_cvtsi32_si128(24 - 8 * i));
-  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_srai_epi32(t, 4),
-                                              _mm256_set1_epi32(0x87F00000)));
+/* The e4m3 decoding of kern_avx512.c (f8_dec4; f8_dec says why it is
+ * exact): d[i] = e4m3(byte i of each dword)·2^-120 as f32. */
+INL void f8_dec4(__m256i v, __m256 d[4]) {
+  const __m256i msk = _mm256_set1_epi32(0x87F00000);
+  __m256i hi = _mm256_srai_epi16(v, 4);
+  __m256i lo = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4);
+  d[0] = _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_slli_epi32(lo, 16), msk));
+  d[1] = _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_slli_epi32(hi, 16), msk));
+  d[2] = _mm256_castsi256_ps(_mm256_and_si256(lo, msk));
+  d[3] = _mm256_castsi256_ps(_mm256_and_si256(hi, msk));
 }
 
 /* WO f8r: ŵ = e4m3(w)·s, then acc += x·ŵ in increasing k. */
@@ -348,33 +348,37 @@ INL void wo_f8r_blk(const int fold, const ql__cpu_packed *p, const float *x,
     xr[r] = x + (size_t)(m0 + r) * (size_t)K;
 
   for (int64_t b = 0, k0 = 0; b < nb; b++, k0 += QL_CPU_Q8C_KB) {
-    __m256i v[4];
+    /* the padding codes past K decode to 0 and are never used */
+    const int kn = K - k0 < QL_CPU_Q8C_KB ? (int)(K - k0) : QL_CPU_Q8C_KB;
+    __m256 dv[4][4];
     UNROLL
     for (int c = 0; c < nc; c++)
-      v[c] =
-          _mm256_load_si256((const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
-#define WO_F8R_STEP(i, dec)                                                    \
+      f8_dec4(_mm256_load_si256(
+                  (const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK)),
+              dv[c]);
+#define WO_F8R_STEP(i)                                                         \
   do {                                                                         \
     UNROLL                                                                     \
     for (int c = 0; c < nc; c++) {                                             \
-      __m256 dv = dec;                                                         \
-      __m256 wq = fold ? _mm256_mul_ps(dv, s[c])                               \
-                       : _mm256_mul_ps(_mm256_mul_ps(dv, two120), s[c]);       \
+      __m256 wq = fold ? _mm256_mul_ps(dv[c][i], s[c])                         \
+                       : _mm256_mul_ps(_mm256_mul_ps(dv[c][i], two120), s[c]); \
       UNROLL                                                                   \
       for (int r = 0; r < mb; r++)                                             \
         acc[c][r] = _mm256_add_ps(                                             \
             acc[c][r], _mm256_mul_ps(_mm256_set1_ps(xr[r][k0 + (i)]), wq));    \
     }                                                                          \
   } while (0)
-    if (K - k0 >= QL_CPU_Q8C_KB) {
-      WO_F8R_STEP(0, f8_dec(v[c], 0));
-      WO_F8R_STEP(1, f8_dec(v[c], 1));
-      WO_F8R_STEP(2, f8_dec(v[c], 2));
-      WO_F8R_STEP(3, f8_dec(v[c], 3));
+    if (kn == QL_CPU_Q8C_KB) {
+      WO_F8R_STEP(0);
+      WO_F8R_STEP(1);
+      WO_F8R_STEP(2);
+      WO_F8R_STEP(3);
     } else {
-      int kn = (int)(K - k0);
-      for (int i = 0; i < kn; i++)
-        WO_F8R_STEP(i, f8_dec_var(v[c], i));
+      WO_F8R_STEP(0);
+      if (kn > 1)
+        WO_F8R_STEP(1);
+      if (kn > 2)
+        WO_F8R_STEP(2);
     }
 #undef WO_F8R_STEP
   }
@@ -408,24 +412,21 @@ INL void aq_f8r_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
   for (int r = 0; r < mb; r++)
     xr[r] = xq->xe + (size_t)(m0 + r) * (size_t)xq->kp;
   for (int64_t b = 0; b < nb; b++) {
-    __m256i v[4];
+    __m256 dv[4][4];
     const int64_t k0 = b * QL_CPU_Q8C_KB;
     UNROLL
     for (int c = 0; c < nc; c++)
-      v[c] =
-          _mm256_load_si256((const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
+      f8_dec4(_mm256_load_si256(
+                  (const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK)),
+              dv[c]);
     UNROLL
     for (int i = 0; i < QL_CPU_Q8C_KB; i++) {
-      __m256 dv[4];
-      UNROLL
-      for (int c = 0; c < nc; c++)
-        dv[c] = f8_dec(v[c], i);
       UNROLL
       for (int r = 0; r < mb; r++) {
         __m256 xb = _mm256_set1_ps(xr[r][k0 + i]);
         UNROLL
         for (int c = 0; c < nc; c++)
-          acc[c][r] = _mm256_fmadd_ps(dv[c], xb, acc[c][r]);
+          acc[c][r] = _mm256_fmadd_ps(dv[c][i], xb, acc[c][r]);
       }
     }
   }

@@ -233,8 +233,9 @@ static void check_parallel_case(void) {
   for (int fi = 0; fi < 4; fi++) {
     ql_qweight *q = make_weight_a(5 + (uint64_t)fi, fs[fi], 64, fi == 2,
                                   QL_DTYPE_BF16, 301, 520, 1);
-    void *x = make_x(9, QL_DTYPE_F32, 9, 520);
-    for (int64_t m = 1; m <= 9; m += 4) {
+    void *x = make_x(9, QL_DTYPE_F32, 33, 520);
+    /* 33 rows: f8r quantizes its activations over the pool too */
+    for (int64_t m = 1; m <= 33; m += m < 9 ? 4 : 24) {
       same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "threads WO");
       if (fs[fi] != QL_FORMAT_Q8B)
         same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "threads AQ");
@@ -627,6 +628,23 @@ START_TEST(test_nonfinite) {
     free(x);
     ql_qweight_free(q);
   }
+  /* f8r AQ quantizes many rows in parts over the pool: a bad row in any
+   * part fails the call */
+  ql_qweight *q = make_weight(2, QL_FORMAT_F8R, 0, QL_DTYPE_F32, 16, 300, 0);
+  float *x = make_x(4, QL_DTYPE_F32, 40, 300), *y = tu_xmalloc(40 * 16 * 4);
+  const ql_kernel_impl *im = ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_F8R,
+                                         QL_DTYPE_F32, 40, 16, 300);
+  static const int64_t rows[] = {0, 19, 20, 39};
+  for (int i = 0; i < 4; i++) {
+    float keep = x[rows[i] * 300 + 7];
+    x[rows[i] * 300 + 7] = i % 2 ? INFINITY : NAN;
+    ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 40, y};
+    ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
+    x[rows[i] * 300 + 7] = keep;
+  }
+  free(x);
+  free(y);
+  ql_qweight_free(q);
 }
 END_TEST
 
