@@ -189,6 +189,7 @@ static void wo_q8b(const ql__cpu_packed *p, const float *x, int64_t m,
                    int64_t t0, int64_t t1, const float *bias, float *y) {
   float acc[MB][T], wq[QL_CPU_Q8C_KB][T], s[T], z[T];
   int64_t nb = ql__cpu_kblocks(p), bpg = p->gs / QL_CPU_Q8C_KB;
+  const int asym = p->asym;
   for (int64_t t = t0; t < t1; t++) {
     const uint8_t *tile = p->data + (size_t)t * p->tile_bytes;
     for (int64_t m0 = 0; m0 < m; m0 += MB) {
@@ -202,14 +203,17 @@ static void wo_q8b(const ql__cpu_packed *p, const float *x, int64_t m,
           const uint8_t *gp = tile + (size_t)(b / bpg) * p->group_bytes;
           for (int j = 0; j < T; j++) {
             s[j] = ql_load_f32(p->sdt, gp, (size_t)j);
-            z[j] = p->asym ? ql_load_f32(p->sdt, gp, (size_t)(T + j)) : 0.0f;
+            z[j] = asym ? ql_load_f32(p->sdt, gp, (size_t)(T + j)) : 0.0f;
           }
         }
-        for (int i = 0; i < kn; i++)
-          for (int j = 0; j < T; j++) {
-            float q = (float)((int)blk[4 * j + i] - 128);
-            wq[i][j] = p->asym ? q * s[j] + z[j] : q * s[j];
-          }
+        if (asym)
+          for (int i = 0; i < kn; i++)
+            for (int j = 0; j < T; j++)
+              wq[i][j] = (float)((int)blk[4 * j + i] - 128) * s[j] + z[j];
+        else
+          for (int i = 0; i < kn; i++)
+            for (int j = 0; j < T; j++)
+              wq[i][j] = (float)((int)blk[4 * j + i] - 128) * s[j];
         for (int r = 0; r < mb; r++) {
           const float *xr = x + (size_t)(m0 + r) * (size_t)p->k + k0;
           for (int i = 0; i < kn; i++)
