@@ -11,8 +11,8 @@
  * which (metrics, qlinearctl). All levels read the same layout, made by
  * cpu.repack, and give the same bytes as the generic op.
  *
- * Formats: q4g and q8c (WO and AQ). q8b and f8r are not implemented here
- * yet: dispatch gives the generic ops for them.
+ * Formats: q4g, q8c and f8r (WO and AQ) and q8b (WO: it is a weight-only
+ * format, DESIGN §4), all with a layout made by cpu.repack.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -21,11 +21,23 @@
 #include "cpu.h"
 #include "registry.h"
 
-#define FMTS (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C))
+/* The formats of each op: every one has a layout and a WO kernel; q8b
+ * has no AQ path anywhere. quantize_rows keeps the int8 formats (e4m3
+ * rows go to the reference there, see run_qrows). */
+#define FMTS_WO                                                                \
+  (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C) |                     \
+   QL_FMT_BIT(QL_FORMAT_Q8B) | QL_FMT_BIT(QL_FORMAT_F8R))
+#define FMTS_AQ                                                                \
+  (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C) |                     \
+   QL_FMT_BIT(QL_FORMAT_F8R))
+#define FMTS_QROWS (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C))
 
 /* Below this many multiply-adds a call stays on the calling thread: the
  * wake-up of the pool would cost more than it saves. */
 #define PARALLEL_MIN_MACS ((int64_t)1 << 17)
+/* The same for the f8r activation quantization, per value (a division
+ * and an e4m3 rounding each). */
+#define PARALLEL_MIN_XVALS ((int64_t)1 << 13)
 
 static int mul_size(size_t a, size_t b, size_t *out) {
   if (a != 0 && b > SIZE_MAX / a)
@@ -121,13 +133,25 @@ static void lin_part(void *ctx, int part, int parts) {
   if (j->aq) {
     if (p->format == QL_FORMAT_Q4G)
       j->kt->aq_q4g(p, &j->xq, t0, t1, j->bias, j->y);
+    else if (p->format == QL_FORMAT_F8R)
+      j->kt->aq_f8r(p, &j->xq, t0, t1, j->bias, j->y);
     else
       j->kt->aq_q8c(p, &j->xq, t0, t1, j->bias, j->y);
   } else {
-    if (p->format == QL_FORMAT_Q4G)
+    switch (p->format) {
+    case QL_FORMAT_Q4G:
       j->kt->wo_q4g(p, j->x, j->m, t0, t1, j->bias, j->y);
-    else
+      break;
+    case QL_FORMAT_Q8B:
+      j->kt->wo_q8b(p, j->x, j->m, t0, t1, j->bias, j->y);
+      break;
+    case QL_FORMAT_F8R:
+      j->kt->wo_f8r(p, j->x, j->m, t0, t1, j->bias, j->y);
+      break;
+    default:
       j->kt->wo_q8c(p, j->x, j->m, t0, t1, j->bias, j->y);
+      break;
+    }
   }
 }
 
@@ -153,8 +177,6 @@ static int run_wo(ql__cpu_level level, const ql_linear_args *a) {
 
   if ((rc = linear_args(a, &esz)) != 0)
     return rc;
-  if (a->w->format != QL_FORMAT_Q4G && a->w->format != QL_FORMAT_Q8C)
-    return QL_ENOTSUP;
   memset(&j, 0, sizeof j);
   if ((rc = widen_x(a, 1, &j.x, &xbuf)) != 0)
     goto out;
@@ -212,6 +234,102 @@ static int quantize_x(const ql__cpu_kernels *kt, const ql__cpu_packed *p,
   return 0;
 }
 
+/* The f8r activation rows of one call, quantized in parts over the pool
+ * (rows are independent; each part records the error of its first bad
+ * row, and the call returns that of the lowest row, as the reference
+ * does). */
+typedef struct f8q_job {
+  ql_dtype src;
+  const float *xf;
+  int64_t m, k, kp;
+  uint8_t *xc;
+  float *xe, *sx;
+  const float *lut; /* e4m3 code -> value·2^119 */
+  int rc[256];      /* per part; the pool has at most 256 threads */
+} f8q_job;
+
+static void f8q_part(void *ctx, int part, int parts) {
+  f8q_job *j = ctx;
+  int64_t r0 = j->m * part / parts, r1 = j->m * (part + 1) / parts;
+  j->rc[part] = 0;
+  for (int64_t r = r0; r < r1; r++) {
+    uint8_t *c = j->xc + (size_t)r * (size_t)j->kp;
+    float *e = j->xe + (size_t)r * (size_t)j->kp;
+    int rc = ql_quantize_rows_e4m3_src(
+        j->src, j->xf + (size_t)r * (size_t)j->k, 1, j->k, c, j->sx + r);
+    if (rc != 0) {
+      j->rc[part] = rc;
+      return;
+    }
+    memset(c + j->k, 0, (size_t)(j->kp - j->k));
+    for (int64_t i = 0; i < j->kp; i++)
+      e[i] = j->lut[c[i]];
+  }
+}
+
+/*
+ * The f8r AQ path: the rows of xf quantized with the bit-exact e4m3 rule
+ * (ql_quantize_rows_e4m3_src, the reference's own, which also checks them)
+ * into the codes and their values ×2^119 that the kernels read
+ * (ql__cpu_xq), then the kernels over the pool.
+ */
+static int run_aq_f8r(const ql__cpu_kernels *kt, const ql_linear_args *a,
+                      const ql__cpu_packed *p, const float *xf, float *y) {
+  int64_t k = a->w->k, kp = (k + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB *
+                                QL_CPU_Q8C_KB;
+  size_t mkp = (size_t)a->m * (size_t)kp, xe_bytes;
+  f8q_job *q = NULL;
+  float lut[256];
+  lin_job j;
+  int rc = QL_ESHAPE, parts;
+
+  if (!mul_size(mkp, sizeof(float), &xe_bytes))
+    return rc;
+  rc = QL_ENOMEM;
+  if ((q = calloc(1, sizeof *q)) == NULL || (q->xc = malloc(mkp)) == NULL ||
+      (q->xe = malloc(xe_bytes)) == NULL ||
+      (q->sx = malloc((size_t)a->m * sizeof(float))) == NULL)
+    goto out;
+  /* e4m3 values are at most 448 = 1.75·2^8: ×2^119 stays finite, and
+   * exact; the NaN codes, which the rule never writes, map to 0 */
+  for (int c = 0; c < 256; c++)
+    lut[c] = (c & 0x7F) == 0x7F ? 0.0f
+                                : ql_e4m3_to_f32((uint8_t)c) * QL_CPU_F8_XSCALE;
+  q->src = a->dt;
+  q->xf = xf;
+  q->m = a->m;
+  q->k = k;
+  q->kp = kp;
+  q->lut = lut;
+  parts = (double)a->m * (double)k < (double)PARALLEL_MIN_XVALS
+              ? 1
+              : ql__cpu_threads();
+  if (parts > a->m)
+    parts = (int)a->m;
+  ql__cpu_parallel(f8q_part, q, parts);
+  for (int i = 0; i < parts; i++)
+    if ((rc = q->rc[i]) != 0)
+      goto out;
+  memset(&j, 0, sizeof j);
+  j.kt = kt;
+  j.p = p;
+  j.aq = 1;
+  j.m = a->m;
+  j.xq = (ql__cpu_xq){NULL, a->m, kp, q->sx, NULL, NULL, q->xc, q->xe};
+  j.bias = a->w->bias;
+  j.y = y;
+  lin_run(&j, a);
+  rc = 0;
+out:
+  if (q != NULL) {
+    free(q->xc);
+    free(q->xe);
+    free(q->sx);
+  }
+  free(q);
+  return rc;
+}
+
 static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
   const ql__cpu_packed *p;
   ql__cpu_packed *tmp = NULL;
@@ -226,12 +344,25 @@ static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
 
   if ((rc = linear_args(a, &esz)) != 0)
     return rc;
-  if (a->w->format != QL_FORMAT_Q4G && a->w->format != QL_FORMAT_Q8C)
+  if (a->w->format == QL_FORMAT_Q8B) /* weight-only, as the generic op */
     return QL_ENOTSUP;
   if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
     return QL_ESHAPE;
   memset(&j, 0, sizeof j);
   j.kt = kernels(level);
+  if (a->w->format == QL_FORMAT_F8R) {
+    if ((rc = widen_x(a, 0, &xf, &xbuf)) != 0)
+      goto out;
+    if ((rc = layout(a, &p, &tmp)) != 0)
+      goto out;
+    rc = QL_ENOMEM;
+    if (a->dt != QL_DTYPE_F32 &&
+        (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) ==
+            NULL)
+      goto out;
+    rc = run_aq_f8r(j.kt, a, p, xf, a->dt == QL_DTYPE_F32 ? a->y : ybuf);
+    goto out;
+  }
   kb = a->w->format == QL_FORMAT_Q4G ? QL_CPU_Q4G_KB : QL_CPU_Q8C_KB;
   kp = (a->w->k + kb - 1) / kb * kb;
   ng = a->w->format == QL_FORMAT_Q4G ? a->w->groups : 1;
@@ -260,7 +391,7 @@ static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
   j.p = p;
   j.aq = 1;
   j.m = a->m;
-  j.xq = (ql__cpu_xq){xq, a->m, kp, sx, gsum8, gsumf};
+  j.xq = (ql__cpu_xq){xq, a->m, kp, sx, gsum8, gsumf, NULL, NULL};
   j.bias = a->w->bias;
   j.y = a->dt == QL_DTYPE_F32 ? a->y : ybuf;
   lin_run(&j, a);
@@ -374,16 +505,18 @@ LEVEL_FUNCS(QL_CPU_LEVEL_AVX2_VNNI, avx2vnni)
 LEVEL_FUNCS(QL_CPU_LEVEL_AVX2, avx2)
 LEVEL_FUNCS(QL_CPU_LEVEL_C, c)
 
-#define IMPL_LIN(nm, o, sup, f)                                                 \
+#define IMPL_LIN(nm, o, fm, sup, f)                                            \
   {                                                                            \
-    .name = nm, .op = o, .formats = FMTS, .dtypes = QL_ALL_DTYPES,             \
+    .name = nm, .op = o, .formats = fm, .dtypes = QL_ALL_DTYPES,               \
     .supports = sup, .fn = {.linear = f}                                       \
   }
+#define IMPL_WO(nm, sup, f) IMPL_LIN(nm, QL_OP_LINEAR_WO, FMTS_WO, sup, f)
+#define IMPL_AQ(nm, sup, f) IMPL_LIN(nm, QL_OP_LINEAR_AQ, FMTS_AQ, sup, f)
 /* quantize_rows: f32 activations only; rows that came from f16/bf16 take
  * the generic op. */
 #define IMPL_QROWS(nm, sup, f)                                                 \
   {                                                                            \
-    .name = nm, .op = QL_OP_QUANTIZE_ROWS, .formats = FMTS,                    \
+    .name = nm, .op = QL_OP_QUANTIZE_ROWS, .formats = FMTS_QROWS,              \
     .dtypes = QL_DT_BIT(QL_DTYPE_F32), .supports = sup,                        \
     .fn = {.quantize_rows = f}                                                 \
   }
@@ -391,7 +524,7 @@ LEVEL_FUNCS(QL_CPU_LEVEL_C, c)
 static const ql_kernel_impl impls[] = {
     {.name = "cpu.repack",
      .op = QL_OP_REPACK,
-     .formats = FMTS,
+     .formats = FMTS_WO,
      .dtypes = QL_ALL_DTYPES,
      .fn = {.repack = repack},
      .free_packed = free_packed,
@@ -399,17 +532,15 @@ static const ql_kernel_impl impls[] = {
      .image = image,
      .adopt = adopt},
 
-    IMPL_LIN("cpu.avx512.linear_wo", QL_OP_LINEAR_WO, sup_avx512, wo_avx512),
-    IMPL_LIN("cpu.avx2vnni.linear_wo", QL_OP_LINEAR_WO, sup_avx2vnni,
-             wo_avx2vnni),
-    IMPL_LIN("cpu.avx2.linear_wo", QL_OP_LINEAR_WO, sup_avx2, wo_avx2),
-    IMPL_LIN("cpu.c.linear_wo", QL_OP_LINEAR_WO, sup_c, wo_c),
+    IMPL_WO("cpu.avx512.linear_wo", sup_avx512, wo_avx512),
+    IMPL_WO("cpu.avx2vnni.linear_wo", sup_avx2vnni, wo_avx2vnni),
+    IMPL_WO("cpu.avx2.linear_wo", sup_avx2, wo_avx2),
+    IMPL_WO("cpu.c.linear_wo", sup_c, wo_c),
 
-    IMPL_LIN("cpu.avx512.linear_aq", QL_OP_LINEAR_AQ, sup_aq_avx512, aq_avx512),
-    IMPL_LIN("cpu.avx2vnni.linear_aq", QL_OP_LINEAR_AQ, sup_aq_avx2vnni,
-             aq_avx2vnni),
-    IMPL_LIN("cpu.avx2.linear_aq", QL_OP_LINEAR_AQ, sup_aq_avx2, aq_avx2),
-    IMPL_LIN("cpu.c.linear_aq", QL_OP_LINEAR_AQ, sup_aq_c, aq_c),
+    IMPL_AQ("cpu.avx512.linear_aq", sup_aq_avx512, aq_avx512),
+    IMPL_AQ("cpu.avx2vnni.linear_aq", sup_aq_avx2vnni, aq_avx2vnni),
+    IMPL_AQ("cpu.avx2.linear_aq", sup_aq_avx2, aq_avx2),
+    IMPL_AQ("cpu.c.linear_aq", sup_aq_c, aq_c),
 
     IMPL_QROWS("cpu.avx512.quantize_rows", sup_avx512, qrows_avx512),
     IMPL_QROWS("cpu.avx2vnni.quantize_rows", sup_avx2vnni, qrows_avx2vnni),

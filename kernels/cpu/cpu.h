@@ -89,7 +89,8 @@ void ql__cpu_parallel(void (*fn)(void *ctx, int part, int parts), void *ctx,
 /* Bytes of one block of the layout: one 64-byte line, one dword per row
  * of a tile. */
 #define QL_CPU_BLOCK 64
-/* k per block: 8 int4 values or 4 int8 values per row and dword. */
+/* k per block: 8 int4 values or 4 int8 / e4m3 values per row and dword
+ * (q8b and f8r use the q8c blocking). */
 #define QL_CPU_Q4G_KB 8
 #define QL_CPU_Q8C_KB 4
 
@@ -116,31 +117,53 @@ void ql__cpu_parallel(void (*fn)(void *ctx, int part, int parts), void *ctx,
  *      tile.
  * q8c: first the 16 scales as f32 (64 bytes), then ceil(K/4) blocks; byte
  *      i of dword j holds u = w + 128 of row j at k0+i (padding u = 128).
+ * q8b: first the scales (and zeros) of every block of B k for the 16 rows:
+ *      for block g, 16 scales then, when asymmetric, 16 zeros, in the
+ *      weight's scale dtype (group_bytes apart), the whole header padded
+ *      to a multiple of 64 bytes (sz_bytes); then ceil(K/4) blocks exactly
+ *      as q8c's (u = q + 128). B is a multiple of 4, so each 64-byte block
+ *      lies in one q8b block: block b uses scale block 4b / B. Keeping the
+ *      scales apart from the data lets both streams run without padding
+ *      each group to a cache line (a sym bf16 group header is 32 bytes).
+ * f8r: as q8c, the 16 scales as f32 then ceil(K/4) blocks; byte i of dword
+ *      j holds the e4m3 code of row j at k0+i, unchanged (padding 0x00,
+ *      +0). ql__cpu_pack refuses the NaN codes 0x7F/0xFF (QL_ENONFINITE),
+ *      which quantize never writes and import refuses: the SIMD decoding
+ *      (kern_avx512.c) has no NaN.
  */
 typedef struct ql__cpu_packed {
   uint32_t magic;   /* QL_CPU_PACK_MAGIC */
   uint32_t version; /* QL_CPU_PACK_VERSION */
   ql_format format;
   int64_t n, k;
-  uint32_t gs;        /* q4g group size; K for q8c */
+  uint32_t gs;        /* q4g group size, q8b block length; K for q8c
+                         and f8r */
   int64_t groups;     /* G */
-  ql_dtype sdt;       /* dtype of the scales/zeros in the layout (q4g:
-                         the weight's; q8c: f32) */
+  int asym;           /* q8b: 1 with zeros in the header */
+  ql_dtype sdt;       /* dtype of the scales/zeros in the layout (q4g,
+                         q8b: the weight's; q8c, f8r: f32) */
   int64_t tiles;      /* ceil(N / 16) */
   size_t tile_bytes;  /* stride between tiles */
-  size_t group_bytes; /* q4g: stride between groups in a tile */
-  size_t sz_bytes;    /* q4g: bytes of a group's scale+zero header */
+  size_t group_bytes; /* q4g: stride between groups in a tile; q8b:
+                         stride between blocks in the tile's header */
+  size_t sz_bytes;    /* q4g: bytes of a group's scale+zero header; q8b:
+                         bytes of the tile's header; q8c, f8r: 64 */
   size_t bytes;       /* total size of data */
-  int fma_dequant;    /* q4g: every (scale, zero) of the weight has
-                         fl(fl(q·s) + z) == fma(q, s, z) for q in
-                         [-8, 7] (pack.c says when), so the kernels may
-                         dequantize with one FMA; 0 otherwise */
+  int fma_dequant;    /* q4g and asymmetric q8b: every (scale, zero) of
+                         the weight has fl(fl(q·s) + z) == fma(q, s, z)
+                         for every q of the format (pack.c says when), so
+                         the kernels may dequantize with one FMA; 0
+                         otherwise */
+  int f8_fold;        /* f8r: every scale s has s·2^120 finite, so the
+                         SIMD kernels may fold their decoding factor 2^120
+                         into the scale (kern_avx512.c); 0 otherwise */
   uint8_t *data;      /* 64-byte aligned, tiles·tile_bytes bytes */
   int borrowed;       /* data is not ours (ql__cpu_packed_adopt) */
 } ql__cpu_packed;
 
-/* Builds the layout of w (q4g or q8c). 0, QL_ENOTSUP for another format,
- * QL_ENOMEM, or the error of ql_qweight_check(). *out is the caller's,
+/* Builds the layout of w (any format). 0, QL_ENOMEM, QL_ENONFINITE (an
+ * f8r weight holding a NaN code), QL_ESHAPE (a layout too large for
+ * size_t), or the error of ql_qweight_check(). *out is the caller's,
  * freed with ql__cpu_packed_free. */
 int ql__cpu_pack(const ql_qweight *w, ql__cpu_packed **out);
 
@@ -149,19 +172,20 @@ void ql__cpu_packed_free(ql__cpu_packed *p);
 
 /* The layout of w around data (len bytes, 64-byte aligned), an image of a
  * layout ql__cpu_pack made of the same weight: only its size is checked;
- * data is borrowed (not freed with the layout). 0, QL_ENOTSUP (format),
- * QL_EINVAL (len or alignment), QL_ENOMEM. */
+ * data is borrowed (not freed with the layout). 0, QL_EINVAL (len or
+ * alignment), QL_ENOMEM, or the error of ql_qweight_check(). */
 int ql__cpu_packed_adopt(const ql_qweight *w, const void *data, size_t len,
                          ql__cpu_packed **out);
 
-/* 1 when p is a layout of w: same format, shape, group size and scale
- * dtype. */
+/* 1 when p is a layout of w: same format, shape, group size, scale dtype
+ * and (q8b) zero point. */
 int ql__cpu_packed_matches(const ql__cpu_packed *p, const ql_qweight *w);
 
 /* Writes the canonical qdata/scale/zero of the weight p was made from
  * into w's arrays (allocated by the caller with ql_qweight_sizes()
  * sizes): the inverse of ql__cpu_pack, for the round-trip tests. q8c
- * scales come back as the f32 values (exact for any stored dtype). */
+ * and f8r scales come back as the f32 values (exact for any stored
+ * dtype); zero is only written for q4g and asymmetric q8b. */
 int ql__cpu_unpack(const ql__cpu_packed *p, uint8_t *qdata, void *scale,
                    void *zero);
 
@@ -175,17 +199,25 @@ static inline int64_t ql__cpu_q4g_blocks(const ql__cpu_packed *p, int64_t g) {
 
 /* ----------------------------------------------- quantized activations */
 
-/* Activation rows for the AQ kernels, quantized with the bit-exact int8
- * rule: xq [m][kp] int8 (zeros past K), sx [m]; q4g also gsum8 [m][G] =
- * 8·Σ xq and gsumf [m][G] = (float)Σ xq per group; q8c gsum8 [m] =
- * 128·Σ xq over the row (the offset of u = w + 128). */
+/* Activation rows for the AQ kernels. int8 (q4g, q8c), quantized with the
+ * bit-exact int8 rule: xq [m][kp] int8 (zeros past K), sx [m]; q4g also
+ * gsum8 [m][G] = 8·Σ xq and gsumf [m][G] = (float)Σ xq per group; q8c
+ * gsum8 [m] = 128·Σ xq over the row (the offset of u = w + 128).
+ * e4m3 (f8r), quantized with the bit-exact e4m3 rule: xc [m][kp] codes
+ * (0x00 past K), xe [m][kp] = e4m3(xc)·2^119 as f32 (exact; 0 past K),
+ * the form the SIMD kernels multiply (kern_avx512.c), and sx [m]. */
 typedef struct ql__cpu_xq {
   const int8_t *xq;
   int64_t m, kp;
   const float *sx;
   const int32_t *gsum8;
   const float *gsumf;
+  const uint8_t *xc;
+  const float *xe;
 } ql__cpu_xq;
+
+/* The factor in xe (ql__cpu_xq). */
+#define QL_CPU_F8_XSCALE 0x1p119f
 
 /* ------------------------------------------------- per-level kernels */
 
@@ -210,6 +242,12 @@ typedef struct ql__cpu_kernels {
                  int64_t t1, const float *bias, float *y);
   int (*quant_row)(ql_dtype src, const float *x, int64_t k, int8_t *xq,
                    float *sx);
+  void (*wo_q8b)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
+                 int64_t t1, const float *bias, float *y);
+  void (*wo_f8r)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
+                 int64_t t1, const float *bias, float *y);
+  void (*aq_f8r)(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,
+                 int64_t t1, const float *bias, float *y);
 } ql__cpu_kernels;
 
 extern const ql__cpu_kernels ql__cpu_kernels_c;
@@ -226,6 +264,17 @@ static inline float ql__cpu_rnd_src(ql_dtype src, float v) {
     return ql_bf16_to_f32(ql_f32_to_bf16(v));
   return v;
 }
+
+/* Number of 64-byte data blocks of a q8c, q8b or f8r layout. */
+static inline int64_t ql__cpu_kblocks(const ql__cpu_packed *p) {
+  return (p->k + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB;
+}
+
+/* 1 when the calling thread's SSE control word has DAZ (denormal inputs
+ * read as zero) set. The SIMD f8r kernels decode e4m3 codes through f32
+ * subnormals, which DAZ would flush; they hand such calls to the C level,
+ * whose arithmetic is the reference's under any MXCSR. */
+int ql__cpu_daz(void);
 
 /* The kernels of level l. */
 const ql__cpu_kernels *ql__cpu_kernels_for(ql__cpu_level l);

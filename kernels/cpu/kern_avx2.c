@@ -5,8 +5,9 @@
  * levels, each lane does the reference's operations in the reference's
  * order (no FMA: the feature is only required because every
  * AVX2 CPU has it and the F16C/AVX2 pair comes with it), except where
- * it is exact: the q4g dequantization of a layout whose scales allow it
- * (cpu.h, fma_dequant).
+ * it is exact: the q4g and asymmetric q8b dequantization of a layout
+ * whose scales allow it (cpu.h, fma_dequant), and the f8r AQ sums, whose
+ * products are exact (kern_avx512.c).
  *
  * The AQ kernels exist twice (kern_avx2_aq.h, included once per
  * variant): with vpdpbusd (AVX-VNNI), and without it, where the u8·s8
@@ -217,6 +218,234 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
               y + (size_t)(m0 + r) * (size_t)p->n);
 }
 
+/* ------------------------------------------------------------ WO q8b */
+
+/* q8c's loop with a scale (and zero) per block of B k (kern_avx512.c). */
+INL void wo_q8b_blk(const int asym, const int fma, const ql__cpu_packed *p,
+                    const float *x, int64_t m0, const int mb, int64_t t,
+                    const int tb, const float *bias, float *y) {
+  __m256 acc[4][4];
+  const uint8_t *tp[2];
+  const __m256i byte = _mm256_set1_epi32(0xFF);
+  const __m256i magic = _mm256_set1_epi32(0x4B000000);
+  const __m256 magic128 = _mm256_set1_ps(8388736.0f); /* 2^23 + 128 */
+  const size_t esz = ql_dtype_size(p->sdt);
+  const int64_t K = p->k, bpg = p->gs / QL_CPU_Q8C_KB;
+  const int nc = 2 * tb;
+  const float *xr[4];
+
+  UNROLL
+  for (int a = 0; a < tb; a++)
+    tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
+  UNROLL
+  for (int c = 0; c < nc; c++)
+    UNROLL
+  for (int r = 0; r < mb; r++)
+    acc[c][r] = _mm256_setzero_ps();
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = x + (size_t)(m0 + r) * (size_t)K;
+
+  for (int64_t g = 0, k0 = 0; k0 < K; g++) {
+    __m256 s[4], z[4];
+    const uint8_t *d[4];
+    int64_t nb = (K - k0 + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB;
+    if (nb > bpg)
+      nb = bpg;
+    UNROLL
+    for (int c = 0; c < nc; c++) {
+      const uint8_t *gp = tp[c / 2] + (size_t)g * p->group_bytes;
+      s[c] = load8(p->sdt, gp + (size_t)((c & 1) * H) * esz);
+      z[c] = asym ? load8(p->sdt, gp + (size_t)(T + (c & 1) * H) * esz)
+                  : _mm256_setzero_ps();
+      d[c] = tp[c / 2] + p->sz_bytes + (size_t)(g * bpg) * QL_CPU_BLOCK +
+             (c & 1) * 32;
+    }
+    for (int64_t b = 0; b < nb; b++, k0 += QL_CPU_Q8C_KB) {
+      __m256i v[4];
+      UNROLL
+      for (int c = 0; c < nc; c++)
+        v[c] = _mm256_load_si256(
+            (const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK));
+#define WO_Q8B_STEP(i, u_of)                                                   \
+  do {                                                                         \
+    UNROLL                                                                     \
+    for (int c = 0; c < nc; c++) {                                             \
+      __m256i u = _mm256_or_si256(_mm256_and_si256(u_of, byte), magic);        \
+      __m256 qf = _mm256_sub_ps(_mm256_castsi256_ps(u), magic128);             \
+      __m256 wq = !asym ? _mm256_mul_ps(qf, s[c])                              \
+                  : fma ? _mm256_fmadd_ps(qf, s[c], z[c])                      \
+                        : _mm256_add_ps(_mm256_mul_ps(qf, s[c]), z[c]);        \
+      UNROLL                                                                   \
+      for (int r = 0; r < mb; r++)                                             \
+        acc[c][r] = _mm256_add_ps(                                             \
+            acc[c][r], _mm256_mul_ps(_mm256_set1_ps(xr[r][k0 + (i)]), wq));    \
+    }                                                                          \
+  } while (0)
+      if (K - k0 >= QL_CPU_Q8C_KB) {
+        WO_Q8B_STEP(0, v[c]);
+        WO_Q8B_STEP(1, _mm256_srli_epi32(v[c], 8));
+        WO_Q8B_STEP(2, _mm256_srli_epi32(v[c], 16));
+        WO_Q8B_STEP(3, _mm256_srli_epi32(v[c], 24));
+      } else {
+        int kn = (int)(K - k0);
+        for (int i = 0; i < kn; i++) {
+          __m128i sh = _mm_cvtsi32_si128(i * 8);
+          WO_Q8B_STEP(i, _mm256_srl_epi32(v[c], sh));
+        }
+      }
+#undef WO_Q8B_STEP
+    }
+  }
+  UNROLL
+  for (int c = 0; c < nc; c++)
+    UNROLL
+  for (int r = 0; r < mb; r++)
+    store_col(p, t + c / 2, c & 1, acc[c][r], bias,
+              y + (size_t)(m0 + r) * (size_t)p->n);
+}
+
+/* ------------------------------------------------------------ f8r */
+
+/* The e4m3 decoding of kern_avx512.c (f8_dec4; f8_dec says why it is
+ * exact): d[i] = e4m3(byte i of each dword)·2^-120 as f32. */
+INL void f8_dec4(__m256i v, __m256 d[4]) {
+  const __m256i msk = _mm256_set1_epi32(0x87F00000);
+  __m256i hi = _mm256_srai_epi16(v, 4);
+  __m256i lo = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4);
+  d[0] = _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_slli_epi32(lo, 16), msk));
+  d[1] = _mm256_castsi256_ps(
+      _mm256_and_si256(_mm256_slli_epi32(hi, 16), msk));
+  d[2] = _mm256_castsi256_ps(_mm256_and_si256(lo, msk));
+  d[3] = _mm256_castsi256_ps(_mm256_and_si256(hi, msk));
+}
+
+/* WO f8r: ŵ = e4m3(w)·s, then acc += x·ŵ in increasing k. */
+INL void wo_f8r_blk(const int fold, const ql__cpu_packed *p, const float *x,
+                    int64_t m0, const int mb, int64_t t, const int tb,
+                    const float *bias, float *y) {
+  __m256 acc[4][4], s[4];
+  const uint8_t *d[4];
+  const __m256 two120 = _mm256_set1_ps(0x1p120f);
+  const int64_t K = p->k, nb = ql__cpu_kblocks(p);
+  const int nc = 2 * tb;
+  const float *xr[4];
+
+  UNROLL
+  for (int c = 0; c < nc; c++) {
+    const uint8_t *tp = p->data + (size_t)(t + c / 2) * p->tile_bytes;
+    s[c] = _mm256_load_ps((const float *)tp + (c & 1) * H);
+    if (fold)
+      s[c] = _mm256_mul_ps(s[c], two120); /* exact: finite (f8_fold) */
+    d[c] = tp + QL_CPU_BLOCK + (c & 1) * 32;
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      acc[c][r] = _mm256_setzero_ps();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = x + (size_t)(m0 + r) * (size_t)K;
+
+  for (int64_t b = 0, k0 = 0; b < nb; b++, k0 += QL_CPU_Q8C_KB) {
+    /* the padding codes past K decode to 0 and are never used */
+    const int kn = K - k0 < QL_CPU_Q8C_KB ? (int)(K - k0) : QL_CPU_Q8C_KB;
+    __m256 dv[4][4];
+    UNROLL
+    for (int c = 0; c < nc; c++)
+      f8_dec4(_mm256_load_si256(
+                  (const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK)),
+              dv[c]);
+#define WO_F8R_STEP(i)                                                         \
+  do {                                                                         \
+    UNROLL                                                                     \
+    for (int c = 0; c < nc; c++) {                                             \
+      __m256 wq = fold ? _mm256_mul_ps(dv[c][i], s[c])                         \
+                       : _mm256_mul_ps(_mm256_mul_ps(dv[c][i], two120), s[c]); \
+      UNROLL                                                                   \
+      for (int r = 0; r < mb; r++)                                             \
+        acc[c][r] = _mm256_add_ps(                                             \
+            acc[c][r], _mm256_mul_ps(_mm256_set1_ps(xr[r][k0 + (i)]), wq));    \
+    }                                                                          \
+  } while (0)
+    if (kn == QL_CPU_Q8C_KB) {
+      WO_F8R_STEP(0);
+      WO_F8R_STEP(1);
+      WO_F8R_STEP(2);
+      WO_F8R_STEP(3);
+    } else {
+      WO_F8R_STEP(0);
+      if (kn > 1)
+        WO_F8R_STEP(1);
+      if (kn > 2)
+        WO_F8R_STEP(2);
+    }
+#undef WO_F8R_STEP
+  }
+  UNROLL
+  for (int c = 0; c < nc; c++)
+    UNROLL
+  for (int r = 0; r < mb; r++)
+    store_col(p, t + c / 2, c & 1, acc[c][r], bias,
+              y + (size_t)(m0 + r) * (size_t)p->n);
+}
+
+/* AQ f8r: one exact-product FMA per k, sum = acc/2 (kern_avx512.c). */
+INL void aq_f8r_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+                    const int mb, int64_t t, const int tb, const float *bias,
+                    float *y) {
+  __m256 acc[4][4];
+  const uint8_t *d[4];
+  const float *xr[4];
+  const int64_t nb = xq->kp / QL_CPU_Q8C_KB;
+  const int nc = 2 * tb;
+
+  UNROLL
+  for (int c = 0; c < nc; c++) {
+    d[c] = p->data + (size_t)(t + c / 2) * p->tile_bytes + QL_CPU_BLOCK +
+           (c & 1) * 32;
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      acc[c][r] = _mm256_setzero_ps();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = xq->xe + (size_t)(m0 + r) * (size_t)xq->kp;
+  for (int64_t b = 0; b < nb; b++) {
+    __m256 dv[4][4];
+    const int64_t k0 = b * QL_CPU_Q8C_KB;
+    UNROLL
+    for (int c = 0; c < nc; c++)
+      f8_dec4(_mm256_load_si256(
+                  (const __m256i *)(d[c] + (size_t)b * QL_CPU_BLOCK)),
+              dv[c]);
+    UNROLL
+    for (int i = 0; i < QL_CPU_Q8C_KB; i++) {
+      UNROLL
+      for (int r = 0; r < mb; r++) {
+        __m256 xb = _mm256_set1_ps(xr[r][k0 + i]);
+        UNROLL
+        for (int c = 0; c < nc; c++)
+          acc[c][r] = _mm256_fmadd_ps(dv[c][i], xb, acc[c][r]);
+      }
+    }
+  }
+  UNROLL
+  for (int c = 0; c < nc; c++) {
+    const float *sc =
+        (const float *)(p->data + (size_t)(t + c / 2) * p->tile_bytes);
+    __m256 s = _mm256_load_ps(sc + (c & 1) * H);
+    UNROLL
+    for (int r = 0; r < mb; r++) {
+      __m256 sxw = _mm256_mul_ps(_mm256_set1_ps(xq->sx[m0 + r]), s);
+      __m256 v = _mm256_mul_ps(
+          _mm256_mul_ps(acc[c][r], _mm256_set1_ps(2.0f)), sxw);
+      store_col(p, t + c / 2, c & 1, v, bias,
+                y + (size_t)(m0 + r) * (size_t)p->n);
+    }
+  }
+}
+
 /* A call of blk with constant (tb, mb): 1-2 rows take 2 tiles (4
  * columns: 4-8 independent sums), more rows 1 tile x up to 4 rows. */
 #define CASES(blk, ...)                                                        \
@@ -264,6 +493,39 @@ static TGT void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
 static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   DRIVE(wo_q8c_blk, p, x, m0)
+}
+
+static TGT void wo_q8b(const ql__cpu_packed *p, const float *x, int64_t m,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  if (!p->asym) {
+    DRIVE(wo_q8b_blk, 0, 0, p, x, m0)
+  } else if (p->fma_dequant) {
+    DRIVE(wo_q8b_blk, 1, 1, p, x, m0)
+  } else {
+    DRIVE(wo_q8b_blk, 1, 0, p, x, m0)
+  }
+}
+
+static TGT void wo_f8r(const ql__cpu_packed *p, const float *x, int64_t m,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  if (ql__cpu_daz()) {
+    ql__cpu_kernels_c.wo_f8r(p, x, m, t0, t1, bias, y);
+  } else if (p->f8_fold) {
+    DRIVE(wo_f8r_blk, 1, p, x, m0)
+  } else {
+    DRIVE(wo_f8r_blk, 0, p, x, m0)
+  }
+}
+
+/* Both AVX2 variants: f8r AQ has no integer dot products. */
+static TGT void aq_f8r(const ql__cpu_packed *p, const ql__cpu_xq *xq,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  const int64_t m = xq->m;
+  if (ql__cpu_daz()) {
+    ql__cpu_kernels_c.aq_f8r(p, xq, t0, t1, bias, y);
+    return;
+  }
+  DRIVE(aq_f8r_blk, p, xq, m0)
 }
 
 /* -------------------------------------------------------- quantize */
@@ -333,9 +595,11 @@ static TGT int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
 #undef AQ_TGT
 #undef AQ_VNNI
 
-const ql__cpu_kernels ql__cpu_kernels_avx2 = {wo_q4g, wo_q8c, aq_q4g_plain,
-                                              aq_q8c_plain, quant_row};
-const ql__cpu_kernels ql__cpu_kernels_avx2vnni = {wo_q4g, wo_q8c, aq_q4g_vnni,
-                                                  aq_q8c_vnni, quant_row};
+const ql__cpu_kernels ql__cpu_kernels_avx2 = {
+    wo_q4g, wo_q8c, aq_q4g_plain, aq_q8c_plain, quant_row,
+    wo_q8b, wo_f8r, aq_f8r};
+const ql__cpu_kernels ql__cpu_kernels_avx2vnni = {
+    wo_q4g, wo_q8c, aq_q4g_vnni, aq_q8c_vnni, quant_row,
+    wo_q8b, wo_f8r, aq_f8r};
 
 #endif /* __x86_64__ */

@@ -6,12 +6,15 @@
  * arithmetic of each lane is, operation for operation, that of kern_c.c
  * and of the reference (no FMA: mul and add round separately, and the
  * library is compiled with -ffp-contract=off so that the compiler does
- * not fuse them either), except the one FMA that is exact: the q4g
- * dequantization of a layout whose scales allow it (cpu.h, fma_dequant).
+ * not fuse them either), except where an FMA is exact: the q4g and
+ * asymmetric q8b dequantization of a layout whose scales allow it (cpu.h,
+ * fma_dequant), and the f8r AQ sums, whose products are exact (see f8r
+ * below).
  *
  * Decoding without a conversion instruction: a 4-bit u (or 8-bit byte)
  * OR-ed into the mantissa of 2^23 is the float 2^23 + u, and subtracting
- * 2^23 + 8 (+ 128) gives q exactly.
+ * 2^23 + 8 (+ 128) gives q exactly; e4m3 codes are moved into the
+ * exponent and mantissa fields of an f32 (f8_dec).
  */
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -235,6 +238,335 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   for (int r = 0; r < mb; r++)
     store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
 }
+
+/* ------------------------------------------------------------ WO q8b */
+
+/*
+ * q8c's loop with a scale (and zero) per block of B k: ŵ = (float)w·s, or
+ * (float)w·s + z when asymmetric, as two roundings or, where the layout
+ * allows it (fma_dequant), one exact FMA.
+ */
+INL void wo_q8b_blk(const int asym, const int fma, const ql__cpu_packed *p,
+                    const float *x, int64_t m0, const int mb, int64_t t,
+                    const int tb, const float *bias, float *y) {
+  __m512 acc[4][4];
+  const uint8_t *tp[4];
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  const __m512i magic = _mm512_set1_epi32(0x4B000000);
+  const __m512 magic128 = _mm512_set1_ps(8388736.0f); /* 2^23 + 128 */
+  const size_t esz = ql_dtype_size(p->sdt);
+  const int64_t K = p->k, bpg = p->gs / QL_CPU_Q8C_KB;
+  const float *xr[4];
+
+  UNROLL
+  for (int a = 0; a < tb; a++) {
+    tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      acc[a][r] = _mm512_setzero_ps();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = x + (size_t)(m0 + r) * (size_t)K;
+
+  for (int64_t g = 0, k0 = 0; k0 < K; g++) {
+    __m512 s[4], z[4];
+    const uint8_t *d[4];
+    int64_t nb = (K - k0 + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB;
+    if (nb > bpg)
+      nb = bpg;
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      const uint8_t *gp = tp[a] + (size_t)g * p->group_bytes;
+      s[a] = load16(p->sdt, gp);
+      z[a] = asym ? load16(p->sdt, gp + T * esz) : _mm512_setzero_ps();
+      d[a] = tp[a] + p->sz_bytes + (size_t)(g * bpg) * QL_CPU_BLOCK;
+    }
+    for (int64_t b = 0; b < nb; b++, k0 += QL_CPU_Q8C_KB) {
+      __m512i v[4];
+      UNROLL
+      for (int a = 0; a < tb; a++) {
+        v[a] =
+            _mm512_load_si512((const void *)(d[a] + (size_t)b * QL_CPU_BLOCK));
+        PREFETCH(d[a] + (size_t)b * QL_CPU_BLOCK);
+      }
+#define WO_Q8B_STEP(i, u_of)                                                   \
+  do {                                                                         \
+    UNROLL                                                                     \
+    for (int a = 0; a < tb; a++) {                                             \
+      __m512i u = _mm512_ternarylogic_epi32(u_of, byte, magic, 0xEA);          \
+      __m512 qf = _mm512_sub_ps(_mm512_castsi512_ps(u), magic128);             \
+      __m512 wq = !asym ? _mm512_mul_ps(qf, s[a])                              \
+                  : fma ? _mm512_fmadd_ps(qf, s[a], z[a])                      \
+                        : _mm512_add_ps(_mm512_mul_ps(qf, s[a]), z[a]);        \
+      UNROLL                                                                   \
+      for (int r = 0; r < mb; r++)                                             \
+        acc[a][r] = _mm512_add_ps(                                             \
+            acc[a][r], _mm512_mul_ps(_mm512_set1_ps(xr[r][k0 + (i)]), wq));    \
+    }                                                                          \
+  } while (0)
+      if (K - k0 >= QL_CPU_Q8C_KB) {
+        WO_Q8B_STEP(0, v[a]);
+        WO_Q8B_STEP(1, _mm512_srli_epi32(v[a], 8));
+        WO_Q8B_STEP(2, _mm512_srli_epi32(v[a], 16));
+        WO_Q8B_STEP(3, _mm512_srli_epi32(v[a], 24));
+      } else {
+        int kn = (int)(K - k0);
+        for (int i = 0; i < kn; i++) {
+          __m128i sh = _mm_cvtsi32_si128(i * 8);
+          WO_Q8B_STEP(i, _mm512_srl_epi32(v[a], sh));
+        }
+      }
+#undef WO_Q8B_STEP
+    }
+  }
+  UNROLL
+  for (int a = 0; a < tb; a++)
+    UNROLL
+  for (int r = 0; r < mb; r++)
+    store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
+}
+
+/* ------------------------------------------------------------ f8r */
+
+/*
+ * Decoding e4m3 without a table: the code's sign bit moved to bit 31 and
+ * its 7 exponent+mantissa bits em to bits 26..20 is the f32 whose value
+ * is the code's value times 2^-120: for exponent e >= 1 it reads
+ * 2^(e-127)·(1 + m/8), and for e = 0 (the e4m3 subnormals m·2^-9) it is
+ * the f32 subnormal m·2^20·2^-149 = m·2^-129. Moving the byte to the top
+ * of the dword (shift left) and shifting right arithmetically by 4 puts
+ * the sign at bit 31 and em at 26..20; the AND clears the copies of the
+ * sign (bits 30..27) and the neighbouring codes (bits 19..0). Byte 3 is
+ * at the top already.
+ *
+ * So d = e4m3(w)·2^-120 exactly, and the scaling is folded into a product
+ * the reference makes anyway:
+ *  WO: fl(d·(s·2^120)) = fl(e4m3(w)·s), the reference's ŵ: both are the
+ *      same real product rounded once, when s·2^120 is finite (f8_fold;
+ *      else fl(fl(d·2^120)·s), the first product exact).
+ *  AQ: x arrives as xe = e4m3(xq)·2^119 (ql__cpu_xq), so d·xe =
+ *      e4m3(w)·e4m3(xq)/2, exact in f32: at most 4+4 significant bits,
+ *      and a non-zero product is at least 2^-9·2^-9/2 = 2^-19 (normal)
+ *      and at most 448²/2. The reference adds the exact products
+ *      e4m3(w)·e4m3(xq) in f32 from +0 in increasing k; halving every
+ *      term halves every partial sum and its rounding (all non-zero sums
+ *      lie between 2^-19 and K·448², far from subnormals and overflow),
+ *      so the sum here is exactly half the reference's acc, and 2·sum is
+ *      acc. Since each product is exact, fl(acc + d·xe) is also what one
+ *      FMA gives, which is what the loop uses.
+ * The subnormal d needs IEEE subnormal inputs: a thread with MXCSR.DAZ
+ * set takes the C level's kernels instead (ql__cpu_daz).
+ */
+INL __m512 f8_dec(__m512i v, const int i) {
+  __m512i t = i == 3 ? v : _mm512_slli_epi32(v, 24 - 8 * i);
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_srai_epi32(t, 4),
+                                              _mm512_set1_epi32(0x87F00000)));
+}
+
+/*
+ * All four codes of each dword, d[i] = f8_dec(v, i), in 9 operations
+ * instead of 11: a 16-bit arithmetic shift by 4 does the step for the
+ * high byte of both words at once (bytes 3 and 1; bytes 2 and 0 after a
+ * 16-bit shift left by 8), and the low word's result is moved up by 16
+ * bits. The sign copies land in bits 30..27 (or 14..11) and the
+ * neighbouring byte's bits below bit 20 (4), which the AND clears as in
+ * f8_dec.
+ */
+INL void f8_dec4(__m512i v, __m512 d[4]) {
+  const __m512i msk = _mm512_set1_epi32(0x87F00000);
+  __m512i hi = _mm512_srai_epi16(v, 4);
+  __m512i lo = _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4);
+  d[0] = _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_slli_epi32(lo, 16), msk));
+  d[1] = _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_slli_epi32(hi, 16), msk));
+  d[2] = _mm512_castsi512_ps(_mm512_and_si512(lo, msk));
+  d[3] = _mm512_castsi512_ps(_mm512_and_si512(hi, msk));
+}
+
+/* WO f8r: ŵ = e4m3(w)·s, then acc += x·ŵ in increasing k. */
+INL void wo_f8r_blk(const int fold, const ql__cpu_packed *p, const float *x,
+                    int64_t m0, const int mb, int64_t t, const int tb,
+                    const float *bias, float *y) {
+  __m512 acc[4][4], s[4];
+  const uint8_t *tp[4];
+  const __m512 two120 = _mm512_set1_ps(0x1p120f);
+  const int64_t K = p->k, nb = ql__cpu_kblocks(p);
+  const float *xr[4];
+
+  UNROLL
+  for (int a = 0; a < tb; a++) {
+    tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
+    s[a] = _mm512_load_ps((const void *)tp[a]);
+    if (fold)
+      s[a] = _mm512_mul_ps(s[a], two120); /* exact: finite (f8_fold) */
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      acc[a][r] = _mm512_setzero_ps();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = x + (size_t)(m0 + r) * (size_t)K;
+
+  for (int64_t b = 0, k0 = 0; b < nb; b++, k0 += QL_CPU_Q8C_KB) {
+    /* the padding codes past K decode to 0 and are never used */
+    const int kn = K - k0 < QL_CPU_Q8C_KB ? (int)(K - k0) : QL_CPU_Q8C_KB;
+    __m512 d[4][4];
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      const uint8_t *blk = tp[a] + QL_CPU_BLOCK + (size_t)b * QL_CPU_BLOCK;
+      f8_dec4(_mm512_load_si512((const void *)blk), d[a]);
+      PREFETCH(blk);
+    }
+#define WO_F8R_STEP(i)                                                         \
+  do {                                                                         \
+    UNROLL                                                                     \
+    for (int a = 0; a < tb; a++) {                                             \
+      __m512 wq = fold ? _mm512_mul_ps(d[a][i], s[a])                          \
+                       : _mm512_mul_ps(_mm512_mul_ps(d[a][i], two120), s[a]);  \
+      UNROLL                                                                   \
+      for (int r = 0; r < mb; r++)                                             \
+        acc[a][r] = _mm512_add_ps(                                             \
+            acc[a][r], _mm512_mul_ps(_mm512_set1_ps(xr[r][k0 + (i)]), wq));    \
+    }                                                                          \
+  } while (0)
+    if (kn == QL_CPU_Q8C_KB) {
+      WO_F8R_STEP(0);
+      WO_F8R_STEP(1);
+      WO_F8R_STEP(2);
+      WO_F8R_STEP(3);
+    } else {
+      WO_F8R_STEP(0);
+      if (kn > 1)
+        WO_F8R_STEP(1);
+      if (kn > 2)
+        WO_F8R_STEP(2);
+    }
+#undef WO_F8R_STEP
+  }
+  UNROLL
+  for (int a = 0; a < tb; a++)
+    UNROLL
+  for (int r = 0; r < mb; r++)
+    store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
+}
+
+/* AQ f8r: sum = Σ d·xe (one FMA each, exact products), acc = 2·sum, then
+ * the reference's y = acc·(sx·sw) (+ b). All of kp: the padding codes are
+ * +0 on both sides and add ±0, which changes no sum (see kern_c.c). */
+INL void aq_f8r_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+                    const int mb, int64_t t, const int tb, const float *bias,
+                    float *y) {
+  __m512 acc[4][4];
+  const uint8_t *tp[4];
+  const float *xr[4];
+  const int64_t nb = xq->kp / QL_CPU_Q8C_KB;
+
+  UNROLL
+  for (int a = 0; a < tb; a++) {
+    tp[a] = p->data + (size_t)(t + a) * p->tile_bytes;
+    UNROLL
+    for (int r = 0; r < mb; r++)
+      acc[a][r] = _mm512_setzero_ps();
+  }
+  UNROLL
+  for (int r = 0; r < mb; r++)
+    xr[r] = xq->xe + (size_t)(m0 + r) * (size_t)xq->kp;
+  for (int64_t b = 0; b < nb; b++) {
+    __m512 d[4][4];
+    const int64_t k0 = b * QL_CPU_Q8C_KB;
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      const uint8_t *blk = tp[a] + QL_CPU_BLOCK + (size_t)b * QL_CPU_BLOCK;
+      f8_dec4(_mm512_load_si512((const void *)blk), d[a]);
+      PREFETCH(blk);
+    }
+    UNROLL
+    for (int i = 0; i < QL_CPU_Q8C_KB; i++) {
+      UNROLL
+      for (int r = 0; r < mb; r++) {
+        __m512 xb = _mm512_set1_ps(xr[r][k0 + i]);
+        UNROLL
+        for (int a = 0; a < tb; a++)
+          acc[a][r] = _mm512_fmadd_ps(d[a][i], xb, acc[a][r]);
+      }
+    }
+  }
+  UNROLL
+  for (int a = 0; a < tb; a++) {
+    __m512 s = _mm512_load_ps((const void *)tp[a]);
+    UNROLL
+    for (int r = 0; r < mb; r++) {
+      __m512 sxw = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), s);
+      __m512 v = _mm512_mul_ps(
+          _mm512_mul_ps(acc[a][r], _mm512_set1_ps(2.0f)), sxw);
+      store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
+    }
+  }
+}
+
+/*
+ * The large-M block of f8r AQ: 4 tiles x 6 rows, 24 accumulators as
+ * variables (see aq_q8c_4x6), each decoded weight vector feeding 6 FMAs
+ * and each broadcast of x 4. Same operations per lane as aq_f8r_blk.
+ */
+#define F8_ACC(r)                                                              \
+  __m512 c0##r = _mm512_setzero_ps(), c1##r = c0##r, c2##r = c0##r,           \
+         c3##r = c0##r;
+#define F8_ROW(r)                                                              \
+  xv = _mm512_set1_ps(xb[(r)*ld]);                                             \
+  c0##r = _mm512_fmadd_ps(w0, xv, c0##r);                                      \
+  c1##r = _mm512_fmadd_ps(w1, xv, c1##r);                                      \
+  c2##r = _mm512_fmadd_ps(w2, xv, c2##r);                                      \
+  c3##r = _mm512_fmadd_ps(w3, xv, c3##r);
+#define F8_STEP(i)                                                             \
+  do {                                                                         \
+    const float *xb = x0 + k0 + (i);                                           \
+    __m512 w0 = f8_dec(_mm512_load_si512((const void *)d), i);                 \
+    __m512 w1 = f8_dec(_mm512_load_si512((const void *)(d + tbytes)), i);      \
+    __m512 w2 = f8_dec(_mm512_load_si512((const void *)(d + 2 * tbytes)), i);  \
+    __m512 w3 = f8_dec(_mm512_load_si512((const void *)(d + 3 * tbytes)), i);  \
+    __m512 xv;                                                                 \
+    F8_ROW(0) F8_ROW(1) F8_ROW(2) F8_ROW(3) F8_ROW(4) F8_ROW(5)                \
+  } while (0)
+
+INL void aq_f8r_4x6(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+                    int64_t t, const float *bias, float *y) {
+  const size_t tbytes = p->tile_bytes;
+  const uint8_t *d0 = p->data + (size_t)t * tbytes + QL_CPU_BLOCK;
+  const float *x0 = xq->xe + (size_t)m0 * (size_t)xq->kp;
+  const size_t ld = (size_t)xq->kp;
+  const int64_t nb = xq->kp / QL_CPU_Q8C_KB;
+  F8_ACC(0) F8_ACC(1) F8_ACC(2) F8_ACC(3) F8_ACC(4) F8_ACC(5)
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t *d = d0 + (size_t)b * QL_CPU_BLOCK;
+    const int64_t k0 = b * QL_CPU_Q8C_KB;
+    F8_STEP(0);
+    F8_STEP(1);
+    F8_STEP(2);
+    F8_STEP(3);
+  }
+  __m512 acc[4][6] = {{c00, c01, c02, c03, c04, c05},
+                      {c10, c11, c12, c13, c14, c15},
+                      {c20, c21, c22, c23, c24, c25},
+                      {c30, c31, c32, c33, c34, c35}};
+  UNROLL
+  for (int a = 0; a < 4; a++) {
+    __m512 s =
+        _mm512_load_ps((const void *)(p->data + (size_t)(t + a) * tbytes));
+    UNROLL
+    for (int r = 0; r < 6; r++) {
+      __m512 sxw = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), s);
+      __m512 v = _mm512_mul_ps(
+          _mm512_mul_ps(acc[a][r], _mm512_set1_ps(2.0f)), sxw);
+      store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
+    }
+  }
+}
+#undef F8_ACC
+#undef F8_ROW
+#undef F8_STEP
 
 /* ------------------------------------------------------------ AQ q8c */
 
@@ -651,6 +983,63 @@ static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
   }
 }
 
+static TGT void wo_q8b(const ql__cpu_packed *p, const float *x, int64_t m,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  if (!p->asym) {
+    DRIVE(4, (size_t)p->k * 4, wo_q8b_blk, 0, 0, p, x, m0)
+  } else if (p->fma_dequant) {
+    DRIVE(4, (size_t)p->k * 4, wo_q8b_blk, 1, 1, p, x, m0)
+  } else {
+    DRIVE(4, (size_t)p->k * 4, wo_q8b_blk, 1, 0, p, x, m0)
+  }
+}
+
+static TGT void wo_f8r(const ql__cpu_packed *p, const float *x, int64_t m,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  if (ql__cpu_daz()) {
+    ql__cpu_kernels_c.wo_f8r(p, x, m, t0, t1, bias, y);
+  } else if (p->f8_fold) {
+    DRIVE(4, (size_t)p->k * 4, wo_f8r_blk, 1, p, x, m0)
+  } else {
+    DRIVE(4, (size_t)p->k * 4, wo_f8r_blk, 0, p, x, m0)
+  }
+}
+
+/* f8r AQ: 4 tiles x 6 rows when there are enough rows (its FMAs are the
+ * whole cost), else the generic blocking. */
+static TGT void aq_f8r(const ql__cpu_packed *p, const ql__cpu_xq *xq,
+                       int64_t t0, int64_t t1, const float *bias, float *y) {
+  const int64_t m = xq->m;
+  if (ql__cpu_daz()) {
+    ql__cpu_kernels_c.aq_f8r(p, xq, t0, t1, bias, y);
+    return;
+  }
+  if (m < 6) {
+    DRIVE(4, (size_t)xq->kp * 4, aq_f8r_blk, p, xq, m0)
+    return;
+  }
+  for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp * 4); mc < m; mc += mcn) {
+    int64_t mend = m - mc < mcn ? m : mc + mcn;
+    for (int64_t t = t0; t < t1;) {
+      int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;
+      for (int64_t m0 = mc; m0 < mend;) {
+        int mb;
+        if (tb == 4 && mend - m0 >= 6) {
+          aq_f8r_4x6(p, xq, m0, t, bias, y);
+          mb = 6;
+        } else {
+          mb = mend - m0 < 4 ? (int)(mend - m0) : 4;
+          if (tb == 4 && mb > 2)
+            mb = 2;
+          CASES(aq_f8r_blk, p, xq, m0)
+        }
+        m0 += mb;
+      }
+      t += tb;
+    }
+  }
+}
+
 /* -------------------------------------------------------- quantize */
 
 static TGT int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
@@ -698,7 +1087,7 @@ static TGT int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
   return 0;
 }
 
-const ql__cpu_kernels ql__cpu_kernels_avx512 = {wo_q4g, wo_q8c, aq_q4g, aq_q8c,
-                                                quant_row};
+const ql__cpu_kernels ql__cpu_kernels_avx512 = {
+    wo_q4g, wo_q8c, aq_q4g, aq_q8c, quant_row, wo_q8b, wo_f8r, aq_f8r};
 
 #endif /* __x86_64__ */

@@ -5,6 +5,7 @@
  * a sum). It is also the readable statement of what the SIMD levels
  * compute: each of them must give these bytes, which are the reference's.
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -182,10 +183,138 @@ static void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,
   }
 }
 
+/* WO q8b: ŵ = (float)w·s, or (float)w·s + z when asymmetric, with the
+ * scale (zero) of k's block, then acc += x·ŵ in increasing k. */
+static void wo_q8b(const ql__cpu_packed *p, const float *x, int64_t m,
+                   int64_t t0, int64_t t1, const float *bias, float *y) {
+  float acc[MB][T], wq[QL_CPU_Q8C_KB][T], s[T], z[T];
+  int64_t nb = ql__cpu_kblocks(p), bpg = p->gs / QL_CPU_Q8C_KB;
+  const int asym = p->asym;
+  for (int64_t t = t0; t < t1; t++) {
+    const uint8_t *tile = p->data + (size_t)t * p->tile_bytes;
+    for (int64_t m0 = 0; m0 < m; m0 += MB) {
+      int mb = m - m0 < MB ? (int)(m - m0) : MB;
+      memset(acc, 0, sizeof acc);
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + p->sz_bytes + (size_t)b * QL_CPU_BLOCK;
+        int64_t k0 = b * QL_CPU_Q8C_KB;
+        int kn = p->k - k0 < QL_CPU_Q8C_KB ? (int)(p->k - k0) : QL_CPU_Q8C_KB;
+        if (b % bpg == 0) {
+          const uint8_t *gp = tile + (size_t)(b / bpg) * p->group_bytes;
+          for (int j = 0; j < T; j++) {
+            s[j] = ql_load_f32(p->sdt, gp, (size_t)j);
+            z[j] = asym ? ql_load_f32(p->sdt, gp, (size_t)(T + j)) : 0.0f;
+          }
+        }
+        if (asym)
+          for (int i = 0; i < kn; i++)
+            for (int j = 0; j < T; j++)
+              wq[i][j] = (float)((int)blk[4 * j + i] - 128) * s[j] + z[j];
+        else
+          for (int i = 0; i < kn; i++)
+            for (int j = 0; j < T; j++)
+              wq[i][j] = (float)((int)blk[4 * j + i] - 128) * s[j];
+        for (int r = 0; r < mb; r++) {
+          const float *xr = x + (size_t)(m0 + r) * (size_t)p->k + k0;
+          for (int i = 0; i < kn; i++)
+            for (int j = 0; j < T; j++)
+              acc[r][j] += xr[i] * wq[i][j];
+        }
+      }
+      store_rows(p, t, m0, mb, acc, bias, y);
+    }
+  }
+}
+
+/* e4m3 code -> f32, the exact values of ql_e4m3_to_f32, made once. */
+static float e4m3_lut[256];
+static pthread_once_t e4m3_once = PTHREAD_ONCE_INIT;
+
+static void e4m3_init(void) {
+  for (int c = 0; c < 256; c++)
+    e4m3_lut[c] = ql_e4m3_to_f32((uint8_t)c);
+}
+
+static const float *e4m3(void) {
+  pthread_once(&e4m3_once, e4m3_init);
+  return e4m3_lut;
+}
+
+/* WO f8r: ŵ = e4m3(w)·s, then acc += x·ŵ in increasing k. */
+static void wo_f8r(const ql__cpu_packed *p, const float *x, int64_t m,
+                   int64_t t0, int64_t t1, const float *bias, float *y) {
+  const float *lut = e4m3();
+  float acc[MB][T], wq[QL_CPU_Q8C_KB][T], s[T];
+  int64_t nb = ql__cpu_kblocks(p);
+  for (int64_t t = t0; t < t1; t++) {
+    const uint8_t *tile = p->data + (size_t)t * p->tile_bytes;
+    memcpy(s, tile, sizeof s);
+    for (int64_t m0 = 0; m0 < m; m0 += MB) {
+      int mb = m - m0 < MB ? (int)(m - m0) : MB;
+      memset(acc, 0, sizeof acc);
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + QL_CPU_BLOCK + (size_t)b * QL_CPU_BLOCK;
+        int64_t k0 = b * QL_CPU_Q8C_KB;
+        int kn = p->k - k0 < QL_CPU_Q8C_KB ? (int)(p->k - k0) : QL_CPU_Q8C_KB;
+        for (int i = 0; i < kn; i++)
+          for (int j = 0; j < T; j++)
+            wq[i][j] = lut[blk[4 * j + i]] * s[j];
+        for (int r = 0; r < mb; r++) {
+          const float *xr = x + (size_t)(m0 + r) * (size_t)p->k + k0;
+          for (int i = 0; i < kn; i++)
+            for (int j = 0; j < T; j++)
+              acc[r][j] += xr[i] * wq[i][j];
+        }
+      }
+      store_rows(p, t, m0, mb, acc, bias, y);
+    }
+  }
+}
+
+/* AQ f8r: acc = Σ e4m3(xc)·e4m3(w) in f32 from 0 in increasing k (each
+ * product exact), y = acc·(sx·sw) (+ b). The padding past K (codes 0 on
+ * both sides) adds ±0, which leaves acc as it is: acc is +0 or non-zero,
+ * never -0, since it starts at +0 and an exact cancellation rounds to +0. */
+static void aq_f8r(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,
+                   int64_t t1, const float *bias, float *y) {
+  const float *lut = e4m3();
+  float acc[MB][T], wq[QL_CPU_Q8C_KB][T], s[T];
+  int64_t nb = xq->kp / QL_CPU_Q8C_KB;
+  for (int64_t t = t0; t < t1; t++) {
+    const uint8_t *tile = p->data + (size_t)t * p->tile_bytes;
+    memcpy(s, tile, sizeof s);
+    for (int64_t m0 = 0; m0 < xq->m; m0 += MB) {
+      int mb = xq->m - m0 < MB ? (int)(xq->m - m0) : MB;
+      memset(acc, 0, sizeof acc);
+      for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + QL_CPU_BLOCK + (size_t)b * QL_CPU_BLOCK;
+        for (int i = 0; i < QL_CPU_Q8C_KB; i++)
+          for (int j = 0; j < T; j++)
+            wq[i][j] = lut[blk[4 * j + i]];
+        for (int r = 0; r < mb; r++) {
+          const uint8_t *xr =
+              xq->xc + (size_t)(m0 + r) * (size_t)xq->kp + b * QL_CPU_Q8C_KB;
+          for (int i = 0; i < QL_CPU_Q8C_KB; i++) {
+            float xv = lut[xr[i]];
+            for (int j = 0; j < T; j++)
+              acc[r][j] += xv * wq[i][j];
+          }
+        }
+      }
+      for (int r = 0; r < mb; r++) {
+        float sx = xq->sx[m0 + r];
+        for (int j = 0; j < T; j++)
+          acc[r][j] = acc[r][j] * (sx * s[j]);
+      }
+      store_rows(p, t, m0, mb, acc, bias, y);
+    }
+  }
+}
+
 static int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
                      float *sx) {
   return ql_quantize_rows_i8_src(src, x, 1, k, 1, xq, sx, NULL);
 }
 
-const ql__cpu_kernels ql__cpu_kernels_c = {wo_q4g, wo_q8c, aq_q4g, aq_q8c,
-                                           quant_row};
+const ql__cpu_kernels ql__cpu_kernels_c = {
+    wo_q4g, wo_q8c, aq_q4g, aq_q8c, quant_row, wo_q8b, wo_f8r, aq_f8r};

@@ -11,6 +11,7 @@
 #include <string.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
 #endif
 
 #include "cpu.h"
@@ -111,6 +112,14 @@ ql__cpu_level ql__cpu_level_get(void) {
 ql__cpu_level ql__cpu_level_detected(void) {
   pthread_once(&level_once, level_init);
   return level_detected;
+}
+
+int ql__cpu_daz(void) {
+#if defined(__x86_64__)
+  return (_mm_getcsr() & 0x0040u) != 0; /* MXCSR bit 6: DAZ */
+#else
+  return 0;
+#endif
 }
 
 const char *ql__cpu_level_name(ql__cpu_level l) {

@@ -46,7 +46,8 @@ def main(argv):
         if ms is not None and d["m"] not in ms:
             continue
         fmt = d["format"] + ("/g%d" % d["group_size"] if d["format"] == "q4g"
-                             else "")
+                             else "/b%d" % d["group_size"]
+                             if d["format"].startswith("q8b") else "")
         blas = d.get("vs_openblas_sgemv") or d.get("vs_openblas_sgemm")
         print("| %dx%d | %s | %s | %d | %.3f | %.1f | %s | %s | %s | %s |" % (
             d["n"], d["k"], fmt, d["path"].upper(), d["m"], d["ours_ms"],

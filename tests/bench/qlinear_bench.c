@@ -61,10 +61,26 @@
 #define MAXS 8
 #define MAXM 16
 
+/* The formats --formats takes, in the order they run. */
+typedef struct bfmt {
+  const char *name;
+  ql_format f;
+  int asym; /* q8b with a zero point */
+} bfmt;
+
+enum { BF_Q4G, BF_Q8C, BF_Q8B, BF_Q8BA, BF_F8R, NBF };
+static const bfmt bfmts[NBF] = {
+    [BF_Q4G] = {"q4g", QL_FORMAT_Q4G, 0},
+    [BF_Q8C] = {"q8c", QL_FORMAT_Q8C, 0},
+    [BF_Q8B] = {"q8b", QL_FORMAT_Q8B, 0},
+    [BF_Q8BA] = {"q8b-asym", QL_FORMAT_Q8B, 1},
+    [BF_F8R] = {"f8r", QL_FORMAT_F8R, 0},
+};
+
 typedef struct opts {
   int64_t n[MAXS], k[MAXS];
   int nshape;
-  int fmt_q4g, fmt_q8c;
+  int fmt[NBF]; /* 1: run format bfmts[i] */
   int wo, aq;
   int64_t ms[MAXM];
   int nm;
@@ -86,13 +102,14 @@ static void usage(FILE *f) {
       "  --quick            4096x4096, M in {1,16,512}, 5 pairs, short "
       "samples\n"
       "  --shapes NxK,...   default 4096x4096,14336x4096,4096x14336\n"
-      "  --formats LIST     q4g,q8c (default both)\n"
+      "  --formats LIST     of q4g,q8c,q8b,q8b-asym,f8r (default q4g,q8c)\n"
       "  --paths LIST       wo,aq (default both)\n"
       "  --m LIST           rows, default 1,2,4,8,16,32,64,128,256,512\n"
       "  --pairs P          interleaved A/B pairs per figure (>= 5, default "
       "7)\n"
       "  --threads T        CPU pool size (QL_CPU_THREADS), default 2\n"
-      "  --gs G             q4g group size, default 128\n"
+      "  --gs G             q4g group size and q8b block length, default "
+      "128\n"
       "  --scale-dtype D    bf16 (default), f16 or f32\n"
       "  --ref-max-m M      compare with the generic op up to M rows (default "
       "8)\n"
@@ -140,6 +157,27 @@ static int parse_shapes(const char *s, opts *o) {
   return o->nshape > 0 ? 0 : -1;
 }
 
+/* A comma-separated list of bfmts names into o->fmt; -1 on an unknown
+ * name or an empty list. */
+static int parse_formats(const char *v, opts *o) {
+  int any = 0;
+  memset(o->fmt, 0, sizeof o->fmt);
+  while (*v) {
+    size_t len = strcspn(v, ",");
+    int i;
+    for (i = 0; i < NBF; i++)
+      if (strlen(bfmts[i].name) == len && strncmp(v, bfmts[i].name, len) == 0)
+        break;
+    if (i == NBF)
+      return -1;
+    o->fmt[i] = any = 1;
+    v += len;
+    if (*v == ',')
+      v++;
+  }
+  return any ? 0 : -1;
+}
+
 /* The last-level cache one core sees: sysfs (what lscpu prints), else
  * sysconf (which in some VMs adds up the host's caches), else 32 MiB. */
 static double llc_bytes(void) {
@@ -164,7 +202,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
   o->n[1] = 14336, o->k[1] = 4096;
   o->n[2] = 4096, o->k[2] = 14336;
   o->nshape = 3;
-  o->fmt_q4g = o->fmt_q8c = 1;
+  o->fmt[BF_Q4G] = o->fmt[BF_Q8C] = 1;
   o->wo = o->aq = 1;
   memcpy(o->ms, ms, sizeof ms);
   o->nm = 10;
@@ -196,9 +234,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
         return -1;
     } else if (strcmp(a, "--formats") == 0) {
       NEEDV;
-      o->fmt_q4g = strstr(v, "q4g") != NULL;
-      o->fmt_q8c = strstr(v, "q8c") != NULL;
-      if (!o->fmt_q4g && !o->fmt_q8c)
+      if (parse_formats(v, o) != 0)
         return -1;
     } else if (strcmp(a, "--paths") == 0) {
       NEEDV;
@@ -473,12 +509,14 @@ void *xalloc(size_t n) {
   return p;
 }
 
-static int wset_make(const opts *o, ql_format f, int64_t n, int64_t k,
+static int wset_make(const opts *o, const bfmt *bf, int64_t n, int64_t k,
                      wset *ws) {
   size_t nk = (size_t)(n * k);
   uint16_t *wb = xalloc(nk * sizeof(uint16_t));
   float *tmp = xalloc(nk * sizeof(float));
-  ql_quant_params p = {f, f == QL_FORMAT_Q4G ? o->gs : 0, 0, o->sdt};
+  ql_format f = bf->f;
+  int grouped = f == QL_FORMAT_Q4G || f == QL_FORMAT_Q8B;
+  ql_quant_params p = {f, grouped ? o->gs : 0, bf->asym, o->sdt};
   int rc;
 
   memset(ws, 0, sizeof *ws);
@@ -543,8 +581,8 @@ void print_stat(FILE *f, const char *name, stat3 s) {
           s.min, s.max);
 }
 
-static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
-                     int64_t m, int header) {
+static void run_case(const opts *o, const bfmt *bf, const wset *ws,
+                     const wset *q8c, int aq, int64_t m, int header) {
   const ql_backend *cpu = ql_backend_find("cpu");
   ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
   int64_t n = ws->q->n, k = ws->q->k;
@@ -557,7 +595,7 @@ static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
   double t_ours = 0, t_base, t_a;
   const uint8_t **bufs;
   read_ctx rc;
-  char fmt[16];
+  char fmt[24];
 
   if (im == NULL)
     return;
@@ -632,15 +670,19 @@ static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
     nfig++;
   }
 
-  snprintf(fmt, sizeof fmt, ws->f == QL_FORMAT_Q4G ? "q4g/g%u" : "q8c", o->gs);
+  if (ws->f == QL_FORMAT_Q4G || ws->f == QL_FORMAT_Q8B)
+    snprintf(fmt, sizeof fmt, "%s/%c%u", bf->name,
+             ws->f == QL_FORMAT_Q4G ? 'g' : 'b', o->gs);
+  else
+    snprintf(fmt, sizeof fmt, "%s", bf->name);
   t_base = figs[0].t_base;
   if (!o->json_only) {
     if (header) {
-      printf("\n%-11s %-8s %-3s %4s %9s %7s %-20s", "shape", "format", "pth",
+      printf("\n%-11s %-13s %-3s %4s %9s %7s %-20s", "shape", "format", "pth",
              "M", "ms", "GB/s", "x read [min-max]");
       printf(" | speed-up, baseline time / ours, median [min-max]\n");
     }
-    printf("%5lldx%-5lld %-8s %-3s %4lld %9.3f %7.2f %5.3f [%.3f-%.3f]",
+    printf("%5lldx%-5lld %-13s %-3s %4lld %9.3f %7.2f %5.3f [%.3f-%.3f]",
            (long long)n, (long long)k, fmt, aq ? "AQ" : "WO", (long long)m,
            t_ours * 1e3, (double)ws->wbytes / t_ours * 1e-9, figs[0].r.med,
            figs[0].r.min, figs[0].r.max);
@@ -654,8 +696,8 @@ static void run_case(const opts *o, const wset *ws, const wset *q8c, int aq,
          "\"threads\":%d,\"level\":\"%s\",\"impl\":\"%s\",\"weight_bytes\":%zu,"
          "\"copies\":%d,\"pairs\":%d,\"ours_ms\":%.4f,\"ours_gbs\":%.3f,"
          "\"read_gbs\":%.3f",
-         (long long)n, (long long)k, ws->f == QL_FORMAT_Q4G ? "q4g" : "q8c",
-         ws->f == QL_FORMAT_Q4G ? o->gs : 0,
+         (long long)n, (long long)k, bf->name,
+         ws->f == QL_FORMAT_Q4G || ws->f == QL_FORMAT_Q8B ? o->gs : 0,
          o->sdt == QL_DTYPE_F32   ? "f32"
          : o->sdt == QL_DTYPE_F16 ? "f16"
                                   : "bf16",
@@ -734,44 +776,47 @@ int main(int argc, char **argv) {
     printf(", oneDNN not built in");
 #endif
     printf(", generic reference (M <= %lld)%s\n", (long long)o.ref_max_m,
-           o.fmt_q4g && o.fmt_q8c && o.aq ? ", our q8c AQ (for q4g AQ)" : "");
+           o.fmt[BF_Q4G] && o.aq ? ", our q8c AQ (for q4g AQ)" : "");
     printf("x read = our weight bytes/s / the read loop's; the other figures "
            "= baseline time / our time (>1: ours is faster)\n");
   }
   for (int s = 0; s < o.nshape; s++) {
-    wset w4, w8;
-    int have4 = 0, have8 = 0, header = 1;
-    if (o.fmt_q4g) {
-      if (wset_make(&o, QL_FORMAT_Q4G, o.n[s], o.k[s], &w4) != 0) {
-        fprintf(stderr, "qlinear-bench: q4g %lldx%lld failed\n",
-                (long long)o.n[s], (long long)o.k[s]);
-        return 1;
-      }
-      have4 = 1;
-    }
-    if (o.fmt_q8c || (o.fmt_q4g && o.aq)) {
-      if (wset_make(&o, QL_FORMAT_Q8C, o.n[s], o.k[s], &w8) != 0) {
+    wset w8;
+    int have8 = 0, header = 1;
+    /* q8c, also the baseline of q4g AQ */
+    if (o.fmt[BF_Q8C] || (o.fmt[BF_Q4G] && o.aq)) {
+      if (wset_make(&o, &bfmts[BF_Q8C], o.n[s], o.k[s], &w8) != 0) {
         fprintf(stderr, "qlinear-bench: q8c %lldx%lld failed\n",
                 (long long)o.n[s], (long long)o.k[s]);
         return 1;
       }
       have8 = 1;
     }
-    for (int fi = 0; fi < 2; fi++) {
-      wset *ws = fi == 0 ? (o.fmt_q4g ? &w4 : NULL) : (o.fmt_q8c ? &w8 : NULL);
-      if (ws == NULL)
+    for (int fi = 0; fi < NBF; fi++) {
+      const bfmt *bf = &bfmts[fi];
+      wset own, *ws = &own;
+      if (!o.fmt[fi])
         continue;
+      if (fi == BF_Q8C) {
+        ws = &w8;
+      } else if (wset_make(&o, bf, o.n[s], o.k[s], &own) != 0) {
+        fprintf(stderr, "qlinear-bench: %s %lldx%lld failed\n", bf->name,
+                (long long)o.n[s], (long long)o.k[s]);
+        return 1;
+      }
       for (int aq = 0; aq < 2; aq++) {
         if ((aq && !o.aq) || (!aq && !o.wo))
           continue;
+        if (aq && bf->f == QL_FORMAT_Q8B)
+          continue; /* weight-only */
         for (int mi = 0; mi < o.nm; mi++) {
-          run_case(&o, ws, have8 ? &w8 : NULL, aq, o.ms[mi], header);
+          run_case(&o, bf, ws, have8 ? &w8 : NULL, aq, o.ms[mi], header);
           header = 0;
         }
       }
+      if (ws == &own)
+        wset_free(&own);
     }
-    if (have4)
-      wset_free(&w4);
     if (have8)
       wset_free(&w8);
   }

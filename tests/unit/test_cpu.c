@@ -29,10 +29,12 @@ static const ql_backend *cpu(void) {
   return b;
 }
 
-/* A random weight of format f (q4g group gs), scale dtype sdt, with an
- * adversarial row or two (all zero, constant -127.5/1024: q8c -128). */
-static ql_qweight *make_weight(uint64_t seed, ql_format f, uint32_t gs,
-                               ql_dtype sdt, int64_t n, int64_t k, int bias) {
+/* A random weight of format f (q4g group, q8b block gs; asym for q8b),
+ * scale dtype sdt, with an adversarial row or two (all zero, constant
+ * -127.5/1024: q8c and q8b -128, f8r ±448). */
+static ql_qweight *make_weight_a(uint64_t seed, ql_format f, uint32_t gs,
+                                 int asym, ql_dtype sdt, int64_t n, int64_t k,
+                                 int bias) {
   float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
   float *b = tu_xmalloc((size_t)n * sizeof(float));
   ql_qweight *q = NULL;
@@ -45,12 +47,30 @@ static ql_qweight *make_weight(uint64_t seed, ql_format f, uint32_t gs,
               : (float)(0.05 * tu_rng_gauss(&seed) + 0.01 * (double)(r % 3));
   for (int64_t r = 0; r < n; r++)
     b[r] = (float)tu_rng_gauss(&seed);
-  ql_quant_params p = {f, gs, 0, sdt};
+  ql_quant_params p = {f, gs, asym, sdt};
   ck_assert_int_eq(
       ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w, bias ? b : NULL, &q), 0);
   free(w);
   free(b);
   return q;
+}
+
+static ql_qweight *make_weight(uint64_t seed, ql_format f, uint32_t gs,
+                               ql_dtype sdt, int64_t n, int64_t k, int bias) {
+  return make_weight_a(seed, f, gs, 0, sdt, n, k, bias);
+}
+
+static const char *fmt_name(const ql_qweight *q) {
+  switch (q->format) {
+  case QL_FORMAT_Q4G:
+    return "q4g";
+  case QL_FORMAT_Q8C:
+    return "q8c";
+  case QL_FORMAT_Q8B:
+    return q->asymmetric ? "q8b-asym" : "q8b";
+  default:
+    return "f8r";
+  }
 }
 
 /* x [m,k] in dtype dt: Gaussian rows, every fourth row with ties and
@@ -111,20 +131,32 @@ static const char *same_as_generic(const ql_qweight *q, ql_op op, ql_dtype dt,
 }
 
 /* The shape matrix every level is checked on: ragged N and K around the
- * tile (16), block (4/8) and group sizes. */
-static const int64_t Ms[] = {1, 2, 3, 5, 6, 7, 13};
+ * tile (16), block (4/8) and group sizes (q4g groups and q8b blocks of
+ * 32..256: K = 100, 129, 300 end in a short one), M around the row blocks
+ * (1-6 rows per pass) and past them (17). */
+static const int64_t Ms[] = {1, 2, 3, 5, 6, 7, 13, 17};
 static const int64_t Ns[] = {1, 15, 16, 17, 47, 64};
 static const int64_t Ks[] = {1, 5, 8, 31, 64, 100, 129, 300};
+
+/* An f8r scale s with s·2^120 past FLT_MAX (the layout's f8_fold off),
+ * exact in every scale dtype. */
+#define F8_BIG_SCALE 4096.0f
+
+static void set_scale(ql_qweight *q, size_t i, float v) {
+  ql_from_f32(q->scale_dtype, &v, (uint8_t *)q->scale + i * ql_dtype_size(q->scale_dtype), 1);
+}
 
 static void check_level_matrix(void) {
   static const struct {
     ql_format f;
     uint32_t gs;
-  } fmts[] = {{QL_FORMAT_Q4G, 32},
-              {QL_FORMAT_Q4G, 64},
-              {QL_FORMAT_Q4G, 128},
-              {QL_FORMAT_Q4G, 256},
-              {QL_FORMAT_Q8C, 0}};
+    int asym;
+  } fmts[] = {{QL_FORMAT_Q4G, 32, 0},  {QL_FORMAT_Q4G, 64, 0},
+              {QL_FORMAT_Q4G, 128, 0}, {QL_FORMAT_Q4G, 256, 0},
+              {QL_FORMAT_Q8C, 0, 0},   {QL_FORMAT_Q8B, 32, 0},
+              {QL_FORMAT_Q8B, 64, 1},  {QL_FORMAT_Q8B, 128, 0},
+              {QL_FORMAT_Q8B, 256, 1}, {QL_FORMAT_Q8B, 32, 1},
+              {QL_FORMAT_Q8B, 256, 0}, {QL_FORMAT_F8R, 0, 0}};
   static const ql_dtype dts[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
   char ctx[160];
   int combo = 0;
@@ -132,18 +164,24 @@ static void check_level_matrix(void) {
     for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++)
       for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++, combo++) {
         ql_dtype sdt = dts[combo % 3], adt = dts[(combo / 3) % 3];
-        int64_t n = Ns[ni], k = Ks[ki], mmax = 13;
-        ql_qweight *q = make_weight(1000 + (uint64_t)combo, fmts[fi].f,
-                                    fmts[fi].gs, sdt, n, k, combo & 1);
+        int64_t n = Ns[ni], k = Ks[ki], mmax = 17;
+        ql_qweight *q =
+            make_weight_a(1000 + (uint64_t)combo, fmts[fi].f, fmts[fi].gs,
+                          fmts[fi].asym, sdt, n, k, combo & 1);
         void *x = make_x(77 + (uint64_t)k, adt, mmax, k);
+        /* every other f8r weight with one scale too large to fold */
+        if (fmts[fi].f == QL_FORMAT_F8R && (combo / 2) % 2 == 1)
+          set_scale(q, (size_t)(n - 1), F8_BIG_SCALE);
         for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
           for (int aq = 0; aq < 2; aq++) {
+            if (aq && fmts[fi].f == QL_FORMAT_Q8B)
+              continue; /* weight-only */
             snprintf(ctx, sizeof ctx,
                      "%s gs=%u %s M=%lld N=%lld K=%lld "
                      "scale=%s act=%s",
-                     fmts[fi].f == QL_FORMAT_Q4G ? "q4g" : "q8c", fmts[fi].gs,
-                     aq ? "AQ" : "WO", (long long)Ms[mi], (long long)n,
-                     (long long)k, tu_dtype_name(sdt), tu_dtype_name(adt));
+                     fmt_name(q), fmts[fi].gs, aq ? "AQ" : "WO",
+                     (long long)Ms[mi], (long long)n, (long long)k,
+                     tu_dtype_name(sdt), tu_dtype_name(adt));
             same_as_generic(q, aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, adt, x,
                             Ms[mi], ctx);
           }
@@ -190,14 +228,17 @@ END_TEST
 
 /* A case large enough to run on the pool, for every thread count. */
 static void check_parallel_case(void) {
-  static const ql_format fs[2] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C};
-  for (int fi = 0; fi < 2; fi++) {
-    ql_qweight *q =
-        make_weight(5 + (uint64_t)fi, fs[fi], 64, QL_DTYPE_BF16, 301, 520, 1);
-    void *x = make_x(9, QL_DTYPE_F32, 9, 520);
-    for (int64_t m = 1; m <= 9; m += 4) {
+  static const ql_format fs[4] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_Q8B,
+                                  QL_FORMAT_F8R};
+  for (int fi = 0; fi < 4; fi++) {
+    ql_qweight *q = make_weight_a(5 + (uint64_t)fi, fs[fi], 64, fi == 2,
+                                  QL_DTYPE_BF16, 301, 520, 1);
+    void *x = make_x(9, QL_DTYPE_F32, 33, 520);
+    /* 33 rows: f8r quantizes its activations over the pool too */
+    for (int64_t m = 1; m <= 33; m += m < 9 ? 4 : 24) {
       same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "threads WO");
-      same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "threads AQ");
+      if (fs[fi] != QL_FORMAT_Q8B)
+        same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "threads AQ");
     }
     free(x);
     ql_qweight_free(q);
@@ -278,36 +319,43 @@ START_TEST(test_pool_concurrent_callers) {
 END_TEST
 
 /* pack then unpack gives back the canonical arrays, byte for byte (q8c
- * scales as their f32 values), for ragged shapes and every scale dtype. */
+ * and f8r scales as their f32 values), for ragged shapes, every scale
+ * dtype and every format. */
 START_TEST(test_repack_round_trip) {
   static const ql_dtype dts[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
   static const int64_t ns[] = {1, 16, 33}, ks[] = {1, 7, 64, 65, 257};
   static const uint32_t gss[] = {32, 64, 128, 256};
+  /* q4g, q8c, q8b symmetric, q8b asymmetric, f8r */
+  static const ql_format fs[] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_Q8B,
+                                 QL_FORMAT_Q8B, QL_FORMAT_F8R};
   int c = 0;
-  for (int fi = 0; fi < 2; fi++)
+  for (int fi = 0; fi < 5; fi++)
     for (size_t ni = 0; ni < 3; ni++)
       for (size_t ki = 0; ki < 5; ki++)
-        for (size_t gi = 0; gi < (fi == 0 ? 4u : 1u); gi++, c++) {
-          ql_format f = fi == 0 ? QL_FORMAT_Q4G : QL_FORMAT_Q8C;
+        for (size_t gi = 0; gi < (fi == 0 || fi == 2 || fi == 3 ? 4u : 1u);
+             gi++, c++) {
+          ql_format f = fs[fi];
+          int asym = fi == 3, grouped = fi == 0 || fi == 2 || fi == 3;
           ql_dtype sdt = dts[c % 3];
-          ql_qweight *q = make_weight(300 + (uint64_t)c, f, gss[gi], sdt,
-                                      ns[ni], ks[ki], 0);
+          ql_qweight *q = make_weight_a(300 + (uint64_t)c, f, gss[gi], asym,
+                                        sdt, ns[ni], ks[ki], 0);
           ql__cpu_packed *p = NULL;
           ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
           ck_assert(ql__cpu_packed_matches(p, q));
           ck_assert_int_eq((long long)p->tiles, (long long)((q->n + 15) / 16));
           ck_assert_uint_eq((uintptr_t)p->data % 64, 0);
-          size_t sb = f == QL_FORMAT_Q8C ? (size_t)q->n * sizeof(float)
-                                         : q->scale_bytes;
+          ck_assert_uint_eq(p->tile_bytes % 64, 0);
+          size_t sb = grouped ? q->scale_bytes : (size_t)q->n * sizeof(float);
           uint8_t *qd = tu_xmalloc(q->qdata_bytes);
           void *sc = tu_xmalloc(sb), *ze = tu_xmalloc(sb);
           ck_assert_int_eq(ql__cpu_unpack(p, qd, sc, ze), 0);
           REQUIRE(memcmp(qd, q->qdata, q->qdata_bytes) == 0,
-                  "qdata differs: fmt %d N=%lld K=%lld gs=%u", f,
+                  "qdata differs: %s N=%lld K=%lld gs=%u", fmt_name(q),
                   (long long)q->n, (long long)q->k, gss[gi]);
-          if (f == QL_FORMAT_Q4G) {
+          if (grouped) {
             ck_assert(memcmp(sc, q->scale, sb) == 0);
-            ck_assert(memcmp(ze, q->zero, sb) == 0);
+            if (q->zero != NULL)
+              ck_assert(memcmp(ze, q->zero, sb) == 0);
           } else {
             for (int64_t j = 0; j < q->n; j++)
               ck_assert(((float *)sc)[j] ==
@@ -319,6 +367,61 @@ START_TEST(test_repack_round_trip) {
           ql__cpu_packed_free(p);
           ql_qweight_free(q);
         }
+}
+END_TEST
+
+/* The q8b and f8r layouts: the q8c blocking with the header of scales
+ * (and zeros) described in cpu.h, and no padding of the data blocks. */
+START_TEST(test_repack_sizes) {
+  ql__cpu_packed *p = NULL;
+  /* N = 20: 2 tiles; K = 100, B = 32: 4 blocks of scales, 25 data blocks */
+  ql_qweight *q =
+      make_weight_a(1, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_BF16, 20, 100, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_uint_eq(p->group_bytes, 16 * 2 * 2);
+  ck_assert_uint_eq(p->sz_bytes, 4 * 64);
+  ck_assert_uint_eq(p->tile_bytes, 4 * 64 + 25 * 64);
+  ck_assert_uint_eq(p->bytes, 2 * p->tile_bytes);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  /* symmetric f32: 16·4 bytes per block of scales */
+  q = make_weight_a(1, QL_FORMAT_Q8B, 64, 0, QL_DTYPE_F32, 16, 100, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_uint_eq(p->group_bytes, 64);
+  ck_assert_uint_eq(p->sz_bytes, 2 * 64);
+  ck_assert_uint_eq(p->tile_bytes, 2 * 64 + 25 * 64);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  /* f8r: as q8c */
+  q = make_weight(1, QL_FORMAT_F8R, 0, QL_DTYPE_F16, 17, 9, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_uint_eq(p->sz_bytes, 64);
+  ck_assert_uint_eq(p->tile_bytes, 64 + 3 * 64);
+  ck_assert_uint_eq(p->bytes, 2 * p->tile_bytes);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* An f8r weight holding a NaN code (which neither quantize nor import
+ * makes) has no CPU layout: the kernels' decoding has no NaN. */
+START_TEST(test_repack_f8r_nan) {
+  ql__cpu_packed *p = NULL;
+  ql_qweight *q = make_weight(1, QL_FORMAT_F8R, 0, QL_DTYPE_BF16, 3, 40, 0);
+  float x[40] = {1.0f}, y[3];
+  q->qdata[77] = 0xFF;
+  ck_assert_int_eq(ql__cpu_pack(q, &p), QL_ENONFINITE);
+  ck_assert_ptr_null(p);
+  q->qdata[77] = 0x7F;
+  ck_assert_int_eq(ql__cpu_pack(q, &p), QL_ENONFINITE);
+  const ql_kernel_impl *im =
+      ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_F8R, QL_DTYPE_F32, 1, 3, 40);
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 1, y};
+  ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
+  q->qdata[77] = 0x7E; /* 448 */
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
 }
 END_TEST
 
@@ -358,8 +461,68 @@ START_TEST(test_repack_fma_flag) {
 }
 END_TEST
 
-/* The repack op: the layout of the formats it handles, its size, and
- * dispatch to the generic (no layout) for the others. */
+/* Asymmetric q8b: one FMA q·s + z is exact when s has at most 17
+ * significant bits (q has up to 7) and 128·|s| + |z| stays finite; bf16
+ * and f16 scales qualify, arbitrary f32 ones do not. Symmetric q8b has no
+ * sum to fuse. f8r folds 2^120 into its scales while that stays finite. */
+START_TEST(test_repack_q8b_f8r_flags) {
+  ql__cpu_packed *p = NULL;
+  ql_qweight *q =
+      make_weight_a(7, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_BF16, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  q = make_weight_a(7, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_F16, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  q = make_weight_a(7, QL_FORMAT_Q8B, 32, 0, QL_DTYPE_BF16, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+  q = make_weight_a(7, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_F32, 16, 256, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  /* cut to 17 significant bits (7 low bits clear): yes; 18: no */
+  for (int64_t i = 0; i < q->groups * q->n; i++)
+    ((float *)q->scale)[i] =
+        tu_bits_f32(tu_f32_bits(((float *)q->scale)[i]) & ~0x7Fu);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 1);
+  ql__cpu_packed_free(p);
+  ((float *)q->scale)[3] = tu_bits_f32(tu_f32_bits(((float *)q->scale)[3]) | 0x40u);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  /* 128·s overflows */
+  ((float *)q->scale)[3] = 0x1p121f;
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+
+  q = make_weight(7, QL_FORMAT_F8R, 0, QL_DTYPE_F32, 20, 64, 0);
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->f8_fold, 1);
+  ck_assert_int_eq(p->fma_dequant, 0);
+  ql__cpu_packed_free(p);
+  ((float *)q->scale)[19] = 0x1p8f; /* 2^8·2^120 = 2^128: infinite */
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->f8_fold, 0);
+  ql__cpu_packed_free(p);
+  ((float *)q->scale)[19] = 0x1.fffffep7f; /* the largest that folds */
+  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+  ck_assert_int_eq(p->f8_fold, 1);
+  ql__cpu_packed_free(p);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* The repack op: the layout of every format, its size. */
 START_TEST(test_repack_op) {
   ql_qweight *q = make_weight(1, QL_FORMAT_Q4G, 32, QL_DTYPE_BF16, 20, 70, 0);
   const ql_kernel_impl *rp =
@@ -372,9 +535,22 @@ START_TEST(test_repack_op) {
   rp->free_packed(ra.packed);
   rp->free_packed(NULL);
   ql_qweight_free(q);
-  ck_assert_ptr_eq(
-      ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q8B, QL_DTYPE_F32, 0, 20, 70),
-      ql_generic_impl(QL_OP_REPACK));
+  for (int f = QL_FORMAT_Q4G; f <= QL_FORMAT_F8R; f++)
+    ck_assert_str_eq(ql_dispatch(cpu(), QL_OP_REPACK, (ql_format)f,
+                                 QL_DTYPE_F32, 0, 20, 70)
+                         ->name,
+                     "cpu.repack");
+  /* q8b is weight-only here as everywhere: no AQ implementation at all */
+  ck_assert_ptr_null(
+      ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_Q8B, QL_DTYPE_F32, 1, 20, 70));
+  ck_assert(strncmp(ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_Q8B,
+                                QL_DTYPE_F32, 1, 20, 70)
+                        ->name,
+                    "cpu.", 4) == 0);
+  ck_assert(strncmp(ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_F8R,
+                                QL_DTYPE_BF16, 1, 20, 70)
+                        ->name,
+                    "cpu.", 4) == 0);
 }
 END_TEST
 
@@ -404,27 +580,127 @@ START_TEST(test_packed_null_and_mismatch) {
   free(x);
   ql_qweight_free(q);
   ql_qweight_free(o);
-}
-END_TEST
 
-/* NaN or Inf in x: QL_ENONFINITE from both paths. */
-START_TEST(test_nonfinite) {
-  ql_qweight *q = make_weight(2, QL_FORMAT_Q4G, 32, QL_DTYPE_F32, 16, 64, 0);
-  float *x = make_x(4, QL_DTYPE_F32, 2, 64), y[2 * 16];
+  /* q8b: a layout of the same shape and block but without zeros, or with
+   * another block length, is another weight's */
+  q = make_weight_a(2, QL_FORMAT_Q8B, 32, 1, QL_DTYPE_BF16, 40, 96, 1);
+  x = make_x(4, QL_DTYPE_F32, 3, 96);
+  const ql_kernel_impl *im =
+      ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_Q8B, QL_DTYPE_F32, 3, 40, 96);
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 3, y};
+  ck_assert_int_eq(im->fn.linear(&a), 0);
+  ck_assert_int_eq(ql_linear_wo_ref(q, QL_DTYPE_F32, x, 3, want), 0);
+  ck_assert(memcmp(y, want, sizeof y) == 0);
   for (int v = 0; v < 2; v++) {
-    x[64 + 37] = v ? INFINITY : NAN;
-    for (int aq = 0; aq < 2; aq++) {
-      const ql_kernel_impl *im =
-          ql_dispatch(cpu(), aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO,
-                      QL_FORMAT_Q4G, QL_DTYPE_F32, 2, 16, 64);
-      ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y};
-      ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
-    }
+    o = make_weight_a(3, QL_FORMAT_Q8B, v ? 64 : 32, v, QL_DTYPE_BF16, 40, 96,
+                      1);
+    ck_assert_int_eq(ql__cpu_pack(o, &po), 0);
+    a.packed = po;
+    ck_assert(!ql__cpu_packed_matches(po, q));
+    ck_assert_int_eq(im->fn.linear(&a), QL_EINVAL);
+    ql__cpu_packed_free(po);
+    ql_qweight_free(o);
   }
   free(x);
   ql_qweight_free(q);
 }
 END_TEST
+
+/* NaN or Inf in x: QL_ENONFINITE from both paths. */
+START_TEST(test_nonfinite) {
+  static const ql_format fs[] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_Q8B,
+                                 QL_FORMAT_F8R};
+  for (int fi = 0; fi < 4; fi++) {
+    ql_qweight *q = make_weight(2, fs[fi], 32, QL_DTYPE_F32, 16, 64, 0);
+    float *x = make_x(4, QL_DTYPE_F32, 2, 64), y[2 * 16];
+    for (int v = 0; v < 2; v++) {
+      x[64 + 37] = v ? INFINITY : NAN;
+      for (int aq = 0; aq < 2; aq++) {
+        const ql_kernel_impl *im =
+            ql_dispatch(cpu(), aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, fs[fi],
+                        QL_DTYPE_F32, 2, 16, 64);
+        if (aq && fs[fi] == QL_FORMAT_Q8B)
+          continue;
+        ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y};
+        ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
+      }
+    }
+    free(x);
+    ql_qweight_free(q);
+  }
+  /* f8r AQ quantizes many rows in parts over the pool: a bad row in any
+   * part fails the call */
+  ql_qweight *q = make_weight(2, QL_FORMAT_F8R, 0, QL_DTYPE_F32, 16, 300, 0);
+  float *x = make_x(4, QL_DTYPE_F32, 40, 300), *y = tu_xmalloc(40 * 16 * 4);
+  const ql_kernel_impl *im = ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_F8R,
+                                         QL_DTYPE_F32, 40, 16, 300);
+  static const int64_t rows[] = {0, 19, 20, 39};
+  for (int i = 0; i < 4; i++) {
+    float keep = x[rows[i] * 300 + 7];
+    x[rows[i] * 300 + 7] = i % 2 ? INFINITY : NAN;
+    ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 40, y};
+    ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
+    x[rows[i] * 300 + 7] = keep;
+  }
+  free(x);
+  free(y);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* An f8r weight with every e4m3 code (subnormals 0x01..0x07 and 0x81..0x87
+ * included) in every row position, so that each code goes through each
+ * byte slot of the layout's dwords. */
+static ql_qweight *f8r_all_codes(int64_t n, int64_t k) {
+  ql_qweight *q = make_weight(3, QL_FORMAT_F8R, 0, QL_DTYPE_BF16, n, k, 1);
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t i = 0; i < k; i++) {
+      uint8_t c = (uint8_t)((r * 37 + i * 5) & 0xFF);
+      if ((c & 0x7F) == 0x7F)
+        c = 0x03; /* no NaN codes */
+      q->qdata[r * k + i] = c;
+    }
+  return q;
+}
+
+/* Every e4m3 code decodes to its value at every level, in both paths. */
+START_TEST(test_f8r_all_codes) {
+  setenv("QL_CPU_LEVEL", level_env[_i], 1);
+  ql_qweight *q = f8r_all_codes(37, 259);
+  void *x = make_x(5, QL_DTYPE_F32, 5, 259);
+  for (int64_t m = 1; m <= 5; m += 2) {
+    same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "all codes WO");
+    same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "all codes AQ");
+  }
+  free(x);
+  ql_qweight_free(q);
+}
+END_TEST
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* A thread whose MXCSR has DAZ set reads f32 subnormal inputs as zero,
+ * which would break the SIMD levels' e4m3 decoding (the subnormal codes):
+ * they hand such calls to the C level, whose arithmetic is the
+ * reference's. Set before the first call, so the pool's threads (made
+ * with the caller's floating-point environment) have it too. */
+START_TEST(test_f8r_daz) {
+  setenv("QL_CPU_LEVEL", level_env[_i], 1);
+  setenv("QL_CPU_THREADS", "2", 1);
+  _mm_setcsr(_mm_getcsr() | 0x0040u);
+  ck_assert(ql__cpu_daz());
+  ql_qweight *q = f8r_all_codes(301, 520);
+  void *x = make_x(5, QL_DTYPE_F32, 5, 520);
+  for (int64_t m = 1; m <= 5; m += 4) {
+    same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_F32, x, m, "DAZ WO");
+    same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, m, "DAZ AQ");
+  }
+  free(x);
+  ql_qweight_free(q);
+  _mm_setcsr(_mm_getcsr() & ~0x0040u);
+}
+END_TEST
+#endif
 
 /* q8c AQ at the largest K: the +128 offset sum wraps an int32 (|Σ x·u|
  * up to 128·255·K) and the correction brings it back exactly. */
@@ -546,6 +822,10 @@ static Suite *cpu_suite(void) {
   TCase *tc = tcase_create("levels");
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_levels_match_generic, 0, 4);
+  tcase_add_loop_test(tc, test_f8r_all_codes, 0, 4);
+#if defined(__x86_64__)
+  tcase_add_loop_test(tc, test_f8r_daz, 0, 4);
+#endif
   tcase_add_test(tc, test_level_unknown_ignored);
   tcase_add_test(tc, test_level_names);
   suite_add_tcase(s, tc);
@@ -562,7 +842,10 @@ static Suite *cpu_suite(void) {
   tc = tcase_create("layout");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_repack_round_trip);
+  tcase_add_test(tc, test_repack_sizes);
+  tcase_add_test(tc, test_repack_f8r_nan);
   tcase_add_test(tc, test_repack_fma_flag);
+  tcase_add_test(tc, test_repack_q8b_f8r_flags);
   tcase_add_test(tc, test_repack_op);
   tcase_add_test(tc, test_packed_null_and_mismatch);
   tcase_add_test(tc, test_nonfinite);
