@@ -22,15 +22,14 @@
 #include "registry.h"
 
 /* The formats of each op: every one has a layout and a WO kernel; q8b
- * has no AQ path anywhere. quantize_rows keeps the int8 formats (e4m3
- * rows go to the reference there, see run_qrows). */
+ * has no AQ path anywhere, so no activation quantization either. */
 #define FMTS_WO                                                                \
   (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C) |                     \
    QL_FMT_BIT(QL_FORMAT_Q8B) | QL_FMT_BIT(QL_FORMAT_F8R))
 #define FMTS_AQ                                                                \
   (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C) |                     \
    QL_FMT_BIT(QL_FORMAT_F8R))
-#define FMTS_QROWS (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C))
+#define FMTS_QROWS FMTS_AQ
 
 /* Below this many multiply-adds a call stays on the calling thread: the
  * wake-up of the pool would cost more than it saves. */
@@ -239,13 +238,13 @@ static int quantize_x(const ql__cpu_kernels *kt, const ql__cpu_packed *p,
  * row, and the call returns that of the lowest row, as the reference
  * does). */
 typedef struct f8q_job {
+  const ql__cpu_kernels *kt;
   ql_dtype src;
   const float *xf;
   int64_t m, k, kp;
   uint8_t *xc;
   float *xe, *sx;
-  const float *lut; /* e4m3 code -> value·2^119 */
-  int rc[256];      /* per part; the pool has at most 256 threads */
+  int rc[256]; /* per part; the pool has at most 256 threads */
 } f8q_job;
 
 static void f8q_part(void *ctx, int part, int parts) {
@@ -255,23 +254,22 @@ static void f8q_part(void *ctx, int part, int parts) {
   for (int64_t r = r0; r < r1; r++) {
     uint8_t *c = j->xc + (size_t)r * (size_t)j->kp;
     float *e = j->xe + (size_t)r * (size_t)j->kp;
-    int rc = ql_quantize_rows_e4m3_src(
-        j->src, j->xf + (size_t)r * (size_t)j->k, 1, j->k, c, j->sx + r);
+    int rc = j->kt->quant_row_e4m3(j->src, j->xf + (size_t)r * (size_t)j->k,
+                                   j->k, c, e, j->sx + r);
     if (rc != 0) {
       j->rc[part] = rc;
       return;
     }
     memset(c + j->k, 0, (size_t)(j->kp - j->k));
-    for (int64_t i = 0; i < j->kp; i++)
-      e[i] = j->lut[c[i]];
+    memset(e + j->k, 0, (size_t)(j->kp - j->k) * sizeof(float));
   }
 }
 
 /*
  * The f8r AQ path: the rows of xf quantized with the bit-exact e4m3 rule
- * (ql_quantize_rows_e4m3_src, the reference's own, which also checks them)
- * into the codes and their values ×2^119 that the kernels read
- * (ql__cpu_xq), then the kernels over the pool.
+ * of ql_quantize_rows_e4m3_src (the level's quant_row_e4m3) into the
+ * codes and their values ×2^119 that the kernels read (ql__cpu_xq), then
+ * the kernels over the pool.
  */
 static int run_aq_f8r(const ql__cpu_kernels *kt, const ql_linear_args *a,
                       const ql__cpu_packed *p, const float *xf, float *y) {
@@ -279,7 +277,6 @@ static int run_aq_f8r(const ql__cpu_kernels *kt, const ql_linear_args *a,
                                 QL_CPU_Q8C_KB;
   size_t mkp = (size_t)a->m * (size_t)kp, xe_bytes;
   f8q_job *q = NULL;
-  float lut[256];
   lin_job j;
   int rc = QL_ESHAPE, parts;
 
@@ -290,17 +287,12 @@ static int run_aq_f8r(const ql__cpu_kernels *kt, const ql_linear_args *a,
       (q->xe = malloc(xe_bytes)) == NULL ||
       (q->sx = malloc((size_t)a->m * sizeof(float))) == NULL)
     goto out;
-  /* e4m3 values are at most 448 = 1.75·2^8: ×2^119 stays finite, and
-   * exact; the NaN codes, which the rule never writes, map to 0 */
-  for (int c = 0; c < 256; c++)
-    lut[c] = (c & 0x7F) == 0x7F ? 0.0f
-                                : ql_e4m3_to_f32((uint8_t)c) * QL_CPU_F8_XSCALE;
+  q->kt = kt;
   q->src = a->dt;
   q->xf = xf;
   q->m = a->m;
   q->k = k;
   q->kp = kp;
-  q->lut = lut;
   parts = (double)a->m * (double)k < (double)PARALLEL_MIN_XVALS
               ? 1
               : ql__cpu_threads();
@@ -407,10 +399,29 @@ out:
   return rc;
 }
 
-/* QL_OP_QUANTIZE_ROWS: f32 int8 rows at the level's speed, the same bytes
- * as ql_quantize_rows_i8_src and its argument checks. e4m3 rows, and rows
- * of another src (whose values the reference also checks for
- * representability), go to the reference. */
+/* QL_OP_QUANTIZE_ROWS with QL_QROWS_E4M3 and f32 rows: the level's
+ * quant_row_e4m3, with the argument checks of ql_quantize_rows_e4m3_src. */
+static int run_qrows_e4m3(const ql__cpu_kernels *kt, const ql_qrows_args *a) {
+  size_t mk;
+  if (a->x == NULL || a->xq == NULL || a->sx == NULL)
+    return QL_EINVAL;
+  if (a->m < 1 || a->m > QL_DIM_MAX || a->k < 1 || a->k > QL_DIM_MAX ||
+      !mul_size((size_t)a->m, (size_t)a->k, &mk))
+    return QL_ESHAPE;
+  for (int64_t r = 0; r < a->m; r++) {
+    int rc = kt->quant_row_e4m3(
+        QL_DTYPE_F32, a->x + (size_t)r * (size_t)a->k, a->k,
+        (uint8_t *)a->xq + (size_t)r * (size_t)a->k, NULL, a->sx + r);
+    if (rc != 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* QL_OP_QUANTIZE_ROWS: f32 rows at the level's speed, the same bytes as
+ * ql_quantize_rows_i8_src / _e4m3_src and their argument checks. Rows of
+ * another src (whose values the reference also checks for
+ * representability) go to the reference. */
 static int run_qrows(ql__cpu_level level, const ql_qrows_args *a) {
   const ql__cpu_kernels *kt = kernels(level);
   size_t mk, mg, ng;
@@ -418,9 +429,11 @@ static int run_qrows(ql__cpu_level level, const ql_qrows_args *a) {
     return QL_EINVAL;
   ql_dtype src = (int)a->src == 0 ? QL_DTYPE_F32 : a->src;
   if (a->kind == QL_QROWS_E4M3)
-    return a->gsum != NULL
-               ? QL_EINVAL
-               : ql_quantize_rows_e4m3_src(src, a->x, a->m, a->k, a->xq, a->sx);
+    return a->gsum != NULL ? QL_EINVAL
+           : src != QL_DTYPE_F32
+               ? ql_quantize_rows_e4m3_src(src, a->x, a->m, a->k, a->xq,
+                                           a->sx)
+               : run_qrows_e4m3(kt, a);
   if (a->kind != QL_QROWS_I8)
     return QL_EINVAL;
   if (src != QL_DTYPE_F32)

@@ -230,6 +230,9 @@ typedef struct ql__cpu_xq {
  *  quant_row: one row of ql_quantize_rows_i8_src (same bytes), x [k]
  *          f32 holding src values widened (not checked: the callers
  *          widened them); QL_ENONFINITE when the row holds NaN or Inf.
+ *  quant_row_e4m3: the same for ql_quantize_rows_e4m3_src: codes xc [k]
+ *          and sx, and when xe is not NULL xe [k] = e4m3(xc)·2^119
+ *          (ql__cpu_xq).
  */
 typedef struct ql__cpu_kernels {
   void (*wo_q4g)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
@@ -248,6 +251,8 @@ typedef struct ql__cpu_kernels {
                  int64_t t1, const float *bias, float *y);
   void (*aq_f8r)(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,
                  int64_t t1, const float *bias, float *y);
+  int (*quant_row_e4m3)(ql_dtype src, const float *x, int64_t k, uint8_t *xc,
+                        float *xe, float *sx);
 } ql__cpu_kernels;
 
 extern const ql__cpu_kernels ql__cpu_kernels_c;
@@ -263,6 +268,16 @@ static inline float ql__cpu_rnd_src(ql_dtype src, float v) {
   if (src == QL_DTYPE_BF16)
     return ql_bf16_to_f32(ql_f32_to_bf16(v));
   return v;
+}
+
+/* The scale of an e4m3 row of amax amax (finite) in src: the scalar steps
+ * of ql_quantize_rows_e4m3_src. */
+static inline float ql__cpu_e4m3_scale(ql_dtype src, float amax) {
+  float s = ql__cpu_rnd_src(
+      src, (amax > QL_F8_AMAX_LB ? amax : QL_F8_AMAX_LB) / QL_E4M3_MAX);
+  if (src == QL_DTYPE_F16 && s < QL_F8_F16_SCALE_MIN)
+    s = QL_F8_F16_SCALE_MIN;
+  return s;
 }
 
 /* Number of 64-byte data blocks of a q8c, q8b or f8r layout. */

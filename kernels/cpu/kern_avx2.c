@@ -577,6 +577,90 @@ static TGT int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
   return 0;
 }
 
+/* The e4m3 rule for 8 values (e4m3_16 of kern_avx512.c says how). */
+INL void e4m3_8(__m256 x, __m256 vs, __m256i *code, __m256 *val) {
+  const __m256 lim = _mm256_set1_ps(QL_E4M3_MAX);
+  __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(x, vs),
+                                         _mm256_sub_ps(_mm256_setzero_ps(), lim)),
+                           lim);
+  __m256i bits = _mm256_castps_si256(t);
+  __m256i a = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
+  __m256i sgn = _mm256_andnot_si256(_mm256_set1_epi32(0x7FFFFFFF), bits);
+  __m256i r = _mm256_add_epi32(
+      _mm256_add_epi32(a, _mm256_set1_epi32(0x7FFFF)),
+      _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1)));
+  __m256i cn = _mm256_sub_epi32(_mm256_srli_epi32(r, 20),
+                                _mm256_set1_epi32(120 << 3));
+  __m256 ss = _mm256_round_ps(
+      _mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256i ns = _mm256_cvttps_epi32(ss); /* exact: an integer 0..8 */
+  __m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), a);
+  __m256i c = _mm256_blendv_epi8(cn, ns, sub);
+  *code = _mm256_or_si256(c, _mm256_srli_epi32(sgn, 24));
+  if (val != NULL) {
+    __m256 vn = _mm256_castsi256_ps(
+        _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFF00000u)));
+    __m256 vsub = _mm256_mul_ps(ss, _mm256_set1_ps(0x1p-9f));
+    __m256 mag = _mm256_blendv_ps(vn, vsub, _mm256_castsi256_ps(sub));
+    *val = _mm256_castsi256_ps(_mm256_or_si256(
+        _mm256_castps_si256(
+            _mm256_mul_ps(mag, _mm256_set1_ps(QL_CPU_F8_XSCALE))),
+        sgn));
+  }
+}
+
+static TGT int quant_row_e4m3(ql_dtype src, const float *x, int64_t k,
+                              uint8_t *xc, float *xe, float *sx) {
+  const __m256 lim = _mm256_set1_ps(3.40282347e+38f);
+  const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 vmax = _mm256_setzero_ps();
+  int bad = 0;
+  float amax, scale, m8[H];
+  int64_t i;
+
+  for (i = 0; i + H <= k; i += H) {
+    __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absm);
+    bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, lim, _CMP_LE_OQ)) ^ 0xFF;
+    vmax = _mm256_max_ps(vmax, a);
+  }
+  _mm256_storeu_ps(m8, vmax);
+  amax = 0.0f;
+  for (int j = 0; j < H; j++)
+    amax = m8[j] > amax ? m8[j] : amax;
+  for (; i < k; i++) {
+    float a = x[i] < 0 ? -x[i] : x[i];
+    if (!(a <= 3.40282347e+38f))
+      bad = 1;
+    else if (a > amax)
+      amax = a;
+  }
+  if (bad)
+    return QL_ENONFINITE;
+  scale = ql__cpu_e4m3_scale(src, amax);
+  const __m256 vs = _mm256_set1_ps(scale);
+  for (i = 0; i + H <= k; i += H) {
+    __m256i code;
+    __m256 val;
+    e4m3_8(_mm256_loadu_ps(x + i), vs, &code, xe != NULL ? &val : NULL);
+    __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(code),
+                                 _mm256_extracti128_si256(code, 1));
+    _mm_storel_epi64((__m128i *)(xc + i), _mm_packus_epi16(w, w));
+    if (xe != NULL)
+      _mm256_storeu_ps(xe + i, val);
+  }
+  /* the tail as the reference writes it */
+  for (; i < k; i++) {
+    float t = x[i] / scale;
+    t = t < -QL_E4M3_MAX ? -QL_E4M3_MAX : t > QL_E4M3_MAX ? QL_E4M3_MAX : t;
+    xc[i] = ql_f32_to_e4m3(t);
+    if (xe != NULL)
+      xe[i] = ql_e4m3_to_f32(xc[i]) * QL_CPU_F8_XSCALE;
+  }
+  *sx = scale;
+  return 0;
+}
+
 /* ------------------------------------------------------------ AQ */
 
 #define AQ_SUFFIX plain
@@ -597,9 +681,9 @@ static TGT int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
 
 const ql__cpu_kernels ql__cpu_kernels_avx2 = {
     wo_q4g, wo_q8c, aq_q4g_plain, aq_q8c_plain, quant_row,
-    wo_q8b, wo_f8r, aq_f8r};
+    wo_q8b, wo_f8r, aq_f8r, quant_row_e4m3};
 const ql__cpu_kernels ql__cpu_kernels_avx2vnni = {
     wo_q4g, wo_q8c, aq_q4g_vnni, aq_q8c_vnni, quant_row,
-    wo_q8b, wo_f8r, aq_f8r};
+    wo_q8b, wo_f8r, aq_f8r, quant_row_e4m3};
 
 #endif /* __x86_64__ */

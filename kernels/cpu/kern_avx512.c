@@ -1087,7 +1087,90 @@ static TGT int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
   return 0;
 }
 
+/*
+ * One row of the e4m3 rule (ql_kernels.h), 16 values at a time: the
+ * scalar steps for the scale, then per value the correctly rounded
+ * division, the clamp to ±448 and ql_f32_to_e4m3's rounding on the bits
+ * of |t|: at or above 2^-6 (the normal codes) the mantissa rounded to 3
+ * bits, ties to even, by adding 0x7FFFF plus the lowest kept bit (a carry
+ * moves into the exponent; 448 is the largest result), then rebiased;
+ * below 2^-6, |t|·2^9 (exact) rounded to an integer 0..8 ties to even,
+ * the subnormal code (8 is 2^-6, the smallest normal code, as it should
+ * be). Both give a zero of t's sign at or below 2^-10. The rounding is
+ * explicit (not the MXCSR's), like the bit operations of the reference.
+ * xe is the code's value from the same rounding: the kept bits (normal) or
+ * the integer times 2^-9, with t's sign, times 2^119.
+ */
+INL void e4m3_16(__m512 x, __m512 vs, __m512i *code, __m512 *val) {
+  const __m512 lim = _mm512_set1_ps(QL_E4M3_MAX);
+  __m512 t = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(x, vs),
+                                         _mm512_sub_ps(_mm512_setzero_ps(), lim)),
+                           lim);
+  __m512i bits = _mm512_castps_si512(t);
+  __m512i a = _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF));
+  __m512i sgn = _mm512_andnot_si512(_mm512_set1_epi32(0x7FFFFFFF), bits);
+  __m512i r = _mm512_add_epi32(
+      _mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)),
+      _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1)));
+  __m512i cn = _mm512_sub_epi32(_mm512_srli_epi32(r, 20),
+                                _mm512_set1_epi32(120 << 3));
+  __m512i ns = _mm512_cvt_roundps_epi32(
+      _mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __mmask16 sub = _mm512_cmplt_epi32_mask(a, _mm512_set1_epi32(0x3C800000));
+  __m512i c = _mm512_mask_blend_epi32(sub, cn, ns);
+  *code = _mm512_or_si512(c, _mm512_srli_epi32(sgn, 24));
+  if (val != NULL) {
+    __m512 vn = _mm512_castsi512_ps(
+        _mm512_and_si512(r, _mm512_set1_epi32((int)0xFFF00000u)));
+    __m512 vsub = _mm512_mul_ps(_mm512_cvtepi32_ps(ns), _mm512_set1_ps(0x1p-9f));
+    __m512 mag = _mm512_mask_blend_ps(sub, vn, vsub);
+    *val = _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_castps_si512(_mm512_mul_ps(mag, _mm512_set1_ps(QL_CPU_F8_XSCALE))),
+        sgn));
+  }
+}
+
+static TGT int quant_row_e4m3(ql_dtype src, const float *x, int64_t k,
+                              uint8_t *xc, float *xe, float *sx) {
+  const __m512 lim = _mm512_set1_ps(3.40282347e+38f);
+  __m512 vmax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  int64_t i;
+
+  for (i = 0; i + 16 <= k; i += 16) {
+    __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    bad |= (__mmask16)~_mm512_cmp_ps_mask(a, lim, _CMP_LE_OQ);
+    vmax = _mm512_max_ps(vmax, a);
+  }
+  if (i < k) {
+    __mmask16 mk = (__mmask16)((1u << (k - i)) - 1u);
+    __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, x + i));
+    bad |= (__mmask16)(mk & ~_mm512_cmp_ps_mask(a, lim, _CMP_LE_OQ));
+    vmax = _mm512_max_ps(vmax, a);
+  }
+  if (bad)
+    return QL_ENONFINITE;
+  const float scale = ql__cpu_e4m3_scale(src, _mm512_reduce_max_ps(vmax));
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (i = 0; i < k; i += 16) {
+    __mmask16 mk = k - i >= 16 ? (__mmask16)0xFFFF
+                               : (__mmask16)((1u << (k - i)) - 1u);
+    __m512i code;
+    __m512 val;
+    /* masked-off lanes divide 0 by the scale: harmless, not stored */
+    e4m3_16(_mm512_maskz_loadu_ps(mk, x + i), vs, &code,
+            xe != NULL ? &val : NULL);
+    _mm512_mask_cvtepi32_storeu_epi8(xc + i, mk, code);
+    if (xe != NULL)
+      _mm512_mask_storeu_ps(xe + i, mk, val);
+  }
+  *sx = scale;
+  return 0;
+}
+
 const ql__cpu_kernels ql__cpu_kernels_avx512 = {
-    wo_q4g, wo_q8c, aq_q4g, aq_q8c, quant_row, wo_q8b, wo_f8r, aq_f8r};
+    wo_q4g, wo_q8c, aq_q4g, aq_q8c, quant_row, wo_q8b, wo_f8r, aq_f8r,
+    quant_row_e4m3};
 
 #endif /* __x86_64__ */

@@ -316,5 +316,17 @@ static int quant_row(ql_dtype src, const float *x, int64_t k, int8_t *xq,
   return ql_quantize_rows_i8_src(src, x, 1, k, 1, xq, sx, NULL);
 }
 
+static int quant_row_e4m3(ql_dtype src, const float *x, int64_t k,
+                          uint8_t *xc, float *xe, float *sx) {
+  int rc = ql_quantize_rows_e4m3_src(src, x, 1, k, xc, sx);
+  if (rc == 0 && xe != NULL) {
+    const float *lut = e4m3();
+    for (int64_t i = 0; i < k; i++)
+      xe[i] = lut[xc[i]] * QL_CPU_F8_XSCALE; /* exact: |e4m3| <= 448 */
+  }
+  return rc;
+}
+
 const ql__cpu_kernels ql__cpu_kernels_c = {
-    wo_q4g, wo_q8c, aq_q4g, aq_q8c, quant_row, wo_q8b, wo_f8r, aq_f8r};
+    wo_q4g, wo_q8c, aq_q4g, aq_q8c, quant_row, wo_q8b, wo_f8r, aq_f8r,
+    quant_row_e4m3};

@@ -777,6 +777,139 @@ START_TEST(test_quantize_rows) {
 }
 END_TEST
 
+/* Fills row x [k] with the e4m3 cases for a row of scale 1 (amax 448):
+ * every code's value, every midpoint between neighbouring magnitudes (the
+ * ties) and the floats on either side of it, f32 subnormals, ±0, and both
+ * signs of each; the rest Gaussian. Values are rounded to src. */
+static void e4m3_case_row(ql_dtype src, uint64_t seed, float *x, int64_t k) {
+  int64_t n = 0;
+  for (int c = 0; c < 0x7F && n < k; c++) {
+    double v = tu_e4m3_value((uint32_t)c), up = tu_e4m3_value((uint32_t)c + 1);
+    float mid = (float)((v + up) / 2);
+    float cand[4] = {(float)v, mid, nextafterf(mid, 0.0f),
+                     nextafterf(mid, 1e9f)};
+    for (int j = 0; j < 4 && n < k; j++) {
+      float w = c == 0x7E ? 448.0f : cand[j]; /* up is NaN past 0x7E */
+      x[n] = (n & 1) ? -w : w;
+      n++;
+    }
+  }
+  static const float extra[] = {0x1p-149f, -0x1p-130f, 0.0f,    -0.0f,
+                                0x1p-10f,  -0x1p-10f,  0x1.000002p-10f,
+                                0x1p-6f,   0x1.fffffep-7f, 448.0f};
+  for (size_t j = 0; j < sizeof extra / sizeof extra[0] && n < k; j++)
+    x[n++] = extra[j];
+  for (; n < k; n++)
+    x[n] = (float)(100.0 * tu_rng_gauss(&seed));
+  x[k - 1] = -448.0f; /* amax 448 whatever k: scale 1 (also in f16/bf16) */
+  for (int64_t i = 0; i < k; i++)
+    x[i] = src == QL_DTYPE_F16    ? ql_f16_to_f32(ql_f32_to_f16(x[i]))
+           : src == QL_DTYPE_BF16 ? ql_bf16_to_f32(ql_f32_to_bf16(x[i]))
+                                  : x[i];
+}
+
+/* Every level's e4m3 row quantizer gives ql_quantize_rows_e4m3_src's codes
+ * and scale, and xe = e4m3(code)·2^119, on rows of scale 1 that hit every
+ * code and tie, and on Gaussian rows of other scales; K around the vector
+ * widths. */
+START_TEST(test_quant_row_e4m3) {
+  static const int64_t ks[] = {1, 7, 8, 15, 16, 17, 100, 600, 1031};
+  static const ql_dtype srcs[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
+  for (int l = 0; l <= (int)ql__cpu_level_detected(); l++) {
+    const ql__cpu_kernels *kt = ql__cpu_kernels_for((ql__cpu_level)l);
+    for (size_t si = 0; si < 3; si++)
+      for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        for (int kind = 0; kind < 3; kind++) {
+          int64_t k = ks[ki];
+          ql_dtype src = srcs[si];
+          float *x = tu_xmalloc((size_t)k * sizeof(float));
+          float *xe = tu_xmalloc((size_t)k * sizeof(float));
+          uint8_t *c1 = tu_xmalloc((size_t)k), *c2 = tu_xmalloc((size_t)k);
+          float s1 = -1.0f, s2 = -2.0f;
+          uint64_t seed = 40 + (uint64_t)(ki * 3 + (size_t)kind);
+          if (kind == 0) {
+            e4m3_case_row(src, seed, x, k);
+          } else {
+            /* Gaussian rows of amax ~1e-3 (kind 1) or ~1e3 (kind 2) */
+            for (int64_t i = 0; i < k; i++) {
+              x[i] = (float)((kind == 1 ? 1e-3 : 1e3) * tu_rng_gauss(&seed));
+              x[i] = src == QL_DTYPE_F16 ? ql_f16_to_f32(ql_f32_to_f16(x[i]))
+                     : src == QL_DTYPE_BF16
+                         ? ql_bf16_to_f32(ql_f32_to_bf16(x[i]))
+                         : x[i];
+            }
+          }
+          ck_assert_int_eq(kt->quant_row_e4m3(src, x, k, c1, xe, &s1), 0);
+          ck_assert_int_eq(ql_quantize_rows_e4m3_src(src, x, 1, k, c2, &s2),
+                           0);
+          ck_assert(s1 == s2);
+          if (kind == 0 && src != QL_DTYPE_F16)
+            ck_assert(s1 == 1.0f);
+          for (int64_t i = 0; i < k; i++) {
+            REQUIRE(c1[i] == c2[i],
+                    "level %s src %s K=%lld kind %d: x[%lld] = %a: code "
+                    "0x%02x, reference 0x%02x",
+                    ql__cpu_level_name((ql__cpu_level)l), tu_dtype_name(src),
+                    (long long)k, kind, (long long)i, (double)x[i], c1[i],
+                    c2[i]);
+            float want = ql_e4m3_to_f32(c2[i]) * 0x1p119f;
+            REQUIRE(tu_f32_bits(xe[i]) == tu_f32_bits(want),
+                    "level %s: xe[%lld] = %a, want %a",
+                    ql__cpu_level_name((ql__cpu_level)l), (long long)i,
+                    (double)xe[i], (double)want);
+          }
+          /* without xe: the same codes */
+          memset(c1, 0xAA, (size_t)k);
+          ck_assert_int_eq(kt->quant_row_e4m3(src, x, k, c1, NULL, &s1), 0);
+          ck_assert(memcmp(c1, c2, (size_t)k) == 0);
+          /* a non-finite value anywhere fails the row */
+          x[k / 2] = kind == 1 ? NAN : -INFINITY;
+          ck_assert_int_eq(kt->quant_row_e4m3(src, x, k, c1, xe, &s1),
+                           QL_ENONFINITE);
+          free(x);
+          free(xe);
+          free(c1);
+          free(c2);
+        }
+  }
+}
+END_TEST
+
+/* The quantize_rows op's e4m3 rows (f32) at the level's speed: the
+ * reference's bytes and argument checks. */
+START_TEST(test_quantize_rows_e4m3) {
+  const int64_t m = 5, k = 1031;
+  float *x = tu_xmalloc((size_t)(m * k) * sizeof(float));
+  uint8_t *q1 = tu_xmalloc((size_t)(m * k)), *q2 = tu_xmalloc((size_t)(m * k));
+  float s1[5], s2[5];
+  int32_t g[5];
+  for (int64_t r = 0; r < m; r++)
+    e4m3_case_row(QL_DTYPE_F32, 70 + (uint64_t)r, x + r * k, k);
+  const ql_kernel_impl *im = ql_dispatch(cpu(), QL_OP_QUANTIZE_ROWS,
+                                         QL_FORMAT_F8R, QL_DTYPE_F32, m, 1, k);
+  ck_assert(strncmp(im->name, "cpu.", 4) == 0);
+  ql_qrows_args a = {QL_QROWS_E4M3, x, m, k, 0, q1, s1, NULL, QL_DTYPE_F32};
+  ck_assert_int_eq(im->fn.quantize_rows(&a), 0);
+  ck_assert_int_eq(ql_quantize_rows_e4m3(x, m, k, q2, s2), 0);
+  ck_assert(memcmp(q1, q2, (size_t)(m * k)) == 0);
+  ck_assert(memcmp(s1, s2, sizeof s1) == 0);
+  a.gsum = g;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), QL_EINVAL);
+  a.gsum = NULL;
+  a.k = 0;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), QL_ESHAPE);
+  a.k = k;
+  a.sx = NULL;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), QL_EINVAL);
+  a.sx = s1;
+  x[3 * k + 5] = NAN;
+  ck_assert_int_eq(im->fn.quantize_rows(&a), QL_ENONFINITE);
+  free(x);
+  free(q1);
+  free(q2);
+}
+END_TEST
+
 static void count_parts(void *ctx, int part, int parts) {
   (void)part;
   *(int *)ctx = parts;
@@ -851,6 +984,8 @@ static Suite *cpu_suite(void) {
   tcase_add_test(tc, test_nonfinite);
   tcase_add_test(tc, test_aq_q8c_max_k_wrap);
   tcase_add_test(tc, test_quantize_rows);
+  tcase_add_test(tc, test_quant_row_e4m3);
+  tcase_add_test(tc, test_quantize_rows_e4m3);
   tcase_add_test(tc, test_set_threads);
   tcase_add_test(tc, test_level_set);
   suite_add_tcase(s, tc);
