@@ -78,8 +78,8 @@ typedef enum ql_dtype {
 typedef enum ql_format {
   QL_FORMAT_Q4G = 1, /* int4 groupwise, asymmetric, float zero point */
   QL_FORMAT_Q8C = 2, /* int8 per output channel, symmetric */
-  QL_FORMAT_Q8B = 3, /* int8 blockwise along K (not yet implemented) */
-  QL_FORMAT_F8R = 4, /* float8 e4m3fn per row (not yet implemented) */
+  QL_FORMAT_Q8B = 3, /* int8 blockwise along K (weight-only) */
+  QL_FORMAT_F8R = 4, /* float8 e4m3fn per row */
 } ql_format;
 
 /* How a linear request is computed. */
