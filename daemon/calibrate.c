@@ -184,6 +184,14 @@ uint32_t ql__calibrate_rows(const ql__server *s, const ql__weight *w,
   return s->cfg.crossover_default_rows;
 }
 
+/* Gives w its shape's crossover unless it has one. */
+static void set_known(ql__weight *w, uint32_t rows) {
+  if (w->crossover_known)
+    return;
+  w->crossover = rows;
+  w->crossover_known = 1;
+}
+
 /* ------------------------------------------------------- measurements */
 
 typedef struct measure_work {
@@ -215,10 +223,8 @@ static void apply_one(ql__weight *w, void *arg) {
   if (w->crossover_known)
     return;
   shape_key(a->s, w, key, sizeof key);
-  if (strcmp(key, a->key) == 0) {
-    w->crossover = a->rows;
-    w->crossover_known = 1;
-  }
+  if (strcmp(key, a->key) == 0)
+    set_known(w, a->rows);
 }
 
 static void measure_done(uv_work_t *work, int status) {
@@ -256,13 +262,16 @@ static void next_measurement(ql__server *s) {
     memmove(c->pending, c->pending + 1,
             --c->n_pending * sizeof *c->pending);
     measure_work *m = calloc(1, sizeof *m);
-    shape_key(s, w, m ? m->key : (char[1]){0}, m ? sizeof m->key : 1);
-    const ql__xover_entry *e = m ? lookup(c, m->key) : NULL;
-    if (m == NULL || !w->in_store || e != NULL) {
-      if (e != NULL && !w->crossover_known) {
-        w->crossover = e->rows;
-        w->crossover_known = 1;
-      }
+    if (m == NULL) { /* measured when another weight of its shape comes */
+      ql__weight_unref(w);
+      continue;
+    }
+    shape_key(s, w, m->key, sizeof m->key);
+    const ql__xover_entry *e = lookup(c, m->key);
+    if (!w->in_store || e != NULL) {
+      /* Gone, or measured for another weight of its shape meanwhile. */
+      if (e != NULL)
+        set_known(w, e->rows);
       free(m);
       ql__weight_unref(w);
       continue;
@@ -294,8 +303,7 @@ void ql__calibrate_weight(ql__server *s, ql__weight *w) {
   shape_key(s, w, key, sizeof key);
   const ql__xover_entry *e = lookup(c, key);
   if (e != NULL) {
-    w->crossover = e->rows;
-    w->crossover_known = 1;
+    set_known(w, e->rows);
     return;
   }
   if (s->cfg.crossover_rows != 0)

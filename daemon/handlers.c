@@ -125,19 +125,6 @@ static int packed_template(const Qlinear__V1__PackedSpec *p, ql__upload *t,
   return 0;
 }
 
-static const char *format_name(int f) {
-  switch (f) {
-  case QL_FORMAT_Q4G:
-    return "q4g";
-  case QL_FORMAT_Q8C:
-    return "q8c";
-  case QL_FORMAT_Q8B:
-    return "q8b";
-  default:
-    return "f8r";
-  }
-}
-
 static void on_load_begin(ql__server *s, ql__session *ss,
                           const Qlinear__V1__LoadBeginRequest *b, ql__reply *r,
                           Qlinear__V1__LoadBeginResponse *out) {
@@ -153,7 +140,7 @@ static void on_load_begin(ql__server *s, ql__session *ss,
   if (rc != 0) {
     ql__reply_set_error(r, rc, "load_begin: %llux%llu is not a valid %s weight",
               (unsigned long long)sp->n, (unsigned long long)sp->k,
-              format_name((int)sp->format));
+              ql__format_name((int)sp->format));
     return;
   }
   if (b->packed != NULL) {
@@ -364,14 +351,6 @@ static void reply_committed(ql__server *s, void *route, uint64_t request_id,
   ql__reply_send(s, route, &r);
 }
 
-/* A weight nobody keeps any more (no session holds it, the admin socket
- * neither pinned nor stored it) leaves the store. */
-static void drop_if_unheld(ql__server *s, ql__weight *w) {
-  if (!w->pinned && !w->storing && w->holders == 0 && w->in_store &&
-      ql__weight_store_get(s->weights, w->name) == w)
-    ql__weight_store_remove(s->weights, w->name);
-}
-
 static void store_done(uv_work_t *work, int status) {
   store_work *sw = work->data;
   ql__server *s = sw->s;
@@ -395,7 +374,8 @@ static void store_done(uv_work_t *work, int status) {
     ql__reply_set_error(&r, sw->rc, "load_commit: the weight could not be stored: %s",
               sw->err[0] ? sw->err : ql_strerror(sw->rc));
     ql__reply_send(s, sw->route, &r);
-    drop_if_unheld(s, w); /* a load that fails changes nothing */
+    /* A load that fails changes nothing. */
+    (void)ql__weight_store_drop_unheld(s->weights, w);
   }
   ql__weight_unref(w);
   free(sw);
@@ -482,11 +462,12 @@ static void commit_done(uv_work_t *work, int status) {
     later = commit_admin(s, c->up, w, existing != NULL, c->route,
                          c->request_id, &r);
     if (r.status.code != 0)
-      drop_if_unheld(s, w);
+      (void)ql__weight_store_drop_unheld(s->weights, w);
   } else if ((rc = ql__session_hold(s, ss, existing ? existing : c->w)) !=
              0) {
     /* A weight this commit just stored has no other holder. */
-    drop_if_unheld(s, existing ? existing : c->w);
+    (void)ql__weight_store_drop_unheld(s->weights,
+                                       existing ? existing : c->w);
     if (rc == QL_EEXHAUSTED)
       ql__reply_set_error(&r, rc, "load_commit: the session already holds %d "
                 "weights", QL_SESSION_MAX_WEIGHTS);

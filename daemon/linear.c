@@ -549,11 +549,6 @@ static uint64_t crossover(const ql__server *s, const ql__weight *w) {
   return ql__calibrate_rows(s, w, NULL);
 }
 
-static const char *format_name(int f) {
-  static const char *const names[] = {"?", "q4g", "q8c", "q8b", "f8r"};
-  return f >= 1 && f <= 4 ? names[f] : "?";
-}
-
 /*
  * Checks and queues one weight's computation on x: a Linear request (mu
  * NULL: the new lin_req owns req and route) or part index of a LinearMulti
@@ -644,7 +639,7 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
     if (want == QL_PATH_ACT_QUANT) {
       ql__reply_set_error(r, QL_ENOTSUP, "linear: %s weight '%s' (K=%lld) has "
                           "no activation-quantized path",
-                          format_name(w->q->format), w->name,
+                          ql__format_name(w->q->format), w->name,
                           (long long)w->q->k);
       return 0;
     }

@@ -468,3 +468,8 @@ void ql__session_request_free(ql__session_request *r) {
     qlinear__v1__session_request__free_unpacked(r->msg, &r->alloc);
   free(r);
 }
+
+const char *ql__format_name(int f) {
+  static const char *const names[] = {"?", "q4g", "q8c", "q8b", "f8r"};
+  return f >= 1 && f <= 4 ? names[f] : "?";
+}

@@ -107,6 +107,10 @@ int ql__mul_size(size_t a, size_t b, size_t c, size_t *out);
 
 /* Largest N or K accepted (the kernels index rows with 32-bit ints). */
 #define QL_MAX_DIM ((uint64_t)1 << 30)
+/* "q4g", "q8c", "q8b", "f8r" for a ql_format, "?" for anything else: for
+ * messages. */
+const char *ql__format_name(int f);
+
 /* Weights of one LinearMulti request. */
 #define QL_MULTI_MAX 16
 

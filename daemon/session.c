@@ -31,12 +31,11 @@
 /* After EMFILE the listener pauses this long instead of spinning. */
 #define ACCEPT_RETRY_MS 100
 
-/* One held weight, shared by all its holders: the holder count and one
+/* One held weight, shared by all its holders (counted in w->holders): one
  * weight reference, which keeps the pointer valid while any session holds
  * it whatever happens to the store. */
 typedef struct hold {
   ql__weight *w;
-  size_t holders;
   struct hold *next; /* bucket chain */
 } hold;
 
@@ -223,8 +222,7 @@ static size_t hold_bucket(const ql__weight *w) {
  */
 static void hold_drop(ql__server *s, hold *h) {
   ql__sessions *o = s->sessions;
-  h->w->holders--;
-  if (--h->holders > 0)
+  if (--h->w->holders > 0)
     return;
   for (hold **pp = &o->holds[hold_bucket(h->w)]; *pp; pp = &(*pp)->next) {
     if (*pp == h) {
@@ -233,11 +231,8 @@ static void hold_drop(ql__server *s, hold *h) {
     }
   }
   ql__weight *w = h->w;
-  if (!w->pinned && !w->storing && w->in_store &&
-      ql__weight_store_get(s->weights, w->name) == w) {
+  if (ql__weight_store_drop_unheld(s->weights, w))
     ql__info("weight %s released by its last session", w->name);
-    ql__weight_store_remove(s->weights, w->name);
-  }
   ql__weight_unref(w);
   free(h);
 }
@@ -268,7 +263,6 @@ int ql__session_hold(ql__server *s, ql__session *ss, ql__weight *w) {
     h->next = o->holds[hold_bucket(w)];
     o->holds[hold_bucket(w)] = h;
   }
-  h->holders++;
   w->holders++;
   ss->held[ss->n_held++] = h;
   return 0;

@@ -174,7 +174,6 @@ int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
              (q->bias ? (size_t)q->n * sizeof(float) : 0) + w->packed_bytes;
   w->refs = 1;
   w->stats.impl = "";
-  w->q = q;
   *out = w;
   return 0;
 }
@@ -226,6 +225,14 @@ int ql__weight_store_remove(ql__weight_store *s, const char *name) {
     }
   }
   return QL_ENOTFOUND;
+}
+
+int ql__weight_store_drop_unheld(ql__weight_store *s, ql__weight *w) {
+  if (w->pinned || w->storing || w->holders > 0 || !w->in_store ||
+      ql__weight_store_get(s, w->name) != w)
+    return 0;
+  ql__weight_store_remove(s, w->name);
+  return 1;
 }
 
 void ql__weight_store_foreach(ql__weight_store *s,

@@ -124,6 +124,11 @@ ql__weight *ql__weight_store_get(ql__weight_store *s, const char *name);
 /* Removes the weight from the store and drops the store's reference. */
 int ql__weight_store_remove(ql__weight_store *s, const char *name);
 
+/* Removes w from s when nothing keeps it resident: no session holds it,
+ * the admin socket neither keeps it nor is storing it, and it is still the
+ * weight stored under its name. 1 when it was removed, else 0. */
+int ql__weight_store_drop_unheld(ql__weight_store *s, ql__weight *w);
+
 /* Calls fn for every weight, in no particular order. */
 void ql__weight_store_foreach(ql__weight_store *s,
                               void (*fn)(ql__weight *, void *), void *arg);
