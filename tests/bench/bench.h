@@ -83,6 +83,16 @@ void *xalloc(size_t n);
  * zero are skipped. */
 void wset_free(wset *ws);
 
+/*
+ * The weight set of a case: a bf16 weight N(0, 0.02) quantized to format
+ * f (group or block gs, asym, scale dtype sdt; 0 the default), the CPU
+ * backend's layout of it copied until the copies exceed 4x llc_bytes (so
+ * every call streams its weight from memory), and, with blas, as many f32
+ * dequantized copies. 0 or the library's error; wset_free() frees it.
+ */
+int wset_build(ql_format f, uint32_t gs, int asym, ql_dtype sdt, int64_t n,
+               int64_t k, double llc_bytes, int blas, wset *ws);
+
 /* Writes ,"name":{"median":..,"min":..,"max":..} to f. */
 void print_stat(FILE *f, const char *name, stat3 s);
 

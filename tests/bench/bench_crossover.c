@@ -34,16 +34,9 @@ typedef struct xo_opts {
   int64_t max_m;
 } xo_opts;
 
-typedef struct xo_w {
-  ql_qweight *q;
-  void **pk; /* ncopies layouts, or NULL: the generic op (canonical) */
-  const ql_kernel_impl *rp;
-  int ncopies;
-} xo_w;
-
 typedef struct xo_ctx {
   const ql_backend *b;
-  const xo_w *w;
+  const wset *w;
   ql_op op;
   const float *x;
   int64_t m;
@@ -52,53 +45,12 @@ typedef struct xo_ctx {
 
 static void xo_run(void *ctx, long i) {
   xo_ctx *c = ctx;
-  const void *pk = c->w->pk ? c->w->pk[i % c->w->ncopies] : NULL;
-  int rc = ql_run_linear(c->b, c->op, c->w->q, pk, QL_DTYPE_F32, c->x, c->m,
-                         c->y, NULL);
+  int rc = ql_run_linear(c->b, c->op, c->w->q, c->w->pk[i % c->w->ncopies],
+                         QL_DTYPE_F32, c->x, c->m, c->y, NULL);
   if (rc != 0) {
     fprintf(stderr, "qlinear-bench crossover: kernel error %d\n", rc);
     exit(1);
   }
-}
-
-static int xo_make(const xo_opts *o, const ql_backend *b, ql_format f,
-                   int64_t n, int64_t k, xo_w *w) {
-  size_t nk = (size_t)(n * k);
-  float *tmp = xalloc(nk * sizeof(float));
-  uint16_t *wb = xalloc(nk * sizeof(uint16_t));
-  ql_quant_params p = {f, f == QL_FORMAT_Q4G ? 128 : 0, 0, 0};
-  int rc;
-  memset(w, 0, sizeof *w);
-  for (size_t i = 0; i < nk; i++)
-    tmp[i] = (float)(0.02 * gauss());
-  ql_from_f32(QL_DTYPE_BF16, tmp, wb, nk);
-  free(tmp);
-  rc = ql_qweight_quantize(&p, n, k, QL_DTYPE_BF16, wb, NULL, &w->q);
-  free(wb);
-  if (rc != 0)
-    return rc;
-  size_t bytes = w->q->qdata_bytes + w->q->scale_bytes * (w->q->zero ? 2 : 1);
-  w->rp = ql_dispatch(b, QL_OP_REPACK, f, QL_DTYPE_F32, 0, n, k);
-  if (w->rp == NULL || w->rp == ql_generic_impl(QL_OP_REPACK))
-    return 0; /* generic: reads the canonical weight */
-  w->ncopies = (int)ceil(4.0 * o->llc / (double)bytes);
-  if (w->ncopies < 1)
-    w->ncopies = 1;
-  w->pk = calloc((size_t)w->ncopies, sizeof *w->pk);
-  for (int c = 0; c < w->ncopies; c++) {
-    ql_repack_args ra = {w->q, NULL, 0};
-    if ((rc = w->rp->fn.repack(&ra)) != 0)
-      return rc;
-    w->pk[c] = ra.packed;
-  }
-  return 0;
-}
-
-static void xo_free(xo_w *w) {
-  for (int c = 0; w->pk && c < w->ncopies; c++)
-    w->rp->free_packed(w->pk[c]);
-  free(w->pk);
-  ql_qweight_free(w->q);
 }
 
 static const char *fmt_name(ql_format f) {
@@ -191,16 +143,16 @@ int bench_crossover(int argc, char **argv) {
   double worst = 0;
   for (int s = 0; s < o.nshape; s++) {
     for (int fi = 0; fi < o.nfmt; fi++) {
-      xo_w w;
+      wset w;
       ql_format f = o.fmts[fi];
       int64_t n = o.n[s], k = o.k[s];
-      if (xo_make(&o, b, f, n, k, &w) != 0) {
+      if (wset_build(f, 128, 0, 0, n, k, o.llc, 0, &w) != 0) {
         fprintf(stderr, "qlinear-bench crossover: cannot make %s %lldx%lld\n",
                 fmt_name(f), (long long)n, (long long)k);
         return 1;
       }
       ql_crossover xc;
-      if (ql_crossover_measure(b, w.q, w.pk ? w.pk[0] : NULL, QL_DTYPE_F32,
+      if (ql_crossover_measure(b, w.q, w.pk[0], QL_DTYPE_F32,
                                o.max_m, (uint64_t)10e9, &xc) != 0) {
         fprintf(stderr, "qlinear-bench crossover: calibration failed\n");
         return 1;
@@ -260,7 +212,7 @@ int bench_crossover(int argc, char **argv) {
       }
       free(x);
       free(y);
-      xo_free(&w);
+      wset_free(&w);
     }
   }
   printf("\nworst median regret: %.3f (target <= 1.10)\n", worst);

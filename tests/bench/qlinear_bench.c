@@ -509,14 +509,13 @@ void *xalloc(size_t n) {
   return p;
 }
 
-static int wset_make(const opts *o, const bfmt *bf, int64_t n, int64_t k,
-                     wset *ws) {
+int wset_build(ql_format f, uint32_t gs, int asym, ql_dtype sdt, int64_t n,
+               int64_t k, double llc_bytes, int blas, wset *ws) {
   size_t nk = (size_t)(n * k);
   uint16_t *wb = xalloc(nk * sizeof(uint16_t));
   float *tmp = xalloc(nk * sizeof(float));
-  ql_format f = bf->f;
   int grouped = f == QL_FORMAT_Q4G || f == QL_FORMAT_Q8B;
-  ql_quant_params p = {f, grouped ? o->gs : 0, bf->asym, o->sdt};
+  ql_quant_params p = {f, grouped ? gs : 0, asym, sdt};
   int rc;
 
   memset(ws, 0, sizeof *ws);
@@ -529,7 +528,7 @@ static int wset_make(const opts *o, const bfmt *bf, int64_t n, int64_t k,
     return rc;
   free(wb);
   ws->wbytes = ws->q->qdata_bytes + ws->q->scale_bytes * (ws->q->zero ? 2 : 1);
-  ws->ncopies = (int)ceil(4.0 * o->llc_bytes / (double)ws->wbytes);
+  ws->ncopies = (int)ceil(4.0 * llc_bytes / (double)ws->wbytes);
   if (ws->ncopies < 1)
     ws->ncopies = 1;
   ws->rp = ql_dispatch(ql_backend_find("cpu"), QL_OP_REPACK, f, QL_DTYPE_F32, 0,
@@ -541,9 +540,9 @@ static int wset_make(const opts *o, const bfmt *bf, int64_t n, int64_t k,
       return rc;
     ws->pk[c] = ra.packed;
   }
-  if (o->blas) {
+  if (blas) {
     size_t fb = nk * sizeof(float);
-    ws->nf = (int)ceil(4.0 * o->llc_bytes / (double)fb);
+    ws->nf = (int)ceil(4.0 * llc_bytes / (double)fb);
     ws->deq = calloc((size_t)ws->nf, sizeof *ws->deq);
     ql_qweight_dequantize(ws->q, tmp);
     for (int c = 0; c < ws->nf; c++) {
@@ -555,6 +554,12 @@ static int wset_make(const opts *o, const bfmt *bf, int64_t n, int64_t k,
     ws->w8 = (int8_t *)ws->q->qdata;
   free(tmp);
   return 0;
+}
+
+static int wset_make(const opts *o, const bfmt *bf, int64_t n, int64_t k,
+                     wset *ws) {
+  return wset_build(bf->f, o->gs, bf->asym, o->sdt, n, k, o->llc_bytes,
+                    o->blas, ws);
 }
 
 void wset_free(wset *ws) {
