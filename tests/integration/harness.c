@@ -362,3 +362,42 @@ void td_randn(uint64_t *state, float *out, size_t n, float sigma) {
   for (size_t i = 0; i < n; i++)
     out[i] = (float)(sigma * tu_rng_gauss(state));
 }
+
+void td_layer_make(td_layer *l, uint64_t n, uint64_t k, uint64_t seed,
+                   int with_bias) {
+  l->n = n;
+  l->k = k;
+  l->w = tu_xmalloc(n * k * sizeof(float));
+  l->b = with_bias ? tu_xmalloc(n * sizeof(float)) : NULL;
+  td_randn(&seed, l->w, n * k, 0.05f);
+  if (l->b)
+    td_randn(&seed, l->b, n, 0.1f);
+}
+
+void td_layer_free(td_layer *l) {
+  free(l->w);
+  free(l->b);
+}
+
+ql_client *td_connect(const td *d) {
+  ql_client *c = NULL;
+  int rc = ql_connect(d->address, NULL, &c);
+  ck_assert_msg(rc == 0, "connect: %s: %s", ql_strerror(rc), ql_errmsg());
+  return c;
+}
+
+ql_client *td_connect_admin(const td *d) {
+  ql_connect_opts o = {0};
+  ql_client *c = NULL;
+  o.admin = 1;
+  int rc = ql_connect(d->admin, &o, &c);
+  ck_assert_msg(rc == 0, "admin connect: %s: %s", ql_strerror(rc),
+                ql_errmsg());
+  return c;
+}
+
+int64_t td_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

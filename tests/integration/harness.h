@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "qlinear.pb-c.h"
+#include "qlinear/qlinear.h"
 
 /* A raw session (session.sock), without libqlinear. */
 typedef struct td_session {
@@ -109,5 +110,23 @@ Qlinear__V1__Response *td_call_bytes(const td *d, const void *buf, size_t len,
 /* Fills out with n floats from N(0, sigma), drawn from the seedable stream
  * *state (tu_rng_gauss in testutil.h). */
 void td_randn(uint64_t *state, float *out, size_t n, float sigma);
+
+/* A float layer [n, k] with N(0, 0.05) weights and, with_bias, an N(0, 0.1)
+ * bias, from seed. td_layer_free() frees its arrays. */
+typedef struct td_layer {
+  uint64_t n, k;
+  float *w, *b; /* b NULL without a bias */
+} td_layer;
+void td_layer_make(td_layer *l, uint64_t n, uint64_t k, uint64_t seed,
+                   int with_bias);
+void td_layer_free(td_layer *l);
+
+/* A libqlinear client of the daemon's request socket (with a session), or
+ * of its admin socket; aborts the test when it cannot connect. */
+ql_client *td_connect(const td *d);
+ql_client *td_connect_admin(const td *d);
+
+/* Monotonic milliseconds. */
+int64_t td_now_ms(void);
 
 #endif

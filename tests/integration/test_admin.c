@@ -26,26 +26,7 @@
 
 /* ------------------------------------------------------------- helpers */
 
-typedef struct layer {
-  uint64_t n, k;
-  float *w, *b;
-} layer;
-
-static void layer_make(layer *l, uint64_t n, uint64_t k, uint64_t seed) {
-  l->n = n;
-  l->k = k;
-  l->w = tu_xmalloc(n * k * sizeof(float));
-  l->b = tu_xmalloc(n * sizeof(float));
-  td_randn(&seed, l->w, n * k, 0.05f);
-  td_randn(&seed, l->b, n, 0.1f);
-}
-
-static void layer_free(layer *l) {
-  free(l->w);
-  free(l->b);
-}
-
-static int load(ql_client *c, const char *name, const layer *l, ql_format f,
+static int load(ql_client *c, const char *name, const td_layer *l, ql_format f,
                 uint32_t gs, int persistent, int *shared) {
   ql_load_desc d;
   memset(&d, 0, sizeof d);
@@ -59,24 +40,6 @@ static int load(ql_client *c, const char *name, const layer *l, ql_format f,
   d.bias = l->b;
   d.persistent = persistent;
   return ql_load_float(c, &d, NULL, shared);
-}
-
-static ql_client *user(const td *d) {
-  ql_client *c = NULL;
-  int rc = ql_connect(d->address, NULL, &c);
-  ck_assert_msg(rc == 0, "connect: %s: %s", ql_strerror(rc), ql_errmsg());
-  return c;
-}
-
-static ql_client *admin(const td *d) {
-  ql_connect_opts o = {0};
-  ql_client *c = NULL;
-  o.admin = 1;
-  o.client_name = "test_admin";
-  int rc = ql_connect(d->admin, &o, &c);
-  ck_assert_msg(rc == 0, "admin connect: %s: %s", ql_strerror(rc),
-                ql_errmsg());
-  return c;
 }
 
 /* y = x·Wᵀ + b through the daemon, M rows, as f32. */
@@ -142,12 +105,12 @@ static int resident(ql_client *c, const char *name, ql_weight_info *out) {
 START_TEST(admin_ops_refused_on_user_socket) {
   char st[256], report[512];
   td d;
-  layer l;
+  td_layer l;
   state_dir(st, sizeof st);
   const char *args[] = {"--state-dir", st, NULL};
   td_start(&d, args);
-  layer_make(&l, 64, 128, 1);
-  ql_client *u = user(&d), *a = admin(&d);
+  td_layer_make(&l, 64, 128, 1, 1);
+  ql_client *u = td_connect(&d), *a = td_connect_admin(&d);
 
   ck_assert_int_eq(load(u, "p", &l, QL_FORMAT_Q8C, 0, 1, NULL), QL_EPERM);
   ck_assert_int_eq(ql_reload_config(u, report, sizeof report), QL_EPERM);
@@ -190,7 +153,7 @@ START_TEST(admin_ops_refused_on_user_socket) {
   free(x);
   ql_close(u);
   ql_close(a);
-  layer_free(&l);
+  td_layer_free(&l);
   ck_assert_int_eq(td_stop(&d), 0);
   rm_state(st);
 }
@@ -200,19 +163,19 @@ END_TEST
  * load still keeps the weight resident without a session. */
 START_TEST(admin_without_state_dir) {
   td d;
-  layer l;
+  td_layer l;
   td_start(&d, NULL);
-  layer_make(&l, 32, 64, 2);
-  ql_client *a = admin(&d);
+  td_layer_make(&l, 32, 64, 2, 1);
+  ql_client *a = td_connect_admin(&d);
   ck_assert_int_eq(load(a, "q", &l, QL_FORMAT_Q8C, 0, 1, NULL), QL_ENOTSUP);
   ck_assert_int_eq(load(a, "q", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
   ql_close(a);
-  ql_client *u = user(&d);
+  ql_client *u = td_connect(&d);
   ql_weight_info wi;
   ck_assert_int_eq(resident(u, "q", &wi), 0);
   ck_assert_int_eq(wi.persistent, 0);
   ql_close(u);
-  layer_free(&l);
+  td_layer_free(&l);
   ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -225,11 +188,11 @@ END_TEST
 START_TEST(persistent_survives_kill9) {
   char st[256];
   td d;
-  layer l1, l2;
+  td_layer l1, l2;
   state_dir(st, sizeof st);
   const char *args[] = {"--state-dir", st, NULL};
-  layer_make(&l1, 96, 256, 3);
-  layer_make(&l2, 80, 200, 4);
+  td_layer_make(&l1, 96, 256, 3, 1);
+  td_layer_make(&l2, 80, 200, 4, 1);
   float *x1 = tu_xmalloc(3 * 256 * sizeof(float));
   float *x2 = tu_xmalloc(2 * 200 * sizeof(float));
   uint64_t seed = 5;
@@ -237,7 +200,7 @@ START_TEST(persistent_survives_kill9) {
   td_randn(&seed, x2, 2 * 200, 1.0f);
 
   td_start(&d, args);
-  ql_client *a = admin(&d);
+  ql_client *a = td_connect_admin(&d);
   ck_assert_int_eq(load(a, "m/q4", &l1, QL_FORMAT_Q4G, 128, 1, NULL), 0);
   ck_assert_int_eq(load(a, "m/q8", &l2, QL_FORMAT_Q8C, 0, 1, NULL), 0);
   /* The same content again is shared, and stays stored once. */
@@ -247,7 +210,7 @@ START_TEST(persistent_survives_kill9) {
   ck_assert_int_eq(count_files(st, ".safetensors"), 2);
   ck_assert_int_eq(count_files(st, ".layout"), 2);
   ql_close(a);
-  ql_client *u = user(&d);
+  ql_client *u = td_connect(&d);
   ql_weight_info before;
   ck_assert_int_eq(resident(u, "m/q4", &before), 0);
   float *y1 = linear(u, "m/q4", x1, 3, 256, 96);
@@ -257,7 +220,7 @@ START_TEST(persistent_survives_kill9) {
   td_kill(&d, SIGKILL);
   td_wait(&d, 5000);
   td_start(&d, args);
-  u = user(&d);
+  u = td_connect(&d);
   ql_weight_info after;
   ck_assert_int_eq(resident(u, "m/q4", &after), 0);
   ck_assert_int_eq(after.persistent, 1);
@@ -275,7 +238,7 @@ START_TEST(persistent_survives_kill9) {
   ql_stats_free(s);
 
   /* An admin unload removes the weight and its file, for good. */
-  a = admin(&d);
+  a = td_connect_admin(&d);
   ck_assert_int_eq(ql_unload(a, "m/q8"), 0);
   ck_assert_int_eq(ql_unload(a, "m/q8"), QL_ENOTFOUND);
   ql_close(a);
@@ -285,7 +248,7 @@ START_TEST(persistent_survives_kill9) {
   ql_close(u);
   ck_assert_int_eq(td_stop(&d), 0);
   td_start(&d, args);
-  u = user(&d);
+  u = td_connect(&d);
   ck_assert_int_eq(resident(u, "m/q8", &after), QL_ENOTFOUND);
   ck_assert_int_eq(resident(u, "m/q4", &after), 0);
   ql_close(u);
@@ -297,8 +260,8 @@ START_TEST(persistent_survives_kill9) {
   free(y2);
   free(z1);
   free(z2);
-  layer_free(&l1);
-  layer_free(&l2);
+  td_layer_free(&l1);
+  td_layer_free(&l2);
   rm_state(st);
 }
 END_TEST
@@ -335,13 +298,13 @@ static void truncate_half(const char *path) {
 START_TEST(corrupt_store_file) {
   char st[256], path[512];
   td d;
-  layer l1, l2;
+  td_layer l1, l2;
   state_dir(st, sizeof st);
   const char *args[] = {"--state-dir", st, NULL};
-  layer_make(&l1, 64, 128, 6);
-  layer_make(&l2, 64, 128, 7);
+  td_layer_make(&l1, 64, 128, 6, 1);
+  td_layer_make(&l2, 64, 128, 7, 1);
   td_start(&d, args);
-  ql_client *a = admin(&d);
+  ql_client *a = td_connect_admin(&d);
   ck_assert_int_eq(load(a, "good", &l1, QL_FORMAT_Q8C, 0, 1, NULL), 0);
   ck_assert_int_eq(load(a, "bad", &l2, QL_FORMAT_Q8C, 0, 1, NULL), 0);
   ql_weight_info bad, good;
@@ -351,7 +314,7 @@ START_TEST(corrupt_store_file) {
   float x[2 * 128];
   uint64_t seed = 11;
   td_randn(&seed, x, 2 * 128, 1.0f);
-  ql_client *u = user(&d);
+  ql_client *u = td_connect(&d);
   float *y = linear(u, "good", x, 2, 128, 64);
   ql_close(u);
   ck_assert_int_eq(td_stop(&d), 0);
@@ -363,7 +326,7 @@ START_TEST(corrupt_store_file) {
   truncate_half(path);
 
   td_start(&d, args);
-  u = user(&d);
+  u = td_connect(&d);
   ql_weight_info wi;
   ck_assert_int_eq(resident(u, "good", &wi), 0);
   ck_assert_int_eq(resident(u, "bad", &wi), QL_ENOTFOUND);
@@ -380,12 +343,12 @@ START_TEST(corrupt_store_file) {
   ck_assert_int_gt(sb.st_size, 4096 + 64 * 128);
   ql_close(u);
   /* The name is free again: a new persistent load of it works. */
-  a = admin(&d);
+  a = td_connect_admin(&d);
   ck_assert_int_eq(load(a, "bad", &l2, QL_FORMAT_Q8C, 0, 1, NULL), 0);
   ql_close(a);
   ck_assert_int_eq(td_stop(&d), 0);
-  layer_free(&l1);
-  layer_free(&l2);
+  td_layer_free(&l1);
+  td_layer_free(&l2);
   rm_state(st);
 }
 END_TEST
@@ -395,7 +358,7 @@ END_TEST
 START_TEST(budget_overflow) {
   char cfgdir[] = "/tmp/ql-cfg-XXXXXX", cfg[300], report[1024];
   td d;
-  layer l1, l2;
+  td_layer l1, l2;
   ck_assert_ptr_nonnull(mkdtemp(cfgdir));
   snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
   /* A 128x256 q8c weight with bias holds 128*256 + 2*128*4 bytes, and
@@ -407,9 +370,9 @@ START_TEST(budget_overflow) {
   fclose(f);
   const char *args[] = {"--config", cfg, NULL};
   td_start(&d, args);
-  layer_make(&l1, 128, 256, 8);
-  layer_make(&l2, 128, 256, 9);
-  ql_client *u = user(&d), *a = admin(&d);
+  td_layer_make(&l1, 128, 256, 8, 1);
+  td_layer_make(&l2, 128, 256, 9, 1);
+  ql_client *u = td_connect(&d), *a = td_connect_admin(&d);
   ck_assert_int_eq(load(u, "one", &l1, QL_FORMAT_Q8C, 0, 0, NULL), 0);
   ql_weight_info one;
   ck_assert_int_eq(resident(u, "one", &one), 0);
@@ -442,8 +405,8 @@ START_TEST(budget_overflow) {
   ck_assert_int_eq(td_stop(&d), 0);
   unlink(cfg);
   rmdir(cfgdir);
-  layer_free(&l1);
-  layer_free(&l2);
+  td_layer_free(&l1);
+  td_layer_free(&l2);
 }
 END_TEST
 
@@ -451,10 +414,10 @@ END_TEST
  * later requests find nothing, and nothing crashes when they let go. */
 START_TEST(admin_unload_of_held_weight) {
   td d;
-  layer l;
+  td_layer l;
   td_start(&d, NULL);
-  layer_make(&l, 32, 64, 10);
-  ql_client *u = user(&d), *a = admin(&d);
+  td_layer_make(&l, 32, 64, 10, 1);
+  ql_client *u = td_connect(&d), *a = td_connect_admin(&d);
   ck_assert_int_eq(load(u, "held", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
   ck_assert_int_eq(ql_unload(a, "held"), 0);
   float x[64] = {0}, y[32];
@@ -471,12 +434,12 @@ START_TEST(admin_unload_of_held_weight) {
   ck_assert_int_eq(load(a, "held", &l, QL_FORMAT_Q8C, 0, 0, &shared), 0);
   ck_assert_int_eq(shared, 1);
   ql_close(u);
-  u = user(&d);
+  u = td_connect(&d);
   ql_weight_info wi;
   ck_assert_int_eq(resident(u, "held", &wi), 0);
   ql_close(u);
   ql_close(a);
-  layer_free(&l);
+  td_layer_free(&l);
   ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -485,11 +448,11 @@ END_TEST
  * regions with it); one that keeps asking stays. */
 START_TEST(session_lease) {
   td d;
-  layer l;
+  td_layer l;
   const char *args[] = {"--session-lease-ms", "700", NULL};
   td_start(&d, args);
-  layer_make(&l, 16, 32, 12);
-  ql_client *idle = user(&d), *busy = user(&d);
+  td_layer_make(&l, 16, 32, 12, 1);
+  ql_client *idle = td_connect(&d), *busy = td_connect(&d);
   ql_region *r = NULL;
   ck_assert_int_eq(ql_region_create(idle, 8192, &r), 0);
   ck_assert_int_eq(load(busy, "lw", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
@@ -506,7 +469,7 @@ START_TEST(session_lease) {
   ql_stats_free(s);
   ql_close(idle);
   ql_close(busy);
-  layer_free(&l);
+  td_layer_free(&l);
   ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -539,13 +502,13 @@ static uint32_t measured_crossover(ql_client *c, const char *name) {
 START_TEST(crossover_measured_and_cached) {
   char st[256], path[512], text[1024];
   td d;
-  layer l;
+  td_layer l;
   state_dir(st, sizeof st);
   snprintf(path, sizeof path, "%s/crossover.json", st);
   const char *args[] = {"--state-dir", st, "--crossover-rows", "0", NULL};
-  layer_make(&l, 64, 128, 13);
+  td_layer_make(&l, 64, 128, 13, 1);
   td_start(&d, args);
-  ql_client *a = admin(&d);
+  ql_client *a = td_connect_admin(&d);
   ck_assert_int_eq(load(a, "cx", &l, QL_FORMAT_Q8C, 0, 1, NULL), 0);
   uint32_t rows = measured_crossover(a, "cx");
   ck_assert(rows == QL_CROSSOVER_NEVER_ROWS || (rows >= 1 && rows <= 512));
@@ -570,7 +533,7 @@ START_TEST(crossover_measured_and_cached) {
   write_text(path, planted);
 
   td_start(&d, args);
-  ql_client *u = user(&d);
+  ql_client *u = td_connect(&d);
   ql_weight_info wi;
   ck_assert_int_eq(resident(u, "cx", &wi), 0);
   ck_assert_int_eq(wi.crossover_measured, 1);
@@ -581,7 +544,7 @@ START_TEST(crossover_measured_and_cached) {
   /* A bad cache is only a cache: measured again, and rewritten. */
   write_text(path, "{not json");
   td_start(&d, args);
-  u = user(&d);
+  u = td_connect(&d);
   rows = measured_crossover(u, "cx");
   ck_assert_uint_ne(rows, 7);
   ql_close(u);
@@ -596,13 +559,13 @@ START_TEST(crossover_measured_and_cached) {
   /* Fixed in the config: that value, not measured. */
   const char *fixed[] = {"--state-dir", st, "--crossover-rows", "5", NULL};
   td_start(&d, fixed);
-  u = user(&d);
+  u = td_connect(&d);
   ck_assert_int_eq(resident(u, "cx", &wi), 0);
   ck_assert_int_eq(wi.crossover_measured, 0);
   ck_assert_uint_eq(wi.crossover_rows, 5);
   ql_close(u);
   ck_assert_int_eq(td_stop(&d), 0);
-  layer_free(&l);
+  td_layer_free(&l);
   rm_state(st);
 }
 END_TEST
@@ -610,11 +573,11 @@ END_TEST
 /* cpu_level = c runs the plain C kernels. */
 START_TEST(cpu_level_option) {
   td d;
-  layer l;
+  td_layer l;
   const char *args[] = {"--cpu-level", "c", NULL};
   td_start(&d, args);
-  layer_make(&l, 32, 64, 14);
-  ql_client *u = user(&d);
+  td_layer_make(&l, 32, 64, 14, 1);
+  ql_client *u = td_connect(&d);
   ck_assert_int_eq(load(u, "lv", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
   float x[64], y[32];
   memset(x, 0, sizeof x);
@@ -625,7 +588,7 @@ START_TEST(cpu_level_option) {
                    0);
   ck_assert_msg(strncmp(res.impl, "cpu.c.", 6) == 0, "impl %s", res.impl);
   ql_close(u);
-  layer_free(&l);
+  td_layer_free(&l);
   ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST

@@ -30,28 +30,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-typedef struct layer {
-  uint64_t n, k;
-  float *w, *b;
-} layer;
-
-static void layer_make(layer *l, uint64_t n, uint64_t k, uint64_t seed,
-                       int with_bias) {
-  l->n = n;
-  l->k = k;
-  l->w = malloc(n * k * sizeof(float));
-  l->b = with_bias ? malloc(n * sizeof(float)) : NULL;
-  ck_assert_ptr_nonnull(l->w);
-  td_randn(&seed, l->w, n * k, 0.05f);
-  if (l->b)
-    td_randn(&seed, l->b, n, 0.1f);
-}
-
-static void layer_free(layer *l) {
-  free(l->w);
-  free(l->b);
-}
-
 /* A format as the tests name it: format, group/block size, q8b form. */
 typedef struct fmt {
   ql_format f;
@@ -60,7 +38,7 @@ typedef struct fmt {
 } fmt;
 #define FMT(f, gs) ((fmt){(f), (gs), 0})
 
-static int load(ql_client *c, const char *name, const layer *l, fmt F,
+static int load(ql_client *c, const char *name, const td_layer *l, fmt F,
                 int *shared) {
   ql_load_desc d;
   memset(&d, 0, sizeof d);
@@ -79,7 +57,7 @@ static int load(ql_client *c, const char *name, const layer *l, fmt F,
 
 /* The in-process reference for what the daemon must return: the same
  * quantization and the same generic op, so results are equal bytes. */
-static ql_qweight *quantize(const layer *l, fmt F) {
+static ql_qweight *quantize(const td_layer *l, fmt F) {
   ql_qweight *q = NULL;
   /* Scale dtype 0: the format's default, as the daemon picks it. */
   ql_quant_params p = {F.f, F.gs, F.asym, (ql_dtype)0};
@@ -89,7 +67,7 @@ static ql_qweight *quantize(const layer *l, fmt F) {
   return q;
 }
 
-static void *reference(const layer *l, fmt F, ql_path path, ql_dtype dt,
+static void *reference(const td_layer *l, fmt F, ql_path path, ql_dtype dt,
                        const void *x, uint64_t m) {
   ql_qweight *q = quantize(l, F);
   void *y = malloc(m * l->n * ql_dtype_size(dt));
@@ -102,15 +80,8 @@ static void *reference(const layer *l, fmt F, ql_path path, ql_dtype dt,
   return y;
 }
 
-static ql_client *connect_to(const td *d) {
-  ql_client *c = NULL;
-  int rc = ql_connect(d->address, NULL, &c);
-  ck_assert_msg(rc == 0, "connect: %s: %s", ql_strerror(rc), ql_errmsg());
-  return c;
-}
-
 /* Runs one linear and compares it with the reference, byte for byte. */
-static void check_linear(ql_client *c, const char *name, const layer *l,
+static void check_linear(ql_client *c, const char *name, const td_layer *l,
                          fmt F, ql_path path, ql_dtype dt, uint64_t m,
                          uint64_t seed) {
   size_t es = ql_dtype_size(dt);
@@ -140,7 +111,7 @@ static void check_linear(ql_client *c, const char *name, const layer *l,
  * caller must not have a nanomsg socket open (nanomsg does not survive
  * fork) and ends the holder with end_holder().
  */
-static pid_t fork_holder(const td *d, const char *name, const layer *l,
+static pid_t fork_holder(const td *d, const char *name, const td_layer *l,
                          fmt F) {
   int p[2];
   ck_assert_int_eq(pipe(p), 0);
@@ -202,7 +173,7 @@ static void setup(void) {
   /* A fixed crossover: the tests below check which path AUTO takes. */
   static const char *const args[] = {"--crossover-rows", "16", NULL};
   td_start(&D, args);
-  C = connect_to(&D);
+  C = td_connect(&D);
 }
 
 static void teardown(void) {
@@ -216,7 +187,7 @@ static void teardown(void) {
 START_TEST(test_hello) {
   td d;
   td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   ql_hello_info h, h2;
   ck_assert_int_eq(ql_hello(c, &h), 0);
   ck_assert_uint_eq(h.protocol_version, QL_PROTOCOL_VERSION);
@@ -230,7 +201,7 @@ START_TEST(test_hello) {
 
   /* A new start has a new instance id. */
   td_start(&d, NULL);
-  c = connect_to(&d);
+  c = td_connect(&d);
   ck_assert_int_eq(ql_hello(c, &h2), 0);
   ck_assert(memcmp(h.instance_id, h2.instance_id, sizeof zero) != 0);
   ql_close(c);
@@ -253,11 +224,11 @@ START_TEST(test_linear_matches_reference) {
       {{QL_FORMAT_F8R, 0, 0}, 21, 130},   {{QL_FORMAT_F8R, 0, 0}, 1, 3},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    layer l;
+    td_layer l;
     char name[64];
     fmt F = cases[i].F;
     snprintf(name, sizeof name, "t/layer.%zu", i);
-    layer_make(&l, cases[i].n, cases[i].k, 100 + i, i % 2 == 0);
+    td_layer_make(&l, cases[i].n, cases[i].k, 100 + i, i % 2 == 0);
     int shared = -1;
     int rc = load(c, name, &l, F, &shared);
     ck_assert_msg(rc == 0, "load %s: %s: %s", name, ql_strerror(rc),
@@ -283,11 +254,11 @@ START_TEST(test_linear_matches_reference) {
     ck_assert_int_eq(ql_lookup(c, name, &info), 0);
     ck_assert_int_eq(info.format, F.f);
     ck_assert_int_eq(info.asymmetric, F.asym);
-    layer_free(&l);
+    td_layer_free(&l);
   }
   /* AUTO picks weight-only for few rows and act-quant for many. */
-  layer l;
-  layer_make(&l, 8, 64, 5, 0);
+  td_layer l;
+  td_layer_make(&l, 8, 64, 5, 0);
   ck_assert_int_eq(load(c, "t/auto", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   float x[32 * 64], y[32 * 8];
   uint64_t seed = 3;
@@ -299,15 +270,15 @@ START_TEST(test_linear_matches_reference) {
   ck_assert_int_eq(ql_linear(c, "t/auto", QL_PATH_AUTO, QL_DTYPE_F32, 32, 64,
                              x, 8, y, &res), 0);
   ck_assert_int_eq(res.path, QL_PATH_ACT_QUANT);
-  layer_free(&l);
+  td_layer_free(&l);
 }
 END_TEST
 
 START_TEST(test_share_exists_unload) {
   ql_client *c = C;
-  layer a, b;
-  layer_make(&a, 16, 64, 1, 1);
-  layer_make(&b, 16, 64, 2, 1);
+  td_layer a, b;
+  td_layer_make(&a, 16, 64, 1, 1);
+  td_layer_make(&b, 16, 64, 2, 1);
   int shared = -1;
   ck_assert_int_eq(load(c, "m/w", &a, FMT(QL_FORMAT_Q4G, 32), &shared), 0);
   ck_assert_int_eq(shared, 0);
@@ -354,8 +325,8 @@ START_TEST(test_share_exists_unload) {
   ck_assert_uint_ge(st->errors, 4);
   ck_assert_uint_eq(st->n_per_weight, 2);
   ql_stats_free(st);
-  layer_free(&a);
-  layer_free(&b);
+  td_layer_free(&a);
+  td_layer_free(&b);
 }
 END_TEST
 
@@ -364,8 +335,8 @@ END_TEST
 START_TEST(test_bad_input) {
   ql_client *c = C;
   td *dp = &D;
-  layer l;
-  layer_make(&l, 8, 40, 11, 0);
+  td_layer l;
+  td_layer_make(&l, 8, 40, 11, 0);
   ck_assert_int_eq(load(c, "ok", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   float x[2 * 41], y[2 * 8];
   memset(x, 0, sizeof x);
@@ -523,7 +494,7 @@ START_TEST(test_bad_input) {
   ck_assert_uint_eq(n, 1);
   ck_assert_str_eq(list[0].name, "ok");
   ql_free(list);
-  layer_free(&l);
+  td_layer_free(&l);
 }
 END_TEST
 
@@ -534,15 +505,15 @@ START_TEST(test_message_cap) {
   static const char *const args[] = {"--max-message-bytes", "65536",
                                      "--max-chunk-bytes", "16384", NULL};
   td_start(&d, args);
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   ql_hello_info h;
   ck_assert_int_eq(ql_hello(c, &h), 0);
   ck_assert_uint_eq(h.max_message_bytes, 65536);
   ck_assert_uint_le(h.max_chunk_bytes, 16384);
 
   /* A weight larger than one message still loads, in chunks. */
-  layer l;
-  layer_make(&l, 64, 1024, 21, 1); /* 256 KiB of f32 */
+  td_layer l;
+  td_layer_make(&l, 64, 1024, 21, 1); /* 256 KiB of f32 */
   ck_assert_int_eq(load(c, "big", &l, FMT(QL_FORMAT_Q4G, 128), NULL), 0);
   check_linear(c, "big", &l, FMT(QL_FORMAT_Q4G, 128), QL_PATH_WEIGHT_ONLY,
                QL_DTYPE_F32, 2, 5);
@@ -565,7 +536,7 @@ START_TEST(test_message_cap) {
                QL_DTYPE_F32, 4, 6);
   free(x);
   free(y);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -581,9 +552,9 @@ static void child_work(const td *d, int id, int go) {
   ql_client *c = NULL;
   if (ql_connect(d->address, NULL, &c) != 0)
     _exit(10);
-  layer own, common;
-  layer_make(&own, 24 + id, 160, 500 + id, 1);
-  layer_make(&common, 32, 128, 42, 1);
+  td_layer own, common;
+  td_layer_make(&own, 24 + id, 160, 500 + id, 1);
+  td_layer_make(&common, 32, 128, 42, 1);
   char name[32];
   snprintf(name, sizeof name, "proc/%d", id);
   int shared;
@@ -600,8 +571,8 @@ static void child_work(const td *d, int id, int go) {
   }
   if (ql_unload(c, name) != 0)
     _exit(13);
-  layer_free(&own);
-  layer_free(&common);
+  td_layer_free(&own);
+  td_layer_free(&common);
   ql_close(c);
   _exit(0);
 }
@@ -627,12 +598,12 @@ START_TEST(test_concurrent_processes) {
   /* This session holds the shared weight before the children start, so it
    * outlives them: they come and go, it stays, with all their requests
    * counted. */
-  ql_client *c = connect_to(&d);
-  layer common;
-  layer_make(&common, 32, 128, 42, 1);
+  ql_client *c = td_connect(&d);
+  td_layer common;
+  td_layer_make(&common, 32, 128, 42, 1);
   ck_assert_int_eq(load(c, "proc/common", &common, FMT(QL_FORMAT_Q8C, 0), NULL),
                    0);
-  layer_free(&common);
+  td_layer_free(&common);
   ck_assert_int_eq(write(go[1], "gogo", NPROC), NPROC);
   close(go[1]);
   for (int i = 0; i < NPROC; i++) {
@@ -686,9 +657,9 @@ START_TEST(test_out_of_order_replies) {
   setenv("QL_TEST_KERNEL_DELAY_MS", "1500", 1);
   td_start(&d, NULL);
   unsetenv("QL_TEST_KERNEL_DELAY_MS");
-  ql_client *C = connect_to(&d);
-  layer l;
-  layer_make(&l, 2048, 4096, 31, 0);
+  ql_client *C = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 2048, 4096, 31, 0);
   ck_assert_int_eq(load(C, "slow", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   slow_arg a = {C, -1, 0};
   pthread_t th;
@@ -707,7 +678,7 @@ START_TEST(test_out_of_order_replies) {
   ck_assert_int_eq(ql_stats(C, &st), 0);
   ck_assert_uint_eq(st->per_weight[0].requests, 1);
   ql_stats_free(st);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_close(C);
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -716,7 +687,7 @@ END_TEST
 /* Threads of one process share one client. */
 typedef struct thread_arg {
   ql_client *c;
-  const layer *l;
+  const td_layer *l;
   int id;
   int failures;
 } thread_arg;
@@ -743,8 +714,8 @@ static void *thread_main(void *p) {
 
 START_TEST(test_concurrent_threads) {
   ql_client *c = C;
-  layer l;
-  layer_make(&l, 48, 96, 8, 0);
+  td_layer l;
+  td_layer_make(&l, 48, 96, 8, 0);
   ck_assert_int_eq(load(c, "thr", &l, FMT(QL_FORMAT_Q4G, 32), NULL), 0);
   enum { NT = 6 };
   pthread_t th[NT];
@@ -757,15 +728,15 @@ START_TEST(test_concurrent_threads) {
     pthread_join(th[i], NULL);
     ck_assert_int_eq(args[i].failures, 0);
   }
-  layer_free(&l);
+  td_layer_free(&l);
 }
 END_TEST
 
 /* A 4096x14336 f32 weight (224 MiB) uploads in chunks and computes. */
 START_TEST(test_large_weight) {
   ql_client *c = C;
-  layer l;
-  layer_make(&l, 4096, 14336, 77, 0);
+  td_layer l;
+  td_layer_make(&l, 4096, 14336, 77, 0);
   int rc = load(c, "large", &l, FMT(QL_FORMAT_Q4G, 128), NULL);
   ck_assert_msg(rc == 0, "load: %s: %s", ql_strerror(rc), ql_errmsg());
   ql_weight_info info;
@@ -778,7 +749,7 @@ START_TEST(test_large_weight) {
                     4096ull * 7168 + 2ull * 4 * 4096 * 112);
   check_linear(c, "large", &l, FMT(QL_FORMAT_Q4G, 128), QL_PATH_WEIGHT_ONLY,
                QL_DTYPE_BF16, 1, 12);
-  layer_free(&l);
+  td_layer_free(&l);
 }
 END_TEST
 
@@ -787,8 +758,8 @@ END_TEST
 START_TEST(test_shutdown_drains) {
   td d;
   td_start(&d, NULL);
-  layer l;
-  layer_make(&l, 1024, 2048, 3, 0);
+  td_layer l;
+  td_layer_make(&l, 1024, 2048, 3, 0);
   pid_t holder = fork_holder(&d, "slow", &l, FMT(QL_FORMAT_Q8C, 0));
   enum { NPROC = 3 };
   pid_t pids[NPROC];
@@ -817,7 +788,7 @@ START_TEST(test_shutdown_drains) {
                   "a request in flight at SIGTERM was not answered");
   }
   end_holder(holder);
-  layer_free(&l);
+  td_layer_free(&l);
 }
 END_TEST
 
@@ -826,9 +797,9 @@ START_TEST(test_queued_bytes_limit) {
   td d;
   static const char *const args[] = {"--max-queued-bytes", "1048576", NULL};
   td_start(&d, args);
-  ql_client *c = connect_to(&d);
-  layer l;
-  layer_make(&l, 8, 65536, 4, 0);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 8, 65536, 4, 0);
   ck_assert_int_eq(load(c, "wide", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   float *x = calloc(8 * 65536, sizeof(float)), y[8 * 8];
   ck_assert_int_eq(ql_linear(c, "wide", QL_PATH_AUTO, QL_DTYPE_F32, 8, 65536,
@@ -838,7 +809,7 @@ START_TEST(test_queued_bytes_limit) {
                              x, 8, y, NULL),
                    0);
   free(x);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -850,9 +821,9 @@ START_TEST(test_reply_over_cap) {
   td d;
   static const char *const args[] = {"--max-message-bytes", "8192", NULL};
   td_start(&d, args);
-  ql_client *c = connect_to(&d);
-  layer l;
-  layer_make(&l, 1, 32, 4, 0);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 1, 32, 4, 0);
   for (int i = 0; i < 40; i++) {
     char name[256];
     memset(name, 'a', 200);
@@ -865,7 +836,7 @@ START_TEST(test_reply_over_cap) {
   ck_assert_ptr_null(list);
   ql_hello_info h;
   ck_assert_int_eq(ql_hello(c, &h), 0);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -874,8 +845,8 @@ END_TEST
 /* q8c with K past the int32 bound of int8 AQ: AUTO falls back to
  * weight-only, a forced ACT_QUANT is refused. */
 START_TEST(test_aq_large_k) {
-  layer l;
-  layer_make(&l, 2, QL_AQ_Q8C_MAX_K + 2, 17, 1);
+  td_layer l;
+  td_layer_make(&l, 2, QL_AQ_Q8C_MAX_K + 2, 17, 1);
   ck_assert_int_eq(load(C, "deep", &l, FMT(QL_FORMAT_Q8C, 0), NULL), 0);
   size_t m = 16, k = (size_t)l.k;
   float *x = calloc(m * k, sizeof(float)), y[16 * 2];
@@ -892,7 +863,7 @@ START_TEST(test_aq_large_k) {
                    0);
   ck_assert_int_eq(res.path, QL_PATH_WEIGHT_ONLY);
   free(x);
-  layer_free(&l);
+  td_layer_free(&l);
 }
 END_TEST
 
@@ -900,8 +871,8 @@ END_TEST
  * one the daemon quantized from floats: same digest, shared by name; a
  * mismatched array is refused with a message naming it. */
 START_TEST(test_packed_import) {
-  layer l;
-  layer_make(&l, 24, 200, 61, 1);
+  td_layer l;
+  td_layer_make(&l, 24, 200, 61, 1);
   fmt F = {QL_FORMAT_Q4G, 64, 0};
   ck_assert_int_eq(load(C, "imp/a", &l, F, NULL), 0);
   ql_qweight *q = quantize(&l, F);
@@ -944,7 +915,7 @@ START_TEST(test_packed_import) {
   ql_weight_info info;
   ck_assert_int_eq(ql_lookup(C, "imp/c", &info), QL_ENOTFOUND);
   ql_qweight_free(q);
-  layer_free(&l);
+  td_layer_free(&l);
 }
 END_TEST
 
@@ -967,10 +938,10 @@ static int long_linear(const char *address) {
 
 /* Loads "long" in a holder process (end it with end_holder()). */
 static pid_t load_long(const td *d) {
-  layer l;
-  layer_make(&l, 2048, 4096, 5, 0);
+  td_layer l;
+  td_layer_make(&l, 2048, 4096, 5, 0);
   pid_t holder = fork_holder(d, "long", &l, FMT(QL_FORMAT_Q8C, 0));
-  layer_free(&l);
+  td_layer_free(&l);
   return holder;
 }
 

@@ -45,13 +45,6 @@ static void make_weight(void) {
   ck_assert_int_eq(ql_qweight_quantize(&p, N, K, QL_DTYPE_F32, W, B, &Q), 0);
 }
 
-static ql_client *connect_to(const td *d) {
-  ql_client *c = NULL;
-  int rc = ql_connect(d->address, NULL, &c);
-  ck_assert_msg(rc == 0, "connect: %s: %s", ql_strerror(rc), ql_errmsg());
-  return c;
-}
-
 static void load(ql_client *c) {
   ql_load_desc d;
   memset(&d, 0, sizeof d);
@@ -90,12 +83,6 @@ static void *reference(const void *x, int64_t m, ql_dtype dt) {
   return y;
 }
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Starts the daemon with a fixed crossover of 16 (reference() relies on
  * it), every launch taking delay_ms, and args. */
 static void start(td *d, const char *delay_ms, const char *const *args) {
@@ -129,7 +116,7 @@ static void *call_run(void *p) {
   call *a = p;
   a->rc = ql_linear(a->c, "w", a->path, a->dt, (uint64_t)a->m, K, a->x, N,
                     a->y, &a->res);
-  a->done_ms = now_ms();
+  a->done_ms = td_now_ms();
   return NULL;
 }
 
@@ -214,7 +201,7 @@ START_TEST(coalesced_replies_match_reference) {
     }
   }
   close(go[0]);
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   load(c);
   /* The same kind of requests alone first: one launch each. */
   for (int r = 0; r < 2; r++) {
@@ -264,7 +251,7 @@ START_TEST(backpressure) {
   const char *args[] = {"--max-queue", "2", "--session-max-requests", "3",
                         NULL};
   start(&d, "400", args);
-  ql_client *c = connect_to(&d), *c2 = connect_to(&d);
+  ql_client *c = td_connect(&d), *c2 = td_connect(&d);
   load(c);
   call a[4];
   pthread_t t[4];
@@ -277,7 +264,7 @@ START_TEST(backpressure) {
   ck_assert_int_eq(pthread_create(&t[2], NULL, call_run, &a[2]), 0);
   usleep(100 * 1000);
   /* Another session's request finds the queue full: refused at once. */
-  int64_t t0 = now_ms();
+  int64_t t0 = td_now_ms();
   call_run(&a[3]);
   ck_assert_int_eq(a[3].rc, QL_EEXHAUSTED);
   ck_assert_int_lt(a[3].done_ms - t0, 300);
@@ -285,7 +272,7 @@ START_TEST(backpressure) {
    * prefill (another queue, not full) is still refused. */
   call p;
   call_init(&p, c, 20, 9);
-  t0 = now_ms();
+  t0 = td_now_ms();
   call_run(&p);
   ck_assert_int_eq(p.rc, QL_EEXHAUSTED);
   ck_assert_int_lt(p.done_ms - t0, 300);
@@ -344,7 +331,7 @@ static void *raw_run(void *p) {
   raw_call *r = p;
   Qlinear__V1__Response *resp = td_call(r->d, &r->req, 10000);
   r->rc = resp ? resp->status->code : 1;
-  r->done_ms = now_ms();
+  r->done_ms = td_now_ms();
   if (resp)
     qlinear__v1__response__free_unpacked(resp, NULL);
   return NULL;
@@ -357,7 +344,7 @@ START_TEST(deadlines) {
   td d;
   make_weight();
   start(&d, "500", NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   load(c);
   call blocker;
   call_init(&blocker, c, 1, 1);
@@ -370,7 +357,7 @@ START_TEST(deadlines) {
   raw_call late, fine;
   raw_init(&late, &d, x, 1, 100 * 1000);       /* 100 ms */
   raw_init(&fine, &d, x, 1, 20 * 1000 * 1000); /* 20 s */
-  int64_t t0 = now_ms();
+  int64_t t0 = td_now_ms();
   ck_assert_int_eq(pthread_create(&t1, NULL, raw_run, &late), 0);
   ck_assert_int_eq(pthread_create(&t2, NULL, raw_run, &fine), 0);
   pthread_join(t1, NULL);
@@ -396,7 +383,7 @@ START_TEST(prefill_chunks_let_decode_through) {
   make_weight();
   const char *args[] = {"--prefill-chunk-rows", "16", NULL};
   start(&d, "120", args);
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   load(c);
   call pre, dec;
   call_init(&pre, c, 64, 5);
@@ -434,7 +421,7 @@ START_TEST(nonfinite_fails_only_its_request) {
   td d;
   make_weight();
   start(&d, "200", NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   load(c);
   call blocker, a, b;
   call_init(&blocker, c, 1, 1);
@@ -485,7 +472,7 @@ START_TEST(linear_multi) {
   td d;
   make_weight();
   start(&d, NULL, NULL);
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   load(c);
   load_other(c, "w2", 128, K, 8);
   load_other(c, "w3", 64, 256, 9);

@@ -36,28 +36,7 @@
 
 /* ------------------------------------------------------------- helpers */
 
-typedef struct layer {
-  uint64_t n, k;
-  float *w, *b;
-} layer;
-
-static void layer_make(layer *l, uint64_t n, uint64_t k, uint64_t seed,
-                       int with_bias) {
-  l->n = n;
-  l->k = k;
-  l->w = tu_xmalloc(n * k * sizeof(float));
-  l->b = with_bias ? tu_xmalloc(n * sizeof(float)) : NULL;
-  td_randn(&seed, l->w, n * k, 0.05f);
-  if (l->b)
-    td_randn(&seed, l->b, n, 0.1f);
-}
-
-static void layer_free(layer *l) {
-  free(l->w);
-  free(l->b);
-}
-
-static int load_opts(ql_client *c, const char *name, const layer *l,
+static int load_opts(ql_client *c, const char *name, const td_layer *l,
                      ql_format f, uint32_t gs, ql_progress_cb progress,
                      void *arg, int *shared) {
   ql_load_desc d;
@@ -76,15 +55,8 @@ static int load_opts(ql_client *c, const char *name, const layer *l,
   return ql_load_float(c, &d, NULL, shared);
 }
 
-static int load(ql_client *c, const char *name, const layer *l, int *shared) {
+static int load(ql_client *c, const char *name, const td_layer *l, int *shared) {
   return load_opts(c, name, l, QL_FORMAT_Q8C, 0, NULL, NULL, shared);
-}
-
-static ql_client *connect_to(const td *d) {
-  ql_client *c = NULL;
-  int rc = ql_connect(d->address, NULL, &c);
-  ck_assert_msg(rc == 0, "connect: %s: %s", ql_strerror(rc), ql_errmsg());
-  return c;
 }
 
 static ql_stats_info *stats(ql_client *c) {
@@ -92,12 +64,6 @@ static ql_stats_info *stats(ql_client *c) {
   int rc = ql_stats(c, &st);
   ck_assert_msg(rc == 0, "stats: %s: %s", ql_strerror(rc), ql_errmsg());
   return st;
-}
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* The status code of a raw request sent with session s's token (NULL: no
@@ -304,9 +270,9 @@ END_TEST
 START_TEST(test_other_sessions) {
   td d;
   td_start(&d, NULL);
-  ql_client *c1 = connect_to(&d), *c2 = connect_to(&d);
-  layer l;
-  layer_make(&l, 8, 32, 3, 1);
+  ql_client *c1 = td_connect(&d), *c2 = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 8, 32, 3, 1);
   int shared = -1;
   ck_assert_int_eq(load(c1, "o/w", &l, &shared), 0);
   ck_assert_int_eq(shared, 0);
@@ -402,7 +368,7 @@ START_TEST(test_other_sessions) {
   ck_assert_int_eq(shared, 1);
   ck_assert_int_eq(ql_unload(c1, "o/w"), 0);
   ck_assert_int_eq(ql_lookup(c2, "o/w", &info), QL_ENOTFOUND);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_close(c1);
   ql_close(c2);
   ck_assert_int_eq(td_stop(&d), 0);
@@ -423,10 +389,10 @@ static void stuck(void *arg, uint64_t done, uint64_t total) {
 
 static void kill9_child(const td *d, int ready) {
   ql_client *c = NULL;
-  layer own, common, big;
-  layer_make(&own, 16, 64, 1, 1);
-  layer_make(&common, 16, 64, 2, 1);
-  layer_make(&big, 64, 1024, 3, 0);
+  td_layer own, common, big;
+  td_layer_make(&own, 16, 64, 1, 1);
+  td_layer_make(&common, 16, 64, 2, 1);
+  td_layer_make(&big, 64, 1024, 3, 0);
   ql_region *r1 = NULL, *r2 = NULL;
   if (ql_connect(d->address, NULL, &c) != 0 ||
       load(c, "kill/own", &own, NULL) != 0 ||
@@ -463,13 +429,13 @@ START_TEST(test_kill9) {
   ck_assert_msg(ok == 'y', "the client process failed to set up");
   close(p[0]);
 
-  ql_client *c = connect_to(&d);
-  layer common;
-  layer_make(&common, 16, 64, 2, 1);
+  ql_client *c = td_connect(&d);
+  td_layer common;
+  td_layer_make(&common, 16, 64, 2, 1);
   int shared = -1;
   ck_assert_int_eq(load(c, "kill/shared", &common, &shared), 0);
   ck_assert_int_eq(shared, 1);
-  layer_free(&common);
+  td_layer_free(&common);
   ql_stats_info *st = stats(c);
   ck_assert_uint_eq(st->sessions, 3); /* harness, child, this one */
   ck_assert_uint_eq(st->regions, 2);
@@ -481,15 +447,15 @@ START_TEST(test_kill9) {
   ck_assert_int_eq(kill(pid, SIGKILL), 0);
   int wst;
   ck_assert_int_eq(waitpid(pid, &wst, 0), pid);
-  int64_t t0 = now_ms(), waited = -1;
-  while (now_ms() - t0 < 5000) {
+  int64_t t0 = td_now_ms(), waited = -1;
+  while (td_now_ms() - t0 < 5000) {
     st = stats(c);
     int done = st->sessions == 2 && st->regions == 0 &&
                st->region_bytes == 0 && st->uploads_in_progress == 0 &&
                st->weights == 1;
     ql_stats_free(st);
     if (done) {
-      waited = now_ms() - t0;
+      waited = td_now_ms() - t0;
       break;
     }
     usleep(2000);
@@ -504,11 +470,11 @@ START_TEST(test_kill9) {
   ck_assert_str_eq(list[0].name, "kill/shared");
   ql_free(list);
   /* The name of the partial upload is free: nothing of it remained. */
-  layer big;
-  layer_make(&big, 8, 32, 9, 0);
+  td_layer big;
+  td_layer_make(&big, 8, 32, 9, 0);
   ck_assert_int_eq(load(c, "kill/partial", &big, &shared), 0);
   ck_assert_int_eq(shared, 0);
-  layer_free(&big);
+  td_layer_free(&big);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -520,11 +486,11 @@ END_TEST
 START_TEST(test_fork_child_keeps_nothing) {
   td d;
   td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
-  layer l;
-  layer_make(&l, 4, 32, 1, 0);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 4, 32, 1, 0);
   ck_assert_int_eq(load(c, "f/w", &l, NULL), 0);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_region *r = NULL;
   ck_assert_int_eq(ql_region_create(c, 4096, &r), 0);
   int p[2];
@@ -540,9 +506,9 @@ START_TEST(test_fork_child_keeps_nothing) {
   }
   close(p[0]);
   ql_close(c);
-  ql_client *obs = connect_to(&d);
+  ql_client *obs = td_connect(&d);
   uint64_t weights = 1, regions = 1;
-  for (int64_t t0 = now_ms(); now_ms() - t0 < 5000; usleep(2000)) {
+  for (int64_t t0 = td_now_ms(); td_now_ms() - t0 < 5000; usleep(2000)) {
     ql_stats_info *st = stats(obs);
     weights = st->weights;
     regions = st->regions;
@@ -567,9 +533,9 @@ END_TEST
 START_TEST(test_region_validation) {
   td d;
   td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
-  layer l;
-  layer_make(&l, 4, 1, 5, 1); /* K = 1: an f16 row of x is 2 bytes */
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 4, 1, 5, 1); /* K = 1: an f16 row of x is 2 bytes */
   ck_assert_int_eq(load(c, "v/w", &l, NULL), 0);
   const uint64_t size = 4096;
   uint64_t rid, yid;
@@ -705,7 +671,7 @@ START_TEST(test_region_validation) {
   munmap(x, size);
   close(fd);
   close(yfd);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -718,9 +684,9 @@ END_TEST
 START_TEST(test_seals) {
   td d;
   td_start(&d, NULL);
-  ql_client *c = connect_to(&d);
-  layer l;
-  layer_make(&l, 8, 256, 6, 1);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 8, 256, 6, 1);
   ck_assert_int_eq(load(c, "s/w", &l, NULL), 0);
   const size_t size = 1 << 20;
   uint64_t rid;
@@ -779,7 +745,7 @@ START_TEST(test_seals) {
   ck_assert(td_alive(&d));
   munmap(map, size);
   close(fd);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -909,7 +875,7 @@ START_TEST(test_session_packets) {
 
   /* Too many sessions: the one over the limit is told so; closing one
    * makes room. */
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   ql_stats_info *st = stats(c);
   uint64_t open0 = st->sessions;
   ql_stats_free(st);
@@ -926,8 +892,8 @@ START_TEST(test_session_packets) {
   ql_client *c2 = NULL;
   ck_assert_int_eq(ql_connect(d.address, NULL, &c2), QL_EEXHAUSTED);
   td_session_close(&many[0]);
-  int64_t t0 = now_ms();
-  while ((rc = td_session_open(&d, &many[0])) != 0 && now_ms() - t0 < 5000)
+  int64_t t0 = td_now_ms();
+  while ((rc = td_session_open(&d, &many[0])) != 0 && td_now_ms() - t0 < 5000)
     usleep(2000);
   ck_assert_int_eq(rc, 0);
   for (int i = 0; i < opened; i++)
@@ -985,9 +951,9 @@ START_TEST(test_zero_copy_equals_inline) {
   td d;
   static const char *const args[] = {"--max-message-bytes", "65536", NULL};
   td_start(&d, args);
-  ql_client *c = connect_to(&d);
-  layer l;
-  layer_make(&l, 96, 320, 8, 1);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 96, 320, 8, 1);
   ck_assert_int_eq(load_opts(c, "z/w", &l, QL_FORMAT_Q4G, 64, NULL, NULL,
                              NULL),
                    0);
@@ -1068,7 +1034,7 @@ START_TEST(test_zero_copy_equals_inline) {
   ql_stats_free(st);
   free(xf);
   free(want);
-  layer_free(&l);
+  td_layer_free(&l);
   ql_close(c); /* frees the regions it still has */
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -1113,24 +1079,24 @@ START_TEST(test_destroy_in_flight) {
   static const char *const args[] = {"--prefill-chunk-rows", "1048576",
                                      "--max-batch-rows", "1048576", NULL};
   td_start(&d, args);
-  ql_client *c = connect_to(&d);
+  ql_client *c = td_connect(&d);
   const uint64_t k = 4096, n = 1024;
-  layer l;
-  layer_make(&l, n, k, 5, 0);
+  td_layer l;
+  td_layer_make(&l, n, k, 5, 0);
   ck_assert_int_eq(load(c, "long", &l, NULL), 0);
-  layer_free(&l);
+  td_layer_free(&l);
 
   /* How long does a row take here? Size the blocker to about two seconds,
    * so that it is still running when the others are queued behind it. */
   ql_region *cal = NULL;
   ck_assert_int_eq(ql_region_create(c, 64 * (k + n) * 4, &cal), 0);
   ql_slice cx = {cal, 0, 64 * k * 4}, cy = {cal, 64 * k * 4, 64 * n * 4};
-  int64_t t0 = now_ms();
+  int64_t t0 = td_now_ms();
   ck_assert_int_eq(ql_linear_region(c, "long", QL_PATH_WEIGHT_ONLY,
                                     QL_DTYPE_F32, 64, k, &cx, n, &cy, NULL,
                                     NULL),
                    0);
-  int64_t t64 = now_ms() - t0 + 1;
+  int64_t t64 = td_now_ms() - t0 + 1;
   uint64_t mb = 64 * (uint64_t)(2000 / t64 + 1);
   if (mb > 8192)
     mb = 8192;
@@ -1176,7 +1142,7 @@ START_TEST(test_destroy_in_flight) {
   td_session_close(&s);
   close(sfd);
   uint64_t regions = 0;
-  for (t0 = now_ms(); now_ms() - t0 < 5000; usleep(2000)) {
+  for (t0 = td_now_ms(); td_now_ms() - t0 < 5000; usleep(2000)) {
     st = stats(c);
     regions = st->regions;
     ql_stats_free(st);
