@@ -369,6 +369,7 @@ START_TEST(deadlines) {
   pthread_join(tb, NULL);
   ck_assert_int_eq(blocker.rc, 0);
   ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, requests)), 2);
+  ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, expired)), 1);
   call_free(&blocker);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
@@ -409,6 +410,21 @@ START_TEST(prefill_chunks_let_decode_through) {
   /* 4 prefill launches and 1 decode launch. */
   ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, aq_batches)), 4);
   ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, wo_batches)), 1);
+  /* The histograms: one queue entry per request, one kernel entry per
+   * launch, every launch at least the 120 ms the test delay makes it. */
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  uint64_t nq = 0, nk = 0, slow = 0;
+  for (int b = 0; b < QL_HIST_BUCKETS; b++) {
+    nq += st->per_weight[0].queue_hist[b];
+    nk += st->per_weight[0].kernel_hist[b];
+    if ((1024ull << b) > 120000000ull) /* the bucket's upper bound */
+      slow += st->per_weight[0].kernel_hist[b];
+  }
+  ql_stats_free(st);
+  ck_assert_uint_eq(nq, 2);
+  ck_assert_uint_eq(nk, 5);
+  ck_assert_uint_eq(slow, 5);
   call_free(&pre);
   call_free(&dec);
   ql_close(c);
@@ -552,6 +568,17 @@ START_TEST(linear_multi) {
   ck_assert_ptr_nonnull(resp);
   ck_assert_int_eq(resp->status->code, QL_EINVAL);
   qlinear__v1__response__free_unpacked(resp, NULL);
+  /* A request may name its device: the CPU holds every weight, nothing
+   * else exists here. */
+  raw_call dev;
+  raw_init(&dev, &d, x, 1, 0);
+  dev.lin.weight = "w";
+  dev.lin.device = "cuda:0";
+  raw_run(&dev);
+  ck_assert_int_eq(dev.rc, QL_ENOTFOUND);
+  dev.lin.device = "cpu";
+  raw_run(&dev);
+  ck_assert_int_eq(dev.rc, 0);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }
