@@ -14,6 +14,7 @@
  * Formats: q4g, q8c and f8r (WO and AQ) and q8b (WO: it is a weight-only
  * format, DESIGN §4), all with a layout made by cpu.repack.
  */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,8 +111,14 @@ static int widen_x(const ql_linear_args *a, int check, const float **xf,
   return 0;
 }
 
-/* One linear call split over the pool: part p computes the tiles
- * [tiles·p/parts, tiles·(p+1)/parts), every row of x. */
+/*
+ * One linear call split over the pool as a grid of tparts x mparts: part
+ * p computes the tiles [tiles·i/tparts, tiles·(i+1)/tparts) for the rows
+ * [m·j/mparts, m·(j+1)/mparts), i = p % tparts, j = p / tparts. Rows are
+ * split only when there are fewer tiles than parts (a narrow layer with a
+ * large batch); the split changes which thread computes an output, never
+ * how (cpu.h).
+ */
 typedef struct lin_job {
   const ql__cpu_kernels *kt;
   const ql__cpu_packed *p;
@@ -119,49 +126,79 @@ typedef struct lin_job {
   const float *x; /* WO */
   int64_t m;
   ql__cpu_xq xq; /* AQ */
+  int64_t ng;    /* AQ: per-row entries of xq.gsum8 and xq.gsumf */
   const float *bias;
   float *y;
+  int tparts;
 } lin_job;
 
 static void lin_part(void *ctx, int part, int parts) {
   const lin_job *j = ctx;
   const ql__cpu_packed *p = j->p;
-  int64_t t0 = p->tiles * part / parts, t1 = p->tiles * (part + 1) / parts;
-  if (t0 >= t1)
+  int tparts = j->tparts, mparts = parts / tparts;
+  int ti = part % tparts, mi = part / tparts;
+  int64_t t0 = p->tiles * ti / tparts, t1 = p->tiles * (ti + 1) / tparts;
+  int64_t r0 = j->m * mi / mparts, r1 = j->m * (mi + 1) / mparts;
+  assert(parts % tparts == 0);
+  float *y = j->y + (size_t)r0 * (size_t)p->n;
+  if (t0 >= t1 || r0 >= r1)
     return;
   if (j->aq) {
+    ql__cpu_xq xq = j->xq;
+    size_t kr = (size_t)r0 * (size_t)xq.kp, gr = (size_t)r0 * (size_t)j->ng;
+    xq.m = r1 - r0;
+    xq.sx += r0;
+    if (xq.xq != NULL)
+      xq.xq += kr;
+    if (xq.gsum8 != NULL)
+      xq.gsum8 += gr;
+    if (xq.gsumf != NULL)
+      xq.gsumf += gr;
+    if (xq.xc != NULL)
+      xq.xc += kr;
+    if (xq.xe != NULL)
+      xq.xe += kr;
     if (p->format == QL_FORMAT_Q4G)
-      j->kt->aq_q4g(p, &j->xq, t0, t1, j->bias, j->y);
+      j->kt->aq_q4g(p, &xq, t0, t1, j->bias, y);
     else if (p->format == QL_FORMAT_F8R)
-      j->kt->aq_f8r(p, &j->xq, t0, t1, j->bias, j->y);
+      j->kt->aq_f8r(p, &xq, t0, t1, j->bias, y);
     else
-      j->kt->aq_q8c(p, &j->xq, t0, t1, j->bias, j->y);
+      j->kt->aq_q8c(p, &xq, t0, t1, j->bias, y);
   } else {
+    const float *x = j->x + (size_t)r0 * (size_t)p->k;
+    int64_t m = r1 - r0;
     switch (p->format) {
     case QL_FORMAT_Q4G:
-      j->kt->wo_q4g(p, j->x, j->m, t0, t1, j->bias, j->y);
+      j->kt->wo_q4g(p, x, m, t0, t1, j->bias, y);
       break;
     case QL_FORMAT_Q8B:
-      j->kt->wo_q8b(p, j->x, j->m, t0, t1, j->bias, j->y);
+      j->kt->wo_q8b(p, x, m, t0, t1, j->bias, y);
       break;
     case QL_FORMAT_F8R:
-      j->kt->wo_f8r(p, j->x, j->m, t0, t1, j->bias, j->y);
+      j->kt->wo_f8r(p, x, m, t0, t1, j->bias, y);
       break;
     default:
-      j->kt->wo_q8c(p, j->x, j->m, t0, t1, j->bias, j->y);
+      j->kt->wo_q8c(p, x, m, t0, t1, j->bias, y);
       break;
     }
   }
 }
 
 /* Runs the job on as many pool threads as the work is worth, then stores
- * y (already there for f32 outputs). */
+ * y (already there for f32 outputs). Tiles are split first; what is left
+ * of the threads splits the rows. */
 static void lin_run(lin_job *j, const ql_linear_args *a) {
   double macs = (double)j->m * (double)a->w->n * (double)a->w->k;
   int parts = macs < (double)PARALLEL_MIN_MACS ? 1 : ql__cpu_threads();
-  if ((int64_t)parts > j->p->tiles)
-    parts = (int)j->p->tiles;
-  ql__cpu_parallel(lin_part, j, parts);
+  int tparts = parts, mparts = 1;
+  if ((int64_t)tparts > j->p->tiles) {
+    tparts = (int)j->p->tiles;
+    mparts = parts / tparts;
+    if ((int64_t)mparts > j->m)
+      mparts = (int)j->m;
+  }
+  j->tparts = tparts;
+  ql__cpu_parallel(lin_part, j, tparts * mparts);
   if (a->dt != QL_DTYPE_F32)
     ql_from_f32(a->dt, j->y, a->y, (size_t)j->m * (size_t)a->w->n);
 }
@@ -199,14 +236,15 @@ out:
   return rc;
 }
 
-/* Quantizes the rows of xf [m][k], src data widened, into q (the
- * bit-exact int8 rule of ql_quantize_rows_i8_src), rows padded with zeros
- * to kp, with the sums the AQ kernels need (cpu.h). */
+/* Quantizes the rows [r0, r1) of xf [m][k], src data widened, into xq
+ * (the bit-exact int8 rule of ql_quantize_rows_i8_src), rows padded with
+ * zeros to kp, with the sums the AQ kernels need (cpu.h). */
 static int quantize_x(const ql__cpu_kernels *kt, const ql__cpu_packed *p,
-                      ql_dtype src, const float *xf, int64_t m, int8_t *xq,
-                      int64_t kp, float *sx, int32_t *gsum8, float *gsumf) {
+                      ql_dtype src, const float *xf, int64_t r0, int64_t r1,
+                      int8_t *xq, int64_t kp, float *sx, int32_t *gsum8,
+                      float *gsumf) {
   int64_t k = p->k;
-  for (int64_t r = 0; r < m; r++) {
+  for (int64_t r = r0; r < r1; r++) {
     int8_t *q = xq + (size_t)r * (size_t)kp;
     int rc = kt->quant_row(src, xf + (size_t)r * (size_t)k, k, q, sx + r);
     if (rc != 0)
@@ -231,6 +269,37 @@ static int quantize_x(const ql__cpu_kernels *kt, const ql__cpu_packed *p,
     }
   }
   return 0;
+}
+
+/* The int8 activation rows of one call, quantized in parts over the pool
+ * (rows are independent; each part records the error of its first bad
+ * row, and the call returns that of the lowest row, as the reference
+ * does). */
+typedef struct i8q_job {
+  const ql__cpu_kernels *kt;
+  const ql__cpu_packed *p;
+  ql_dtype src;
+  const float *xf;
+  int64_t m, kp;
+  int8_t *xq;
+  float *sx, *gsumf;
+  int32_t *gsum8;
+  int rc[256]; /* per part; the pool has at most 256 threads */
+} i8q_job;
+
+static void i8q_part(void *ctx, int part, int parts) {
+  i8q_job *j = ctx;
+  j->rc[part] = quantize_x(j->kt, j->p, j->src, j->xf, j->m * part / parts,
+                           j->m * (part + 1) / parts, j->xq, j->kp, j->sx,
+                           j->gsum8, j->gsumf);
+}
+
+/* Parts worth using to quantize m rows of k values. */
+static int xq_parts(int64_t m, int64_t k) {
+  int parts = (double)m * (double)k < (double)PARALLEL_MIN_XVALS
+                  ? 1
+                  : ql__cpu_threads();
+  return (int64_t)parts > m ? (int)m : parts;
 }
 
 /* The f8r activation rows of one call, quantized in parts over the pool
@@ -293,11 +362,7 @@ static int run_aq_f8r(const ql__cpu_kernels *kt, const ql_linear_args *a,
   q->m = a->m;
   q->k = k;
   q->kp = kp;
-  parts = (double)a->m * (double)k < (double)PARALLEL_MIN_XVALS
-              ? 1
-              : ql__cpu_threads();
-  if (parts > a->m)
-    parts = (int)a->m;
+  parts = xq_parts(a->m, k);
   ql__cpu_parallel(f8q_part, q, parts);
   for (int i = 0; i < parts; i++)
     if ((rc = q->rc[i]) != 0)
@@ -331,8 +396,9 @@ static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
   const float *xf;
   int64_t kb, kp, ng;
   size_t esz, xq_bytes;
+  i8q_job *q = NULL;
   lin_job j;
-  int rc;
+  int rc, parts;
 
   if ((rc = linear_args(a, &esz)) != 0)
     return rc;
@@ -371,9 +437,15 @@ static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
       (gsum8 = malloc((size_t)a->m * (size_t)ng * sizeof(int32_t))) == NULL ||
       (gsumf = malloc((size_t)a->m * (size_t)ng * sizeof(float))) == NULL)
     goto out;
-  if ((rc = quantize_x(j.kt, p, a->dt, xf, a->m, xq, kp, sx, gsum8, gsumf)) !=
-      0)
+  if ((q = calloc(1, sizeof *q)) == NULL)
     goto out;
+  *q = (i8q_job){.kt = j.kt, .p = p, .src = a->dt, .xf = xf, .m = a->m,
+                 .kp = kp, .xq = xq, .sx = sx, .gsumf = gsumf, .gsum8 = gsum8};
+  parts = xq_parts(a->m, a->w->k);
+  ql__cpu_parallel(i8q_part, q, parts);
+  for (int i = 0; i < parts; i++)
+    if ((rc = q->rc[i]) != 0)
+      goto out;
   free(xbuf);
   xbuf = NULL;
   rc = QL_ENOMEM;
@@ -384,6 +456,7 @@ static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
   j.aq = 1;
   j.m = a->m;
   j.xq = (ql__cpu_xq){xq, a->m, kp, sx, gsum8, gsumf, NULL, NULL};
+  j.ng = ng;
   j.bias = a->w->bias;
   j.y = a->dt == QL_DTYPE_F32 ? a->y : ybuf;
   lin_run(&j, a);
@@ -396,6 +469,7 @@ out:
   free(sx);
   free(gsum8);
   free(gsumf);
+  free(q);
   return rc;
 }
 

@@ -243,10 +243,23 @@ static void check_parallel_case(void) {
     free(x);
     ql_qweight_free(q);
   }
+  /* Narrow layers (1 and 2 tiles) with a large batch: fewer tiles than
+   * threads, so the rows are split too. */
+  for (int fi = 0; fi < 4; fi++)
+    for (int64_t n = 5; n <= 20; n += 15) {
+      ql_qweight *q = make_weight_a(7 + (uint64_t)fi, fs[fi], 64, fi == 2,
+                                    QL_DTYPE_BF16, n, 520, 1);
+      void *x = make_x(11, QL_DTYPE_BF16, 301, 520);
+      same_as_generic(q, QL_OP_LINEAR_WO, QL_DTYPE_BF16, x, 301, "rows WO");
+      if (fs[fi] != QL_FORMAT_Q8B)
+        same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_BF16, x, 301, "rows AQ");
+      free(x);
+      ql_qweight_free(q);
+    }
 }
 
 /* QL_CPU_THREADS = 1, 2, 3, 7: the bytes are the generic op's whatever
- * the split of N. */
+ * the split of N and M. */
 START_TEST(test_threads_same_bytes) {
   static const char *const nt[] = {"1", "2", "3", "7"};
   setenv("QL_CPU_THREADS", nt[_i], 1);
