@@ -280,11 +280,21 @@ int ql_quantize_rows_e4m3(const float *x, int64_t m, int64_t k, uint8_t *xq,
 /*
  * Reference weight-only linear: y[m,n] = Σ_k x[m,k]·dequant(W)[n,k] (+ b[n]),
  * fp32 accumulation in increasing k starting from 0.0f, then + b[n] in f32,
- * then one rounding to dt. x [M,K] and y [M,N] are in dtype dt,
+ * then one rounding to dt. q4g factors the zero out of each group
+ * (dequant = q·scale + zero):
+ *   acc = 0.0f; for g in increasing order:
+ *     a = 0.0f; for k in g, increasing: a = fmaf(x[k], (float)q[k], a);
+ *     acc = acc + fmaf(zero[g,n], xs[g], scale[g,n]·a)
+ * xs[g] = Σk∈g x[k] in f32 from 0.0f in increasing k (ql_q4g_group_sums). x [M,K] and y [M,N] are in dtype dt,
  * 1 <= M <= QL_DIM_MAX. Non-finite activations fail with QL_ENONFINITE
  * before y is written. Memory: O(M·K + K) floats; W is dequantized one row
  * at a time.
  */
+/* xs [m][ceil(k/gs)] = the f32 sums of x [m][k] over each group of gs
+ * values, from 0.0f in increasing k: the Σx of q4g WO (above). */
+void ql_q4g_group_sums(const float *x, int64_t m, int64_t k, uint32_t gs,
+                       float *xs);
+
 int ql_linear_wo_ref(const ql_qweight *w, ql_dtype dt, const void *x,
                      int64_t m, void *y);
 

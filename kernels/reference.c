@@ -225,6 +225,71 @@ static void store_out(ql_dtype dt, void *y, size_t esz, size_t i, float v) {
   ql_from_f32(dt, &v, (unsigned char *)y + i * esz, 1);
 }
 
+static void unpack_q4g_row(const ql_qweight *w, size_t r, int8_t *q);
+
+void ql_q4g_group_sums(const float *x, int64_t m, int64_t k, uint32_t gs,
+                       float *xs) {
+  int64_t groups = (k + (int64_t)gs - 1) / (int64_t)gs, full = k / (int64_t)gs;
+  for (int64_t r = 0; r < m; r++) {
+    const float *xr = x + (size_t)r * (size_t)k;
+    float *o = xs + (size_t)r * (size_t)groups;
+    for (int64_t g = 0; g < groups; g++)
+      o[g] = 0.0f;
+    /* groups innermost: independent sums, each still in increasing k */
+    for (int64_t i = 0; i < (int64_t)gs && full > 0; i++)
+      for (int64_t g = 0; g < full; g++)
+        o[g] += xr[g * (int64_t)gs + i];
+    for (int64_t i = full * (int64_t)gs; i < k; i++)
+      o[full] += xr[i];
+  }
+}
+
+/*
+ * q4g WO with the zero term factored out of each group (ql_kernels.h):
+ * per group a = Σ x·q by FMAs, then acc += fma(zero, Σx, scale·a). The
+ * zero·Σx term costs one multiply per group instead of one per weight,
+ * and q needs no dequantization: the CPU kernels' inner step is one FMA.
+ */
+static int linear_wo_q4g(const ql_qweight *w, const float *xf,
+                         const op_shape *s, ql_dtype dt, void *y) {
+  size_t groups = (size_t)w->groups, gs = w->group_size, mg;
+  float *xs = NULL;
+  int8_t *q = NULL;
+  int rc = QL_ESHAPE;
+
+  if (!mul_size(s->m, groups, &mg))
+    return rc;
+  rc = QL_ENOMEM;
+  if ((xs = malloc(mg * sizeof(float))) == NULL || (q = malloc(s->k)) == NULL)
+    goto fail;
+  ql_q4g_group_sums(xf, (int64_t)s->m, (int64_t)s->k, w->group_size, xs);
+  for (size_t n = 0; n < s->n; n++) {
+    unpack_q4g_row(w, n, q);
+    for (size_t mi = 0; mi < s->m; mi++) {
+      const float *xr = xf + mi * s->k;
+      float acc = 0.0f;
+      for (size_t g = 0; g < groups; g++) {
+        size_t k0 = g * gs, k1 = k0 + gs < s->k ? k0 + gs : s->k;
+        size_t si = g * s->n + n;
+        float a = 0.0f;
+        for (size_t k = k0; k < k1; k++)
+          a = fmaf(xr[k], (float)q[k], a);
+        acc += fmaf(ql_load_f32(w->scale_dtype, w->zero, si),
+                    xs[mi * groups + g],
+                    ql_load_f32(w->scale_dtype, w->scale, si) * a);
+      }
+      if (w->bias != NULL)
+        acc += w->bias[n];
+      store_out(dt, y, s->esz, mi * s->n + n, acc);
+    }
+  }
+  rc = 0;
+fail:
+  free(xs);
+  free(q);
+  return rc;
+}
+
 int ql_linear_wo_ref(const ql_qweight *w, ql_dtype dt, const void *x,
                      int64_t m, void *y) {
   float *xf = NULL, *wrow = NULL;
@@ -243,6 +308,10 @@ int ql_linear_wo_ref(const ql_qweight *w, ql_dtype dt, const void *x,
   for (i = 0; i < s.mk; i++)
     if (!isfinite(xf[i]))
       goto fail;
+  if (w->format == QL_FORMAT_Q4G) {
+    rc = linear_wo_q4g(w, xf, &s, dt, y);
+    goto fail;
+  }
 
   /* One dequantized row of W at a time, reused by every row of x: memory
    * stays O(M·K + K) however large N·K is. */

@@ -123,7 +123,8 @@ typedef struct lin_job {
   const ql__cpu_kernels *kt;
   const ql__cpu_packed *p;
   int aq;
-  const float *x; /* WO */
+  const float *x;  /* WO */
+  const float *xs; /* WO q4g: group sums of x [m][G] */
   int64_t m;
   ql__cpu_xq xq; /* AQ */
   int64_t ng;    /* AQ: per-row entries of xq.gsum8 and xq.gsumf */
@@ -169,7 +170,8 @@ static void lin_part(void *ctx, int part, int parts) {
     int64_t m = r1 - r0;
     switch (p->format) {
     case QL_FORMAT_Q4G:
-      j->kt->wo_q4g(p, x, m, t0, t1, j->bias, y);
+      j->kt->wo_q4g(p, x, j->xs + (size_t)r0 * (size_t)p->groups, m, t0, t1,
+                    j->bias, y);
       break;
     case QL_FORMAT_Q8B:
       j->kt->wo_q8b(p, x, m, t0, t1, j->bias, y);
@@ -206,7 +208,7 @@ static void lin_run(lin_job *j, const ql_linear_args *a) {
 static int run_wo(ql__cpu_level level, const ql_linear_args *a) {
   const ql__cpu_packed *p;
   ql__cpu_packed *tmp = NULL;
-  float *xbuf = NULL, *ybuf = NULL;
+  float *xbuf = NULL, *ybuf = NULL, *xs = NULL;
   lin_job j;
   size_t esz;
   int rc;
@@ -218,11 +220,19 @@ static int run_wo(ql__cpu_level level, const ql_linear_args *a) {
     goto out;
   if ((rc = layout(a, &p, &tmp)) != 0)
     goto out;
+  rc = QL_ENOMEM;
   if (a->dt != QL_DTYPE_F32 &&
-      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) == NULL) {
-    rc = QL_ENOMEM;
+      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) == NULL)
     goto out;
+  if (p->format == QL_FORMAT_Q4G) {
+    /* m·G <= m·K: no overflow once linear_args() passed */
+    if ((xs = malloc((size_t)a->m * (size_t)p->groups * sizeof(float))) ==
+        NULL)
+      goto out;
+    ql_q4g_group_sums(j.x, a->m, p->k, p->gs, xs);
   }
+  rc = 0;
+  j.xs = xs;
   j.kt = kernels(level);
   j.p = p;
   j.m = a->m;
@@ -233,6 +243,7 @@ out:
   ql__cpu_packed_free(tmp);
   free(xbuf);
   free(ybuf);
+  free(xs);
   return rc;
 }
 

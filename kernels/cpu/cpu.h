@@ -9,8 +9,8 @@
  * reference op (kernels/reference.c) for the same canonical weight, at
  * every level and for every thread count. Each output element is reduced
  * in the reference's order (increasing k, one f32 rounding per product and
- * per sum for WO; exact int32 sums and the reference's f32 epilogue for
- * AQ), and the SIMD lanes run across output rows n, never across k. So the
+ * per sum for WO, one FMA per weight and a per-group epilogue for q4g WO;
+ * exact int32 sums and the reference's f32 epilogue for AQ), and the SIMD lanes run across output rows n, never across k. So the
  * result of a row depends on that row alone (batch invariance, DESIGN §4),
  * on neither the split of N between threads nor the level. The files that
  * hold these kernels are compiled with -ffp-contract=off like the rest of
@@ -149,7 +149,7 @@ typedef struct ql__cpu_packed {
   size_t sz_bytes;    /* q4g: bytes of a group's scale+zero header; q8b:
                          bytes of the tile's header; q8c, f8r: 64 */
   size_t bytes;       /* total size of data */
-  int fma_dequant;    /* q4g and asymmetric q8b: every (scale, zero) of
+  int fma_dequant;    /* asymmetric q8b: every (scale, zero) of
                          the weight has fl(fl(q·s) + z) == fma(q, s, z)
                          for every q of the format (pack.c says when), so
                          the kernels may dequantize with one FMA; 0
@@ -225,7 +225,9 @@ typedef struct ql__cpu_xq {
  * One instruction level's kernels. Each computes the rows of y for the
  * tiles [t0, t1) of p, all m rows, as f32 ([m][N], bias added when bias is
  * not NULL), exactly as kernels/reference.c does.
- *  wo_*:   x [m][K] f32, finite.
+ *  wo_*:   x [m][K] f32, finite. wo_q4g also takes xs [m][G], the group
+ *          sums of x (ql_q4g_group_sums), and computes the factored form
+ *          of ql_linear_wo_ref.
  *  aq_*:   xq as above.
  *  quant_row: one row of ql_quantize_rows_i8_src (same bytes), x [k]
  *          f32 holding src values widened (not checked: the callers
@@ -235,8 +237,9 @@ typedef struct ql__cpu_xq {
  *          (ql__cpu_xq).
  */
 typedef struct ql__cpu_kernels {
-  void (*wo_q4g)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
-                 int64_t t1, const float *bias, float *y);
+  void (*wo_q4g)(const ql__cpu_packed *p, const float *x, const float *xs,
+                 int64_t m, int64_t t0, int64_t t1, const float *bias,
+                 float *y);
   void (*wo_q8c)(const ql__cpu_packed *p, const float *x, int64_t m, int64_t t0,
                  int64_t t1, const float *bias, float *y);
   void (*aq_q4g)(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t t0,

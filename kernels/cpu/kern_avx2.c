@@ -5,9 +5,9 @@
  * levels, each lane does the reference's operations in the reference's
  * order (no FMA: the feature is only required because every
  * AVX2 CPU has it and the F16C/AVX2 pair comes with it), except where
- * it is exact: the q4g and asymmetric q8b dequantization of a layout
- * whose scales allow it (cpu.h, fma_dequant), and the f8r AQ sums, whose
- * products are exact (kern_avx512.c).
+ * the reference has one (q4g WO) or it is exact: the asymmetric q8b
+ * dequantization of a layout whose scales allow it (cpu.h, fma_dequant),
+ * and the f8r AQ sums, whose products are exact (kern_avx512.c).
  *
  * The AQ kernels exist twice (kern_avx2_aq.h, included once per
  * variant): with vpdpbusd (AVX-VNNI), and without it, where the u8·s8
@@ -67,17 +67,18 @@ INL void store_col(const ql__cpu_packed *p, int64_t t, int c, __m256 v,
 
 /* ------------------------------------------------------------ WO q4g */
 
-/* tb tiles (2·tb columns) x mb rows, all of K; constant tb, mb. */
-INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
+/* tb tiles (2·tb columns) x mb rows, all of K; constant tb, mb. The zero
+ * is factored out of each group, as in kern_avx512.c. */
+INL void wo_q4g_blk(const ql__cpu_packed *p, const float *x, const float *xs,
                     int64_t m0, const int mb, int64_t t, const int tb,
                     const float *bias, float *y) {
-  __m256 acc[4][4], s[4], z[4];
+  __m256 acc[4][4], ga[4][4];
   const uint8_t *tp[2];
   const __m256i nib = _mm256_set1_epi32(0xF);
   const __m256i magic = _mm256_set1_epi32(0x4B000000);
   const __m256 magic8 = _mm256_set1_ps(8388616.0f); /* 2^23 + 8 */
   const size_t esz = ql_dtype_size(p->sdt);
-  const int64_t K = p->k;
+  const int64_t K = p->k, G = p->groups;
   const int nc = 2 * tb;
   const float *xr[4];
 
@@ -93,15 +94,16 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
   for (int r = 0; r < mb; r++)
     xr[r] = x + (size_t)(m0 + r) * (size_t)K;
 
-  for (int64_t g = 0; g < p->groups; g++) {
+  for (int64_t g = 0; g < G; g++) {
     const uint8_t *d[4];
     int64_t nb = ql__cpu_q4g_blocks(p, g), k0 = g * (int64_t)p->gs;
     UNROLL
     for (int c = 0; c < nc; c++) {
-      const uint8_t *gp = tp[c / 2] + (size_t)g * p->group_bytes;
-      s[c] = load8(p->sdt, gp + (size_t)((c & 1) * H) * esz);
-      z[c] = load8(p->sdt, gp + (size_t)(T + (c & 1) * H) * esz);
-      d[c] = gp + p->sz_bytes + (c & 1) * 32;
+      d[c] = tp[c / 2] + (size_t)g * p->group_bytes + p->sz_bytes +
+             (c & 1) * 32;
+      UNROLL
+      for (int r = 0; r < mb; r++)
+        ga[c][r] = _mm256_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++, k0 += QL_CPU_Q4G_KB) {
       __m256i v[4];
@@ -115,12 +117,10 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
     for (int c = 0; c < nc; c++) {                                             \
       __m256i u = _mm256_or_si256(_mm256_and_si256(u_of, nib), magic);         \
       __m256 qf = _mm256_sub_ps(_mm256_castsi256_ps(u), magic8);               \
-      __m256 wq = fma ? _mm256_fmadd_ps(qf, s[c], z[c])                        \
-                      : _mm256_add_ps(_mm256_mul_ps(qf, s[c]), z[c]);          \
       UNROLL                                                                   \
       for (int r = 0; r < mb; r++)                                             \
-        acc[c][r] = _mm256_add_ps(                                             \
-            acc[c][r], _mm256_mul_ps(_mm256_set1_ps(xr[r][k0 + (i)]), wq));    \
+        ga[c][r] =                                                             \
+            _mm256_fmadd_ps(_mm256_set1_ps(xr[r][k0 + (i)]), qf, ga[c][r]);    \
     }                                                                          \
   } while (0)
       if (K - k0 >= QL_CPU_Q4G_KB) {
@@ -140,6 +140,18 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
         }
       }
 #undef WO_Q4G_STEP
+    }
+    UNROLL
+    for (int c = 0; c < nc; c++) {
+      const uint8_t *gp = tp[c / 2] + (size_t)g * p->group_bytes;
+      __m256 s = load8(p->sdt, gp + (size_t)((c & 1) * H) * esz);
+      __m256 z = load8(p->sdt, gp + (size_t)(T + (c & 1) * H) * esz);
+      UNROLL
+      for (int r = 0; r < mb; r++) {
+        __m256 sx = _mm256_set1_ps(xs[(size_t)(m0 + r) * (size_t)G + g]);
+        acc[c][r] = _mm256_add_ps(
+            acc[c][r], _mm256_fmadd_ps(z, sx, _mm256_mul_ps(s, ga[c][r])));
+      }
     }
   }
   UNROLL
@@ -481,13 +493,10 @@ INL void aq_f8r_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
     t += tb;                                                                   \
   }
 
-static TGT void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
-                       int64_t t0, int64_t t1, const float *bias, float *y) {
-  if (p->fma_dequant) {
-    DRIVE(wo_q4g_blk, 1, p, x, m0)
-  } else {
-    DRIVE(wo_q4g_blk, 0, p, x, m0)
-  }
+static TGT void wo_q4g(const ql__cpu_packed *p, const float *x,
+                       const float *xs, int64_t m, int64_t t0, int64_t t1,
+                       const float *bias, float *y) {
+  DRIVE(wo_q4g_blk, p, x, xs, m0)
 }
 
 static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,

@@ -6,10 +6,10 @@
  * arithmetic of each lane is, operation for operation, that of kern_c.c
  * and of the reference (no FMA: mul and add round separately, and the
  * library is compiled with -ffp-contract=off so that the compiler does
- * not fuse them either), except where an FMA is exact: the q4g and
- * asymmetric q8b dequantization of a layout whose scales allow it (cpu.h,
- * fma_dequant), and the f8r AQ sums, whose products are exact (see f8r
- * below).
+ * not fuse them either), except where the reference itself has an FMA
+ * (q4g WO) or an FMA is exact: the asymmetric q8b dequantization of a
+ * layout whose scales allow it (cpu.h, fma_dequant), and the f8r AQ sums,
+ * whose products are exact (see f8r below).
  *
  * Decoding without a conversion instruction: a 4-bit u (or 8-bit byte)
  * OR-ed into the mantissa of 2^23 is the float 2^23 + u, and subtracting
@@ -88,18 +88,20 @@ INL __m512i bcast32(const int8_t *p) {
 /*
  * tb tiles (starting at t) x mb rows of x (starting at m0), all of K.
  * Called with constant tb and mb so that the accumulators stay in
- * registers.
+ * registers. The zero is factored out of each group (ql_linear_wo_ref):
+ * per weight one decode (shift, mask into the mantissa of 2^23, subtract)
+ * and one FMA per row; per group s·a + z·Σx.
  */
-INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
+INL void wo_q4g_blk(const ql__cpu_packed *p, const float *x, const float *xs,
                     int64_t m0, const int mb, int64_t t, const int tb,
                     const float *bias, float *y) {
-  __m512 acc[4][4];
+  __m512 acc[4][4], ga[4][4];
   const uint8_t *tp[4];
   const __m512i nib = _mm512_set1_epi32(0xF);
   const __m512i magic = _mm512_set1_epi32(0x4B000000);
   const __m512 magic8 = _mm512_set1_ps(8388616.0f); /* 2^23 + 8 */
   const size_t esz = ql_dtype_size(p->sdt);
-  const int64_t K = p->k;
+  const int64_t K = p->k, G = p->groups;
   const float *xr[4];
 
   UNROLL
@@ -113,16 +115,15 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
   for (int r = 0; r < mb; r++)
     xr[r] = x + (size_t)(m0 + r) * (size_t)K;
 
-  for (int64_t g = 0; g < p->groups; g++) {
-    __m512 s[4], z[4];
+  for (int64_t g = 0; g < G; g++) {
     const uint8_t *d[4];
     int64_t nb = ql__cpu_q4g_blocks(p, g), k0 = g * (int64_t)p->gs;
     UNROLL
     for (int a = 0; a < tb; a++) {
-      const uint8_t *gp = tp[a] + (size_t)g * p->group_bytes;
-      s[a] = load16(p->sdt, gp);
-      z[a] = load16(p->sdt, gp + T * esz);
-      d[a] = gp + p->sz_bytes;
+      d[a] = tp[a] + (size_t)g * p->group_bytes + p->sz_bytes;
+      UNROLL
+      for (int r = 0; r < mb; r++)
+        ga[a][r] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; b++, k0 += QL_CPU_Q4G_KB) {
       __m512i v[4];
@@ -138,12 +139,10 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
     for (int a = 0; a < tb; a++) {                                             \
       __m512i u = _mm512_ternarylogic_epi32(u_of, nib, magic, 0xEA);           \
       __m512 qf = _mm512_sub_ps(_mm512_castsi512_ps(u), magic8);               \
-      __m512 wq = fma ? _mm512_fmadd_ps(qf, s[a], z[a])                        \
-                      : _mm512_add_ps(_mm512_mul_ps(qf, s[a]), z[a]);          \
       UNROLL                                                                   \
       for (int r = 0; r < mb; r++)                                             \
-        acc[a][r] = _mm512_add_ps(                                             \
-            acc[a][r], _mm512_mul_ps(_mm512_set1_ps(xr[r][k0 + (i)]), wq));    \
+        ga[a][r] =                                                             \
+            _mm512_fmadd_ps(_mm512_set1_ps(xr[r][k0 + (i)]), qf, ga[a][r]);    \
     }                                                                          \
   } while (0)
       if (K - k0 >= QL_CPU_Q4G_KB) {
@@ -163,6 +162,17 @@ INL void wo_q4g_blk(const int fma, const ql__cpu_packed *p, const float *x,
         }
       }
 #undef WO_Q4G_STEP
+    }
+    UNROLL
+    for (int a = 0; a < tb; a++) {
+      const uint8_t *gp = tp[a] + (size_t)g * p->group_bytes;
+      __m512 s = load16(p->sdt, gp), z = load16(p->sdt, gp + T * esz);
+      UNROLL
+      for (int r = 0; r < mb; r++) {
+        __m512 sx = _mm512_set1_ps(xs[(size_t)(m0 + r) * (size_t)G + g]);
+        acc[a][r] = _mm512_add_ps(
+            acc[a][r], _mm512_fmadd_ps(z, sx, _mm512_mul_ps(s, ga[a][r])));
+      }
     }
   }
   UNROLL
@@ -890,19 +900,18 @@ static inline int64_t m_chunk(size_t row_bytes) {
 /*
  * Tiles in blocks of tb, rows in blocks of up to 4 (2 with 4 tiles: the
  * registers), tiles outermost so that a block of weight tiles stays in
- * cache while every row of x passes over it. 1-2 rows take TB12 tiles at
- * a time (several independent sums hide the latency of the adds; q4g WO,
- * with more work per weight, is best at 2 and the others at 4 on Zen 5).
+ * cache while every row of x passes over it. 1-2 rows take 4 tiles at a
+ * time (several independent sums hide the latency of the adds).
  * Many rows go in chunks whose x fits the L2 cache (m_chunk), each chunk
  * passing over all the tiles, so that x is not fetched again from L3 for
  * every tile. The blocking changes which lanes share a pass, never the
  * operations on a lane.
  */
-#define DRIVE(TB12, ROWB, blk, ...)                                            \
+#define DRIVE(ROWB, blk, ...)                                            \
   for (int64_t mc = 0, mcn = m_chunk(ROWB); mc < m; mc += mcn) {               \
     int64_t mend = m - mc < mcn ? m : mc + mcn;                                \
     for (int64_t t = t0; t < t1;) {                                            \
-      int tb = m <= 2 ? (TB12) : 2;                                            \
+      int tb = m <= 2 ? 4 : 2;                                            \
       if (t1 - t < tb)                                                         \
         tb = t1 - t >= 2 ? 2 : 1;                                              \
       for (int64_t m0 = mc; m0 < mend;) {                                      \
@@ -916,18 +925,15 @@ static inline int64_t m_chunk(size_t row_bytes) {
     }                                                                          \
   }
 
-static TGT void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
-                       int64_t t0, int64_t t1, const float *bias, float *y) {
-  if (p->fma_dequant) {
-    DRIVE(2, (size_t)p->k * 4, wo_q4g_blk, 1, p, x, m0)
-  } else {
-    DRIVE(2, (size_t)p->k * 4, wo_q4g_blk, 0, p, x, m0)
-  }
+static TGT void wo_q4g(const ql__cpu_packed *p, const float *x,
+                       const float *xs, int64_t m, int64_t t0, int64_t t1,
+                       const float *bias, float *y) {
+  DRIVE((size_t)p->k * 4, wo_q4g_blk, p, x, xs, m0)
 }
 
 static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
-  DRIVE(4, (size_t)p->k * 4, wo_q8c_blk, p, x, m0)
+  DRIVE((size_t)p->k * 4, wo_q8c_blk, p, x, m0)
 }
 
 static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
@@ -986,11 +992,11 @@ static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
 static TGT void wo_q8b(const ql__cpu_packed *p, const float *x, int64_t m,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   if (!p->asym) {
-    DRIVE(4, (size_t)p->k * 4, wo_q8b_blk, 0, 0, p, x, m0)
+    DRIVE((size_t)p->k * 4, wo_q8b_blk, 0, 0, p, x, m0)
   } else if (p->fma_dequant) {
-    DRIVE(4, (size_t)p->k * 4, wo_q8b_blk, 1, 1, p, x, m0)
+    DRIVE((size_t)p->k * 4, wo_q8b_blk, 1, 1, p, x, m0)
   } else {
-    DRIVE(4, (size_t)p->k * 4, wo_q8b_blk, 1, 0, p, x, m0)
+    DRIVE((size_t)p->k * 4, wo_q8b_blk, 1, 0, p, x, m0)
   }
 }
 
@@ -999,9 +1005,9 @@ static TGT void wo_f8r(const ql__cpu_packed *p, const float *x, int64_t m,
   if (ql__cpu_daz()) {
     ql__cpu_kernels_c.wo_f8r(p, x, m, t0, t1, bias, y);
   } else if (p->f8_fold) {
-    DRIVE(4, (size_t)p->k * 4, wo_f8r_blk, 1, p, x, m0)
+    DRIVE((size_t)p->k * 4, wo_f8r_blk, 1, p, x, m0)
   } else {
-    DRIVE(4, (size_t)p->k * 4, wo_f8r_blk, 0, p, x, m0)
+    DRIVE((size_t)p->k * 4, wo_f8r_blk, 0, p, x, m0)
   }
 }
 
@@ -1015,7 +1021,7 @@ static TGT void aq_f8r(const ql__cpu_packed *p, const ql__cpu_xq *xq,
     return;
   }
   if (m < 6) {
-    DRIVE(4, (size_t)xq->kp * 4, aq_f8r_blk, p, xq, m0)
+    DRIVE((size_t)xq->kp * 4, aq_f8r_blk, p, xq, m0)
     return;
   }
   for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp * 4); mc < m; mc += mcn) {

@@ -5,6 +5,7 @@
  * a sum). It is also the readable statement of what the SIMD levels
  * compute: each of them must give these bytes, which are the reference's.
  */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -38,10 +39,12 @@ static void store_rows(const ql__cpu_packed *p, int64_t t, int64_t m0, int mb,
     }
 }
 
-/* WO q4g: ŵ = (float)q·s + z, then acc += x·ŵ in increasing k. */
-static void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
-                   int64_t t0, int64_t t1, const float *bias, float *y) {
-  float acc[MB][T], wq[QL_CPU_Q4G_KB][T], s[T], z[T];
+/* WO q4g, the zero factored out of each group: a = Σ fma(x, q, a) over
+ * the group, then acc += fma(z, Σx, s·a) (ql_linear_wo_ref). */
+static void wo_q4g(const ql__cpu_packed *p, const float *x, const float *xs,
+                   int64_t m, int64_t t0, int64_t t1, const float *bias,
+                   float *y) {
+  float acc[MB][T], ga[MB][T], qf[QL_CPU_Q4G_KB][T], s[T], z[T];
   for (int64_t t = t0; t < t1; t++) {
     const uint8_t *tile = p->data + (size_t)t * p->tile_bytes;
     for (int64_t m0 = 0; m0 < m; m0 += MB) {
@@ -51,6 +54,7 @@ static void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
         const uint8_t *gp = tile + (size_t)g * p->group_bytes;
         int64_t nb = ql__cpu_q4g_blocks(p, g);
         load_sz(p, gp, s, z);
+        memset(ga, 0, sizeof ga);
         for (int64_t b = 0; b < nb; b++) {
           const uint8_t *blk = gp + p->sz_bytes + (size_t)b * QL_CPU_BLOCK;
           int64_t k0 = g * (int64_t)p->gs + b * QL_CPU_Q4G_KB;
@@ -58,14 +62,19 @@ static void wo_q4g(const ql__cpu_packed *p, const float *x, int64_t m,
           for (int i = 0; i < kn; i++)
             for (int j = 0; j < T; j++) {
               unsigned u = (blk[4 * j + (i & 3)] >> (i & 4)) & 0xFu;
-              wq[i][j] = (float)((int)u - 8) * s[j] + z[j];
+              qf[i][j] = (float)((int)u - 8);
             }
           for (int r = 0; r < mb; r++) {
             const float *xr = x + (size_t)(m0 + r) * (size_t)p->k + k0;
             for (int i = 0; i < kn; i++)
               for (int j = 0; j < T; j++)
-                acc[r][j] += xr[i] * wq[i][j];
+                ga[r][j] = fmaf(xr[i], qf[i][j], ga[r][j]);
           }
+        }
+        for (int r = 0; r < mb; r++) {
+          float sx = xs[(size_t)(m0 + r) * (size_t)p->groups + (size_t)g];
+          for (int j = 0; j < T; j++)
+            acc[r][j] += fmaf(z[j], sx, s[j] * ga[r][j]);
         }
       }
       store_rows(p, t, m0, mb, acc, bias, y);

@@ -76,10 +76,9 @@ static unsigned q4g_u(const ql_qweight *w, size_t rowbytes, int64_t n,
 /*
  * 1 when the dequantization q·s + z of every group can be one FMA with the
  * reference's bytes, for integer codes |q| <= qmax = 2^qbits with at most
- * qbits significant bits (q4g: q in [-8, 7], qbits 3; q8b: q in [-128,
- * 127], qbits 7): q·s is exact in f32 when s has at most 24 - qbits
- * significant bits (its qbits lowest significand bits clear; every bf16
- * scale qualifies, and every f16 one for q4g; subnormal products stay
+ * qbits significant bits (q8b: q in [-128, 127], qbits 7): q·s is exact
+ * in f32 when s has at most 24 - qbits significant bits (its qbits lowest
+ * significand bits clear; every bf16 and f16 scale qualifies; subnormal products stay
  * multiples of 2^-149, so exact too), and then fl(fl(q·s) + z) and
  * fma(q, s, z) round the same exact sum once, provided fl(q·s) cannot
  * overflow (qmax·|s| + |z| <= FLT_MAX keeps both finite).
@@ -112,9 +111,7 @@ static int f8_fold_ok(const ql_qweight *w) {
 /* The flags derived from the weight's scales (never trusted from an
  * image). */
 static void layout_flags(const ql_qweight *w, ql__cpu_packed *p) {
-  if (w->format == QL_FORMAT_Q4G)
-    p->fma_dequant = fma_exact(w, 3);
-  else if (w->format == QL_FORMAT_Q8B && w->asymmetric)
+  if (w->format == QL_FORMAT_Q8B && w->asymmetric)
     p->fma_dequant = fma_exact(w, 7);
   else if (w->format == QL_FORMAT_F8R)
     p->f8_fold = f8_fold_ok(w);

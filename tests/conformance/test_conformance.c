@@ -34,7 +34,8 @@
  *  WO:  γ(K+3)·(Σk |x|·m_k + |b|) + (K+3)·η, m_k = |q·s| + |z| for formats
  *       with a zero point, else |ŵ|: K products and sums, the bias, and
  *       two roundings for a dequantization done in-kernel in another order
- *       (an FMA q·s+z, say).
+ *       (an FMA q·s+z, say); q4g, whose zero is factored out of each group
+ *       (s·Σx·q + z·Σx), adds G to both counts.
  *  AQ q8c: γ(4)·(|acc·sx·sw| + |b|): int32 acc exact, then at most
  *       4 roundings (acc to f32, sx·sw, the product, the bias).
  *  AQ q4g: γ(2G+5)·(|sx|·Σg(|s|(|A|+8|S|) + (|z|+8|s|)|S|) + |b|),
@@ -560,6 +561,8 @@ static int ref_wo(const ql_qweight *q, const float *xw, int64_t m,
   double *xd = xmalloc((size_t)k * sizeof(double));
   double *xa = xmalloc((size_t)k * sizeof(double));
   int zp = q->zero != NULL;
+  /* q4g sums x·q and x per group, then the groups: G more roundings */
+  double ng = q->format == QL_FORMAT_Q4G ? (double)q->groups : 0.0;
   int rc = ql_qweight_dequantize(q, dq);
 
   for (j0 = 0; rc == 0 && j0 < n; j0 += JB) {
@@ -597,9 +600,9 @@ static int ref_wo(const ql_qweight *q, const float *xw, int64_t m,
         }
         y64[r * n + j] = ((e[0] + e[1]) + (e[2] + e[3])) + b;
         err[r * n + j] =
-            gamma_n((double)k + 3) *
+            gamma_n((double)k + 3 + ng) *
                 (((a[0] + a[1]) + (a[2] + a[3])) + fabs(b)) +
-            ((double)k + 3) * ETA;
+            ((double)k + 3 + ng) * ETA;
       }
     }
   }
@@ -2310,7 +2313,7 @@ int main(void) {
          "block), rest gauss + offset\n"
          "  quantize_rows: every M x K (+ huge K at M=8) for int8 gs "
          "32..256/K with and without gsum, and e4m3, all act dtypes\n"
-         "bounds: u = 2^-24, g(n) = n*u/(1-n*u); WO g(K+3)*(sum|x|*m + |b|); "
+         "bounds: u = 2^-24, g(n) = n*u/(1-n*u); WO g(K+3[+G])*(sum|x|*m + |b|); "
          "AQ q8c g(4)*(|Y|+|b|), q4g g(2G+5)*(..), f8r g(K+3)*(..); "
          "+ half ulp for f16/bf16 y\n",
          NSHAPE, NSHAPE / 8, (long long)HUGE_K[0], (long long)HUGE_K[1],

@@ -438,42 +438,6 @@ START_TEST(test_repack_f8r_nan) {
 }
 END_TEST
 
-/* The q4g layout allows the one-FMA dequantization exactly when it gives
- * the reference's bytes: bf16/f16 scales (few significant bits) yes,
- * arbitrary f32 scales no, and never when q·s could overflow. Both kinds
- * of layout then run through the level matrix above. */
-START_TEST(test_repack_fma_flag) {
-  ql__cpu_packed *p = NULL;
-  ql_qweight *q = make_weight(7, QL_FORMAT_Q4G, 32, QL_DTYPE_BF16, 16, 256, 0);
-  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
-  ck_assert_int_eq(p->fma_dequant, 1);
-  ql__cpu_packed_free(p);
-  ql_qweight_free(q);
-  q = make_weight(7, QL_FORMAT_Q4G, 32, QL_DTYPE_F16, 16, 256, 0);
-  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
-  ck_assert_int_eq(p->fma_dequant, 1);
-  ql__cpu_packed_free(p);
-  ql_qweight_free(q);
-  q = make_weight(7, QL_FORMAT_Q4G, 32, QL_DTYPE_F32, 16, 256, 0);
-  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
-  ck_assert_int_eq(p->fma_dequant, 0);
-  ql__cpu_packed_free(p);
-  /* the same f32 scales cut to 21 significant bits qualify... */
-  for (int64_t i = 0; i < q->groups * q->n; i++)
-    ((float *)q->scale)[i] =
-        tu_bits_f32(tu_f32_bits(((float *)q->scale)[i]) & ~7u);
-  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
-  ck_assert_int_eq(p->fma_dequant, 1);
-  ql__cpu_packed_free(p);
-  /* ...unless one is so large that 8·s overflows */
-  ((float *)q->scale)[5] = 0x1p126f;
-  ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
-  ck_assert_int_eq(p->fma_dequant, 0);
-  ql__cpu_packed_free(p);
-  ql_qweight_free(q);
-}
-END_TEST
-
 /* Asymmetric q8b: one FMA q·s + z is exact when s has at most 17
  * significant bits (q has up to 7) and 128·|s| + |z| stays finite; bf16
  * and f16 scales qualify, arbitrary f32 ones do not. Symmetric q8b has no
@@ -990,7 +954,6 @@ static Suite *cpu_suite(void) {
   tcase_add_test(tc, test_repack_round_trip);
   tcase_add_test(tc, test_repack_sizes);
   tcase_add_test(tc, test_repack_f8r_nan);
-  tcase_add_test(tc, test_repack_fma_flag);
   tcase_add_test(tc, test_repack_q8b_f8r_flags);
   tcase_add_test(tc, test_repack_op);
   tcase_add_test(tc, test_packed_null_and_mismatch);

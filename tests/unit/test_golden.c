@@ -651,21 +651,25 @@ static float add32(float a, float b) {
 
 /*
  * y against ref (TorchAO's f64 product rounded to f32), per element:
- *   |y - ref| <= c·Σk |a_k·b_k| + Σk |a_k|·|Δb_k| + u·|ref|
- * where a, b are the factors TorchAO multiplied, Δb how far our weight is
- * from TorchAO's (0 where the import is exact), c = γ_K = K·u/(1 - K·u)
- * for fp32 accumulation plus `extra`·u for the AQ path's scale products.
+ *   |y - ref| <= c·Σk |a_k|·m_k + Σk |a_k|·|Δb_k| + u·|ref|
+ * where a, b are the factors TorchAO multiplied, m_k = |b_k| or, for our
+ * q4g WO (the zero factored out of each group, ql_linear_wo_ref), mb_k =
+ * |q·s| + |z|, Δb how far our weight is from TorchAO's (0 where the
+ * import is exact), c = γ(K + extra) = n·u/(1 - n·u): fp32 accumulation
+ * plus `extra` roundings (the AQ path's scale products; q4g's G group
+ * sums).
  */
 static void check_product(const gcase *c, const char *what, const float *y,
                           const float *ref, const double *a, const float *b,
-                          const float *bours, double extra) {
-  double k = (double)c->k, gk = k * U32 / (1 - k * U32) + extra * U32;
+                          const float *bours, const double *mb,
+                          double extra) {
+  double k = (double)c->k + extra, gk = k * U32 / (1 - k * U32);
   for (int64_t m = 0; m < c->mm; m++)
     for (int64_t n = 0; n < c->n; n++) {
       double mag = 0, dw = 0;
       for (int64_t i = 0; i < c->k; i++) {
         double ai = a[m * c->k + i], bi = b[n * c->k + i];
-        mag += fabs(ai * bi);
+        mag += fabs(ai) * (mb != NULL ? mb[n * c->k + i] : fabs(bi));
         dw += fabs(ai) * fabs(bi - (double)bours[n * c->k + i]);
       }
       double r = ref[m * c->n + n], got = y[m * c->n + n];
@@ -741,7 +745,24 @@ START_TEST(test_linear) {
   /* weight-only, in f32 (a bf16 x is widened exactly) */
   rc = ql_linear_wo_ref(w, QL_DTYPE_F32, xf, c.mm, y);
   REQUIRE(rc == 0, "%s: wo_ref failed (%d)", c.name, rc);
-  check_product(&c, "wo", y, yw.data, xd, deq.data, wours, 0);
+  double *mb = NULL, ex = 0;
+  if (w->format == QL_FORMAT_Q4G) {
+    size_t rowbytes = (size_t)(c.k / 2 + (c.k & 1));
+    mb = tu_xmalloc((size_t)(c.n * c.k) * sizeof *mb);
+    for (int64_t n = 0; n < c.n; n++)
+      for (int64_t i = 0; i < c.k; i++) {
+        size_t si = (size_t)(i / w->group_size * c.n + n);
+        unsigned nib = (w->qdata[(size_t)n * rowbytes + (size_t)(i / 2)] >>
+                        ((i & 1) * 4)) & 0xFu;
+        mb[n * c.k + i] =
+            fabs(((int)(nib ^ 8u) - 8) *
+                 (double)ql_load_f32(w->scale_dtype, w->scale, si)) +
+            fabs((double)ql_load_f32(w->scale_dtype, w->zero, si));
+      }
+    ex = (double)w->groups + 3;
+  }
+  check_product(&c, "wo", y, yw.data, xd, deq.data, wours, mb, ex);
+  free(mb);
   /* in the source dtype: the same sums, one rounding at the end */
   if (c.src != QL_DTYPE_F32) {
     uint16_t *y16 = tu_xmalloc(mn * 2);
@@ -777,7 +798,7 @@ START_TEST(test_linear) {
      * and ŵ rounded on TorchAO's: 5u beyond the accumulation term. */
     unsigned char *yd = tu_xmalloc(mn * 4);
     aq_formula(&c, w, xf, y);
-    check_product(&c, "aq", y, ya.data, xd, deq.data, wours, 5);
+    check_product(&c, "aq", y, ya.data, xd, deq.data, wours, NULL, 5);
     rc = ql_linear_aq_ref(w, c.src, c.x.data, c.mm, yd);
     REQUIRE(rc == 0, "%s: aq_ref failed (%d)", c.name, rc);
     for (size_t i = 0; i < mn; i++) {

@@ -916,8 +916,23 @@ static void wo_naive(const ql_qweight *q, const float *x, int64_t m,
   for (r = 0; r < m; r++)
     for (j = 0; j < n; j++) {
       float acc = 0.0f;
-      for (i = 0; i < k; i++)
-        acc = add32(acc, mul32(x[r * k + i], dq[j * k + i]));
+      if (q->format == QL_FORMAT_Q4G) {
+        /* the zero factored out of each group (ql_kernels.h) */
+        for (int64_t g = 0; g < q->groups; g++) {
+          int64_t k0 = g * q->group_size, k1 = k0 + q->group_size;
+          float s = ql_load_f32(q->scale_dtype, q->scale, (size_t)(g * n + j));
+          float z = ql_load_f32(q->scale_dtype, q->zero, (size_t)(g * n + j));
+          float a = 0.0f, xs = 0.0f;
+          for (i = k0; i < k1 && i < k; i++) {
+            a = fmaf(x[r * k + i], (float)wq_at(q, j, i), a);
+            xs = add32(xs, x[r * k + i]);
+          }
+          acc = add32(acc, fmaf(z, xs, mul32(s, a)));
+        }
+      } else {
+        for (i = 0; i < k; i++)
+          acc = add32(acc, mul32(x[r * k + i], dq[j * k + i]));
+      }
       if (q->bias)
         acc = add32(acc, q->bias[j]);
       y[r * n + j] = acc;
@@ -925,7 +940,9 @@ static void wo_naive(const ql_qweight *q, const float *x, int64_t m,
   free(dq);
 }
 
-/* fp64 WO and its error bound: |y - y64| <= (K+2)·2^-24·(Σ|x·ŵ| + |b|). */
+/* fp64 WO and its error bound: |y - y64| <= (K+2)·2^-24·(Σ|x·ŵ| + |b|);
+ * for q4g, whose sums run over x·q and Σx per group, (K+G+3)·2^-24·
+ * (Σ|x|·(|q·s| + |z|) + |b|). */
 static void wo_check64(const ql_qweight *q, const float *x, int64_t m,
                        const float *y) {
   int64_t n = q->n, k = q->k, r, j, i;
@@ -935,16 +952,26 @@ static void wo_check64(const ql_qweight *q, const float *x, int64_t m,
   for (r = 0; r < m; r++)
     for (j = 0; j < n; j++) {
       double e = 0.0, a = 0.0, bound;
+      int q4 = q->format == QL_FORMAT_Q4G;
       for (i = 0; i < k; i++) {
         double p = (double)x[r * k + i] * dq[j * k + i];
         e += p;
-        a += fabs(p);
+        if (q4) {
+          size_t si = (size_t)(i / q->group_size * n + j);
+          a += fabs((double)x[r * k + i]) *
+               (fabs((double)wq_at(q, j, i) *
+                     ql_load_f32(q->scale_dtype, q->scale, si)) +
+                fabs((double)ql_load_f32(q->scale_dtype, q->zero, si)));
+        } else {
+          a += fabs(p);
+        }
       }
       if (q->bias) {
         e += q->bias[j];
         a += fabs(q->bias[j]);
       }
-      bound = (double)(k + 2) * 0x1p-24 * a * 1.01 + 1e-37;
+      bound = (double)(k + 2 + (q4 ? q->groups + 1 : 0)) * 0x1p-24 * a * 1.01 +
+              1e-37;
       REQUIRE(fabs(y[r * n + j] - e) <= bound,
               "WO y[%lld,%lld] = %.9g, fp64 %.17g, bound %g (K %lld)",
               (long long)r, (long long)j, (double)y[r * n + j], e, bound,
