@@ -285,7 +285,10 @@ int ql_quantize_rows_e4m3(const float *x, int64_t m, int64_t k, uint8_t *xq,
  *   acc = 0.0f; for g in increasing order:
  *     a = 0.0f; for k in g, increasing: a = fmaf(x[k], (float)q[k], a);
  *     acc = acc + fmaf(zero[g,n], xs[g], scale[g,n]·a)
- * xs[g] = Σk∈g x[k] in f32 from 0.0f in increasing k (ql_q4g_group_sums). x [M,K] and y [M,N] are in dtype dt,
+ * xs[g] = Σk∈g x[k] in f32 from 0.0f in increasing k (ql_q4g_group_sums).
+ * q8c factors the scale out of the row:
+ *   a = 0.0f; for k increasing: a = fmaf(x[k], (float)q[k], a);
+ *   acc = scale[n]·a x [M,K] and y [M,N] are in dtype dt,
  * 1 <= M <= QL_DIM_MAX. Non-finite activations fail with QL_ENONFINITE
  * before y is written. Memory: O(M·K + K) floats; W is dequantized one row
  * at a time.

@@ -9,7 +9,8 @@
  * reference op (kernels/reference.c) for the same canonical weight, at
  * every level and for every thread count. Each output element is reduced
  * in the reference's order (increasing k, one f32 rounding per product and
- * per sum for WO, one FMA per weight and a per-group epilogue for q4g WO;
+ * per sum for WO, one FMA per weight and a per-group or per-row epilogue
+ * for q4g and q8c WO;
  * exact int32 sums and the reference's f32 epilogue for AQ), and the SIMD lanes run across output rows n, never across k. So the
  * result of a row depends on that row alone (batch invariance, DESIGN §4),
  * on neither the split of N between threads nor the level. The files that

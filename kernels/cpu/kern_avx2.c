@@ -5,7 +5,7 @@
  * levels, each lane does the reference's operations in the reference's
  * order (no FMA: the feature is only required because every
  * AVX2 CPU has it and the F16C/AVX2 pair comes with it), except where
- * the reference has one (q4g WO) or it is exact: the asymmetric q8b
+ * the reference has one (q4g and q8c WO) or it is exact: the asymmetric q8b
  * dequantization of a layout whose scales allow it (cpu.h, fma_dequant),
  * and the f8r AQ sums, whose products are exact (kern_avx512.c).
  *
@@ -201,11 +201,10 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
     for (int c = 0; c < nc; c++) {                                             \
       __m256i u = _mm256_or_si256(_mm256_and_si256(u_of, byte), magic);        \
       __m256 qf = _mm256_sub_ps(_mm256_castsi256_ps(u), magic128);             \
-      __m256 wq = _mm256_mul_ps(qf, s[c]);                                     \
       UNROLL                                                                   \
       for (int r = 0; r < mb; r++)                                             \
-        acc[c][r] = _mm256_add_ps(                                             \
-            acc[c][r], _mm256_mul_ps(_mm256_set1_ps(xr[r][k0 + (i)]), wq));    \
+        acc[c][r] =                                                            \
+            _mm256_fmadd_ps(_mm256_set1_ps(xr[r][k0 + (i)]), qf, acc[c][r]);   \
     }                                                                          \
   } while (0)
     if (K - k0 >= QL_CPU_Q8C_KB) {
@@ -226,7 +225,7 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   for (int c = 0; c < nc; c++)
     UNROLL
   for (int r = 0; r < mb; r++)
-    store_col(p, t + c / 2, c & 1, acc[c][r], bias,
+    store_col(p, t + c / 2, c & 1, _mm256_mul_ps(s[c], acc[c][r]), bias,
               y + (size_t)(m0 + r) * (size_t)p->n);
 }
 

@@ -7,7 +7,7 @@
  * and of the reference (no FMA: mul and add round separately, and the
  * library is compiled with -ffp-contract=off so that the compiler does
  * not fuse them either), except where the reference itself has an FMA
- * (q4g WO) or an FMA is exact: the asymmetric q8b dequantization of a
+ * (q4g and q8c WO) or an FMA is exact: the asymmetric q8b dequantization of a
  * layout whose scales allow it (cpu.h, fma_dequant), and the f8r AQ sums,
  * whose products are exact (see f8r below).
  *
@@ -221,11 +221,10 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
     for (int a = 0; a < tb; a++) {                                             \
       __m512i u = _mm512_ternarylogic_epi32(u_of, byte, magic, 0xEA);          \
       __m512 qf = _mm512_sub_ps(_mm512_castsi512_ps(u), magic128);             \
-      __m512 wq = _mm512_mul_ps(qf, s[a]);                                     \
       UNROLL                                                                   \
       for (int r = 0; r < mb; r++)                                             \
-        acc[a][r] = _mm512_add_ps(                                             \
-            acc[a][r], _mm512_mul_ps(_mm512_set1_ps(xr[r][k0 + (i)]), wq));    \
+        acc[a][r] =                                                            \
+            _mm512_fmadd_ps(_mm512_set1_ps(xr[r][k0 + (i)]), qf, acc[a][r]);   \
     }                                                                          \
   } while (0)
     if (K - k0 >= QL_CPU_Q8C_KB) {
@@ -246,7 +245,8 @@ INL void wo_q8c_blk(const ql__cpu_packed *p, const float *x, int64_t m0,
   for (int a = 0; a < tb; a++)
     UNROLL
   for (int r = 0; r < mb; r++)
-    store_row(p, t + a, acc[a][r], bias, y + (size_t)(m0 + r) * (size_t)p->n);
+    store_row(p, t + a, _mm512_mul_ps(s[a], acc[a][r]), bias,
+              y + (size_t)(m0 + r) * (size_t)p->n);
 }
 
 /* ------------------------------------------------------------ WO q8b */

@@ -82,10 +82,11 @@ static void wo_q4g(const ql__cpu_packed *p, const float *x, const float *xs,
   }
 }
 
-/* WO q8c: ŵ = (float)w·s, then acc += x·ŵ in increasing k. */
+/* WO q8c, the scale factored out of the row: a = Σ fma(x, q, a) over K,
+ * then y = s·a (ql_linear_wo_ref). */
 static void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
                    int64_t t0, int64_t t1, const float *bias, float *y) {
-  float acc[MB][T], wq[QL_CPU_Q8C_KB][T], s[T];
+  float acc[MB][T], qf[QL_CPU_Q8C_KB][T], s[T];
   int64_t nb = (p->k + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB;
   for (int64_t t = t0; t < t1; t++) {
     const uint8_t *tile = p->data + (size_t)t * p->tile_bytes;
@@ -99,14 +100,17 @@ static void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
         int kn = p->k - k0 < QL_CPU_Q8C_KB ? (int)(p->k - k0) : QL_CPU_Q8C_KB;
         for (int i = 0; i < kn; i++)
           for (int j = 0; j < T; j++)
-            wq[i][j] = (float)((int)blk[4 * j + i] - 128) * s[j];
+            qf[i][j] = (float)((int)blk[4 * j + i] - 128);
         for (int r = 0; r < mb; r++) {
           const float *xr = x + (size_t)(m0 + r) * (size_t)p->k + k0;
           for (int i = 0; i < kn; i++)
             for (int j = 0; j < T; j++)
-              acc[r][j] += xr[i] * wq[i][j];
+              acc[r][j] = fmaf(xr[i], qf[i][j], acc[r][j]);
         }
       }
+      for (int r = 0; r < mb; r++)
+        for (int j = 0; j < T; j++)
+          acc[r][j] = s[j] * acc[r][j];
       store_rows(p, t, m0, mb, acc, bias, y);
     }
   }

@@ -929,6 +929,11 @@ static void wo_naive(const ql_qweight *q, const float *x, int64_t m,
           }
           acc = add32(acc, fmaf(z, xs, mul32(s, a)));
         }
+      } else if (q->format == QL_FORMAT_Q8C) {
+        /* the scale factored out of the row */
+        for (i = 0; i < k; i++)
+          acc = fmaf(x[r * k + i], (float)wq_at(q, j, i), acc);
+        acc = mul32(ql_load_f32(q->scale_dtype, q->scale, (size_t)j), acc);
       } else {
         for (i = 0; i < k; i++)
           acc = add32(acc, mul32(x[r * k + i], dq[j * k + i]));
@@ -970,7 +975,10 @@ static void wo_check64(const ql_qweight *q, const float *x, int64_t m,
         e += q->bias[j];
         a += fabs(q->bias[j]);
       }
-      bound = (double)(k + 2 + (q4 ? q->groups + 1 : 0)) * 0x1p-24 * a * 1.01 +
+      /* q8c: the scale once more, and ŵ = fl(q·s) is not the q·s summed */
+      bound = (double)(k + 2 + (q4 ? q->groups + 1 : 0) +
+                       (q->format == QL_FORMAT_Q8C ? 2 : 0)) *
+                  0x1p-24 * a * 1.01 +
               1e-37;
       REQUIRE(fabs(y[r * n + j] - e) <= bound,
               "WO y[%lld,%lld] = %.9g, fp64 %.17g, bound %g (K %lld)",
