@@ -936,57 +936,47 @@ static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
   DRIVE((size_t)p->k * 4, wo_q8c_blk, p, x, m0)
 }
 
+/*
+ * The AQ drivers: as DRIVE, but a pass of 4 tiles over BIGM rows runs the
+ * format's large block big(p, xq, m0, t, bias, y) when that many rows are
+ * left (its integer dot products are the whole cost, and a larger block
+ * reuses each weight vector on more rows); the rows left over take 4
+ * tiles x 2 rows, or 2 tiles x up to 4.
+ */
+#define DRIVE_BIG(ROWB, BIGM, big, blk, ...)                                   \
+  for (int64_t mc = 0, mcn = m_chunk(ROWB); mc < m; mc += mcn) {               \
+    int64_t mend = m - mc < mcn ? m : mc + mcn;                                \
+    for (int64_t t = t0; t < t1;) {                                            \
+      int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;                          \
+      for (int64_t m0 = mc; m0 < mend;) {                                      \
+        int mb;                                                                \
+        if (tb == 4 && mend - m0 >= (BIGM)) {                                  \
+          big(p, xq, m0, t, bias, y);                                          \
+          mb = (BIGM);                                                         \
+        } else {                                                               \
+          mb = mend - m0 < 4 ? (int)(mend - m0) : 4;                           \
+          if (tb == 4 && mb > 2)                                               \
+            mb = 2;                                                            \
+          CASES(blk, __VA_ARGS__)                                              \
+        }                                                                      \
+        m0 += mb;                                                              \
+      }                                                                        \
+      t += tb;                                                                 \
+    }                                                                          \
+  }
+
 static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   const int64_t m = xq->m;
-  for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp); mc < m; mc += mcn) {
-    int64_t mend = m - mc < mcn ? m : mc + mcn;
-    for (int64_t t = t0; t < t1;) {
-      int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;
-      for (int64_t m0 = mc; m0 < mend;) {
-        int mb;
-        if (tb == 4 && mend - m0 >= 4) {
-          aq_q4g_4x4(p, xq, m0, t, bias, y);
-          mb = 4;
-        } else {
-          mb = mend - m0 < 4 ? (int)(mend - m0) : 4;
-          if (tb == 4 && mb > 2)
-            mb = 2;
-          CASES(aq_q4g_blk, p, xq, m0)
-        }
-        m0 += mb;
-      }
-      t += tb;
-    }
-  }
+  DRIVE_BIG((size_t)xq->kp, 4, aq_q4g_4x4, aq_q4g_blk, p, xq, m0)
 }
 
-/* q8c AQ has no per-group epilogue: 2 tiles x 6 rows (12 accumulators)
+/* q8c AQ has no per-group epilogue: 4 tiles x 6 rows (24 accumulators)
  * when there are enough rows. */
 static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   const int64_t m = xq->m;
-  for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp); mc < m; mc += mcn) {
-    int64_t mend = m - mc < mcn ? m : mc + mcn;
-    for (int64_t t = t0; t < t1;) {
-      int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;
-      for (int64_t m0 = mc; m0 < mend;) {
-        int mb;
-        if (tb == 4 && mend - m0 >= 6) {
-          aq_q8c_4x6(p, xq, m0, t, bias, y);
-          mb = 6;
-        } else {
-          /* the rows left over (and M <= 5): 4 tiles x 2 rows, or 2 x 4 */
-          mb = mend - m0 < 4 ? (int)(mend - m0) : 4;
-          if (tb == 4 && mb > 2)
-            mb = 2;
-          CASES(aq_q8c_blk, p, xq, m0)
-        }
-        m0 += mb;
-      }
-      t += tb;
-    }
-  }
+  DRIVE_BIG((size_t)xq->kp, 6, aq_q8c_4x6, aq_q8c_blk, p, xq, m0)
 }
 
 static TGT void wo_q8b(const ql__cpu_packed *p, const float *x, int64_t m,
@@ -1024,26 +1014,7 @@ static TGT void aq_f8r(const ql__cpu_packed *p, const ql__cpu_xq *xq,
     DRIVE((size_t)xq->kp * 4, aq_f8r_blk, p, xq, m0)
     return;
   }
-  for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp * 4); mc < m; mc += mcn) {
-    int64_t mend = m - mc < mcn ? m : mc + mcn;
-    for (int64_t t = t0; t < t1;) {
-      int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;
-      for (int64_t m0 = mc; m0 < mend;) {
-        int mb;
-        if (tb == 4 && mend - m0 >= 6) {
-          aq_f8r_4x6(p, xq, m0, t, bias, y);
-          mb = 6;
-        } else {
-          mb = mend - m0 < 4 ? (int)(mend - m0) : 4;
-          if (tb == 4 && mb > 2)
-            mb = 2;
-          CASES(aq_f8r_blk, p, xq, m0)
-        }
-        m0 += mb;
-      }
-      t += tb;
-    }
-  }
+  DRIVE_BIG((size_t)xq->kp * 4, 6, aq_f8r_4x6, aq_f8r_blk, p, xq, m0)
 }
 
 /* -------------------------------------------------------- quantize */
