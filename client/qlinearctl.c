@@ -1252,6 +1252,7 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
       int quant = ends_with(t->name, ".qweight");
       size_t stem = strlen(t->name) - (quant ? 8 : 7);
       if (!quant && !ends_with(t->name, ".weight")) {
+        int part = 0;
         for (size_t q = 0; q < 3; q++) {
           if (!ends_with(t->name, qparts[q]))
             continue;
@@ -1260,7 +1261,15 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
           if (imp_find2(s, x, ".qweight") == NULL)
             return fail_local(t->name, QL_EFORMAT, "a quantized layer's "
                               "tensor without %s.qweight", x);
+          part = 1;
         }
+        /* A 2-D integer or float8 matrix that no known layout claims is
+         * some other quantization (compressed-tensors, bitsandbytes, ...):
+         * importing the rest without it would be a silent half import. */
+        if (!part && t->ndim == 2 && !is_float(t->dtype))
+          return fail_local(t->name, QL_EFORMAT, "dtype %s: a quantized "
+                            "tensor of no recognised layout (GPTQ, AWQ)",
+                            ql__st_dtype_name(t->dtype));
         if (!ends_with(t->name, ".bias"))
           s->skipped++;
         continue;

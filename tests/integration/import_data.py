@@ -9,7 +9,8 @@
                              w0.npy / b0.npy / x0.npy / x1.npy for comparing
   import_data.py bad DIR     malformed checkpoints: truncated.safetensors,
                              overlap.safetensors, dtype.safetensors,
-                             hugeheader.safetensors
+                             hugeheader.safetensors, and unknown.safetensors
+                             (a quantization of no layout we know)
   import_data.py x K M FILE  an f32 .npy [M,K] of activations
   import_data.py check REF MODEL X Y
                              Y [M,N] (.npy from qlinearctl linear) against
@@ -101,6 +102,10 @@ def cmd_bad(d):
     hb = json.dumps(h).encode()
     open(os.path.join(d, "overlap.safetensors"), "wb").write(
         struct.pack("<Q", len(hb)) + hb + bytes(192))
+    # compressed-tensors' pack-quantized layout: not a layout we know.
+    open(os.path.join(d, "unknown.safetensors"), "wb").write(st_bytes(
+        [("l.weight_packed", "I32", [4, 1], bytes(16)),
+         ("l.weight_scale", "F16", [4, 1], bytes(8))]))
     h = {"a.weight": {"dtype": "F4", "shape": [4, 8], "data_offsets": [0, 16]}}
     hb = json.dumps(h).encode()
     open(os.path.join(d, "dtype.safetensors"), "wb").write(

@@ -106,6 +106,8 @@ expect 1 "wrong dtype" -- "$ctl" import "$work/bad/dtype.safetensors"
 has "$dir/err" "unknown dtype 'F4'" "wrong dtype"
 expect 1 "header larger than the file" -- "$ctl" import "$work/bad/hugeheader.safetensors"
 has "$dir/err" "header of 1048576 bytes is larger than" "huge header"
+expect 1 "unknown quantization" -- "$ctl" import "$work/bad/unknown.safetensors" --dry-run
+has "$dir/err" "l.weight_packed: .*no recognised layout" "unknown quantization named"
 expect 1 "missing file" -- "$ctl" import "$work/nope.safetensors"
 has "$dir/err" "cannot open" "missing file"
 
