@@ -72,11 +72,12 @@ static const char usage_text[] =
     "  import FILE.safetensors|INDEX.json ... [--format FMT] [--match REGEX]\n"
     "       [--prefix NAME/] [--policy POLICY] [--persist] [--devices LIST]\n"
     "       [--dry-run]\n"
-    "                         import a checkpoint: every 2-D float X.weight\n"
-    "                         (quantized by the daemon to FMT, default\n"
-    "                         q4g128) and every GPTQ or AWQ layer (converted\n"
-    "                         exactly), each with its X.bias, as weight\n"
-    "                         NAME/X; REGEX (extended) selects layers X;\n"
+    "                         import a checkpoint: every GPTQ or AWQ layer\n"
+    "                         (converted exactly) and every 2-D float\n"
+    "                         X.weight (quantized by the daemon to FMT,\n"
+    "                         default q4g128; in a GPTQ/AWQ checkpoint only\n"
+    "                         with --format), each with its X.bias, as\n"
+    "                         weight NAME/X; REGEX (extended) selects X;\n"
     "                         --dry-run lists them without a daemon;\n"
     "                         without --admin they live as long as this\n"
     "                         command's session\n"
@@ -1073,6 +1074,7 @@ typedef struct imp_state {
   size_t n_files;
   imp_layer *layers;
   size_t n_layers, skipped;
+  size_t skipped_float; /* float weights of a quantized checkpoint */
   ql__ck_config cfg;
   char cfg_source[4200]; /* where cfg came from, "" for nowhere */
 } imp_state;
@@ -1241,10 +1243,14 @@ static ql_dtype float_dtype(ql__st_dtype dt) {
  * tensor rather than silently left out.
  */
 static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
-                    const char *fmt_arg, ql_format ffmt) {
+                                      const char *fmt_arg) {
   static const char *const qparts[] = {".qzeros", ".scales", ".g_idx"};
   char err[512], x[1024];
-  int rc;
+  int rc, quantized_ckpt = s->cfg.present && s->cfg.method != QL__CK_UNKNOWN;
+
+  for (size_t fi = 0; fi < s->n_files; fi++)
+    for (size_t ti = 0; ti < s->files[fi]->n_tensors; ti++)
+      quantized_ckpt |= ends_with(s->files[fi]->tensors[ti].name, ".qweight");
 
   for (size_t fi = 0; fi < s->n_files; fi++) {
     for (size_t ti = 0; ti < s->files[fi]->n_tensors; ti++) {
@@ -1295,6 +1301,13 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
         s->skipped++;
         continue;
       }
+      /* The float weights of a quantized checkpoint (embeddings, lm_head)
+       * were left unquantized on purpose: imported only when --format
+       * says how to quantize them. */
+      if (!quant && quantized_ckpt && fmt_arg == NULL) {
+        s->skipped_float++;
+        continue;
+      }
       imp_layer *nl = realloc(s->layers, (s->n_layers + 1) * sizeof *nl);
       if (nl == NULL)
         return fail_local(t->name, QL_ENOMEM, "out of memory");
@@ -1323,18 +1336,9 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
         rc = ql__ck_convert(&L->ql, &s->cfg, &L->canon, err, sizeof err);
         if (rc != 0)
           return fail_local("import", rc, "%s", err);
-        if (fmt_arg != NULL && ffmt != L->canon.format)
-          return fail_local(t->name, QL_EFORMAT, "--format %s, but the "
-                            "checkpoint holds %d-bit values (%s)", fmt_arg,
-                            L->canon.bits,
-                            L->canon.format == QL_FORMAT_Q4G ? "q4g" : "q8b");
         L->bytes = L->canon.qdata_bytes + L->canon.scale_bytes *
                                               (L->canon.zero != NULL ? 2 : 1);
       } else {
-        if (s->cfg.present && s->cfg.method != QL__CK_UNKNOWN)
-          return fail_local(t->name, QL_EFORMAT, "a float weight, but "
-                            "quantization_config (%s) says quant_method "
-                            "\"%s\"", s->cfg_source, s->cfg.method_name);
         L->w = t;
         L->bytes = t->bytes;
       }
@@ -1522,7 +1526,7 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
     if ((rv = imp_add_arg(&s, argv[i])) != 0)
       goto done;
   if ((rv = imp_config(&s)) != 0 ||
-      (rv = imp_plan(&s, have_re ? &re : NULL, prefix, fmt_arg, ffmt)) != 0)
+      (rv = imp_plan(&s, have_re ? &re : NULL, prefix, fmt_arg)) != 0)
     goto done;
   if (s.n_layers == 0) {
     rv = fail_local("import", QL_ENOTFOUND, "no layer to import in %zu "
@@ -1555,6 +1559,10 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
            s.n_files, s.skipped, s.cfg_source[0] ? "; quantization_config: "
                                                  : "",
            s.cfg_source);
+    if (s.skipped_float > 0)
+      printf("%zu float weights of this quantized checkpoint skipped: "
+             "--format FMT imports them too, quantized to FMT\n",
+             s.skipped_float);
     goto done;
   }
 
@@ -1641,6 +1649,9 @@ summary: {
          imported, s.n_layers, shared, s.n_files,
          human_ns((now_s() - t0) * 1e9, t, sizeof t),
          human_bytes(resident, b, sizeof b));
+  if (s.skipped_float > 0)
+    printf("  %zu float weights of this quantized checkpoint skipped "
+           "(--format FMT imports them too)\n", s.skipped_float);
   if (imported > 0 && ql_stats(cx->client, &st) == 0) {
     for (size_t i = 0; i < st->n_devices; i++)
       printf("  %s: %s resident\n", st->devices[i].device,

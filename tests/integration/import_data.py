@@ -11,6 +11,9 @@
                              overlap.safetensors, dtype.safetensors,
                              hugeheader.safetensors, and unknown.safetensors
                              (a quantization of no layout we know)
+  import_data.py mixed SRC DIR
+                             DIR/model.safetensors: the GPTQ checkpoint SRC
+                             plus a float lm_head.weight; SRC's config.json
   import_data.py x K M FILE  an f32 .npy [M,K] of activations
   import_data.py check REF MODEL X Y
                              Y [M,N] (.npy from qlinearctl linear) against
@@ -112,6 +115,27 @@ def cmd_bad(d):
         struct.pack("<Q", len(hb)) + hb + bytes(16))
 
 
+def cmd_mixed(src, d):
+    """The GPTQ checkpoint in src with an unquantized lm_head.weight added,
+    as real GPTQ checkpoints have."""
+    os.makedirs(d, exist_ok=True)
+    b = open(os.path.join(src, "model.safetensors"), "rb").read()
+    hl = struct.unpack("<Q", b[:8])[0]
+    tensors = []
+    for name, e in json.loads(b[8:8 + hl]).items():
+        if name != "__metadata__":
+            lo, hi = e["data_offsets"]
+            tensors.append((name, e["dtype"], e["shape"], b[8 + hl + lo:8 + hl + hi]))
+    rng = random.Random(3)
+    tensors.append(("lm_head.weight", "F16", [16, 32],
+                    struct.pack("<512e", *[round(v, 2) for v in gauss(rng, 512, 0.1)])))
+    open(os.path.join(d, "model.safetensors"), "wb").write(st_bytes(tensors))
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = f.read()
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write(cfg)
+
+
 def cmd_x(k, m, path):
     rng = random.Random(11)
     npy(path, "<f4", (m, k), gauss(rng, m * k, 1.0))
@@ -153,4 +177,5 @@ if __name__ == "__main__":
     a = sys.argv[1:]
     {"float": lambda: cmd_float(a[1]), "bad": lambda: cmd_bad(a[1]),
      "x": lambda: cmd_x(int(a[1]), int(a[2]), a[3]),
+     "mixed": lambda: cmd_mixed(a[1], a[2]),
      "check": lambda: cmd_check(a[1], a[2], a[3], a[4])}[a[0]]()

@@ -93,8 +93,16 @@ for c in gptq4_asym_g64:128 gptq8_asym_g64:128 gptq4_sym_g128:256 awq4_g64:128 g
 done
 expect 1 "act-order refused" -- "$ctl" --admin import "$data/gptq4_actorder/model.safetensors"
 has "$dir/err" "model.layers.0.mlp.down_proj.g_idx: act-order" "act-order error names g_idx"
-expect 1 "a quantized checkpoint with a float --format" -- "$ctl" import "$data/gptq8_sym_g128/model.safetensors" --format q4g128 --dry-run
-has "$dir/err" "8-bit" "format mismatch named"
+# The float weights of a quantized checkpoint come along only with --format.
+expect 0 "write a GPTQ checkpoint with a float lm_head" -- $py mixed "$data/gptq8_sym_g128" "$work/mixed"
+expect 0 "mixed, dry run" -- "$ctl" import "$work/mixed/model.safetensors" --dry-run
+has "$dir/out" "down_proj .*gptq 8-bit g128 sym .*q8b128 " "GPTQ layer listed"
+has "$dir/out" "1 float weights of this quantized checkpoint skipped" "float weight skipped"
+expect 0 "mixed with --format" -- "$ctl" --admin import "$work/mixed/model.safetensors" --format q8c --prefix m/
+has "$dir/out" "imported 2 of 2" "mixed import"
+expect 0 "list the mixed import" -- "$ctl" list
+has "$dir/out" "m/lm_head .*q8c" "lm_head quantized to --format"
+has "$dir/out" "m/model.layers.0.mlp.down_proj .*q8b128" "GPTQ layer keeps its format"
 
 # ---- malformed files
 expect 0 "write the malformed files" -- $py bad "$work/bad"
