@@ -275,7 +275,8 @@ int ql__st_parse(const void *buf, size_t len, ql__st_file **out, char *err,
 
   /* Overlaps: sorted by offset, each tensor must end before the next one
    * begins. Empty tensors occupy nothing and overlap nothing. */
-  qsort(order, f->n_tensors, sizeof *order, by_offset);
+  if (f->n_tensors > 1) /* order is NULL when there are none */
+    qsort(order, f->n_tensors, sizeof *order, by_offset);
   {
     const ql__st_tensor *prev = NULL;
     for (i = 0; i < f->n_tensors; i++) {
