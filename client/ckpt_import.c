@@ -507,3 +507,193 @@ fail:
   ql__ck_canon_free(out);
   return rc;
 }
+
+/* ------------------------------------------------------------ TorchAO */
+
+/*
+ * TorchAO's safetensors form (torchao/prototype/safetensors/
+ * safetensors_support.py flatten_tensor_state_dict): a subclass weight
+ * "<X>.weight" is saved as one tensor per inner tensor, "<X>._weight_qdata",
+ * "<X>._weight_scale", "<X>._weight_zero_point", and the metadata key
+ * "<X>.weight" holds {"_type": class, "_data": {attributes: block_size,
+ * shape, ...}, "_tensor_data_names": [the inner tensors present]}.
+ */
+
+static int st_adt(ql__st_dtype dt) {
+  switch (dt) {
+  case QL__ST_F32:
+    return QL_ADT_F32;
+  case QL__ST_F16:
+    return QL_ADT_F16;
+  case QL__ST_BF16:
+    return QL_ADT_BF16;
+  case QL__ST_I8:
+    return QL_ADT_I8;
+  case QL__ST_U8:
+    return QL_ADT_U8;
+  case QL__ST_I32:
+    return QL_ADT_I32;
+  case QL__ST_F8_E4M3:
+    return QL_ADT_F8E4M3;
+  default:
+    return 0;
+  }
+}
+
+/* A JSON list of two non-negative integers. */
+static int pair(json_t *v, int64_t out[2]) {
+  if (!json_is_array(v) || json_array_size(v) != 2)
+    return -1;
+  for (size_t i = 0; i < 2; i++) {
+    json_t *e = json_array_get(v, i);
+    if (!json_is_integer(e) || json_integer_value(e) < 0)
+      return -1;
+    out[i] = json_integer_value(e);
+  }
+  return 0;
+}
+
+static int tao_array(const char *x, const char *part, ql__ck_find_fn find,
+                     void *arg, ql__ck_array *a, char *err, size_t errlen) {
+  char name[1200];
+  const ql__st_tensor *t;
+  snprintf(name, sizeof name, "%s._weight_%s", x, part);
+  if ((t = find(arg, name)) == NULL)
+    return fail(err, errlen, QL_EBADFILE, "%s: missing (named in the "
+                "metadata of %s.weight)", name, x);
+  if (t->ndim != 1 && t->ndim != 2)
+    return fail(err, errlen, QL_ESHAPE, "%s: %d dimensions, expected 1 or 2",
+                name, t->ndim);
+  if ((a->dtype = st_adt(t->dtype)) == 0)
+    return fail(err, errlen, QL_EDTYPE, "%s: dtype %s", name,
+                ql__st_dtype_name(t->dtype));
+  a->data = t->data;
+  a->bytes = (size_t)t->bytes;
+  a->ndim = t->ndim;
+  a->shape[0] = t->shape[0];
+  a->shape[1] = t->ndim == 2 ? t->shape[1] : 0;
+  return 0;
+}
+
+int ql__ck_torchao_layer(const char *x, const char *meta, ql__ck_find_fn find,
+                         void *arg, ql__ck_torchao *out, char *err,
+                         size_t errlen) {
+  json_error_t jerr;
+  json_t *root, *data, *names, *v;
+  const char *type;
+  int64_t block[2], shape[2] = {-1, -1};
+  int has_zero = 0, rc;
+  size_t i;
+
+  memset(out, 0, sizeof *out);
+  root = json_loads(meta, JSON_REJECT_DUPLICATES, &jerr);
+  if (root == NULL)
+    return fail(err, errlen, QL_EBADFILE, "%s.weight: metadata: bad JSON at "
+                "byte %d: %s", x, jerr.position, jerr.text);
+  type = json_string_value(json_object_get(root, "_type"));
+  data = json_object_get(root, "_data");
+  names = json_object_get(root, "_tensor_data_names");
+  rc = fail(err, errlen, QL_EBADFILE, "%s.weight: metadata is not a TorchAO "
+            "tensor subclass description (_type, _data, _tensor_data_names)",
+            x);
+  if (type == NULL || !json_is_object(data) || !json_is_array(names))
+    goto done;
+  snprintf(out->type, sizeof out->type, "%s", type);
+  if (strcmp(type, "Int4Tensor") == 0 ||
+      strcmp(type, "Int4PlainInt32Tensor") == 0) {
+    out->format = QL_FORMAT_Q4G;
+    out->zero_kind = type[4] == 'P' ? QL_ZERO_INT : QL_ZERO_FLOAT;
+  } else if (strcmp(type, "Int8Tensor") == 0) {
+    out->format = QL_FORMAT_Q8C;
+  } else if (strcmp(type, "Float8Tensor") == 0) {
+    out->format = QL_FORMAT_F8R;
+  } else {
+    rc = fail(err, errlen, QL_ENOTSUP, "%s.weight: TorchAO %.32s is not "
+              "supported (Int4Tensor, Int4PlainInt32Tensor, Int8Tensor and "
+              "Float8Tensor are)", x, type);
+    goto done;
+  }
+  /* Every inner tensor present must be one we place: an act_pre_scale or
+   * a static activation scale would change the layer's meaning. */
+  json_array_foreach(names, i, v) {
+    const char *s = json_string_value(v);
+    if (s == NULL)
+      goto done;
+    if (strcmp(s, "zero_point") == 0 && out->format != QL_FORMAT_F8R) {
+      has_zero = 1;
+      continue;
+    }
+    if (strcmp(s, "qdata") != 0 && strcmp(s, "scale") != 0) {
+      rc = fail(err, errlen, QL_ENOTSUP, "%s._weight_%.32s: TorchAO %s with "
+                "%.32s is not supported", x, s, type, s);
+      goto done;
+    }
+  }
+  if (pair(json_object_get(data, "block_size"), block) != 0) {
+    rc = fail(err, errlen, QL_ENOTSUP, "%s.weight: TorchAO %s: block_size "
+              "is not [rows, cols] (only 2-D weights are imported)", x, type);
+    goto done;
+  }
+  if ((v = json_object_get(data, "shape")) != NULL && pair(v, shape) != 0)
+    goto done;
+  if ((rc = tao_array(x, "qdata", find, arg, &out->qdata, err, errlen)) ||
+      (rc = tao_array(x, "scale", find, arg, &out->scale, err, errlen)) ||
+      (has_zero &&
+       (rc = tao_array(x, "zero_point", find, arg, &out->zero, err, errlen))))
+    goto done;
+  if (out->qdata.ndim != 2) {
+    rc = fail(err, errlen, QL_ESHAPE, "%s._weight_qdata: expected 2-D", x);
+    goto done;
+  }
+  out->n = out->qdata.shape[0];
+  out->k = out->format == QL_FORMAT_Q4G ? (uint64_t)shape[1]
+                                        : out->qdata.shape[1];
+  if (out->format == QL_FORMAT_Q4G &&
+      (shape[0] < 0 || (uint64_t)shape[0] != out->n)) {
+    rc = fail(err, errlen, QL_ESHAPE, "%s.weight: TorchAO %s: shape does not "
+              "match %s._weight_qdata", x, type, x);
+    goto done;
+  }
+  if (block[0] != 1 ||
+      (out->format != QL_FORMAT_Q4G && (uint64_t)block[1] != out->k)) {
+    rc = fail(err, errlen, QL_ENOTSUP, "%s.weight: TorchAO %s with "
+              "block_size [%lld, %lld]: only per-row%s blocks are supported",
+              x, type, (long long)block[0], (long long)block[1],
+              out->format == QL_FORMAT_Q4G ? " groups ([1, group])" : "");
+    goto done;
+  }
+  if (out->format == QL_FORMAT_Q4G) {
+    if (block[1] != 32 && block[1] != 64 && block[1] != 128 &&
+        block[1] != 256) {
+      rc = fail(err, errlen, QL_ENOTSUP, "%s.weight: TorchAO %s with group "
+                "%lld: q4g groups are 32, 64, 128 or 256", x, type,
+                (long long)block[1]);
+      goto done;
+    }
+    out->group_size = (uint32_t)block[1];
+  }
+  /* Int8Tensor keeps a zero_point even for its symmetric mapping; q8c has
+   * none, so it must be all zero, and is left out. */
+  if (out->format == QL_FORMAT_Q8C && has_zero) {
+    const unsigned char *z = out->zero.data;
+    size_t esz = ql_array_dtype_size(out->zero.dtype);
+    if (out->zero.dtype != QL_ADT_I8 && out->zero.dtype != QL_ADT_I32) {
+      rc = fail(err, errlen, QL_EDTYPE, "%s._weight_zero_point: expected "
+                "I8 or I32", x);
+      goto done;
+    }
+    for (i = 0; i < out->zero.bytes; i++)
+      if (z[i] != 0) {
+        rc = fail(err, errlen, QL_ENOTSUP, "%s._weight_zero_point: non-zero "
+                  "at [%zu]: asymmetric int8 is not supported", x, i / esz);
+        goto done;
+      }
+    memset(&out->zero, 0, sizeof out->zero);
+  }
+  rc = 0;
+done:
+  json_decref(root);
+  if (rc != 0)
+    memset(out, 0, sizeof *out);
+  return rc;
+}

@@ -87,4 +87,46 @@ int ql__ck_convert(const ql__ck_layer *layer, const ql__ck_config *cfg,
 
 void ql__ck_canon_free(ql__ck_canon *c);
 
+/* One array of a TorchAO weight, borrowed from a parsed file. */
+typedef struct ql__ck_array {
+  const void *data;
+  size_t bytes;
+  int dtype;         /* a ql_array_dtype */
+  int ndim;          /* 1 or 2 */
+  uint64_t shape[2];
+} ql__ck_array;
+
+/*
+ * A TorchAO tensor subclass saved to safetensors by TorchAO's serializer
+ * (torchao/prototype/safetensors: tensors "<X>._weight_<part>", and under
+ * the metadata key "<X>.weight" the subclass's JSON: "_type", "_data" with
+ * block_size (and shape), "_tensor_data_names"), as the packed arrays that
+ * ql_load_packed() takes. They need no conversion: TorchAO's packed form is
+ * the canonical one (DESIGN §4); the daemon checks every array again.
+ */
+typedef struct ql__ck_torchao {
+  char type[32];          /* "Int4Tensor", ... */
+  ql_format format;
+  uint32_t group_size;    /* q4g; 0 otherwise */
+  uint64_t n, k;
+  ql_zero_kind zero_kind; /* QL_ZERO_INT for Int4PlainInt32Tensor */
+  ql__ck_array qdata, scale, zero; /* zero.data NULL: none */
+} ql__ck_torchao;
+
+/* Finds a tensor by name in the checkpoint (for ql__ck_torchao_layer). */
+typedef const ql__st_tensor *(*ql__ck_find_fn)(void *arg, const char *name);
+
+/*
+ * Reads the TorchAO weight "<x>.weight" whose subclass JSON is meta (the
+ * metadata value), finding its "<x>._weight_<part>" tensors through find.
+ * Int4Tensor (plain int4, float zero point) and Int4PlainInt32Tensor
+ * become q4g, Int8Tensor with per-row blocks and an all-zero zero_point
+ * q8c, Float8Tensor with per-row blocks f8r. Other subclasses, granularities
+ * or tensor parts (act_pre_scale, ...) are QL_ENOTSUP; bad JSON or a
+ * missing part QL_EBADFILE; each with a message naming the tensor.
+ */
+int ql__ck_torchao_layer(const char *x, const char *meta, ql__ck_find_fn find,
+                         void *arg, ql__ck_torchao *out, char *err,
+                         size_t errlen);
+
 #endif /* QL_CKPT_IMPORT_H */

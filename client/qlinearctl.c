@@ -1062,9 +1062,11 @@ typedef struct imp_layer {
   char *name;        /* the layer prefix X (tensor names X.weight, ...) */
   char *wname;       /* the weight's name in the daemon: --prefix + X */
   int quantized;     /* 1: GPTQ/AWQ (canon), 0: float (w) */
+  int torchao;       /* 1: a TorchAO subclass (tao) */
   const ql__st_tensor *w, *bias;
   ql__ck_layer ql;
   ql__ck_canon canon;
+  ql__ck_torchao tao;
   uint64_t bytes;    /* what is uploaded */
 } imp_layer;
 
@@ -1224,6 +1226,10 @@ static int imp_config(imp_state *s) {
   return 0;
 }
 
+static const ql__st_tensor *imp_find_cb(void *arg, const char *name) {
+  return imp_find(arg, name);
+}
+
 static int is_float(ql__st_dtype dt) {
   return dt == QL__ST_F32 || dt == QL__ST_F16 || dt == QL__ST_BF16;
 }
@@ -1250,14 +1256,31 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
 
   for (size_t fi = 0; fi < s->n_files; fi++)
     for (size_t ti = 0; ti < s->files[fi]->n_tensors; ti++)
-      quantized_ckpt |= ends_with(s->files[fi]->tensors[ti].name, ".qweight");
+      quantized_ckpt |=
+          ends_with(s->files[fi]->tensors[ti].name, ".qweight") ||
+          ends_with(s->files[fi]->tensors[ti].name, "._weight_qdata");
 
   for (size_t fi = 0; fi < s->n_files; fi++) {
     for (size_t ti = 0; ti < s->files[fi]->n_tensors; ti++) {
       const ql__st_tensor *t = &s->files[fi]->tensors[ti];
-      int quant = ends_with(t->name, ".qweight");
-      size_t stem = strlen(t->name) - (quant ? 8 : 7);
-      if (!quant && !ends_with(t->name, ".weight")) {
+      int quant = ends_with(t->name, ".qweight"), tao = 0;
+      const char *meta = NULL, *part = strstr(t->name, "._weight_");
+      /* TorchAO's serializer: "X._weight_<part>" with the subclass's JSON
+       * under "X.weight" in the metadata. The qdata part makes the layer;
+       * the other parts belong to it. */
+      if (part != NULL && (size_t)(part - t->name) < sizeof x) {
+        snprintf(x, sizeof x, "%.*s.weight", (int)(part - t->name), t->name);
+        meta = ql__st_meta(s->files[fi], x);
+      }
+      if (meta != NULL) {
+        if (!ends_with(t->name, "._weight_qdata"))
+          continue;
+        tao = 1;
+      }
+      size_t stem = tao     ? (size_t)(part - t->name)
+                    : quant ? strlen(t->name) - 8
+                            : strlen(t->name) - 7;
+      if (!tao && !quant && !ends_with(t->name, ".weight")) {
         int part = 0;
         for (size_t q = 0; q < 3; q++) {
           if (!ends_with(t->name, qparts[q]))
@@ -1283,7 +1306,7 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
       if (stem >= sizeof x)
         return fail_local(t->name, QL_EINVAL, "tensor name too long");
       snprintf(x, sizeof x, "%.*s", (int)stem, t->name);
-      if (!quant && !is_float(t->dtype)) {
+      if (!tao && !quant && !is_float(t->dtype)) {
         if (t->ndim == 2 || imp_find2(s, x, ".qzeros") != NULL ||
             imp_find2(s, x, ".weight_scale") != NULL)
           return fail_local(t->name, QL_EFORMAT, "dtype %s: not a float "
@@ -1293,7 +1316,7 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
         s->skipped++;
         continue;
       }
-      if (!quant && t->ndim != 2) {
+      if (!tao && !quant && t->ndim != 2) {
         s->skipped++;
         continue;
       }
@@ -1304,7 +1327,7 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
       /* The float weights of a quantized checkpoint (embeddings, lm_head)
        * were left unquantized on purpose: imported only when --format
        * says how to quantize them. */
-      if (!quant && quantized_ckpt && fmt_arg == NULL) {
+      if (!tao && !quant && quantized_ckpt && fmt_arg == NULL) {
         s->skipped_float++;
         continue;
       }
@@ -1320,8 +1343,15 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
         return fail_local(t->name, QL_ENOMEM, "out of memory");
       snprintf(L->wname, wl, "%s%s", prefix, x);
       L->quantized = quant;
+      L->torchao = tao;
       L->bias = imp_find2(s, x, ".bias");
-      if (quant) {
+      if (tao) {
+        rc = ql__ck_torchao_layer(x, meta, imp_find_cb, s, &L->tao, err,
+                                  sizeof err);
+        if (rc != 0)
+          return fail_local("import", rc, "%s", err);
+        L->bytes = L->tao.qdata.bytes + L->tao.scale.bytes + L->tao.zero.bytes;
+      } else if (quant) {
         L->ql.name = L->name;
         L->ql.qweight = t;
         L->ql.qzeros = imp_find2(s, x, ".qzeros");
@@ -1343,12 +1373,12 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
         L->bytes = t->bytes;
       }
       if (L->bias != NULL) {
-        uint64_t n = quant ? L->canon.n : t->shape[0];
+        uint64_t n = tao ? L->tao.n : quant ? L->canon.n : t->shape[0];
         if (L->bias->ndim != 1 || L->bias->shape[0] != n ||
             !is_float(L->bias->dtype))
           return fail_local(L->bias->name, QL_ESHAPE, "expected a 1-D float "
                             "bias of %" PRIu64 " entries", n);
-        if (!quant && L->bias->dtype != t->dtype)
+        if (!quant && !tao && L->bias->dtype != t->dtype)
           return fail_local(L->bias->name, QL_EDTYPE, "bias is %s, the "
                             "weight %s", ql__st_dtype_name(L->bias->dtype),
                             ql__st_dtype_name(t->dtype));
@@ -1363,7 +1393,11 @@ static void imp_describe(const imp_layer *L, ql_format ffmt, uint32_t fgroup,
                          int fasym, char *src, size_t slen, char *fmt,
                          size_t flen) {
   char f[20]; /* "q4g" and a uint32: at most 14 bytes */
-  if (L->quantized) {
+  if (L->torchao) {
+    snprintf(src, slen, "torchao %s", L->tao.type);
+    format_name(L->tao.format, L->tao.group_size, f, sizeof f);
+    snprintf(fmt, flen, "%s", f);
+  } else if (L->quantized) {
     const ql__ck_canon *c = &L->canon;
     if (c->method == QL__CK_AWQ)
       snprintf(src, slen, "awq 4-bit g%" PRIu32, c->src_group);
@@ -1540,16 +1574,20 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
 
   if (dry) {
     char src[64], fmt[32], b[32];
-    printf("%-48s %-22s %-12s %-8s %4s %10s\n", "NAME", "SOURCE", "SHAPE",
+    printf("%-48s %-28s %-12s %-8s %4s %10s\n", "NAME", "SOURCE", "SHAPE",
            "FORMAT", "BIAS", "BYTES");
     for (size_t i = 0; i < s.n_layers; i++) {
       const imp_layer *L = &s.layers[i];
       char shape[48];
       imp_describe(L, ffmt, fgroup, fasym, src, sizeof src, fmt, sizeof fmt);
       snprintf(shape, sizeof shape, "%" PRIu64 "x%" PRIu64,
-               L->quantized ? L->canon.n : L->w->shape[0],
-               L->quantized ? L->canon.k : L->w->shape[1]);
-      printf("%-48s %-22s %-12s %-8s %4s %10s\n", L->wname, src, shape, fmt,
+               L->torchao     ? L->tao.n
+               : L->quantized ? L->canon.n
+                              : L->w->shape[0],
+               L->torchao     ? L->tao.k
+               : L->quantized ? L->canon.k
+                              : L->w->shape[1]);
+      printf("%-48s %-28s %-12s %-8s %4s %10s\n", L->wname, src, shape, fmt,
              L->bias != NULL ? "yes" : "-",
              human_bytes(L->bytes, b, sizeof b));
     }
@@ -1576,7 +1614,38 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
     ql_weight_info info;
     int sh = 0;
     imp_draw(&bar, 0, 0);
-    if (L->quantized) {
+    if (L->torchao) {
+      const ql__ck_torchao *t = &L->tao;
+      ql_packed_desc d = {0};
+      d.name = L->wname;
+      d.format = t->format;
+      d.group_size = t->group_size;
+      d.n = t->n;
+      d.k = t->k;
+      d.zero_kind = t->zero_kind;
+      d.qdata = (ql_packed_array){t->qdata.data, t->qdata.dtype,
+                                  t->qdata.ndim,
+                                  {t->qdata.shape[0], t->qdata.shape[1]}};
+      d.scale = (ql_packed_array){t->scale.data, t->scale.dtype,
+                                  t->scale.ndim,
+                                  {t->scale.shape[0], t->scale.shape[1]}};
+      if (t->zero.data != NULL)
+        d.zero = (ql_packed_array){t->zero.data, t->zero.dtype, t->zero.ndim,
+                                   {t->zero.shape[0], t->zero.shape[1]}};
+      if (L->bias != NULL)
+        d.bias = (ql_packed_array){
+            L->bias->data,
+            L->bias->dtype == QL__ST_F32   ? QL_ADT_F32
+            : L->bias->dtype == QL__ST_F16 ? QL_ADT_F16
+                                           : QL_ADT_BF16,
+            1,
+            {t->n, 0}};
+      d.policy = policy;
+      d.persistent = persist;
+      d.progress = imp_draw;
+      d.progress_arg = &bar;
+      rv = ql_load_packed(cx->client, &d, &info, &sh);
+    } else if (L->quantized) {
       const ql__ck_canon *c = &L->canon;
       ql_packed_desc d = {0};
       d.name = L->wname;

@@ -22,6 +22,10 @@
       abort();                                                                 \
   } while (0)
 
+static const ql__st_tensor *find_in(void *arg, const char *name) {
+  return ql__st_find(arg, name);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   ql__st_file *f = NULL;
   char err[256] = "";
@@ -69,6 +73,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         CHECK(err[0] != '\0' && c.qdata == NULL);
       }
     }
+  }
+  /* TorchAO subclass descriptions in the metadata, with their parts
+   * looked up in the file. */
+  for (size_t i = 0; i < f->n_meta; i++) {
+    ql__ck_torchao t;
+    char x[512];
+    size_t l = strlen(f->meta_keys[i]);
+    /* The key is "X.weight"; the parts are "X._weight_<part>". */
+    if (l < 7 || l - 7 >= sizeof x ||
+        strcmp(f->meta_keys[i] + l - 7, ".weight") != 0)
+      continue;
+    memcpy(x, f->meta_keys[i], l - 7);
+    x[l - 7] = '\0';
+    rv = ql__ck_torchao_layer(x, f->meta_values[i], find_in, f, &t, err,
+                              sizeof err);
+    CHECK(rv == 0 ? t.qdata.data != NULL : err[0] != '\0');
   }
   ql__st_free(f);
   return 0;

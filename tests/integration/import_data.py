@@ -18,8 +18,9 @@
   import_data.py check REF MODEL X Y
                              Y [M,N] (.npy from qlinearctl linear) against
                              X·deq_f32ᵀ + bias, deq_f32 from REF (a
-                             ref.safetensors of tests/data/ckpt), the bias
-                             from MODEL: exit 1 past a relative 1e-5
+                             ref.safetensors of tests/data/ckpt, or a
+                             golden w_deq.npy), the bias from MODEL: exit 1
+                             past a relative 1e-5
 """
 import json
 import math
@@ -147,17 +148,25 @@ def st_read(path):
     hl = struct.unpack("<Q", b[:8])[0]
     out = {}
     for name, e in json.loads(b[8:8 + hl]).items():
-        if name == "__metadata__" or e["dtype"] not in ("F32", "F16"):
+        if name == "__metadata__" or e["dtype"] not in ("F32", "F16", "BF16"):
             continue
         lo, hi = e["data_offsets"]
-        code = "f" if e["dtype"] == "F32" else "e"
         raw = b[8 + hl + lo:8 + hl + hi]
-        out[name] = (e["shape"], struct.unpack("<%d%s" % (len(raw) // struct.calcsize(code), code), raw))
+        if e["dtype"] == "BF16":  # the upper half of an f32
+            vals = struct.unpack("<%df" % (len(raw) // 2), b"".join(
+                b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
+        else:
+            code = "f" if e["dtype"] == "F32" else "e"
+            vals = struct.unpack("<%d%s" % (len(raw) // struct.calcsize(code), code), raw)
+        out[name] = (e["shape"], vals)
     return out
 
 
 def cmd_check(ref, model, xp, yp):
-    (n, k), w = st_read(ref)["deq_f32"]
+    if ref.endswith(".npy"):
+        (n, k), w = read_npy(ref)
+    else:
+        (n, k), w = st_read(ref)["deq_f32"]
     bias = [v for name, (_, v) in st_read(model).items() if name.endswith(".bias")]
     bias = bias[0] if bias else [0.0] * n
     (m, kx), x = read_npy(xp)

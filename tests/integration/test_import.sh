@@ -91,6 +91,16 @@ for c in gptq4_asym_g64:128 gptq8_asym_g64:128 gptq4_sym_g128:256 awq4_g64:128 g
   expect 0 "linear $name" -- "$ctl" linear "q/$name/model.layers.0.mlp.down_proj" "$work/x_$name.npy" -o "$work/y_$name.npy" --path wo
   expect 0 "$name against the packer's dequantization" -- $py check "$data/$name/ref.safetensors" "$data/$name/model.safetensors" "$work/x_$name.npy" "$work/y_$name.npy"
 done
+# TorchAO subclasses as TorchAO's serializer saves them (tests/data/torchao),
+# against TorchAO's dequantization (tests/data/golden).
+for c in q4g_g128_bf16 q4g_g32_bf16 q4i_g128_f16 q8c_bf16 f8r_f32; do
+  f="$QL_SRCDIR/tests/data/torchao/$c.safetensors"
+  expect 0 "import TorchAO $c" -- "$ctl" --admin import "$f" --prefix "t/$c/"
+  has "$dir/out" "imported 1 of 1" "TorchAO $c summary"
+  expect 0 "x for $c" -- $py x 256 3 "$work/x_$c.npy"
+  expect 0 "linear TorchAO $c" -- "$ctl" linear "t/$c/model.layers.0.self_attn.o_proj" "$work/x_$c.npy" -o "$work/y_$c.npy" --path wo
+  expect 0 "TorchAO $c against TorchAO's dequantization" -- $py check "$QL_SRCDIR/tests/data/golden/$c/w_deq.npy" "$f" "$work/x_$c.npy" "$work/y_$c.npy"
+done
 expect 1 "act-order refused" -- "$ctl" --admin import "$data/gptq4_actorder/model.safetensors"
 has "$dir/err" "model.layers.0.mlp.down_proj.g_idx: act-order" "act-order error names g_idx"
 # The float weights of a quantized checkpoint come along only with --format.

@@ -16,6 +16,7 @@
 
 #include "ckpt_import.h"
 #include "import.h"
+#include "npy.h"
 #include "ql_kernels.h"
 #include "safetensors.h"
 #include "testutil.h"
@@ -324,6 +325,127 @@ START_TEST(test_config_parse) {
 }
 END_TEST
 
+/* ---- TorchAO subclasses saved by TorchAO's serializer (tests/data/
+ * make_torchao_st.py), against TorchAO's dequantization in golden/. */
+
+#define TAO_LAYER "model.layers.0.self_attn.o_proj"
+
+static const struct tao_case {
+  const char *name;
+  ql_format format;
+  uint32_t group;
+  ql_zero_kind zk;
+} tao_cases[] = {
+    {"q4g_g128_bf16", QL_FORMAT_Q4G, 128, QL_ZERO_FLOAT},
+    {"q4g_g32_bf16", QL_FORMAT_Q4G, 32, QL_ZERO_FLOAT},
+    {"q4i_g128_f16", QL_FORMAT_Q4G, 128, QL_ZERO_INT},
+    {"q8c_bf16", QL_FORMAT_Q8C, 0, QL_ZERO_FLOAT},
+    {"f8r_f32", QL_FORMAT_F8R, 0, QL_ZERO_FLOAT},
+};
+
+static const ql__st_tensor *find_in(void *arg, const char *name) {
+  return ql__st_find(arg, name);
+}
+
+static ql_array arr_of(const ql__ck_array *a) {
+  ql_array r = {a->data, a->bytes, a->dtype, a->ndim,
+                {(int64_t)a->shape[0], (int64_t)a->shape[1]}};
+  return r;
+}
+
+START_TEST(test_torchao) {
+  const struct tao_case *c = &tao_cases[_i];
+  char path[4400], err[256];
+  ql__st_file *f = NULL;
+  ql__ck_torchao t;
+  snprintf(path, sizeof path, "%s/torchao/%s.safetensors", data_dir, c->name);
+  ck_assert_msg(ql__st_open(path, &f, err, sizeof err) == 0, "%s", err);
+  const char *meta = ql__st_meta(f, TAO_LAYER ".weight");
+  ck_assert_ptr_nonnull(meta);
+  int rc = ql__ck_torchao_layer(TAO_LAYER, meta, find_in, f, &t, err,
+                                sizeof err);
+  ck_assert_msg(rc == 0, "%s: %s", c->name, err);
+  ck_assert_int_eq(t.format, c->format);
+  ck_assert_uint_eq(t.group_size, c->group);
+  ck_assert_int_eq(t.zero_kind, c->zk);
+  ck_assert_ptr_null(c->format == QL_FORMAT_Q4G ? NULL : t.zero.data);
+
+  ql_import_desc d = {0};
+  ql_qweight *w = NULL;
+  d.format = t.format;
+  d.group_size = t.group_size;
+  d.n = (int64_t)t.n;
+  d.k = (int64_t)t.k;
+  d.zero_kind = t.zero_kind;
+  d.qdata = arr_of(&t.qdata);
+  d.scale = arr_of(&t.scale);
+  if (t.zero.data != NULL)
+    d.zero = arr_of(&t.zero);
+  rc = ql_qweight_import(&d, &w, err, sizeof err);
+  ck_assert_msg(rc == 0, "%s: import %d %s", c->name, rc, err);
+  float *ours = tu_xmalloc(t.n * t.k * sizeof(float));
+  ck_assert_int_eq(ql_qweight_dequantize(w, ours), 0);
+
+  ql__npy ref;
+  snprintf(path, sizeof path, "%s/golden/%s/w_deq.npy", data_dir, c->name);
+  ck_assert_msg(ql__npy_load(path, &ref, err, sizeof err) == 0, "%s", err);
+  ck_assert_uint_eq(ref.count, t.n * t.k);
+  size_t diff = 0;
+  for (size_t i = 0; i < ref.count; i++) {
+    float r;
+    memcpy(&r, (const char *)ref.data + 4 * i, 4);
+    diff += tu_f32_bits(r) != tu_f32_bits(ours[i]);
+  }
+  ck_assert_msg(diff == 0, "%s: %zu values differ from TorchAO's", c->name,
+                diff);
+  ql__npy_free(&ref);
+  free(ours);
+  ql_qweight_free(w);
+  ql__st_free(f);
+}
+END_TEST
+
+static const char *tao_meta_bad[][2] = {
+    {"{\"_type\":\"NVFP4Tensor\",\"_data\":{},\"_tensor_data_names\":[]}",
+     "NVFP4Tensor is not supported"},
+    {"{\"_type\":\"Int4Tensor\",\"_data\":{\"block_size\":[1,128],"
+     "\"shape\":[12,256]},\"_tensor_data_names\":[\"qdata\",\"scale\","
+     "\"zero_point\",\"act_pre_scale\"]}",
+     "act_pre_scale"},
+    {"{\"_type\":\"Int4Tensor\",\"_data\":{\"block_size\":[1,48],"
+     "\"shape\":[12,256]},\"_tensor_data_names\":[\"qdata\",\"scale\","
+     "\"zero_point\"]}",
+     "group 48"},
+    {"{\"_type\":\"Int4Tensor\",\"_data\":{\"block_size\":[1,128],"
+     "\"shape\":[13,256]},\"_tensor_data_names\":[\"qdata\",\"scale\","
+     "\"zero_point\"]}",
+     "shape does not match"},
+    {"{\"_type\":\"Int4Tensor\"}", "not a TorchAO"},
+    {"nope", "bad JSON"},
+};
+
+START_TEST(test_torchao_bad) {
+  char path[4400], err[256];
+  ql__st_file *f = NULL;
+  ql__ck_torchao t;
+  snprintf(path, sizeof path, "%s/torchao/q4g_g128_bf16.safetensors",
+           data_dir);
+  ck_assert_msg(ql__st_open(path, &f, err, sizeof err) == 0, "%s", err);
+  int rc = ql__ck_torchao_layer(TAO_LAYER, tao_meta_bad[_i][0], find_in, f,
+                                &t, err, sizeof err);
+  ck_assert_int_ne(rc, 0);
+  ck_assert_msg(strstr(err, tao_meta_bad[_i][1]) != NULL, "'%s' lacks '%s'",
+                err, tao_meta_bad[_i][1]);
+  ck_assert_ptr_null(t.qdata.data);
+  /* A missing part is named. */
+  rc = ql__ck_torchao_layer("model.other", ql__st_meta(f, TAO_LAYER ".weight"),
+                            find_in, f, &t, err, sizeof err);
+  ck_assert_int_eq(rc, QL_EBADFILE);
+  ck_assert_ptr_nonnull(strstr(err, "model.other._weight_qdata: missing"));
+  ql__st_free(f);
+}
+END_TEST
+
 static Suite *ck_suite(void) {
   Suite *s = suite_create("ckpt_import");
   TCase *tc = tcase_create("packers");
@@ -336,6 +458,12 @@ static Suite *ck_suite(void) {
   tc = tcase_create("rules");
   tcase_add_test(tc, test_v1_borrow);
   tcase_add_test(tc, test_config_parse);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("torchao");
+  tcase_add_loop_test(tc, test_torchao, 0,
+                      (int)(sizeof tao_cases / sizeof tao_cases[0]));
+  tcase_add_loop_test(tc, test_torchao_bad, 0,
+                      (int)(sizeof tao_meta_bad / sizeof tao_meta_bad[0]));
   suite_add_tcase(s, tc);
   return s;
 }
