@@ -1,6 +1,7 @@
 /*
  * ckpt_import.h - GPTQ and AWQ checkpoint layers converted to qlinear's
- * canonical packed form (DESIGN §4), exactly, for `qlinearctl import`.
+ * canonical packed form (DESIGN §4), exactly, and TorchAO weights saved by
+ * TorchAO's safetensors serializer mapped to it, for `qlinearctl import`.
  *
  * A quantized layer X is the tensors X.qweight, X.qzeros, X.scales (and for
  * GPTQ X.g_idx). Which packing it is comes from the tensors' shapes,

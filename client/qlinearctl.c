@@ -72,10 +72,10 @@ static const char usage_text[] =
     "  import FILE.safetensors|INDEX.json ... [--format FMT] [--match REGEX]\n"
     "       [--prefix NAME/] [--policy POLICY] [--persist] [--devices LIST]\n"
     "       [--dry-run]\n"
-    "                         import a checkpoint: every GPTQ or AWQ layer\n"
-    "                         (converted exactly) and every 2-D float\n"
+    "                         import a checkpoint: every GPTQ, AWQ or TorchAO\n"
+    "                         layer (converted exactly) and every 2-D float\n"
     "                         X.weight (quantized by the daemon to FMT,\n"
-    "                         default q4g128; in a GPTQ/AWQ checkpoint only\n"
+    "                         default q4g128; in a quantized checkpoint only\n"
     "                         with --format), each with its X.bias, as\n"
     "                         weight NAME/X; REGEX (extended) selects X;\n"
     "                         --dry-run lists them without a daemon;\n"
@@ -1052,9 +1052,9 @@ static int cmd_reload(ctx *cx, int argc, char **argv) {
 
 /*
  * `qlinearctl import`: every matching layer of safetensors checkpoints,
- * float ones quantized by the daemon (ql_load_float) and GPTQ/AWQ ones
+ * float ones quantized by the daemon (ql_load_float), GPTQ/AWQ ones
  * converted here to the canonical packed form (client/ckpt_import.c) and
- * uploaded as they are (ql_load_packed).
+ * TorchAO ones, already canonical, uploaded as they are (ql_load_packed).
  */
 
 /* One layer to import. */
