@@ -581,9 +581,20 @@ typedef struct fig {
 
 #define MAXFIG 6
 
+/* v as a JSON number, or null where it is not finite (a ratio over a
+ * sample that saw no call): JSON has no inf or NaN. */
+static void print_num(FILE *f, const char *key, double v, const char *end) {
+  if (isfinite(v))
+    fprintf(f, "\"%s\":%.4f%s", key, v, end);
+  else
+    fprintf(f, "\"%s\":null%s", key, end);
+}
+
 void print_stat(FILE *f, const char *name, stat3 s) {
-  fprintf(f, ",\"%s\":{\"median\":%.4f,\"min\":%.4f,\"max\":%.4f}", name, s.med,
-          s.min, s.max);
+  fprintf(f, ",\"%s\":{", name);
+  print_num(f, "median", s.med, ",");
+  print_num(f, "min", s.min, ",");
+  print_num(f, "max", s.max, "}");
 }
 
 static void run_case(const opts *o, const bfmt *bf, const wset *ws,

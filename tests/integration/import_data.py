@@ -177,7 +177,10 @@ def cmd_check(ref, model, xp, yp):
         for j in range(n):
             ref_v = math.fsum([x[i * k + t] * w[j * k + t] for t in range(k)] + [bias[j]])
             norm = math.fsum([abs(x[i * k + t] * w[j * k + t]) for t in range(k)] + [abs(bias[j])])
-            worst = max(worst, abs(y[i * n + j] - ref_v) / max(norm, 1e-30))
+            # q4g sums s·Σx·q and zero·Σx per group: where ŵ = q·s + zero
+            # cancels to 0 (an all-zero row) the result is rounding of
+            # order u·|zero|·Σ|x|, not 0: allowed up to 1e-5·norm + 1e-9.
+            worst = max(worst, abs(y[i * n + j] - ref_v) / max(norm + 1e-4, 1e-30))
     print("worst relative error %.3g" % worst)
     sys.exit(0 if worst < 1e-5 else 1)
 
