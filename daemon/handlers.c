@@ -706,7 +706,8 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     ql__request_free(req);
     return;
   }
-  if ((rc = ql__request_validate(m, err, sizeof err)) != 0) {
+  if ((rc = ql__request_check_strings(buf, len, err, sizeof err)) != 0 ||
+      (rc = ql__request_validate(m, err, sizeof err)) != 0) {
     ql__reply_error(s, route, m->request_id, rc, err);
     ql__request_free(req);
     return;
