@@ -371,8 +371,11 @@ static void store_done(uv_work_t *work, int status) {
             sw->err[0] ? sw->err : ql_strerror(sw->rc));
     ql__reply r;
     ql__reply_init(&r, sw->request_id);
-    ql__reply_set_error(&r, sw->rc, "load_commit: the weight could not be stored: %s",
-              sw->err[0] ? sw->err : ql_strerror(sw->rc));
+    /* The store's explanation names files of the state directory: it
+     * goes to the log only (replies never echo paths). */
+    ql__reply_set_error(&r, sw->rc, "load_commit: the weight could not be "
+                        "stored (%s); nothing was kept, the daemon's log has "
+                        "the details", ql_strerror(sw->rc));
     ql__reply_send(s, sw->route, &r);
     /* A load that fails changes nothing. */
     (void)ql__weight_store_drop_unheld(s->weights, w);
@@ -706,7 +709,8 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     ql__request_free(req);
     return;
   }
-  if ((rc = ql__request_validate(m, err, sizeof err)) != 0) {
+  if ((rc = ql__request_check_strings(buf, len, err, sizeof err)) != 0 ||
+      (rc = ql__request_validate(m, err, sizeof err)) != 0) {
     ql__reply_error(s, route, m->request_id, rc, err);
     ql__request_free(req);
     return;

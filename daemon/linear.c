@@ -685,8 +685,14 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
                                             : QL_PATH_ACT_QUANT;
   j->sr.rows = (uint32_t)m;
   j->sr.session = ql__session_id(ss);
-  j->sr.deadline_ns =
-      req->msg->deadline_us ? now + req->msg->deadline_us * 1000u : 0;
+  /* A deadline past what the nanosecond clock can express (centuries) is
+   * no deadline: computed naively it would wrap into the past. */
+  uint64_t dl_ns = 0;
+  if (req->msg->deadline_us != 0 &&
+      (__builtin_mul_overflow(req->msg->deadline_us, (uint64_t)1000, &dl_ns) ||
+       __builtin_add_overflow(dl_ns, now, &dl_ns)))
+    dl_ns = 0;
+  j->sr.deadline_ns = dl_ns;
   int rc = ql__sched_submit(s->lin->sched, &j->sr, now);
   if (rc != 0) {
     if (yr == NULL)

@@ -374,6 +374,90 @@ int ql__request_validate(const ql__msg_request *req, char *err,
   }
 }
 
+/* Reads a varint at *p (below end); -1 when it is cut or too long. */
+static int wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *out) {
+  uint64_t v = 0;
+  for (unsigned shift = 0; shift < 64 && *p < end; shift += 7) {
+    uint8_t b = *(*p)++;
+    v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) {
+      *out = v;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/*
+ * protobuf-c hands a string field over as a C string: a NUL byte inside
+ * it would cut it short, so "a\0/../x" would arrive as the valid name "a"
+ * and the request would act on something other than what was sent. This
+ * walks the wire bytes of a message that unpacked and returns the first
+ * string field (of d or of a message inside it) that holds a NUL, or NULL.
+ * The messages are not recursive; depth bounds a hostile nesting anyway.
+ */
+static const ProtobufCFieldDescriptor *
+string_with_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                const uint8_t *end, int depth) {
+  while (p < end) {
+    uint64_t key, n;
+    if (wire_varint(&p, end, &key) != 0)
+      return NULL; /* unpack accepted it: nothing more to find */
+    switch (key & 7) {
+    case 0:
+      if (wire_varint(&p, end, &n) != 0)
+        return NULL;
+      break;
+    case 1:
+      p += (size_t)(end - p) < 8 ? (size_t)(end - p) : 8;
+      break;
+    case 5:
+      p += (size_t)(end - p) < 4 ? (size_t)(end - p) : 4;
+      break;
+    case 2: {
+      if (wire_varint(&p, end, &n) != 0 || n > (uint64_t)(end - p))
+        return NULL;
+      const ProtobufCFieldDescriptor *f =
+          key >> 3 <= UINT32_MAX
+              ? protobuf_c_message_descriptor_get_field(d,
+                                                        (unsigned)(key >> 3))
+              : NULL;
+      if (f != NULL && f->type == PROTOBUF_C_TYPE_STRING &&
+          memchr(p, 0, (size_t)n) != NULL)
+        return f;
+      if (f != NULL && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 8) {
+        const ProtobufCFieldDescriptor *in =
+            string_with_nul(f->descriptor, p, p + n, depth + 1);
+        if (in != NULL)
+          return in;
+      }
+      p += n;
+      break;
+    }
+    default:
+      return NULL;
+    }
+  }
+  return NULL;
+}
+
+int ql__request_check_strings(const void *buf, size_t len, char *err,
+                              size_t errlen) {
+  const ProtobufCFieldDescriptor *f =
+      string_with_nul(&qlinear__v1__request__descriptor, buf,
+                      (const uint8_t *)buf + len, 0);
+  if (f == NULL)
+    return 0;
+  if (strcmp(f->name, "name") == 0 || strcmp(f->name, "weight") == 0 ||
+      strcmp(f->name, "weights") == 0) {
+    seterr(err, errlen, "invalid weight name: a NUL byte inside '%s'",
+           f->name);
+    return QL_ENAME;
+  }
+  seterr(err, errlen, "string field '%s' holds a NUL byte", f->name);
+  return QL_EPROTO;
+}
+
 int ql__request_decode(const void *buf, size_t len, size_t budget,
                        ql__request **out, char *err, size_t errlen) {
   int rc;

@@ -60,6 +60,16 @@ int ql__request_validate(const ql__msg_request *req, char *err,
                          size_t errlen);
 
 /*
+ * Checks the string fields of the Request in buf[0..len) (one that
+ * ql__request_decode() accepted) on the wire: protobuf-c hands strings
+ * over NUL-terminated, so a NUL byte inside one would silently cut it.
+ * Returns 0, QL_ENAME when the string is a weight name, else QL_EPROTO,
+ * with the field named in err.
+ */
+int ql__request_check_strings(const void *buf, size_t len, char *err,
+                              size_t errlen);
+
+/*
  * A decoded session-socket message (SessionRequest) and its budget, as for
  * ql__request. The whole packet is at most QL_SESSION_MSG_MAX bytes.
  */

@@ -64,7 +64,9 @@ __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen,
 static int errno_rc(int e) {
   if (e == ENOMEM)
     return QL_ENOMEM;
-  if (e == ENOSPC || e == EDQUOT)
+  /* A full file system, a quota, or a file-size limit (RLIMIT_FSIZE):
+   * out of room, not broken. */
+  if (e == ENOSPC || e == EDQUOT || e == EFBIG)
     return QL_EEXHAUSTED;
   return QL_EIO;
 }

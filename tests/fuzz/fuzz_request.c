@@ -3,7 +3,8 @@
  *
  * Runs exactly what ql__handle_message() runs on bytes from the socket:
  * ql__request_decode() with the daemon's budget (the message size plus
- * 1 MiB), then ql__request_validate(), then ql__request_free(). Any input
+ * 1 MiB), then ql__request_check_strings() and ql__request_validate(),
+ * then ql__request_free(). Any input
  * must end in an error code or a valid request, never in a crash, a leak or
  * a sanitizer report. The contracts of both calls are checked too: a broken
  * one traps, so the fuzzer keeps the input as a crash.
@@ -59,6 +60,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       req->used > req->limit)
     __builtin_trap();
 
+  rc = ql__request_check_strings(data, size, err, sizeof err);
+  check_err(err, sizeof err);
+  if (rc != 0 && rc != QL_ENAME && rc != QL_EPROTO)
+    __builtin_trap();
   rc = ql__request_validate(req->msg, err, sizeof err);
   check_err(err, sizeof err);
   /* 0 or a code from the one error list. */
