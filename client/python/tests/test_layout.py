@@ -79,3 +79,22 @@ def test_constants(c_layout):
     assert len(_lib.ERRORS) == -c_layout["QL_ERRNO_MIN_"][0] - 1
     for enum in ("ql_dtype", "ql_format", "ql_path", "ql_zero_kind"):
         assert c_layout[enum] == [ctypes.sizeof(_lib.c_enum)], enum
+
+
+def test_find_library_order(tmp_path, monkeypatch):
+    """An explicit path wins, then QLINEAR_LIB, then pkg-config's libdir."""
+    built = _lib.find_library()  # what the test run uses (QLINEAR_LIB)
+    assert _lib.find_library("/x/libqlinear.so.0") == "/x/libqlinear.so.0"
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    (libdir / "libqlinear.so.0").symlink_to(os.path.abspath(built))
+    pcdir = tmp_path / "pkgconfig"
+    pcdir.mkdir()
+    (pcdir / "qlinear.pc").write_text(
+        "libdir=%s\nName: qlinear\nDescription: test\nVersion: 0\n"
+        "Libs: -L${libdir} -lqlinear\n" % libdir)
+    monkeypatch.delenv("QLINEAR_LIB")
+    monkeypatch.setenv("PKG_CONFIG_PATH", str(pcdir))
+    found = _lib.find_library()
+    assert found == str(libdir / "libqlinear.so.0")
+    assert _lib.load(found).ql_strerror(-3) == b"not found"
