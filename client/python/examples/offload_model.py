@@ -94,11 +94,14 @@ def time_pair(a, b, batch, pairs):
         [x / y for x, y in zip(ta, tb)]
 
 
-def start_daemon(binary):
+def start_daemon(binary, threads):
     d = tempfile.mkdtemp(prefix="ql-example-")
     sock = os.path.join(d, "sock")
+    # Paths are forced here, so the daemon need not spend CPU measuring
+    # crossovers while the example times it: fix the crossover.
     proc = subprocess.Popen([binary, "--socket-dir", sock, "--log-level",
-                             "warning"])
+                             "warning", "--cpu-threads", str(threads),
+                             "--crossover-rows", "16"])
     while not os.path.exists(os.path.join(sock, "qlineard.sock")):
         if proc.poll() is not None:
             sys.exit("qlineard exited")
@@ -116,7 +119,8 @@ def main():
     ap.add_argument("--pairs", type=int, default=9,
                     help="interleaved timing pairs per case")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
-                    help="torch threads for the unmodified model")
+                    help="torch threads for the unmodified model, and the "
+                    "CPU threads of a daemon started with --qlineard")
     ap.add_argument("--no-fuse", action="store_true",
                     help="no query/key/value fusion into linear_multi")
     args = ap.parse_args()
@@ -125,7 +129,7 @@ def main():
     proc = None
     address = args.address
     if args.qlineard:
-        proc, address = start_daemon(args.qlineard)
+        proc, address = start_daemon(args.qlineard, args.threads)
     try:
         run(args, address)
     finally:
