@@ -452,8 +452,10 @@ class Client:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._regions = {}          # id -> Region, the user's regions
-        self._scratch = None        # a private region for staged tensors
-        self._scratch_lock = threading.Lock()
+        # Private regions that stage tensors not already in a region: one
+        # per call in flight, so threads do not wait for each other.
+        self._scratch_free = []
+        self._scratch_all = []
         self._shapes = {}           # weight name -> (n, k), from load/lookup
         opts = _lib.ql_connect_opts()
         opts.timeout_ms = timeout_ms
@@ -498,9 +500,10 @@ class Client:
         with self._lock:
             regions = list(self._regions.values())
             self._regions.clear()
-        for r in regions + ([self._scratch] if self._scratch else []):
+            regions += self._scratch_all
+            self._scratch_all, self._scratch_free = [], []
+        for r in regions:  # ql_close() unmaps them all
             r._ptr = None
-        self._scratch = None
         self._finalizer()
         self._c = None
 
@@ -705,23 +708,33 @@ class Client:
                 return r, ptr - r.address
         return None
 
-    def _scratch_region(self, size):
-        """The private staging region, grown to at least size bytes. Called
-        with _scratch_lock held."""
-        if self._scratch is not None and self._scratch.size >= size:
-            return self._scratch
-        old = self._scratch
-        self._scratch = None
-        if old is not None:
-            old.close()
+    def _take_scratch(self, size):
+        """A staging region of at least size bytes, for one call: an idle
+        one, or a new one. Give it back with _give_scratch()."""
+        with self._lock:
+            r = self._scratch_free.pop() if self._scratch_free else None
+            if r is not None and r.size < size:
+                self._scratch_all.remove(r)
+            elif r is not None:
+                return r
+        old = r.size if r is not None else 0
+        if r is not None:
+            r.close()
         # Grow geometrically, in whole MiB, so that a model's layers of
-        # growing sizes do not each recreate it.
-        want = max(size, 2 * (old.size if old else 0))
+        # growing sizes do not each make a new one.
+        want = max(size, 2 * old)
         want = (want + (1 << 20) - 1) & ~((1 << 20) - 1)
         r = self.region(want)
-        self._forget_region(r)  # not a user region: never matched by address
-        self._scratch = r
+        with self._lock:
+            # Not a user region: never matched by address.
+            self._regions.pop(r.id, None)
+            self._scratch_all.append(r)
         return r
+
+    def _give_scratch(self, r):
+        with self._lock:
+            if not r.closed:
+                self._scratch_free.append(r)
 
     def _weight_shape(self, name):
         shape = self._shapes.get(name)
@@ -771,8 +784,8 @@ class Client:
             # offset aligned for any dtype.
             xoff = 0
             yoff = 0 if xr is not None else (xb + 63) & ~63
-            with self._scratch_lock:
-                s = self._scratch_region(yoff + (yb if yr is None else 0))
+            s = self._take_scratch(yoff + (yb if yr is None else 0))
+            try:
                 if xr is None:
                     ctypes.memmove(s.address + xoff, x_ptr, xb)
                     xs = _slice(s, xoff, xb)
@@ -786,6 +799,8 @@ class Client:
                                              ctypes.byref(res)))
                 if yr is None:
                     ctypes.memmove(y_ptr, s.address + yoff, yb)
+            finally:
+                self._give_scratch(s)
         return LinearInfo(_PATH_NAMES.get(res.path, str(res.path)),
                           _s(res.impl))
 
@@ -815,6 +830,8 @@ class Client:
             raise QLinearError(_lib.ERRORS["QL_ESHAPE"],
                                "out must be a writable C-contiguous %s array "
                                "of shape %s" % (x.dtype, lead + (n,)))
+        if m == 0:  # nothing to send
+            return (out, None) if info else out
         try:
             li = self.linear_raw(weight, dt, m, k, _addr(x), n, _addr(out),
                                  path=path, via=via)
@@ -847,6 +864,8 @@ class Client:
         lead = x.shape[:-1]
         m = int(np.prod(lead, dtype=np.int64))
         outs = [np.empty(lead + (n,), dtype=x.dtype) for n, _ in shapes]
+        if m == 0:
+            return (outs, None) if info else outs
         infos = self.linear_multi_raw(weights, dt, m, k, _addr(x),
                                       [n for n, _ in shapes],
                                       [_addr(o) for o in outs], path=path)
@@ -879,6 +898,19 @@ class Client:
                else 0) - _lib.QL_ENVELOPE_BYTES * (len(ns) + 1)
         esz = _DTYPE_SIZES[dt]
         return m * k * esz <= cap and m * sum(ns) * esz <= cap
+
+    # A client is a session: copies of an object that holds one (a deep
+    # copy of a swapped model) share it rather than duplicate the handle,
+    # and it cannot be pickled.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError("a qlinear.Client is a session with the daemon and "
+                        "cannot be pickled")
 
     def __repr__(self):
         return "<qlinear.Client%s>" % (" closed" if self.closed else "")

@@ -209,6 +209,18 @@ class _FusedGroup:
         for m in self.members:
             m._group = self
 
+    # A deep copy of the model gets a group of its own (members copied,
+    # a new lock, nothing kept).
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["_kept"] = {}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def forward(self, member, x):
         with self._lock:
             if not self.enabled:

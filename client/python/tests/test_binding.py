@@ -374,3 +374,40 @@ def test_raw_pointer_api(client, rng):
     assert li.path == "wo"
     np.testing.assert_array_equal(y, client.linear("py/raw", x, path="wo"))
     assert ctypes.sizeof(ctypes.c_int) == 4
+
+
+def test_threads_share_a_client(client, rng):
+    """Calls from several threads at once on one client: each gets its own
+    staging region, and its own correct result."""
+    import threading
+    n, k = 64, 256
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    client.load("py/threads", w, format="q8c")
+    xs = [rng.standard_normal((32 + i, k)).astype(np.float32)
+          for i in range(6)]
+    want = [client.linear("py/threads", x, path="wo", via="inline")
+            for x in xs]
+    got = [None] * len(xs)
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(5):
+                got[i] = client.linear("py/threads", xs[i], path="wo",
+                                       via="region")
+        except Exception as e:  # reported below, with the thread's index
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=work, args=(i,))
+               for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for g, w_ in zip(got, want):
+        np.testing.assert_array_equal(g, w_)
+    assert 1 <= len(client._scratch_all) <= len(xs)
+    # No rows: no request.
+    assert client.linear("py/threads", np.empty((0, k), np.float32)).shape \
+        == (0, n)

@@ -204,6 +204,24 @@ def test_filter_and_names(client):
         qt.swap_linears(nn.Linear(4, 4), client)
 
 
+def test_copy_of_swapped_model(client):
+    """A deep copy of a swapped model shares the client (the session) and
+    its weights; a client cannot be pickled."""
+    import pickle
+    m = make_model()
+    qt.swap_linears(m, client, format="q8c")
+    m2 = copy.deepcopy(m)
+    assert m2.head.client is client and m2.head is not m.head
+    g, g2 = m.blocks[0].attn.q_proj._group, m2.blocks[0].attn.q_proj._group
+    assert g2 is not g and g2.members[0] is m2.blocks[0].attn.q_proj
+    x = inputs()
+    with torch.no_grad():
+        assert torch.equal(m(x), m2(x))
+    assert g.fused_calls == g2.fused_calls == 1
+    with pytest.raises(TypeError):
+        pickle.dumps(client)
+
+
 def test_same_model_shared(daemon, client):
     """The same model offloaded twice (another session: another process
     would be the same) uploads identical names and shares every weight."""
