@@ -169,8 +169,8 @@ def _dtype_code(arr, dtype):
     if arr.dtype.name == "bfloat16":
         return _lib.QL_DTYPE_BF16
     raise QLinearError(_lib.ERRORS["QL_EDTYPE"],
-                       "array of %s: float32, float16, or bfloat16 (ml_dtypes, "
-                       "or uint16 with dtype='bf16')" % arr.dtype)
+                       "array of %s: float32, float16, or bfloat16 "
+                       "(ml_dtypes, or uint16 with dtype='bf16')" % arr.dtype)
 
 
 _ADT_BY_NUMPY = {"float32": _lib.QL_ADT_F32, "float16": _lib.QL_ADT_F16,
@@ -211,7 +211,8 @@ def _packed(arr, what):
                                % (what, arr.dtype))
     if arr.ndim not in (1, 2):
         raise QLinearError(_lib.ERRORS["QL_ESHAPE"],
-                           "%s has %d dimensions, not 1 or 2" % (what, arr.ndim))
+                           "%s has %d dimensions, not 1 or 2"
+                           % (what, arr.ndim))
     pa = _lib.ql_packed_array()
     pa.data = arr.ctypes.data
     pa.dtype = dt

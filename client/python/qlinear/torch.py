@@ -73,7 +73,7 @@ def weight_name(linear, format, module_name="", prefix=""):
     b = linear.bias.detach().cpu() if linear.bias is not None else None
     h = hashlib.sha256()
     h.update(("%s|%s|%s|%s\n" % (format, tuple(w.shape), w.dtype,
-                                  b is not None)).encode())
+                                 b is not None)).encode())
     h.update(memoryview(_host_bytes(w)).cast("B"))
     if b is not None:
         h.update(memoryview(_host_bytes(b.to(w.dtype))).cast("B"))
@@ -92,7 +92,8 @@ def region_tensor(region, shape, dtype=torch.float32, offset=0):
     if dtype == torch.bfloat16:
         return torch.from_numpy(region.ndarray(shape, np.int16, offset)) \
             .view(torch.bfloat16)
-    np_dtype = {torch.float32: np.float32, torch.float16: np.float16}.get(dtype)
+    np_dtype = {torch.float32: np.float32,
+                torch.float16: np.float16}.get(dtype)
     if np_dtype is None:
         raise _err("QL_EDTYPE", "regions hold float32, float16 or bfloat16")
     return torch.from_numpy(region.ndarray(shape, np_dtype, offset))

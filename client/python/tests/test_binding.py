@@ -228,8 +228,8 @@ def test_large_tensor_beyond_message_cap(daemon, rng):
 
 def test_linear_multi(client, rng):
     k, m = 128, 6
-    ws = [rng.standard_normal((n, k)).astype(np.float32) for n in (64, 32,
-                                                                     48)]
+    ws = [rng.standard_normal((n, k)).astype(np.float32)
+          for n in (64, 32, 48)]
     names = ["py/multi/%d" % i for i in range(3)]
     for name, w in zip(names, ws):
         client.load(name, w, format="q4g64")
