@@ -30,6 +30,7 @@ start a private one for the run.
 import argparse
 import copy
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def start_daemon(binary, threads):
         if proc.poll() is not None:
             sys.exit("qlineard exited")
         time.sleep(0.05)
-    return proc, "ipc://%s/qlineard.sock" % sock
+    return proc, d, "ipc://%s/qlineard.sock" % sock
 
 
 def main():
@@ -134,13 +135,14 @@ def main():
     proc = None
     address = args.address
     if args.qlineard:
-        proc, address = start_daemon(args.qlineard, args.threads)
+        proc, tmp, address = start_daemon(args.qlineard, args.threads)
     try:
         run(args, address)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait()
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run(args, address):
