@@ -1,0 +1,396 @@
+"""ctypes declarations of libqlinear (client/include/qlinear/qlinear.h).
+
+This module only mirrors the C API: constants, structs and prototypes, and
+the rule that finds the shared library. Everything that speaks the protocol
+lives in libqlinear itself; the Python package never reimplements it.
+
+The structs below must match the header field by field. The test
+``test_layout.py`` compiles a small C program against the installed header
+and compares every offset and size with these declarations, so a change to
+the header that is not carried over here fails the test suite.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+
+# --------------------------------------------------------------- constants
+# Sizes of the fixed arrays of qlinear.h, NUL terminators included.
+QL_NAME_MAX = 256
+QL_DEVICE_NAME_MAX = 64
+QL_DEVICE_KIND_MAX = 16
+QL_DEVICE_ALIAS_MAX = 32
+QL_VERSION_MAX = 64
+QL_IMPL_MAX = 64
+QL_DEVICES_STR_MAX = 256
+QL_MAX_DEVICES = 16
+QL_INSTANCE_ID_BYTES = 16
+QL_DIGEST_BYTES = 32
+QL_ADDRESS_MAX = 512
+QL_HIST_BUCKETS = 32
+QL_MULTI_MAX = 16
+QL_PROTOCOL_VERSION = 1
+# Room libqlinear keeps for the envelope around a payload (ql_defs.h).
+QL_ENVELOPE_BYTES = 4096
+
+# The error space of proto/ql_defs.h (QL_ERRNO_MAP), by symbolic name.
+ERRORS = {
+    "QL_EINVAL": -1,
+    "QL_ENOMEM": -2,
+    "QL_ENOTFOUND": -3,
+    "QL_EEXIST": -4,
+    "QL_ESHAPE": -5,
+    "QL_EDTYPE": -6,
+    "QL_EFORMAT": -7,
+    "QL_ETOOBIG": -8,
+    "QL_EPROTO": -9,
+    "QL_EVERSION": -10,
+    "QL_ETIMEDOUT": -11,
+    "QL_EIO": -12,
+    "QL_EEXHAUSTED": -13,
+    "QL_EDEADLINE": -14,
+    "QL_ENOTSUP": -15,
+    "QL_ENONFINITE": -16,
+    "QL_ESHUTDOWN": -17,
+    "QL_EINTERNAL": -18,
+    "QL_ESEQUENCE": -19,
+    "QL_EBADFILE": -20,
+    "QL_ECONNECT": -21,
+    "QL_EPERM": -22,
+    "QL_ENAME": -23,
+    "QL_ESESSION": -24,
+}
+
+# Enumerations of ql_defs.h.
+QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16 = 1, 2, 3
+QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_Q8B, QL_FORMAT_F8R = 1, 2, 3, 4
+QL_PATH_AUTO, QL_PATH_WEIGHT_ONLY, QL_PATH_ACT_QUANT = 0, 1, 2
+QL_ADT_F32, QL_ADT_F16, QL_ADT_BF16 = 1, 2, 3
+QL_ADT_I8, QL_ADT_U8, QL_ADT_I32, QL_ADT_F8E4M3 = 4, 5, 6, 7
+QL_ZERO_FLOAT, QL_ZERO_INT = 0, 1
+
+# Every constant above that has a C counterpart of the same name, for the
+# layout test. (The ERRORS dict is checked separately.)
+C_CONSTANTS = [
+    "QL_NAME_MAX", "QL_DEVICE_NAME_MAX", "QL_DEVICE_KIND_MAX",
+    "QL_DEVICE_ALIAS_MAX", "QL_VERSION_MAX", "QL_IMPL_MAX",
+    "QL_DEVICES_STR_MAX", "QL_MAX_DEVICES", "QL_INSTANCE_ID_BYTES",
+    "QL_DIGEST_BYTES", "QL_ADDRESS_MAX", "QL_HIST_BUCKETS", "QL_MULTI_MAX",
+    "QL_PROTOCOL_VERSION", "QL_ENVELOPE_BYTES",
+    "QL_DTYPE_F32", "QL_DTYPE_F16", "QL_DTYPE_BF16",
+    "QL_FORMAT_Q4G", "QL_FORMAT_Q8C", "QL_FORMAT_Q8B", "QL_FORMAT_F8R",
+    "QL_PATH_AUTO", "QL_PATH_WEIGHT_ONLY", "QL_PATH_ACT_QUANT",
+    "QL_ADT_F32", "QL_ADT_F16", "QL_ADT_BF16", "QL_ADT_I8", "QL_ADT_U8",
+    "QL_ADT_I32", "QL_ADT_F8E4M3", "QL_ZERO_FLOAT", "QL_ZERO_INT",
+]
+
+# C enums are int-sized on every ABI this library is built for.
+c_enum = ctypes.c_int
+
+
+# ----------------------------------------------------------------- structs
+class ql_connect_opts(ctypes.Structure):
+    _fields_ = [
+        ("timeout_ms", ctypes.c_int),
+        ("client_name", ctypes.c_char_p),
+        ("admin", ctypes.c_int),
+    ]
+
+
+class ql_device_info(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * QL_DEVICE_NAME_MAX),
+        ("kind", ctypes.c_char * QL_DEVICE_KIND_MAX),
+        ("alias", ctypes.c_char * QL_DEVICE_ALIAS_MAX),
+    ]
+
+
+class ql_hello_info(ctypes.Structure):
+    _fields_ = [
+        ("protocol_version", ctypes.c_uint32),
+        ("daemon_version", ctypes.c_char * QL_VERSION_MAX),
+        ("instance_id", ctypes.c_uint8 * QL_INSTANCE_ID_BYTES),
+        ("max_message_bytes", ctypes.c_uint64),
+        ("max_chunk_bytes", ctypes.c_uint64),
+        ("n_devices", ctypes.c_size_t),
+        ("n_devices_total", ctypes.c_size_t),
+        ("devices", ql_device_info * QL_MAX_DEVICES),
+    ]
+
+
+ql_progress_cb = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64,
+                                  ctypes.c_uint64)
+
+
+class ql_load_desc(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("format", c_enum),
+        ("group_size", ctypes.c_uint32),
+        ("n", ctypes.c_uint64),
+        ("k", ctypes.c_uint64),
+        ("dtype", c_enum),
+        ("data", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("policy", c_enum),
+        ("scale_dtype", ctypes.c_int),
+        ("progress", ql_progress_cb),
+        ("progress_arg", ctypes.c_void_p),
+        ("asymmetric", ctypes.c_int),
+        ("persistent", ctypes.c_int),
+    ]
+
+
+class ql_packed_array(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.c_uint64 * 2),
+    ]
+
+
+class ql_packed_desc(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("format", c_enum),
+        ("group_size", ctypes.c_uint32),
+        ("n", ctypes.c_uint64),
+        ("k", ctypes.c_uint64),
+        ("asymmetric", ctypes.c_int),
+        ("zero_kind", c_enum),
+        ("qdata", ql_packed_array),
+        ("scale", ql_packed_array),
+        ("zero", ql_packed_array),
+        ("bias", ql_packed_array),
+        ("policy", c_enum),
+        ("progress", ql_progress_cb),
+        ("progress_arg", ctypes.c_void_p),
+        ("persistent", ctypes.c_int),
+    ]
+
+
+class ql_weight_info(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * QL_NAME_MAX),
+        ("format", ctypes.c_int),
+        ("group_size", ctypes.c_uint32),
+        ("n", ctypes.c_uint64),
+        ("k", ctypes.c_uint64),
+        ("has_bias", ctypes.c_int),
+        ("asymmetric", ctypes.c_int),
+        ("persistent", ctypes.c_int),
+        ("policy", ctypes.c_int),
+        ("scale_dtype", ctypes.c_int),
+        ("digest", ctypes.c_uint8 * QL_DIGEST_BYTES),
+        ("bytes_resident", ctypes.c_uint64),
+        ("crossover_rows", ctypes.c_uint32),
+        ("crossover_measured", ctypes.c_int),
+        ("n_devices", ctypes.c_size_t),
+        ("devices", ctypes.c_char * QL_DEVICES_STR_MAX),
+    ]
+
+
+class ql_linear_result(ctypes.Structure):
+    _fields_ = [
+        ("path", c_enum),
+        ("impl", ctypes.c_char * QL_IMPL_MAX),
+    ]
+
+
+class ql_weight_stats(ctypes.Structure):
+    _fields_ = [
+        ("weight", ctypes.c_char * QL_NAME_MAX),
+        ("device", ctypes.c_char * QL_DEVICE_NAME_MAX),
+        ("requests", ctypes.c_uint64),
+        ("rows", ctypes.c_uint64),
+        ("batches", ctypes.c_uint64),
+        ("wo_batches", ctypes.c_uint64),
+        ("aq_batches", ctypes.c_uint64),
+        ("queue_ns", ctypes.c_uint64),
+        ("kernel_ns", ctypes.c_uint64),
+        ("impl", ctypes.c_char * QL_IMPL_MAX),
+        ("bytes_resident", ctypes.c_uint64),
+        ("expired", ctypes.c_uint64),
+        ("queue_hist", ctypes.c_uint64 * QL_HIST_BUCKETS),
+        ("kernel_hist", ctypes.c_uint64 * QL_HIST_BUCKETS),
+    ]
+
+
+class ql_device_memory(ctypes.Structure):
+    _fields_ = [
+        ("device", ctypes.c_char * QL_DEVICE_NAME_MAX),
+        ("bytes_resident", ctypes.c_uint64),
+        ("budget_bytes", ctypes.c_uint64),
+    ]
+
+
+class ql_stats_info(ctypes.Structure):
+    _fields_ = [
+        ("uptime_ns", ctypes.c_uint64),
+        ("requests", ctypes.c_uint64),
+        ("errors", ctypes.c_uint64),
+        ("bytes_in", ctypes.c_uint64),
+        ("bytes_out", ctypes.c_uint64),
+        ("weights", ctypes.c_uint64),
+        ("uploads_in_progress", ctypes.c_uint64),
+        ("n_per_weight", ctypes.c_size_t),
+        ("per_weight", ctypes.POINTER(ql_weight_stats)),
+        ("sessions", ctypes.c_uint64),
+        ("regions", ctypes.c_uint64),
+        ("region_bytes", ctypes.c_uint64),
+        ("persistent_weights", ctypes.c_uint64),
+        ("n_devices", ctypes.c_size_t),
+        ("n_devices_total", ctypes.c_size_t),
+        ("devices", ql_device_memory * QL_MAX_DEVICES),
+    ]
+
+
+class ql_region(ctypes.Structure):
+    _fields_ = [
+        ("id", ctypes.c_uint64),
+        ("size", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+    ]
+
+
+class ql_slice(ctypes.Structure):
+    _fields_ = [
+        ("region", ctypes.POINTER(ql_region)),
+        ("offset", ctypes.c_uint64),
+        ("length", ctypes.c_uint64),
+    ]
+
+
+# Every struct above, by its C name, for the layout test.
+STRUCTS = [
+    ql_connect_opts, ql_device_info, ql_hello_info, ql_load_desc,
+    ql_packed_array, ql_packed_desc, ql_weight_info, ql_linear_result,
+    ql_weight_stats, ql_device_memory, ql_stats_info, ql_region, ql_slice,
+]
+
+# -------------------------------------------------------------- prototypes
+_c_client_p = ctypes.c_void_p  # ql_client *, opaque
+_P = ctypes.POINTER
+
+_PROTOTYPES = {
+    "ql_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "ql_err_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "ql_errmsg": (ctypes.c_char_p, []),
+    "ql_default_address": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t]),
+    "ql_default_admin_address": (ctypes.c_int,
+                                 [ctypes.c_char_p, ctypes.c_size_t]),
+    "ql_connect": (ctypes.c_int, [ctypes.c_char_p, _P(ql_connect_opts),
+                                  _P(_c_client_p)]),
+    "ql_close": (None, [_c_client_p]),
+    "ql_hello": (ctypes.c_int, [_c_client_p, _P(ql_hello_info)]),
+    "ql_load_float": (ctypes.c_int, [_c_client_p, _P(ql_load_desc),
+                                     _P(ql_weight_info), _P(ctypes.c_int)]),
+    "ql_load_packed": (ctypes.c_int, [_c_client_p, _P(ql_packed_desc),
+                                      _P(ql_weight_info), _P(ctypes.c_int)]),
+    "ql_unload": (ctypes.c_int, [_c_client_p, ctypes.c_char_p]),
+    "ql_reload_config": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
+                                        ctypes.c_size_t]),
+    "ql_list": (ctypes.c_int, [_c_client_p, _P(_P(ql_weight_info)),
+                               _P(ctypes.c_size_t)]),
+    "ql_lookup": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
+                                 _P(ql_weight_info)]),
+    "ql_linear": (ctypes.c_int, [_c_client_p, ctypes.c_char_p, c_enum,
+                                 c_enum, ctypes.c_uint64, ctypes.c_uint64,
+                                 ctypes.c_void_p, ctypes.c_uint64,
+                                 ctypes.c_void_p, _P(ql_linear_result)]),
+    "ql_linear_multi": (ctypes.c_int, [_c_client_p, ctypes.c_size_t,
+                                       _P(ctypes.c_char_p), c_enum, c_enum,
+                                       ctypes.c_uint64, ctypes.c_uint64,
+                                       ctypes.c_void_p, _P(ctypes.c_uint64),
+                                       _P(ctypes.c_void_p),
+                                       _P(ql_linear_result)]),
+    "ql_linear_region": (ctypes.c_int, [_c_client_p, ctypes.c_char_p, c_enum,
+                                        c_enum, ctypes.c_uint64,
+                                        ctypes.c_uint64, _P(ql_slice),
+                                        ctypes.c_uint64, _P(ql_slice),
+                                        ctypes.c_void_p,
+                                        _P(ql_linear_result)]),
+    "ql_region_create": (ctypes.c_int, [_c_client_p, ctypes.c_size_t,
+                                        _P(_P(ql_region))]),
+    "ql_region_destroy": (ctypes.c_int, [_c_client_p, _P(ql_region)]),
+    "ql_stats": (ctypes.c_int, [_c_client_p, _P(_P(ql_stats_info))]),
+    "ql_stats_free": (None, [_P(ql_stats_info)]),
+    "ql_free": (None, [ctypes.c_void_p]),
+}
+
+# ------------------------------------------------------- finding the library
+_LIB_NAME = "libqlinear.so.0"  # the soname: -version-info 0:0:0
+
+
+def _pkg_config_libdir():
+    """The libdir that pkg-config gives for qlinear, or None."""
+    exe = shutil.which("pkg-config") or shutil.which("pkgconf")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--variable=libdir", "qlinear"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    libdir = out.stdout.strip()
+    return libdir if out.returncode == 0 and libdir else None
+
+
+def _build_tree_lib():
+    """libqlinear of the source tree this package sits in, if it was built
+    in place (client/python/qlinear/ -> top/.libs/): lets a developer use the
+    package straight from a checkout."""
+    top = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__)))))
+    path = os.path.join(top, ".libs", _LIB_NAME)
+    return path if os.path.exists(path) else None
+
+
+def find_library(path=None):
+    """Where libqlinear is, as a path or a name dlopen() resolves.
+
+    In this order: ``path`` if given; the environment variable QLINEAR_LIB;
+    the libdir pkg-config gives for ``qlinear``; the dynamic linker's own
+    search (ctypes.util.find_library); the build tree around this package.
+    Raises OSError when none of them has it.
+    """
+    if path:
+        return path
+    env = os.environ.get("QLINEAR_LIB")
+    if env:
+        return env
+    libdir = _pkg_config_libdir()
+    if libdir:
+        cand = os.path.join(libdir, _LIB_NAME)
+        if os.path.exists(cand):
+            return cand
+    name = ctypes.util.find_library("qlinear")
+    if name:
+        return name
+    built = _build_tree_lib()
+    if built:
+        return built
+    raise OSError("libqlinear not found: set QLINEAR_LIB to its path, or "
+                  "install qlinear where pkg-config finds qlinear.pc")
+
+
+_loaded = {}
+
+
+def load(path=None):
+    """The libqlinear CDLL (loaded once per resolved path), with every
+    prototype declared so that ctypes converts arguments and results."""
+    where = find_library(path)
+    lib = _loaded.get(where)
+    if lib is not None:
+        return lib
+    lib = ctypes.CDLL(where)
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    _loaded[where] = lib
+    return lib

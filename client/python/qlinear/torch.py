@@ -1,0 +1,351 @@
+"""PyTorch integration: run a model's linear layers on qlineard.
+
+``QLinear`` is an ``nn.Module`` that computes ``y = x·Wᵀ + b`` with a weight
+resident in the daemon; ``swap_linears()`` replaces a model's ``nn.Linear``
+modules by QLinear in place, the way quantization libraries swap modules::
+
+    import qlinear, qlinear.torch
+    client = qlinear.Client()
+    qlinear.torch.swap_linears(model, client, format="q4g128")
+    y = model(x)                  # every linear layer now runs in qlineard
+
+Weights are named by the module's path and a SHA-256 of their content, so
+every process that offloads the same model shares one resident copy (the
+daemon keeps one copy per name and content digest, and a weight lives while
+any session holds it: keep the client open while the model is in use).
+
+Inference only: the outputs carry no autograd history. CPU tensors go
+through the client's shared-memory regions; CUDA tensors would need CUDA
+IPC, which neither libqlinear nor the daemon offers yet, so they are refused
+with QL_ENOTSUP rather than silently copied.
+"""
+
+import hashlib
+import re
+import threading
+import weakref
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import _lib
+from .client import QLinearError
+
+__all__ = ["QLinear", "swap_linears", "weight_name", "region_tensor",
+           "FUSE_PATTERNS"]
+
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+# Sibling modules that usually consume the same input (self-attention's
+# q/k/v, a gated MLP's gate/up) in the naming of common model families.
+FUSE_PATTERNS = [
+    ("q_proj", "k_proj", "v_proj"),
+    ("query", "key", "value"),
+    ("wq", "wk", "wv"),
+    ("gate_proj", "up_proj"),
+    ("w1", "w3"),
+]
+
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._/-]")
+
+
+def _err(name, message):
+    return QLinearError(_lib.ERRORS[name], message)
+
+
+def _host_bytes(t):
+    """A CPU tensor's memory as a NumPy array of the same element size
+    (bfloat16 as uint16: NumPy has no bfloat16)."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def weight_name(linear, format, module_name="", prefix=""):
+    """The daemon-side name of a linear layer's weight in ``format``:
+    ``prefix`` + the module path + the format + 24 hex digits of a SHA-256
+    over the format, shape, dtype, weight and bias. Equal layers get equal
+    names, in any process, so the daemon shares them; different content
+    never collides on a name (which the daemon would refuse)."""
+    w = linear.weight.detach().cpu()
+    b = linear.bias.detach().cpu() if linear.bias is not None else None
+    h = hashlib.sha256()
+    h.update(("%s|%s|%s|%s\n" % (format, tuple(w.shape), w.dtype,
+                                 b is not None)).encode())
+    h.update(memoryview(_host_bytes(w)).cast("B"))
+    if b is not None:
+        h.update(memoryview(_host_bytes(b.to(w.dtype))).cast("B"))
+    path = _NAME_BAD.sub("_", module_name or "linear")
+    tail = "/%s-%s" % (format, h.hexdigest()[:24])
+    # The protocol caps names at 255 bytes: shorten the path, keep the tail.
+    room = 255 - len(prefix) - len(tail)
+    if room < 1:
+        raise _err("QL_ENAME", "prefix %r is too long" % prefix)
+    return prefix + path[-room:].lstrip("/.") + tail
+
+
+def region_tensor(region, shape, dtype=torch.float32, offset=0):
+    """A tensor over a qlinear.Region's memory. A QLinear given an input
+    that lies in a region of its client reads it in place, with no copy."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(region.ndarray(shape, np.int16, offset)) \
+            .view(torch.bfloat16)
+    np_dtype = {torch.float32: np.float32,
+                torch.float16: np.float16}.get(dtype)
+    if np_dtype is None:
+        raise _err("QL_EDTYPE", "regions hold float32, float16 or bfloat16")
+    return torch.from_numpy(region.ndarray(shape, np_dtype, offset))
+
+
+class QLinear(nn.Module):
+    """A linear layer whose weight lives in qlineard.
+
+    Construct it with QLinear.from_linear() (or swap_linears()); the module
+    holds the client, the weight's name and its shape, not the weight.
+    forward() takes x [..., in_features] of float32, float16 or bfloat16 on
+    the CPU and returns [..., out_features] in x's dtype. ``path`` forces
+    "wo" (weight-only) or "aq" (activation-quantized); "auto" leaves the
+    choice to the daemon by the number of rows.
+    """
+
+    def __init__(self, client, weight, in_features, out_features, *,
+                 has_bias=True, format="", path="auto"):
+        super().__init__()
+        self.client = client
+        self.weight_name = weight
+        self.in_features = in_features
+        self.out_features = out_features
+        self.has_bias = has_bias
+        self.format = format
+        self.path = path
+        self.info = None
+        self._group = None  # a _FusedGroup this module belongs to
+
+    @classmethod
+    def from_linear(cls, linear, client, format="q4g128", *, name=None,
+                    module_name="", prefix="", path="auto", policy="auto",
+                    scale_dtype=None):
+        """Uploads ``linear``'s weight and bias (in their dtype; others than
+        float32/16 and bfloat16 as float32) for the daemon to quantize into
+        ``format``, and returns the QLinear that uses it. ``name`` defaults
+        to weight_name(linear, format, module_name, prefix). The upload is
+        shared by the daemon when the same name and content are resident."""
+        w = linear.weight.detach().cpu()
+        if w.dtype not in _DTYPES:
+            w = w.float()
+        b = linear.bias.detach().cpu().to(w.dtype) \
+            if linear.bias is not None else None
+        if name is None:
+            name = weight_name(linear, format, module_name, prefix)
+        info = client.load(name, _host_bytes(w),
+                           _host_bytes(b) if b is not None else None,
+                           format=format, dtype=_DTYPES[w.dtype],
+                           policy=policy, scale_dtype=scale_dtype)
+        m = cls(client, name, linear.in_features, linear.out_features,
+                has_bias=b is not None, format=format, path=path)
+        m.info = info
+        return m
+
+    def _check_input(self, x):
+        if x.device.type != "cpu":
+            raise _err("QL_ENOTSUP",
+                       "%s tensor: only CPU tensors are served; CUDA tensors "
+                       "need CUDA IPC, which qlineard does not offer yet"
+                       % x.device.type)
+        dt = _DTYPES.get(x.dtype)
+        if dt is None:
+            raise _err("QL_EDTYPE", "input of %s: float32, float16 or "
+                                    "bfloat16" % x.dtype)
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise _err("QL_ESHAPE", "input of shape %s; %s takes [..., %d]"
+                       % (tuple(x.shape), self.weight_name, self.in_features))
+        return dt
+
+    def forward(self, x):
+        self._check_input(x)
+        if self._group is not None:
+            return self._group.forward(self, x)
+        return self._run(x)
+
+    def _run(self, x):
+        """This layer alone on x (checked by _check_input)."""
+        dt = _DTYPES[x.dtype]
+        lead = tuple(x.shape[:-1])
+        x2 = x.detach().reshape(-1, self.in_features).contiguous()
+        y = torch.empty(lead + (self.out_features,), dtype=x.dtype)
+        if x2.shape[0] > 0:
+            self.client.linear_raw(self.weight_name, dt, x2.shape[0],
+                                   self.in_features, x2.data_ptr(),
+                                   self.out_features, y.data_ptr(),
+                                   path=self.path)
+        return y
+
+    def extra_repr(self):
+        return "in_features=%d, out_features=%d, bias=%s, format=%s, " \
+               "weight=%r" % (self.in_features, self.out_features,
+                              self.has_bias, self.format, self.weight_name)
+
+
+class _FusedGroup:
+    """Sibling QLinear modules computed by one ql_linear_multi() call.
+
+    The model still calls each member on its own. The first member called
+    in a round computes every member's result for its input and keeps the
+    others'; a member then called with that same tensor (same object,
+    unmodified) takes its kept result. A member called with anything else
+    shows that the model does not feed the siblings one input (for example
+    cross-attention's key and value): the group then stops fusing and every
+    member computes alone from then on. Results never depend on the
+    fusing, only the number of round trips does.
+    """
+
+    def __init__(self, members):
+        self.members = list(members)
+        self.enabled = True
+        self.fused_calls = 0  # ql_linear_multi() round trips so far
+        self._kept = {}
+        self._lock = threading.Lock()
+        for m in self.members:
+            m._group = self
+
+    # A deep copy of the model gets a group of its own (members copied,
+    # a new lock, nothing kept).
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["_kept"] = {}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def forward(self, member, x):
+        with self._lock:
+            if not self.enabled:
+                return member._run(x)
+            if self._kept:
+                kept = self._kept.pop(member, None)
+                if kept is not None and kept[0]() is x and \
+                        kept[1] == x._version:
+                    return kept[2]
+                self.enabled = False
+                self._kept.clear()
+                return member._run(x)
+            ys = self._run_all(x)
+            ref = weakref.ref(x)
+            for m, y in zip(self.members, ys):
+                if m is not member:
+                    self._kept[m] = (ref, x._version, y)
+            return ys[self.members.index(member)]
+
+    def _run_all(self, x):
+        first = self.members[0]
+        dt = _DTYPES[x.dtype]
+        lead = tuple(x.shape[:-1])
+        k = first.in_features
+        x2 = x.detach().reshape(-1, k).contiguous()
+        m = x2.shape[0]
+        ns = [mem.out_features for mem in self.members]
+        ys = [torch.empty(lead + (n,), dtype=x.dtype) for n in ns]
+        if m == 0:
+            return ys
+        client = first.client
+        # LinearMulti carries its tensors inline; a batch too large for one
+        # message runs as separate region requests instead.
+        if client.multi_fits(dt, m, k, ns):
+            client.linear_multi_raw([mem.weight_name for mem in self.members],
+                                    dt, m, k, x2.data_ptr(), ns,
+                                    [y.data_ptr() for y in ys],
+                                    path=first.path)
+            self.fused_calls += 1
+        else:
+            for mem, y, n in zip(self.members, ys, ns):
+                client.linear_raw(mem.weight_name, dt, m, k, x2.data_ptr(), n,
+                                  y.data_ptr(), path=mem.path)
+        return ys
+
+
+def _filter_fn(filter):
+    if filter is None:
+        return lambda name, mod: True
+    if isinstance(filter, str):
+        rx = re.compile(filter)
+        return lambda name, mod: rx.search(name) is not None
+    if callable(filter):
+        return filter
+    raise _err("QL_EINVAL", "filter: None, a regular expression or a "
+                            "callable(name, module)")
+
+
+def swap_linears(model, client, format="q4g128", filter=None, *,
+                 fuse="auto", prefix=None, path="auto", policy="auto",
+                 scale_dtype=None):
+    """Replaces the ``nn.Linear`` modules of ``model`` by QLinear modules
+    served by ``client``'s daemon, in place; returns {module path: QLinear}.
+
+    ``format`` is a qlinear format name ("q4g128", "q8c", "f8r", "q8b128",
+    ...). ``filter`` selects the modules to swap: a regular expression
+    searched in the module path, or a callable(path, module) -> bool; None
+    swaps all. ``fuse``: "auto" groups swapped siblings named as in
+    FUSE_PATTERNS (q_proj/k_proj/v_proj, query/key/value, gate_proj/up_proj,
+    ...) into one ql_linear_multi() round trip; a list of tuples of module
+    paths names the groups explicitly; None disables fusing. Members of a
+    group must share in_features. ``prefix`` starts every weight name
+    (default "torch/<model class>/"). A module used at several places of
+    the model is uploaded once and swapped everywhere.
+    """
+    if isinstance(model, nn.Linear):
+        raise _err("QL_EINVAL", "the model is itself an nn.Linear: use "
+                                "QLinear.from_linear()")
+    keep = _filter_fn(filter)
+    if prefix is None:
+        prefix = "torch/%s/" % type(model).__name__
+    done = {}      # id(nn.Linear) -> QLinear: shared modules upload once
+    swapped = {}
+    for name, mod in list(model.named_modules(remove_duplicate=False)):
+        if not isinstance(mod, nn.Linear) or not keep(name, mod):
+            continue
+        q = done.get(id(mod))
+        if q is None:
+            q = QLinear.from_linear(mod, client, format, module_name=name,
+                                    prefix=prefix, path=path, policy=policy,
+                                    scale_dtype=scale_dtype)
+            done[id(mod)] = q
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, q)
+        swapped[name] = q
+
+    if fuse == "auto":
+        groups = []
+        for name in swapped:
+            parent, _, child = name.rpartition(".")
+            for pat in FUSE_PATTERNS:
+                if child == pat[0]:
+                    base = parent + "." if parent else ""
+                    groups.append(tuple(base + p for p in pat))
+        groups = [g for g in groups if all(p in swapped for p in g)]
+    elif fuse is None or fuse is False:
+        groups = []
+    else:
+        groups = [tuple(g) for g in fuse]
+        for g in groups:
+            missing = [p for p in g if p not in swapped]
+            if missing:
+                raise _err("QL_EINVAL", "fuse group %s: %s not swapped"
+                           % (g, ", ".join(missing)))
+    for g in groups:
+        members = [swapped[p] for p in g]
+        if len({id(m) for m in members}) != len(members) or \
+                any(m._group is not None for m in members) or \
+                len({m.in_features for m in members}) != 1 or \
+                len(members) > _lib.QL_MULTI_MAX:
+            if fuse == "auto":
+                continue  # not fusable as found: leave them separate
+            raise _err("QL_EINVAL", "fuse group %s: members must be distinct, "
+                       "ungrouped, at most %d, with equal in_features"
+                       % (g, _lib.QL_MULTI_MAX))
+        _FusedGroup(members)
+    return swapped

@@ -1,0 +1,95 @@
+"""Fixtures of the Python client's tests: one real qlineard for the whole
+run, on a private socket directory, and a fresh client per test.
+
+The daemon is $QLINEARD (set by make check), else the qlineard of the
+source tree's in-place build. libqlinear is found as the package finds it
+(QLINEAR_LIB, which tests/integration/test_python.sh sets to the build).
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+import qlinear
+
+TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..",
+                                   ".."))
+
+
+class Daemon:
+    """A qlineard started for the tests; address is its request socket."""
+
+    def __init__(self):
+        self.bin = os.environ.get("QLINEARD") or os.path.join(TOP, "qlineard")
+        self.dir = tempfile.mkdtemp(prefix="ql-py-")
+        os.chmod(self.dir, 0o700)
+        sock = os.path.join(self.dir, "sock")
+        self.address = "ipc://%s/qlineard.sock" % sock
+        self.admin_address = "ipc://%s/admin/admin.sock" % sock
+        self.log = open(os.path.join(self.dir, "daemon.log"), "w+")
+        # A fixed crossover: the daemon does not spend the tests' CPU
+        # measuring one for every new weight shape.
+        self.proc = subprocess.Popen(
+            [self.bin, "--socket-dir", sock, "--state-dir",
+             os.path.join(self.dir, "state"), "--crossover-rows", "16",
+             "--log-level", "info"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        path = os.path.join(sock, "qlineard.sock")
+        while not os.path.exists(path):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("qlineard did not start:\n" + self.text())
+            time.sleep(0.02)
+
+    def text(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    d = Daemon()
+    yield d
+    alive = d.proc.poll() is None
+    log = d.text()
+    d.stop()
+    # A crash of the daemon during the run fails the run, even if every
+    # test passed before it.
+    assert alive, "qlineard exited during the tests:\n" + log
+
+
+@pytest.fixture
+def client(daemon):
+    c = qlinear.Client(daemon.address)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20240611)
+
+
+def nmse(y, ref):
+    """Normalised mean squared error of y against ref, in float64."""
+    y = np.asarray(y, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.sum((y - ref) ** 2) / np.sum(ref ** 2))

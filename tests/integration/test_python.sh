@@ -1,0 +1,32 @@
+#!/bin/sh
+# test_python.sh - the Python client's tests (client/python/tests, pytest)
+# against a real qlineard, which their conftest.py starts on a private
+# socket directory, with the libqlinear of this build.
+#
+# The interpreter is Debian's /usr/bin/python3 with python3-numpy,
+# python3-pytest and python3-torch (deploy/bootstrap installs them), not
+# whatever python3 comes first on PATH: QL_PYTHON overrides it. A missing
+# module fails the test rather than skipping it, so CI cannot go green
+# without having run them.
+set -u
+: "${QLINEARD:?run through make check}" "${QL_SRCDIR:?}" "${QL_BUILDDIR:?}"
+py=${QL_PYTHON:-/usr/bin/python3}
+
+if ! "$py" -c 'import numpy, pytest, torch' 2>"${TMPDIR:-/tmp}/ql-py-$$.err"; then
+  echo "FAIL: $py lacks numpy, pytest or torch (deploy/bootstrap installs them):"
+  cat "${TMPDIR:-/tmp}/ql-py-$$.err"
+  rm -f "${TMPDIR:-/tmp}/ql-py-$$.err"
+  exit 1
+fi
+rm -f "${TMPDIR:-/tmp}/ql-py-$$.err"
+
+QLINEAR_LIB="$QL_BUILDDIR/.libs/libqlinear.so.0"
+PYTHONPATH="$QL_SRCDIR/client/python${PYTHONPATH:+:$PYTHONPATH}"
+# The source tree may be read-only (make distcheck): no bytecode, no cache.
+PYTHONDONTWRITEBYTECODE=1
+export QLINEAR_LIB PYTHONPATH PYTHONDONTWRITEBYTECODE
+# The tests start their own daemon; an address from the environment would
+# only confuse default_address() checks.
+unset QLINEAR_ADDRESS QLINEAR_ADMIN_ADDRESS
+cd "$QL_BUILDDIR" || exit 1
+exec "$py" -m pytest -q -p no:cacheprovider -rs "$QL_SRCDIR/client/python/tests"
