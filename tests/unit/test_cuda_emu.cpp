@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "ptx.h"
 #include "ql_kernels.h"
 
 static int g_fail;
@@ -68,6 +69,29 @@ __global__ void deadlock(float* out) {
 
 __global__ void wsum(const float* in, float* out) {
   out[threadIdx.x] = ql_cuda::warp_sum(in[threadIdx.x]);
+}
+
+// One m16n8k32 int8 tile through ql_mma_m16n8k32_s8. Each lane packs its
+// fragments with the PTX ISA's forward formulas (the row and column of its
+// element i), independently of the inverse mapping inside the wrapper.
+// A [16][32] row-major, Bt [8][32] (B column-major: Bt[n][k]), C, D [16][8].
+__global__ void mma_tile(const int8_t* A, const int8_t* Bt, const int* C,
+                         int* D) {
+  const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+  uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  int c[4], d[4];
+  for (int i = 0; i < 16; ++i) {
+    const int row = (i < 4 || (i >= 8 && i < 12)) ? g : g + 8;
+    const int col = 4 * t + (i & 3) + (i >= 8 ? 16 : 0);
+    a[i / 4] |= uint32_t(uint8_t(A[row * 32 + col])) << (8 * (i % 4));
+  }
+  for (int i = 0; i < 8; ++i) {
+    const int row = 4 * t + (i & 3) + (i >= 4 ? 16 : 0);
+    b[i / 4] |= uint32_t(uint8_t(Bt[g * 32 + row])) << (8 * (i % 4));
+  }
+  for (int i = 0; i < 4; ++i) c[i] = C[(g + 8 * (i >= 2)) * 8 + 2 * t + (i & 1)];
+  ql_mma_m16n8k32_s8(d, a, b, c);
+  for (int i = 0; i < 4; ++i) D[(g + 8 * (i >= 2)) * 8 + 2 * t + (i & 1)] = d[i];
 }
 
 // ------------------------------------------------------------------ tests
@@ -215,7 +239,43 @@ static void test_conversions() {
   check(bad == 0, what);
 }
 
+static void test_mma() {
+  int8_t A[16 * 32], Bt[8 * 32];
+  int C[16 * 8], D[16 * 8];
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+  };
+  long bad = 0, cases = 0;
+  // 0..5: random tiles; 6: every A and B value -128 (the largest product,
+  // 2^14, summed 32 times); 7: +127 against -128.
+  for (int rep = 0; rep < 8; ++rep)
+    for (int rev = 0; rev < 2; ++rev) {
+      for (int i = 0; i < 16 * 32; ++i)
+        A[i] = rep == 6 || rep == 7 ? (rep == 6 ? -128 : 127) : int8_t(next());
+      for (int i = 0; i < 8 * 32; ++i) Bt[i] = rep >= 6 ? -128 : int8_t(next());
+      for (int i = 0; i < 16 * 8; ++i) C[i] = int(next() % 2000001) - 1000000;
+      setenv("QL_EMU_REVERSE", rev ? "1" : "0", 1);
+      QL_LAUNCH(mma_tile, dim3(1), dim3(32), 0, nullptr, A, Bt, C, D);
+      unsetenv("QL_EMU_REVERSE");
+      for (int m = 0; m < 16; ++m)
+        for (int n = 0; n < 8; ++n) {
+          long want = C[m * 8 + n];
+          for (int k = 0; k < 32; ++k) want += long(A[m * 32 + k]) * Bt[n * 32 + k];
+          bad += D[m * 8 + n] != want;
+          ++cases;
+        }
+    }
+  char what[120];
+  std::snprintf(what, sizeof what,
+                "mma.sync m16n8k32 s8 (emulated): D = C + A*B for %ld outputs, "
+                "both orders, -128 extremes", cases);
+  check(bad == 0, what);
+}
+
 int main() {
+  test_mma();
   test_shuffles();
   test_barriers();
   test_aborts();
