@@ -2,14 +2,26 @@
  * backends.c - the one place that lists the backends built into the
  * kernel library. A backend that is not built contributes nothing here;
  * nothing outside this file and the backend's own folder tests for it.
+ *
+ * QL_WITH_CUDA: the CUDA backend (kernels/cuda/) is linked in. Until its
+ * device runtime exists, only its emulated build does that, and only in
+ * test programs (Makefile.am, "CUDA"): they compile this file again with
+ * the macro, so libqlkernels and qlineard list the CPU alone.
  */
 #include <string.h>
 
 #include "registry.h"
 
 extern const ql_backend ql__backend_cpu;
+#ifdef QL_WITH_CUDA
+extern const ql_backend ql__backend_cuda;
+#endif
 
+/* Priority order: an accelerator before the CPU. */
 static const ql_backend *const builtin[] = {
+#ifdef QL_WITH_CUDA
+    &ql__backend_cuda,
+#endif
     &ql__backend_cpu,
 };
 

@@ -59,6 +59,14 @@
  * two controls (correct kernels written differently from the reference)
  * must pass.
  *
+ * Options, for a backend too slow to run everything (an emulated GPU):
+ *   --backend NAME  test NAME alone: the generic fallback is not in the
+ *                   list, and a case NAME leaves to it is skipped (the run
+ *                   without options checks the generic implementations);
+ *   --small         a smaller shape matrix (SMALL_Ms x SMALL_Ns x
+ *                   SMALL_Ks, the huge-K shapes kept), still with ragged
+ *                   K, N = 1 and K larger than a 1024-value tile.
+ *
  * Plain main(): the output is a report (what ran, dispatch, NMSE table,
  * skips) ending in "N passed, F failed, S skipped"; exit status 1 on any
  * failure. The linear groups run in two child processes (run time, and a
@@ -83,6 +91,10 @@
 /* ------------------------------------------------------------- plumbing */
 
 static long g_passed, g_failed, g_skipped;
+
+/* --backend: the one backend under test (NULL: every registered one and
+ * the generic fallback). */
+static const ql_backend *g_only;
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -272,11 +284,26 @@ static void skip_case(sink *s, const char *fmt, ...) {
 }
 
 static const char *no_impl_reason(ql_format f, int aq, int64_t k) {
+  if (g_only != NULL)
+    return "left to the generic fallback (--backend; the full run checks it)";
   if (aq && f == QL_FORMAT_Q8B)
     return "weight-only format (DESIGN §4)";
   if (aq && f == QL_FORMAT_Q8C && k > QL_AQ_Q8C_MAX_K)
     return "K > QL_AQ_Q8C_MAX_K = 131071 (int32 accumulator, DESIGN §4)";
   return "ql_dispatch gives no implementation";
+}
+
+/* ql_dispatch, except that with --backend a linear or quantize_rows case
+ * that the backend leaves to the generic implementation gets NULL: it is
+ * skipped, not run (repack is never filtered: a generic layout is only a
+ * pointer to the canonical weight). */
+static const ql_kernel_impl *dispatch(const ql_backend *b, ql_op op,
+                                      ql_format f, ql_dtype dt, int64_t m,
+                                      int64_t n, int64_t k) {
+  const ql_kernel_impl *im = ql_dispatch(b, op, f, dt, m, n, k);
+  if (g_only != NULL && op != QL_OP_REPACK && im == ql_generic_impl(op))
+    return NULL;
+  return im;
 }
 
 /* The group's closing lines, and the global counters. */
@@ -826,7 +853,7 @@ static void run_linear(const bk *bks, int nb, const lgroup *g,
       int any = 0;
       for (int i = i0; i < i1 && !any; i++)
         for (int bi = 0; bi < nb && !any; bi++)
-          any = ql_dispatch(bks[bi].b, op, f, g->adt, sh[i].m, n, k) != NULL;
+          any = dispatch(bks[bi].b, op, f, g->adt, sh[i].m, n, k) != NULL;
       if (!any) {
         for (int i = i0; i < i1; i++)
           skip_case(s, "e.g. M=%lld N=%lld K=%lld: %s", (long long)sh[i].m,
@@ -893,9 +920,9 @@ static void run_linear(const bk *bks, int nb, const lgroup *g,
       snprintf(csm, sizeof csm, "M=%lld %s", (long long)m, cs);
       for (int bi = 0; bi < nb; bi++) {
         const ql_kernel_impl *im =
-            ql_dispatch(bks[bi].b, op, f, g->adt, m, n, k);
+            dispatch(bks[bi].b, op, f, g->adt, m, n, k);
         const ql_kernel_impl *l1 =
-            ql_dispatch(bks[bi].b, op, f, g->adt, 1, n, k);
+            dispatch(bks[bi].b, op, f, g->adt, 1, n, k);
         int lay = im == ql_generic_impl(op) ? -1 : rpi[bi];
         int lay1 = l1 == ql_generic_impl(op) ? -1 : rpi[bi];
         alslot *a;
@@ -1168,7 +1195,7 @@ static void run_nmse(const bk *bks, int nb, const fcfg *c, int ci, int aq,
     }
 
   for (int bi = 0; bi < nb; bi++) {
-    const ql_kernel_impl *im = ql_dispatch(bks[bi].b, op, c->f,
+    const ql_kernel_impl *im = dispatch(bks[bi].b, op, c->f,
                                            QL_DTYPE_F32, m, n, k);
     const ql_kernel_impl *rpi = ql_dispatch(bks[bi].b, QL_OP_REPACK, c->f,
                                             QL_DTYPE_F32, 1, n, k);
@@ -1406,12 +1433,16 @@ static void run_qrows(const bk *bks, int nb, const qvar *v, ql_dtype adt,
       char csm[160], csi[240];
       snprintf(csm, sizeof csm, "M=%lld %s", (long long)m, cs);
       for (int bi = 0; bi < nb; bi++) {
-        const ql_kernel_impl *im = ql_dispatch(bks[bi].b, QL_OP_QUANTIZE_ROWS,
+        const ql_kernel_impl *im = dispatch(bks[bi].b, QL_OP_QUANTIZE_ROWS,
                                                v->f, adt, m, 1, k);
-        const ql_kernel_impl *l1 = ql_dispatch(bks[bi].b, QL_OP_QUANTIZE_ROWS,
+        const ql_kernel_impl *l1 = dispatch(bks[bi].b, QL_OP_QUANTIZE_ROWS,
                                                v->f, adt, 1, 1, k);
         unsigned bad;
         int j;
+        if (g_only != NULL && (im == NULL || l1 == NULL)) {
+          skip_case(s, "%s: %s", csm, no_impl_reason(v->f, 1, k));
+          continue;
+        }
         if (im == NULL || l1 == NULL) { /* the generic one handles all */
           note(s, R_RC, "%s: no quantize_rows implementation on %s", csm,
                bks[bi].name);
@@ -1488,7 +1519,7 @@ static void run_nonfinite_linear(const bk *bks, int nb, const lgroup *g,
     xf[(m - 1) * k + 77] = nonfinite[v];
     ql_from_f32(g->adt, xf, xn, (size_t)(m * k));
     for (int bi = 0; bi < nb; bi++) {
-      const ql_kernel_impl *im = ql_dispatch(bks[bi].b, op, g->c->f, g->adt,
+      const ql_kernel_impl *im = dispatch(bks[bi].b, op, g->c->f, g->adt,
                                              m, n, k);
       const ql_kernel_impl *rpi = ql_dispatch(bks[bi].b, QL_OP_REPACK,
                                               g->c->f, g->adt, 1, n, k);
@@ -1566,13 +1597,17 @@ static void run_nonfinite_qrows(const bk *bks, int nb, const qvar *v,
     make_x(m, k, adt, xn, x);
     x[(m - 1) * k + 77] = nonfinite[b];
     for (int bi = 0; bi < nb; bi++) {
-      const ql_kernel_impl *im = ql_dispatch(bks[bi].b, QL_OP_QUANTIZE_ROWS,
+      const ql_kernel_impl *im = dispatch(bks[bi].b, QL_OP_QUANTIZE_ROWS,
                                              v->f, adt, m, 1, k);
       ql_qrows_args a = {.kind = v->kind, .x = x, .m = m, .k = k,
                          .gs = v->gs ? v->gs : (uint32_t)k, .xq = xq,
                          .sx = sx, .gsum = v->gsum ? gsum : NULL,
                          .src = adt};
       int j, rc;
+      if (im == NULL && g_only != NULL) {
+        skip_case(s, "quantize_rows: %s", no_impl_reason(v->f, 1, k));
+        continue;
+      }
       if (im == NULL) {
         note(s, R_RC, "no quantize_rows implementation on %s", bks[bi].name);
         case_done(s, R_RC);
@@ -1654,13 +1689,18 @@ static void check_rows_adversarial(void) {
 
 /* ------------------------------------------------------ the matrix */
 
-static const int64_t Ms[] = {1, 2, 3, 7, 16, 33, 128};
-static const int64_t Ns[] = {1, 8, 65, 512};
-static const int64_t Ks[] = {16, 100, 128, 129, 1000, 4096};
-#define NM ((int)(sizeof Ms / sizeof Ms[0]))
-#define NN ((int)(sizeof Ns / sizeof Ns[0]))
-#define NK ((int)(sizeof Ks / sizeof Ks[0]))
-#define NSHAPE (NM * NN * NK)
+static const int64_t FULL_Ms[] = {1, 2, 3, 7, 16, 33, 128};
+static const int64_t FULL_Ns[] = {1, 8, 65, 512};
+static const int64_t FULL_Ks[] = {16, 100, 128, 129, 1000, 4096};
+/* --small */
+static const int64_t SMALL_Ms[] = {1, 2, 3, 7};
+static const int64_t SMALL_Ns[] = {1, 8, 65};
+static const int64_t SMALL_Ks[] = {16, 100, 128, 129, 1000, 4096};
+#define COUNT(a) ((int)(sizeof a / sizeof a[0]))
+#define NSHAPE (COUNT(FULL_Ms) * COUNT(FULL_Ns) * COUNT(FULL_Ks))
+/* The shape matrix of this run: FULL_ or, with --small, SMALL_. */
+static const int64_t *Ms = FULL_Ms, *Ns = FULL_Ns, *Ks = FULL_Ks;
+static int NM = COUNT(FULL_Ms), NN = COUNT(FULL_Ns), NK = COUNT(FULL_Ks);
 /* Huge K: the largest q8c AQ K (every product (-128)·(-128) in the
  * constant rows: acc = 2^31 - 2^14) and one past it; all formats. */
 static const int64_t HUGE_K[] = {QL_AQ_Q8C_MAX_K, QL_AQ_Q8C_MAX_K + 2};
@@ -2271,7 +2311,14 @@ static void on_watchdog(int sig) {
 
 /* --------------------------------------------------------------- main */
 
-int main(void) {
+static void print_dims(const char *name, const int64_t *v, int n) {
+  printf("%s{", name);
+  for (int i = 0; i < n; i++)
+    printf("%s%lld", i ? "," : "", (long long)v[i]);
+  printf("}");
+}
+
+int main(int argc, char **argv) {
   bk bks[MAX_BK];
   int nb = 0;
   size_t nreg = 0;
@@ -2281,10 +2328,39 @@ int main(void) {
   int nnr = 0;
   double t0 = now_s(), t;
   setvbuf(stdout, NULL, _IOLBF, 0);
+#ifdef QL_CONFORMANCE_BACKEND
+  /* A build of the harness for one backend (Makefile.am: the emulated CUDA
+   * kernels) runs as if given --backend NAME --small. */
+  if ((g_only = ql_backend_find(QL_CONFORMANCE_BACKEND)) == NULL) {
+    printf("FAIL conformance: no backend called %s is built in\n",
+           QL_CONFORMANCE_BACKEND);
+    return EXIT_FAILURE;
+  }
+  Ms = SMALL_Ms, Ns = SMALL_Ns, Ks = SMALL_Ks;
+  NM = COUNT(SMALL_Ms), NN = COUNT(SMALL_Ns), NK = COUNT(SMALL_Ks);
+#endif
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
+      if ((g_only = ql_backend_find(argv[++i])) == NULL) {
+        printf("FAIL conformance: no backend called %s is built in\n",
+               argv[i]);
+        return EXIT_FAILURE;
+      }
+    } else if (strcmp(argv[i], "--small") == 0) {
+      Ms = SMALL_Ms, Ns = SMALL_Ns, Ks = SMALL_Ks;
+      NM = COUNT(SMALL_Ms), NN = COUNT(SMALL_Ns), NK = COUNT(SMALL_Ks);
+    } else {
+      fprintf(stderr, "usage: %s [--backend NAME] [--small]\n", argv[0]);
+      return 2;
+    }
+  }
   signal(SIGALRM, on_watchdog);
   alarm(WATCHDOG_S);
-  bks[nb++] = (bk){"generic", NULL};
+  if (g_only == NULL)
+    bks[nb++] = (bk){"generic", NULL};
   for (size_t i = 0; i < nreg && nb < MAX_BK; i++) {
+    if (g_only != NULL && reg[i] != g_only)
+      continue;
     if (ql_backend_check(reg[i]) != 0) {
       printf("FAIL backend %s: ql_backend_check refuses its table\n",
              reg[i]->name);
@@ -2295,9 +2371,23 @@ int main(void) {
   }
 
   printf("qlinear conformance harness (DESIGN §4, §5, §11)\n");
-  printf("backends: generic (fallback)");
-  for (int i = 1; i < nb; i++)
-    printf(", %s (%zu own implementations)", bks[i].name, bks[i].b->n_impls);
+  printf("backends:");
+  for (int i = 0; i < nb; i++)
+    if (bks[i].b == NULL)
+      printf(" generic (fallback)");
+    else
+      printf("%s %s (%zu own implementations)", i ? "," : "", bks[i].name,
+             bks[i].b->n_impls);
+  if (g_only != NULL)
+    printf("; --backend: cases it leaves to the generic fallback are "
+           "skipped");
+  if (Ms != FULL_Ms) {
+    printf("\n--small: the shape matrix below is ");
+    print_dims("M", Ms, NM);
+    print_dims(" x N", Ns, NN);
+    print_dims(" x K", Ks, NK);
+    printf(" (%d shapes), huge K kept", NM * NN * NK);
+  }
   printf("\ncoverage:\n"
          "  formats: q4g g32/64/128/256, q8b b32/64/128/256 sym+asym, q8c, "
          "f8r; WO for all, AQ for q4g (W4A8), q8c (W8A8), f8r (e4m3)\n"
@@ -2328,7 +2418,7 @@ int main(void) {
   for (int v = 0; v < NQVAR; v++)
     for (int d = 0; d < 3; d++) {
       ql_dtype adt = combos[d == 0 ? 0 : d == 1 ? 3 : 6].act;
-      shape qs[NM * NK + 2];
+      shape qs[COUNT(FULL_Ms) * COUNT(FULL_Ks) + 2];
       int nq = 0;
       char ctx[96];
       sink s = {.ctx = ctx};

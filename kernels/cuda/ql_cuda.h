@@ -1,0 +1,63 @@
+// ql_cuda.h - what the CUDA backend's host code (backend.cpp) knows of the
+// kernels: the device layout that repack builds and the launchers. Plain
+// C++ with no CUDA type, so that host code compiles with the host compiler
+// whichever way the kernels were built (nvcc, or g++ against emu.h).
+//
+// All pointers are device pointers (in the emulated build, device memory is
+// host memory). Streams travel as void* (a cudaStream_t).
+#ifndef QL_CUDA_H
+#define QL_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// A weight in the layout the WO kernels read ("cuda-1"). Rows of packed
+// codes start 16-byte aligned and are zero-padded to a multiple of 16 bytes,
+// so a 128-bit load never straddles a row end however ragged K is, and a
+// padding code is 0 (it adds x·0 where x is staged as 0). Scale and zero are
+// transposed to [N, G] (a warp reads its own row's groups contiguously) and
+// keep their dtype: converting f16 GPTQ scales would lose nothing in f32 but
+// double their bytes, which decode pays on every call.
+struct ql__cuda_wo {
+  int format;        // ql_format
+  int sdt;           // ql_dtype of scale[] and zero[]
+  int64_t n, k;
+  int64_t groups;    // G = ceil(K / gs); 1 for q8c and f8r
+  uint32_t gs;       // group (q4g) or block (q8b) length; K for q8c, f8r
+  int64_t ldq;       // bytes between rows of q, a multiple of 16
+  const uint8_t* q;  // [n, ldq]
+  const void* scale; // [n, groups] in sdt
+  const void* zero;  // [n, groups] in sdt, or NULL (q8c, f8r, symmetric q8b)
+  const float* bias; // [n], or NULL
+};
+
+// Bytes of codes in one canonical row of a weight of format f (ceil(K/2)
+// for q4g, K otherwise), before padding.
+int64_t ql__cuda_row_bytes(int format, int64_t k);
+
+// y[m, n] = x[m, k]·dequant(W)ᵀ (+ bias) for every row of x; x and y in
+// dtype dt. x must hold finite values only (the caller checks: see
+// ql__cuda_check_finite). Enqueued on stream; returns nothing to wait for.
+void ql__cuda_linear_wo(const ql__cuda_wo* w, int dt, const void* x,
+                        int64_t m, void* y, void* stream);
+
+// Sets *bad (device int) to non-zero when one of the n f32/f16/bf16
+// values of x (dtype dt) is NaN or ±Inf; *bad must be 0 before.
+void ql__cuda_check_finite(int dt, const void* x, int64_t n, int* bad,
+                           void* stream);
+
+// Values of the kind argument of ql__cuda_quantize_rows.
+enum { QL__CUDA_QROWS_I8 = 1, QL__CUDA_QROWS_E4M3 = 2 };
+
+// Per-row activation quantization with the rule of ql_quantize_rows_i8_src
+// (kind I8: int8 codes, gs the group length of gsum, gsum may be NULL) or
+// ql_quantize_rows_e4m3_src (kind E4M3: e4m3 codes, gsum NULL), bit for bit.
+// x [m, k] f32 holds values of dtype src. status [m] (device) receives per
+// row 0, or the first offending value's kind at its index as
+// (index << 2) | 1 for NaN/Inf and | 2 for a value src cannot hold, so that
+// the caller fails the call as the reference would.
+void ql__cuda_quantize_rows(int kind, int src, const float* x, int64_t m,
+                            int64_t k, int64_t gs, void* xq, float* sx,
+                            int32_t* gsum, int64_t* status, void* stream);
+
+#endif  // QL_CUDA_H
