@@ -630,7 +630,12 @@ fail:
  */
 static void atfork_prepare(void) { pthread_mutex_lock(&all_lock); }
 static void atfork_parent(void) { pthread_mutex_unlock(&all_lock); }
+/* Set in a child forked after this process made a client: nanomsg's
+ * worker threads are not in the child, so a new connection would hang. */
+static bool forked_child;
+
 static void atfork_child(void) {
+  forked_child = true;
   for (ql_client *c = all_clients; c != NULL; c = c->all_next) {
     if (c->sess_fd >= 0)
       close(c->sess_fd);
@@ -934,6 +939,11 @@ QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
   if (out == NULL)
     return err_set(QL_EINVAL, "out is NULL");
   *out = NULL;
+  if (forked_child)
+    return err_set(QL_ENOTSUP, "this process was forked from one that had "
+                               "used libqlinear, and nanomsg does not "
+                               "survive fork(): exec a new program to "
+                               "connect");
   if (address == NULL) {
     if (ql_default_address(defaddr, sizeof defaddr) != 0)
       return err_set(QL_EINVAL, "the default address does not fit in %zu "

@@ -21,7 +21,9 @@
  *   order; f16 is IEEE binary16, bf16 the upper half of an f32.
  * - A child process made by fork() must not use, nor close, a client of
  *   its parent (nanomsg's threads do not survive fork, and the session is
- *   the parent's): it connects anew. In the child the library closes its
+ *   the parent's), nor connect anew: once the parent has made a client,
+ *   ql_connect() in the child fails with QL_ENOTSUP. A child that needs
+ *   the daemon execs a new program. In the child the library closes its
  *   copy of every session socket and forgets the tokens, so the parent's
  *   session still ends when the parent does; the parent's regions stay
  *   mapped in the child (fork copies mappings) but the child cannot name

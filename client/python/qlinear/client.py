@@ -437,7 +437,8 @@ class Client:
     linker). The weights this client loads stay resident while it is open
     (or another session holds them); close() ends the session and the
     daemon drops its holds and destroys its regions. A client may be used
-    by several threads; a child process made by fork() must connect anew.
+    by several threads; a child process made by fork() can neither use it
+    nor connect (nanomsg does not survive fork()): it execs a new program.
     """
 
     # Tensors of at least this many bytes go through the client's scratch
@@ -489,8 +490,8 @@ class Client:
                                "the client is closed")
         if os.getpid() != self._pid:
             raise QLinearError(_lib.ERRORS["QL_ESESSION"],
-                               "a client of the parent process: connect anew "
-                               "after fork()")
+                               "a client of the parent process; after fork() "
+                               "a child execs a new program to connect")
         return self._c
 
     def close(self):

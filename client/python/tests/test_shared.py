@@ -88,8 +88,8 @@ def test_processes_share_one_weight(daemon, client):
         time.sleep(0.05)
 
 
-def test_fork_child_must_reconnect(client):
-    """A fork child may not use its parent's client; it connects anew."""
+def test_fork_child_must_reconnect(client, daemon):
+    """A fork child may not use its parent's client, nor connect."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -100,6 +100,13 @@ def test_fork_child_must_reconnect(client):
             except qlinear.QLinearError as e:
                 if e.code == qlinear.QL_ESESSION:
                     code = 0
+            # a new connection is refused at once, not left to hang
+            try:
+                qlinear.Client(daemon.address)
+                code = 1
+            except qlinear.QLinearError as e:
+                if e.code != qlinear.QL_ENOTSUP:
+                    code = 1
         finally:
             os.write(w, bytes([code]))
             os._exit(0)
