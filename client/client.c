@@ -1401,6 +1401,35 @@ QL_EXPORT int ql_unload(ql_client *c, const char *name) {
   return 0;
 }
 
+QL_EXPORT int ql_hold(ql_client *c, const char *name,
+                      const uint8_t digest[QL_DIGEST_BYTES],
+                      ql_weight_info *out) {
+  Qlinear__V1__HoldWeightRequest hr = QLINEAR__V1__HOLD_WEIGHT_REQUEST__INIT;
+  Request req = QLINEAR__V1__REQUEST__INIT;
+  Response *resp = NULL;
+  int rv;
+
+  err_clear();
+  if (c == NULL)
+    return err_set(QL_EINVAL, "client is NULL");
+  if ((rv = check_name(name)) != 0)
+    return rv;
+  hr.name = (char *)name; /* pack only reads it */
+  if (digest != NULL) {
+    hr.digest.data = (uint8_t *)digest;
+    hr.digest.len = QL_DIGEST_BYTES;
+  }
+  req.body_case = QLINEAR__V1__REQUEST__BODY_HOLD;
+  req.hold = &hr;
+  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_HOLD, c->timeout_ms,
+                 &resp)) != 0)
+    return rv;
+  if (out != NULL)
+    rv = weight_info_from(resp->hold->weight, out);
+  qlinear__v1__response__free_unpacked(resp, NULL);
+  return rv;
+}
+
 QL_EXPORT int ql_reload_config(ql_client *c, char *report, size_t len) {
   Qlinear__V1__ReloadConfigRequest rr =
       QLINEAR__V1__RELOAD_CONFIG_REQUEST__INIT;

@@ -621,6 +621,45 @@ static void on_unload(ql__server *s, ql__session *ss,
   r->resp.unload = out;
 }
 
+/*
+ * Hold: the session becomes a holder of a resident weight without an
+ * upload (a second process of a model another one loaded). Only a session
+ * holds; the admin socket keeps weights by loading them persistent.
+ */
+static void on_hold(ql__server *s, ql__session *ss,
+                    const Qlinear__V1__HoldWeightRequest *m, ql__reply *r,
+                    info_buf *b, Qlinear__V1__HoldWeightResponse *out) {
+  ql__weight *w;
+  int rc;
+  if (ss == NULL) {
+    ql__reply_set_error(r, QL_EPERM, "hold: only a session holds weights "
+                        "(the admin socket loads them persistent)");
+    return;
+  }
+  if ((w = ql__weight_store_get(s->weights, m->name)) == NULL) {
+    ql__reply_set_error(r, QL_ENOTFOUND, "hold: no weight named '%s'",
+                        m->name);
+    return;
+  }
+  if (m->digest.len == QL_DIGEST_BYTES &&
+      memcmp(m->digest.data, w->digest, QL_DIGEST_BYTES) != 0) {
+    ql__reply_set_error(r, QL_EEXIST, "hold: weight '%s' holds another "
+                        "content than the digest given", m->name);
+    return;
+  }
+  if ((rc = ql__session_hold(s, ss, w)) != 0) {
+    ql__reply_set_error(r, rc, "hold: '%s': %s", m->name, ql_strerror(rc));
+    return;
+  }
+  ql__info("session %llu holds weight %s",
+           (unsigned long long)ql__session_id(ss), m->name);
+  fill_info(s, b, w);
+  qlinear__v1__hold_weight_response__init(out);
+  out->weight = &b->info;
+  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_HOLD;
+  r->resp.hold = out;
+}
+
 typedef struct list_ctx {
   const ql__server *s;
   info_buf *bufs;
@@ -743,8 +782,10 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     Qlinear__V1__LoadAbortResponse abort;
     Qlinear__V1__UnloadWeightResponse unload;
     Qlinear__V1__ReloadConfigResponse reload;
+    Qlinear__V1__HoldWeightResponse hold;
     hello_buf hello;
   } body;
+  info_buf hold_info;
   char report[1024];
   Qlinear__V1__DeviceStats cpu_stats, *devs[1] = {&cpu_stats};
   static char cpu_name[] = "cpu";
@@ -774,6 +815,9 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     break;
   case QLINEAR__V1__REQUEST__BODY_UNLOAD:
     on_unload(s, ss, m->unload, &r, &body.unload);
+    break;
+  case QLINEAR__V1__REQUEST__BODY_HOLD:
+    on_hold(s, ss, m->hold, &r, &hold_info, &body.hold);
     break;
   case QLINEAR__V1__REQUEST__BODY_LIST: {
     size_t n = ql__weight_store_count(s->weights);

@@ -364,6 +364,14 @@ int ql__request_validate(const ql__msg_request *req, char *err,
     return 0;
   case QLINEAR__V1__REQUEST__BODY_UNLOAD:
     return check_name("unload", req->unload->name, err, errlen);
+  case QLINEAR__V1__REQUEST__BODY_HOLD:
+    if (req->hold->digest.len != 0 && req->hold->digest.len != 32) {
+      /* 32: SHA-256, the weight digest (weights.h) */
+      seterr(err, errlen, "hold: digest of %zu bytes, want 0 or 32",
+             req->hold->digest.len);
+      return QL_EINVAL;
+    }
+    return check_name("hold", req->hold->name, err, errlen);
   case QLINEAR__V1__REQUEST__BODY_LINEAR:
     return validate_linear(req->linear, err, errlen);
   case QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI:

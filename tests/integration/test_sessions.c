@@ -1168,6 +1168,54 @@ START_TEST(test_destroy_in_flight) {
 }
 END_TEST
 
+/* Hold: a second session keeps a weight another loaded without sending
+ * it; the weight outlives its loader while held, and the hold is dropped
+ * like a load's. */
+START_TEST(test_hold) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *a = td_connect(&d), *b = td_connect(&d);
+  ql_client *adm = td_connect_admin(&d);
+  td_layer l;
+  td_layer_make(&l, 8, 32, 4, 1);
+  ck_assert_int_eq(load(a, "hold/w", &l, NULL), 0);
+  ql_weight_info wi, hi;
+  ck_assert_int_eq(ql_lookup(a, "hold/w", &wi), 0);
+
+  ck_assert_int_eq(ql_hold(b, "hold/none", NULL, NULL), QL_ENOTFOUND);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "hold/none"));
+  uint8_t other[QL_DIGEST_BYTES];
+  memcpy(other, wi.digest, sizeof other);
+  other[7] ^= 1;
+  ck_assert_int_eq(ql_hold(b, "hold/w", other, NULL), QL_EEXIST);
+  ck_assert_int_eq(ql_hold(b, "../x", NULL, NULL), QL_ENAME);
+  ck_assert_int_eq(ql_hold(adm, "hold/w", NULL, NULL), QL_EPERM);
+  ck_assert_int_eq(ql_hold(b, "hold/w", wi.digest, &hi), 0);
+  ck_assert_str_eq(hi.name, "hold/w");
+  ck_assert_mem_eq(hi.digest, wi.digest, QL_DIGEST_BYTES);
+  ck_assert_int_eq(ql_hold(b, "hold/w", NULL, NULL), 0); /* twice is once */
+
+  /* the loader goes: b's hold keeps the weight, and b computes with it */
+  ql_close(a);
+  float x[32], y[8];
+  for (int i = 0; i < 32; i++)
+    x[i] = (float)(i % 5) - 2.0f;
+  ck_assert_int_eq(ql_linear(b, "hold/w", QL_PATH_AUTO, QL_DTYPE_F32, 1, 32,
+                             x, 8, y, NULL),
+                   0);
+  ql_stats_info *st = stats(b);
+  ck_assert_uint_eq(st->weights, 1);
+  ql_stats_free(st);
+  /* dropping the last hold unloads it */
+  ck_assert_int_eq(ql_unload(b, "hold/w"), 0);
+  ck_assert_int_eq(ql_lookup(b, "hold/w", &hi), QL_ENOTFOUND);
+  ql_close(b);
+  ql_close(adm);
+  td_layer_free(&l);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("sessions");
   TCase *tc = tcase_create("sessions");
@@ -1182,6 +1230,7 @@ int main(void) {
   tcase_add_test(tc, test_region_limits);
   tcase_add_test(tc, test_zero_copy_equals_inline);
   tcase_add_test(tc, test_destroy_in_flight);
+  tcase_add_test(tc, test_hold);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

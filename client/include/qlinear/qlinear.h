@@ -375,6 +375,17 @@ QL_EXPORT int ql_load_packed(ql_client *c, const ql_packed_desc *d,
  * file when it is persistent. */
 QL_EXPORT int ql_unload(ql_client *c, const char *name);
 
+/* Makes this session a holder of the resident weight called name, as
+ * loading the same content would, without sending it: a process that knows
+ * the weight another one loaded (by name, and by digest when digest is not
+ * NULL). It stays resident while the session holds it; ql_unload() drops
+ * the hold. *out (may be NULL) describes it. QL_ENOTFOUND when no weight
+ * has that name, QL_EEXIST when its digest is another, QL_EPERM on an
+ * admin client. */
+QL_EXPORT int ql_hold(ql_client *c, const char *name,
+                      const uint8_t digest[QL_DIGEST_BYTES],
+                      ql_weight_info *out);
+
 /* Admin client only (QL_EPERM otherwise): makes the daemon read its
  * configuration again, as SIGHUP does. report (len bytes, may be NULL)
  * receives what changed and what needs a restart, NUL-terminated. */

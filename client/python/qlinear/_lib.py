@@ -291,6 +291,8 @@ _PROTOTYPES = {
     "ql_load_packed": (ctypes.c_int, [_c_client_p, _P(ql_packed_desc),
                                       _P(ql_weight_info), _P(ctypes.c_int)]),
     "ql_unload": (ctypes.c_int, [_c_client_p, ctypes.c_char_p]),
+    "ql_hold": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
+                               ctypes.c_char_p, _P(ql_weight_info)]),
     "ql_reload_config": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
                                         ctypes.c_size_t]),
     "ql_list": (ctypes.c_int, [_c_client_p, _P(_P(ql_weight_info)),

@@ -636,6 +636,22 @@ class Client:
         self._shapes.pop(name, None)
         _check(self._lib, self._lib.ql_unload(self._handle(), name.encode()))
 
+    def hold(self, name, digest=None):
+        """Makes this session a holder of a weight already resident
+        (ql_hold()), as loading the same content would, without sending it.
+        ``digest`` (32 bytes or 64 hex digits), when given, must be the
+        weight's. QL_ENOTFOUND when no weight has that name."""
+        if isinstance(digest, str):
+            digest = bytes.fromhex(digest)
+        if digest is not None and len(digest) != 32:
+            raise QLinearError(_lib.ERRORS["QL_EINVAL"],
+                               "a digest is 32 bytes")
+        info = _lib.ql_weight_info()
+        _check(self._lib, self._lib.ql_hold(self._handle(), name.encode(),
+                                            digest, ctypes.byref(info)))
+        self._shapes[name] = (info.n, info.k)
+        return _weight_info(info, True)
+
     def list(self):
         """The resident weights (ql_list()), as WeightInfo."""
         arr = ctypes.POINTER(_lib.ql_weight_info)()

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from . import _lib
-from .client import QLinearError
+from .client import QLinearError, format_name, parse_format
 
 __all__ = ["QLinear", "swap_linears", "weight_name", "region_tensor",
            "FUSE_PATTERNS"]
@@ -130,8 +130,10 @@ class QLinear(nn.Module):
         """Uploads ``linear``'s weight and bias (in their dtype; others than
         float32/16 and bfloat16 as float32) for the daemon to quantize into
         ``format``, and returns the QLinear that uses it. ``name`` defaults
-        to weight_name(linear, format, module_name, prefix). The upload is
-        shared by the daemon when the same name and content are resident."""
+        to weight_name(linear, format, module_name, prefix), which names
+        the content: when a weight of that name and format is already
+        resident (another process of the same model loaded it), this
+        session only holds it (Client.hold()) and nothing is sent."""
         w = linear.weight.detach().cpu()
         if w.dtype not in _DTYPES:
             w = w.float()
@@ -139,10 +141,27 @@ class QLinear(nn.Module):
             if linear.bias is not None else None
         if name is None:
             name = weight_name(linear, format, module_name, prefix)
-        info = client.load(name, _host_bytes(w),
-                           _host_bytes(b) if b is not None else None,
-                           format=format, dtype=_DTYPES[w.dtype],
-                           policy=policy, scale_dtype=scale_dtype)
+        info = None
+        if scale_dtype is None and policy == "auto":
+            # weight_name() hashes the content and the format; the daemon's
+            # defaults settle the rest, so a resident weight of that name
+            # is this one
+            try:
+                info = client.hold(name)
+            except QLinearError as e:
+                if e.code != _lib.ERRORS["QL_ENOTFOUND"]:
+                    raise
+            if info is not None and (
+                    info.format != format_name(*parse_format(format)) or
+                    (info.n, info.k) != tuple(w.shape)):
+                # (the hold stays: the session may have held it already)
+                raise _err("QL_EEXIST", "weight %r is resident with another "
+                                        "format or shape" % name)
+        if info is None:
+            info = client.load(name, _host_bytes(w),
+                               _host_bytes(b) if b is not None else None,
+                               format=format, dtype=_DTYPES[w.dtype],
+                               policy=policy, scale_dtype=scale_dtype)
         m = cls(client, name, linear.in_features, linear.out_features,
                 has_bias=b is not None, format=format, path=path)
         m.info = info

@@ -306,3 +306,38 @@ def test_inputs(client, daemon):
     with pytest.raises(qlinear.QLinearError) as e:
         q(torch.empty(3, 64, device="meta"))
     assert e.value.code == qlinear.QL_ENOTSUP
+
+
+def test_second_session_holds_without_upload(daemon, client):
+    """A second process of the same model (here a second session) holds
+    the resident weight by name: nothing is sent, and it computes the same
+    bytes; the weight outlives the session that loaded it."""
+    torch.manual_seed(11)
+    lin = nn.Linear(256, 64)
+    a = qt.QLinear.from_linear(lin, client, format="q8c",
+                               module_name="hold.proj")
+    assert a.info.shared is False
+    other = qlinear.Client(daemon.address)
+    try:
+        before = client.stats().bytes_in
+        b = qt.QLinear.from_linear(lin, other, format="q8c",
+                                   module_name="hold.proj")
+        sent = client.stats().bytes_in - before
+        assert b.info.shared is True and b.weight_name == a.weight_name
+        assert b.info.digest == a.info.digest
+        # the float weight is 64 KiB: only a small request went out
+        assert sent < 4096, sent
+        x = torch.randn(3, 256)
+        with torch.no_grad():
+            ya = a(x)
+        client.unload(a.weight_name)
+        with torch.no_grad():
+            yb = b(x)
+        assert torch.equal(ya, yb)
+        # the same name with another format is refused, not mixed up
+        with pytest.raises(qlinear.QLinearError) as e:
+            qt.QLinear.from_linear(lin, other, format="q4g128",
+                                   name=b.weight_name)
+        assert e.value.code in (qlinear.QL_EEXIST,)
+    finally:
+        other.close()
