@@ -21,6 +21,19 @@ fi
 rm -f "${TMPDIR:-/tmp}/ql-py-$$.err"
 
 QLINEAR_LIB="$QL_BUILDDIR/.libs/libqlinear.so.0"
+# A sanitizer build's library needs the ASan runtime loaded before the
+# interpreter: preload it; the interpreter's own allocations at exit are
+# not ours to report (leak checking stays on for the daemon).
+asan=$(ldd "$QLINEAR_LIB" 2>/dev/null | sed -n 's/.*\(libasan[^ ]*\) => \([^ ]*\).*/\2/p')
+if [ -n "$asan" ]; then
+  # conftest.py gives the daemon these back (QL_DAEMON_*)
+  QL_DAEMON_ASAN_OPTIONS=${ASAN_OPTIONS-}
+  QL_DAEMON_LD_PRELOAD=${LD_PRELOAD-}
+  export QL_DAEMON_ASAN_OPTIONS QL_DAEMON_LD_PRELOAD
+  LD_PRELOAD="$asan${LD_PRELOAD:+ $LD_PRELOAD}"
+  ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+  export LD_PRELOAD ASAN_OPTIONS
+fi
 PYTHONPATH="$QL_SRCDIR/client/python${PYTHONPATH:+:$PYTHONPATH}"
 # The source tree may be read-only (make distcheck): no bytecode, no cache.
 PYTHONDONTWRITEBYTECODE=1

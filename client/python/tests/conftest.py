@@ -21,6 +21,22 @@ TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..",
                                    ".."))
 
 
+def _daemon_env():
+    """The environment for qlineard: test_python.sh's own, less what it
+    set for this interpreter alone in a sanitizer build (the ASan runtime
+    preloaded, leak reports off), which it saved as QL_DAEMON_*."""
+    env = dict(os.environ)
+    for var in ("LD_PRELOAD", "ASAN_OPTIONS"):
+        saved = env.pop("QL_DAEMON_" + var, None)
+        if saved is None:
+            continue
+        if saved:
+            env[var] = saved
+        else:
+            env.pop(var, None)
+    return env
+
+
 class Daemon:
     """A qlineard started for the tests; address is its request socket."""
 
@@ -38,7 +54,7 @@ class Daemon:
             [self.bin, "--socket-dir", sock, "--state-dir",
              os.path.join(self.dir, "state"), "--crossover-rows", "16",
              "--log-level", "info"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=_daemon_env())
         deadline = time.monotonic() + 20
         path = os.path.join(sock, "qlineard.sock")
         while not os.path.exists(path):
