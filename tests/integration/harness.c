@@ -1,4 +1,5 @@
 /* harness.c - see harness.h. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -400,4 +401,36 @@ int64_t td_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+long td_daemon_rss_kib(const td *d) {
+  char path[64], line[256];
+  long kib = -1;
+  snprintf(path, sizeof path, "/proc/%d/status", (int)d->pid);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
+}
+
+int td_daemon_fds(const td *d) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)d->pid);
+  DIR *dd = opendir(path);
+  ck_assert_ptr_nonnull(dd);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(dd)) != NULL)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(dd);
+  return n;
+}
+
+int td_sanitized(void) {
+  const char *f = getenv("QL_SAN_FLAGS");
+  return f != NULL && strstr(f, "sanitize") != NULL;
 }

@@ -129,4 +129,13 @@ ql_client *td_connect_admin(const td *d);
 /* Monotonic milliseconds. */
 int64_t td_now_ms(void);
 
+/* The daemon's resident set (VmRSS, KiB) and its open descriptors, from
+ * /proc; abort the test when they cannot be read. */
+long td_daemon_rss_kib(const td *d);
+int td_daemon_fds(const td *d);
+
+/* 1 in a --enable-sanitizers build (make check exports its flags): RSS
+ * says little there, ASan keeps freed memory in quarantine. */
+int td_sanitized(void);
+
 #endif

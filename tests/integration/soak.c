@@ -269,39 +269,6 @@ static int role_client(const char *address, int index, int64_t end_ms,
 
 /* ------------------------------------------------------------- parent */
 
-static long daemon_rss_kib(const td *d) {
-  char path[64], line[256];
-  long kib = -1;
-  snprintf(path, sizeof path, "/proc/%d/status", (int)d->pid);
-  FILE *f = fopen(path, "r");
-  ck_assert_ptr_nonnull(f);
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-      break;
-  fclose(f);
-  return kib;
-}
-
-/* 1 in a --enable-sanitizers build (make check exports its flags). */
-static int sanitized(void) {
-  const char *f = getenv("QL_SAN_FLAGS");
-  return f != NULL && strstr(f, "sanitize") != NULL;
-}
-
-static int daemon_fds(const td *d) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)d->pid);
-  DIR *dd = opendir(path);
-  ck_assert_ptr_nonnull(dd);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(dd)) != NULL)
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(dd);
-  return n;
-}
-
 static int env_int(const char *name, int def) {
   const char *v = getenv(name);
   return v && *v ? atoi(v) : def;
@@ -356,7 +323,7 @@ START_TEST(soak) {
   ck_assert_int_eq(ql_stats(c, &st), 0);
   uint64_t base_sessions = st->sessions, base_weights = st->weights;
   ql_stats_free(st);
-  int fd0 = daemon_fds(&d);
+  int fd0 = td_daemon_fds(&d);
 
   int64_t t0 = td_now_ms(), end = t0 + seconds * 1000LL;
   uint64_t rng = 0xc0ffee;
@@ -369,9 +336,9 @@ START_TEST(soak) {
     usleep(100 * 1000);
     int64_t now = td_now_ms();
     if (rss_start < 0 && now - t0 >= (end - t0) / 5)
-      rss_start = daemon_rss_kib(&d);
+      rss_start = td_daemon_rss_kib(&d);
     if (now >= end - 1000 && rss_end < 0)
-      rss_end = daemon_rss_kib(&d);
+      rss_end = td_daemon_rss_kib(&d);
     /* Kill a random client now and then (about twice a second). */
     if (tu_rng_next(&rng) % 5 == 0) {
       pid_t victim = pids[tu_rng_next(&rng) % (uint64_t)clients];
@@ -398,7 +365,7 @@ START_TEST(soak) {
     }
   }
   if (rss_end < 0)
-    rss_end = daemon_rss_kib(&d);
+    rss_end = td_daemon_rss_kib(&d);
   for (int i = 0; i < clients; i++) {
     int wst;
     if (pids[i] <= 0)
@@ -421,10 +388,10 @@ START_TEST(soak) {
     if (settled)
       break;
   }
-  int fd1 = daemon_fds(&d);
+  int fd1 = td_daemon_fds(&d);
   for (int64_t w0 = td_now_ms(); fd1 != fd0 && td_now_ms() - w0 < 5000;
        usleep(10000))
-    fd1 = daemon_fds(&d);
+    fd1 = td_daemon_fds(&d);
 
   slot t;
   memset(&t, 0, sizeof t);
@@ -469,7 +436,7 @@ START_TEST(soak) {
   /* Under ASan freed memory waits in a quarantine of up to 256 MiB, so RSS
    * says nothing about leaks there: LeakSanitizer checks them when the
    * daemon exits (td_stop() must return 0). */
-  if (!sanitized())
+  if (!td_sanitized())
     ck_assert_msg(rss_end - rss_start < RSS_BOUND_KIB,
                   "RSS grew by %ld KiB", rss_end - rss_start);
   for (size_t i = 0; i < NSW; i++)

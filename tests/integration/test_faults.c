@@ -87,40 +87,6 @@ static int matches(ql_client *c, const char *name, const td_layer *l,
   return same;
 }
 
-/* The daemon's resident set (VmRSS, KiB) and open descriptors. */
-static long daemon_rss_kib(const td *d) {
-  char path[64], line[256];
-  long kib = -1;
-  snprintf(path, sizeof path, "/proc/%d/status", (int)d->pid);
-  FILE *f = fopen(path, "r");
-  ck_assert_ptr_nonnull(f);
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-      break;
-  fclose(f);
-  return kib;
-}
-
-/* 1 in a --enable-sanitizers build (make check exports its flags). */
-static int sanitized(void) {
-  const char *f = getenv("QL_SAN_FLAGS");
-  return f != NULL && strstr(f, "sanitize") != NULL;
-}
-
-static int daemon_fds(const td *d) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)d->pid);
-  DIR *dd = opendir(path);
-  ck_assert_ptr_nonnull(dd);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(dd)) != NULL)
-    if (e->d_name[0] != '.')
-      n++;
-  closedir(dd);
-  return n;
-}
-
 static ql_stats_info *stats(ql_client *c) {
   ql_stats_info *st = NULL;
   int rc = ql_stats(c, &st);
@@ -456,27 +422,27 @@ START_TEST(kill9_clients) {
                   round);
     if (round < 0) {
       /* After a first round the allocator and nanomsg have their pools. */
-      rss0 = daemon_rss_kib(&d);
+      rss0 = td_daemon_rss_kib(&d);
       /* the fewest over a second: a closed nanomsg pipe may linger a
        * moment in the daemon */
-      fd0 = daemon_fds(&d);
+      fd0 = td_daemon_fds(&d);
       for (int64_t t0 = td_now_ms(); td_now_ms() - t0 < 1000; usleep(10000)) {
-        int f = daemon_fds(&d);
+        int f = td_daemon_fds(&d);
         fd0 = f < fd0 ? f : fd0;
       }
     }
   }
   for (int64_t t0 = td_now_ms(); td_now_ms() - t0 < 5000; usleep(10000))
-    if ((fd1 = daemon_fds(&d)) <= fd0)
+    if ((fd1 = td_daemon_fds(&d)) <= fd0)
       break;
-  rss1 = daemon_rss_kib(&d);
+  rss1 = td_daemon_rss_kib(&d);
   printf("kill -9 of %d clients: daemon RSS %ld -> %ld KiB, fds %d -> %d\n",
          killed, rss0, rss1, fd0, fd1);
   ck_assert_int_le(fd1, fd0);
   /* Under ASan freed memory waits in a quarantine of up to 256 MiB, so RSS
    * says nothing about leaks there: LeakSanitizer checks them when the
    * daemon exits (td_stop() must return 0). */
-  if (!sanitized())
+  if (!td_sanitized())
     ck_assert_msg(rss1 - rss0 < RSS_BOUND_KIB, "RSS grew by %ld KiB",
                   rss1 - rss0);
   ck_assert(matches(o, "obs/w", &l, QL_FORMAT_Q8C, 0, 5));
