@@ -1476,6 +1476,51 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The arrays of a quantized layer as ql_load_packed() takes them:
+ * TorchAO's as saved, or the canonical form GPTQ/AWQ were converted to;
+ * with its bias. */
+static void imp_packed_desc(const imp_layer *L, ql_packed_desc *d) {
+  uint64_t n;
+  if (L->torchao) {
+    const ql__ck_torchao *t = &L->tao;
+    d->format = t->format;
+    d->group_size = t->group_size;
+    d->n = n = t->n;
+    d->k = t->k;
+    d->zero_kind = t->zero_kind;
+    d->qdata = (ql_packed_array){t->qdata.data, t->qdata.dtype, t->qdata.ndim,
+                                 {t->qdata.shape[0], t->qdata.shape[1]}};
+    d->scale = (ql_packed_array){t->scale.data, t->scale.dtype, t->scale.ndim,
+                                 {t->scale.shape[0], t->scale.shape[1]}};
+    if (t->zero.data != NULL)
+      d->zero = (ql_packed_array){t->zero.data, t->zero.dtype, t->zero.ndim,
+                                  {t->zero.shape[0], t->zero.shape[1]}};
+  } else {
+    const ql__ck_canon *c = &L->canon;
+    d->format = c->format;
+    d->group_size = c->group_size;
+    d->n = n = c->n;
+    d->k = c->k;
+    d->asymmetric = c->asymmetric;
+    d->zero_kind = QL_ZERO_FLOAT;
+    d->qdata = (ql_packed_array){c->qdata, c->qdata_dtype, 2,
+                                 {c->n, c->qdata_bytes / c->n}};
+    d->scale = (ql_packed_array){c->scale, c->scale_dtype, 2,
+                                 {c->groups, c->n}};
+    if (c->zero != NULL)
+      d->zero = (ql_packed_array){c->zero, c->scale_dtype, 2,
+                                  {c->groups, c->n}};
+  }
+  if (L->bias != NULL)
+    d->bias = (ql_packed_array){
+        L->bias->data,
+        L->bias->dtype == QL__ST_F32   ? QL_ADT_F32
+        : L->bias->dtype == QL__ST_F16 ? QL_ADT_F16
+                                       : QL_ADT_BF16,
+        1,
+        {n, 0}};
+}
+
 static int cmd_import(ctx *cx, int argc, char **argv) {
   enum { OPT_FORMAT = 256, OPT_MATCH, OPT_PREFIX, OPT_PERSIST, OPT_DEVICES,
          OPT_DRY, OPT_POLICY };
@@ -1614,62 +1659,10 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
     ql_weight_info info;
     int sh = 0;
     imp_draw(&bar, 0, 0);
-    if (L->torchao) {
-      const ql__ck_torchao *t = &L->tao;
+    if (L->torchao || L->quantized) {
       ql_packed_desc d = {0};
+      imp_packed_desc(L, &d);
       d.name = L->wname;
-      d.format = t->format;
-      d.group_size = t->group_size;
-      d.n = t->n;
-      d.k = t->k;
-      d.zero_kind = t->zero_kind;
-      d.qdata = (ql_packed_array){t->qdata.data, t->qdata.dtype,
-                                  t->qdata.ndim,
-                                  {t->qdata.shape[0], t->qdata.shape[1]}};
-      d.scale = (ql_packed_array){t->scale.data, t->scale.dtype,
-                                  t->scale.ndim,
-                                  {t->scale.shape[0], t->scale.shape[1]}};
-      if (t->zero.data != NULL)
-        d.zero = (ql_packed_array){t->zero.data, t->zero.dtype, t->zero.ndim,
-                                   {t->zero.shape[0], t->zero.shape[1]}};
-      if (L->bias != NULL)
-        d.bias = (ql_packed_array){
-            L->bias->data,
-            L->bias->dtype == QL__ST_F32   ? QL_ADT_F32
-            : L->bias->dtype == QL__ST_F16 ? QL_ADT_F16
-                                           : QL_ADT_BF16,
-            1,
-            {t->n, 0}};
-      d.policy = policy;
-      d.persistent = persist;
-      d.progress = imp_draw;
-      d.progress_arg = &bar;
-      rv = ql_load_packed(cx->client, &d, &info, &sh);
-    } else if (L->quantized) {
-      const ql__ck_canon *c = &L->canon;
-      ql_packed_desc d = {0};
-      d.name = L->wname;
-      d.format = c->format;
-      d.group_size = c->group_size;
-      d.n = c->n;
-      d.k = c->k;
-      d.asymmetric = c->asymmetric;
-      d.zero_kind = QL_ZERO_FLOAT;
-      d.qdata = (ql_packed_array){c->qdata, c->qdata_dtype, 2,
-                                  {c->n, c->qdata_bytes / c->n}};
-      d.scale = (ql_packed_array){c->scale, c->scale_dtype, 2,
-                                  {c->groups, c->n}};
-      if (c->zero != NULL)
-        d.zero = (ql_packed_array){c->zero, c->scale_dtype, 2,
-                                   {c->groups, c->n}};
-      if (L->bias != NULL)
-        d.bias = (ql_packed_array){
-            L->bias->data,
-            L->bias->dtype == QL__ST_F32   ? QL_ADT_F32
-            : L->bias->dtype == QL__ST_F16 ? QL_ADT_F16
-                                           : QL_ADT_BF16,
-            1,
-            {c->n, 0}};
       d.policy = policy;
       d.persistent = persist;
       d.progress = imp_draw;

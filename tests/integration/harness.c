@@ -434,3 +434,19 @@ int td_sanitized(void) {
   const char *f = getenv("QL_SAN_FLAGS");
   return f != NULL && strstr(f, "sanitize") != NULL;
 }
+
+int td_load(ql_client *c, const char *name, const td_layer *l, ql_format f,
+            uint32_t gs, int persistent, ql_weight_info *info, int *shared) {
+  ql_load_desc d;
+  memset(&d, 0, sizeof d);
+  d.name = name;
+  d.format = f;
+  d.group_size = gs;
+  d.n = l->n;
+  d.k = l->k;
+  d.dtype = QL_DTYPE_F32;
+  d.data = l->w;
+  d.bias = l->b;
+  d.persistent = persistent;
+  return ql_load_float(c, &d, info, shared);
+}

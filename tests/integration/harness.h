@@ -121,6 +121,12 @@ void td_layer_make(td_layer *l, uint64_t n, uint64_t k, uint64_t seed,
                    int with_bias);
 void td_layer_free(td_layer *l);
 
+/* Loads layer l (f32) as weight name in format f (gs: q4g group size or
+ * q8b block, else 0) through ql_load_float(); info and shared may be NULL.
+ * The library's status. */
+int td_load(ql_client *c, const char *name, const td_layer *l, ql_format f,
+            uint32_t gs, int persistent, ql_weight_info *info, int *shared);
+
 /* A libqlinear client of the daemon's request socket (with a session), or
  * of its admin socket; aborts the test when it cannot connect. */
 ql_client *td_connect(const td *d);

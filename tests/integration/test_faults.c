@@ -47,18 +47,7 @@
 static int load(ql_client *c, const char *name, const td_layer *l,
                 ql_format f, uint32_t gs, int persistent,
                 ql_weight_info *info) {
-  ql_load_desc d;
-  memset(&d, 0, sizeof d);
-  d.name = name;
-  d.format = f;
-  d.group_size = gs;
-  d.n = l->n;
-  d.k = l->k;
-  d.dtype = QL_DTYPE_F32;
-  d.data = l->w;
-  d.bias = l->b;
-  d.persistent = persistent;
-  return ql_load_float(c, &d, info, NULL);
+  return td_load(c, name, l, f, gs, persistent, info, NULL);
 }
 
 /* y of m rows through the daemon (weight-only) equals the in-process

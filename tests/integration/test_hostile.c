@@ -128,18 +128,7 @@ static void expect_bytes(const td *d, const void *buf, size_t len, int want,
 
 static int load(ql_client *c, const char *name, const td_layer *l,
                 ql_format f, uint32_t gs, int persistent) {
-  ql_load_desc d;
-  memset(&d, 0, sizeof d);
-  d.name = name;
-  d.format = f;
-  d.group_size = gs;
-  d.n = l->n;
-  d.k = l->k;
-  d.dtype = QL_DTYPE_F32;
-  d.data = l->w;
-  d.bias = l->b;
-  d.persistent = persistent;
-  return ql_load_float(c, &d, NULL, NULL);
+  return td_load(c, name, l, f, gs, persistent, NULL, NULL);
 }
 
 /* The weights of these tests, and their references in this process. */
