@@ -207,7 +207,8 @@ static void next_measurement(ql__server *s);
 
 static void measure_run(uv_work_t *work) {
   measure_work *m = work->data;
-  m->rc = ql_crossover_measure(m->s->cpu_backend, m->w->q, m->w->packed,
+  m->rc = ql_crossover_measure(m->s->cpu_backend, m->w->q,
+                               m->w->lay[m->s->cpu->index].packed,
                                QL_DTYPE_F32, 512, BUDGET_NS, &m->res);
 }
 
@@ -298,7 +299,9 @@ void ql__calibrate_start(ql__server *s) {
 void ql__calibrate_weight(ql__server *s, ql__weight *w) {
   struct ql__calib *c = s->calib;
   char key[QL_XOVER_KEY_MAX];
-  if (c == NULL || w->crossover_known)
+  /* Measured on the CPU only, for the weights it holds; the others keep
+   * the configured default. */
+  if (c == NULL || w->crossover_known || !(w->devices >> s->cpu->index & 1))
     return;
   shape_key(s, w, key, sizeof key);
   const ql__xover_entry *e = lookup(c, key);

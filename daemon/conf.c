@@ -81,6 +81,10 @@ static const ql__option options[] = {
      .def = "0",
      .help = "weight bytes resident on the CPU; a load beyond it fails; "
              "0: no limit"},
+    {.name = "kernel_timeout_ms", .type = QL_OPT_DURATION,
+     FIELD(kernel_timeout_ms), .min = 100, .max = 3600000, .def = "10s",
+     .help = "an accelerator launch not finished by then takes its device "
+             "out of service (its requests fail, the others keep serving)"},
     {.name = "max_message_bytes", .type = QL_OPT_SIZE,
      FIELD(max_message_bytes), .min = QL_ENVELOPE_BYTES + 4096,
      .max = 1u << 30, .def = "64M",

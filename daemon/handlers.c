@@ -28,11 +28,10 @@
 typedef struct info_buf {
   Qlinear__V1__WeightInfo info;
   Qlinear__V1__WeightSpec spec;
-  char *devices[1];
+  char *devices[QL__MAX_DEVICES];
 } info_buf;
 
 static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
-  static char cpu[] = "cpu";
   qlinear__v1__weight_info__init(&b->info);
   qlinear__v1__weight_spec__init(&b->spec);
   b->spec.name = w->name;
@@ -51,31 +50,37 @@ static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
   b->info.spec = &b->spec;
   b->info.digest.data = w->digest;
   b->info.digest.len = QL_DIGEST_BYTES;
-  b->info.bytes_resident = w->bytes;
+  b->info.bytes_resident = w->bytes + w->dev_bytes;
   int measured;
   b->info.crossover_rows = ql__calibrate_rows(s, w, &measured);
   b->info.crossover_measured = measured != 0;
-  b->devices[0] = cpu;
+  b->info.n_devices = 0;
+  for (unsigned d = 0; d < s->n_dev; d++)
+    if (w->devices >> d & 1)
+      b->devices[b->info.n_devices++] = (char *)s->dev[d].name;
   b->info.devices = b->devices;
-  b->info.n_devices = 1;
 }
 
 /* ------------------------------------------------------------------ hello */
 
 typedef struct hello_buf {
   Qlinear__V1__HelloResponse hr;
-  Qlinear__V1__Device cpu;
-  Qlinear__V1__Device *devs[1];
+  Qlinear__V1__Device dev[QL__MAX_DEVICES];
+  Qlinear__V1__Device *devs[QL__MAX_DEVICES];
 } hello_buf;
 
 static void on_hello(ql__server *s, const Qlinear__V1__HelloRequest *h,
                      ql__reply *r, hello_buf *b) {
-  static char name[] = "cpu", version[] = DAEMON_VERSION;
+  static char version[] = DAEMON_VERSION;
   Qlinear__V1__HelloResponse *hr = &b->hr;
   qlinear__v1__hello_response__init(hr);
-  qlinear__v1__device__init(&b->cpu);
-  b->cpu.name = b->cpu.kind = b->cpu.alias = name;
-  b->devs[0] = &b->cpu;
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    qlinear__v1__device__init(&b->dev[d]);
+    b->dev[d].name = (char *)s->dev[d].name;
+    b->dev[d].alias = (char *)s->dev[d].alias;
+    b->dev[d].kind = (char *)s->dev[d].b->name;
+    b->devs[d] = &b->dev[d];
+  }
   hr->protocol_version = QL_PROTOCOL_VERSION;
   hr->daemon_version = version;
   hr->instance_id.data = s->instance_id;
@@ -83,7 +88,7 @@ static void on_hello(ql__server *s, const Qlinear__V1__HelloRequest *h,
   hr->max_message_bytes = s->cfg.max_message_bytes;
   hr->max_chunk_bytes = s->cfg.max_chunk_bytes;
   hr->devices = b->devs;
-  hr->n_devices = 1;
+  hr->n_devices = s->n_dev;
   r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_HELLO;
   r->resp.hello = hr;
   /* The body is sent even on a version mismatch so the client can say
@@ -262,6 +267,7 @@ typedef struct commit_work {
   ql__weight *w;
   int rc;
   char err[200]; /* from the import, naming the array */
+  ql__placement place; /* where the weight goes, chosen at commit */
 } commit_work;
 
 /* Builds the canonical weight of an upload: quantizes float data, or
@@ -305,7 +311,7 @@ static void commit_run(uv_work_t *work) {
   }
   if (c->rc != 0)
     return;
-  c->rc = ql__weight_create(up->name, q, up->policy, c->s->cpu_backend, &c->w);
+  c->rc = ql__weight_create(up->name, q, up->policy, &c->place, &c->w);
   if (c->rc != 0)
     ql_qweight_free(q);
 }
@@ -454,9 +460,10 @@ static void commit_done(uv_work_t *work, int status) {
               "content is resident", c->w->name);
   } else if (rc == QL_ENOMEM) {
     ql__reply_set_error(&r, rc, "load_commit: %zu more bytes would exceed the cpu "
-              "budget (%zu of %zu bytes in use)", c->w->bytes,
+              "budget (%zu of %zu bytes in use), or its %zu bytes of device "
+              "layouts a device's budget", c->w->bytes,
               ql__weight_store_bytes(s->weights),
-              ql__weight_store_budget(s->weights));
+              ql__weight_store_budget(s->weights), c->w->dev_bytes);
   } else if (rc != 0) {
     ql__reply_set_error(&r, rc, "load_commit: %s", ql_strerror(rc));
   } else if (c->admin) {
@@ -518,6 +525,12 @@ static int on_load_commit(ql__server *s, ql__session *ss, uint64_t id,
   commit_work *c = calloc(1, sizeof *c);
   if (c == NULL) {
     ql__reply_set_error(r, QL_ENOMEM, "load_commit: out of memory");
+    return 0;
+  }
+  int rc = ql__devices_placement(s, &c->place);
+  if (rc != 0) {
+    free(c);
+    ql__reply_set_error(r, rc, "load_commit: every device is out of service");
     return 0;
   }
   c->s = s;
@@ -684,25 +697,31 @@ typedef struct stats_ctx {
   size_t n;
 } stats_ctx;
 
+/* One entry per device that holds w. */
 static void stats_one(ql__weight *w, void *arg) {
-  static char cpu[] = "cpu";
   stats_ctx *c = arg;
-  Qlinear__V1__WeightStats *st = &c->st[c->n];
-  qlinear__v1__weight_stats__init(st);
-  st->weight = w->name;
-  st->device = cpu;
-  st->requests = w->stats.requests;
-  st->rows = w->stats.rows;
-  st->batches = w->stats.batches;
-  st->wo_batches = w->stats.wo_batches;
-  st->aq_batches = w->stats.aq_batches;
-  st->queue_ns = w->stats.queue_ns;
-  st->kernel_ns = w->stats.kernel_ns;
-  st->impl = (char *)w->stats.impl;
-  st->bytes_resident = w->bytes;
-  ql__linear_stats(c->s, w, st, c->hist[c->n][0], c->hist[c->n][1]);
-  c->ptrs[c->n] = st;
-  c->n++;
+  for (unsigned d = 0; d < c->s->n_dev; d++) {
+    const ql__weight_stats *ws = &w->stats[d];
+    if (!(w->devices >> d & 1))
+      continue;
+    Qlinear__V1__WeightStats *st = &c->st[c->n];
+    qlinear__v1__weight_stats__init(st);
+    st->weight = w->name;
+    st->device = (char *)c->s->dev[d].name;
+    st->requests = ws->requests;
+    st->rows = ws->rows;
+    st->batches = ws->batches;
+    st->wo_batches = ws->wo_batches;
+    st->aq_batches = ws->aq_batches;
+    st->queue_ns = ws->queue_ns;
+    st->kernel_ns = ws->kernel_ns;
+    st->impl = (char *)ws->impl;
+    st->bytes_resident = c->s->dev[d].host ? w->bytes
+                                           : w->lay[d].packed_bytes;
+    ql__linear_stats(c->s, w, d, st, c->hist[c->n][0], c->hist[c->n][1]);
+    c->ptrs[c->n] = st;
+    c->n++;
+  }
 }
 
 /* -------------------------------------------------------------- dispatch */
@@ -787,8 +806,8 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   } body;
   info_buf hold_info;
   char report[1024];
-  Qlinear__V1__DeviceStats cpu_stats, *devs[1] = {&cpu_stats};
-  static char cpu_name[] = "cpu";
+  Qlinear__V1__DeviceStats dev_stats[QL__MAX_DEVICES];
+  Qlinear__V1__DeviceStats *devs[QL__MAX_DEVICES];
   Qlinear__V1__ListWeightsResponse list;
   Qlinear__V1__StatsResponse stats;
   list_ctx lc = {s, NULL, NULL, 0};
@@ -845,9 +864,10 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     break;
   case QLINEAR__V1__REQUEST__BODY_STATS: {
     size_t n = ql__weight_store_count(s->weights);
-    sc.st = calloc(n + 1, sizeof *sc.st);
-    sc.ptrs = calloc(n + 1, sizeof *sc.ptrs);
-    sc.hist = calloc(n + 1, sizeof *sc.hist);
+    size_t entries = n * s->n_dev + 1; /* (weight, device) pairs at most */
+    sc.st = calloc(entries, sizeof *sc.st);
+    sc.ptrs = calloc(entries, sizeof *sc.ptrs);
+    sc.hist = calloc(entries, sizeof *sc.hist);
     if (sc.st == NULL || sc.ptrs == NULL || sc.hist == NULL) {
       ql__reply_set_error(&r, QL_ENOMEM, "stats: out of memory");
       break;
@@ -865,12 +885,21 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     stats.n_per_weight = sc.n;
     ql__sessions_counts(s, &stats.sessions, &stats.regions,
                         &stats.region_bytes);
-    qlinear__v1__device_stats__init(&cpu_stats);
-    cpu_stats.device = cpu_name;
-    cpu_stats.bytes_resident = ql__weight_store_bytes(s->weights);
-    cpu_stats.budget_bytes = ql__weight_store_budget(s->weights);
+    for (unsigned d = 0; d < s->n_dev; d++) {
+      Qlinear__V1__DeviceStats *ds = &dev_stats[d];
+      qlinear__v1__device_stats__init(ds);
+      ds->device = (char *)s->dev[d].name;
+      /* The host's share is the canonical arrays and host layouts of
+       * every weight; an accelerator's, its own layouts. */
+      ds->bytes_resident =
+          s->dev[d].host ? ql__weight_store_bytes(s->weights)
+                         : ql__weight_store_device_bytes(s->weights, d);
+      ds->budget_bytes = s->dev[d].host ? ql__weight_store_budget(s->weights)
+                                        : s->dev[d].budget;
+      devs[d] = ds;
+    }
     stats.devices = devs;
-    stats.n_devices = 1;
+    stats.n_devices = s->n_dev;
     stats.persistent_weights = s->persistent_count;
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
     r.resp.stats = &stats;

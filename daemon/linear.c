@@ -4,14 +4,13 @@
 #include <time.h>
 
 #include "calibrate.h"
+#include "devices.h"
 #include "linear.h"
 #include "log.h"
 #include "registry.h"
 #include "scheduler.h"
 #include "session.h"
 
-/* The CPU device's index in the scheduler (the only device for now). */
-#define DEV_CPU 0u
 /* Slices one batch may hold: one per request at least, up to the rows. */
 #define BATCH_SLICES 256u
 /* Queue keys per weight: (dtype, path), &w->sched_key[key_index()]. */
@@ -54,10 +53,11 @@ typedef struct lin_req {
   uint64_t first_ns; /* when its first rows started (0: not yet) */
 } lin_req;
 
-/* One launch on the device worker. */
+/* One launch on a device worker. */
 typedef struct batch_job {
   ql__job job;
   ql__server *s;
+  ql__device *d;
   ql__sched_batch b;
   ql__sched_slice slice[BATCH_SLICES];
   int slice_rc[BATCH_SLICES];
@@ -67,7 +67,6 @@ typedef struct batch_job {
 
 struct ql__linear_state {
   ql__sched *sched;
-  int busy;            /* a batch is on the CPU worker */
   size_t in_flight;    /* accepted, not yet answered */
   uv_timer_t retry;    /* max_queue_delay_us: ask the scheduler again */
   uv_timer_t expire;   /* answers expired requests while the worker is busy */
@@ -78,7 +77,8 @@ static lin_req *of(ql__sched_req *sr) {
   return (lin_req *)((char *)sr - offsetof(lin_req, sr));
 }
 
-static ql__sched_config sched_config(const ql__config *c) {
+static ql__sched_config sched_config(const ql__config *c,
+                                     unsigned s_n_devices) {
   ql__sched_config sc;
   memset(&sc, 0, sizeof sc);
   sc.max_batch_rows = c->max_batch_rows;
@@ -86,7 +86,7 @@ static ql__sched_config sched_config(const ql__config *c) {
   sc.prefill_chunk_rows = c->prefill_chunk_rows;
   sc.max_queue = c->max_queue;
   sc.session_quota = c->session_max_requests;
-  sc.n_devices = 1;
+  sc.n_devices = s_n_devices;
   return sc;
 }
 
@@ -115,7 +115,7 @@ int ql__linear_open(ql__server *s) {
   struct ql__linear_state *l = calloc(1, sizeof *l);
   if (l == NULL)
     return QL_ENOMEM;
-  ql__sched_config sc = sched_config(&s->cfg);
+  ql__sched_config sc = sched_config(&s->cfg, s->n_dev);
   int rc = ql__sched_create(&sc, &l->sched);
   if (rc != 0) {
     free(l);
@@ -131,7 +131,7 @@ int ql__linear_open(ql__server *s) {
 }
 
 void ql__linear_configure(ql__server *s) {
-  ql__sched_config sc = sched_config(&s->cfg);
+  ql__sched_config sc = sched_config(&s->cfg, s->n_dev);
   if (s->lin != NULL && ql__sched_configure(s->lin->sched, &sc) != 0)
     ql__warn("the scheduler kept its configuration");
 }
@@ -237,6 +237,8 @@ static const char *error_text(int rc) {
     return "the deadline passed before it started";
   case QL_ESESSION:
     return "the session ended";
+  case QL_EDEVICE:
+    return "the device failed and is out of service";
   default:
     return ql_strerror(rc);
   }
@@ -260,8 +262,8 @@ static void part_done(ql__server *s, lin_req *j, int rc) {
   p->y_bytes = j->y_bytes;
   p->y = j->yr == NULL ? j->y : NULL; /* the parent's now */
   if (rc == 0) {
-    j->w->stats.requests++;
-    j->w->stats.rows += j->sr.rows;
+    j->w->stats[j->sr.on_device].requests++;
+    j->w->stats[j->sr.on_device].rows += j->sr.rows;
   }
   ql__weight_unref(j->w);
   ql__region_unref(j->xr);
@@ -314,10 +316,11 @@ static void answer(ql__server *s, lin_req *j) {
     out.impl = (char *)(j->impl ? j->impl : "");
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LINEAR;
     r.resp.linear = &out;
-    j->w->stats.requests++;
-    j->w->stats.rows += j->sr.rows;
+    ql__weight_stats *st = &j->w->stats[j->sr.on_device];
+    st->requests++;
+    st->rows += j->sr.rows;
     if (j->impl != NULL)
-      j->w->stats.impl = j->impl;
+      st->impl = j->impl;
   }
   ql__reply_send(s, j->route, &r);
   ql__weight_unref(j->w);
@@ -341,20 +344,22 @@ static void answer_list(ql__server *s, ql__sched_req *list) {
 
 /* ----------------------------------------------------------- batches */
 
-/* The kernel of (weight, path, dtype) for m rows; NULL: none can run it. */
-static const ql_kernel_impl *kernel(const ql__server *s, const ql_qweight *q,
+/* The kernel of (weight, path, dtype) for m rows on backend b; NULL: none
+ * can run it. */
+static const ql_kernel_impl *kernel(const ql_backend *b, const ql_qweight *q,
                                     ql_path path, ql_dtype dt, int64_t m) {
   ql_op op = path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO : QL_OP_LINEAR_AQ;
-  return ql_dispatch(s->cpu_backend, op, q->format, dt, m, q->n, q->k);
+  return ql_dispatch(b, op, q->format, dt, m, q->n, q->k);
 }
 
-static int run_rows(const ql__server *s, const ql__weight *w, ql_path path,
+/* Worker thread of d, bound to it. */
+static int run_rows(const ql__device *d, const ql__weight *w, ql_path path,
                     ql_dtype dt, const void *x, int64_t m, void *y,
                     const char **impl) {
-  return ql_run_linear(s->cpu_backend,
+  return ql_run_linear(d->b,
                        path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO
                                                    : QL_OP_LINEAR_AQ,
-                       w->q, w->packed, dt, x, m, y, impl);
+                       w->q, w->lay[d->index].packed, dt, x, m, y, impl);
 }
 
 /*
@@ -369,6 +374,7 @@ static int run_rows(const ql__server *s, const ql__weight *w, ql_path path,
 static void batch_run(ql__job *job) {
   batch_job *bj = (batch_job *)job;
   ql__server *s = bj->s;
+  const ql__device *d = bj->d;
   ql__sched_batch *b = &bj->b;
   lin_req *first = of(b->slice[0].req);
   const ql__weight *w = first->w;
@@ -387,10 +393,16 @@ static void batch_run(ql__job *job) {
     bj->rc = QL_ESHUTDOWN;
     return;
   }
+  /* d->failed is the loop's; a worker reads it only through this copy,
+   * taken when the batch was made. */
+  if (bj->rc == QL_EDEVICE)
+    return;
+  if (d->b->device_bind != NULL && (bj->rc = d->b->device_bind(d->ordinal)))
+    return;
   if (b->n == 1) {
     lin_req *j = first;
     uint32_t off = b->slice[0].offset;
-    bj->rc = run_rows(s, w, first->path, dt, j->x + (size_t)off * xr,
+    bj->rc = run_rows(d, w, first->path, dt, j->x + (size_t)off * xr,
                       b->slice[0].rows, j->y + (size_t)off * yr, &bj->impl);
     return;
   }
@@ -407,14 +419,14 @@ static void batch_run(ql__job *job) {
            (size_t)sl->rows * xr);
     at += sl->rows;
   }
-  bj->rc = run_rows(s, w, first->path, dt, xbuf, b->rows, ybuf, &bj->impl);
+  bj->rc = run_rows(d, w, first->path, dt, xbuf, b->rows, ybuf, &bj->impl);
   if (bj->rc == QL_ENONFINITE) {
     bj->rc = 0;
     for (uint32_t i = 0; i < b->n; i++) {
       const ql__sched_slice *sl = &b->slice[i];
       lin_req *j = of(sl->req);
       bj->slice_rc[i] =
-          run_rows(s, w, first->path, dt, j->x + (size_t)sl->offset * xr,
+          run_rows(d, w, first->path, dt, j->x + (size_t)sl->offset * xr,
                    sl->rows, j->y + (size_t)sl->offset * yr, &bj->impl);
     }
     goto done;
@@ -436,38 +448,47 @@ done:
 static void batch_done(ql__job *job) {
   batch_job *bj = (batch_job *)job;
   ql__server *s = bj->s;
+  ql__device *d = bj->d;
   ql__sched_batch *b = &bj->b;
   ql__sched_req *finished = NULL;
   ql__weight *w = of(b->slice[0].req)->w;
+  ql__weight_stats *st = &w->stats[d->index];
+  int device_rc = bj->rc == QL_EDEVICE ? bj->rc : 0;
   for (uint32_t i = 0; i < b->n; i++) {
     lin_req *j = of(b->slice[i].req);
     int rc = bj->rc != 0 ? bj->rc : bj->slice_rc[i];
+    if (rc == QL_EDEVICE)
+      device_rc = rc;
     if (rc != 0 && j->rc == 0)
       j->rc = rc;
     j->impl = bj->impl;
   }
-  w->stats.batches++;
+  if (device_rc != 0)
+    ql__device_fail(s, d, device_rc);
+  st->batches++;
   if (of(b->slice[0].req)->path == QL_PATH_WEIGHT_ONLY)
-    w->stats.wo_batches++;
+    st->wo_batches++;
   else
-    w->stats.aq_batches++;
-  w->stats.kernel_ns += job->end_ns - job->start_ns;
+    st->aq_batches++;
+  st->kernel_ns += job->end_ns - job->start_ns;
   ql__sched_complete(s->lin->sched, b, bj->rc == 0 ? job->end_ns - job->start_ns
                                                    : 0, &finished);
-  s->lin->busy = 0;
+  d->busy = 0;
   free(bj);
   answer_list(s, finished);
   pump(s);
 }
 
 /*
- * Gives the CPU worker its next batch when it has none. Expired requests
- * the scheduler hands back on the way are answered; a queue held back by
- * max_queue_delay_us sets the retry timer.
+ * Gives device d's worker its next batch when it has none. Expired
+ * requests the scheduler hands back on the way are answered; a queue held
+ * back by max_queue_delay_us sets the retry timer. The batches of a device
+ * out of service still go to its worker, which answers them QL_EDEVICE
+ * without running anything: its queue drains in order.
  */
-static void pump(ql__server *s) {
+static void pump_device(ql__server *s, ql__device *d) {
   struct ql__linear_state *l = s->lin;
-  while (!l->busy) {
+  while (!d->busy) {
     batch_job *bj = calloc(1, sizeof *bj);
     if (bj == NULL) {
       /* Work stays queued; the next arrival or completion tries again. */
@@ -475,14 +496,18 @@ static void pump(ql__server *s) {
       return;
     }
     bj->s = s;
+    bj->d = d;
     bj->b.slice = bj->slice;
     bj->b.cap = BATCH_SLICES;
     uint64_t now = ql__now_ns();
-    ql__sched_next(l->sched, DEV_CPU, now, &bj->b);
+    ql__sched_next(l->sched, d->index, now, &bj->b);
     answer_list(s, bj->b.expired);
     bj->b.expired = NULL;
     if (bj->b.n == 0) {
-      if (bj->b.retry_ns > now)
+      if (bj->b.retry_ns > now &&
+          (!uv_is_active((uv_handle_t *)&l->retry) ||
+           uv_timer_get_due_in(&l->retry) >
+               (bj->b.retry_ns - now + 999999) / 1000000))
         uv_timer_start(&l->retry, on_retry,
                        (bj->b.retry_ns - now + 999999) / 1000000, 0);
       free(bj);
@@ -492,12 +517,14 @@ static void pump(ql__server *s) {
       lin_req *j = of(bj->b.slice[i].req);
       if (j->first_ns == 0) {
         j->first_ns = now;
-        j->w->stats.queue_ns += now - j->sr.enqueue_ns;
+        j->w->stats[d->index].queue_ns += now - j->sr.enqueue_ns;
       }
     }
+    if (d->failed)
+      bj->rc = QL_EDEVICE;
     bj->job.run = batch_run;
     bj->job.done = batch_done;
-    int rc = ql__worker_submit(s->cpu, &bj->job);
+    int rc = ql__worker_submit(d->worker, &bj->job);
     if (rc != 0) {
       /* Only after close: hand the rows back as failed. */
       ql__sched_req *finished = NULL;
@@ -510,8 +537,13 @@ static void pump(ql__server *s) {
       answer_list(s, finished);
       continue;
     }
-    l->busy = 1;
+    d->busy = 1;
   }
+}
+
+static void pump(ql__server *s) {
+  for (unsigned d = 0; d < s->n_dev; d++)
+    pump_device(s, &s->dev[d]);
 }
 
 /* ------------------------------------------------------------ arrival */
@@ -568,9 +600,32 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
                         weight);
     return 0;
   }
-  if (device[0] != '\0' && strcmp(device, "cpu") != 0) {
-    ql__reply_set_error(r, QL_ENOTFOUND, "linear: no device '%.64s' holds "
-                        "weight '%s' (it is on: cpu)", device, w->name);
+  /* The device: the one asked for, which must hold the weight and be in
+   * service, else the scheduler's choice among those that do. */
+  uint64_t holders = w->devices & ~ql__devices_failed(s);
+  int on = -1;
+  if (device[0] != '\0') {
+    const ql__device *d = ql__device_find(s, device);
+    char on_list[256];
+    ql__devices_list(s, w->devices, on_list, sizeof on_list);
+    if (d == NULL || !(w->devices >> d->index & 1)) {
+      ql__reply_set_error(r, QL_ENOTFOUND, "linear: no device '%.64s' holds "
+                          "weight '%s' (it is on: %s)", device, w->name,
+                          on_list);
+      return 0;
+    }
+    if (d->failed) {
+      ql__reply_set_error(r, QL_EDEVICE, "linear: device %s is out of "
+                          "service", d->alias);
+      return 0;
+    }
+    on = (int)d->index;
+  } else if (holders == 0) {
+    char on_list[256];
+    ql__devices_list(s, w->devices, on_list, sizeof on_list);
+    ql__reply_set_error(r, QL_EDEVICE, "linear: every device that holds "
+                        "weight '%s' is out of service (%s)", w->name,
+                        on_list);
     return 0;
   }
   uint64_t m = x->shape[0], k = x->shape[1];
@@ -635,7 +690,8 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
    * weight-only; int8 AQ accumulates in int32, which bounds K for q8c), a
    * chosen path falls back to weight-only and a forced one is refused. */
   if (path == QL_PATH_ACT_QUANT &&
-      kernel(s, w->q, QL_PATH_ACT_QUANT, dt, (int64_t)m) == NULL) {
+      kernel(on >= 0 ? s->dev[on].b : NULL, w->q, QL_PATH_ACT_QUANT, dt,
+             (int64_t)m) == NULL) {
     if (want == QL_PATH_ACT_QUANT) {
       ql__reply_set_error(r, QL_ENOTSUP, "linear: %s weight '%s' (K=%lld) has "
                           "no activation-quantized path",
@@ -680,7 +736,8 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
   j->dt = dt;
   j->path = path;
   j->sr.weight = &w->sched_key[key_index(dt, path)];
-  j->sr.device = (int)DEV_CPU;
+  j->sr.device = on;
+  j->sr.holders = holders;
   j->sr.path = m <= s->cfg.decode_max_rows ? QL_PATH_WEIGHT_ONLY
                                             : QL_PATH_ACT_QUANT;
   j->sr.rows = (uint32_t)m;
@@ -815,7 +872,7 @@ void ql__linear_cancel_waiting(ql__server *s) {
   answer_list(s, out);
 }
 
-void ql__linear_stats(const ql__server *s, const ql__weight *w,
+void ql__linear_stats(const ql__server *s, const ql__weight *w, unsigned dev,
                       Qlinear__V1__WeightStats *out,
                       uint64_t queue_hist[32], uint64_t kernel_hist[32]) {
   size_t nq = 0, nk = 0;
@@ -823,8 +880,7 @@ void ql__linear_stats(const ql__server *s, const ql__weight *w,
   memset(kernel_hist, 0, 32 * sizeof *kernel_hist);
   for (int i = 0; s->lin != NULL && i < N_KEYS; i++) {
     ql__sched_stats st;
-    if (ql__sched_stats_get(s->lin->sched, &w->sched_key[i], DEV_CPU, &st) !=
-        0)
+    if (ql__sched_stats_get(s->lin->sched, &w->sched_key[i], dev, &st) != 0)
       continue;
     out->expired += st.expired;
     for (unsigned b = 0; b < QL_SCHED_HIST_BUCKETS && b < 32; b++) {

@@ -59,8 +59,8 @@ void ql__linear_session_ended(ql__server *s, uint64_t session_id);
  * QL_ESHUTDOWN (a batch already running completes). */
 void ql__linear_cancel_waiting(ql__server *s);
 
-/* Counters of weight w on the CPU device, over its activation dtypes. */
-void ql__linear_stats(const ql__server *s, const ql__weight *w,
+/* Counters of weight w on device dev, over its activation dtypes. */
+void ql__linear_stats(const ql__server *s, const ql__weight *w, unsigned dev,
                       Qlinear__V1__WeightStats *out,
                       uint64_t queue_hist[32], uint64_t kernel_hist[32]);
 

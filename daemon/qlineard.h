@@ -14,6 +14,7 @@
 
 #include <uv.h>
 
+#include "devices.h"
 #include "registry.h"
 #include "transport.h"
 #include "upload.h"
@@ -70,6 +71,8 @@ typedef struct ql__config {
                                 level to use; 0 = the best detected */
   size_t cpu_budget_bytes;   /* weight bytes resident on the CPU; 0 = no
                                 limit */
+  uint64_t kernel_timeout_ms; /* an accelerator launch not done by then
+                                 takes its device out of service */
   ql__config_list required_devices; /* must be present before READY=1 */
 } ql__config;
 
@@ -96,7 +99,9 @@ typedef struct ql__server {
   ql__uploads *uploads;
   struct ql__linear_state *lin; /* the scheduler and its timers (linear.c) */
   struct ql__calib *calib;      /* crossovers (calibrate.c) */
-  ql__worker *cpu; /* the CPU device worker */
+  ql__device dev[QL__MAX_DEVICES]; /* devices.h */
+  unsigned n_dev;
+  ql__device *cpu;               /* the CPU, one of dev[] */
   const ql_backend *cpu_backend; /* its kernels (registry) */
   uv_signal_t sig_int, sig_term, sig_hup;
   int argc;    /* the command line, read again on SIGHUP */
@@ -104,8 +109,6 @@ typedef struct ql__server {
   uv_timer_t sweep; /* expires idle uploads */
   uv_timer_t drain; /* polls for the end of in-flight work at shutdown */
   uv_timer_t watchdog; /* pings systemd while workers make progress */
-  uint64_t wd_last_completed;
-  int wd_misses;
   uint8_t instance_id[16];
   uint64_t start_ns;
   size_t commits_running; /* LoadCommit quantizations in the thread pool */

@@ -108,20 +108,17 @@ static void on_sweep(uv_timer_t *t) {
 
 static void close_all(ql__server *s);
 
-/* The devices this daemon serves. The CPU is always there; accelerator
- * backends add theirs when they register. */
-static const char *const served_devices[] = {"cpu"};
-
-/* READY=1 only with every required device present: a missing GPU is an
- * error, never a silent fall-back to the CPU (DESIGN §10). */
-static int check_required_devices(const ql__config *cfg) {
-  for (unsigned i = 0; i < cfg->required_devices.n; i++) {
-    const char *want = cfg->required_devices.item[i];
-    int found = 0;
-    for (size_t d = 0; d < sizeof served_devices / sizeof *served_devices; d++)
-      found |= strcmp(want, served_devices[d]) == 0;
-    if (!found) {
-      ql__err("required device %s is not present (present: cpu)", want);
+/* READY=1 only with every required device present and in service: a
+ * missing GPU is an error, never a silent fall-back to the CPU (DESIGN
+ * §10). A device is named by its name or its alias. */
+static int check_required_devices(ql__server *s) {
+  for (unsigned i = 0; i < s->cfg.required_devices.n; i++) {
+    const char *want = s->cfg.required_devices.item[i];
+    if (ql__device_find(s, want) == NULL) {
+      char present[512];
+      ql__devices_list(s, ~(uint64_t)0, present, sizeof present);
+      ql__err("required device %s is not present (present: %s)", want,
+              present);
       return QL_ENOTFOUND;
     }
   }
@@ -138,8 +135,10 @@ static int load_stored(void *arg, const char *name, ql_qweight *q,
                        ql_path policy, const uint8_t digest[QL_DIGEST_BYTES]) {
   ql__server *s = arg;
   ql__weight *w, *existing = NULL;
-  int rc = ql__weight_create_known(name, q, policy, s->cpu_backend, digest,
-                                   s->store, &w);
+  ql__placement pl;
+  int rc = ql__devices_placement(s, &pl);
+  if (rc == 0)
+    rc = ql__weight_create_known(name, q, policy, &pl, digest, s->store, &w);
   if (rc != 0) {
     ql__err("stored weight %s: %s; its file is kept", name, ql_strerror(rc));
     return rc;
@@ -147,8 +146,8 @@ static int load_stored(void *arg, const char *name, ql_qweight *q,
   rc = ql__weight_store_insert(s->weights, w, &existing);
   if (rc != 0 || existing != NULL) {
     if (rc == QL_ENOMEM)
-      ql__err("stored weight %s (%zu bytes) exceeds the cpu budget; its "
-              "file is kept", name, w->bytes);
+      ql__err("stored weight %s (%zu bytes) exceeds a device's budget; "
+              "its file is kept", name, w->bytes);
     else
       ql__err("stored weight %s: %s; its file is kept", name,
               ql_strerror(rc ? rc : QL_EEXIST));
@@ -252,13 +251,18 @@ static void on_drain(uv_timer_t *t) {
  */
 static void on_watchdog(uv_timer_t *t) {
   ql__server *s = t->data;
-  uint64_t done = ql__worker_completed(s->cpu);
-  if (ql__worker_pending(s->cpu) > 0 && done == s->wd_last_completed)
-    s->wd_misses++;
-  else
-    s->wd_misses = 0;
-  s->wd_last_completed = done;
-  if (s->wd_misses < 2)
+  int stuck = 0;
+  for (unsigned i = 0; i < s->n_dev; i++) {
+    ql__device *d = &s->dev[i];
+    uint64_t done = ql__worker_completed(d->worker);
+    if (ql__worker_pending(d->worker) > 0 && done == d->wd_completed)
+      d->wd_misses++;
+    else
+      d->wd_misses = 0;
+    d->wd_completed = done;
+    stuck |= d->wd_misses >= 2;
+  }
+  if (!stuck)
     ql__notify_watchdog();
 }
 
@@ -306,7 +310,8 @@ void ql__server_reload(ql__server *s, char *report, size_t len) {
   ql__config_reload(&s->cfg, parsed, &s->cfg, report, len);
   free(parsed);
   ql__log_set_level(s->cfg.log_level);
-  ql__worker_set_max_queue(s->cpu, s->cfg.max_queue);
+  for (unsigned d = 0; d < s->n_dev; d++)
+    ql__worker_set_max_queue(s->dev[d].worker, s->cfg.max_queue);
   ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
   ql__weight_store_set_budget(s->weights, s->cfg.cpu_budget_bytes);
   ql__linear_configure(s);
@@ -322,8 +327,7 @@ static void on_hup(uv_signal_t *sig, int signum) {
 
 static void close_all(ql__server *s) {
   /* Workers first: completing a job replies through the transport. */
-  if (s->cpu)
-    ql__worker_close(s->cpu);
+  ql__devices_close(s);
   ql__transport_close(s->transport);
   s->transport = NULL;
   ql__transport_close(s->admin);
@@ -387,22 +391,22 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   /* Before any kernel runs (the store's repacks below are the first). */
   static const char *const levels[] = {"auto", "c", "avx2", "avx2vnni",
                                        "avx512"};
-  ql_backend_config bc = {cfg->cpu_threads, levels[cfg->cpu_level]};
+  ql_backend_config bc = {cfg->cpu_threads, levels[cfg->cpu_level],
+                          (unsigned)cfg->kernel_timeout_ms};
   if (s->cpu_backend->configure != NULL &&
       (rc = s->cpu_backend->configure(&bc)) != 0) {
     ql__err("cpu_threads = %u, cpu_level = %s: %s", cfg->cpu_threads,
             bc.level, ql_strerror(rc));
     goto fail;
   }
-  if (check_required_devices(cfg) != 0)
-    goto fail;
   if ((rc = ql__weight_store_create(cfg->cpu_budget_bytes, &s->weights)) !=
           0 ||
-      (rc = ql__uploads_create(cfg->max_upload_bytes, &s->uploads)) != 0 ||
-      (rc = ql__worker_create(&loop, "cpu", cfg->max_queue, &s->cpu)) != 0) {
+      (rc = ql__uploads_create(cfg->max_upload_bytes, &s->uploads)) != 0) {
     ql__err("cannot start: %s", ql_strerror(rc));
     goto fail;
   }
+  if (ql__devices_open(s, &bc) != 0 || check_required_devices(s) != 0)
+    goto fail;
   /* Before the store loads: weights tell the scheduler when they go. */
   if ((rc = ql__linear_open(s)) != 0 || (rc = ql__calibrate_open(s)) != 0) {
     ql__err("cannot start the scheduler: %s", ql_strerror(rc));
@@ -447,8 +451,10 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
    * themselves are group-writable whatever the umask. */
   if (chmod(path, 0660) != 0)
     ql__warn("chmod %s: %s", path, strerror(errno));
-  ql__notice("listening at %s (cpu device, message cap %zu bytes)",
-             s->address, cfg->max_message_bytes);
+  char devs[512];
+  ql__devices_list(s, ~(uint64_t)0, devs, sizeof devs);
+  ql__notice("listening at %s (devices: %s; message cap %zu bytes)",
+             s->address, devs, cfg->max_message_bytes);
   char ready[PATH_MAX + 64];
   snprintf(ready, sizeof ready, "serving %s; %zu weights (%zu stored)",
            s->address, ql__weight_store_count(s->weights),
@@ -468,7 +474,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   ql__notice("stopped");
   status = 0;
 fail:
-  ql__worker_free(s->cpu);
+  ql__devices_free(s);
   ql__uploads_free(s->uploads);
   ql__calibrate_close(s);
   ql__weight_store_free(s->weights);

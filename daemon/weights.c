@@ -14,6 +14,8 @@ struct ql__weight_store {
   size_t count;
   size_t bytes;  /* sum of bytes of the weights in the store */
   size_t budget; /* 0: no limit */
+  size_t dev_bytes[QL__MAX_DEVICES];  /* layouts outside host memory */
+  size_t dev_budget[QL__MAX_DEVICES]; /* 0: no limit */
   void (*on_free)(ql__weight *w, void *arg);
   void *on_free_arg;
 };
@@ -44,6 +46,16 @@ int ql__weight_store_create(size_t budget, ql__weight_store **out) {
 
 void ql__weight_store_set_budget(ql__weight_store *s, size_t budget) {
   s->budget = budget;
+}
+
+void ql__weight_store_set_device_budget(ql__weight_store *s, unsigned dev,
+                                        size_t budget) {
+  if (dev < QL__MAX_DEVICES)
+    s->dev_budget[dev] = budget;
+}
+
+size_t ql__weight_store_device_bytes(const ql__weight_store *s, unsigned dev) {
+  return dev < QL__MAX_DEVICES ? s->dev_bytes[dev] : 0;
 }
 
 size_t ql__weight_store_bytes(const ql__weight_store *s) { return s->bytes; }
@@ -96,13 +108,13 @@ done:
 }
 
 int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
-                      const ql_backend *b, ql__weight **out) {
-  return ql__weight_create_known(name, q, policy, b, NULL, NULL, out);
+                      const ql__placement *pl, ql__weight **out) {
+  return ql__weight_create_known(name, q, policy, pl, NULL, NULL, out);
 }
 
-/* The layout of w from the store's cache: 1 when adopted. */
-static int adopt_cached(ql__weight *w, const ql_kernel_impl *rp,
-                        ql__store *cache) {
+/* Layout l of w from the store's cache: 1 when adopted. */
+static int adopt_cached(const ql__weight *w, ql__weight_layout *l,
+                        const ql_kernel_impl *rp, ql__store *cache) {
   const void *data;
   size_t len, bytes = 0;
   void *map, *packed = NULL;
@@ -114,31 +126,86 @@ static int adopt_cached(ql__weight *w, const ql_kernel_impl *rp,
     ql__store_layout_unmap(map);
     return 0;
   }
-  w->packed = packed;
-  w->packed_bytes = bytes;
-  w->layout_map = map;
+  l->packed = packed;
+  l->packed_bytes = bytes;
+  l->layout_map = map;
   return 1;
 }
 
 int ql__weight_cache_layout(const ql__weight *w, ql__store *cache) {
-  const void *data;
-  size_t len;
-  const ql_kernel_impl *rp = w->repack;
-  if (cache == NULL || rp == NULL || w->layout_map != NULL ||
-      rp->image == NULL || rp->layout_id == NULL ||
-      rp->image(w->packed, &data, &len) != 0)
-    return 0;
-  return ql__store_layout_put(cache, w->digest, rp->layout_id, data, len);
+  int rc = 0;
+  for (unsigned d = 0; cache != NULL && d < QL__MAX_DEVICES; d++) {
+    const ql__weight_layout *l = &w->lay[d];
+    const ql_kernel_impl *rp = l->repack;
+    const void *data;
+    size_t len;
+    if (!(w->devices >> d & 1) || rp == NULL || l->layout_map != NULL ||
+        rp->image == NULL || rp->layout_id == NULL ||
+        rp->image(l->packed, &data, &len) != 0)
+      continue;
+    int r = ql__store_layout_put(cache, w->digest, rp->layout_id, data, len);
+    if (rc == 0)
+      rc = r;
+  }
+  return rc;
+}
+
+/* Frees the layouts of w (each after nothing borrows it any more). */
+static void free_layouts(ql__weight *w) {
+  for (unsigned d = 0; d < QL__MAX_DEVICES; d++) {
+    ql__weight_layout *l = &w->lay[d];
+    if (l->repack != NULL)
+      l->repack->free_packed(l->packed);
+    ql__store_layout_unmap(l->layout_map); /* after the layout borrowing it */
+    memset(l, 0, sizeof *l);
+  }
+  w->devices = 0;
+}
+
+/*
+ * Makes w's layout on the device of p: the registry picks the backend's
+ * repack when it has one for this format and shape, else the generic (no
+ * layout: the canonical form is read).
+ */
+static int make_layout(ql__weight *w, const struct ql__place *p,
+                       ql__store *cache) {
+  const ql_qweight *q = w->q;
+  ql__weight_layout *l = &w->lay[p->dev];
+  int rc;
+  if (p->b != NULL && p->b->device_bind != NULL &&
+      (rc = p->b->device_bind(p->ordinal)) != 0)
+    return rc;
+  const ql_kernel_impl *rp =
+      ql_dispatch(p->b, QL_OP_REPACK, q->format, QL_DTYPE_F32, 0, q->n, q->k);
+  if (rp != NULL && rp != ql_generic_impl(QL_OP_REPACK)) {
+    if (!adopt_cached(w, l, rp, cache)) {
+      ql_repack_args ra = {q, NULL, 0};
+      if ((rc = rp->fn.repack(&ra)) != 0)
+        return rc;
+      l->packed = ra.packed;
+      l->packed_bytes = ra.packed_bytes;
+    }
+    l->repack = rp;
+  }
+  w->devices |= (uint64_t)1 << p->dev;
+  l->host = p->host;
+  if (p->host)
+    w->bytes += l->packed_bytes;
+  else
+    w->dev_bytes += l->packed_bytes;
+  return 0;
 }
 
 int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
-                            const ql_backend *b,
+                            const ql__placement *pl,
                             const uint8_t digest[QL_DIGEST_BYTES],
                             ql__store *cache, ql__weight **out) {
   int rc;
   *out = NULL;
   if (strlen(name) >= sizeof((ql__weight *)0)->name)
     return QL_ENAME;
+  if (pl == NULL || pl->n == 0 || pl->n > QL__MAX_DEVICES)
+    return QL_EINVAL;
   ql__weight *w = calloc(1, sizeof *w);
   if (w == NULL)
     return QL_ENOMEM;
@@ -148,34 +215,31 @@ int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
     free(w);
     return rc;
   }
-  /* The device layout: the registry picks the backend's repack when it
-   * has one for this format and shape, else the generic (no layout). */
-  const ql_kernel_impl *rp =
-      ql_dispatch(b, QL_OP_REPACK, q->format, QL_DTYPE_F32, 0, q->n, q->k);
   w->q = q;
-  if (rp != NULL && rp != ql_generic_impl(QL_OP_REPACK) &&
-      adopt_cached(w, rp, cache)) {
-    w->repack = rp;
-  } else if (rp != NULL && rp != ql_generic_impl(QL_OP_REPACK)) {
-    ql_repack_args ra = {q, NULL, 0};
-    if ((rc = rp->fn.repack(&ra)) != 0) {
-      free(w);
-      return rc;
+  w->bytes = q->qdata_bytes + q->scale_bytes * (q->zero ? 2 : 1) +
+             (q->bias ? (size_t)q->n * sizeof(float) : 0);
+  for (unsigned i = 0; i < pl->n; i++) {
+    if (pl->at[i].dev >= QL__MAX_DEVICES ||
+        (w->devices >> pl->at[i].dev & 1)) {
+      rc = QL_EINVAL;
+      goto fail;
     }
-    w->packed = ra.packed;
-    w->packed_bytes = ra.packed_bytes;
-    w->repack = rp;
-    if (cache != NULL)
-      (void)ql__weight_cache_layout(w, cache);
+    if ((rc = make_layout(w, &pl->at[i], cache)) != 0)
+      goto fail;
   }
+  if (cache != NULL)
+    (void)ql__weight_cache_layout(w, cache);
   strcpy(w->name, name);
   w->policy = policy;
-  w->bytes = q->qdata_bytes + q->scale_bytes * (q->zero ? 2 : 1) +
-             (q->bias ? (size_t)q->n * sizeof(float) : 0) + w->packed_bytes;
   w->refs = 1;
-  w->stats.impl = "";
+  for (unsigned d = 0; d < QL__MAX_DEVICES; d++)
+    w->stats[d].impl = "";
   *out = w;
   return 0;
+fail:
+  free_layouts(w);
+  free(w); /* q stays the caller's */
+  return rc;
 }
 
 ql__weight *ql__weight_store_get(ql__weight_store *s, const char *name) {
@@ -183,6 +247,17 @@ ql__weight *ql__weight_store_get(ql__weight_store *s, const char *name) {
     if (strcmp(w->name, name) == 0)
       return w;
   return NULL;
+}
+
+/* Adds (add 1) or takes away w's layouts outside host memory. */
+static void device_bytes(ql__weight_store *s, const ql__weight *w, int add) {
+  for (unsigned d = 0; d < QL__MAX_DEVICES; d++)
+    if ((w->devices >> d & 1) && !w->lay[d].host) {
+      if (add)
+        s->dev_bytes[d] += w->lay[d].packed_bytes;
+      else
+        s->dev_bytes[d] -= w->lay[d].packed_bytes;
+    }
 }
 
 int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
@@ -198,6 +273,12 @@ int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
   if (s->budget != 0 &&
       (w->bytes > s->budget || s->bytes > s->budget - w->bytes))
     return QL_ENOMEM;
+  for (unsigned d = 0; d < QL__MAX_DEVICES; d++) {
+    size_t need = w->lay[d].packed_bytes, cap = s->dev_budget[d];
+    if ((w->devices >> d & 1) && cap != 0 &&
+        !w->lay[d].host && (need > cap || s->dev_bytes[d] > cap - need))
+      return QL_ENOMEM;
+  }
   size_t b = bucket_of(w->name);
   w->next = s->buckets[b];
   s->buckets[b] = w;
@@ -205,6 +286,7 @@ int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
   w->refs++;
   s->count++;
   s->bytes += w->bytes;
+  device_bytes(s, w, 1);
   w->on_free = s->on_free;
   w->on_free_arg = s->on_free_arg;
   return 0;
@@ -220,6 +302,7 @@ int ql__weight_store_remove(ql__weight_store *s, const char *name) {
       w->in_store = 0;
       s->count--;
       s->bytes -= w->bytes;
+      device_bytes(s, w, 0);
       ql__weight_unref(w);
       return 0;
     }
@@ -251,9 +334,7 @@ void ql__weight_unref(ql__weight *w) {
     return;
   if (w->on_free != NULL)
     w->on_free(w, w->on_free_arg);
-  if (w->repack != NULL)
-    w->repack->free_packed(w->packed);
-  ql__store_layout_unmap(w->layout_map); /* after the layout borrowing it */
+  free_layouts(w);
   ql_qweight_free(w->q);
   free(w);
 }

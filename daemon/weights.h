@@ -14,8 +14,10 @@
 #include "registry.h"
 
 #define QL_DIGEST_BYTES 32
+/* Devices one daemon serves (devices.h); weights keep a layout on each. */
+#define QL__MAX_DEVICES 16
 
-/* Per-weight counters of the CPU device (the only device for now). */
+/* Counters of one weight on one device. */
 typedef struct ql__weight_stats {
   uint64_t requests;   /* linear requests answered */
   uint64_t rows;       /* activation rows computed */
@@ -27,19 +29,41 @@ typedef struct ql__weight_stats {
   const char *impl;    /* implementation of the last launch (static) */
 } ql__weight_stats;
 
+/* A weight's layout on one device, made at load by that device's repack
+ * op (registry.h). */
+typedef struct ql__weight_layout {
+  void *packed;                 /* NULL when the generic repack ran (the
+                                   canonical form is read, in host memory) */
+  const ql_kernel_impl *repack; /* frees packed; NULL: nothing to free */
+  size_t packed_bytes;
+  void *layout_map;             /* the cached image packed borrows, or NULL
+                                   (ql__store_layout_map) */
+  int host;                     /* packed is in host memory */
+} ql__weight_layout;
+
+/* Where a load makes a weight resident: daemon devices (their index in
+ * the server's table) and what runs there. */
+typedef struct ql__placement {
+  unsigned n;
+  struct ql__place {
+    unsigned dev;          /* < QL__MAX_DEVICES, each at most once */
+    const ql_backend *b;   /* its backend */
+    int ordinal;           /* the backend's number for it */
+    int host;              /* its layouts live in host memory: counted in
+                              ql__weight.bytes and the host budget */
+  } at[QL__MAX_DEVICES];
+} ql__placement;
+
 typedef struct ql__weight {
   char name[256];
   ql_qweight *q;                   /* canonical form, owned */
-  /* The CPU device's layout, made at load by the backend's repack op;
-   * NULL when the generic repack ran (the canonical form is read). */
-  void *packed;
-  const ql_kernel_impl *repack;    /* frees packed */
-  size_t packed_bytes;
-  void *layout_map;                /* the cached image packed borrows, or
-                                      NULL (ql__store_layout_map) */
+  uint64_t devices;                /* bit d: resident on device d */
+  ql__weight_layout lay[QL__MAX_DEVICES]; /* by device; see devices */
   ql_path policy;                  /* AUTO, WEIGHT_ONLY or ACT_QUANT */
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
-  size_t bytes;                    /* resident bytes (all arrays) */
+  size_t bytes;                    /* host bytes: the canonical arrays and
+                                      the layouts of host devices */
+  size_t dev_bytes;                /* layouts on other devices, summed */
   int refs;                        /* the store's + one per queued job */
   int in_store;                    /* still reachable by name */
   int holders;                     /* sessions holding it (session.c) */
@@ -47,7 +71,7 @@ typedef struct ql__weight {
                                       stays without session holders */
   int persistent;                  /* its file is in the state directory */
   int storing;                     /* a store write of it is running */
-  ql__weight_stats stats;
+  ql__weight_stats stats[QL__MAX_DEVICES]; /* by device */
   /* The scheduler's queue keys, one per (activation dtype, path): one
    * launch takes one dtype and runs one path (linear.c: QL_SCHED_KEYS). */
   char sched_key[8];
@@ -76,6 +100,13 @@ void ql__weight_store_set_free_hook(ql__weight_store *s,
  * they now exceed it. */
 void ql__weight_store_set_budget(ql__weight_store *s, size_t budget);
 
+/* The budget of the layouts on device dev that are not in host memory (a
+ * GPU's memory); 0 for no limit. */
+void ql__weight_store_set_device_budget(ql__weight_store *s, unsigned dev,
+                                        size_t budget);
+/* Layout bytes resident on device dev outside host memory. */
+size_t ql__weight_store_device_bytes(const ql__weight_store *s, unsigned dev);
+
 /* Bytes of the weights in the store, and the budget (0: none). */
 size_t ql__weight_store_bytes(const ql__weight_store *s);
 size_t ql__weight_store_budget(const ql__weight_store *s);
@@ -84,36 +115,36 @@ size_t ql__weight_store_budget(const ql__weight_store *s);
 void ql__weight_store_free(ql__weight_store *s);
 
 /*
- * Builds a weight around q (digest and sizes computed here) and repacks it
- * for backend b (may be NULL) through the registry. On success the weight
- * owns q and *out has one reference, held by the caller; on failure q is
- * untouched and still the caller's. Safe on any thread: it touches no
- * shared state.
+ * Builds a weight around q (digest and sizes computed here) and makes its
+ * layout on every device of pl through the registry (each device bound
+ * first). On success the weight owns q and *out has one reference, held by
+ * the caller; on failure q is untouched and still the caller's, and no
+ * layout is left anywhere. Safe on any thread: it touches no shared state.
  */
 int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
-                      const ql_backend *b, ql__weight **out);
+                      const ql__placement *pl, ql__weight **out);
 
 /* As ql__weight_create() with the digest already known (a store file's,
  * which ql__store_parse() has just verified): it is not computed again.
- * With a store (may be NULL), the device layout is mapped from its cache
+ * With a store (may be NULL), a device layout is mapped from its cache
  * when there, else made and written to the cache (ql__store_layout_*). */
 struct ql__store;
 int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
-                            const ql_backend *b,
+                            const ql__placement *pl,
                             const uint8_t digest[QL_DIGEST_BYTES],
                             struct ql__store *cache, ql__weight **out);
 
-/* Writes w's device layout to the store's layout cache if it has one that
- * can be cached and it did not come from there. 0 or the cache's error
- * (only worth a log line). Any thread: w is not changed. */
+/* Writes w's device layouts to the store's layout cache where one can be
+ * cached and did not come from there. 0 or the cache's error (only worth
+ * a log line). Any thread: w is not changed. */
 int ql__weight_cache_layout(const ql__weight *w, struct ql__store *cache);
 
 /*
  * Inserts w under its name. If a weight of that name exists with the same
  * digest, nothing is inserted, *existing is set to the resident one and 0
  * is returned (the caller then releases w). Another digest gives
- * QL_EEXIST; a weight that would take the store past its budget gives
- * QL_ENOMEM. On success the store takes its own reference.
+ * QL_EEXIST; a weight that would take the store past its budget, or a
+ * device past its own, gives QL_ENOMEM. On success the store takes its own reference.
  */
 int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
                             ql__weight **existing);

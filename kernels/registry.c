@@ -83,6 +83,10 @@ const ql_kernel_impl *ql_generic_impl(ql_op op) {
 int ql_backend_check(const ql_backend *b) {
   if (b == NULL || b->name == NULL || (b->n_impls > 0 && b->impls == NULL))
     return QL_EINVAL;
+  /* Devices come as a set: count, describe and bind, or none of them. */
+  if ((b->device_count != NULL) != (b->device_info != NULL) ||
+      (b->device_count != NULL) != (b->device_bind != NULL))
+    return QL_EINVAL;
   for (size_t i = 0; i < b->n_impls; i++) {
     const ql_kernel_impl *im = &b->impls[i];
     if (im->name == NULL || (unsigned)im->op >= QL_OP_COUNT)

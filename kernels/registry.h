@@ -121,7 +121,17 @@ typedef struct ql_backend_config {
   unsigned threads;  /* kernel threads; 0: the CPUs this process may use */
   const char *level; /* highest instruction level ("avx512", "avx2vnni",
                         "avx2", "c"); NULL or "auto": the best detected */
+  unsigned kernel_timeout_ms; /* accelerators: a launch not finished by
+                                 then takes its device out of service */
 } ql_backend_config;
+
+/* One device of a backend (ql_backend.device_info). */
+typedef struct ql_device_desc {
+  char name[64];       /* stable across processes: "cuda:<uuid>" */
+  char alias[32];      /* this process's enumeration order: "cuda:0" */
+  char model[64];      /* what the driver calls it, for logs */
+  size_t memory_bytes; /* device memory for weights and buffers */
+} ql_device_desc;
 
 /* A backend: one kind of device and its implementations. */
 typedef struct ql_backend {
@@ -133,6 +143,25 @@ typedef struct ql_backend {
    * range or unknown), QL_ENOTSUP (a level the machine lacks, or too late:
    * its threads exist). */
   int (*configure)(const struct ql_backend_config *c);
+  /*
+   * Devices. A backend without device_count has one device, the host,
+   * named after the backend ("cpu"), whose memory is the host's.
+   *
+   * device_count() returns the devices present, or 0 when there are none
+   * (no driver, no GPU), and then sets *why to a static sentence saying
+   * so, for the log. device_info() describes device ordinal (0 ..
+   * count-1). device_bind() makes ordinal the device that the calling
+   * thread's ops run on, and on which repack places its layouts; a thread
+   * that never bound one uses ordinal 0. Ops of a device that failed for
+   * good (a sticky error, a kernel that never finished) return
+   * QL_EDEVICE from then on: the caller takes the device out of service.
+   */
+  int (*device_count)(const char **why);
+  int (*device_info)(int ordinal, ql_device_desc *out);
+  int (*device_bind)(int ordinal);
+  /* Optional: 0 while ordinal is in service, else QL_EDEVICE with the
+   * reason it failed written to buf (for the log). */
+  int (*device_error)(int ordinal, char *buf, size_t len);
 } ql_backend;
 
 

@@ -51,14 +51,15 @@ extern "C" {
   XX(CONNECT, -21, "cannot connect to the daemon")                             \
   XX(PERM, -22, "permission denied")                                           \
   XX(NAME, -23, "invalid weight name")                                         \
-  XX(SESSION, -24, "no such session")
+  XX(SESSION, -24, "no such session")                                          \
+  XX(DEVICE, -25, "device failed or out of service")
 
 typedef enum ql_errno {
   QL_OK = 0,
 #define QL_ERRNO_ENUM_(name, val, msg) QL_E##name = (val),
   QL_ERRNO_MAP(QL_ERRNO_ENUM_)
 #undef QL_ERRNO_ENUM_
-  QL_ERRNO_MIN_ = -25 /* one below the last code: for range checks */
+  QL_ERRNO_MIN_ = -26 /* one below the last code: for range checks */
 } ql_errno;
 
 /* A static, human-readable description of err ("unknown error" for codes

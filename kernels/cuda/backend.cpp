@@ -292,4 +292,5 @@ const table impls;
 }  // namespace
 
 extern "C" const ql_backend ql__backend_cuda = {
-    "cuda", impls.im, sizeof impls.im / sizeof impls.im[0], nullptr};
+    "cuda", impls.im, sizeof impls.im / sizeof impls.im[0], nullptr,
+    nullptr, nullptr, nullptr, nullptr};

@@ -2101,8 +2101,9 @@ static void self_check(void) {
   for (int fi = 0; fi < NFAKE; fi++) {
     const fake *fk_ = &fakes[fi];
     const ql_kernel_impl *im = &fk_->im[0];
-    ql_backend fb = {"fake", fk_->im, fk_->im[1].name != NULL ? 2 : 1,
-                     NULL};
+    ql_backend fb = {.name = "fake",
+                     .impls = fk_->im,
+                     .n_impls = fk_->im[1].name != NULL ? 2 : 1};
     bk list[1] = {{"fake", &fb}};
     sink s = {.quiet = 1, .ctx = ""};
     char wb[64], eb[64], fb2[64];

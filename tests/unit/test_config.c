@@ -216,7 +216,7 @@ START_TEST(test_table_invariants) {
       "cpu_budget_bytes", "required_devices", "session_lease_ms",
       "max_batch_rows", "prefill_chunk_rows", "max_queue_delay_us",
       "session_max_requests", "crossover_default_rows", "decode_max_rows",
-      "cpu_level"};
+      "cpu_level", "kernel_timeout_ms"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));

@@ -93,7 +93,7 @@ static const ql_kernel_impl fake_impls[] = {
      .dtypes = QL_ALL_DTYPES,
      .fn.linear = fake_aq},
 };
-static const ql_backend fake = {"fake", fake_impls, 2, NULL};
+static const ql_backend fake = {.name = "fake", .impls = fake_impls, .n_impls = 2};
 
 static ql_qweight *small(ql_format f) {
   enum { N = 8, K = 64 };

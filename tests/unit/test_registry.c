@@ -42,7 +42,7 @@ static const ql_kernel_impl fake_impls[] = {
      .fn.linear = fake_linear},
 };
 
-static const ql_backend fake = {"fake", fake_impls, 2, NULL};
+static const ql_backend fake = {.name = "fake", .impls = fake_impls, .n_impls = 2};
 
 START_TEST(test_generic) {
   static const char *names[QL_OP_COUNT] = {
@@ -122,9 +122,23 @@ START_TEST(test_dispatch) {
 }
 END_TEST
 
+static int dev_count(const char **why) {
+  (void)why;
+  return 1;
+}
+static int dev_info(int o, ql_device_desc *out) {
+  (void)o;
+  (void)out;
+  return 0;
+}
+static int dev_bind(int o) {
+  (void)o;
+  return 0;
+}
+
 START_TEST(test_backend_check_rejects) {
   ql_kernel_impl bad[1];
-  ql_backend b = {"bad", bad, 1, NULL};
+  ql_backend b = {.name = "bad", .impls = bad, .n_impls = 1};
   bad[0] = fake_impls[0];
   ck_assert_int_eq(ql_backend_check(&b), 0);
   bad[0].fn.linear = NULL; /* no function */
@@ -143,11 +157,18 @@ START_TEST(test_backend_check_rejects) {
   ck_assert_int_eq(ql_backend_check(&b), 0);
   bad[0].free_packed = NULL;
   ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
-  ql_backend nul = {NULL, NULL, 0, NULL};
+  ql_backend nul = {.name = NULL};
   ck_assert_int_eq(ql_backend_check(&nul), QL_EINVAL);
   ck_assert_int_eq(ql_backend_check(NULL), QL_EINVAL);
-  ql_backend noimpls = {"x", NULL, 3, NULL};
+  ql_backend noimpls = {.name = "x", .impls = NULL, .n_impls = 3};
   ck_assert_int_eq(ql_backend_check(&noimpls), QL_EINVAL);
+  /* Device functions come as a set. */
+  ql_backend half = {.name = "x", .device_count = dev_count};
+  ck_assert_int_eq(ql_backend_check(&half), QL_EINVAL);
+  half.device_info = dev_info;
+  ck_assert_int_eq(ql_backend_check(&half), QL_EINVAL);
+  half.device_bind = dev_bind;
+  ck_assert_int_eq(ql_backend_check(&half), 0);
 }
 END_TEST
 

@@ -25,16 +25,19 @@ static ql_qweight *make_q(uint64_t seed, ql_format f) {
   return q;
 }
 
+/* One host device with the generic layout (none). */
+static const ql__placement host = {1, {{0, NULL, 0, 1}}};
+
 START_TEST(test_share_and_exists) {
   ql__weight_store *s;
   ck_assert_int_eq(ql__weight_store_create(0, &s), 0);
   ql__weight *a, *b, *c, *existing;
   ck_assert_int_eq(ql__weight_create("w", make_q(1, QL_FORMAT_Q4G),
-                                     QL_PATH_AUTO, NULL, &a), 0);
+                                     QL_PATH_AUTO, &host, &a), 0);
   ck_assert_int_eq(ql__weight_create("w", make_q(1, QL_FORMAT_Q4G),
-                                     QL_PATH_AUTO, NULL, &b), 0);
+                                     QL_PATH_AUTO, &host, &b), 0);
   ck_assert_int_eq(ql__weight_create("w", make_q(2, QL_FORMAT_Q4G),
-                                     QL_PATH_AUTO, NULL, &c), 0);
+                                     QL_PATH_AUTO, &host, &c), 0);
   /* Same content, same digest; other content, other digest. */
   ck_assert(memcmp(a->digest, b->digest, QL_DIGEST_BYTES) == 0);
   ck_assert(memcmp(a->digest, c->digest, QL_DIGEST_BYTES) != 0);
@@ -70,7 +73,7 @@ START_TEST(test_many_names) {
     ql__weight *w, *existing;
     ck_assert_int_eq(ql__weight_create(name, make_q((uint64_t)i % 7,
                                                     QL_FORMAT_Q8C),
-                                       QL_PATH_AUTO, NULL, &w), 0);
+                                       QL_PATH_AUTO, &host, &w), 0);
     ck_assert_int_eq(ql__weight_store_insert(s, w, &existing), 0);
     ql__weight_unref(w);
   }
@@ -104,7 +107,44 @@ static const ql_kernel_impl fake_impls[] = {
      .fn.repack = fake_repack,
      .free_packed = fake_free},
 };
-static const ql_backend fake = {"fake", fake_impls, 1, NULL};
+static const ql_backend fake = {.name = "fake", .impls = fake_impls, .n_impls = 1};
+static const ql__placement on_fake = {1, {{0, &fake, 0, 1}}};
+
+/* A device backend whose repack fails on ordinal 1 (a device out of
+ * memory) and records which ordinal each layout was made on. */
+static int bound = -1, bind_calls;
+static int dev_bind(int ordinal) {
+  bind_calls++;
+  bound = ordinal;
+  return 0;
+}
+static int dev_repack(ql_repack_args *a) {
+  if (bound == 1)
+    return QL_ENOMEM;
+  return fake_repack(a);
+}
+static const ql_kernel_impl dev_impls[] = {
+    {.name = "dev.repack",
+     .op = QL_OP_REPACK,
+     .formats = QL_ALL_FORMATS,
+     .dtypes = QL_ALL_DTYPES,
+     .fn.repack = dev_repack,
+     .free_packed = fake_free},
+};
+static int dev_count(const char **why) {
+  (void)why;
+  return 2;
+}
+static int dev_info(int o, ql_device_desc *out) {
+  snprintf(out->name, sizeof out->name, "dev:%d", o);
+  return 0;
+}
+static const ql_backend devb = {.name = "dev",
+                                .impls = dev_impls,
+                                .n_impls = 1,
+                                .device_count = dev_count,
+                                .device_info = dev_info,
+                                .device_bind = dev_bind};
 
 /* The backend's repack runs at load for the formats it handles, its
  * layout counts as resident bytes, and it is freed with the weight. */
@@ -113,20 +153,80 @@ START_TEST(test_repack_at_load) {
   ql__weight *w;
   repacks = frees = 0;
   ck_assert_int_eq(ql__weight_create("r", make_q(3, QL_FORMAT_Q8C),
-                                     QL_PATH_AUTO, &fake, &w), 0);
+                                     QL_PATH_AUTO, &on_fake, &w), 0);
   ck_assert_int_eq(repacks, 1);
-  ck_assert_ptr_nonnull(w->packed);
-  ck_assert_uint_eq(w->packed_bytes, 100);
+  ck_assert_ptr_nonnull(w->lay[0].packed);
+  ck_assert_uint_eq(w->lay[0].packed_bytes, 100);
   ck_assert_uint_eq(w->bytes, w->q->qdata_bytes + w->q->scale_bytes + 100);
   ql__weight_unref(w);
   ck_assert_int_eq(frees, 1);
   /* A format the backend does not repack keeps the canonical form. */
   ck_assert_int_eq(ql__weight_create("r", make_q(3, QL_FORMAT_Q4G),
-                                     QL_PATH_AUTO, &fake, &w), 0);
+                                     QL_PATH_AUTO, &on_fake, &w), 0);
   ck_assert_int_eq(repacks, 1);
-  ck_assert_ptr_null(w->packed);
+  ck_assert_ptr_null(w->lay[0].packed);
   ql__weight_unref(w);
   ck_assert_int_eq(frees, 1);
+}
+END_TEST
+
+/* A weight on several devices: one layout per device, each made with its
+ * device bound; layouts outside host memory count in dev_bytes and against
+ * that device's budget, not the host's. A device whose repack fails fails
+ * the load and leaves no layout anywhere. */
+START_TEST(test_devices) {
+  ql__weight *w, *w2, *existing;
+  ql__placement pl = {3, {{0, &devb, 0, 0}, {2, NULL, 0, 1}, {5, &devb, 2, 0}}};
+  ck_assert_int_eq(ql_backend_check(&devb), 0);
+  repacks = frees = bind_calls = 0;
+  ck_assert_int_eq(ql__weight_create("d", make_q(4, QL_FORMAT_Q8C),
+                                     QL_PATH_AUTO, &pl, &w), 0);
+  ck_assert_int_eq(bind_calls, 2);
+  ck_assert_int_eq(repacks, 2);
+  ck_assert_uint_eq(w->devices, (1u << 0) | (1u << 2) | (1u << 5));
+  ck_assert_ptr_nonnull(w->lay[0].packed);
+  ck_assert_ptr_null(w->lay[2].packed); /* the host: the generic layout */
+  ck_assert_ptr_nonnull(w->lay[5].packed);
+  ck_assert_uint_eq(w->dev_bytes, 200);
+  ck_assert_uint_eq(w->bytes, w->q->qdata_bytes + w->q->scale_bytes);
+
+  ql__weight_store *s;
+  ck_assert_int_eq(ql__weight_store_create(0, &s), 0);
+  ql__weight_store_set_device_budget(s, 5, 150);
+  ck_assert_int_eq(ql__weight_store_insert(s, w, &existing), 0);
+  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 0), 100);
+  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 5), 100);
+  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 2), 0);
+  /* Another 100 bytes on device 5 would pass its budget of 150. */
+  ck_assert_int_eq(ql__weight_create("e", make_q(5, QL_FORMAT_Q8C),
+                                     QL_PATH_AUTO, &pl, &w2), 0);
+  ck_assert_int_eq(ql__weight_store_insert(s, w2, &existing), QL_ENOMEM);
+  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 5), 100);
+  ql__weight_unref(w2);
+  ck_assert_int_eq(ql__weight_store_remove(s, "d"), 0);
+  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 5), 0);
+  ql__weight_unref(w);
+  ck_assert_int_eq(frees, repacks);
+
+  /* Ordinal 1's repack fails: the load fails, the first layout is freed
+   * and q is still the caller's. */
+  ql__placement bad = {2, {{0, &devb, 0, 0}, {1, &devb, 1, 0}}};
+  ql_qweight *q = make_q(6, QL_FORMAT_Q8C);
+  repacks = frees = 0;
+  ck_assert_int_eq(ql__weight_create("f", q, QL_PATH_AUTO, &bad, &w),
+                   QL_ENOMEM);
+  ck_assert_ptr_null(w);
+  ck_assert_int_eq(repacks, 1);
+  ck_assert_int_eq(frees, 1);
+  /* A device named twice, or no device, is refused. */
+  ql__placement twice = {2, {{3, NULL, 0, 1}, {3, NULL, 0, 1}}};
+  ck_assert_int_eq(ql__weight_create("f", q, QL_PATH_AUTO, &twice, &w),
+                   QL_EINVAL);
+  ql__placement none = {0, {{0, NULL, 0, 0}}};
+  ck_assert_int_eq(ql__weight_create("f", q, QL_PATH_AUTO, &none, &w),
+                   QL_EINVAL);
+  ql_qweight_free(q);
+  ql__weight_store_free(s);
 }
 END_TEST
 
@@ -136,11 +236,11 @@ END_TEST
 START_TEST(test_budget) {
   ql__weight *a, *b, *c, *existing;
   ck_assert_int_eq(ql__weight_create("a", make_q(1, QL_FORMAT_Q8C),
-                                     QL_PATH_AUTO, NULL, &a), 0);
+                                     QL_PATH_AUTO, &host, &a), 0);
   ck_assert_int_eq(ql__weight_create("b", make_q(2, QL_FORMAT_Q8C),
-                                     QL_PATH_AUTO, NULL, &b), 0);
+                                     QL_PATH_AUTO, &host, &b), 0);
   ck_assert_int_eq(ql__weight_create("c", make_q(3, QL_FORMAT_Q8C),
-                                     QL_PATH_AUTO, NULL, &c), 0);
+                                     QL_PATH_AUTO, &host, &c), 0);
   ck_assert_uint_eq(a->bytes, b->bytes);
   ql__weight_store *s;
   ck_assert_int_eq(ql__weight_store_create(2 * a->bytes, &s), 0);
@@ -176,6 +276,7 @@ int main(void) {
   tcase_add_test(tc, test_many_names);
   tcase_add_test(tc, test_repack_at_load);
   tcase_add_test(tc, test_budget);
+  tcase_add_test(tc, test_devices);
   suite_add_tcase(s, tc);
   return tu_run_suite(s, CK_NORMAL);
 }

@@ -61,6 +61,7 @@ ERRORS = {
     "QL_EPERM": -22,
     "QL_ENAME": -23,
     "QL_ESESSION": -24,
+    "QL_EDEVICE": -25,
 }
 
 # Enumerations of ql_defs.h.

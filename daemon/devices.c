@@ -1,0 +1,176 @@
+/* devices.c - see devices.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "devices.h"
+#include "log.h"
+#include "qlineard.h"
+
+/* Adds one device; 0 or an error (the table is full, the worker did not
+ * start). */
+static int add(ql__server *s, const ql_backend *b, int ordinal,
+               const ql_device_desc *info) {
+  ql__device *d;
+  int rc;
+  if (s->n_dev >= QL__MAX_DEVICES) {
+    ql__warn("%s: more than %d devices; %s is not served", b->name,
+             QL__MAX_DEVICES, info != NULL ? info->alias : b->name);
+    return 0;
+  }
+  d = &s->dev[s->n_dev];
+  memset(d, 0, sizeof *d);
+  d->index = s->n_dev;
+  d->b = b;
+  d->ordinal = ordinal;
+  if (info == NULL) {
+    d->host = 1;
+    snprintf(d->name, sizeof d->name, "%s", b->name);
+    snprintf(d->alias, sizeof d->alias, "%s", b->name);
+  } else {
+    snprintf(d->name, sizeof d->name, "%s", info->name);
+    snprintf(d->alias, sizeof d->alias, "%s", info->alias);
+    d->budget = info->memory_bytes;
+    ql__notice("device %s: %s (%s), %zu MiB", d->alias, info->model,
+               d->name, info->memory_bytes >> 20);
+  }
+  if ((rc = ql__worker_create(s->loop, d->alias, s->cfg.max_queue,
+                              &d->worker)) != 0)
+    return rc;
+  s->n_dev++;
+  return 0;
+}
+
+int ql__devices_open(ql__server *s, const ql_backend_config *bc) {
+  size_t nb;
+  const ql_backend *const *bs = ql_backends(&nb);
+  int rc;
+  s->n_dev = 0;
+  for (size_t i = 0; i < nb; i++) {
+    const ql_backend *b = bs[i];
+    if (ql_backend_check(b) != 0) {
+      ql__err("backend %s is malformed; not served", b->name);
+      continue;
+    }
+    if (b != s->cpu_backend && b->configure != NULL &&
+        (rc = b->configure(bc)) != 0) {
+      ql__err("backend %s: %s; not served", b->name, ql_strerror(rc));
+      continue;
+    }
+    if (b->device_count == NULL) {
+      if ((rc = add(s, b, 0, NULL)) != 0)
+        goto fail;
+      continue;
+    }
+    const char *why = NULL;
+    int n = b->device_count(&why);
+    if (n <= 0) {
+      ql__notice("%s: no device: %s", b->name,
+                 why != NULL ? why : ql_strerror(n));
+      continue;
+    }
+    for (int o = 0; o < n; o++) {
+      ql_device_desc info;
+      memset(&info, 0, sizeof info);
+      if ((rc = b->device_info(o, &info)) != 0) {
+        ql__err("%s: device %d: %s; not served", b->name, o, ql_strerror(rc));
+        continue;
+      }
+      if ((rc = add(s, b, o, &info)) != 0)
+        goto fail;
+    }
+  }
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    if (s->dev[d].host && strcmp(s->dev[d].b->name, "cpu") == 0)
+      s->cpu = &s->dev[d];
+    if (!s->dev[d].host)
+      ql__weight_store_set_device_budget(s->weights, d, s->dev[d].budget);
+  }
+  if (s->cpu == NULL) {
+    ql__err("the cpu backend is missing");
+    rc = QL_EINTERNAL;
+    goto fail;
+  }
+  return 0;
+fail:
+  ql__err("cannot start the devices: %s", ql_strerror(rc));
+  ql__devices_close(s);
+  ql__devices_free(s);
+  return rc;
+}
+
+void ql__devices_close(ql__server *s) {
+  for (unsigned d = 0; d < s->n_dev; d++)
+    if (s->dev[d].worker != NULL)
+      ql__worker_close(s->dev[d].worker);
+}
+
+void ql__devices_free(ql__server *s) {
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    ql__worker_free(s->dev[d].worker);
+    s->dev[d].worker = NULL;
+  }
+}
+
+ql__device *ql__device_find(ql__server *s, const char *name) {
+  for (unsigned d = 0; d < s->n_dev; d++)
+    if (strcmp(s->dev[d].name, name) == 0 ||
+        strcmp(s->dev[d].alias, name) == 0)
+      return &s->dev[d];
+  return NULL;
+}
+
+static void place(const ql__device *d, ql__placement *pl) {
+  struct ql__place *p = &pl->at[pl->n++];
+  p->dev = d->index;
+  p->b = d->b;
+  p->ordinal = d->ordinal;
+  p->host = d->host;
+}
+
+int ql__devices_placement(const ql__server *s, ql__placement *pl) {
+  memset(pl, 0, sizeof *pl);
+  for (unsigned d = 0; d < s->n_dev; d++)
+    if (!s->dev[d].host && !s->dev[d].failed)
+      place(&s->dev[d], pl);
+  if (pl->n == 0 && s->cpu != NULL && !s->cpu->failed)
+    place(s->cpu, pl);
+  return pl->n > 0 ? 0 : QL_EDEVICE;
+}
+
+void ql__device_fail(ql__server *s, ql__device *d, int rc) {
+  char why[160] = "";
+  (void)s;
+  if (d->failed)
+    return;
+  d->failed = 1;
+  if (d->b->device_error == NULL ||
+      d->b->device_error(d->ordinal, why, sizeof why) == 0 || why[0] == '\0')
+    snprintf(why, sizeof why, "%s", ql_strerror(rc));
+  ql__err("device %s (%s) is out of service: %s; its requests fail, the "
+          "other devices keep serving", d->alias, d->name, why);
+}
+
+void ql__devices_list(const ql__server *s, uint64_t mask, char *buf,
+                      size_t len) {
+  size_t at = 0;
+  if (len == 0)
+    return;
+  buf[0] = '\0';
+  for (unsigned d = 0; d < s->n_dev && at < len; d++) {
+    if (!(mask >> d & 1))
+      continue;
+    int n = snprintf(buf + at, len - at, "%s%s", at ? ", " : "",
+                     s->dev[d].alias);
+    if (n < 0)
+      break;
+    at += (size_t)n;
+  }
+}
+
+uint64_t ql__devices_failed(const ql__server *s) {
+  uint64_t m = 0;
+  for (unsigned d = 0; d < s->n_dev; d++)
+    if (s->dev[d].failed)
+      m |= (uint64_t)1 << d;
+  return m;
+}

@@ -1,0 +1,77 @@
+/*
+ * devices.h - the devices one daemon serves (DESIGN §1, §9): every device
+ * of every backend built into the kernel library, each with its own worker
+ * thread, budget and state.
+ *
+ * Devices are numbered in the registry's backend order (accelerators
+ * first, the CPU last); that number is the scheduler's device and the
+ * index of a weight's layouts. A device whose ops report a failure for
+ * good (QL_EDEVICE) goes out of service: its queued requests are answered
+ * QL_EDEVICE, new ones go to the other devices that hold their weight, and
+ * the rest of the daemon keeps serving. Loop thread only.
+ */
+#ifndef QL_DEVICES_H
+#define QL_DEVICES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "registry.h"
+#include "weights.h"
+#include "worker.h"
+
+struct ql__server;
+
+typedef struct ql__device {
+  unsigned index;         /* in ql__server.dev[] */
+  const ql_backend *b;    /* its backend */
+  int ordinal;            /* the backend's number for it */
+  int host;               /* the CPU: layouts live in host memory */
+  char name[64];          /* "cpu", "cuda:<uuid>" */
+  char alias[32];         /* "cpu", "cuda:0" */
+  size_t budget;          /* layout bytes outside host memory; 0: none */
+  ql__worker *worker;     /* runs its batches */
+  int busy;               /* a batch is on the worker (linear.c) */
+  int failed;             /* out of service: its requests fail QL_EDEVICE */
+  uint64_t wd_completed;  /* the watchdog's last look at the worker */
+  int wd_misses;
+} ql__device;
+
+/*
+ * Configures every backend but the CPU's (configured earlier, before the
+ * store's repacks) with bc, finds their devices and starts a worker for
+ * each. A
+ * backend without devices (no driver, no GPU) says so once in the log and
+ * adds none; the CPU is always there. 0, or an error with nothing left
+ * running.
+ */
+int ql__devices_open(struct ql__server *s, const ql_backend_config *bc);
+
+/* Lets queued work finish and stops every worker (blocks). */
+void ql__devices_close(struct ql__server *s);
+
+/* Frees the workers (closed or never started). Safe to call twice. */
+void ql__devices_free(struct ql__server *s);
+
+/* The device called name (its name or its alias), or NULL. */
+ql__device *ql__device_find(struct ql__server *s, const char *name);
+
+/*
+ * Where a load goes when it names no device (DESIGN §8): every
+ * accelerator in service, or the CPU when there is none. Fills *pl;
+ * 0, or QL_EDEVICE when every device is out of service.
+ */
+int ql__devices_placement(const struct ql__server *s, ql__placement *pl);
+
+/* Takes d out of service after rc (QL_EDEVICE), once: logged at error
+ * level with the reason. Its queued work is answered by linear.c. */
+void ql__device_fail(struct ql__server *s, ql__device *d, int rc);
+
+/* Bit d set for each device d out of service. */
+uint64_t ql__devices_failed(const struct ql__server *s);
+
+/* "cpu, cuda:0" into buf: the devices of mask, by alias. */
+void ql__devices_list(const struct ql__server *s, uint64_t mask, char *buf,
+                      size_t len);
+
+#endif /* QL_DEVICES_H */
