@@ -20,8 +20,13 @@
 // host memory. Shared memory keeps what the previous block left in it, and
 // the dynamic part starts as 0xCD bytes, as uninitialised as on a GPU.
 //
+// A launch is first shown to the emulated runtime (emu_runtime.h) when the
+// program links it: a launch on a device in an error state does not run,
+// as on a GPU, which is how the backend's fault handling is tested.
+//
 // This header needs no CUDA toolkit: it defines the few CUDA types and
-// intrinsics the kernels use itself (CI machines have no toolkit).
+// intrinsics the kernels use itself, and takes cudaStream_t from
+// emu_runtime.h (CI machines have no toolkit).
 #ifndef QL_CUDA_EMU_H
 #define QL_CUDA_EMU_H
 
@@ -84,7 +89,12 @@ struct dim3 {
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
-typedef struct ql_emu_stream* cudaStream_t;
+
+// cudaStream_t and the rest of the emulated runtime API (emu_runtime.cpp).
+#include "emu_runtime.h"
+// Weak: a program that links the kernels but not the runtime (the
+// emulator's own test) runs every launch.
+extern "C" int ql__emu_cuda_launch(cudaStream_t) __attribute__((weak));
 
 #define __global__
 #define __device__
@@ -378,10 +388,13 @@ template <class F>
 void call_body(void* p) {
   (*static_cast<F*>(p))();
 }
+// A launch the runtime refuses (a device in an error state) does nothing,
+// as on a GPU; the runtime records why for cudaGetLastError.
 template <class... P, class... A>
-void launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
-            A&&... a) {
+void launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+            cudaStream_t stream, A&&... a) {
   static_assert(sizeof...(P) == sizeof...(A), "kernel argument count");
+  if (ql__emu_cuda_launch != nullptr && !ql__emu_cuda_launch(stream)) return;
   std::tuple<std::decay_t<P>...> args(
       static_cast<std::decay_t<P>>(std::forward<A>(a))...);
   auto body = [&] { std::apply(k, args); };  // each thread copies the args

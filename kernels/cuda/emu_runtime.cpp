@@ -1,0 +1,1031 @@
+// emu_runtime.cpp - the emulated CUDA runtime of emu_runtime.h: devices,
+// memory, streams, events and IPC on host memory, with injected faults, so
+// that the CUDA backend's host code and its failure paths run in
+// `make check` (DESIGN §9).
+//
+// One mutex guards every table; bulk copies run outside it. Work runs at
+// enqueue, on the calling thread. Each work item gets the next number of
+// its device's sequence; a stream remembers, per device, the last number
+// it depends on (its own items, the events it waited for), and an event the
+// numbers of its stream at record time. A hang stops the device at a
+// number: later items do not run, and whatever depends on one of them is
+// not ready, for ever. The legacy default stream (a null cudaStream_t)
+// depends on its own items and those of the blocking streams of its device
+// (CUDA C++ Programming Guide, "Default Stream" and "Implicit
+// Synchronization"); non-blocking streams only on their own.
+//
+// Release calls (cudaFree, cudaFreeHost, cudaStreamDestroy,
+// cudaEventDestroy, cudaIpcCloseMemHandle) on a device with a sticky error
+// release and then report the error: a GPU's context and all its memory are
+// gone then, and a process that exits after a fault must not look leaky to
+// the sanitizers. cudaFree does not wait for a hung device.
+#include "emu_runtime.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kMaxDevices = 8;
+constexpr size_t kAlign = 256;  // what cudaMalloc guarantees at least
+constexpr uint32_t kIpcMagic = 0x51454d49;  // "IMEQ" in memory
+
+}  // namespace
+
+// The opaque handles of emu_runtime.h. last[d] / seq[d]: the highest work
+// number of device d this stream or event depends on.
+struct ql_emu_stream {
+  int dev;
+  unsigned flags;
+  long last[kMaxDevices];
+};
+struct ql_emu_event {
+  int dev;
+  unsigned flags;
+  long seq[kMaxDevices];
+};
+
+namespace {
+
+struct Fault {
+  long at;  // strikes once the device's sequence reaches it
+  int kind;
+};
+
+struct Device {
+  size_t total = 0, used = 0;
+  long seq = 0;       // work items ever enqueued; never reset (streams and
+                      // events hold these numbers)
+  long seq_base = 0;  // seq at the last reset, for ql_emu_cuda_work
+  long launches = 0;  // since the last reset
+  long legacy = 0;    // the legacy default stream's dependency
+  bool sticky = false, hung = false, oom = false;
+  long hang_seq = 0;  // items after this one do not run when hung
+  std::vector<Fault> pending;
+};
+
+// A device allocation (memfd) or an imported one (a mapping of another
+// process's memfd, refcounted as CUDA does for a handle opened twice).
+struct Alloc {
+  size_t size;     // what the caller asked for; the mapping is this long
+  size_t charged;  // accounted against the device (own allocations)
+  int dev;
+  int fd;  // own: the memfd; imported: -1
+  uint64_t serial;
+  bool imported;
+  int refs;  // imported: opens not yet closed
+  int pid;   // imported: the exporter
+};
+
+// What a cudaIpcMemHandle_t holds: enough for another process to find and
+// check the memfd through /proc/<pid>/fd/<fd>.
+struct IpcWire {
+  uint32_t magic;
+  int32_t pid;
+  int32_t fd;
+  int32_t dev;
+  uint64_t serial;
+  uint64_t size;    // of the allocation
+  uint64_t offset;  // of the exported pointer from the allocation's base
+};
+static_assert(sizeof(IpcWire) <= CUDA_IPC_HANDLE_SIZE, "IPC handle layout");
+
+struct State {
+  std::mutex mu;
+  bool configured = false;
+  cudaError_t init_err = cudaSuccess;  // for every call, when set
+  int ndev = 0;
+  size_t mem = 0;
+  long hang_ms = 0;
+  Device dev[kMaxDevices];
+  std::map<uintptr_t, Alloc> allocs;  // by base, own and imported
+  std::map<uintptr_t, size_t> pinned;
+  std::set<ql_emu_stream*> streams;
+  std::set<ql_emu_event*> events;
+  uint64_t serial = 0;
+  std::atomic<unsigned> epoch{1};  // bumped by reset: thread states go stale
+};
+
+State* make_state();
+
+// Never destroyed: a thread may still call in while the process exits.
+State& S() {
+  static State* s = make_state();
+  return *s;
+}
+
+// The lock is held across fork() so that a child never inherits it taken
+// by a thread that does not exist there.
+State* make_state() {
+  State* s = new State;
+  pthread_atfork([] { S().mu.lock(); }, [] { S().mu.unlock(); },
+                 [] { S().mu.unlock(); });
+  return s;
+}
+
+struct Thread {
+  unsigned epoch = 0;
+  int dev = 0;
+  cudaError_t last = cudaSuccess;
+};
+thread_local Thread t_state;
+
+Thread& me() {
+  unsigned e = S().epoch.load(std::memory_order_acquire);
+  if (t_state.epoch != e) t_state = Thread{e, 0, cudaSuccess};
+  return t_state;
+}
+
+// Records e as the calling thread's last error; returns it.
+cudaError_t fail(cudaError_t e) {
+  if (e != cudaSuccess) me().last = e;
+  return e;
+}
+
+// ---- configuration (the environment)
+
+bool parse_long(const char* s, long lo, long hi, long* out) {
+  char* end;
+  if (s == nullptr || *s == '\0') return false;
+  errno = 0;
+  long long v = strtoll(s, &end, 0);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = long(v);
+  return true;
+}
+
+void activate(Device& d, int kind) {
+  switch (kind) {
+    case QL_EMU_FAULT_STICKY:
+      d.sticky = true;
+      break;
+    case QL_EMU_FAULT_HANG:
+      if (!d.hung) d.hang_seq = d.seq;
+      d.hung = true;
+      break;
+    case QL_EMU_FAULT_OOM:
+      d.oom = true;
+      break;
+  }
+}
+
+// Strikes the faults of d whose time has come.
+void trigger(Device& d) {
+  for (size_t i = 0; i < d.pending.size();) {
+    if (d.seq >= d.pending[i].at) {
+      activate(d, d.pending[i].kind);
+      d.pending.erase(d.pending.begin() + long(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+void arm(Device& d, long after, int kind) {
+  if (kind == QL_EMU_FAULT_NONE) {
+    d.pending.clear();
+    d.sticky = d.hung = d.oom = false;
+    return;
+  }
+  d.pending.push_back(Fault{d.seq + after, kind});
+  trigger(d);
+}
+
+// "<dev>:<after>:<kind>[,...]" into the devices' faults; false when
+// malformed.
+bool parse_faults(State& s, const char* spec) {
+  std::string all(spec);
+  size_t pos = 0;
+  while (pos <= all.size()) {
+    size_t comma = all.find(',', pos);
+    std::string item = all.substr(
+        pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? all.size() + 1 : comma + 1;
+    if (item.empty()) continue;
+    size_t c1 = item.find(':'), c2 = c1 == std::string::npos
+                                         ? std::string::npos
+                                         : item.find(':', c1 + 1);
+    if (c2 == std::string::npos) return false;
+    std::string sd = item.substr(0, c1), sa = item.substr(c1 + 1, c2 - c1 - 1),
+                sk = item.substr(c2 + 1);
+    long dev, after, kind;
+    if (!parse_long(sd.c_str(), 0, kMaxDevices - 1, &dev) ||
+        !parse_long(sa.c_str(), 0, 1L << 62, &after))
+      return false;
+    if (sk == "none")
+      kind = QL_EMU_FAULT_NONE;
+    else if (sk == "sticky")
+      kind = QL_EMU_FAULT_STICKY;
+    else if (sk == "hang")
+      kind = QL_EMU_FAULT_HANG;
+    else if (sk == "oom")
+      kind = QL_EMU_FAULT_OOM;
+    else
+      return false;
+    arm(s.dev[dev], after, int(kind));
+  }
+  return true;
+}
+
+// Reads the environment into s and clears faults and counters; allocations
+// stay charged. A malformed variable is the tester's mistake: say which,
+// and fail every call so that it cannot go unnoticed.
+void configure(State& s) {
+  const char* bad = nullptr;
+  long ndev = 1, hang = 2000, mem = 1L << 30;
+  const char* v;
+
+  s.configured = true;
+  s.init_err = cudaSuccess;
+  for (Device& d : s.dev) {
+    d.seq_base = d.seq;
+    d.launches = 0;
+    d.sticky = d.hung = d.oom = false;
+    d.pending.clear();
+  }
+  if ((v = getenv("QL_EMU_CUDA_DEVICES")) != nullptr &&
+      !parse_long(v, 0, kMaxDevices, &ndev))
+    bad = "QL_EMU_CUDA_DEVICES";
+  else if ((v = getenv("QL_EMU_CUDA_MEM")) != nullptr &&
+           !parse_long(v, 1, 1L << 50, &mem))
+    bad = "QL_EMU_CUDA_MEM";
+  else if ((v = getenv("QL_EMU_CUDA_HANG_MS")) != nullptr &&
+           !parse_long(v, 0, 3600000, &hang))
+    bad = "QL_EMU_CUDA_HANG_MS";
+  s.ndev = int(ndev);
+  s.mem = size_t(mem);
+  s.hang_ms = hang;
+  for (Device& d : s.dev) d.total = s.mem;
+  if (bad == nullptr && (v = getenv("QL_EMU_CUDA_FAULT")) != nullptr &&
+      !parse_faults(s, v))
+    bad = "QL_EMU_CUDA_FAULT";
+  if (bad != nullptr) {
+    fprintf(stderr, "ql_emu_cuda: %s: cannot parse \"%s\"\n", bad, v);
+    s.init_err = cudaErrorInitializationError;
+  }
+  v = getenv("QL_EMU_CUDA_NODRIVER");
+  if (v != nullptr && *v != '\0' && strcmp(v, "0") != 0)
+    s.init_err = cudaErrorInsufficientDriver;
+}
+
+// The lock every entry point takes; configures on first use.
+struct Lock {
+  std::unique_lock<std::mutex> lk;
+  Lock() : lk(S().mu) {
+    if (!S().configured) configure(S());
+  }
+};
+
+// ---- checks shared by the entry points (all with the lock held)
+
+// cudaSuccess when device d can take calls.
+cudaError_t dev_ok(const State& s, int d) {
+  if (s.ndev == 0) return cudaErrorNoDevice;
+  if (d < 0 || d >= s.ndev) return cudaErrorInvalidDevice;
+  if (s.dev[d].sticky) return cudaErrorIllegalAddress;
+  return cudaSuccess;
+}
+
+// The device a stream belongs to, or -1 for a handle that is not a live
+// stream. A null stream is the current device's legacy default stream.
+int stream_dev(const State& s, cudaStream_t st) {
+  if (st == nullptr) return me().dev;
+  return s.streams.count(st) ? st->dev : -1;
+}
+
+// True when something that depends on last[] waits on work a hang stopped.
+bool blocked(const State& s, const long* last) {
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (s.dev[d].hung && last[d] > s.dev[d].hang_seq) return true;
+  return false;
+}
+
+// What the stream (null: the legacy default stream of device d) depends on.
+void deps_of(const State& s, cudaStream_t st, int d, long* out) {
+  if (st != nullptr) {
+    memcpy(out, st->last, sizeof st->last);
+    return;
+  }
+  memset(out, 0, sizeof(long) * kMaxDevices);
+  out[d] = s.dev[d].legacy;
+}
+
+// Enqueues one work item on stream st of device d: numbers it, strikes the
+// faults it completes, and says whether it runs (not after a hang).
+bool enqueue(State& s, cudaStream_t st, int d) {
+  Device& dv = s.dev[d];
+  long n = ++dv.seq;
+  if (st == nullptr || (st->flags & cudaStreamNonBlocking) == 0) dv.legacy = n;
+  if (st != nullptr) st->last[d] = n;
+  bool run = !(dv.hung && n > dv.hang_seq);
+  trigger(dv);
+  return run;
+}
+
+// The allocation (own or imported) holding address p, or null.
+const Alloc* find(const State& s, uintptr_t p, uintptr_t* base) {
+  auto it = s.allocs.upper_bound(p);
+  if (it == s.allocs.begin()) return nullptr;
+  --it;
+  if (p - it->first >= it->second.size) return nullptr;
+  *base = it->first;
+  return &it->second;
+}
+
+// True when [p, p + n) lies in one device allocation; *dev gets its device.
+bool dev_range(const State& s, const void* p, size_t n, int* dev) {
+  uintptr_t base;
+  const Alloc* a = find(s, uintptr_t(p), &base);
+  if (a == nullptr || n > a->size - (uintptr_t(p) - base)) return false;
+  *dev = a->dev;
+  return true;
+}
+
+// Waits as long as a GPU watchdog would for work that never completes, then
+// gives up; called without the lock.
+cudaError_t time_out(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+  return fail(cudaErrorLaunchTimeout);
+}
+
+size_t charge_of(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
+
+}  // namespace
+
+// ------------------------------------------------------------- devices
+
+extern "C" cudaError_t cudaGetDeviceCount(int* count) {
+  Lock l;
+  State& s = S();
+  // Without a driver, libcudart leaves *count as it was.
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (count == nullptr) return fail(cudaErrorInvalidValue);
+  *count = 0;
+  if (s.ndev == 0) return fail(cudaErrorNoDevice);
+  *count = s.ndev;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop,
+                                               int device) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (prop == nullptr) return fail(cudaErrorInvalidValue);
+  if (s.ndev == 0) return fail(cudaErrorNoDevice);
+  if (device < 0 || device >= s.ndev) return fail(cudaErrorInvalidDevice);
+  memset(prop, 0, sizeof *prop);
+  snprintf(prop->name, sizeof prop->name, "Emulated GPU");
+  // 15 fixed bytes and the ordinal: distinct, and the same in every run.
+  memcpy(prop->uuid.bytes, "qlinear-emu-gpu", 15);
+  prop->uuid.bytes[15] = char(device);
+  prop->totalGlobalMem = s.dev[device].total;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 132;
+  prop->pciBusID = device + 1;
+  return cudaSuccess;
+}
+
+// Sets the device even when it has a sticky error, and reports that error
+// (the runtime API may return errors of earlier asynchronous work from any
+// call).
+extern "C" cudaError_t cudaSetDevice(int device) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (s.ndev == 0) return fail(cudaErrorNoDevice);
+  if (device < 0 || device >= s.ndev) return fail(cudaErrorInvalidDevice);
+  me().dev = device;
+  return fail(dev_ok(s, device));
+}
+
+extern "C" cudaError_t cudaGetDevice(int* device) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (device == nullptr) return fail(cudaErrorInvalidValue);
+  if (s.ndev == 0) return fail(cudaErrorNoDevice);
+  *device = me().dev;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDeviceSynchronize(void) {
+  long ms;
+  {
+    Lock l;
+    State& s = S();
+    if (s.init_err != cudaSuccess) return fail(s.init_err);
+    int d = me().dev;
+    cudaError_t e = dev_ok(s, d);
+    if (e != cudaSuccess) return fail(e);
+    const Device& dv = s.dev[d];
+    if (!(dv.hung && dv.seq > dv.hang_seq)) return cudaSuccess;
+    ms = s.hang_ms;
+  }
+  return time_out(ms);
+}
+
+// -------------------------------------------------------------- memory
+
+extern "C" cudaError_t cudaMalloc(void** devPtr, size_t size) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (devPtr == nullptr) return fail(cudaErrorInvalidValue);
+  *devPtr = nullptr;
+  int d = me().dev;
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  if (size == 0) return cudaSuccess;  // as CUDA: success, a null pointer
+  Device& dv = s.dev[d];
+  size_t charge = charge_of(size);
+  if (dv.oom || charge < size || charge > dv.total ||
+      dv.used > dv.total - charge)
+    return fail(cudaErrorMemoryAllocation);
+
+  uint64_t serial = ++s.serial;
+  char name[64];
+  snprintf(name, sizeof name, "ql-emu-cuda:%d:%llu", d,
+           (unsigned long long)serial);
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return fail(cudaErrorMemoryAllocation);
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, off_t(size)) == 0)
+    p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    close(fd);
+    return fail(cudaErrorMemoryAllocation);
+  }
+  s.allocs[uintptr_t(p)] = Alloc{size, charge, d, fd, serial, false, 0, 0};
+  dv.used += charge;
+  *devPtr = p;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaFree(void* devPtr) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (devPtr == nullptr) return cudaSuccess;
+  auto it = s.allocs.find(uintptr_t(devPtr));
+  if (it == s.allocs.end() || it->second.imported)
+    return fail(cudaErrorInvalidDevicePointer);
+  Alloc a = it->second;
+  s.allocs.erase(it);
+  munmap(devPtr, a.size);
+  close(a.fd);
+  s.dev[a.dev].used -= a.charged;
+  return fail(s.dev[a.dev].sticky ? cudaErrorIllegalAddress : cudaSuccess);
+}
+
+// Pinned host memory: page-aligned anonymous memory, tracked so that
+// cudaFreeHost can refuse what it did not allocate.
+extern "C" cudaError_t cudaHostAlloc(void** pHost, size_t size,
+                                     unsigned int flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (pHost == nullptr ||
+      (flags & ~unsigned(cudaHostAllocPortable | cudaHostAllocMapped |
+                         cudaHostAllocWriteCombined)) != 0)
+    return fail(cudaErrorInvalidValue);
+  *pHost = nullptr;
+  cudaError_t e = dev_ok(s, me().dev);
+  if (e != cudaSuccess) return fail(e);
+  if (size == 0) return cudaSuccess;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return fail(cudaErrorMemoryAllocation);
+  s.pinned[uintptr_t(p)] = size;
+  *pHost = p;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  return cudaHostAlloc(ptr, size, cudaHostAllocDefault);
+}
+
+extern "C" cudaError_t cudaFreeHost(void* ptr) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (ptr == nullptr) return cudaSuccess;
+  auto it = s.pinned.find(uintptr_t(ptr));
+  if (it == s.pinned.end()) return fail(cudaErrorInvalidValue);
+  munmap(ptr, it->second);
+  s.pinned.erase(it);
+  int d = me().dev;
+  return fail(d < s.ndev && s.dev[d].sticky ? cudaErrorIllegalAddress
+                                            : cudaSuccess);
+}
+
+extern "C" cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (free == nullptr || total == nullptr) return fail(cudaErrorInvalidValue);
+  int d = me().dev;
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  const Device& dv = s.dev[d];
+  *total = dv.total;
+  *free = dv.used < dv.total ? dv.total - dv.used : 0;
+  return cudaSuccess;
+}
+
+namespace {
+
+// The checks of a copy: the device sides named by kind must lie within
+// device allocations (a GPU refuses a range it does not map), and none of
+// the devices involved may have a sticky error.
+cudaError_t copy_args(const State& s, void* dst, const void* src, size_t count,
+                      cudaMemcpyKind kind) {
+  if (unsigned(kind) > unsigned(cudaMemcpyDefault))
+    return cudaErrorInvalidMemcpyDirection;
+  if (count == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
+  int dd = -1, sd = -1;
+  bool dst_dev = dev_range(s, dst, count, &dd),
+       src_dev = dev_range(s, src, count, &sd);
+  if ((kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice) &&
+      !dst_dev)
+    return cudaErrorInvalidValue;
+  if ((kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice) &&
+      !src_dev)
+    return cudaErrorInvalidValue;
+  if ((dd >= 0 && s.dev[dd].sticky) || (sd >= 0 && s.dev[sd].sticky))
+    return cudaErrorIllegalAddress;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+// Synchronous: on the legacy default stream of the current device, so it
+// waits for what that stream waits for (a hang: the watchdog's timeout).
+extern "C" cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
+                                  enum cudaMemcpyKind kind) {
+  long ms;
+  {
+    Lock l;
+    State& s = S();
+    if (s.init_err != cudaSuccess) return fail(s.init_err);
+    int d = me().dev;
+    cudaError_t e = dev_ok(s, d);
+    if (e == cudaSuccess) e = copy_args(s, dst, src, count, kind);
+    if (e != cudaSuccess) return fail(e);
+    const Device& dv = s.dev[d];
+    if (dv.hung && dv.legacy > dv.hang_seq) {
+      ms = s.hang_ms;
+    } else {
+      ms = -1;
+    }
+  }
+  if (ms >= 0) return time_out(ms);
+  if (count != 0) memmove(dst, src, count);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
+                                       enum cudaMemcpyKind kind,
+                                       cudaStream_t stream) {
+  bool run;
+  {
+    Lock l;
+    State& s = S();
+    if (s.init_err != cudaSuccess) return fail(s.init_err);
+    int d = stream_dev(s, stream);
+    if (d < 0) return fail(cudaErrorInvalidResourceHandle);
+    cudaError_t e = dev_ok(s, d);
+    if (e == cudaSuccess) e = copy_args(s, dst, src, count, kind);
+    if (e != cudaSuccess) return fail(e);
+    run = enqueue(s, stream, d);
+  }
+  if (run && count != 0) memmove(dst, src, count);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
+                                       cudaStream_t stream) {
+  bool run;
+  {
+    Lock l;
+    State& s = S();
+    if (s.init_err != cudaSuccess) return fail(s.init_err);
+    int d = stream_dev(s, stream), pd = -1;
+    if (d < 0) return fail(cudaErrorInvalidResourceHandle);
+    cudaError_t e = dev_ok(s, d);
+    if (e == cudaSuccess && count != 0 && !dev_range(s, devPtr, count, &pd))
+      e = cudaErrorInvalidValue;
+    if (e == cudaSuccess && pd >= 0 && s.dev[pd].sticky)
+      e = cudaErrorIllegalAddress;
+    if (e != cudaSuccess) return fail(e);
+    run = enqueue(s, stream, d);
+  }
+  if (run && count != 0) memset(devPtr, value, count);
+  return cudaSuccess;
+}
+
+// ---------------------------------------------------- streams and events
+
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
+                                                 unsigned int flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (pStream == nullptr || (flags & ~unsigned(cudaStreamNonBlocking)) != 0)
+    return fail(cudaErrorInvalidValue);
+  int d = me().dev;
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  ql_emu_stream* st = new ql_emu_stream{d, flags, {}};
+  s.streams.insert(st);
+  *pStream = st;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (stream == nullptr || s.streams.erase(stream) == 0)
+    return fail(cudaErrorInvalidResourceHandle);
+  int d = stream->dev;
+  delete stream;
+  return fail(s.dev[d].sticky ? cudaErrorIllegalAddress : cudaSuccess);
+}
+
+namespace {
+
+// The common part of the stream and event queries and waits: the device's
+// error, or whether deps[] waits on stopped work (*stuck).
+cudaError_t dep_state(const State& s, int d, const long* deps, bool* stuck) {
+  cudaError_t e = dev_ok(s, d);
+  *stuck = e == cudaSuccess && blocked(s, deps);
+  return e;
+}
+
+enum class Wait { kQuery, kSync };
+
+cudaError_t stream_wait(cudaStream_t stream, Wait how) {
+  long ms;
+  {
+    Lock l;
+    State& s = S();
+    if (s.init_err != cudaSuccess) return fail(s.init_err);
+    int d = stream_dev(s, stream);
+    if (d < 0) return fail(cudaErrorInvalidResourceHandle);
+    long deps[kMaxDevices] = {};
+    bool stuck;
+    if (d < s.ndev) deps_of(s, stream, d, deps);
+    cudaError_t e = dep_state(s, d, deps, &stuck);
+    if (e != cudaSuccess) return fail(e);
+    if (!stuck) return cudaSuccess;
+    if (how == Wait::kQuery) return cudaErrorNotReady;  // not an error
+    ms = s.hang_ms;
+  }
+  return time_out(ms);
+}
+
+cudaError_t event_wait(cudaEvent_t event, Wait how) {
+  long ms;
+  {
+    Lock l;
+    State& s = S();
+    if (s.init_err != cudaSuccess) return fail(s.init_err);
+    if (event == nullptr || s.events.count(event) == 0)
+      return fail(cudaErrorInvalidResourceHandle);
+    bool stuck;
+    cudaError_t e = dep_state(s, event->dev, event->seq, &stuck);
+    if (e != cudaSuccess) return fail(e);
+    if (!stuck) return cudaSuccess;
+    if (how == Wait::kQuery) return cudaErrorNotReady;
+    ms = s.hang_ms;
+  }
+  return time_out(ms);
+}
+
+}  // namespace
+
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return stream_wait(stream, Wait::kSync);
+}
+
+extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  return stream_wait(stream, Wait::kQuery);
+}
+
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream,
+                                           cudaEvent_t event,
+                                           unsigned int flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  int d = stream_dev(s, stream);
+  if (d < 0 || event == nullptr || s.events.count(event) == 0)
+    return fail(cudaErrorInvalidResourceHandle);
+  if (flags != cudaEventWaitDefault) return fail(cudaErrorInvalidValue);
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  if (stream != nullptr) {
+    for (int i = 0; i < kMaxDevices; ++i)
+      if (event->seq[i] > stream->last[i]) stream->last[i] = event->seq[i];
+  } else if (event->seq[d] > s.dev[d].legacy) {
+    s.dev[d].legacy = event->seq[d];
+  }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event,
+                                                unsigned int flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  const unsigned known =
+      cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
+  // An interprocess event must disable timing (driver_types.h).
+  if (event == nullptr || (flags & ~known) != 0 ||
+      ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)))
+    return fail(cudaErrorInvalidValue);
+  int d = me().dev;
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  ql_emu_event* ev = new ql_emu_event{d, flags, {}};
+  s.events.insert(ev);
+  *event = ev;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (event == nullptr || s.events.erase(event) == 0)
+    return fail(cudaErrorInvalidResourceHandle);
+  int d = event->dev;
+  delete event;
+  return fail(s.dev[d].sticky ? cudaErrorIllegalAddress : cudaSuccess);
+}
+
+// The event and the stream must belong to the same device
+// (cuda_runtime_api.h, cudaEventRecord: "same CUDA context").
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  int d = stream_dev(s, stream);
+  if (d < 0 || event == nullptr || s.events.count(event) == 0 ||
+      event->dev != d)
+    return fail(cudaErrorInvalidResourceHandle);
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  deps_of(s, stream, d, event->seq);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventQuery(cudaEvent_t event) {
+  return event_wait(event, Wait::kQuery);
+}
+
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  return event_wait(event, Wait::kSync);
+}
+
+// --------------------------------------------------------------- errors
+
+// A sticky error of the current device is reported and never cleared; any
+// other last error is cleared by cudaGetLastError.
+extern "C" cudaError_t cudaGetLastError(void) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return s.init_err;
+  Thread& t = me();
+  cudaError_t e = t.last;
+  t.last = cudaSuccess;
+  if (t.dev < s.ndev && s.dev[t.dev].sticky) return cudaErrorIllegalAddress;
+  return e;
+}
+
+extern "C" cudaError_t cudaPeekAtLastError(void) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return s.init_err;
+  Thread& t = me();
+  if (t.dev < s.ndev && s.dev[t.dev].sticky) return cudaErrorIllegalAddress;
+  return t.last;
+}
+
+extern "C" const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+#define QL_EMU_CUDA_MSG(name, value, msg) \
+  case name:                              \
+    return msg;
+    QL_EMU_CUDA_ERRORS(QL_EMU_CUDA_MSG)
+#undef QL_EMU_CUDA_MSG
+  }
+  return "unrecognized error code";
+}
+
+extern "C" const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+#define QL_EMU_CUDA_NAME(name, value, msg) \
+  case name:                               \
+    return #name;
+    QL_EMU_CUDA_ERRORS(QL_EMU_CUDA_NAME)
+#undef QL_EMU_CUDA_NAME
+  }
+  return "unrecognized error code";
+}
+
+// ------------------------------------------------------------------ IPC
+
+// The handle names the allocation that holds devPtr; the exported offset is
+// kept for the importer's checks (cudaIpcOpenMemHandle returns the base).
+extern "C" cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle,
+                                           void* devPtr) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  uintptr_t base;
+  const Alloc* a =
+      handle != nullptr ? find(s, uintptr_t(devPtr), &base) : nullptr;
+  if (a == nullptr || a->imported) return fail(cudaErrorInvalidValue);
+  if (s.dev[a->dev].sticky) return fail(cudaErrorIllegalAddress);
+  IpcWire w;
+  memset(&w, 0, sizeof w);
+  w.magic = kIpcMagic;
+  w.pid = int32_t(getpid());
+  w.fd = a->fd;
+  w.dev = a->dev;
+  w.serial = a->serial;
+  w.size = a->size;
+  w.offset = uintptr_t(devPtr) - base;
+  memset(handle, 0, sizeof *handle);
+  memcpy(handle->reserved, &w, sizeof w);
+  return cudaSuccess;
+}
+
+namespace {
+
+// Maps the memfd that w names from its owner's descriptor table, after
+// checking that the descriptor is still that allocation's memfd (its name
+// carries the serial: a closed and reused descriptor number is refused).
+cudaError_t ipc_map(const IpcWire& w, void** out) {
+  char path[64], want[96], got[128];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", int(w.pid), int(w.fd));
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return cudaErrorMapBufferObjectFailed;
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  snprintf(want, sizeof want, "/memfd:ql-emu-cuda:%d:%llu (deleted)",
+           int(w.dev), (unsigned long long)w.serial);
+  ssize_t n = readlink(path, got, sizeof got - 1);
+  struct stat sb;
+  void* p = MAP_FAILED;
+  if (n > 0) {
+    got[n] = '\0';
+    if (strcmp(got, want) == 0 && fstat(fd, &sb) == 0 &&
+        uint64_t(sb.st_size) == w.size)
+      p = mmap(nullptr, size_t(w.size), PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+               0);
+  }
+  close(fd);
+  if (p == MAP_FAILED) return cudaErrorMapBufferObjectFailed;
+  *out = p;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+// Maps the allocation of another process (same uid) and returns its base.
+// A handle of this very process is refused as the driver refuses it, with
+// "invalid device context".
+extern "C" cudaError_t cudaIpcOpenMemHandle(void** devPtr,
+                                            cudaIpcMemHandle_t handle,
+                                            unsigned int flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (devPtr == nullptr || flags != cudaIpcMemLazyEnablePeerAccess)
+    return fail(cudaErrorInvalidValue);
+  *devPtr = nullptr;
+  int d = me().dev;
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  IpcWire w;
+  memcpy(&w, handle.reserved, sizeof w);
+  if (w.magic != kIpcMagic || w.size == 0 || w.offset >= w.size || w.pid <= 0 ||
+      w.fd < 0 || w.dev < 0 || w.dev >= kMaxDevices)
+    return fail(cudaErrorInvalidResourceHandle);
+  if (w.pid == int32_t(getpid())) return fail(cudaErrorDeviceUninitialized);
+  for (auto& kv : s.allocs) {
+    Alloc& a = kv.second;
+    if (a.imported && a.pid == w.pid && a.serial == w.serial) {
+      ++a.refs;
+      *devPtr = reinterpret_cast<void*>(kv.first);
+      return cudaSuccess;
+    }
+  }
+  void* p;
+  if ((e = ipc_map(w, &p)) != cudaSuccess) return fail(e);
+  s.allocs[uintptr_t(p)] =
+      Alloc{size_t(w.size), 0, d, -1, w.serial, true, 1, int(w.pid)};
+  *devPtr = p;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaIpcCloseMemHandle(void* devPtr) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  auto it = s.allocs.find(uintptr_t(devPtr));
+  if (it == s.allocs.end() || !it->second.imported)
+    return fail(cudaErrorInvalidValue);
+  int d = it->second.dev;
+  if (--it->second.refs == 0) {
+    munmap(devPtr, it->second.size);
+    s.allocs.erase(it);
+  }
+  return fail(s.dev[d].sticky ? cudaErrorIllegalAddress : cudaSuccess);
+}
+
+extern "C" CUresult cuMemGetAddressRange(CUdeviceptr* pbase, size_t* psize,
+                                         CUdeviceptr dptr) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dptr == 0) return CUDA_ERROR_INVALID_VALUE;
+  uintptr_t base;
+  const Alloc* a = find(s, uintptr_t(dptr), &base);
+  if (a == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (s.dev[a->dev].sticky) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (pbase != nullptr) *pbase = CUdeviceptr(base);
+  if (psize != nullptr) *psize = a->size;
+  return CUDA_SUCCESS;
+}
+
+// ------------------------------------------------- launches and controls
+
+extern "C" int ql__emu_cuda_launch(cudaStream_t stream) {
+  Lock l;
+  State& s = S();
+  int d = s.init_err != cudaSuccess ? -1 : stream_dev(s, stream);
+  cudaError_t e = s.init_err != cudaSuccess ? s.init_err
+                  : d < 0                   ? cudaErrorInvalidResourceHandle
+                                            : dev_ok(s, d);
+  if (e != cudaSuccess) {
+    fail(e);
+    return 0;
+  }
+  if (!enqueue(s, stream, d)) return 0;
+  ++s.dev[d].launches;
+  return 1;
+}
+
+extern "C" void ql_emu_cuda_inject(int dev, long after, int kind) {
+  if (dev < 0 || dev >= kMaxDevices || after < 0 || kind < QL_EMU_FAULT_NONE ||
+      kind > QL_EMU_FAULT_OOM) {
+    fprintf(stderr, "ql_emu_cuda_inject(%d, %ld, %d): bad argument\n", dev,
+            after, kind);
+    abort();
+  }
+  Lock l;
+  arm(S().dev[dev], after, kind);
+}
+
+extern "C" void ql_emu_cuda_reset(void) {
+  Lock l;
+  State& s = S();
+  s.epoch.fetch_add(1, std::memory_order_acq_rel);
+  configure(s);
+}
+
+extern "C" long ql_emu_cuda_launches(int dev) {
+  if (dev < 0 || dev >= kMaxDevices) return -1;
+  Lock l;
+  return S().dev[dev].launches;
+}
+
+extern "C" long ql_emu_cuda_work(int dev) {
+  if (dev < 0 || dev >= kMaxDevices) return -1;
+  Lock l;
+  const Device& d = S().dev[dev];
+  return d.seq - d.seq_base;
+}

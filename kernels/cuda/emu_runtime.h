@@ -1,0 +1,216 @@
+// emu_runtime.h - the part of the CUDA runtime API that the CUDA backend's
+// host code uses, emulated on host memory, so that the backend runs in
+// `make check` on machines with neither a GPU nor a toolkit (DESIGN §9).
+// Names, signatures and numeric values are those of CUDA 13
+// (driver_types.h, cuda_runtime_api.h, cuda.h; cited per group below), so
+// host code compiles against this header or the real one unchanged. Where a
+// real struct has more fields, only the ones the host code reads exist here.
+//
+// Model (emu_runtime.cpp has the details):
+// - QL_EMU_CUDA_DEVICES devices (default 1, 0 to 8), QL_EMU_CUDA_MEM bytes
+//   each (default 1 GiB), all "Emulated GPU", sm_90, distinct UUIDs.
+//   The current device is per thread, 0 at first.
+// - Device memory is host memory: each cudaMalloc is its own memfd mapped
+//   shared (one descriptor per live allocation), so that another process
+//   can map it through an IPC handle. Pinned host memory is plain memory.
+// - Work (kernel launches, cudaMemcpyAsync, cudaMemsetAsync) runs at
+//   enqueue, so streams and events are normally complete at once.
+// - Faults, counted in work items enqueued on a device: STICKY (every later
+//   call on the device fails with cudaErrorIllegalAddress), HANG (later work
+//   never runs; queries of what waits on it say cudaErrorNotReady, waits
+//   give up with cudaErrorLaunchTimeout after QL_EMU_CUDA_HANG_MS, default
+//   2000), OOM (cudaMalloc fails). QL_EMU_CUDA_FAULT="<dev>:<after>:<kind>"
+//   with kind sticky, hang, oom or none, several separated by commas, or
+//   ql_emu_cuda_inject(). QL_EMU_CUDA_NODRIVER=1: every call fails with
+//   cudaErrorInsufficientDriver. A malformed variable makes every call fail
+//   with cudaErrorInitializationError and says why on stderr once.
+//
+// Every function is thread-safe.
+#ifndef QL_CUDA_EMU_RUNTIME_H
+#define QL_CUDA_EMU_RUNTIME_H
+
+// The two cannot be mixed: the real runtime's types would clash with these.
+#if defined(__CUDACC__) || defined(CUDART_VERSION)
+#error "emu_runtime.h emulates cuda_runtime_api.h: include one or the other"
+#endif
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#define QL_EMU_DV(v) = v  // the real header's default arguments (__dv)
+#else
+#define QL_EMU_DV(v)
+#endif
+
+// ---- errors: enum cudaError of driver_types.h (values and the messages
+// of cudaGetErrorString). cudaErrorDeviceUninitialized is what the driver
+// reports as "invalid device context", among others for an IPC handle
+// opened in the process that exported it.
+#define QL_EMU_CUDA_ERRORS(X)                                                 \
+  X(cudaSuccess, 0, "no error")                                               \
+  X(cudaErrorInvalidValue, 1, "invalid argument")                             \
+  X(cudaErrorMemoryAllocation, 2, "out of memory")                            \
+  X(cudaErrorInitializationError, 3, "initialization error")                  \
+  X(cudaErrorInvalidDevicePointer, 17, "invalid device pointer")              \
+  X(cudaErrorInvalidMemcpyDirection, 21, "invalid copy direction for memcpy") \
+  X(cudaErrorInsufficientDriver, 35,                                          \
+    "CUDA driver version is insufficient for CUDA runtime version")           \
+  X(cudaErrorDevicesUnavailable, 46,                                          \
+    "CUDA-capable device(s) is/are busy or unavailable")                      \
+  X(cudaErrorNoDevice, 100, "no CUDA-capable device is detected")             \
+  X(cudaErrorInvalidDevice, 101, "invalid device ordinal")                    \
+  X(cudaErrorDeviceUninitialized, 201, "invalid device context")              \
+  X(cudaErrorMapBufferObjectFailed, 205, "mapping of buffer object failed")   \
+  X(cudaErrorInvalidResourceHandle, 400, "invalid resource handle")           \
+  X(cudaErrorNotReady, 600, "device not ready")                               \
+  X(cudaErrorIllegalAddress, 700, "an illegal memory access was encountered") \
+  X(cudaErrorLaunchTimeout, 702, "the launch timed out and was terminated")   \
+  X(cudaErrorLaunchFailure, 719, "unspecified launch failure")                \
+  X(cudaErrorUnknown, 999, "unknown error")
+
+#define QL_EMU_CUDA_ENUM(name, value, msg) name = value,
+enum cudaError { QL_EMU_CUDA_ERRORS(QL_EMU_CUDA_ENUM) };
+#undef QL_EMU_CUDA_ENUM
+typedef enum cudaError cudaError_t;
+
+// ---- handles (driver_types.h: pointers to opaque structs). emu.h, which
+// takes the stream of a launch, includes this header.
+typedef struct ql_emu_stream* cudaStream_t;
+typedef struct ql_emu_event* cudaEvent_t;
+
+// driver_types.h, enum cudaMemcpyKind.
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+
+// driver_types.h: struct CUuuid_st, CUDA_IPC_HANDLE_SIZE,
+// cudaIpcMemHandle_st.
+struct CUuuid_st {
+  char bytes[16];
+};
+typedef struct CUuuid_st cudaUUID_t;
+#define CUDA_IPC_HANDLE_SIZE 64
+typedef struct cudaIpcMemHandle_st {
+  char reserved[CUDA_IPC_HANDLE_SIZE];
+} cudaIpcMemHandle_t;
+
+// driver_types.h, struct cudaDeviceProp: the fields the host code reads.
+struct cudaDeviceProp {
+  char name[256];         // "Emulated GPU"
+  cudaUUID_t uuid;        // distinct per device, the same in every run
+  size_t totalGlobalMem;  // QL_EMU_CUDA_MEM
+  int major, minor;       // compute capability: 9.0
+  int multiProcessorCount;
+  int pciBusID, pciDeviceID, pciDomainID;  // bus = ordinal + 1
+};
+
+// driver_types.h: flags.
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
+#define cudaHostAllocMapped 0x02
+#define cudaHostAllocWriteCombined 0x04
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaEventInterprocess 0x04
+#define cudaEventWaitDefault 0x00
+#define cudaIpcMemLazyEnablePeerAccess 0x01
+
+// ---- cuda_runtime_api.h
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaDeviceSynchronize(void);
+
+cudaError_t cudaMalloc(void** devPtr, size_t size);
+cudaError_t cudaFree(void* devPtr);
+cudaError_t cudaMallocHost(void** ptr, size_t size);
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
+                       enum cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
+                            enum cudaMemcpyKind kind,
+                            cudaStream_t stream QL_EMU_DV(0));
+cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
+                            cudaStream_t stream QL_EMU_DV(0));
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
+                                      unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                unsigned int flags QL_EMU_DV(0));
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event,
+                            cudaStream_t stream QL_EMU_DV(0));
+cudaError_t cudaEventQuery(cudaEvent_t event);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char* cudaGetErrorString(cudaError_t error);
+const char* cudaGetErrorName(cudaError_t error);
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr);
+cudaError_t cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle,
+                                 unsigned int flags);
+cudaError_t cudaIpcCloseMemHandle(void* devPtr);
+
+// ---- cuda.h (driver API): what bounds an imported allocation.
+typedef unsigned long long CUdeviceptr;
+typedef enum cudaError_enum {
+  CUDA_SUCCESS = 0,
+  CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_NOT_FOUND = 500,
+  CUDA_ERROR_ILLEGAL_ADDRESS = 700
+} CUresult;
+// *pbase and *psize (either may be NULL) of the allocation, own or
+// imported, that holds dptr; CUDA_ERROR_NOT_FOUND when none does.
+CUresult cuMemGetAddressRange(CUdeviceptr* pbase, size_t* psize,
+                              CUdeviceptr dptr);
+
+// ---- the emulation's own controls, for tests
+enum {
+  QL_EMU_FAULT_NONE = 0,  // clears every fault, pending or not, of dev
+  QL_EMU_FAULT_STICKY = 1,
+  QL_EMU_FAULT_HANG = 2,
+  QL_EMU_FAULT_OOM = 3
+};
+// Arms a fault of kind on device dev (0..7) that strikes once `after` more
+// work items have been enqueued on it (0: now). Aborts on a bad argument: a
+// test that passes one is wrong.
+void ql_emu_cuda_inject(int dev, long after, int kind);
+// Back to the state of a fresh process, except that what callers hold
+// stays valid (allocations, mappings, streams, events): faults and
+// counters cleared, every thread's last error cleared and current device
+// 0, and the environment read again.
+void ql_emu_cuda_reset(void);
+// Kernel launches that ran on dev, and work items enqueued on it (run or
+// not), since the start or the last reset; -1 for a bad dev.
+long ql_emu_cuda_launches(int dev);
+long ql_emu_cuda_work(int dev);
+
+// Called by emu.h's launch with the launch's stream: counts it as work on
+// the stream's device and returns non-zero when the kernel is to run
+// (zero on a failed or hung device, the error recorded for
+// cudaGetLastError). Programs that link no runtime run every launch.
+int ql__emu_cuda_launch(cudaStream_t stream);
+
+#undef QL_EMU_DV
+#ifdef __cplusplus
+}
+#endif
+#endif  // QL_CUDA_EMU_RUNTIME_H
