@@ -50,6 +50,11 @@ ql__cpu_level ql__cpu_level_get(void);
 /* The highest level this CPU supports, ignoring the override. */
 ql__cpu_level ql__cpu_level_detected(void);
 
+/* The level a cap (QL_CPU_LEVEL, cpu_level) of want gives here: want, or
+ * the detected level when lower, and avx2 for avx2vnni on a CPU with
+ * AVX-512 VNNI but not AVX-VNNI. */
+ql__cpu_level ql__cpu_level_capped(ql__cpu_level want);
+
 /* "c", "avx2", "avx2vnni", "avx512". */
 const char *ql__cpu_level_name(ql__cpu_level l);
 

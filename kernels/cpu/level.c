@@ -18,6 +18,7 @@
 
 static pthread_once_t level_once = PTHREAD_ONCE_INIT;
 static ql__cpu_level level_detected, level_active;
+static int has_avx_vnni; /* AVX-VNNI (VEX), which AVX-512 VNNI does not imply */
 
 static const char *const level_names[QL_CPU_LEVEL_COUNT] = {
     [QL_CPU_LEVEL_C] = "c",
@@ -63,17 +64,32 @@ static ql__cpu_level detect(void) {
              cpuid_bit(1, 0, ECX, 12) /* FMA */ &&
              cpuid_bit(1, 0, ECX, 29) /* F16C */ &&
              cpuid_bit(7, 0, EBX, 5) /* AVX2 */;
+  has_avx_vnni = avx2 && cpuid_bit(7, 1, EAX, 4) /* AVX-VNNI */;
   if (avx2 && zmm && cpuid_bit(7, 0, EBX, 16) /* AVX512F */ &&
       cpuid_bit(7, 0, EBX, 30) /* AVX512BW */ &&
       cpuid_bit(7, 0, EBX, 31) /* AVX512VL */ &&
       cpuid_bit(7, 0, ECX, 11) /* AVX512_VNNI */)
     return QL_CPU_LEVEL_AVX512;
-  if (avx2 && cpuid_bit(7, 1, EAX, 4) /* AVX-VNNI */)
+  if (has_avx_vnni)
     return QL_CPU_LEVEL_AVX2_VNNI;
   if (avx2)
     return QL_CPU_LEVEL_AVX2;
 #endif
   return QL_CPU_LEVEL_C;
+}
+
+/*
+ * The level a cap of want gives on this machine: want, or the detected one
+ * when lower. Levels are ordered, but AVX-512 VNNI does not imply AVX-VNNI
+ * (AMD Zen 4 has the first and not the second), so a cap at avx2vnni on
+ * such a machine runs avx2.
+ */
+static ql__cpu_level capped(ql__cpu_level want) {
+  if (want >= level_detected)
+    return level_detected;
+  if (want == QL_CPU_LEVEL_AVX2_VNNI && !has_avx_vnni)
+    return QL_CPU_LEVEL_AVX2;
+  return want;
 }
 
 static void level_init(void) {
@@ -83,8 +99,8 @@ static void level_init(void) {
     return;
   for (int l = 0; l < QL_CPU_LEVEL_COUNT; l++)
     if (strcmp(e, level_names[l]) == 0) {
-      if ((ql__cpu_level)l < level_active)
-        level_active = (ql__cpu_level)l;
+      if (capped((ql__cpu_level)l) < level_active)
+        level_active = capped((ql__cpu_level)l);
       return;
     }
 }
@@ -97,8 +113,8 @@ int ql__cpu_level_set(const char *name) {
     if (strcmp(name, level_names[l]) == 0) {
       if ((ql__cpu_level)l > level_detected)
         return QL_ENOTSUP;
-      if ((ql__cpu_level)l < level_active)
-        level_active = (ql__cpu_level)l;
+      if (capped((ql__cpu_level)l) < level_active)
+        level_active = capped((ql__cpu_level)l);
       return 0;
     }
   return QL_EINVAL;
@@ -112,6 +128,11 @@ ql__cpu_level ql__cpu_level_get(void) {
 ql__cpu_level ql__cpu_level_detected(void) {
   pthread_once(&level_once, level_init);
   return level_detected;
+}
+
+ql__cpu_level ql__cpu_level_capped(ql__cpu_level want) {
+  pthread_once(&level_once, level_init);
+  return capped(want);
 }
 
 int ql__cpu_daz(void) {
