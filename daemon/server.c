@@ -474,6 +474,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   ql__notice("stopped");
   status = 0;
 fail:
+  ql__devices_close(s); /* no-op for workers already closed */
   ql__devices_free(s);
   ql__uploads_free(s->uploads);
   ql__calibrate_close(s);
