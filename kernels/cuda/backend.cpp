@@ -1,38 +1,55 @@
-// backend.cpp - the CUDA backend's registration (the one place that lists
-// its implementations) and the host glue of its ops: argument checks as
-// strict as the reference's, the "cuda-1" layout that repack builds, and
-// the launches.
+// backend.cpp - the CUDA backend: its registration (the one place that
+// lists its implementations), its devices, and the host side of its ops:
+// argument checks as strict as the reference's, the "cuda-1" layout that
+// repack builds in device memory, staging of host tensors, launches, and
+// what a failing GPU does to them.
 //
-// Device memory. In this increment the backend is built only against the
-// emulation (kernels/cuda/emu.h), where device memory is host memory: the
-// helpers dev_alloc/dev_free/dev_copy below are plain host operations and
-// the ops take the caller's pointers as they are. The real runtime (per-GPU
-// workers, streams, staging, budgets) replaces exactly these helpers; until
-// it exists the backend is linked into test programs only, never into
-// qlineard (see kernels/backends.c and Makefile.am).
+// Host code only, written against the CUDA runtime API. The same file is
+// built two ways: against <cuda_runtime_api.h> and libcudart for machines
+// with a GPU, and against kernels/cuda/emu_runtime.h (QL_CUDA_EMU) in
+// `make check`, where the runtime keeps device memory in host memory and
+// can inject the failures a GPU has (DESIGN §9).
+//
+// Devices. Ordinals are the runtime's (they differ between processes with
+// another CUDA_VISIBLE_DEVICES); names carry the GPU's UUID, which does
+// not. device_bind() makes a device current for the calling thread
+// (cudaSetDevice); the ops and repack act on the current device. Each
+// device has one stream and a scratch arena (device memory for x, y and
+// intermediate arrays, pinned host memory for staging), grown on demand and
+// guarded by the device's mutex: the daemon runs one worker per device, so
+// the lock is only ever contended by tests.
+//
+// Failures. A CUDA error other than out-of-memory or a bad argument, or a
+// launch that does not finish within the kernel timeout, takes the device
+// out of service for good: its ops return QL_EDEVICE from then on, and
+// device_error() says why. A GPU context with a sticky error cannot run
+// anything again, and a hung kernel may never return, so neither is
+// retried; the daemon keeps serving on its other devices.
 //
 // Ops: repack and linear_wo for q4g, q8c, q8b and f8r; quantize_rows (int8
-// with group sums, e4m3) for every activation dtype. linear_aq is not
-// registered yet: dispatch gives the generic one.
+// with group sums, e4m3) for every activation dtype. x and y of the ops are
+// host memory, the caller's.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <atomic>
+#include <mutex>
+
+#ifdef QL_CUDA_EMU
+#include "emu_runtime.h"
+#else
+#include <cuda_runtime_api.h>
+#endif
 
 #include "ql_cuda.h"
 #include "registry.h"
 
 namespace {
 
-// ---- device memory (emulated build: host memory) ----
-
-void* dev_alloc(size_t n) {
-  // 256 bytes, as cudaMalloc aligns; the size is rounded up as
-  // aligned_alloc requires.
-  return aligned_alloc(256, (n + 255) & ~size_t(255));
-}
-void dev_free(void* p) { free(p); }
-void dev_copy(void* dst, const void* src, size_t n) { memcpy(dst, src, n); }
-void* const kStream = nullptr;  // the default stream
-void dev_sync() {}              // launches complete before they return
+constexpr int kMaxDevices = 16;
+constexpr unsigned kDefaultTimeoutMs = 10000;
 
 bool mul_size(size_t a, size_t b, size_t* out) {
   if (a != 0 && b > SIZE_MAX / a) return false;
@@ -45,15 +62,204 @@ bool add_size(size_t a, size_t b, size_t* out) {
   return true;
 }
 size_t round16(size_t n) { return (n + 15) & ~size_t(15); }
+size_t round256(size_t n) { return (n + 255) & ~size_t(255); }
+
+// ---- devices ----
+
+// Memory grown on demand and handed out in 256-byte aligned pieces for the
+// duration of one call.
+struct arena {
+  unsigned char* base = nullptr;
+  size_t cap = 0;
+  size_t used = 0;
+};
+
+struct device {
+  std::mutex mu;
+  cudaStream_t stream = nullptr;  // made at first use
+  arena dev;                      // device memory
+  arena host;                     // pinned host memory
+  std::atomic<bool> failed{false};
+  char why[160] = "";             // set once, before failed
+};
+
+device g_dev[kMaxDevices];
+std::atomic<unsigned> g_timeout_ms{kDefaultTimeoutMs};
+thread_local int t_ordinal = 0;
+
+// Takes d out of service; the first reason stays.
+int fail(device& d, const char* fmt, const char* what) {
+  bool was = d.failed.load();
+  if (!was) {
+    snprintf(d.why, sizeof d.why, fmt, what);
+    d.failed.store(true);
+  }
+  return QL_EDEVICE;
+}
+
+// The QL_E* code of a CUDA error, at the boundary (DESIGN §7): running out
+// of memory and a refused argument are errors of this call; anything else
+// means the device can no longer be trusted.
+int check(device& d, cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return 0;
+    case cudaErrorMemoryAllocation:
+      return QL_ENOMEM;
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevicePointer:
+      return QL_EINTERNAL;
+    default:
+      return fail(d, "CUDA error %s", cudaGetErrorName(e));
+  }
+}
+
+// The launches just made: a launch error is reported here (and cleared
+// unless sticky).
+int check_launch(device& d) { return check(d, cudaGetLastError()); }
+
+// Waits for everything enqueued on d's stream, for at most the kernel
+// timeout. cudaStreamQuery is polled rather than cudaStreamSynchronize
+// called, because a kernel that never ends would block this thread for
+// good; polling lets the call fail and the device go out of service.
+int wait(device& d) {
+  struct timespec t0, now, nap = {0, 50000};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (unsigned spin = 0;; spin++) {
+    cudaError_t e = cudaStreamQuery(d.stream);
+    if (e == cudaSuccess) return 0;
+    if (e != cudaErrorNotReady) return check(d, e);
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t ms = uint64_t(now.tv_sec - t0.tv_sec) * 1000 +
+                  uint64_t(now.tv_nsec / 1000000) - uint64_t(t0.tv_nsec / 1000000);
+    if (ms >= g_timeout_ms.load()) {
+      char t[32];
+      snprintf(t, sizeof t, "%u", g_timeout_ms.load());
+      return fail(d, "a kernel did not finish within %s ms", t);
+    }
+    if (spin >= 64) nanosleep(&nap, nullptr);
+  }
+}
+
+// The current device of this thread, ready for a call: its stream exists
+// and it has not failed. On success the caller holds d.mu.
+int enter(device** out, std::unique_lock<std::mutex>* lk) {
+  int o = t_ordinal;
+  if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
+  device& d = g_dev[o];
+  *lk = std::unique_lock<std::mutex>(d.mu);
+  if (d.failed.load()) return QL_EDEVICE;
+  if (d.stream == nullptr) {
+    int rc = check(d, cudaStreamCreateWithFlags(&d.stream,
+                                                cudaStreamNonBlocking));
+    if (rc != 0) return rc;
+  }
+  d.dev.used = d.host.used = 0;
+  *out = &d;
+  return 0;
+}
+
+// Makes a hold at least n bytes (its contents are not kept).
+int grow(device& d, arena& a, size_t n, bool pinned) {
+  if (n <= a.cap) return 0;
+  size_t cap = round256(n + n / 4);
+  void* p = nullptr;
+  int rc;
+  if (a.base != nullptr) {
+    rc = check(d, pinned ? cudaFreeHost(a.base) : cudaFree(a.base));
+    a.base = nullptr;
+    a.cap = 0;
+    if (rc != 0) return rc;
+  }
+  rc = check(d, pinned ? cudaMallocHost(&p, cap) : cudaMalloc(&p, cap));
+  if (rc != 0) return rc;
+  a.base = static_cast<unsigned char*>(p);
+  a.cap = cap;
+  return 0;
+}
+
+// Room for pieces of the given sizes in both arenas of d: every piece of
+// one call is taken from what this reserved.
+int reserve(device& d, size_t dev_bytes, size_t host_bytes) {
+  int rc = grow(d, d.dev, dev_bytes, false);
+  return rc != 0 ? rc : grow(d, d.host, host_bytes, true);
+}
+
+void* take(arena& a, size_t n) {
+  void* p = a.base + a.used;
+  a.used += round256(n);
+  return p;
+}
+
+int device_count(const char** why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaErrorNoDevice || (e == cudaSuccess && n == 0)) {
+    *why = "the CUDA driver sees no GPU";
+    return 0;
+  }
+  if (e == cudaErrorInsufficientDriver) {
+    *why = "no CUDA driver, or one older than this toolkit needs";
+    return 0;
+  }
+  if (e != cudaSuccess) {
+    *why = "the CUDA runtime did not start";
+    return 0;
+  }
+  if (n > kMaxDevices) n = kMaxDevices;
+  return n;
+}
+
+int device_info(int o, ql_device_desc* out) {
+  cudaDeviceProp p;
+  if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
+  memset(&p, 0, sizeof p);
+  if (cudaGetDeviceProperties(&p, o) != cudaSuccess) return QL_EDEVICE;
+  // The UUID as nvidia-smi prints it (GPU-8-4-4-4-12 hex digits).
+  const unsigned char* u = reinterpret_cast<const unsigned char*>(p.uuid.bytes);
+  char uuid[48];
+  int at = snprintf(uuid, sizeof uuid, "GPU-");
+  for (int i = 0; i < 16; i++)
+    at += snprintf(uuid + at, sizeof uuid - size_t(at), "%s%02x",
+                   i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "", u[i]);
+  snprintf(out->name, sizeof out->name, "cuda:%s", uuid);
+  snprintf(out->alias, sizeof out->alias, "cuda:%d", o);
+  snprintf(out->model, sizeof out->model, "%.50s sm_%d%d", p.name, p.major,
+           p.minor);
+  // Weights get seven eighths of the memory: the rest is left for the
+  // scratch arenas, the CUDA context and other processes' activations.
+  out->memory_bytes = p.totalGlobalMem - p.totalGlobalMem / 8;
+  return 0;
+}
+
+int device_bind(int o) {
+  if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
+  if (g_dev[o].failed.load()) return QL_EDEVICE;
+  int rc = check(g_dev[o], cudaSetDevice(o));
+  if (rc == 0) t_ordinal = o;
+  return rc;
+}
+
+int device_error(int o, char* buf, size_t len) {
+  if (o < 0 || o >= kMaxDevices || len == 0) return QL_EINVAL;
+  if (!g_dev[o].failed.load()) return 0;
+  snprintf(buf, len, "%s", g_dev[o].why);
+  return QL_EDEVICE;
+}
+
+int configure(const ql_backend_config* c) {
+  if (c->kernel_timeout_ms != 0) g_timeout_ms.store(c->kernel_timeout_ms);
+  return 0;
+}
 
 // ---- the layout ----
 
-// A repacked weight: the kernels' view (dev, whose arrays point into mem)
-// and what identifies the canonical weight it was made from.
+// A repacked weight: the kernels' view (dev, whose arrays point into mem,
+// one device allocation) and its size.
 struct packed {
   ql__cuda_wo dev;
-  void* mem;     // one device allocation holding every array
-  size_t bytes;  // its size
+  void* mem;
+  size_t bytes;
 };
 
 // True when p was made from a weight of w's shape and parameters.
@@ -68,21 +274,28 @@ bool packed_matches(const packed* p, const ql_qweight* w) {
 void free_packed(void* pp) {
   packed* p = static_cast<packed*>(pp);
   if (p == nullptr) return;
-  dev_free(p->mem);
+  // cudaFree takes a pointer of any device (unified addressing); a failed
+  // device's memory goes with its context, so an error here changes
+  // nothing.
+  (void)cudaFree(p->mem);
   free(p);
 }
 
-// Builds the layout of ql_cuda.h for w: rows of codes padded to 16 bytes,
-// scale and zero transposed from [G, N] to [N, G], bias copied.
+// Builds the layout of ql_cuda.h for w on the current device: rows of
+// codes padded to 16 bytes, scale and zero transposed from [G, N] to
+// [N, G], bias copied. The image is made in host memory and copied once.
 int make_packed(const ql_qweight* w, packed** out) {
   size_t n, g, ssz, rb, ldq, q_bytes, s_bytes, b_bytes, off_s, off_z, off_b,
       total;
   packed* p = nullptr;
-  unsigned char* mem;
-  int rc;
+  unsigned char* img = nullptr;
+  int rc, o = t_ordinal;
 
   *out = nullptr;
   if ((rc = ql_qweight_check(w)) != 0) return rc;
+  if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
+  device& d = g_dev[o];
+  if (d.failed.load()) return QL_EDEVICE;
   n = size_t(w->n);
   g = size_t(w->groups);
   ssz = ql_dtype_size(w->scale_dtype);
@@ -99,45 +312,50 @@ int make_packed(const ql_qweight* w, packed** out) {
       total > SIZE_MAX - 256)
     return QL_ESHAPE;
 
-  if ((p = static_cast<packed*>(calloc(1, sizeof *p))) == nullptr)
-    return QL_ENOMEM;
-  if ((p->mem = dev_alloc(total)) == nullptr) {
-    free(p);
-    return QL_ENOMEM;
-  }
-  p->bytes = total;
-  mem = static_cast<unsigned char*>(p->mem);
-
+  rc = QL_ENOMEM;
+  if ((p = static_cast<packed*>(calloc(1, sizeof *p))) == nullptr ||
+      (img = static_cast<unsigned char*>(calloc(1, total))) == nullptr)
+    goto fail;
   // Rows of codes; the padding is zero (a zero code adds x·0).
-  for (size_t r = 0; r < n; r++) {
-    dev_copy(mem + r * ldq, w->qdata + r * rb, rb);
-    memset(mem + r * ldq + rb, 0, ldq - rb);
+  for (size_t r = 0; r < n; r++) memcpy(img + r * ldq, w->qdata + r * rb, rb);
+  {  // [G, N] -> [N, G], element by element in the stored dtype.
+    const unsigned char* sc = static_cast<const unsigned char*>(w->scale);
+    const unsigned char* zc = static_cast<const unsigned char*>(w->zero);
+    for (size_t r = 0; r < n; r++)
+      for (size_t j = 0; j < g; j++) {
+        memcpy(img + off_s + (r * g + j) * ssz, sc + (j * n + r) * ssz, ssz);
+        if (zc != nullptr)
+          memcpy(img + off_z + (r * g + j) * ssz, zc + (j * n + r) * ssz, ssz);
+      }
   }
-  // [G, N] -> [N, G], element by element in the stored dtype.
-  const unsigned char* sc = static_cast<const unsigned char*>(w->scale);
-  const unsigned char* zc = static_cast<const unsigned char*>(w->zero);
-  for (size_t r = 0; r < n; r++)
-    for (size_t j = 0; j < g; j++) {
-      dev_copy(mem + off_s + (r * g + j) * ssz, sc + (j * n + r) * ssz, ssz);
-      if (zc != nullptr)
-        dev_copy(mem + off_z + (r * g + j) * ssz, zc + (j * n + r) * ssz, ssz);
-    }
-  if (w->bias != nullptr) dev_copy(mem + off_b, w->bias, b_bytes);
-
-  p->dev.format = int(w->format);
-  p->dev.sdt = int(w->scale_dtype);
-  p->dev.n = w->n;
-  p->dev.k = w->k;
-  p->dev.groups = w->groups;
-  p->dev.gs = w->group_size;
-  p->dev.ldq = int64_t(ldq);
-  p->dev.q = mem;
-  p->dev.scale = mem + off_s;
-  p->dev.zero = w->zero != nullptr ? mem + off_z : nullptr;
-  p->dev.bias = w->bias != nullptr ? reinterpret_cast<float*>(mem + off_b)
-                                   : nullptr;
+  if (w->bias != nullptr) memcpy(img + off_b, w->bias, b_bytes);
+  if ((rc = check(d, cudaMalloc(&p->mem, total))) != 0 ||
+      (rc = check(d, cudaMemcpy(p->mem, img, total,
+                                cudaMemcpyHostToDevice))) != 0)
+    goto fail;
+  free(img);
+  p->bytes = total;
+  {
+    unsigned char* mem = static_cast<unsigned char*>(p->mem);
+    p->dev.format = int(w->format);
+    p->dev.sdt = int(w->scale_dtype);
+    p->dev.n = w->n;
+    p->dev.k = w->k;
+    p->dev.groups = w->groups;
+    p->dev.gs = w->group_size;
+    p->dev.ldq = int64_t(ldq);
+    p->dev.q = mem;
+    p->dev.scale = mem + off_s;
+    p->dev.zero = w->zero != nullptr ? mem + off_z : nullptr;
+    p->dev.bias = w->bias != nullptr ? reinterpret_cast<float*>(mem + off_b)
+                                     : nullptr;
+  }
   *out = p;
   return 0;
+fail:
+  free(img);
+  free_packed(p);
+  return rc;
 }
 
 int repack(ql_repack_args* a) {
@@ -146,38 +364,42 @@ int repack(ql_repack_args* a) {
   if (a == nullptr || a->w == nullptr) return QL_EINVAL;
   rc = make_packed(a->w, &p);
   a->packed = p;
-  a->packed_bytes = rc == 0 ? p->bytes + sizeof *p : 0;
+  a->packed_bytes = rc == 0 ? p->bytes : 0;
   return rc;
 }
 
 // ---- linear_wo ----
 
 // The argument checks of kernels/reference.c op_args(), so that the CUDA
-// ops fail where and how the generic ones do.
-int linear_args(const ql_linear_args* a, size_t* mk) {
-  size_t mn, bytes;
+// ops fail where and how the generic ones do. *xb, *yb: bytes of x and y.
+int linear_args(const ql_linear_args* a, size_t* mk, size_t* xb, size_t* yb) {
+  size_t mn, esz;
   int rc;
   if (a == nullptr || a->w == nullptr || a->x == nullptr || a->y == nullptr)
     return QL_EINVAL;
   if ((rc = ql_qweight_check(a->w)) != 0) return rc;
-  if (ql_dtype_size(a->dt) == 0) return QL_EDTYPE;
+  if ((esz = ql_dtype_size(a->dt)) == 0) return QL_EDTYPE;
   if (a->m < 1 || a->m > QL_DIM_MAX) return QL_ESHAPE;
   if (!mul_size(size_t(a->m), size_t(a->w->k), mk) ||
-      !mul_size(*mk, sizeof(float), &bytes) ||
+      !mul_size(*mk, sizeof(float), xb) ||
       !mul_size(size_t(a->m), size_t(a->w->n), &mn) ||
-      !mul_size(mn, sizeof(float), &bytes))
+      !mul_size(mn, sizeof(float), yb))
     return QL_ESHAPE;
+  *xb = *mk * esz;
+  *yb = mn * esz;
   return 0;
 }
 
 int run_wo(const ql_linear_args* a) {
   const packed* p;
   packed* tmp = nullptr;
-  int* bad = nullptr;
+  std::unique_lock<std::mutex> lk;
+  device* d;
   int rc, hbad = 0;
-  size_t mk;
+  size_t mk, xb, yb;
 
-  if ((rc = linear_args(a, &mk)) != 0) return rc;
+  if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
+  if ((rc = enter(&d, &lk)) != 0) return rc;
   if (a->packed != nullptr) {
     p = static_cast<const packed*>(a->packed);
     if (!packed_matches(p, a->w)) return QL_EINVAL;
@@ -185,21 +407,44 @@ int run_wo(const ql_linear_args* a) {
     if ((rc = make_packed(a->w, &tmp)) != 0) return rc;
     p = tmp;
   }
-  // NaN/Inf fail the call before y is written (DESIGN §4), as the
-  // reference does: a pass over x first.
-  rc = QL_ENOMEM;
-  if ((bad = static_cast<int*>(dev_alloc(sizeof *bad))) == nullptr) goto fail;
-  dev_copy(bad, &hbad, sizeof hbad);
-  ql__cuda_check_finite(int(a->dt), a->x, int64_t(mk), bad, kStream);
-  dev_sync();
-  dev_copy(&hbad, bad, sizeof hbad);
-  rc = QL_ENONFINITE;
-  if (hbad) goto fail;
-  ql__cuda_linear_wo(&p->dev, int(a->dt), a->x, a->m, a->y, kStream);
-  dev_sync();
-  rc = 0;
-fail:
-  dev_free(bad);
+  {
+    if ((rc = reserve(*d, round256(xb) + round256(yb) + 256,
+                      round256(xb > yb ? xb : yb) + 256)) != 0)
+      goto done;
+    void* dx = take(d->dev, xb);
+    void* dy = take(d->dev, yb);
+    int* bad = static_cast<int*>(take(d->dev, sizeof(int)));
+    unsigned char* hs = static_cast<unsigned char*>(take(d->host, xb > yb ? xb : yb));
+    int* hbadp = reinterpret_cast<int*>(take(d->host, sizeof(int)));
+    // x through pinned staging, so the copy is a real asynchronous DMA.
+    memcpy(hs, a->x, xb);
+    if ((rc = check(*d, cudaMemcpyAsync(dx, hs, xb, cudaMemcpyHostToDevice,
+                                        d->stream))) != 0 ||
+        (rc = check(*d, cudaMemsetAsync(bad, 0, sizeof(int), d->stream))) != 0)
+      goto done;
+    // NaN/Inf fail the call before y is written (DESIGN §4), as the
+    // reference does: a pass over x first.
+    ql__cuda_check_finite(int(a->dt), dx, int64_t(mk), bad, d->stream);
+    if ((rc = check_launch(*d)) != 0 ||
+        (rc = check(*d, cudaMemcpyAsync(hbadp, bad, sizeof(int),
+                                        cudaMemcpyDeviceToHost,
+                                        d->stream))) != 0 ||
+        (rc = wait(*d)) != 0)
+      goto done;
+    hbad = *hbadp;
+    if (hbad) {
+      rc = QL_ENONFINITE;
+      goto done;
+    }
+    ql__cuda_linear_wo(&p->dev, int(a->dt), dx, a->m, dy, d->stream);
+    if ((rc = check_launch(*d)) != 0 ||
+        (rc = check(*d, cudaMemcpyAsync(hs, dy, yb, cudaMemcpyDeviceToHost,
+                                        d->stream))) != 0 ||
+        (rc = wait(*d)) != 0)
+      goto done;
+    memcpy(a->y, hs, yb);
+  }
+done:
   free_packed(tmp);
   return rc;
 }
@@ -221,7 +466,9 @@ int qrows_args(const ql_qrows_args* a, ql_dtype* src, int64_t* groups) {
     return QL_ESHAPE;
   *groups = a->kind == QL_QROWS_I8 ? (a->k + a->gs - 1) / a->gs : 1;
   if (!mul_size(size_t(a->m), size_t(a->k), &mk) ||
-      !mul_size(size_t(a->m), size_t(*groups), &mg))
+      !mul_size(size_t(a->m), size_t(*groups), &mg) ||
+      !mul_size(mk, sizeof(float), &mk) ||
+      !mul_size(mg, sizeof(int32_t), &mg))
     return QL_ESHAPE;
   if (a->gsum != nullptr &&
       (int64_t(a->gs) < a->k ? int64_t(a->gs) : a->k) > QL_QROWS_MAX_GROUP)
@@ -230,32 +477,61 @@ int qrows_args(const ql_qrows_args* a, ql_dtype* src, int64_t* groups) {
 }
 
 int run_qrows(const ql_qrows_args* a) {
-  int64_t groups, *status = nullptr, *hs = nullptr;
-  size_t sbytes;
+  std::unique_lock<std::mutex> lk;
+  device* d;
+  int64_t groups;
   ql_dtype src;
   int rc;
 
   if ((rc = qrows_args(a, &src, &groups)) != 0) return rc;
-  sbytes = size_t(a->m) * sizeof(int64_t);
-  rc = QL_ENOMEM;
-  if ((status = static_cast<int64_t*>(dev_alloc(sbytes))) == nullptr ||
-      (hs = static_cast<int64_t*>(malloc(sbytes))) == nullptr)
-    goto fail;
+  if ((rc = enter(&d, &lk)) != 0) return rc;
+  const size_t m = size_t(a->m), k = size_t(a->k);
+  const size_t xb = m * k * sizeof(float), qb = m * k, sb = m * sizeof(float),
+               gb = a->gsum != nullptr ? m * size_t(groups) * sizeof(int32_t)
+                                       : 0,
+               stb = m * sizeof(int64_t);
+  const size_t all = round256(xb) + round256(qb) + round256(sb) +
+                     round256(gb) + round256(stb);
+  if ((rc = reserve(*d, all, all)) != 0) return rc;
+  float* dx = static_cast<float*>(take(d->dev, xb));
+  void* dq = take(d->dev, qb);
+  float* ds = static_cast<float*>(take(d->dev, sb));
+  int32_t* dg = gb ? static_cast<int32_t*>(take(d->dev, gb)) : nullptr;
+  int64_t* dst = static_cast<int64_t*>(take(d->dev, stb));
+  unsigned char* hx = static_cast<unsigned char*>(take(d->host, xb));
+  unsigned char* hq = static_cast<unsigned char*>(take(d->host, qb));
+  float* hsx = static_cast<float*>(take(d->host, sb));
+  int32_t* hg = gb ? static_cast<int32_t*>(take(d->host, gb)) : nullptr;
+  int64_t* hst = static_cast<int64_t*>(take(d->host, stb));
+  memcpy(hx, a->x, xb);
+  if ((rc = check(*d, cudaMemcpyAsync(dx, hx, xb, cudaMemcpyHostToDevice,
+                                      d->stream))) != 0)
+    return rc;
   ql__cuda_quantize_rows(
       a->kind == QL_QROWS_I8 ? QL__CUDA_QROWS_I8 : QL__CUDA_QROWS_E4M3,
-      int(src), a->x, a->m, a->k, a->kind == QL_QROWS_I8 ? int64_t(a->gs) : a->k,
-      a->xq, a->sx, a->gsum, status, kStream);
-  dev_sync();
-  dev_copy(hs, status, sbytes);
+      int(src), dx, a->m, a->k,
+      a->kind == QL_QROWS_I8 ? int64_t(a->gs) : a->k, dq, ds, dg, dst,
+      d->stream);
+  if ((rc = check_launch(*d)) != 0 ||
+      (rc = check(*d, cudaMemcpyAsync(hq, dq, qb, cudaMemcpyDeviceToHost,
+                                      d->stream))) != 0 ||
+      (rc = check(*d, cudaMemcpyAsync(hsx, ds, sb, cudaMemcpyDeviceToHost,
+                                      d->stream))) != 0 ||
+      (gb && (rc = check(*d, cudaMemcpyAsync(hg, dg, gb,
+                                             cudaMemcpyDeviceToHost,
+                                             d->stream))) != 0) ||
+      (rc = check(*d, cudaMemcpyAsync(hst, dst, stb, cudaMemcpyDeviceToHost,
+                                      d->stream))) != 0 ||
+      (rc = wait(*d)) != 0)
+    return rc;
   // The first row in order that the reference would refuse decides, and in
   // it the first value: what ql_quantize_rows_*_src return.
-  rc = 0;
-  for (int64_t r = 0; r < a->m && rc == 0; r++)
-    if (hs[r] != 0) rc = (hs[r] & 3) == 1 ? QL_ENONFINITE : QL_EINVAL;
-fail:
-  dev_free(status);
-  free(hs);
-  return rc;
+  for (size_t r = 0; r < m; r++)
+    if (hst[r] != 0) return (hst[r] & 3) == 1 ? QL_ENONFINITE : QL_EINVAL;
+  memcpy(a->xq, hq, qb);
+  memcpy(a->sx, hsx, sb);
+  if (gb) memcpy(a->gsum, hg, gb);
+  return 0;
 }
 
 #define FMTS_WO                                            \
@@ -289,8 +565,20 @@ struct table {
 };
 const table impls;
 
+ql_backend make_backend() {
+  ql_backend b;
+  memset(&b, 0, sizeof b);
+  b.name = "cuda";
+  b.impls = impls.im;
+  b.n_impls = sizeof impls.im / sizeof impls.im[0];
+  b.configure = configure;
+  b.device_count = device_count;
+  b.device_info = device_info;
+  b.device_bind = device_bind;
+  b.device_error = device_error;
+  return b;
+}
+
 }  // namespace
 
-extern "C" const ql_backend ql__backend_cuda = {
-    "cuda", impls.im, sizeof impls.im / sizeof impls.im[0], nullptr,
-    nullptr, nullptr, nullptr, nullptr};
+extern "C" const ql_backend ql__backend_cuda = make_backend();

@@ -1153,12 +1153,16 @@ START_TEST(test_session_decode_bad) {
 }
 END_TEST
 
-/* The error space: QL_ESESSION joined the end of the list. */
+/* The error space: QL_ESESSION, then QL_EDEVICE, joined the end of the
+ * list (codes never move: clients compare them). */
 START_TEST(test_error_codes) {
   ck_assert_int_eq(QL_ESESSION, -24);
-  ck_assert_int_eq(QL_ERRNO_MIN_, QL_ESESSION - 1);
+  ck_assert_int_eq(QL_EDEVICE, -25);
+  ck_assert_int_eq(QL_ERRNO_MIN_, QL_EDEVICE - 1);
   ck_assert_str_eq(ql_err_name(QL_ESESSION), "QL_ESESSION");
   ck_assert_str_eq(ql_strerror(QL_ESESSION), "no such session");
+  ck_assert_str_eq(ql_err_name(QL_EDEVICE), "QL_EDEVICE");
+  ck_assert_str_eq(ql_strerror(QL_EDEVICE), "device failed or out of service");
   ck_assert_str_eq(ql_err_name(QL_ERRNO_MIN_), "QL_EUNKNOWN");
   for (int code = -1; code > QL_ERRNO_MIN_; code--)
     ck_assert_str_ne(ql_err_name(code), "QL_EUNKNOWN");

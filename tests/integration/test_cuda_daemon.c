@@ -1,0 +1,385 @@
+/*
+ * test_cuda_daemon.c - qlineard serving on CUDA devices, end to end, with
+ * the CUDA backend's host code running against the emulated runtime
+ * (kernels/cuda/emu_runtime.h) and its kernels under the emulation header:
+ * load -> repack into device memory -> linear -> reply, through a real
+ * daemon ($QLINEARD_CUDAEMU) and real clients.
+ *
+ * What it checks: the GPUs are listed by UUID beside the CPU; weights are
+ * placed on the accelerators and served there, with replies identical to
+ * the same backend run in this process (batch-invariant kernels); a
+ * request may name its device; device memory is accounted against the
+ * device's budget (a load past it is OUT_OF_MEMORY and changes nothing);
+ * a device that fails (a sticky error injected into the runtime) or hangs
+ * (a kernel that never finishes) fails its requests with QL_EDEVICE and a
+ * clear message, is logged, and the other devices keep serving; without a
+ * driver the daemon serves on the CPU and says why once, and a required
+ * GPU that is missing stops it from starting.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <check.h>
+
+#include "harness.h"
+#include "ql_kernels.h"
+#include "qlinear/qlinear.h"
+#include "registry.h"
+#include "testutil.h"
+
+#define N 48
+#define K 200 /* ragged: not a multiple of 16, 32 or the group */
+#define TMO 20000
+
+static void use_cuda_daemon(void) {
+  const char *bin = getenv("QLINEARD_CUDAEMU");
+  ck_assert_msg(bin != NULL, "QLINEARD_CUDAEMU is not set");
+  setenv("QLINEARD", bin, 1);
+}
+
+/* Reads the daemon's log into a new string. */
+static char *read_log(const td *d) {
+  FILE *f = fopen(d->log, "r");
+  ck_assert_ptr_nonnull(f);
+  char *buf = tu_xmalloc(1 << 20);
+  size_t n = fread(buf, 1, (1 << 20) - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+static int count(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+    n++;
+  return n;
+}
+
+/* One Linear request, raw, so that it can name a device. Returns the
+ * status code; on success y gets the m·N result. msg (may be NULL) gets
+ * the status message. */
+static int linear_on(const td *d, const char *weight, const char *device,
+                     const float *x, uint64_t m, float *y, char *msg,
+                     size_t msglen) {
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearRequest lin;
+  Qlinear__V1__Tensor xt;
+  uint64_t shape[2] = {m, K};
+  qlinear__v1__request__init(&req);
+  qlinear__v1__linear_request__init(&lin);
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  xt.shape = shape;
+  xt.n_shape = 2;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  xt.inline_data.data = (uint8_t *)x;
+  xt.inline_data.len = m * K * sizeof(float);
+  lin.weight = (char *)weight;
+  lin.x = &xt;
+  lin.device = (char *)(device ? device : "");
+  lin.path = QLINEAR__V1__PATH__PATH_WEIGHT_ONLY;
+  req.request_id = 77;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+  req.linear = &lin;
+  Qlinear__V1__Response *r = td_call(d, &req, TMO);
+  ck_assert_ptr_nonnull(r);
+  int rc = r->status->code;
+  if (msg != NULL)
+    snprintf(msg, msglen, "%s", r->status->message ? r->status->message : "");
+  if (rc == 0) {
+    ck_assert_uint_eq(r->linear->y->inline_data.len, m * N * sizeof(float));
+    memcpy(y, r->linear->y->inline_data.data, m * N * sizeof(float));
+    ck_assert_str_eq(r->linear->impl, "cuda.linear_wo");
+  }
+  qlinear__v1__response__free_unpacked(r, NULL);
+  return rc;
+}
+
+/* The result this process's own CUDA backend (same emulated kernels)
+ * gives for layer l in format f: the daemon's must be the same bytes. */
+static void expected(const td_layer *l, ql_format f, uint32_t gs,
+                     const float *x, uint64_t m, float *y) {
+  ql_quant_params p = {f, gs, 0, (ql_dtype)0};
+  ql_qweight *q = NULL;
+  const char *impl = NULL;
+  ck_assert_int_eq(ql_qweight_quantize(&p, (int64_t)l->n, (int64_t)l->k,
+                                       QL_DTYPE_F32, l->w, l->b, &q),
+                   0);
+  const ql_backend *cuda = ql_backend_find("cuda");
+  ck_assert_ptr_nonnull(cuda);
+  ck_assert_int_eq(ql_run_linear(cuda, QL_OP_LINEAR_WO, q, NULL, QL_DTYPE_F32,
+                                 x, (int64_t)m, y, &impl),
+                   0);
+  ck_assert_str_eq(impl, "cuda.linear_wo");
+  ql_qweight_free(q);
+}
+
+static void start(td *d, const char *devices, const char *fault,
+                  const char *const *args) {
+  use_cuda_daemon();
+  setenv("QL_EMU_CUDA_DEVICES", devices, 1);
+  if (fault != NULL)
+    setenv("QL_EMU_CUDA_FAULT", fault, 1);
+  else
+    unsetenv("QL_EMU_CUDA_FAULT");
+  td_start(d, args);
+}
+
+/* Two GPUs and the CPU; weights go to both GPUs, are served there, name
+ * their devices; stats count device memory per device. */
+START_TEST(serves_on_gpus) {
+  td d;
+  start(&d, "2", NULL, NULL);
+  ql_client *c = td_connect(&d);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  ck_assert_uint_eq(h.n_devices, 3);
+  ck_assert_str_eq(h.devices[0].alias, "cuda:0");
+  ck_assert_str_eq(h.devices[1].alias, "cuda:1");
+  ck_assert_str_eq(h.devices[2].alias, "cpu");
+  ck_assert_str_eq(h.devices[0].kind, "cuda");
+  /* Named by UUID, distinct. */
+  ck_assert_int_eq(strncmp(h.devices[0].name, "cuda:GPU-", 9), 0);
+  ck_assert_uint_eq(strlen(h.devices[0].name), 5 + 4 + 36);
+  ck_assert_str_ne(h.devices[0].name, h.devices[1].name);
+
+  static const struct {
+    ql_format f;
+    uint32_t gs;
+  } fmts[] = {{QL_FORMAT_Q4G, 64}, {QL_FORMAT_Q8C, 0}, {QL_FORMAT_Q8B, 32},
+              {QL_FORMAT_F8R, 0}};
+  for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++) {
+    td_layer l;
+    char name[32];
+    ql_weight_info info;
+    td_layer_make(&l, N, K, 10 + i, 1);
+    snprintf(name, sizeof name, "w%zu", i);
+    ck_assert_int_eq(td_load(c, name, &l, fmts[i].f, fmts[i].gs, 0, &info,
+                             NULL),
+                     0);
+    ck_assert_uint_eq(info.n_devices, 2);
+    ck_assert_ptr_nonnull(strstr(info.devices, h.devices[0].name));
+    ck_assert_ptr_nonnull(strstr(info.devices, h.devices[1].name));
+    const uint64_t m = 5;
+    float x[5 * K], y[5 * N], want[5 * N];
+    uint64_t seed = 100 + i;
+    td_randn(&seed, x, m * K, 1.0f);
+    expected(&l, fmts[i].f, fmts[i].gs, x, m, want);
+    /* Each GPU by alias and by name, and the scheduler's choice. */
+    const char *on[] = {"cuda:0", "cuda:1", h.devices[1].name, NULL};
+    for (size_t j = 0; j < 4; j++) {
+      memset(y, 0, sizeof y);
+      ck_assert_int_eq(linear_on(&d, name, on[j], x, m, y, NULL, 0), 0);
+      ck_assert_msg(memcmp(y, want, sizeof y) == 0,
+                    "%s on %s: not the in-process result", name,
+                    on[j] ? on[j] : "(any)");
+    }
+    /* The CPU does not hold it. */
+    char msg[256];
+    ck_assert_int_eq(linear_on(&d, name, "cpu", x, m, y, msg, sizeof msg),
+                     QL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(msg, "cuda:0"));
+    td_layer_free(&l);
+  }
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->n_devices, 3);
+  ck_assert_uint_gt(st->devices[0].bytes_resident, 0);
+  ck_assert_uint_eq(st->devices[0].bytes_resident,
+                    st->devices[1].bytes_resident);
+  ck_assert_uint_gt(st->devices[0].budget_bytes, 0);
+  /* Per (weight, device): two entries per weight, each with its own
+   * counts. */
+  ck_assert_uint_eq(st->n_per_weight, 8);
+  uint64_t reqs = 0;
+  for (size_t i = 0; i < st->n_per_weight; i++) {
+    ck_assert_ptr_null(strstr(st->per_weight[i].device, "cpu"));
+    reqs += st->per_weight[i].requests;
+  }
+  ck_assert_uint_eq(reqs, 4 * 4);
+  ql_stats_free(st);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* Device memory is accounted against the device's budget: a load past it
+ * is OUT_OF_MEMORY and leaves nothing resident; the next one that fits is
+ * served. */
+START_TEST(device_budget) {
+  td d;
+  /* 1 MiB per GPU: seven eighths of it for weights. */
+  setenv("QL_EMU_CUDA_MEM", "1048576", 1);
+  start(&d, "1", NULL, NULL);
+  unsetenv("QL_EMU_CUDA_MEM");
+  ql_client *c = td_connect(&d);
+  td_layer big, small;
+  td_layer_make(&big, 1024, 1024, 1, 0); /* 1 MiB of q8c codes */
+  td_layer_make(&small, N, K, 2, 0);
+  ck_assert_int_eq(td_load(c, "big", &big, QL_FORMAT_Q8C, 0, 0, NULL, NULL),
+                   QL_ENOMEM);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->weights, 0);
+  ck_assert_uint_eq(st->devices[0].bytes_resident, 0);
+  ql_stats_free(st);
+  ck_assert_int_eq(td_load(c, "small", &small, QL_FORMAT_Q8C, 0, 0, NULL,
+                           NULL),
+                   0);
+  float x[K], y[N], want[N];
+  uint64_t seed = 5;
+  td_randn(&seed, x, K, 1.0f);
+  expected(&small, QL_FORMAT_Q8C, 0, x, 1, want);
+  ck_assert_int_eq(linear_on(&d, "small", NULL, x, 1, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  td_layer_free(&big);
+  td_layer_free(&small);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * GPU 0 gets a sticky error after some work, GPU 1 a kernel that never
+ * finishes: each fails its requests with QL_EDEVICE and a clear message,
+ * goes out of service (logged once), and the rest keeps serving: the other
+ * GPU while one is left, then new loads on the CPU.
+ */
+START_TEST(failing_devices) {
+  td d;
+  /* GPU 0 fails after 40 work items, GPU 1 hangs after 60. */
+  const char *args[] = {"--kernel-timeout-ms", "300ms", NULL};
+  start(&d, "2", "0:40:sticky,1:60:hang", args);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, N, K, 3, 1);
+  ck_assert_int_eq(td_load(c, "w", &l, QL_FORMAT_Q4G, 32, 0, NULL, NULL), 0);
+  float x[2 * K], y[2 * N], want[2 * N];
+  uint64_t seed = 9;
+  td_randn(&seed, x, 2 * K, 1.0f);
+  expected(&l, QL_FORMAT_Q4G, 32, x, 2, want);
+  char msg[256];
+
+  /* GPU 0 serves until its fault, then fails with QL_EDEVICE. */
+  int rc = 0, served = 0;
+  for (int i = 0; i < 100 && rc == 0; i++) {
+    rc = linear_on(&d, "w", "cuda:0", x, 2, y, msg, sizeof msg);
+    if (rc == 0) {
+      ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+      served++;
+    }
+  }
+  ck_assert_int_gt(served, 0);
+  ck_assert_int_eq(rc, QL_EDEVICE);
+  ck_assert_ptr_nonnull(strstr(msg, "device"));
+  /* Out of service: refused at once, by name. */
+  ck_assert_int_eq(linear_on(&d, "w", "cuda:0", x, 2, y, msg, sizeof msg),
+                   QL_EDEVICE);
+  ck_assert_ptr_nonnull(strstr(msg, "cuda:0 is out of service"));
+  /* Requests that name no device go to GPU 1 until it hangs. */
+  served = 0;
+  rc = 0;
+  int64_t t_fail = 0;
+  for (int i = 0; i < 100 && rc == 0; i++) {
+    int64_t t0 = td_now_ms();
+    rc = linear_on(&d, "w", NULL, x, 2, y, msg, sizeof msg);
+    if (rc == 0) {
+      ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+      served++;
+    } else {
+      t_fail = td_now_ms() - t0;
+    }
+  }
+  ck_assert_int_gt(served, 0);
+  ck_assert_int_eq(rc, QL_EDEVICE);
+  /* Failed by the kernel timeout, not left hanging. */
+  ck_assert_int_ge(t_fail, 250);
+  ck_assert_int_lt(t_fail, 15000);
+  /* Every device holding w is out of service. */
+  ck_assert_int_eq(linear_on(&d, "w", NULL, x, 2, y, msg, sizeof msg),
+                   QL_EDEVICE);
+  ck_assert_ptr_nonnull(strstr(msg, "out of service"));
+  /* The daemon keeps serving: a new load goes to the CPU. */
+  ql_weight_info info;
+  ck_assert_int_eq(td_load(c, "w2", &l, QL_FORMAT_Q8C, 0, 0, &info, NULL), 0);
+  ck_assert_str_eq(info.devices, "cpu");
+  ck_assert_int_eq(ql_linear(c, "w2", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 2,
+                             K, x, N, y, NULL),
+                   0);
+  char *log = read_log(&d);
+  ck_assert_int_eq(count(log, "device cuda:0 ("), 1);
+  ck_assert_int_eq(count(log, "device cuda:1 ("), 1);
+  ck_assert_ptr_nonnull(strstr(log, "CUDA error cudaErrorIllegalAddress"));
+  ck_assert_ptr_nonnull(strstr(log, "did not finish within 300 ms"));
+  free(log);
+  td_layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* No driver: the CPU serves and the log says why, once; a daemon that
+ * requires a GPU does not start. */
+START_TEST(no_driver) {
+  td d;
+  setenv("QL_EMU_CUDA_NODRIVER", "1", 1);
+  start(&d, "2", NULL, NULL);
+  ql_client *c = td_connect(&d);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  ck_assert_uint_eq(h.n_devices, 1);
+  ck_assert_str_eq(h.devices[0].name, "cpu");
+  ql_close(c);
+  char *log = read_log(&d); /* td_stop() removes it */
+  ck_assert_int_eq(count(log, "cuda: no device: no CUDA driver"), 1);
+  free(log);
+  ck_assert_int_eq(td_stop(&d), 0);
+  /* A required GPU that is not there: the daemon does not start. */
+  char dir[] = "/tmp/ql-test-XXXXXX", logp[64];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(logp, sizeof logp, "%s.log", dir);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0)
+      dup2(fd, 2);
+    execl(getenv("QLINEARD"), "qlineard", "--socket-dir", dir,
+          "--required-devices", "cpu,cuda:0", (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  td fake;
+  memset(&fake, 0, sizeof fake);
+  snprintf(fake.log, sizeof fake.log, "%s", logp);
+  log = read_log(&fake);
+  ck_assert_ptr_nonnull(
+      strstr(log, "required device cuda:0 is not present (present: cpu)"));
+  free(log);
+  unlink(logp);
+  rmdir(dir);
+  unsetenv("QL_EMU_CUDA_NODRIVER");
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("cuda_daemon");
+  TCase *tc = tcase_create("cuda_daemon");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, serves_on_gpus);
+  tcase_add_test(tc, device_budget);
+  tcase_add_test(tc, failing_devices);
+  tcase_add_test(tc, no_driver);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
