@@ -3,10 +3,10 @@
  * kernel library. A backend that is not built contributes nothing here;
  * nothing outside this file and the backend's own folder tests for it.
  *
- * QL_WITH_CUDA: the CUDA backend (kernels/cuda/) is linked in. Until its
- * device runtime exists, only its emulated build does that, and only in
- * test programs (Makefile.am, "CUDA"): they compile this file again with
- * the macro, so libqlkernels and qlineard list the CPU alone.
+ * QL_WITH_CUDA: the CUDA backend (kernels/cuda/) is linked in: in
+ * libqlkernels when configure found nvcc (the GPU build), and in the test
+ * programs that compile this file again with the macro around its emulated
+ * build (Makefile.am, "CUDA").
  */
 #include <string.h>
 

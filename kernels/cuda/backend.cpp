@@ -34,8 +34,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <pthread.h>
+
 #include <atomic>
-#include <mutex>
 
 #ifdef QL_CUDA_EMU
 #include "emu_runtime.h"
@@ -74,8 +75,10 @@ struct arena {
   size_t used = 0;
 };
 
+// The C++ here needs nothing of the C++ runtime library (no exceptions, no
+// std::mutex), so that libqlkernels links into C programs as it is.
 struct device {
-  std::mutex mu;
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   cudaStream_t stream = nullptr;  // made at first use
   arena dev;                      // device memory
   arena host;                     // pinned host memory
@@ -141,23 +144,28 @@ int wait(device& d) {
   }
 }
 
-// The current device of this thread, ready for a call: its stream exists
-// and it has not failed. On success the caller holds d.mu.
-int enter(device** out, std::unique_lock<std::mutex>* lk) {
-  int o = t_ordinal;
+// The current device of this thread, locked and ready for a call: its
+// stream exists and it has not failed. On success the caller runs its call
+// and then leave()s.
+int enter(device** out) {
+  int o = t_ordinal, rc = 0;
   if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
   device& d = g_dev[o];
-  *lk = std::unique_lock<std::mutex>(d.mu);
-  if (d.failed.load()) return QL_EDEVICE;
-  if (d.stream == nullptr) {
-    int rc = check(d, cudaStreamCreateWithFlags(&d.stream,
-                                                cudaStreamNonBlocking));
-    if (rc != 0) return rc;
+  pthread_mutex_lock(&d.mu);
+  if (d.failed.load())
+    rc = QL_EDEVICE;
+  else if (d.stream == nullptr)
+    rc = check(d, cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  if (rc != 0) {
+    pthread_mutex_unlock(&d.mu);
+    return rc;
   }
   d.dev.used = d.host.used = 0;
   *out = &d;
   return 0;
 }
+
+void leave(device* d) { pthread_mutex_unlock(&d->mu); }
 
 // Makes a hold at least n bytes (its contents are not kept).
 int grow(device& d, arena& a, size_t n, bool pinned) {
@@ -390,16 +398,13 @@ int linear_args(const ql_linear_args* a, size_t* mk, size_t* xb, size_t* yb) {
   return 0;
 }
 
-int run_wo(const ql_linear_args* a) {
+// run_wo() with d entered.
+int wo_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+          size_t yb) {
   const packed* p;
   packed* tmp = nullptr;
-  std::unique_lock<std::mutex> lk;
-  device* d;
   int rc, hbad = 0;
-  size_t mk, xb, yb;
 
-  if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
-  if ((rc = enter(&d, &lk)) != 0) return rc;
   if (a->packed != nullptr) {
     p = static_cast<const packed*>(a->packed);
     if (!packed_matches(p, a->w)) return QL_EINVAL;
@@ -449,6 +454,17 @@ done:
   return rc;
 }
 
+int run_wo(const ql_linear_args* a) {
+  device* d;
+  size_t mk, xb, yb;
+  int rc;
+  if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
+  if ((rc = enter(&d)) != 0) return rc;
+  rc = wo_on(d, a, mk, xb, yb);
+  leave(d);
+  return rc;
+}
+
 // ---- quantize_rows ----
 
 // The argument checks of ql_quantize_rows_i8_src / _e4m3_src and of
@@ -476,15 +492,10 @@ int qrows_args(const ql_qrows_args* a, ql_dtype* src, int64_t* groups) {
   return 0;
 }
 
-int run_qrows(const ql_qrows_args* a) {
-  std::unique_lock<std::mutex> lk;
-  device* d;
-  int64_t groups;
-  ql_dtype src;
+// run_qrows() with d entered.
+int qrows_on(device* d, const ql_qrows_args* a, ql_dtype src,
+             int64_t groups) {
   int rc;
-
-  if ((rc = qrows_args(a, &src, &groups)) != 0) return rc;
-  if ((rc = enter(&d, &lk)) != 0) return rc;
   const size_t m = size_t(a->m), k = size_t(a->k);
   const size_t xb = m * k * sizeof(float), qb = m * k, sb = m * sizeof(float),
                gb = a->gsum != nullptr ? m * size_t(groups) * sizeof(int32_t)
@@ -532,6 +543,18 @@ int run_qrows(const ql_qrows_args* a) {
   memcpy(a->sx, hsx, sb);
   if (gb) memcpy(a->gsum, hg, gb);
   return 0;
+}
+
+int run_qrows(const ql_qrows_args* a) {
+  device* d;
+  int64_t groups;
+  ql_dtype src;
+  int rc;
+  if ((rc = qrows_args(a, &src, &groups)) != 0) return rc;
+  if ((rc = enter(&d)) != 0) return rc;
+  rc = qrows_on(d, a, src, groups);
+  leave(d);
+  return rc;
 }
 
 #define FMTS_WO                                            \
