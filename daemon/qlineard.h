@@ -91,6 +91,9 @@ typedef struct ql__server {
   ql__transport *transport;
   ql__transport *admin; /* admin.sock */
   char admin_address[PATH_MAX + 8];
+  /* The socket and admin directories if this start made them, else "":
+   * a failed start removes them. */
+  char made_socket_dir[PATH_MAX], made_admin_dir[PATH_MAX];
   struct ql__store *store; /* the state directory, or NULL: none */
   size_t persistent_count; /* weights with a file in the store */
   struct ql__sessions *sessions; /* session.sock and its sessions

@@ -27,16 +27,29 @@
 #include "store.h"
 
 /*
+ * mkdir(dir, 0700), remembering in made (PATH_MAX bytes) a directory it
+ * made, which a failed start removes again; 0 if it exists already.
+ */
+static int make_dir(const char *dir, char *made) {
+  if (mkdir(dir, 0700) == 0) {
+    snprintf(made, PATH_MAX, "%s", dir);
+    return 0;
+  }
+  if (errno == EEXIST)
+    return 0;
+  ql__err("cannot create %s: %s", dir, strerror(errno));
+  return QL_EIO;
+}
+
+/*
  * Makes the socket directory (0700) if it is missing and checks that an
  * existing one is ours and not writable by others: the directory is the
  * access boundary of the socket.
  */
-static int prepare_socket_dir(const char *dir) {
+static int prepare_socket_dir(const char *dir, char *made) {
   struct stat st;
-  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-    ql__err("cannot create %s: %s", dir, strerror(errno));
+  if (make_dir(dir, made) != 0)
     return QL_EIO;
-  }
   if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
     ql__err("%s is not a directory", dir);
     return QL_EIO;
@@ -53,12 +66,10 @@ static int prepare_socket_dir(const char *dir) {
  * ours and closed to others (group access is the point: the admin group).
  * A missing one is made 0700, for the daemon's own user only.
  */
-static int prepare_admin_dir(const char *dir) {
+static int prepare_admin_dir(const char *dir, char *made) {
   struct stat st;
-  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-    ql__err("cannot create %s: %s", dir, strerror(errno));
+  if (make_dir(dir, made) != 0)
     return QL_EIO;
-  }
   if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
     ql__err("%s is not a directory", dir);
     return QL_EIO;
@@ -200,16 +211,14 @@ static int open_admin(ql__server *s) {
     return QL_EINVAL;
   }
   snprintf(s->admin_address, sizeof s->admin_address, "ipc://%s", path);
-  if ((rc = prepare_admin_dir(dir)) != 0 ||
+  if ((rc = prepare_admin_dir(dir, s->made_admin_dir)) != 0 ||
       (rc = clear_stale_socket(path)) != 0)
     return rc;
+  /* (ql__transport_open() logs why it failed) */
   if ((rc = ql__transport_open(s->loop, s->admin_address,
                                s->cfg.max_message_bytes,
-                               ql__handle_admin_message, s, &s->admin)) !=
-      0) {
-    ql__err("cannot listen at %s: %s", s->admin_address, ql_strerror(rc));
+                               ql__handle_admin_message, s, &s->admin)) != 0)
     return rc;
-  }
   if (chmod(path, 0660) != 0)
     ql__warn("chmod %s: %s", path, strerror(errno));
   ql__notice("admin socket at %s", s->admin_address);
@@ -378,7 +387,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     goto fail;
   }
   snprintf(s->address, sizeof s->address, "ipc://%s", path);
-  if (prepare_socket_dir(cfg->socket_dir) != 0 ||
+  if (prepare_socket_dir(cfg->socket_dir, s->made_socket_dir) != 0 ||
       clear_stale_socket(path) != 0)
     goto fail;
 
@@ -437,7 +446,6 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
 
   if ((rc = ql__transport_open(&loop, s->address, cfg->max_message_bytes,
                                ql__handle_message, s, &s->transport)) != 0) {
-    ql__err("cannot listen at %s: %s", s->address, ql_strerror(rc));
     close_all(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
@@ -474,6 +482,15 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   ql__notice("stopped");
   status = 0;
 fail:
+  /* A failed start leaves the runtime directory as it found it: the
+   * sockets are gone with their transports (nanomsg unlinks an ipc://
+   * socket it bound), and the directories it made, empty, go too. */
+  if (status != 0) {
+    if (s->made_admin_dir[0] != '\0' && rmdir(s->made_admin_dir) != 0)
+      ql__warn("cannot remove %s: %s", s->made_admin_dir, strerror(errno));
+    if (s->made_socket_dir[0] != '\0' && rmdir(s->made_socket_dir) != 0)
+      ql__warn("cannot remove %s: %s", s->made_socket_dir, strerror(errno));
+  }
   ql__devices_close(s); /* no-op for workers already closed */
   ql__devices_free(s);
   ql__uploads_free(s->uploads);

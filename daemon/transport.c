@@ -23,6 +23,8 @@ static int map_nn_errno(int e) {
   case ENOMEM:
     return QL_ENOMEM;
   case EAGAIN:
+  case ENOSPC: /* a full file system under an ipc:// address */
+  case EDQUOT:
     return QL_EEXHAUSTED;
   case ETIMEDOUT:
     return QL_ETIMEDOUT;
@@ -126,7 +128,9 @@ int ql__transport_open(uv_loop_t *loop, const char *address, size_t max_msg,
   t->arg = arg;
   t->sock = nn_socket(AF_SP_RAW, NN_REP);
   if (t->sock < 0) {
-    rc = map_nn_errno(nn_errno());
+    int e = nn_errno();
+    rc = map_nn_errno(e);
+    ql__err("cannot listen at %s: %s", address, nn_strerror(e));
     free(t);
     return rc;
   }
@@ -140,16 +144,19 @@ int ql__transport_open(uv_loop_t *loop, const char *address, size_t max_msg,
                     sizeof maxsz) < 0 ||
       nn_bind(t->sock, address) < 0 ||
       nn_getsockopt(t->sock, NN_SOL_SOCKET, NN_RCVFD, &fd, &fdsz) < 0) {
-    rc = map_nn_errno(nn_errno());
-    ql__err("cannot listen at %s: %s", address, nn_strerror(nn_errno()));
+    int e = nn_errno();
+    rc = map_nn_errno(e);
+    ql__err("cannot listen at %s: %s", address, nn_strerror(e));
     goto fail;
   }
   if (uv_poll_init(loop, &t->poll, fd) != 0) {
+    ql__err("cannot listen at %s: cannot poll its descriptor", address);
     rc = QL_EINTERNAL;
     goto fail;
   }
   t->poll.data = t;
   if (uv_poll_start(&t->poll, UV_READABLE, on_readable) != 0) {
+    ql__err("cannot listen at %s: cannot poll its descriptor", address);
     /* The handle is known to the loop now: it is freed by its close
      * callback, never here. */
     nn_close(t->sock);

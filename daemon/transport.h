@@ -30,7 +30,8 @@ typedef void (*ql__on_message)(void *arg, const void *body, size_t len,
 
 /*
  * Binds address ("ipc://...") with messages larger than max_msg refused by
- * nanomsg, and starts polling. On success *out is the caller's.
+ * nanomsg, and starts polling. On success *out is the caller's; on
+ * failure the reason (the system's, e.g. a full file system) is logged.
  */
 int ql__transport_open(uv_loop_t *loop, const char *address, size_t max_msg,
                        ql__on_message cb, void *arg, ql__transport **out);

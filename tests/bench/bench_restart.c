@@ -9,9 +9,15 @@
  * loads until --gib GiB are stored, stops it, then times P restarts: from
  * fork/exec to the moment a client's ListWeights shows every weight (the
  * daemon opens its sockets only after the store is resident, so that is
- * when it is ready), interleaved with P reads of every store file. The
- * files are in the page cache, as after a daemon restart on a running
- * host. Output: a table and one JSON line starting with "{".
+ * when it is ready), interleaved with P reads of every store file. With
+ * --cache warm (the default) the files are in the page cache, as after a
+ * daemon restart on a running host; with --cache cold every file of the
+ * state directory is dropped from the page cache before each restart and
+ * each read (written back, then POSIX_FADV_DONTNEED), as after a reboot;
+ * --cache both interleaves the two. What stayed resident is measured
+ * (mincore) and printed: a file system that keeps its files in memory
+ * (tmpfs) cannot be cold. Output: a table and one JSON line per cache
+ * state, starting with "{".
  */
 #include <dirent.h>
 #include <errno.h>
@@ -20,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -125,6 +132,62 @@ static size_t read_store(const char *dir, void *buf, size_t buflen) {
   return total;
 }
 
+/*
+ * The fraction of the pages of dir's regular files in the page cache,
+ * after making them cold (evict: dropped from it, written back first since
+ * only clean pages can be dropped) or warm (else: read once, as the last
+ * daemon left them, the cached layouts included).
+ */
+static double cache_state(const char *dir, int evict) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  char path[512];
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), total = 0, resident = 0;
+  unsigned char *vec = NULL;
+  size_t veclen = 0;
+  while (d != NULL && (e = readdir(d)) != NULL) {
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      continue;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+      close(fd);
+      continue;
+    }
+    if (evict) {
+      (void)fsync(fd);
+      (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    }
+    size_t len = (size_t)st.st_size, pages = (len + page - 1) / page;
+    void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    if (!evict && m != MAP_FAILED) {
+      volatile const unsigned char *b = m;
+      for (size_t i = 0; i < len; i += page)
+        (void)b[i];
+    }
+    if (pages > veclen) {
+      unsigned char *v = realloc(vec, pages);
+      if (v != NULL) {
+        vec = v;
+        veclen = pages;
+      }
+    }
+    if (m != MAP_FAILED && pages <= veclen && mincore(m, len, vec) == 0) {
+      total += pages;
+      for (size_t i = 0; i < pages; i++)
+        resident += vec[i] & 1;
+    }
+    if (m != MAP_FAILED)
+      munmap(m, len);
+    close(fd);
+  }
+  if (d)
+    closedir(d);
+  free(vec);
+  return total ? (double)resident / (double)total : 0.0;
+}
+
 static void rm_tree(const char *dir) {
   DIR *d = opendir(dir);
   struct dirent *e;
@@ -147,6 +210,8 @@ static void rm_tree(const char *dir) {
 int ql_bench_restart(int argc, char **argv) {
   double gib = 1.0;
   int pairs = 5, rv = 1, keep = 0;
+  int modes[2] = {0, -1}; /* the cache states timed: 0 warm, 1 cold */
+  static const char *const mode_name[2] = {"warm", "cold"};
   uint64_t n = 8192, k = 8192;
   rig r;
   memset(&r, 0, sizeof r);
@@ -158,7 +223,19 @@ int ql_bench_restart(int argc, char **argv) {
       pairs = atoi(argv[++i]);
     else if (strcmp(argv[i], "--daemon") == 0 && i + 1 < argc)
       r.daemon = argv[++i];
-    else if (strcmp(argv[i], "--keep") == 0)
+    else if (strcmp(argv[i], "--cache") == 0 && i + 1 < argc) {
+      i++;
+      int both = strcmp(argv[i], "both") == 0;
+      if (both || strcmp(argv[i], "warm") == 0 ||
+          strcmp(argv[i], "cold") == 0) {
+        modes[0] = strcmp(argv[i], "cold") == 0;
+        modes[1] = both ? 1 : -1;
+      } else {
+        fprintf(stderr, "qlinear-bench restart: --cache warm, cold or "
+                        "both\n");
+        return 2;
+      }
+    } else if (strcmp(argv[i], "--keep") == 0)
       keep = 1; /* leaves the state directory for a look at it */
     else if (strcmp(argv[i], "--quick") == 0) {
       gib = 0.03;
@@ -166,7 +243,8 @@ int ql_bench_restart(int argc, char **argv) {
       pairs = 1;
     } else {
       fprintf(stderr, "usage: qlinear-bench restart [--gib G] [--pairs P] "
-                      "[--daemon PATH] [--quick] [--keep]\n");
+                      "[--cache warm|cold|both] [--daemon PATH] [--quick] "
+                      "[--keep]\n");
       return 2;
     }
   }
@@ -189,11 +267,13 @@ int ql_bench_restart(int argc, char **argv) {
   float *sc = malloc(n * sizeof(float));
   size_t buflen = 1u << 20;
   void *buf = malloc(buflen);
-  double *t_restart = calloc((size_t)pairs, sizeof(double));
-  double *t_read = calloc((size_t)pairs, sizeof(double));
+  /* per cache state: [0, pairs) warm, [pairs, 2 pairs) cold */
+  double *t_restart = calloc(2 * (size_t)pairs, sizeof(double));
+  double *t_read = calloc(2 * (size_t)pairs, sizeof(double));
+  double *resident = calloc(2 * (size_t)pairs, sizeof(double));
   ql_client *c = NULL;
   if (qd == NULL || sc == NULL || buf == NULL || t_restart == NULL ||
-      t_read == NULL)
+      t_read == NULL || resident == NULL)
     goto done;
 
   if (start(&r) != 0 || wait_ready(&r, 0, &c) != 0) {
@@ -242,41 +322,76 @@ int ql_bench_restart(int argc, char **argv) {
   c = NULL;
   stop(&r);
 
-  size_t bytes = 0;
+  size_t bytes = 0, stored = 0;
   for (int p = 0; p < pairs; p++) {
-    /* Interleaved: the daemon's restart, then the read floor. */
-    double a = now_s();
-    if (start(&r) != 0 || wait_ready(&r, count, &c) != 0) {
-      fprintf(stderr, "qlinear-bench restart: restart %d failed (see "
-                      "%s/daemon.log)\n", p, r.dir);
-      goto done;
+    for (int m = 0; m < 2 && modes[m] >= 0; m++) {
+      /* Interleaved: the daemon's restart, then the read floor, each from
+       * the same cache state. */
+      int cold = modes[m], at = cold * pairs + p;
+      resident[at] = cache_state(r.state, cold);
+      double a = now_s();
+      if (start(&r) != 0 || wait_ready(&r, count, &c) != 0) {
+        fprintf(stderr, "qlinear-bench restart: restart %d failed (see "
+                        "%s/daemon.log)\n", p, r.dir);
+        goto done;
+      }
+      t_restart[at] = now_s() - a;
+      ql_close(c);
+      c = NULL;
+      stop(&r);
+      (void)cache_state(r.state, cold);
+      a = now_s();
+      bytes = read_store(r.state, buf, buflen);
+      t_read[at] = now_s() - a;
     }
-    t_restart[p] = now_s() - a;
-    ql_close(c);
-    c = NULL;
-    stop(&r);
-    a = now_s();
-    bytes = read_store(r.state, buf, buflen);
-    t_read[p] = now_s() - a;
   }
-  qsort(t_restart, (size_t)pairs, sizeof(double), cmp_double);
-  qsort(t_read, (size_t)pairs, sizeof(double), cmp_double);
-  double med_r = t_restart[pairs / 2], med_f = t_read[pairs / 2];
+  stored = count * per;
   double gb = (double)bytes / (double)(1u << 30);
   printf("restart: %zu persistent q8c weights %llux%llu, %.2f GiB stored "
-         "(uploaded in %.1f s)\n",
-         count, (unsigned long long)n, (unsigned long long)k, gb, t_load);
-  printf("  %-28s %9s %9s %9s\n", "", "median", "min", "max");
-  printf("  %-28s %8.3fs %8.3fs %8.3fs\n", "restart until ready", med_r,
-         t_restart[0], t_restart[pairs - 1]);
-  printf("  %-28s %8.3fs %8.3fs %8.3fs\n", "read the store files once", med_f,
-         t_read[0], t_read[pairs - 1]);
-  printf("  restart / read = %.2f; %.2f GiB/s\n", med_r / med_f, gb / med_r);
-  printf("{\"bench\":\"restart\",\"weights\":%zu,\"gib\":%.3f,"
-         "\"restart_s\":%.4f,\"restart_min_s\":%.4f,\"restart_max_s\":%.4f,"
-         "\"read_s\":%.4f,\"ratio\":%.3f,\"pairs\":%d}\n",
-         count, gb, med_r, t_restart[0], t_restart[pairs - 1], med_f,
-         med_r / med_f, pairs);
+         "(%zu bytes of tensors, %zu of files; uploaded in %.1f s)\n",
+         count, (unsigned long long)n, (unsigned long long)k, gb, stored,
+         bytes, t_load);
+  printf("  %-34s %9s %9s %9s\n", "", "median", "min", "max");
+  double med_r[2], med_f[2], med_res[2];
+  for (int m = 0; m < 2 && modes[m] >= 0; m++) {
+    int cold = modes[m];
+    double *tr = t_restart + cold * pairs, *tf = t_read + cold * pairs;
+    double *res = resident + cold * pairs;
+    qsort(tr, (size_t)pairs, sizeof(double), cmp_double);
+    qsort(tf, (size_t)pairs, sizeof(double), cmp_double);
+    qsort(res, (size_t)pairs, sizeof(double), cmp_double);
+    med_r[cold] = tr[pairs / 2];
+    med_f[cold] = tf[pairs / 2];
+    med_res[cold] = res[pairs / 2];
+    char label[64];
+    snprintf(label, sizeof label, "restart until ready, %s", mode_name[cold]);
+    printf("  %-34s %8.3fs %8.3fs %8.3fs\n", label, med_r[cold], tr[0],
+           tr[pairs - 1]);
+    snprintf(label, sizeof label, "read the store files once, %s",
+             mode_name[cold]);
+    printf("  %-34s %8.3fs %8.3fs %8.3fs\n", label, med_f[cold], tf[0],
+           tf[pairs - 1]);
+  }
+  for (int m = 0; m < 2 && modes[m] >= 0; m++) {
+    int cold = modes[m];
+    printf("  %s: restart / read = %.2f; %.2f GiB/s; %.1f%% of the state "
+           "directory in the page cache at the start\n",
+           mode_name[cold], med_r[cold] / med_f[cold], gb / med_r[cold],
+           100 * med_res[cold]);
+    if (cold && resident[2 * pairs - 1] > 0.05)
+      printf("  cold: the files stayed in the page cache (a tmpfs?): these "
+             "are not cold figures\n");
+  }
+  for (int m = 0; m < 2 && modes[m] >= 0; m++) {
+    int cold = modes[m];
+    double *tr = t_restart + cold * pairs;
+    printf("{\"bench\":\"restart\",\"cache\":\"%s\",\"weights\":%zu,"
+           "\"gib\":%.3f,\"restart_s\":%.4f,\"restart_min_s\":%.4f,"
+           "\"restart_max_s\":%.4f,\"read_s\":%.4f,\"ratio\":%.3f,"
+           "\"resident\":%.4f,\"pairs\":%d}\n",
+           mode_name[cold], count, gb, med_r[cold], tr[0], tr[pairs - 1],
+           med_f[cold], med_r[cold] / med_f[cold], med_res[cold], pairs);
+  }
   rv = 0;
 done:
   ql_close(c);
@@ -290,5 +405,6 @@ done:
   free(buf);
   free(t_restart);
   free(t_read);
+  free(resident);
   return rv;
 }

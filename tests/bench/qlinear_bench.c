@@ -122,7 +122,9 @@ static void usage(FILE *f) {
       "       qlinear-bench crossover [--shapes NxK,..] [--formats ..] "
       "(WO vs AQ per M, the crossover, its regret)\n"
       "       qlinear-bench restart [--gib G] [--pairs P] [--daemon PATH]\n"
-      "                         (restart time with G GiB of stored weights)\n");
+      "                             [--cache warm|cold|both]\n"
+      "                         (restart time with G GiB of stored weights,\n"
+      "                         their files in the page cache or not)\n");
 }
 
 static int parse_list(const char *s, int64_t *out, int max) {

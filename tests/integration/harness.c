@@ -43,17 +43,26 @@ static int socket_accepts(const char *path) {
   return ok;
 }
 
-void td_start(td *d, const char *const *args) {
+/* Forks and runs $QLINEARD on socket directory dir (NULL: a fresh private
+ * one) with the harness's arguments and args, its stderr to d->log. */
+static void spawn_daemon(td *d, const char *dir, const char *const *args) {
   const char *bin = getenv("QLINEARD");
   ck_assert_msg(bin != NULL, "QLINEARD is not set (run through make check)");
   memset(d, 0, sizeof *d);
-  snprintf(d->dir, sizeof d->dir, "/tmp/ql-test-XXXXXX");
-  ck_assert_ptr_nonnull(mkdtemp(d->dir));
-  chmod(d->dir, 0700);
+  if (dir == NULL) {
+    snprintf(d->dir, sizeof d->dir, "/tmp/ql-test-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(d->dir));
+    chmod(d->dir, 0700);
+    d->own_dir = 1;
+  } else {
+    ck_assert_uint_lt(strlen(dir), sizeof d->dir);
+    snprintf(d->dir, sizeof d->dir, "%s", dir);
+  }
   snprintf(d->address, sizeof d->address, "ipc://%s/qlineard.sock", d->dir);
   snprintf(d->session, sizeof d->session, "%s/session.sock", d->dir);
   snprintf(d->admin, sizeof d->admin, "ipc://%s/admin/admin.sock", d->dir);
   d->sess.fd = -1;
+  /* beside the directory, never in it: a test may fill its file system */
   snprintf(d->log, sizeof d->log, "%s.log", d->dir);
   const char *argv[32];
   int n = 0;
@@ -83,16 +92,59 @@ void td_start(td *d, const char *const *args) {
     execv(bin, (char *const *)argv);
     _exit(127);
   }
+}
+
+/* Waits until the daemon serves (0) or exits: then its exit status, -1
+ * if by a signal; -1 too if it does neither within 20 s. */
+static int wait_serving(td *d) {
   char path[300];
   snprintf(path, sizeof path, "%s/qlineard.sock", d->dir);
   for (int i = 0; i < 1000; i++) {
     /* session.sock comes right after qlineard.sock. */
     if (socket_accepts(path) && td_session_open(d, &d->sess) == 0)
-      return;
-    ck_assert_msg(td_alive(d), "qlineard exited at start (see %s)", d->log);
+      return 0;
+    int st;
+    if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+      d->pid = 0;
+      return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    }
     sleep_ms(20);
   }
-  ck_abort_msg("qlineard did not start listening");
+  return -1;
+}
+
+void td_start_in(td *d, const char *dir, const char *const *args) {
+  spawn_daemon(d, dir, args);
+  int rc = wait_serving(d);
+  ck_assert_msg(rc == 0 || d->pid != 0, "qlineard exited at start (see %s)",
+                d->log);
+  ck_assert_msg(rc == 0, "qlineard did not start listening");
+}
+
+void td_start(td *d, const char *const *args) { td_start_in(d, NULL, args); }
+
+int td_start_or_exit(td *d, const char *dir, const char *const *args,
+                     char *log, size_t len) {
+  spawn_daemon(d, dir, args);
+  int rc = wait_serving(d);
+  if (rc == 0)
+    return 0;
+  if (d->pid != 0) {
+    /* neither served nor exited */
+    int st;
+    kill(d->pid, SIGKILL);
+    waitpid(d->pid, &st, 0);
+    d->pid = 0;
+  }
+  FILE *f = fopen(d->log, "r");
+  size_t n = f ? fread(log, 1, len - 1, f) : 0;
+  log[n] = '\0';
+  if (f)
+    fclose(f);
+  unlink(d->log);
+  if (d->own_dir)
+    rmdir(d->dir);
+  return rc;
 }
 
 int td_alive(td *d) {
@@ -131,7 +183,8 @@ int td_wait(td *d, int timeout_ms) {
   unlink(path);
   snprintf(path, sizeof path, "%s/admin", d->dir);
   rmdir(path);
-  rmdir(d->dir);
+  if (d->own_dir)
+    rmdir(d->dir);
   if (status != 0) {
     /* Show the daemon's log when it did not stop cleanly. */
     FILE *f = fopen(d->log, "r");

@@ -25,7 +25,8 @@ typedef struct td_session {
 
 typedef struct td {
   pid_t pid;
-  char dir[256];     /* private socket directory */
+  char dir[256];     /* socket directory (private unless the test gave it) */
+  int own_dir;       /* dir was made by the harness: removed at the end */
   char address[300]; /* ipc://<dir>/qlineard.sock */
   char session[300]; /* <dir>/session.sock */
   char admin[320];   /* ipc://<dir>/admin/admin.sock (the default) */
@@ -38,6 +39,19 @@ typedef struct td {
  * which a test may override), waits until it accepts connections and opens
  * the harness's session (d->sess). Aborts the test on failure. */
 void td_start(td *d, const char *const *args);
+
+/* The same in the socket directory dir, which the test made (it is not
+ * removed at the end; the daemon's sockets in it are). */
+void td_start_in(td *d, const char *dir, const char *const *args);
+
+/*
+ * Starts the daemon as td_start_in() does, for a start that may fail:
+ * returns 0 once it serves, or its exit status if it exits first (-1: by a
+ * signal, or it neither served nor exited within 20 s) with what it wrote
+ * to stderr in log (len bytes, NUL-terminated); d->pid is 0 then.
+ */
+int td_start_or_exit(td *d, const char *dir, const char *const *args,
+                     char *log, size_t len);
 
 /* Sends SIGTERM and returns the daemon's exit status (-1 if it was killed
  * by a signal or did not stop within 20 s). Closes d->sess and removes the

@@ -6,8 +6,9 @@
  * child cannot reach the parent's session); the daemon itself killed with
  * SIGKILL during persistent loads and while serving (every acknowledged
  * weight back, bit-identical, nothing half-written); a full file system
- * under the state directory; a kernel that hangs (the systemd watchdog
- * pings stop, and resume when it returns).
+ * under the state directory, and under the runtime (socket) directory; a
+ * kernel that hangs (the systemd watchdog pings stop, and resume when it
+ * returns).
  *
  * Client processes run this program again (/proc/self/exe with a role as
  * argv[1]): nanomsg does not survive fork(), so a process that has used it
@@ -18,6 +19,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -785,6 +787,249 @@ START_TEST(disk_full) {
 }
 END_TEST
 
+/* ------------------------------------------------- runtime directory */
+
+/*
+ * Mounts a tmpfs of opts on dir, in a mount namespace of this test
+ * process's own (the daemon, a child, is in it too), so that a failed
+ * test leaves no mount behind. As root with mount rights (CI) in a mount
+ * namespace only; elsewhere in a user namespace too (unprivileged user
+ * namespaces; QL_TEST_USERNS=1 chooses this path even where the other
+ * works, to try it). Returns how, or NULL when neither works.
+ */
+static const char *mount_tmpfs(const char *dir, const char *opts) {
+  if (getenv("QL_TEST_USERNS") == NULL && unshare(CLONE_NEWNS) == 0 &&
+      mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+      mount("tmpfs", dir, "tmpfs", 0, opts) == 0)
+    return "a tmpfs";
+  uid_t uid = getuid();
+  gid_t gid = getgid();
+  if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
+    fprintf(stderr, "unshare(CLONE_NEWUSER | CLONE_NEWNS): %s\n",
+            strerror(errno));
+    return NULL;
+  }
+  /* The same ids inside: the daemon checks it owns its directories. */
+  char map[64];
+  int ok = 1;
+  const char *files[] = {"/proc/self/setgroups", "/proc/self/uid_map",
+                         "/proc/self/gid_map"};
+  for (int i = 0; i < 3 && ok; i++) {
+    if (i == 0)
+      snprintf(map, sizeof map, "deny");
+    else
+      snprintf(map, sizeof map, "%u %u 1", i == 1 ? (unsigned)uid : gid,
+               i == 1 ? (unsigned)uid : gid);
+    int fd = open(files[i], O_WRONLY | O_CLOEXEC);
+    ok = fd >= 0 && write(fd, map, strlen(map)) == (ssize_t)strlen(map);
+    if (fd >= 0)
+      close(fd);
+  }
+  if (!ok || mount("tmpfs", dir, "tmpfs", 0, opts) != 0) {
+    fprintf(stderr, "mount in a user namespace: %s\n", strerror(errno));
+    return NULL;
+  }
+  return "a tmpfs in a user namespace";
+}
+
+/*
+ * Fills dir's file system: new empty files until no inode is left, then
+ * bytes into the first until no block is left. Returns the files made
+ * (their names are fill-<i>, from *next on; *next is advanced).
+ */
+static int fill_fs(const char *dir, int *next) {
+  char path[300];
+  int made = 0;
+  for (;; (*next)++) {
+    snprintf(path, sizeof path, "%s/fill-%d", dir, *next);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      ck_assert_msg(errno == ENOSPC, "filling %s: %s", dir, strerror(errno));
+      break;
+    }
+    close(fd);
+    made++;
+  }
+  snprintf(path, sizeof path, "%s/fill-0", dir);
+  int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+  ck_assert_int_ge(fd, 0);
+  static const char block[4096];
+  while (write(fd, block, sizeof block) == (ssize_t)sizeof block)
+    ;
+  ck_assert_int_eq(errno, ENOSPC);
+  close(fd);
+  return made;
+}
+
+/* The names in dir, sorted, one per line. */
+static void listing(const char *dir, char *out, size_t len) {
+  struct dirent **e = NULL;
+  int n = scandir(dir, &e, NULL, alphasort);
+  ck_assert_int_ge(n, 0);
+  size_t used = 0;
+  out[0] = '\0';
+  for (int i = 0; i < n; i++) {
+    if (e[i]->d_name[0] != '.' && used < len)
+      used += (size_t)snprintf(out + used, len - used, "%s\n", e[i]->d_name);
+    free(e[i]);
+  }
+  free(e);
+  ck_assert_uint_lt(used, len);
+}
+
+/* 1 when every error line (<3>) of a daemon's log says the file system
+ * is full and names the runtime directory, and there is at least one. */
+static int errors_say_full(const char *log, const char *dir) {
+  int n = 0;
+  for (const char *l = log; *l != '\0';) {
+    const char *end = strchr(l, '\n');
+    size_t len = end ? (size_t)(end - l) : strlen(l);
+    if (strncmp(l, "<3>", 3) == 0) {
+      char line[1024];
+      snprintf(line, sizeof line, "%.*s", (int)len, l);
+      if (strstr(line, "No space left on device") == NULL ||
+          strstr(line, dir) == NULL)
+        return 0;
+      n++;
+    }
+    l += len + (end != NULL);
+  }
+  return n > 0;
+}
+
+/*
+ * The runtime directory (the socket directory) on a full file system: a
+ * tmpfs of 64 KiB and 16 inodes, filled with files until no inode and no
+ * byte is left. The daemon keeps there qlineard.sock, session.sock and
+ * admin/admin.sock (sockets and a directory: inodes, no bytes); regions
+ * are memfds and stored weights live in the state directory, elsewhere.
+ * - A daemon serving when it fills up keeps serving: its sessions and new
+ *   ones, requests inline and in regions, new regions, session and
+ *   persistent loads; what it holds computes the same bytes after.
+ * - A daemon started on it exits with status 1, every error it logs says
+ *   "No space left on device" and names the path, and it leaves the
+ *   directory as it found it: with 0, 1, 2, ... inodes freed, until it
+ *   has the few it needs and starts.
+ */
+START_TEST(runtime_dir_full) {
+  char parent[64], run[128], st[128];
+  snprintf(parent, sizeof parent, "/tmp/ql-rundir-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(parent));
+  snprintf(run, sizeof run, "%s/run", parent);
+  snprintf(st, sizeof st, "%s/store", parent);
+  ck_assert_int_eq(mkdir(run, 0700), 0);
+  const char *how = mount_tmpfs(run, "size=64k,nr_inodes=16,mode=0700");
+  ck_assert_msg(how != NULL, "cannot mount a tmpfs: not root, and no user "
+                "namespace (see above); this test needs one of them");
+  const char *args[] = {"--state-dir", st, NULL};
+  td d;
+  td_start_in(&d, run, args);
+  ql_client *a = td_connect_admin(&d), *c = td_connect(&d);
+  td_layer kept, own, fresh;
+  td_layer_make(&kept, 32, 128, 11, 1);
+  td_layer_make(&own, 64, 256, 12, 0);
+  td_layer_make(&fresh, 48, 256, 13, 1);
+  ck_assert_int_eq(load(a, "rt/kept", &kept, QL_FORMAT_Q8C, 0, 1, NULL), 0);
+  ck_assert_int_eq(load(c, "rt/own", &own, QL_FORMAT_Q4G, 32, 0, NULL), 0);
+  ql_region *r = NULL;
+  ck_assert_int_eq(ql_region_create(c, 1 << 16, &r), 0);
+  uint64_t seed = 21;
+  td_randn(&seed, (float *)r->data, 4 * 256, 1.0f);
+  ql_slice xs = {r, 0, 4 * 256 * 4}, ys = {r, 32768, 4 * 64 * 4};
+  ck_assert_int_eq(ql_linear_region(c, "rt/own", QL_PATH_AUTO, QL_DTYPE_F32,
+                                    4, 256, &xs, 64, &ys, NULL, NULL),
+                   0);
+  float before[4 * 64];
+  memcpy(before, (char *)r->data + 32768, sizeof before);
+
+  int next = 0, files = fill_fs(run, &next);
+  printf("runtime dir full (%s): %d files\n", how, files);
+  char probe[300];
+  snprintf(probe, sizeof probe, "%s/probe", run);
+  ck_assert_int_eq(mkdir(probe, 0700), -1);
+  ck_assert_int_eq(errno, ENOSPC);
+
+  /* The session that was there: inline, its region, its weights. */
+  ck_assert(matches(c, "rt/own", &own, QL_FORMAT_Q4G, 32, 22));
+  ck_assert(matches(c, "rt/kept", &kept, QL_FORMAT_Q8C, 0, 23));
+  memset((char *)r->data + 32768, 0, sizeof before);
+  ck_assert_int_eq(ql_linear_region(c, "rt/own", QL_PATH_AUTO, QL_DTYPE_F32,
+                                    4, 256, &xs, 64, &ys, NULL, NULL),
+                   0);
+  ck_assert_mem_eq((char *)r->data + 32768, before, sizeof before);
+  /* New sessions (session.sock and qlineard.sock), a new region, a
+   * session load, and a persistent one (the state directory is
+   * elsewhere). */
+  ql_client *c2 = td_connect(&d), *a2 = td_connect_admin(&d);
+  ql_region *r2 = NULL;
+  ck_assert_int_eq(ql_region_create(c2, 1 << 20, &r2), 0);
+  ck_assert_int_eq(load(c2, "rt/fresh", &fresh, QL_FORMAT_Q8C, 0, 0, NULL),
+                   0);
+  ck_assert(matches(c2, "rt/fresh", &fresh, QL_FORMAT_Q8C, 0, 24));
+  memcpy(r2->data, r->data, 4 * 256 * 4);
+  ql_slice xs2 = {r2, 0, 4 * 256 * 4}, ys2 = {r2, 1 << 19, 4 * 64 * 4};
+  ck_assert_int_eq(ql_linear_region(c2, "rt/own", QL_PATH_AUTO,
+                                    QL_DTYPE_F32, 4, 256, &xs2, 64, &ys2,
+                                    NULL, NULL),
+                   0);
+  ck_assert_mem_eq((char *)r2->data + (1 << 19), before, sizeof before);
+  ck_assert_int_eq(load(a2, "rt/kept2", &fresh, QL_FORMAT_Q4G, 64, 1, NULL),
+                   0);
+  ck_assert_int_eq(count_files(st, ".safetensors"), 2);
+  ql_close(a2);
+  ql_close(c2);
+  /* c2's session ends: its region and its weight go (the harness's
+   * session and c's remain; kept, kept2 and own). */
+  ck_assert_int_eq(ql_region_destroy(c, r), 0);
+  ck_assert(settle(c, 2, 3));
+  ck_assert(matches(c, "rt/kept2", &fresh, QL_FORMAT_Q4G, 64, 25));
+  ql_close(c);
+  ql_close(a);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  /* Starts on the full directory: refused cleanly, one more inode free
+   * each time, until the daemon has what it needs. */
+  files += fill_fs(run, &next);
+  char want[4096], got[4096], log[8192];
+  int freed = 0;
+  for (;; freed++) {
+    ck_assert_msg(freed <= 8, "the daemon does not start with 8 free "
+                  "inodes");
+    listing(run, want, sizeof want);
+    int rc = td_start_or_exit(&d, run, args, log, sizeof log);
+    if (rc == 0)
+      break;
+    ck_assert_msg(rc == 1, "start with %d inodes free: exit status %d",
+                  freed, rc);
+    ck_assert_msg(errors_say_full(log, run),
+                  "start with %d inodes free: the log does not say the "
+                  "file system is full:\n%s", freed, log);
+    listing(run, got, sizeof got);
+    ck_assert_msg(strcmp(want, got) == 0,
+                  "start with %d inodes free left the directory changed:\n"
+                  "%s\ninstead of\n%s", freed, got, want);
+    /* frees an inode, not a byte: fill-0 holds them */
+    char path[300];
+    snprintf(path, sizeof path, "%s/fill-%d", run, --next);
+    ck_assert_int_eq(unlink(path), 0);
+  }
+  printf("runtime dir full: %d refused starts, each exit status 1 and "
+         "nothing left; started with %d inodes free\n", freed, freed);
+  ck_assert_int_ge(freed, 1);
+  /* What was stored is all there. */
+  ql_client *u = td_connect(&d);
+  ck_assert(matches(u, "rt/kept", &kept, QL_FORMAT_Q8C, 0, 26));
+  ck_assert(matches(u, "rt/kept2", &fresh, QL_FORMAT_Q4G, 64, 27));
+  ql_close(u);
+  ck_assert_int_eq(td_stop(&d), 0);
+  td_layer_free(&kept);
+  td_layer_free(&own);
+  td_layer_free(&fresh);
+  ck_assert_int_eq(umount(run), 0);
+  rm_tree(parent);
+}
+END_TEST
+
 /* ---------------------------------------------------------- watchdog */
 
 typedef struct slow_call {
@@ -901,6 +1146,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, fork_after_connect);
   tcase_add_test(tc, kill9_daemon_during_loads);
   tcase_add_test(tc, disk_full);
+  tcase_add_test(tc, runtime_dir_full);
   tcase_add_test(tc, watchdog_hang);
   suite_add_tcase(s, tc);
   return tu_run_suite(s, CK_NORMAL);
