@@ -12,8 +12,8 @@
 // qlineard (see kernels/backends.c and Makefile.am).
 //
 // Ops: repack and linear_wo for q4g, q8c, q8b and f8r; quantize_rows (int8
-// with group sums, e4m3) for every activation dtype. linear_aq is not
-// registered yet: dispatch gives the generic one.
+// with group sums, e4m3) for every activation dtype; linear_aq for q8c and
+// q4g (f8r AQ is left to the generic one).
 #include <stdlib.h>
 #include <string.h>
 
@@ -258,6 +258,98 @@ fail:
   return rc;
 }
 
+// ---- linear_aq ----
+
+// W8A8 (q8c) and W4A8 (q4g): the rows of x widened to f32, quantized on the
+// device with the int8 rule of ql_quantize_rows_i8_src in the activation
+// dtype (gs = the weight's group, with the group sums, for q4g; K, without,
+// for q8c), then the tensor-core kernel of linear_aq.cu.
+
+// q8c sums all of K in int32 and declines K past the bound, as the generic
+// AQ does. q4g sums in int32 only inside a group (gs <= 256, so |Σ xq·q| <=
+// 256·128·8 = 2^18 and |Σ xq| <= 2^15) and in f32 across groups: any K.
+int aq_supports(const ql_kernel_impl* im, ql_format f, int64_t m, int64_t n,
+                int64_t k) {
+  (void)im;
+  (void)m;
+  (void)n;
+  return f != QL_FORMAT_Q8C || k <= QL_AQ_Q8C_MAX_K;
+}
+
+int run_aq(const ql_linear_args* a) {
+  const packed* p;
+  packed* tmp = nullptr;
+  int* bad = nullptr;
+  float *xf = nullptr, *sx = nullptr;
+  int8_t* xq = nullptr;
+  int32_t* gsum = nullptr;
+  int64_t *status = nullptr, *hs = nullptr;
+  int rc, hbad = 0, q4g;
+  size_t mk, sbytes;
+
+  if ((rc = linear_args(a, &mk)) != 0) return rc;
+  q4g = a->w->format == QL_FORMAT_Q4G;
+  if (!q4g && a->w->format != QL_FORMAT_Q8C) return QL_ENOTSUP;
+  if (!q4g && a->w->k > QL_AQ_Q8C_MAX_K) return QL_ESHAPE;
+  if (a->packed != nullptr) {
+    p = static_cast<const packed*>(a->packed);
+    if (!packed_matches(p, a->w)) return QL_EINVAL;
+  } else {  // a caller without a layout (none made at load): one for this call
+    if ((rc = make_packed(a->w, &tmp)) != 0) return rc;
+    p = tmp;
+  }
+  // NaN/Inf fail the call before y is written, as in run_wo.
+  rc = QL_ENOMEM;
+  if ((bad = static_cast<int*>(dev_alloc(sizeof *bad))) == nullptr) goto fail;
+  dev_copy(bad, &hbad, sizeof hbad);
+  ql__cuda_check_finite(int(a->dt), a->x, int64_t(mk), bad, kStream);
+  dev_sync();
+  dev_copy(&hbad, bad, sizeof hbad);
+  rc = QL_ENONFINITE;
+  if (hbad) goto fail;
+
+  // Sizes: mk·4 was checked by linear_args, and m·G <= m·K.
+  sbytes = size_t(a->m) * sizeof(int64_t);
+  rc = QL_ENOMEM;
+  if ((a->dt != QL_DTYPE_F32 &&
+       (xf = static_cast<float*>(dev_alloc(mk * sizeof(float)))) == nullptr) ||
+      (xq = static_cast<int8_t*>(dev_alloc(mk))) == nullptr ||
+      (sx = static_cast<float*>(dev_alloc(size_t(a->m) * sizeof(float)))) ==
+          nullptr ||
+      (q4g && (gsum = static_cast<int32_t*>(dev_alloc(
+                   size_t(a->m) * size_t(a->w->groups) * sizeof(int32_t)))) ==
+                  nullptr) ||
+      (status = static_cast<int64_t*>(dev_alloc(sbytes))) == nullptr ||
+      (hs = static_cast<int64_t*>(malloc(sbytes))) == nullptr)
+    goto fail;
+  if (xf != nullptr)
+    ql__cuda_widen_f32(int(a->dt), a->x, int64_t(mk), xf, kStream);
+  ql__cuda_quantize_rows(
+      QL__CUDA_QROWS_I8, int(a->dt),
+      xf != nullptr ? xf : static_cast<const float*>(a->x), a->m, a->w->k,
+      q4g ? int64_t(a->w->group_size) : a->w->k, xq, sx, gsum, status,
+      kStream);
+  dev_sync();
+  dev_copy(hs, status, sbytes);
+  // As run_qrows: the first row the reference would refuse decides.
+  rc = 0;
+  for (int64_t r = 0; r < a->m && rc == 0; r++)
+    if (hs[r] != 0) rc = (hs[r] & 3) == 1 ? QL_ENONFINITE : QL_EINVAL;
+  if (rc != 0) goto fail;
+  ql__cuda_linear_aq(&p->dev, xq, sx, gsum, a->m, int(a->dt), a->y, kStream);
+  dev_sync();
+fail:
+  dev_free(bad);
+  dev_free(xf);
+  dev_free(xq);
+  dev_free(sx);
+  dev_free(gsum);
+  dev_free(status);
+  free(hs);
+  free_packed(tmp);
+  return rc;
+}
+
 #define FMTS_WO                                            \
   (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C) | \
    QL_FMT_BIT(QL_FORMAT_Q8B) | QL_FMT_BIT(QL_FORMAT_F8R))
@@ -276,7 +368,7 @@ ql_kernel_impl impl(const char* name, ql_op op, uint32_t formats) {
 }
 
 struct table {
-  ql_kernel_impl im[3];
+  ql_kernel_impl im[4];
   table() {
     im[0] = impl("cuda.repack", QL_OP_REPACK, FMTS_WO);
     im[0].fn.repack = repack;
@@ -285,6 +377,10 @@ struct table {
     im[1].fn.linear = run_wo;
     im[2] = impl("cuda.quantize_rows", QL_OP_QUANTIZE_ROWS, FMTS_QROWS);
     im[2].fn.quantize_rows = run_qrows;
+    im[3] = impl("cuda.linear_aq", QL_OP_LINEAR_AQ,
+                 QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C));
+    im[3].supports = aq_supports;
+    im[3].fn.linear = run_aq;
   }
 };
 const table impls;
