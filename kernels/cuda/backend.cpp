@@ -26,9 +26,10 @@
 // anything again, and a hung kernel may never return, so neither is
 // retried; the daemon keeps serving on its other devices.
 //
-// Ops: repack and linear_wo for q4g, q8c, q8b and f8r; quantize_rows (int8
-// with group sums, e4m3) for every activation dtype. x and y of the ops are
-// host memory, the caller's.
+// Ops: repack and linear_wo for q4g, q8c, q8b and f8r; linear_aq for q8c
+// and q4g (f8r AQ is left to the generic one); quantize_rows (int8 with
+// group sums, e4m3) for every activation dtype. x and y of the ops are host
+// memory, the caller's.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -398,58 +399,113 @@ int linear_args(const ql_linear_args* a, size_t* mk, size_t* xb, size_t* yb) {
   return 0;
 }
 
+// The layout a call reads: the caller's (made at load), else one made for
+// this call in *tmp, which the caller frees.
+int layout_of(const ql_linear_args* a, const packed** p, packed** tmp) {
+  *tmp = nullptr;
+  if (a->packed != nullptr) {
+    *p = static_cast<const packed*>(a->packed);
+    return packed_matches(*p, a->w) ? 0 : QL_EINVAL;
+  }
+  int rc = make_packed(a->w, tmp);
+  *p = *tmp;
+  return rc;
+}
+
+// The device side of one linear call: x, y and the intermediates of AQ,
+// carved from d's arenas.
+struct call {
+  void* dx;            // x as given
+  void* dy;            // y
+  float* xf;           // AQ, f16/bf16 x: x widened to f32
+  int8_t* xq;          // AQ: int8 rows
+  float* sx;           // AQ: their scales
+  int32_t* gsum;       // AQ q4g: group sums
+  int64_t* status;     // AQ: quantize_rows' verdict per row
+  int* bad;            // NaN/Inf flag
+  unsigned char* hs;   // pinned staging for x, then y
+  int64_t* hstatus;    // pinned copy of status
+  int* hbad;           // pinned copy of bad
+};
+
+// Reserves and carves a call's memory: aq adds the AQ intermediates for
+// groups per row (0: no group sums).
+int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
+          bool aq, int64_t groups, call* c) {
+  const size_t m = size_t(a->m);
+  const size_t xf = aq && a->dt != QL_DTYPE_F32 ? mk * sizeof(float) : 0,
+               xq = aq ? mk : 0, sx = aq ? m * sizeof(float) : 0,
+               gs = aq ? m * size_t(groups) * sizeof(int32_t) : 0,
+               st = aq ? m * sizeof(int64_t) : 0, hs = xb > yb ? xb : yb;
+  const size_t dev = round256(xb) + round256(yb) + round256(xf) +
+                     round256(xq) + round256(sx) + round256(gs) +
+                     round256(st) + 256;
+  int rc = reserve(*d, dev, round256(hs) + round256(st) + 256);
+  if (rc != 0) return rc;
+  memset(c, 0, sizeof *c);
+  c->dx = take(d->dev, xb);
+  c->dy = take(d->dev, yb);
+  if (xf) c->xf = static_cast<float*>(take(d->dev, xf));
+  if (xq) c->xq = static_cast<int8_t*>(take(d->dev, xq));
+  if (sx) c->sx = static_cast<float*>(take(d->dev, sx));
+  if (gs) c->gsum = static_cast<int32_t*>(take(d->dev, gs));
+  if (st) c->status = static_cast<int64_t*>(take(d->dev, st));
+  c->bad = static_cast<int*>(take(d->dev, sizeof(int)));
+  c->hs = static_cast<unsigned char*>(take(d->host, hs));
+  if (st) c->hstatus = static_cast<int64_t*>(take(d->host, st));
+  c->hbad = static_cast<int*>(take(d->host, sizeof(int)));
+  return 0;
+}
+
+// Copies x to the device through pinned staging (a real asynchronous DMA)
+// and fails the call with QL_ENONFINITE when it holds NaN or Inf, before
+// anything is computed (DESIGN §4), as the reference does.
+int stage_x(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+            const call* c) {
+  int rc;
+  memcpy(c->hs, a->x, xb);
+  if ((rc = check(*d, cudaMemcpyAsync(c->dx, c->hs, xb,
+                                      cudaMemcpyHostToDevice, d->stream))) !=
+          0 ||
+      (rc = check(*d, cudaMemsetAsync(c->bad, 0, sizeof(int), d->stream))) !=
+          0)
+    return rc;
+  ql__cuda_check_finite(int(a->dt), c->dx, int64_t(mk), c->bad, d->stream);
+  if ((rc = check_launch(*d)) != 0 ||
+      (rc = check(*d, cudaMemcpyAsync(c->hbad, c->bad, sizeof(int),
+                                      cudaMemcpyDeviceToHost, d->stream))) !=
+          0 ||
+      (rc = wait(*d)) != 0)
+    return rc;
+  return *c->hbad ? QL_ENONFINITE : 0;
+}
+
+// After the launch of the product: y back to the caller.
+int fetch_y(device* d, const ql_linear_args* a, size_t yb, const call* c) {
+  int rc;
+  if ((rc = check_launch(*d)) != 0 ||
+      (rc = check(*d, cudaMemcpyAsync(c->hs, c->dy, yb,
+                                      cudaMemcpyDeviceToHost, d->stream))) !=
+          0 ||
+      (rc = wait(*d)) != 0)
+    return rc;
+  memcpy(a->y, c->hs, yb);
+  return 0;
+}
+
 // run_wo() with d entered.
 int wo_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
           size_t yb) {
   const packed* p;
-  packed* tmp = nullptr;
-  int rc, hbad = 0;
-
-  if (a->packed != nullptr) {
-    p = static_cast<const packed*>(a->packed);
-    if (!packed_matches(p, a->w)) return QL_EINVAL;
-  } else {  // a caller without a layout (none made at load): one for this call
-    if ((rc = make_packed(a->w, &tmp)) != 0) return rc;
-    p = tmp;
+  packed* tmp;
+  call c;
+  int rc;
+  if ((rc = layout_of(a, &p, &tmp)) == 0 &&
+      (rc = carve(d, a, mk, xb, yb, false, 0, &c)) == 0 &&
+      (rc = stage_x(d, a, mk, xb, &c)) == 0) {
+    ql__cuda_linear_wo(&p->dev, int(a->dt), c.dx, a->m, c.dy, d->stream);
+    rc = fetch_y(d, a, yb, &c);
   }
-  {
-    if ((rc = reserve(*d, round256(xb) + round256(yb) + 256,
-                      round256(xb > yb ? xb : yb) + 256)) != 0)
-      goto done;
-    void* dx = take(d->dev, xb);
-    void* dy = take(d->dev, yb);
-    int* bad = static_cast<int*>(take(d->dev, sizeof(int)));
-    unsigned char* hs = static_cast<unsigned char*>(take(d->host, xb > yb ? xb : yb));
-    int* hbadp = reinterpret_cast<int*>(take(d->host, sizeof(int)));
-    // x through pinned staging, so the copy is a real asynchronous DMA.
-    memcpy(hs, a->x, xb);
-    if ((rc = check(*d, cudaMemcpyAsync(dx, hs, xb, cudaMemcpyHostToDevice,
-                                        d->stream))) != 0 ||
-        (rc = check(*d, cudaMemsetAsync(bad, 0, sizeof(int), d->stream))) != 0)
-      goto done;
-    // NaN/Inf fail the call before y is written (DESIGN §4), as the
-    // reference does: a pass over x first.
-    ql__cuda_check_finite(int(a->dt), dx, int64_t(mk), bad, d->stream);
-    if ((rc = check_launch(*d)) != 0 ||
-        (rc = check(*d, cudaMemcpyAsync(hbadp, bad, sizeof(int),
-                                        cudaMemcpyDeviceToHost,
-                                        d->stream))) != 0 ||
-        (rc = wait(*d)) != 0)
-      goto done;
-    hbad = *hbadp;
-    if (hbad) {
-      rc = QL_ENONFINITE;
-      goto done;
-    }
-    ql__cuda_linear_wo(&p->dev, int(a->dt), dx, a->m, dy, d->stream);
-    if ((rc = check_launch(*d)) != 0 ||
-        (rc = check(*d, cudaMemcpyAsync(hs, dy, yb, cudaMemcpyDeviceToHost,
-                                        d->stream))) != 0 ||
-        (rc = wait(*d)) != 0)
-      goto done;
-    memcpy(a->y, hs, yb);
-  }
-done:
   free_packed(tmp);
   return rc;
 }
@@ -461,6 +517,83 @@ int run_wo(const ql_linear_args* a) {
   if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
   if ((rc = enter(&d)) != 0) return rc;
   rc = wo_on(d, a, mk, xb, yb);
+  leave(d);
+  return rc;
+}
+
+// ---- linear_aq ----
+
+// W8A8 (q8c) and W4A8 (q4g): the rows of x widened to f32, quantized on the
+// device with the int8 rule of ql_quantize_rows_i8_src in the activation
+// dtype (gs = the weight's group, with the group sums, for q4g; K, without,
+// for q8c), then the tensor-core kernel of linear_aq.cu.
+
+// q8c sums all of K in int32 and declines K past the bound, as the generic
+// AQ does. q4g sums in int32 only inside a group (gs <= 256, so |Σ xq·q| <=
+// 256·128·8 = 2^18 and |Σ xq| <= 2^15) and in f32 across groups: any K.
+int aq_supports(const ql_kernel_impl* im, ql_format f, int64_t m, int64_t n,
+                int64_t k) {
+  (void)im;
+  (void)m;
+  (void)n;
+  return f != QL_FORMAT_Q8C || k <= QL_AQ_Q8C_MAX_K;
+}
+
+// The verdict of quantize_rows, as run_qrows gives it: the first row in
+// order that the reference would refuse decides.
+int rows_verdict(const int64_t* st, int64_t m) {
+  for (int64_t r = 0; r < m; r++)
+    if (st[r] != 0) return (st[r] & 3) == 1 ? QL_ENONFINITE : QL_EINVAL;
+  return 0;
+}
+
+// run_aq() with d entered.
+int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+          size_t yb) {
+  const bool q4g = a->w->format == QL_FORMAT_Q4G;
+  const size_t stb = size_t(a->m) * sizeof(int64_t);
+  const packed* p;
+  packed* tmp;
+  call c;
+  int rc;
+  if ((rc = layout_of(a, &p, &tmp)) != 0 ||
+      (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, &c)) != 0 ||
+      (rc = stage_x(d, a, mk, xb, &c)) != 0)
+    goto done;
+  if (c.xf != nullptr) {
+    ql__cuda_widen_f32(int(a->dt), c.dx, int64_t(mk), c.xf, d->stream);
+    if ((rc = check_launch(*d)) != 0) goto done;
+  }
+  ql__cuda_quantize_rows(
+      QL__CUDA_QROWS_I8, int(a->dt),
+      c.xf != nullptr ? c.xf : static_cast<const float*>(c.dx), a->m,
+      a->w->k, q4g ? int64_t(a->w->group_size) : a->w->k, c.xq, c.sx,
+      c.gsum, c.status, d->stream);
+  if ((rc = check_launch(*d)) != 0 ||
+      (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
+                                      cudaMemcpyDeviceToHost, d->stream))) !=
+          0 ||
+      (rc = wait(*d)) != 0 || (rc = rows_verdict(c.hstatus, a->m)) != 0)
+    goto done;
+  ql__cuda_linear_aq(&p->dev, c.xq, c.sx, c.gsum, a->m, int(a->dt), c.dy,
+                     d->stream);
+  rc = fetch_y(d, a, yb, &c);
+done:
+  free_packed(tmp);
+  return rc;
+}
+
+int run_aq(const ql_linear_args* a) {
+  device* d;
+  size_t mk, xb, yb;
+  int rc;
+  if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
+  if (a->w->format != QL_FORMAT_Q4G && a->w->format != QL_FORMAT_Q8C)
+    return QL_ENOTSUP;
+  if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
+    return QL_ESHAPE;
+  if ((rc = enter(&d)) != 0) return rc;
+  rc = aq_on(d, a, mk, xb, yb);
   leave(d);
   return rc;
 }
@@ -537,8 +670,7 @@ int qrows_on(device* d, const ql_qrows_args* a, ql_dtype src,
     return rc;
   // The first row in order that the reference would refuse decides, and in
   // it the first value: what ql_quantize_rows_*_src return.
-  for (size_t r = 0; r < m; r++)
-    if (hst[r] != 0) return (hst[r] & 3) == 1 ? QL_ENONFINITE : QL_EINVAL;
+  if ((rc = rows_verdict(hst, a->m)) != 0) return rc;
   memcpy(a->xq, hq, qb);
   memcpy(a->sx, hsx, sb);
   if (gb) memcpy(a->gsum, hg, gb);
@@ -575,7 +707,7 @@ ql_kernel_impl impl(const char* name, ql_op op, uint32_t formats) {
 }
 
 struct table {
-  ql_kernel_impl im[3];
+  ql_kernel_impl im[4];
   table() {
     im[0] = impl("cuda.repack", QL_OP_REPACK, FMTS_WO);
     im[0].fn.repack = repack;
@@ -584,6 +716,10 @@ struct table {
     im[1].fn.linear = run_wo;
     im[2] = impl("cuda.quantize_rows", QL_OP_QUANTIZE_ROWS, FMTS_QROWS);
     im[2].fn.quantize_rows = run_qrows;
+    im[3] = impl("cuda.linear_aq", QL_OP_LINEAR_AQ,
+                 QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C));
+    im[3].supports = aq_supports;
+    im[3].fn.linear = run_aq;
   }
 };
 const table impls;

@@ -39,33 +39,37 @@ __device__ __forceinline__ void ql_mma_m16n8k32_s8(int d[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
         "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
 #elif QL_EMU
-  // Every lane publishes its fragments; each then computes its own four
-  // outputs from the whole tiles, found through the inverse of the layout
-  // above. The copies are taken before the next warp operation, which may
-  // reuse the exchange slots.
-  uint8_t A[32][16], B[32][8];
-  auto sa = ql_emu::warp_exchange(a, 16);
-  for (int l = 0; l < 32; ++l) memcpy(A[l], sa[l], 16);
-  auto sb = ql_emu::warp_exchange(b, 8);
-  for (int l = 0; l < 32; ++l) memcpy(B[l], sb[l], 8);
-  // A[row][k]: lane 4·(row % 8) + (k % 16) / 4, element
-  // (k & 3) + 4·(row >= 8) + 8·(k >= 16).
-  auto a_at = [&](int row, int k) {
-    const int lane = 4 * (row % 8) + (k % 16) / 4;
-    const int i = (k & 3) + 4 * (row >= 8) + 8 * (k >= 16);
-    return int(int8_t(A[lane][i]));
-  };
-  // B[k][n]: lane 4·n + (k % 16) / 4, element (k & 3) + 4·(k >= 16).
-  auto b_at = [&](int k, int n) {
-    const int lane = 4 * n + (k % 16) / 4;
-    return int(int8_t(B[lane][(k & 3) + 4 * (k >= 16)]));
-  };
+  // Every lane publishes its fragments and gathers, through the inverse of
+  // the layout above, the two rows of A (g, g + 8) and the two columns of B
+  // (2t, 2t + 1) that its four outputs need; the copies are taken before
+  // the next warp operation, which may reuse the exchange slots. Gathering
+  // 128 bytes instead of decoding the whole tile per element keeps the
+  // emulated tile cheap enough for the conformance harness.
   const int lane = ql_emu::lane_id(), g = lane >> 2, t = lane & 3;
+  int8_t ar[2][32], bc[2][32];
+  // Row g + 8h of A: lane 4g + q holds k = 4q..4q+3 as elements 4h..4h+3
+  // and k = 16+4q..16+4q+3 as elements 8+4h..8+4h+3.
+  auto sa = ql_emu::warp_exchange(a, 16);
+  for (int q = 0; q < 4; ++q)
+    for (int h = 0; h < 2; ++h) {
+      memcpy(&ar[h][4 * q], sa[4 * g + q] + 4 * h, 4);
+      memcpy(&ar[h][16 + 4 * q], sa[4 * g + q] + 8 + 4 * h, 4);
+    }
+  // Column n of B: lane 4n + q holds k = 4q..4q+3 as elements 0..3 and
+  // k = 16+4q..16+4q+3 as elements 4..7.
+  auto sb = ql_emu::warp_exchange(b, 8);
+  for (int h = 0; h < 2; ++h)
+    for (int q = 0; q < 4; ++q) {
+      memcpy(&bc[h][4 * q], sb[4 * (2 * t + h) + q], 4);
+      memcpy(&bc[h][16 + 4 * q], sb[4 * (2 * t + h) + q] + 4, 4);
+    }
+  // d[i]: row g + 8·(i >> 1), column 2t + (i & 1). d may be c: c[i] is
+  // read before d[i] is written.
   for (int i = 0; i < 4; ++i) {
-    const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+    const int8_t *r = ar[i >> 1], *col = bc[i & 1];
     // int32 wrap-around, as the instruction without .satfinite
     uint32_t acc = uint32_t(c[i]);
-    for (int k = 0; k < 32; ++k) acc += uint32_t(a_at(row, k) * b_at(k, col));
+    for (int k = 0; k < 32; ++k) acc += uint32_t(int(r[k]) * int(col[k]));
     d[i] = int(acc);
   }
 #endif

@@ -60,4 +60,19 @@ void ql__cuda_quantize_rows(int kind, int src, const float* x, int64_t m,
                             int64_t k, int64_t gs, void* xq, float* sx,
                             int32_t* gsum, int64_t* status, void* stream);
 
+// out[i] = x[i] widened to f32, for the n values of x (dtype dt): what
+// ql__cuda_quantize_rows reads.
+void ql__cuda_widen_f32(int dt, const void* x, int64_t n, float* out,
+                        void* stream);
+
+// The AQ product (DESIGN §4) of a q8c or q4g weight w on m activation rows
+// already quantized by ql__cuda_quantize_rows with kind I8: xq [m, k] int8,
+// sx [m], and for q4g gsum [m, groups] (gs = w->gs; NULL for q8c). y [m, n]
+// in dtype dt: q8c y = Σk xq·wq · (sx·sw) (+ bias), which needs
+// k <= QL_AQ_Q8C_MAX_K; q4g y = sx·Σg (scale·Σk∈g xq·q + zero·gsum) (+ bias).
+// Enqueued on stream.
+void ql__cuda_linear_aq(const ql__cuda_wo* w, const int8_t* xq,
+                        const float* sx, const int32_t* gsum, int64_t m,
+                        int dt, void* y, void* stream);
+
 #endif  // QL_CUDA_H

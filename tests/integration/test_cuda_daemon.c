@@ -62,9 +62,9 @@ static int count(const char *hay, const char *needle) {
 /* One Linear request, raw, so that it can name a device. Returns the
  * status code; on success y gets the m·N result. msg (may be NULL) gets
  * the status message. */
-static int linear_on(const td *d, const char *weight, const char *device,
-                     const float *x, uint64_t m, float *y, char *msg,
-                     size_t msglen) {
+static int linear_path(const td *d, const char *weight, const char *device,
+                       ql_path path, const float *x, uint64_t m, float *y,
+                       char *msg, size_t msglen) {
   Qlinear__V1__Request req;
   Qlinear__V1__LinearRequest lin;
   Qlinear__V1__Tensor xt;
@@ -81,7 +81,7 @@ static int linear_on(const td *d, const char *weight, const char *device,
   lin.weight = (char *)weight;
   lin.x = &xt;
   lin.device = (char *)(device ? device : "");
-  lin.path = QLINEAR__V1__PATH__PATH_WEIGHT_ONLY;
+  lin.path = (Qlinear__V1__Path)path;
   req.request_id = 77;
   req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
   req.linear = &lin;
@@ -93,16 +93,26 @@ static int linear_on(const td *d, const char *weight, const char *device,
   if (rc == 0) {
     ck_assert_uint_eq(r->linear->y->inline_data.len, m * N * sizeof(float));
     memcpy(y, r->linear->y->inline_data.data, m * N * sizeof(float));
-    ck_assert_str_eq(r->linear->impl, "cuda.linear_wo");
+    ck_assert_str_eq(r->linear->impl, path == QL_PATH_ACT_QUANT
+                                          ? "cuda.linear_aq"
+                                          : "cuda.linear_wo");
   }
   qlinear__v1__response__free_unpacked(r, NULL);
   return rc;
 }
 
+/* Weight-only, which every format has. */
+static int linear_on(const td *d, const char *weight, const char *device,
+                     const float *x, uint64_t m, float *y, char *msg,
+                     size_t msglen) {
+  return linear_path(d, weight, device, QL_PATH_WEIGHT_ONLY, x, m, y, msg,
+                     msglen);
+}
+
 /* The result this process's own CUDA backend (same emulated kernels)
  * gives for layer l in format f: the daemon's must be the same bytes. */
-static void expected(const td_layer *l, ql_format f, uint32_t gs,
-                     const float *x, uint64_t m, float *y) {
+static void expected_op(const td_layer *l, ql_format f, uint32_t gs,
+                        ql_op op, const float *x, uint64_t m, float *y) {
   ql_quant_params p = {f, gs, 0, (ql_dtype)0};
   ql_qweight *q = NULL;
   const char *impl = NULL;
@@ -111,11 +121,17 @@ static void expected(const td_layer *l, ql_format f, uint32_t gs,
                    0);
   const ql_backend *cuda = ql_backend_find("cuda");
   ck_assert_ptr_nonnull(cuda);
-  ck_assert_int_eq(ql_run_linear(cuda, QL_OP_LINEAR_WO, q, NULL, QL_DTYPE_F32,
-                                 x, (int64_t)m, y, &impl),
+  ck_assert_int_eq(ql_run_linear(cuda, op, q, NULL, QL_DTYPE_F32, x,
+                                 (int64_t)m, y, &impl),
                    0);
-  ck_assert_str_eq(impl, "cuda.linear_wo");
+  ck_assert_str_eq(impl, op == QL_OP_LINEAR_AQ ? "cuda.linear_aq"
+                                               : "cuda.linear_wo");
   ql_qweight_free(q);
+}
+
+static void expected(const td_layer *l, ql_format f, uint32_t gs,
+                     const float *x, uint64_t m, float *y) {
+  expected_op(l, f, gs, QL_OP_LINEAR_WO, x, m, y);
 }
 
 static void start(td *d, const char *devices, const char *fault,
@@ -178,6 +194,16 @@ START_TEST(serves_on_gpus) {
                     "%s on %s: not the in-process result", name,
                     on[j] ? on[j] : "(any)");
     }
+    /* Activation-quantized on the tensor-core kernel, where the format
+     * has it. */
+    if (fmts[i].f == QL_FORMAT_Q4G || fmts[i].f == QL_FORMAT_Q8C) {
+      expected_op(&l, fmts[i].f, fmts[i].gs, QL_OP_LINEAR_AQ, x, m, want);
+      ck_assert_int_eq(linear_path(&d, name, "cuda:1", QL_PATH_ACT_QUANT, x,
+                                   m, y, NULL, 0),
+                       0);
+      ck_assert_msg(memcmp(y, want, sizeof y) == 0,
+                    "%s AQ: not the in-process result", name);
+    }
     /* The CPU does not hold it. */
     char msg[256];
     ck_assert_int_eq(linear_on(&d, name, "cpu", x, m, y, msg, sizeof msg),
@@ -200,7 +226,7 @@ START_TEST(serves_on_gpus) {
     ck_assert_ptr_null(strstr(st->per_weight[i].device, "cpu"));
     reqs += st->per_weight[i].requests;
   }
-  ck_assert_uint_eq(reqs, 4 * 4);
+  ck_assert_uint_eq(reqs, 4 * 4 + 2);
   ql_stats_free(st);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
