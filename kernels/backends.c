@@ -16,11 +16,17 @@ extern const ql_backend ql__backend_cpu;
 #ifdef QL_WITH_CUDA
 extern const ql_backend ql__backend_cuda;
 #endif
+#ifdef QL_WITH_ZE
+extern const ql_backend ql__backend_ze;
+#endif
 
 /* Priority order: an accelerator before the CPU. */
 static const ql_backend *const builtin[] = {
 #ifdef QL_WITH_CUDA
     &ql__backend_cuda,
+#endif
+#ifdef QL_WITH_ZE
+    &ql__backend_ze,
 #endif
     &ql__backend_cpu,
 };
