@@ -7,6 +7,10 @@
  * libqlkernels when configure found nvcc (the GPU build), and in the test
  * programs that compile this file again with the macro around its emulated
  * build (Makefile.am, "CUDA").
+ *
+ * QL_WITH_ZE: the ze kernels run on PoCL through an OpenCL host
+ * (kernels/ze/ocl_backend.c), in test programs only (Makefile.am, "Level
+ * Zero"), until the Level Zero host code exists.
  */
 #include <string.h>
 
@@ -16,11 +20,17 @@ extern const ql_backend ql__backend_cpu;
 #ifdef QL_WITH_CUDA
 extern const ql_backend ql__backend_cuda;
 #endif
+#ifdef QL_WITH_ZE
+extern const ql_backend ql__backend_ze;
+#endif
 
 /* Priority order: an accelerator before the CPU. */
 static const ql_backend *const builtin[] = {
 #ifdef QL_WITH_CUDA
     &ql__backend_cuda,
+#endif
+#ifdef QL_WITH_ZE
+    &ql__backend_ze,
 #endif
     &ql__backend_cpu,
 };
