@@ -803,5 +803,6 @@ static const ql_kernel_impl impls[] = {
      .fn.quantize_rows = run_qrows},
 };
 
-const ql_backend ql__backend_ze = {"ze", impls, sizeof impls / sizeof impls[0],
-                                   NULL};
+const ql_backend ql__backend_ze = {.name = "ze",
+                                   .impls = impls,
+                                   .n_impls = sizeof impls / sizeof impls[0]};
