@@ -422,6 +422,7 @@ struct call {
   float* sx;           // AQ: their scales
   int32_t* gsum;       // AQ q4g: group sums
   int64_t* status;     // AQ: quantize_rows' verdict per row
+  float* part;         // WO: split-K's partial sums, or NULL
   int* bad;            // NaN/Inf flag
   unsigned char* hs;   // pinned staging for x, then y
   int64_t* hstatus;    // pinned copy of status
@@ -431,7 +432,7 @@ struct call {
 // Reserves and carves a call's memory: aq adds the AQ intermediates for
 // groups per row (0: no group sums).
 int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
-          bool aq, int64_t groups, call* c) {
+          bool aq, int64_t groups, size_t part, call* c) {
   const size_t m = size_t(a->m);
   const size_t xf = aq && a->dt != QL_DTYPE_F32 ? mk * sizeof(float) : 0,
                xq = aq ? mk : 0, sx = aq ? m * sizeof(float) : 0,
@@ -439,7 +440,7 @@ int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
                st = aq ? m * sizeof(int64_t) : 0, hs = xb > yb ? xb : yb;
   const size_t dev = round256(xb) + round256(yb) + round256(xf) +
                      round256(xq) + round256(sx) + round256(gs) +
-                     round256(st) + 256;
+                     round256(st) + round256(part) + 256;
   int rc = reserve(*d, dev, round256(hs) + round256(st) + 256);
   if (rc != 0) return rc;
   memset(c, 0, sizeof *c);
@@ -450,6 +451,7 @@ int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
   if (sx) c->sx = static_cast<float*>(take(d->dev, sx));
   if (gs) c->gsum = static_cast<int32_t*>(take(d->dev, gs));
   if (st) c->status = static_cast<int64_t*>(take(d->dev, st));
+  if (part) c->part = static_cast<float*>(take(d->dev, part));
   c->bad = static_cast<int*>(take(d->dev, sizeof(int)));
   c->hs = static_cast<unsigned char*>(take(d->host, hs));
   if (st) c->hstatus = static_cast<int64_t*>(take(d->host, st));
@@ -501,9 +503,11 @@ int wo_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   call c;
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) == 0 &&
-      (rc = carve(d, a, mk, xb, yb, false, 0, &c)) == 0 &&
+      (rc = carve(d, a, mk, xb, yb, false, 0,
+                  ql__cuda_linear_wo_scratch(&p->dev, a->m), &c)) == 0 &&
       (rc = stage_x(d, a, mk, xb, &c)) == 0) {
-    ql__cuda_linear_wo(&p->dev, int(a->dt), c.dx, a->m, c.dy, d->stream);
+    ql__cuda_linear_wo(&p->dev, int(a->dt), c.dx, a->m, c.dy, c.part,
+                       d->stream);
     rc = fetch_y(d, a, yb, &c);
   }
   free_packed(tmp);
@@ -557,7 +561,8 @@ int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   call c;
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) != 0 ||
-      (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, &c)) != 0 ||
+      (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, 0, &c)) !=
+          0 ||
       (rc = stage_x(d, a, mk, xb, &c)) != 0)
     goto done;
   if (c.xf != nullptr) {

@@ -10,10 +10,13 @@
 // dequantizes them in registers. Ragged K needs no special case: a row of
 // the layout is zero-padded to 16 bytes and x is zero there.
 //
-// Reduction order, fixed by (K, format) alone: each lane sums its chunks in
-// increasing k, then warp_sum() adds the 32 lanes in a fixed butterfly. No
-// atomics, and nothing depends on M, N or the row's place in the batch, so
-// a row gives the same bytes alone and in any batch (DESIGN §4). The order
+// Reduction order, fixed by (N, K, format) alone: each lane sums its chunks
+// in increasing k, then warp_sum() adds the 32 lanes in a fixed butterfly.
+// A narrow weight splits K over several blocks (split-K, splits_of()); the
+// splits' sums then go through memory and are added in increasing order by
+// a second kernel. No atomics, and nothing depends on M or the row's place
+// in the batch, so a row gives the same bytes alone and in any batch
+// (DESIGN §4). The order
 // is not the reference's (it is a GPU's), so results agree with the
 // reference within the accuracy bound, not bit for bit.
 //
@@ -106,10 +109,25 @@ __device__ __forceinline__ float chunk_dot(const ql__cuda_wo& w, int64_t n,
   }
 }
 
+// The output row n of x row m, finished: the row scale (q8c, f8r) and the
+// bias applied to the sum acc, stored in dtype dt.
+template <int F>
+__device__ __forceinline__ void finish(const ql__cuda_wo& w, int dt, void* y,
+                                       int64_t m, int64_t n, float acc) {
+  if (F == F_Q8C || F == F_F8R) acc = __fmul_rn(load_f32(w.sdt, w.scale, n), acc);
+  if (w.bias != nullptr) acc = __fadd_rn(acc, w.bias[n]);
+  store_f32(dt, y, m * w.n + n, acc);
+}
+
+// Split-K (blockIdx.z of gridDim.z splits; 1: none): split z takes the
+// tiles [z·span, (z+1)·span) of K. With splits, each warp stores its
+// partial sum in part[z][m][n] and reduce_kernel adds the splits in
+// increasing z; without, it finishes the row itself.
 template <int F>
 __global__ void __launch_bounds__(kThreads)
     linear_wo_kernel(ql__cuda_wo w, int dt, const void* __restrict__ x,
-                     int64_t row0, void* __restrict__ y) {
+                     int64_t row0, int64_t m_all, int64_t span,
+                     float* __restrict__ part, void* __restrict__ y) {
   __shared__ __align__(16) float xs[kTile];
   constexpr int kE = kChunk<F>;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -117,10 +135,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t m = row0 + blockIdx.y;
   const bool live = n < w.n;  // a dead warp still meets every barrier
   const uint8_t* qrow = w.q + (live ? n : 0) * w.ldq;
+  const int64_t kbeg = int64_t(blockIdx.z) * span;
+  const int64_t kend = lo(w.k, kbeg + span);
   float acc = 0.0f;
 
-  for (int64_t k0 = 0; k0 < w.k; k0 += kTile) {
-    const int kt = int(lo(int64_t(kTile), w.k - k0));
+  for (int64_t k0 = kbeg; k0 < kend; k0 += kTile) {
+    const int kt = int(lo(int64_t(kTile), kend - k0));
 #ifndef QL_MUT_NO_BARRIER  // mutation test: the tile is overwritten early
     __syncthreads();  // every warp is done with the previous tile
 #endif
@@ -136,11 +156,25 @@ __global__ void __launch_bounds__(kThreads)
   }
   acc = warp_sum(acc);
   if (live && lane == 0) {
-    float v = acc;
-    if (F == F_Q8C || F == F_F8R) v = __fmul_rn(load_f32(w.sdt, w.scale, n), v);
-    if (w.bias != nullptr) v = __fadd_rn(v, w.bias[n]);
-    store_f32(dt, y, m * w.n + n, v);
+    if (gridDim.z == 1)
+      finish<F>(w, dt, y, m, n, acc);
+    else
+      part[(int64_t(blockIdx.z) * m_all + m) * w.n + n] = acc;
   }
+}
+
+// The splits of output (m, n) added in increasing z, then finished: the
+// same order whatever M is.
+template <int F>
+__global__ void __launch_bounds__(kThreads)
+    reduce_kernel(ql__cuda_wo w, int dt, int64_t m_all, int splits,
+                  const float* __restrict__ part, void* __restrict__ y) {
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= m_all * w.n) return;
+  float acc = part[i];
+  for (int z = 1; z < splits; ++z)
+    acc = __fadd_rn(acc, part[int64_t(z) * m_all * w.n + i]);
+  finish<F>(w, dt, y, i / w.n, i % w.n, acc);
 }
 
 // *bad = 1 when one of the n values of x is NaN or ±Inf (every writer
@@ -154,14 +188,34 @@ __global__ void __launch_bounds__(kThreads)
     if (!(fabsf(load_f32(dt, x, i)) <= 3.402823466e+38f)) *bad = 1;
 }
 
+// Splits of K for a weight of n rows and k columns: enough warps in
+// flight when N is small (a decode GEMV of a narrow layer would otherwise
+// leave most of a GPU idle), each split at least a tile. A function of
+// (N, K) alone, so a row's reduction order never depends on M.
+constexpr int64_t kTargetWarps = 1024;
+constexpr int64_t kMaxSplits = 16;
+int64_t splits_of(int64_t n, int64_t k) {
+  const int64_t tiles = (k + kTile - 1) / kTile;
+  const int64_t want = (kTargetWarps + n - 1) / n;
+  return lo(lo(want, kMaxSplits), tiles);
+}
+
 template <int F>
 void launch_wo(const ql__cuda_wo* w, int dt, const void* x, int64_t m, void* y,
-               cudaStream_t st) {
+               float* part, cudaStream_t st) {
   const unsigned gx = unsigned((w->n + kWarps - 1) / kWarps);
+  const int64_t s = splits_of(w->n, w->k);
+  const int64_t tiles = (w->k + kTile - 1) / kTile;
+  const int64_t span = (tiles + s - 1) / s * kTile;
   for (int64_t r0 = 0; r0 < m; r0 += kMaxGridY) {
     const unsigned gy = unsigned(lo(int64_t(kMaxGridY), m - r0));
-    QL_LAUNCH(linear_wo_kernel<F>, dim3(gx, gy), dim3(kThreads), 0, st, *w, dt,
-              x, r0, y);
+    QL_LAUNCH(linear_wo_kernel<F>, dim3(gx, gy, unsigned(s)), dim3(kThreads),
+              0, st, *w, dt, x, r0, m, span, part, y);
+  }
+  if (s > 1) {
+    const int64_t blocks = (m * w->n + kThreads - 1) / kThreads;
+    QL_LAUNCH(reduce_kernel<F>, dim3(unsigned(blocks)), dim3(kThreads), 0, st,
+              *w, dt, m, int(s), static_cast<const float*>(part), y);
   }
 }
 
@@ -172,22 +226,27 @@ int64_t ql__cuda_row_bytes(int format, int64_t k) {
   return format == ql_cuda::F_Q4G ? k / 2 + (k & 1) : k;
 }
 
+size_t ql__cuda_linear_wo_scratch(const ql__cuda_wo* w, int64_t m) {
+  const int64_t s = ql_cuda::splits_of(w->n, w->k);
+  return s > 1 ? size_t(s) * size_t(m) * size_t(w->n) * sizeof(float) : 0;
+}
+
 void ql__cuda_linear_wo(const ql__cuda_wo* w, int dt, const void* x,
-                        int64_t m, void* y, void* stream) {
+                        int64_t m, void* y, float* scratch, void* stream) {
   using namespace ql_cuda;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (w->format) {
     case F_Q4G:
-      launch_wo<F_Q4G>(w, dt, x, m, y, st);
+      launch_wo<F_Q4G>(w, dt, x, m, y, scratch, st);
       break;
     case F_Q8C:
-      launch_wo<F_Q8C>(w, dt, x, m, y, st);
+      launch_wo<F_Q8C>(w, dt, x, m, y, scratch, st);
       break;
     case F_Q8B:
-      launch_wo<F_Q8B>(w, dt, x, m, y, st);
+      launch_wo<F_Q8B>(w, dt, x, m, y, scratch, st);
       break;
     default:
-      launch_wo<F_F8R>(w, dt, x, m, y, st);
+      launch_wo<F_F8R>(w, dt, x, m, y, scratch, st);
       break;
   }
 }

@@ -38,8 +38,14 @@ int64_t ql__cuda_row_bytes(int format, int64_t k);
 // y[m, n] = x[m, k]·dequant(W)ᵀ (+ bias) for every row of x; x and y in
 // dtype dt. x must hold finite values only (the caller checks: see
 // ql__cuda_check_finite). Enqueued on stream; returns nothing to wait for.
+// scratch: ql__cuda_linear_wo_scratch(w, m) bytes of device memory (NULL
+// when that is 0), where split-K keeps its partial sums.
 void ql__cuda_linear_wo(const ql__cuda_wo* w, int dt, const void* x,
-                        int64_t m, void* y, void* stream);
+                        int64_t m, void* y, float* scratch, void* stream);
+
+// Bytes of scratch ql__cuda_linear_wo needs for m rows of x: the partial
+// sums of split-K, which narrow weights use (0 when they do not split).
+size_t ql__cuda_linear_wo_scratch(const ql__cuda_wo* w, int64_t m);
 
 // Sets *bad (device int) to non-zero when one of the n f32/f16/bf16
 // values of x (dtype dt) is NaN or ±Inf; *bad must be 0 before.
