@@ -16,11 +16,9 @@
  * driver the daemon serves on the CPU and says why once, and a required
  * GPU that is missing stops it from starting.
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <check.h>
@@ -365,30 +363,12 @@ START_TEST(no_driver) {
   free(log);
   ck_assert_int_eq(td_stop(&d), 0);
   /* A required GPU that is not there: the daemon does not start. */
-  char dir[] = "/tmp/ql-test-XXXXXX", logp[64];
+  char dir[] = "/tmp/ql-test-XXXXXX", out[4096];
+  const char *req[] = {"--required-devices", "cpu,cuda:0", NULL};
   ck_assert_ptr_nonnull(mkdtemp(dir));
-  snprintf(logp, sizeof logp, "%s.log", dir);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (fd >= 0)
-      dup2(fd, 2);
-    execl(getenv("QLINEARD"), "qlineard", "--socket-dir", dir,
-          "--required-devices", "cpu,cuda:0", (char *)NULL);
-    _exit(127);
-  }
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-  ck_assert(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-  td fake;
-  memset(&fake, 0, sizeof fake);
-  snprintf(fake.log, sizeof fake.log, "%s", logp);
-  log = read_log(&fake);
+  ck_assert_int_gt(td_start_or_exit(&d, dir, req, out, sizeof out), 0);
   ck_assert_ptr_nonnull(
-      strstr(log, "required device cuda:0 is not present (present: cpu)"));
-  free(log);
-  unlink(logp);
+      strstr(out, "required device cuda:0 is not present (present: cpu)"));
   rmdir(dir);
   unsetenv("QL_EMU_CUDA_NODRIVER");
 }
