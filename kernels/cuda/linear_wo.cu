@@ -190,14 +190,18 @@ __global__ void __launch_bounds__(kThreads)
 
 // Splits of K for a weight of n rows and k columns: enough warps in
 // flight when N is small (a decode GEMV of a narrow layer would otherwise
-// leave most of a GPU idle), each split at least a tile. A function of
-// (N, K) alone, so a row's reduction order never depends on M.
+// leave most of a GPU idle), each split at least two tiles, so that the
+// partial sums (a float per output and split, written and read once) stay
+// small against the weight bytes a split reads. A function of (N, K)
+// alone, so a row's reduction order never depends on M.
 constexpr int64_t kTargetWarps = 1024;
 constexpr int64_t kMaxSplits = 16;
+constexpr int64_t kMinSplitTiles = 2;
 int64_t splits_of(int64_t n, int64_t k) {
   const int64_t tiles = (k + kTile - 1) / kTile;
   const int64_t want = (kTargetWarps + n - 1) / n;
-  return lo(lo(want, kMaxSplits), tiles);
+  const int64_t most = tiles / kMinSplitTiles;
+  return most < 1 ? 1 : lo(lo(want, kMaxSplits), most);
 }
 
 template <int F>
