@@ -8,7 +8,9 @@
 //
 // Model (emu_runtime.cpp has the details):
 // - QL_EMU_CUDA_DEVICES devices (default 1, 0 to 8), QL_EMU_CUDA_MEM bytes
-//   each (default 1 GiB), all "Emulated GPU", sm_90, distinct UUIDs.
+//   each (default 1 GiB), all "Emulated GPU", distinct UUIDs, of compute
+//   capability 9.0 unless QL_EMU_CUDA_CC says otherwise: "8.9" for every
+//   device, or "8.0,9.0" one per ordinal (the last one for the rest).
 //   The current device is per thread, 0 at first.
 // - Device memory is host memory: each cudaMalloc is its own memfd mapped
 //   shared (one descriptor per live allocation), so that another process
@@ -104,7 +106,7 @@ struct cudaDeviceProp {
   char name[256];         // "Emulated GPU"
   cudaUUID_t uuid;        // distinct per device, the same in every run
   size_t totalGlobalMem;  // QL_EMU_CUDA_MEM
-  int major, minor;       // compute capability: 9.0
+  int major, minor;       // compute capability: QL_EMU_CUDA_CC, 9.0
   int multiProcessorCount;
   int pciBusID, pciDeviceID, pciDomainID;  // bus = ordinal + 1
 };
@@ -123,9 +125,17 @@ struct cudaDeviceProp {
 #define cudaEventWaitDefault 0x00
 #define cudaIpcMemLazyEnablePeerAccess 0x01
 
+// driver_types.h, enum cudaDeviceAttr: the attributes the host code reads.
+enum cudaDeviceAttr {
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76
+};
+
 // ---- cuda_runtime_api.h
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr,
+                                   int device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaDeviceSynchronize(void);
