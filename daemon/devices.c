@@ -30,8 +30,9 @@ static int add(ql__server *s, const ql_backend *b, int ordinal,
     snprintf(d->name, sizeof d->name, "%s", info->name);
     snprintf(d->alias, sizeof d->alias, "%s", info->alias);
     d->budget = info->memory_bytes;
-    ql__notice("device %s: %s (%s), %zu MiB", d->alias, info->model,
-               d->name, info->memory_bytes >> 20);
+    ql__notice("device %s: %s (%s), %zu MiB%s%.*s", d->alias, info->model,
+               d->name, info->memory_bytes >> 20, info->note[0] ? "; " : "",
+               (int)sizeof info->note, info->note);
   }
   if ((rc = ql__worker_create(s->loop, d->alias, s->cfg.max_queue,
                               &d->worker)) != 0)

@@ -90,7 +90,9 @@ struct ql_kernel_impl {
   uint32_t formats;  /* bit (1u << ql_format) per format handled */
   uint32_t dtypes;   /* bit (1u << ql_dtype) per activation dtype */
   /* Declines a shape it cannot run (NULL: every shape of its formats and
-   * dtypes). Returns non-zero when it supports (format, m, n, k). */
+   * dtypes). Returns non-zero when it supports (format, m, n, k). A backend
+   * with devices may also decline for the device the calling thread bound
+   * (ql_backend.device_bind; ordinal 0 when it bound none). */
   int (*supports)(const ql_kernel_impl *impl, ql_format f, int64_t m,
                   int64_t n, int64_t k);
   union {
@@ -131,6 +133,9 @@ typedef struct ql_device_desc {
   char alias[32];      /* this process's enumeration order: "cuda:0" */
   char model[64];      /* what the driver calls it, for logs */
   size_t memory_bytes; /* device memory for weights and buffers */
+  char note[160];      /* what else the log should say of the device (which
+                          optional paths its ops take, and why not), or
+                          empty */
 } ql_device_desc;
 
 /* A backend: one kind of device and its implementations. */

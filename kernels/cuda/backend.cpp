@@ -27,9 +27,11 @@
 // retried; the daemon keeps serving on its other devices.
 //
 // Ops: repack and linear_wo for q4g, q8c, q8b and f8r; linear_aq for q8c
-// and q4g (f8r AQ is left to the generic one); quantize_rows (int8 with
-// group sums, e4m3) for every activation dtype. x and y of the ops are host
-// memory, the caller's.
+// and q4g on our tensor-core kernel, and for f8r on cuBLASLt's FP8 GEMM
+// (blaslt.h) where the device is sm_89 or newer and the library loads,
+// else left to the generic one; quantize_rows (int8 with group sums, e4m3)
+// for every activation dtype. x and y of the ops are host memory, the
+// caller's.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "blaslt.h"
 #include "ql_cuda.h"
 #include "registry.h"
 
@@ -85,6 +88,10 @@ struct device {
   arena host;                     // pinned host memory
   std::atomic<bool> failed{false};
   char why[160] = "";             // set once, before failed
+  ql__blaslt* lt = nullptr;       // cuBLASLt handle (lt_ready())
+  std::atomic<int> lt_state{0};   // 0: not tried, 1: lt made, -1: failed
+  std::atomic<int> cc{0};         // compute capability ·10 (89 = sm_89);
+                                  // 0 until asked, -1 when unknown
 };
 
 device g_dev[kMaxDevices];
@@ -219,6 +226,70 @@ int device_count(const char** why) {
   return n;
 }
 
+// The compute capability of ordinal o times ten (86, 89, 90), asked of
+// the runtime once; -1 when it cannot say.
+int cc_of(int o) {
+  if (o < 0 || o >= kMaxDevices) return -1;
+  int cc = g_dev[o].cc.load();
+  if (cc != 0) return cc;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, o) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: this call's own error
+    return -1;                 // not cached: the next call asks again
+  }
+  cc = major * 10 + minor;
+  g_dev[o].cc.store(cc);
+  return cc;
+}
+
+// FP8 tensor cores, which cuBLASLt's FP8 GEMM needs, start with sm_89
+// (Ada); its documentation lists FP8 for compute capability 8.9 and newer.
+constexpr int kMinF8Cc = 89;
+
+// True when ordinal o has a cuBLASLt handle, made here the first time (on
+// o, as the current device of the calling thread for the while). Made
+// before any op is dispatched to cuBLASLt, so that a library that does not
+// start on a device sends every call to the generic op, the first one too.
+bool lt_ready(int o) {
+  device& d = g_dev[o];
+  int st = d.lt_state.load();
+  if (st != 0) return st > 0;
+  pthread_mutex_lock(&d.mu);
+  if (d.lt_state.load() == 0) {
+    int cur = -1, rc;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur == o ||
+        cudaSetDevice(o) == cudaSuccess) {
+      rc = ql__blaslt_create(&d.lt);
+      if (cur >= 0 && cur != o) (void)cudaSetDevice(cur);
+    } else {
+      rc = QL_EDEVICE;
+    }
+    (void)cudaGetLastError();  // an error of this attempt, not of an op
+    // Out of memory is not a verdict on the library: tried again later.
+    if (rc != QL_ENOMEM) d.lt_state.store(rc == 0 ? 1 : -1);
+  }
+  pthread_mutex_unlock(&d.mu);
+  return d.lt_state.load() > 0;
+}
+
+// Why f8r AQ on ordinal o does not use cuBLASLt, or nullptr when it does.
+const char* f8r_declined(int o) {
+  const char* why = nullptr;
+  if (ql__blaslt_load(&why) != 0) return why;
+  if (o < 0 || o >= kMaxDevices) return "no such device";
+  int cc = cc_of(o);
+  if (cc < 0) return "its compute capability is unknown";
+  if (cc < kMinF8Cc) return "FP8 GEMM needs sm_89 or newer";
+  // A device out of service keeps its ops, which say QL_EDEVICE, as the
+  // other ops of this backend do; no handle is made on it.
+  if (!g_dev[o].failed.load() && !lt_ready(o))
+    return "cuBLASLt did not start on it";
+  return nullptr;
+}
+
 int device_info(int o, ql_device_desc* out) {
   cudaDeviceProp p;
   if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
@@ -238,6 +309,15 @@ int device_info(int o, ql_device_desc* out) {
   // Weights get seven eighths of the memory: the rest is left for the
   // scratch arenas, the CUDA context and other processes' activations.
   out->memory_bytes = p.totalGlobalMem - p.totalGlobalMem / 8;
+  const char* no = f8r_declined(o);
+  size_t v = ql__blaslt_version();
+  if (no == nullptr)
+    snprintf(out->note, sizeof out->note,
+             "f8r activation-quantized on cuBLASLt %zu.%zu.%zu", v / 10000,
+             v / 100 % 100, v % 100);
+  else
+    snprintf(out->note, sizeof out->note,
+             "f8r activation-quantized on the generic op: %s", no);
   return 0;
 }
 
@@ -310,7 +390,11 @@ int make_packed(const ql_qweight* w, packed** out) {
   ssz = ql_dtype_size(w->scale_dtype);
   rb = size_t(ql__cuda_row_bytes(int(w->format), w->k));
   ldq = round16(rb);
-  if (!mul_size(n, ldq, &q_bytes) || !mul_size(n, g, &s_bytes) ||
+  // f8r: rows of zero codes up to a multiple of 16, which cuBLASLt's FP8
+  // GEMM needs of its m (blaslt.h); they add nothing and are never read
+  // back.
+  if (!mul_size(w->format == QL_FORMAT_F8R ? round16(n) : n, ldq,
+                &q_bytes) || !mul_size(n, g, &s_bytes) ||
       !mul_size(s_bytes, ssz, &s_bytes) ||
       !mul_size(n, sizeof(float), &b_bytes))
     return QL_ESHAPE;
@@ -418,11 +502,12 @@ struct call {
   void* dx;            // x as given
   void* dy;            // y
   float* xf;           // AQ, f16/bf16 x: x widened to f32
-  int8_t* xq;          // AQ: int8 rows
+  int8_t* xq;          // AQ: int8 (or e4m3) rows
   float* sx;           // AQ: their scales
   int32_t* gsum;       // AQ q4g: group sums
   int64_t* status;     // AQ: quantize_rows' verdict per row
-  float* part;         // WO: split-K's partial sums, or NULL
+  float* part;         // WO: split-K's partial sums; f8r AQ: the FP8
+                       // product; or NULL
   int* bad;            // NaN/Inf flag
   unsigned char* hs;   // pinned staging for x, then y
   int64_t* hstatus;    // pinned copy of status
@@ -430,12 +515,13 @@ struct call {
 };
 
 // Reserves and carves a call's memory: aq adds the AQ intermediates for
-// groups per row (0: no group sums).
+// groups per row (0: no group sums), with rows of codes ldxq bytes apart;
+// part bytes of f32 scratch go to c->part.
 int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
-          bool aq, int64_t groups, size_t part, call* c) {
+          bool aq, int64_t groups, size_t part, size_t ldxq, call* c) {
   const size_t m = size_t(a->m);
   const size_t xf = aq && a->dt != QL_DTYPE_F32 ? mk * sizeof(float) : 0,
-               xq = aq ? mk : 0, sx = aq ? m * sizeof(float) : 0,
+               xq = aq ? m * ldxq : 0, sx = aq ? m * sizeof(float) : 0,
                gs = aq ? m * size_t(groups) * sizeof(int32_t) : 0,
                st = aq ? m * sizeof(int64_t) : 0, hs = xb > yb ? xb : yb;
   const size_t dev = round256(xb) + round256(yb) + round256(xf) +
@@ -504,7 +590,7 @@ int wo_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) == 0 &&
       (rc = carve(d, a, mk, xb, yb, false, 0,
-                  ql__cuda_linear_wo_scratch(&p->dev, a->m), &c)) == 0 &&
+                  ql__cuda_linear_wo_scratch(&p->dev, a->m), 0, &c)) == 0 &&
       (rc = stage_x(d, a, mk, xb, &c)) == 0) {
     ql__cuda_linear_wo(&p->dev, int(a->dt), c.dx, a->m, c.dy, c.part,
                        d->stream);
@@ -561,8 +647,8 @@ int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   call c;
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) != 0 ||
-      (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, 0, &c)) !=
-          0 ||
+      (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, 0,
+                  size_t(a->w->k), &c)) != 0 ||
       (rc = stage_x(d, a, mk, xb, &c)) != 0)
     goto done;
   if (c.xf != nullptr) {
@@ -572,8 +658,8 @@ int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   ql__cuda_quantize_rows(
       QL__CUDA_QROWS_I8, int(a->dt),
       c.xf != nullptr ? c.xf : static_cast<const float*>(c.dx), a->m,
-      a->w->k, q4g ? int64_t(a->w->group_size) : a->w->k, c.xq, c.sx,
-      c.gsum, c.status, d->stream);
+      a->w->k, q4g ? int64_t(a->w->group_size) : a->w->k, c.xq, a->w->k,
+      c.sx, c.gsum, c.status, d->stream);
   if ((rc = check_launch(*d)) != 0 ||
       (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
                                       cudaMemcpyDeviceToHost, d->stream))) !=
@@ -600,6 +686,124 @@ int run_aq(const ql_linear_args* a) {
   if ((rc = enter(&d)) != 0) return rc;
   rc = aq_on(d, a, mk, xb, yb);
   leave(d);
+  return rc;
+}
+
+// ---- linear_aq for f8r, on cuBLASLt ----
+
+// f8r (W8A8 float8, DESIGN §4): the rows of x quantized on the device with
+// the e4m3 rule of ql_quantize_rows_e4m3_src (bit-exact), the unscaled FP8
+// product Σk xq·wq on cuBLASLt (f32 accumulation, an algorithm fixed by
+// (N, K) alone: blaslt.h), then our epilogue y = acc·(sx·sw) (+ b) in the
+// reference's order, rounded once to the activation dtype.
+//
+// Why not cuBLASLt's own scaling: the outer-vector scale mode
+// (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, per-row sx and per-column
+// sw) exists on sm_90 only (the cuBLAS documentation's table of scaling
+// modes; sm_89 and sm_100 have no such mode), and it would apply the
+// scales inside cuBLASLt's epilogue in an order of its own. The unit-scale
+// GEMM and our epilogue give the same bytes on sm_89 and sm_90, and the
+// epilogue the contract states.
+//
+// Padding: cuBLASLt's FP8 GEMM wants K and N multiples of 16. The layout's
+// rows are already ldq (a multiple of 16) bytes long with zero codes past
+// K, and f8r layouts have zero rows up to a multiple of 16 (make_packed);
+// x's codes get rows of ldq bytes, zero past K. A zero code adds 0·w = 0,
+// so the sums are those over K.
+
+int f8r_supports(const ql_kernel_impl* im, ql_format f, int64_t m, int64_t n,
+                 int64_t k) {
+  (void)im;
+  (void)m;
+  (void)n;
+  (void)k;
+  // The device is the calling thread's (device_bind): a worker asks for
+  // its own GPU.
+  return f == QL_FORMAT_F8R && f8r_declined(t_ordinal) == nullptr;
+}
+
+// run_f8r() with d entered.
+int f8r_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+           size_t yb, bool* fallback) {
+  const size_t m = size_t(a->m), stb = m * sizeof(int64_t);
+  const packed* p;
+  packed* tmp;
+  call c;
+  size_t accb;
+  int rc;
+  if ((rc = layout_of(a, &p, &tmp)) != 0) return rc;
+  const int64_t kp = p->dev.ldq, np = int64_t(round16(size_t(a->w->n)));
+  if (!mul_size(m, size_t(np) * sizeof(float), &accb)) {
+    rc = QL_ESHAPE;
+    goto done;
+  }
+  if (d->lt == nullptr) {  // supports() made it; a direct call may not have
+    *fallback = true;
+    goto done;
+  }
+  if ((rc = carve(d, a, mk, xb, yb, true, 0, accb, size_t(kp), &c)) != 0 ||
+      (rc = stage_x(d, a, mk, xb, &c)) != 0)
+    goto done;
+  if (c.xf != nullptr) {
+    ql__cuda_widen_f32(int(a->dt), c.dx, int64_t(mk), c.xf, d->stream);
+    if ((rc = check_launch(*d)) != 0) goto done;
+  }
+  if (kp != a->w->k &&
+      (rc = check(*d, cudaMemsetAsync(c.xq, 0, m * size_t(kp), d->stream))) !=
+          0)
+    goto done;
+  ql__cuda_quantize_rows(
+      QL__CUDA_QROWS_E4M3, int(a->dt),
+      c.xf != nullptr ? c.xf : static_cast<const float*>(c.dx), a->m,
+      a->w->k, a->w->k, c.xq, kp, c.sx, nullptr, c.status, d->stream);
+  if ((rc = check_launch(*d)) != 0 ||
+      (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
+                                      cudaMemcpyDeviceToHost, d->stream))) !=
+          0 ||
+      (rc = wait(*d)) != 0 || (rc = rows_verdict(c.hstatus, a->m)) != 0)
+    goto done;
+  rc = ql__blaslt_f8_gemm(d->lt, np, a->m, kp, p->dev.q, p->dev.ldq,
+                          reinterpret_cast<const uint8_t*>(c.xq), kp, c.part,
+                          np, d->stream);
+  if (rc == QL_EDEVICE) {
+    // The runtime knows why a launch failed; else cuBLASLt's word stands.
+    rc = check_launch(*d);
+    if (rc == 0) rc = fail(*d, "cuBLASLt: %s", "a matmul failed");
+    goto done;
+  }
+  if (rc == QL_ENOTSUP) {
+    // No algorithm for this (N, K): the answer is cached, so every call of
+    // this shape takes the generic op, whatever its M.
+    *fallback = true;
+    rc = 0;
+    goto done;
+  }
+  if (rc != 0) goto done;
+  ql__cuda_f8r_epilogue(&p->dev, c.part, np, c.sx, a->m, int(a->dt), c.dy,
+                        d->stream);
+  rc = fetch_y(d, a, yb, &c);
+done:
+  free_packed(tmp);
+  return rc;
+}
+
+int run_f8r(const ql_linear_args* a) {
+  device* d;
+  size_t mk, xb, yb;
+  bool fallback = false;
+  int rc;
+  if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
+  if (a->w->format != QL_FORMAT_F8R) return QL_ENOTSUP;
+  // Called without dispatch on a device where cuBLASLt does not start: the
+  // generic op, which dispatch would have chosen.
+  const int o = t_ordinal;
+  if (o >= 0 && o < kMaxDevices && !g_dev[o].failed.load() && !lt_ready(o))
+    return ql_linear_aq_ref(a->w, a->dt, a->x, a->m, a->y);
+  if ((rc = enter(&d)) != 0) return rc;
+  rc = f8r_on(d, a, mk, xb, yb, &fallback);
+  leave(d);
+  if (rc == 0 && fallback)
+    rc = ql_linear_aq_ref(a->w, a->dt, a->x, a->m, a->y);
   return rc;
 }
 
@@ -659,7 +863,7 @@ int qrows_on(device* d, const ql_qrows_args* a, ql_dtype src,
   ql__cuda_quantize_rows(
       a->kind == QL_QROWS_I8 ? QL__CUDA_QROWS_I8 : QL__CUDA_QROWS_E4M3,
       int(src), dx, a->m, a->k,
-      a->kind == QL_QROWS_I8 ? int64_t(a->gs) : a->k, dq, ds, dg, dst,
+      a->kind == QL_QROWS_I8 ? int64_t(a->gs) : a->k, dq, a->k, ds, dg, dst,
       d->stream);
   if ((rc = check_launch(*d)) != 0 ||
       (rc = check(*d, cudaMemcpyAsync(hq, dq, qb, cudaMemcpyDeviceToHost,
@@ -712,7 +916,7 @@ ql_kernel_impl impl(const char* name, ql_op op, uint32_t formats) {
 }
 
 struct table {
-  ql_kernel_impl im[4];
+  ql_kernel_impl im[5];
   table() {
     im[0] = impl("cuda.repack", QL_OP_REPACK, FMTS_WO);
     im[0].fn.repack = repack;
@@ -725,6 +929,10 @@ struct table {
                  QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C));
     im[3].supports = aq_supports;
     im[3].fn.linear = run_aq;
+    im[4] = impl("cuda.cublaslt.linear_aq", QL_OP_LINEAR_AQ,
+                 QL_FMT_BIT(QL_FORMAT_F8R));
+    im[4].supports = f8r_supports;
+    im[4].fn.linear = run_f8r;
   }
 };
 const table impls;
