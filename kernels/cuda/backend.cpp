@@ -27,11 +27,12 @@
 // retried; the daemon keeps serving on its other devices.
 //
 // Ops: repack and linear_wo for q4g, q8c, q8b and f8r; linear_aq for q8c
-// and q4g on our tensor-core kernel, and for f8r on cuBLASLt's FP8 GEMM
+// and q4g on our tensor-core kernel, for f8r on cuBLASLt's FP8 GEMM
 // (blaslt.h) where the device is sm_89 or newer and the library loads,
-// else left to the generic one; quantize_rows (int8 with group sums, e4m3)
-// for every activation dtype. x and y of the ops are host memory, the
-// caller's.
+// else left to the generic one, and for q8c batches of at least
+// QL_CUDA_IMMA_MIN_ROWS rows on cuBLASLt's int8 GEMM (IMMA) when that
+// variable is set; quantize_rows (int8 with group sums, e4m3) for every
+// activation dtype. x and y of the ops are host memory, the caller's.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,6 +276,25 @@ bool lt_ready(int o) {
   return d.lt_state.load() > 0;
 }
 
+// QL_CUDA_IMMA_MIN_ROWS: q8c batches of at least this many rows run their
+// AQ product on cuBLASLt's IMMA instead of our tensor-core kernel. Unset,
+// 0 or malformed: never. Both give the reference's bytes (int32 sums are
+// exact, and the epilogues are the reference's), so the switch changes no
+// result, only which code makes it; which one is faster for large-M
+// prefill is for qlinear-bench to measure on a GPU. Read once.
+std::atomic<long long> g_imma_rows{-1};
+
+long long imma_min_rows() {
+  long long v = g_imma_rows.load();
+  if (v >= 0) return v;
+  const char* s = getenv("QL_CUDA_IMMA_MIN_ROWS");
+  char* end = nullptr;
+  v = s != nullptr ? strtoll(s, &end, 10) : 0;
+  if (s == nullptr || end == s || *end != '\0' || v < 0) v = 0;
+  g_imma_rows.store(v);
+  return v;
+}
+
 // Why f8r AQ on ordinal o does not use cuBLASLt, or nullptr when it does.
 const char* f8r_declined(int o) {
   const char* why = nullptr;
@@ -318,6 +338,14 @@ int device_info(int o, ql_device_desc* out) {
   else
     snprintf(out->note, sizeof out->note,
              "f8r activation-quantized on the generic op: %s", no);
+  if (imma_min_rows() > 0) {
+    size_t at = strlen(out->note);
+    snprintf(out->note + at, sizeof out->note - at,
+             "; q8c from %lld rows on %s", imma_min_rows(),
+             ql__blaslt_load(nullptr) == 0 && lt_ready(o)
+                 ? "cuBLASLt IMMA"
+                 : "our kernel (no cuBLASLt)");
+  }
   return 0;
 }
 
@@ -390,11 +418,12 @@ int make_packed(const ql_qweight* w, packed** out) {
   ssz = ql_dtype_size(w->scale_dtype);
   rb = size_t(ql__cuda_row_bytes(int(w->format), w->k));
   ldq = round16(rb);
-  // f8r: rows of zero codes up to a multiple of 16, which cuBLASLt's FP8
-  // GEMM needs of its m (blaslt.h); they add nothing and are never read
-  // back.
-  if (!mul_size(w->format == QL_FORMAT_F8R ? round16(n) : n, ldq,
-                &q_bytes) || !mul_size(n, g, &s_bytes) ||
+  // f8r and q8c: rows of zero codes up to a multiple of 16, which
+  // cuBLASLt's GEMMs need of their m (blaslt.h); they add nothing and are
+  // never read back.
+  const bool pad_n = w->format == QL_FORMAT_F8R || w->format == QL_FORMAT_Q8C;
+  if (!mul_size(pad_n ? round16(n) : n, ldq, &q_bytes) ||
+      !mul_size(n, g, &s_bytes) ||
       !mul_size(s_bytes, ssz, &s_bytes) ||
       !mul_size(n, sizeof(float), &b_bytes))
     return QL_ESHAPE;
@@ -506,8 +535,8 @@ struct call {
   float* sx;           // AQ: their scales
   int32_t* gsum;       // AQ q4g: group sums
   int64_t* status;     // AQ: quantize_rows' verdict per row
-  float* part;         // WO: split-K's partial sums; f8r AQ: the FP8
-                       // product; or NULL
+  float* part;         // WO: split-K's partial sums; AQ on cuBLASLt: its
+                       // product (f32 or int32); or NULL
   int* bad;            // NaN/Inf flag
   unsigned char* hs;   // pinned staging for x, then y
   int64_t* hstatus;    // pinned copy of status
@@ -689,7 +718,7 @@ int run_aq(const ql_linear_args* a) {
   return rc;
 }
 
-// ---- linear_aq for f8r, on cuBLASLt ----
+// ---- linear_aq on cuBLASLt: f8r, and q8c (IMMA) when asked for ----
 
 // f8r (W8A8 float8, DESIGN §4): the rows of x quantized on the device with
 // the e4m3 rule of ql_quantize_rows_e4m3_src (bit-exact), the unscaled FP8
@@ -705,26 +734,35 @@ int run_aq(const ql_linear_args* a) {
 // GEMM and our epilogue give the same bytes on sm_89 and sm_90, and the
 // epilogue the contract states.
 //
-// Padding: cuBLASLt's FP8 GEMM wants K and N multiples of 16. The layout's
-// rows are already ldq (a multiple of 16) bytes long with zero codes past
-// K, and f8r layouts have zero rows up to a multiple of 16 (make_packed);
-// x's codes get rows of ldq bytes, zero past K. A zero code adds 0·w = 0,
-// so the sums are those over K.
+// q8c (W8A8) on IMMA, where QL_CUDA_IMMA_MIN_ROWS asks for it: the same
+// steps with int8 codes (the q8c rule, no group sums), cuBLASLt's int8 GEMM
+// with exact int32 sums, and the same epilogue with the int32 sum made f32:
+// the reference's formula, so the bytes of our tensor-core kernel.
+//
+// Padding: cuBLASLt's FP8 GEMM wants K and N multiples of 16 (IMMA: 4).
+// The layout's rows are already ldq (a multiple of 16) bytes long with zero
+// codes past K, and f8r and q8c layouts have zero rows up to a multiple of
+// 16 (make_packed); x's codes get rows of ldq bytes, zero past K. A zero
+// code adds 0·w = 0, so the sums are those over K.
 
-int f8r_supports(const ql_kernel_impl* im, ql_format f, int64_t m, int64_t n,
-                 int64_t k) {
+int lt_supports(const ql_kernel_impl* im, ql_format f, int64_t m, int64_t n,
+                int64_t k) {
   (void)im;
-  (void)m;
   (void)n;
-  (void)k;
   // The device is the calling thread's (device_bind): a worker asks for
   // its own GPU.
-  return f == QL_FORMAT_F8R && f8r_declined(t_ordinal) == nullptr;
+  const int o = t_ordinal;
+  if (f == QL_FORMAT_F8R) return f8r_declined(o) == nullptr;
+  const long long rows = imma_min_rows();
+  return f == QL_FORMAT_Q8C && rows > 0 && m >= rows &&
+         k <= QL_AQ_Q8C_MAX_K && ql__blaslt_load(nullptr) == 0 && o >= 0 &&
+         o < kMaxDevices && (g_dev[o].failed.load() || lt_ready(o));
 }
 
-// run_f8r() with d entered.
-int f8r_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
-           size_t yb, bool* fallback) {
+// run_lt() with d entered.
+int lt_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+          size_t yb, bool* fallback) {
+  const bool i8 = a->w->format == QL_FORMAT_Q8C;
   const size_t m = size_t(a->m), stb = m * sizeof(int64_t);
   const packed* p;
   packed* tmp;
@@ -733,6 +771,7 @@ int f8r_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) != 0) return rc;
   const int64_t kp = p->dev.ldq, np = int64_t(round16(size_t(a->w->n)));
+  // f32 or int32: four bytes either way.
   if (!mul_size(m, size_t(np) * sizeof(float), &accb)) {
     rc = QL_ESHAPE;
     goto done;
@@ -753,7 +792,7 @@ int f8r_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
           0)
     goto done;
   ql__cuda_quantize_rows(
-      QL__CUDA_QROWS_E4M3, int(a->dt),
+      i8 ? QL__CUDA_QROWS_I8 : QL__CUDA_QROWS_E4M3, int(a->dt),
       c.xf != nullptr ? c.xf : static_cast<const float*>(c.dx), a->m,
       a->w->k, a->w->k, c.xq, kp, c.sx, nullptr, c.status, d->stream);
   if ((rc = check_launch(*d)) != 0 ||
@@ -762,9 +801,9 @@ int f8r_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
           0 ||
       (rc = wait(*d)) != 0 || (rc = rows_verdict(c.hstatus, a->m)) != 0)
     goto done;
-  rc = ql__blaslt_f8_gemm(d->lt, np, a->m, kp, p->dev.q, p->dev.ldq,
-                          reinterpret_cast<const uint8_t*>(c.xq), kp, c.part,
-                          np, d->stream);
+  rc = ql__blaslt_gemm(d->lt, i8 ? QL__BLASLT_I8 : QL__BLASLT_E4M3, np,
+                       a->m, kp, p->dev.q, p->dev.ldq, c.xq, kp, c.part, np,
+                       d->stream);
   if (rc == QL_EDEVICE) {
     // The runtime knows why a launch failed; else cuBLASLt's word stands.
     rc = check_launch(*d);
@@ -773,37 +812,48 @@ int f8r_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   }
   if (rc == QL_ENOTSUP) {
     // No algorithm for this (N, K): the answer is cached, so every call of
-    // this shape takes the generic op, whatever its M.
+    // this shape takes the fallback, whatever its M (q8c: our kernel, the
+    // same bytes).
     *fallback = true;
     rc = 0;
     goto done;
   }
   if (rc != 0) goto done;
-  ql__cuda_f8r_epilogue(&p->dev, c.part, np, c.sx, a->m, int(a->dt), c.dy,
-                        d->stream);
+  ql__cuda_gemm_epilogue(&p->dev, c.part, i8, np, c.sx, a->m, int(a->dt),
+                         c.dy, d->stream);
   rc = fetch_y(d, a, yb, &c);
 done:
   free_packed(tmp);
   return rc;
 }
 
-int run_f8r(const ql_linear_args* a) {
+// Where cuBLASLt cannot run a call: q8c on our kernel, f8r on the generic
+// op, which is what dispatch chooses without cuBLASLt.
+int lt_fallback(const ql_linear_args* a) {
+  return a->w->format == QL_FORMAT_Q8C
+             ? run_aq(a)
+             : ql_linear_aq_ref(a->w, a->dt, a->x, a->m, a->y);
+}
+
+int run_lt(const ql_linear_args* a) {
   device* d;
   size_t mk, xb, yb;
   bool fallback = false;
   int rc;
   if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
-  if (a->w->format != QL_FORMAT_F8R) return QL_ENOTSUP;
-  // Called without dispatch on a device where cuBLASLt does not start: the
-  // generic op, which dispatch would have chosen.
+  if (a->w->format != QL_FORMAT_F8R && a->w->format != QL_FORMAT_Q8C)
+    return QL_ENOTSUP;
+  if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
+    return QL_ESHAPE;
+  // Called without dispatch on a device where cuBLASLt does not start.
   const int o = t_ordinal;
-  if (o >= 0 && o < kMaxDevices && !g_dev[o].failed.load() && !lt_ready(o))
-    return ql_linear_aq_ref(a->w, a->dt, a->x, a->m, a->y);
+  if (ql__blaslt_load(nullptr) != 0 ||
+      (o >= 0 && o < kMaxDevices && !g_dev[o].failed.load() && !lt_ready(o)))
+    return lt_fallback(a);
   if ((rc = enter(&d)) != 0) return rc;
-  rc = f8r_on(d, a, mk, xb, yb, &fallback);
+  rc = lt_on(d, a, mk, xb, yb, &fallback);
   leave(d);
-  if (rc == 0 && fallback)
-    rc = ql_linear_aq_ref(a->w, a->dt, a->x, a->m, a->y);
+  if (rc == 0 && fallback) rc = lt_fallback(a);
   return rc;
 }
 
@@ -925,14 +975,16 @@ struct table {
     im[1].fn.linear = run_wo;
     im[2] = impl("cuda.quantize_rows", QL_OP_QUANTIZE_ROWS, FMTS_QROWS);
     im[2].fn.quantize_rows = run_qrows;
-    im[3] = impl("cuda.linear_aq", QL_OP_LINEAR_AQ,
+    // Before cuda.linear_aq: dispatch takes the first that supports a case,
+    // and q8c goes to cuBLASLt only where lt_supports() says so.
+    im[3] = impl("cuda.cublaslt.linear_aq", QL_OP_LINEAR_AQ,
+                 QL_FMT_BIT(QL_FORMAT_F8R) | QL_FMT_BIT(QL_FORMAT_Q8C));
+    im[3].supports = lt_supports;
+    im[3].fn.linear = run_lt;
+    im[4] = impl("cuda.linear_aq", QL_OP_LINEAR_AQ,
                  QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C));
-    im[3].supports = aq_supports;
-    im[3].fn.linear = run_aq;
-    im[4] = impl("cuda.cublaslt.linear_aq", QL_OP_LINEAR_AQ,
-                 QL_FMT_BIT(QL_FORMAT_F8R));
-    im[4].supports = f8r_supports;
-    im[4].fn.linear = run_f8r;
+    im[4].supports = aq_supports;
+    im[4].fn.linear = run_aq;
   }
 };
 const table impls;

@@ -115,8 +115,9 @@ int map_status(cublasStatus_t s) {
   }
 }
 
-// An algorithm chosen for one (n, k).
+// An algorithm chosen for one (kind, n, k).
 struct algo_entry {
+  int kind;
   int64_t n, k;
   int rc;  // 0: algo is valid; else why there is none (QL_ENOTSUP, ...)
   cublasLtMatmulAlgo_t algo;
@@ -137,17 +138,21 @@ void put(descs* s) {
   *s = descs();
 }
 
-// The FP8 product in cuBLASLt's column-major terms: D (n x m) = Aᵀ·B with A
-// the weight as stored (k x n, ld ldw: row i of w is column i of A), B the
+// The product in cuBLASLt's column-major terms: D (n x m) = Aᵀ·B with A the
+// weight as stored (k x n, ld ldw: row i of w is column i of A), B the
 // activations as stored (k x m, ld ldx) and D the result (n x m, ld ldacc:
-// row j of acc is column j of D). That is the "TN" form FP8 needs.
-int make_descs(int64_t n, int64_t m, int64_t k, int64_t ldw, int64_t ldx,
-               int64_t ldacc, descs* s) {
+// row j of acc is column j of D). That is the "TN" form that FP8 and IMMA
+// need.
+int make_descs(int kind, int64_t n, int64_t m, int64_t k, int64_t ldw,
+               int64_t ldx, int64_t ldacc, descs* s) {
+  const bool i8 = kind == QL__BLASLT_I8;
   const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const int8_t fast = 0;
+  const cudaDataType ab = i8 ? CUDA_R_8I : CUDA_R_8F_E4M3,
+                     dt = i8 ? CUDA_R_32I : CUDA_R_32F;
   cublasStatus_t st;
-  if ((st = g_api.cublasLtMatmulDescCreate(&s->op, CUBLAS_COMPUTE_32F,
-                                           CUDA_R_32F)) !=
+  if ((st = g_api.cublasLtMatmulDescCreate(
+           &s->op, i8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, dt)) !=
           CUBLAS_STATUS_SUCCESS ||
       (st = g_api.cublasLtMatmulDescSetAttribute(
            s->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) !=
@@ -155,16 +160,16 @@ int make_descs(int64_t n, int64_t m, int64_t k, int64_t ldw, int64_t ldx,
       (st = g_api.cublasLtMatmulDescSetAttribute(
            s->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) !=
           CUBLAS_STATUS_SUCCESS ||
-      (st = g_api.cublasLtMatmulDescSetAttribute(
-           s->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast)) !=
+      (!i8 && (st = g_api.cublasLtMatmulDescSetAttribute(
+                   s->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                   sizeof fast)) != CUBLAS_STATUS_SUCCESS) ||
+      (st = g_api.cublasLtMatrixLayoutCreate(&s->a, ab, uint64_t(k),
+                                             uint64_t(n), ldw)) !=
           CUBLAS_STATUS_SUCCESS ||
-      (st = g_api.cublasLtMatrixLayoutCreate(&s->a, CUDA_R_8F_E4M3,
-                                             uint64_t(k), uint64_t(n),
-                                             ldw)) != CUBLAS_STATUS_SUCCESS ||
-      (st = g_api.cublasLtMatrixLayoutCreate(&s->b, CUDA_R_8F_E4M3,
-                                             uint64_t(k), uint64_t(m),
-                                             ldx)) != CUBLAS_STATUS_SUCCESS ||
-      (st = g_api.cublasLtMatrixLayoutCreate(&s->d, CUDA_R_32F, uint64_t(n),
+      (st = g_api.cublasLtMatrixLayoutCreate(&s->b, ab, uint64_t(k),
+                                             uint64_t(m), ldx)) !=
+          CUBLAS_STATUS_SUCCESS ||
+      (st = g_api.cublasLtMatrixLayoutCreate(&s->d, dt, uint64_t(n),
                                              uint64_t(m), ldacc)) !=
           CUBLAS_STATUS_SUCCESS) {
     put(s);
@@ -173,7 +178,7 @@ int make_descs(int64_t n, int64_t m, int64_t k, int64_t ldw, int64_t ldx,
   return 0;
 }
 
-// Chooses the algorithm for (n, k): the heuristic's first answer for
+// Chooses the algorithm for (kind, n, k): the heuristic's first answer for
 // QL__BLASLT_REF_TOKENS tokens with no split-K reduction allowed and no
 // workspace, then split-K pinned to 1 (blaslt.h says why).
 void choose(cublasLtHandle_t h, algo_entry* e) {
@@ -185,7 +190,7 @@ void choose(cublasLtHandle_t h, algo_entry* e) {
   int found = 0;
   cublasStatus_t st;
   const int64_t ref = QL__BLASLT_REF_TOKENS, ld = e->k;
-  e->rc = make_descs(e->n, ref, e->k, ld, ld, e->n, &s);
+  e->rc = make_descs(e->kind, e->n, ref, e->k, ld, ld, e->n, &s);
   if (e->rc != 0) return;
   memset(&res, 0, sizeof res);
   if ((st = g_api.cublasLtMatmulPreferenceCreate(&pref)) !=
@@ -259,21 +264,28 @@ void ql__blaslt_free(ql__blaslt* lt) {
   free(lt);
 }
 
-int ql__blaslt_f8_gemm(ql__blaslt* lt, int64_t n, int64_t m, int64_t k,
-                       const uint8_t* w, int64_t ldw, const uint8_t* x,
-                       int64_t ldx, float* acc, int64_t ldacc, void* stream) {
-  const float one = 1.0f, zero = 0.0f;
+int ql__blaslt_gemm(ql__blaslt* lt, int kind, int64_t n, int64_t m, int64_t k,
+                    const void* w, int64_t ldw, const void* x, int64_t ldx,
+                    void* acc, int64_t ldacc, void* stream) {
+  // alpha and beta are of the scale type: f32 for FP8, int32 for IMMA.
+  const float onef = 1.0f, zerof = 0.0f;
+  const int32_t onei = 1, zeroi = 0;
+  const bool i8 = kind == QL__BLASLT_I8;
   algo_entry* e;
   descs s;
   int rc;
-  if (lt == nullptr || n < 16 || m < 1 || k < 16 || n % 16 || k % 16 ||
-      ldw < k || ldx < k || ldacc < n || ldw % 16 || ldx % 16 || ldacc % 16)
+  if (lt == nullptr || (kind != QL__BLASLT_E4M3 && !i8) || n < 16 || m < 1 ||
+      k < 16 || n % 16 || k % 16 || ldw < k || ldx < k || ldacc < n ||
+      ldw % 16 || ldx % 16 || ldacc % 16)
     return QL_EINVAL;
-  for (e = lt->algos; e != nullptr && (e->n != n || e->k != k); e = e->next)
+  for (e = lt->algos;
+       e != nullptr && (e->kind != kind || e->n != n || e->k != k);
+       e = e->next)
     ;
   if (e == nullptr) {
     if ((e = static_cast<algo_entry*>(calloc(1, sizeof *e))) == nullptr)
       return QL_ENOMEM;
+    e->kind = kind;
     e->n = n;
     e->k = k;
     choose(lt->h, e);
@@ -286,11 +298,12 @@ int ql__blaslt_f8_gemm(ql__blaslt* lt, int64_t n, int64_t m, int64_t k,
     lt->algos = e;
   }
   if (e->rc != 0) return e->rc;
-  if ((rc = make_descs(n, m, k, ldw, ldx, ldacc, &s)) != 0) return rc;
+  if ((rc = make_descs(kind, n, m, k, ldw, ldx, ldacc, &s)) != 0) return rc;
   // C = D with beta = 0: C is not read.
   cublasStatus_t st = g_api.cublasLtMatmul(
-      lt->h, s.op, &one, w, s.a, x, s.b, &zero, acc, s.d, acc, s.d, &e->algo,
-      nullptr, 0, static_cast<cudaStream_t>(stream));
+      lt->h, s.op, i8 ? static_cast<const void*>(&onei) : &onef, w, s.a, x,
+      s.b, i8 ? static_cast<const void*>(&zeroi) : &zerof, acc, s.d, acc,
+      s.d, &e->algo, nullptr, 0, static_cast<cudaStream_t>(stream));
   put(&s);
   return map_status(st);
 }

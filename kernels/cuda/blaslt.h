@@ -40,14 +40,23 @@ int ql__blaslt_create(ql__blaslt** out);
 // Frees lt and what it holds; NULL is fine.
 void ql__blaslt_free(ql__blaslt* lt);
 
-// The FP8 product of the f8r activation-quantized path, unscaled:
-//   acc[j, i] = Σk e4m3(x[j, k])·e4m3(w[i, k])   (f32, CUBLAS_COMPUTE_32F)
-// for i < n, j < m; w [n, ldw] and x [m, ldx] are e4m3 codes, row-major,
-// acc [m, ldacc] f32. n and k must be multiples of 16 and ldw, ldx >= k,
-// ldacc >= n multiples of 16 (cuBLASLt's FP8 requirements: the caller pads
-// with zero codes, which add nothing); pointers 16-byte aligned.
+// Values of the kind argument of ql__blaslt_gemm.
+enum {
+  QL__BLASLT_E4M3 = 1,  // FP8: e4m3 x e4m3 -> f32 (CUBLAS_COMPUTE_32F)
+  QL__BLASLT_I8 = 2     // IMMA: int8 x int8 -> int32 (CUBLAS_COMPUTE_32I)
+};
+
+// The unscaled product of an activation-quantized path:
+//   acc[j, i] = Σk x[j, k]·w[i, k]
+// for i < n, j < m; w [n, ldw] and x [m, ldx] are codes of the kind, row
+// major, acc [m, ldacc] f32 (E4M3: e4m3 values, exact products summed in
+// f32) or int32 (I8: exact, wrapping as the GPU's int32 sums do; the caller
+// bounds K). n and k must be multiples of 16 and ldw, ldx >= k, ldacc >= n
+// multiples of 16 (cuBLASLt's FP8 requirements, which also meet IMMA's:
+// the caller pads with zero codes, which add nothing); pointers 16-byte
+// aligned.
 //
-// Batch invariance: the algorithm is chosen once per (n, k) from the
+// Batch invariance: the algorithm is chosen once per (kind, n, k) from the
 // heuristic's answer for a fixed problem of kRefTokens tokens (not for m),
 // restricted to algorithms without a split-K reduction, with split-K set
 // to 1 explicitly and no workspace. Each element is then computed by one
@@ -58,9 +67,10 @@ void ql__blaslt_free(ql__blaslt* lt);
 // Enqueued on stream. 0; QL_ENOTSUP when cuBLASLt offers no algorithm for
 // the problem (the caller may fall back); QL_ENOMEM; QL_EDEVICE when the
 // launch failed (the caller asks the runtime why).
-int ql__blaslt_f8_gemm(ql__blaslt* lt, int64_t n, int64_t m, int64_t k,
-                       const uint8_t* w, int64_t ldw, const uint8_t* x,
-                       int64_t ldx, float* acc, int64_t ldacc, void* stream);
+// (Integer sums are exact in any order; IMMA takes the same care anyway.)
+int ql__blaslt_gemm(ql__blaslt* lt, int kind, int64_t n, int64_t m, int64_t k,
+                    const void* w, int64_t ldw, const void* x, int64_t ldx,
+                    void* acc, int64_t ldacc, void* stream);
 
 // The token count of the problem the algorithm is chosen for.
 enum { QL__BLASLT_REF_TOKENS = 256 };

@@ -59,8 +59,6 @@ float e4m3(uint8_t c) {
   return (c & 0x80) ? -v : v;
 }
 
-bool aligned16(const void* p) { return (uintptr_t(p) & 15) == 0; }
-
 }  // namespace
 
 struct cublasLtContext {
@@ -93,23 +91,33 @@ struct ql_emu_lt_pref {
 namespace {
 
 // A problem's shape as the matmul sees it: D (m x n) = op(A) (m x k) ·
-// op(B) (k x n).
+// op(B) (k x n); i8: the IMMA row of the table (int8 in, int32 out).
 struct problem {
   uint64_t m, n, k;
+  bool i8;
 };
 
-// The requirements of an FP8 matmul (cublasLtMatmul(), "FP8" notes):
-// CUBLAS_STATUS_NOT_SUPPORTED when d, a..dd do not meet them.
+// The requirements of the two kinds of matmul served (cublasLtMatmul()):
+// FP8 (its "FP8" notes: TN, compute and scale 32F, 16-byte alignment) and
+// IMMA with the regular column order (its IMMA notes: TN, compute and
+// scale 32I, m, k and the leading dimensions multiples of 4, pointers
+// 4-byte aligned). CUBLAS_STATUS_NOT_SUPPORTED when d, a..dd meet neither.
 cublasStatus_t fp8_check(const ql_emu_lt_desc* d, const ql_emu_lt_layout* a,
                          const ql_emu_lt_layout* b, const ql_emu_lt_layout* c,
                          const ql_emu_lt_layout* dd, problem* p) {
   if (d == nullptr || a == nullptr || b == nullptr || c == nullptr ||
       dd == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
-  if (d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F ||
-      a->type != CUDA_R_8F_E4M3 || b->type != CUDA_R_8F_E4M3 ||
-      c->type != CUDA_R_32F || dd->type != CUDA_R_32F)
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const bool fp8 = d->compute == CUBLAS_COMPUTE_32F &&
+                   d->scale == CUDA_R_32F && a->type == CUDA_R_8F_E4M3 &&
+                   b->type == CUDA_R_8F_E4M3 && c->type == CUDA_R_32F &&
+                   dd->type == CUDA_R_32F;
+  const bool i8 = d->compute == CUBLAS_COMPUTE_32I &&
+                  d->scale == CUDA_R_32I && a->type == CUDA_R_8I &&
+                  b->type == CUDA_R_8I && c->type == CUDA_R_32I &&
+                  dd->type == CUDA_R_32I;
+  if (!fp8 && !i8) return CUBLAS_STATUS_NOT_SUPPORTED;
+  p->i8 = i8;
   if (d->transa != CUBLAS_OP_T || d->transb != CUBLAS_OP_N)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (d->pointer_mode != 0 || d->epilogue != CUBLASLT_EPILOGUE_DEFAULT ||
@@ -127,9 +135,11 @@ cublasStatus_t fp8_check(const ql_emu_lt_desc* d, const ql_emu_lt_layout* a,
   if (a->ld < int64_t(a->rows) || b->ld < int64_t(b->rows) ||
       c->ld < int64_t(c->rows) || dd->ld < int64_t(dd->rows))
     return CUBLAS_STATUS_INVALID_VALUE;
-  // 16-byte alignment of the leading dimensions and of m and k.
-  if (a->ld % 16 != 0 || b->ld % 16 != 0 || (c->ld * 4) % 16 != 0 ||
-      (dd->ld * 4) % 16 != 0 || p->m % 16 != 0 || p->k % 16 != 0)
+  // FP8: 16-byte alignment of the leading dimensions and of m and k;
+  // IMMA: multiples of 4 elements.
+  const int64_t q = i8 ? 4 : 16;
+  if (a->ld % q != 0 || b->ld % q != 0 || c->ld % 4 != 0 ||
+      dd->ld % 4 != 0 || int64_t(p->m) % q != 0 || int64_t(p->k) % q != 0)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -137,7 +147,8 @@ cublasStatus_t fp8_check(const ql_emu_lt_desc* d, const ql_emu_lt_layout* a,
 // The algorithm the heuristic offers first for p: split-K when the output
 // has few tiles for the SMs and K is long (splits of at least 512 values).
 uint32_t natural_splits(const problem& p) {
-  const uint64_t tiles = ((p.m + kTile - 1) / kTile) * ((p.n + kTile - 1) / kTile);
+  const uint64_t tiles =
+      ((p.m + kTile - 1) / kTile) * ((p.n + kTile - 1) / kTile);
   if (tiles * 2 > uint64_t(kSms) || p.k < 1024) return 1;
   uint64_t s = kSms / tiles, by_k = p.k / 512;
   if (s > by_k) s = by_k;
@@ -185,7 +196,8 @@ extern "C" const char* cublasLtGetStatusName(cublasStatus_t s) {
     case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
     case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
     case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
     case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
     case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
@@ -393,9 +405,36 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// D = alpha·(Aᵀ·B)·sa·sb + beta·C on host memory, every element from its
-// own column of B and row of Aᵀ: the split parts of K each summed in
-// increasing k from 0.0f (e4m3 products are exact in f32), added in order.
+namespace {
+
+// IMMA: D = alpha·(Aᵀ·B) + beta·C in int32, exact (wrapping as two's
+// complement where the GPU's int32 sums would).
+void run_i8(const problem& p, const ql_emu_lt_layout* ad,
+            const ql_emu_lt_layout* bd, const ql_emu_lt_layout* cd,
+            const ql_emu_lt_layout* dd, int32_t al, int32_t be,
+            const int8_t* a8, const int8_t* b8, const int32_t* ci,
+            int32_t* di) {
+  for (uint64_t j = 0; j < p.n; j++) {
+    const int8_t* bj = b8 + j * uint64_t(bd->ld);
+    for (uint64_t i = 0; i < p.m; i++) {
+      const int8_t* ai = a8 + i * uint64_t(ad->ld);
+      uint32_t acc = 0;
+      for (uint64_t k = 0; k < p.k; k++)
+        acc += uint32_t(int32_t(ai[k]) * int32_t(bj[k]));
+      uint32_t v = uint32_t(al) * acc;
+      if (be != 0) v += uint32_t(be) * uint32_t(ci[j * uint64_t(cd->ld) + i]);
+      di[j * uint64_t(dd->ld) + i] = int32_t(v);
+    }
+  }
+}
+
+}  // namespace
+
+// FP8: D = alpha·(Aᵀ·B)·sa·sb + beta·C on host memory, every element
+// from its own column of B and row of Aᵀ: the split parts of K each summed
+// in increasing k from 0.0f (e4m3 products are exact in f32), added in
+// order.
+// IMMA: run_i8() (int32 sums are exact: a split changes nothing).
 extern "C" cublasStatus_t cublasLtMatmul(
     cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void* alpha,
     const void* A, cublasLtMatrixLayout_t ad, const void* B,
@@ -406,25 +445,39 @@ extern "C" cublasStatus_t cublasLtMatmul(
   problem p;
   if (h == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (alpha == nullptr || beta == nullptr || A == nullptr || B == nullptr ||
-      D == nullptr || (C == nullptr && *static_cast<const float*>(beta) != 0))
+      D == nullptr)
     return CUBLAS_STATUS_INVALID_VALUE;
   cublasStatus_t s = fp8_check(d, ad, bd, cd, dd, &p);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  if (!aligned16(A) || !aligned16(B) || !aligned16(D) ||
-      (C != nullptr && !aligned16(C)))
+  // beta is of the scale type: int32 for IMMA, float for FP8.
+  const bool beta0 = p.i8 ? *static_cast<const int32_t*>(beta) == 0
+                          : *static_cast<const float*>(beta) == 0.0f;
+  if (C == nullptr && !beta0) return CUBLAS_STATUS_INVALID_VALUE;
+  const uintptr_t am = p.i8 ? 3 : 15;
+  if ((uintptr_t(A) & am) || (uintptr_t(B) & am) || (uintptr_t(D) & am) ||
+      (C != nullptr && (uintptr_t(C) & am)))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   uint32_t splits = 1;
   if (algo != nullptr) {
     if (!algo_ok(algo)) return CUBLAS_STATUS_INVALID_VALUE;
     splits = uint32_t(algo->data[1]);
     if (algo->data[2] == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE &&
-        splits > 1 && (workspace == nullptr || wsbytes < p.m * p.n * 4 * splits))
+        splits > 1 &&
+        (workspace == nullptr || wsbytes < p.m * p.n * 4 * splits))
       return CUBLAS_STATUS_INVALID_VALUE;
   }
   if (!ql__emu_cuda_launch(stream))
-    return cudaPeekAtLastError() == cudaSuccess ? CUBLAS_STATUS_SUCCESS
-                                                : CUBLAS_STATUS_EXECUTION_FAILED;
+    return cudaPeekAtLastError() == cudaSuccess
+               ? CUBLAS_STATUS_SUCCESS
+               : CUBLAS_STATUS_EXECUTION_FAILED;
   g_matmuls.fetch_add(1);
+  if (p.i8) {
+    run_i8(p, ad, bd, cd, dd, *static_cast<const int32_t*>(alpha),
+           *static_cast<const int32_t*>(beta), static_cast<const int8_t*>(A),
+           static_cast<const int8_t*>(B), static_cast<const int32_t*>(C),
+           static_cast<int32_t*>(D));
+    return CUBLAS_STATUS_SUCCESS;
+  }
   const float al = *static_cast<const float*>(alpha),
               be = *static_cast<const float*>(beta);
   const float sa = d->a_scale ? *static_cast<const float*>(d->a_scale) : 1.0f,

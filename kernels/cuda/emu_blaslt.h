@@ -11,13 +11,17 @@
 // of docs.nvidia.com/cuda/cublas, "Using the cuBLASLt API"):
 // - cublasLtMatmul() (3.4.17): D = alpha·(op(A)·op(B)) + beta·C, matrices
 //   column-major as their layouts say (3.4.36 cublasLtMatrixLayoutCreate),
-//   the products summed in the compute type (CUBLAS_COMPUTE_32F: f32) and
-//   alpha, beta in the scale type (CUDA_R_32F, host pointers). The types
-//   served are the FP8 row of its table, A and B CUDA_R_8F_E4M3, C and D
-//   CUDA_R_32F, with its requirements checked as the documentation lists
-//   them: A transposed and B not ("TN"), compute 32F, scale 32F, and
-//   16-byte alignment of pointers, leading dimensions and the dimensions m
-//   and k; anything else is CUBLAS_STATUS_NOT_SUPPORTED. Scale pointers
+//   the products summed in the compute type (CUBLAS_COMPUTE_32F: f32;
+//   CUBLAS_COMPUTE_32I: int32) and alpha, beta in the scale type (host
+//   pointers). Two rows of its table of types are served: FP8, A and B
+//   CUDA_R_8F_E4M3, C and D CUDA_R_32F, scale CUDA_R_32F; and IMMA, A and
+//   B CUDA_R_8I, C and D CUDA_R_32I, scale CUDA_R_32I. Their requirements
+//   are checked as the documentation lists them: A transposed and B not
+//   ("TN") for both; FP8: compute 32F and 16-byte alignment of pointers,
+//   leading dimensions and the dimensions m and k; IMMA with the regular
+//   column order: compute 32I, m, k and the leading dimensions multiples of
+//   4, pointers 4-byte aligned. Anything else is
+//   CUBLAS_STATUS_NOT_SUPPORTED. Scale pointers
 //   (CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, B_...) are read in the scalar
 //   mode (CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, a device float; unset:
 //   1); the outer-vector mode is refused, as on every GPU but sm_90
@@ -27,7 +31,8 @@
 //   split-K count S cuts K into S contiguous parts of ceil(K/S) rounded up
 //   to 16; each part is summed in increasing k from 0.0f, and the parts are
 //   added in order. With S = 1 an output element is the plain f32 sum in
-//   increasing k, whatever M is.
+//   increasing k, whatever M is. IMMA sums are exact int32 (two's
+//   complement), which no split changes.
 // - cublasLtMatmulAlgoGetHeuristic() (3.4.22) behaves the way the real one
 //   is documented to and observed to: for a problem with few output tiles
 //   (128 x 128) against the GPU's 132 SMs and a long K, its first result

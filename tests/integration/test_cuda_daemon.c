@@ -16,7 +16,8 @@
  * driver the daemon serves on the CPU and says why once, and a required
  * GPU that is missing stops it from starting; f8r activation-quantized
  * runs on cuBLASLt on a GPU of compute capability 8.9 or newer and on the
- * generic op below that.
+ * generic op below that; q8c batches run on cuBLASLt's IMMA from
+ * QL_CUDA_IMMA_MIN_ROWS rows with the same bytes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -369,6 +370,50 @@ START_TEST(f8r_on_cublaslt) {
 }
 END_TEST
 
+/*
+ * q8c activation-quantized on cuBLASLt's IMMA when QL_CUDA_IMMA_MIN_ROWS
+ * asks for it: batches of at least that many rows run
+ * cuda.cublaslt.linear_aq, smaller ones our tensor-core kernel, and both
+ * give the bytes of our kernel in this process (int32 sums are exact, the
+ * epilogue is the reference's), so the switch changes no result.
+ */
+START_TEST(q8c_on_imma) {
+  td d;
+  setenv("QL_CUDA_IMMA_MIN_ROWS", "4", 1);
+  start(&d, "1", NULL, NULL);
+  unsetenv("QL_CUDA_IMMA_MIN_ROWS");
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, N, K, 31, 1);
+  ck_assert_int_eq(td_load(c, "q8", &l, QL_FORMAT_Q8C, 0, 0, NULL, NULL), 0);
+  enum { M = 9 };
+  float x[M * K], y[M * N], want[M * N];
+  char impl[64];
+  uint64_t seed = 91;
+  td_randn(&seed, x, M * K, 1.0f);
+  expected_op(&l, QL_FORMAT_Q8C, 0, QL_OP_LINEAR_AQ, x, M, want);
+  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT, x, M, y,
+                               impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "cuda.cublaslt.linear_aq");
+  ck_assert_msg(memcmp(y, want, sizeof y) == 0,
+                "IMMA: not the bytes of our tensor-core kernel");
+  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT,
+                               x + 2 * K, 3, y, impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "cuda.linear_aq");
+  ck_assert_msg(memcmp(y, want + 2 * N, 3 * N * sizeof(float)) == 0,
+                "3 rows on our kernel: not their bytes in the batch of 9");
+  td_layer_free(&l);
+  ql_close(c);
+  char *log = read_log(&d); /* td_stop() removes it */
+  ck_assert_int_eq(td_stop(&d), 0);
+  ck_assert_msg(count(log, "q8c from 4 rows on cuBLASLt IMMA") == 1,
+                "the log does not say that q8c uses IMMA:\n%s", log);
+  free(log);
+}
+END_TEST
+
 /* Device memory is accounted against the device's budget: a load past it
  * is OUT_OF_MEMORY and leaves nothing resident; the next one that fits is
  * served. */
@@ -519,6 +564,7 @@ int main(void) {
   tcase_add_test(tc, serves_on_gpus);
   tcase_add_test(tc, device_budget);
   tcase_add_test(tc, f8r_on_cublaslt);
+  tcase_add_test(tc, q8c_on_imma);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);

@@ -3,7 +3,8 @@
 // (emu_blaslt.h), on emulated device memory:
 // - the reference FP8 matmul against a plain triple loop (f32 sums of exact
 //   e4m3 products in increasing k), bit for bit, on ragged token counts
-//   and leading dimensions larger than the rows;
+//   and leading dimensions larger than the rows; the reference IMMA (int8
+//   in, int32 out) against an int64 loop, with -128 everywhere;
 // - the reference's documented FP8 requirements (TN only, 16-byte aligned
 //   dimensions, leading dimensions and pointers, f32 output) refused with
 //   CUBLAS_STATUS_NOT_SUPPORTED;
@@ -250,6 +251,72 @@ static void test_reference() {
   cublasLtDestroy(h);
 }
 
+// The IMMA row: A, B int8, C, D int32, compute and scale 32I.
+static void test_imma() {
+  cublasLtHandle_t h;
+  cublasLtCreate(&h);
+  const int64_t n = 32, m = 5, k = 4096, ld = k + 16, ldd = n + 16;
+  std::vector<int8_t> w(size_t(n * ld)), x(size_t(m * ld));
+  for (auto& v : w) v = int8_t(rnd());
+  for (auto& v : x) v = int8_t(rnd());
+  for (int64_t i = 0; i < k; i++) w[size_t(i)] = x[size_t(i)] = -128;
+  int8_t* dw = static_cast<int8_t*>(dev_copy(w.data(), w.size()));
+  int8_t* dx = static_cast<int8_t*>(dev_copy(x.data(), x.size()));
+  int32_t* dd = static_cast<int32_t*>(dev_copy(nullptr, size_t(m * ldd) * 4));
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, d;
+  const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N, one = 1, zero = 0;
+  cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32I, CUDA_R_32I);
+  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
+                                 sizeof ta);
+  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
+                                 sizeof tb);
+  cublasLtMatrixLayoutCreate(&a, CUDA_R_8I, uint64_t(k), uint64_t(n), ld);
+  cublasLtMatrixLayoutCreate(&b, CUDA_R_8I, uint64_t(k), uint64_t(m), ld);
+  cublasLtMatrixLayoutCreate(&d, CUDA_R_32I, uint64_t(n), uint64_t(m), ldd);
+  bool ok = cublasLtMatmul(h, op, &one, dw, a, dx, b, &zero, dd, d, dd, d,
+                           nullptr, nullptr, 0, nullptr) ==
+            CUBLAS_STATUS_SUCCESS;
+  std::vector<int32_t> got(size_t(m * ldd));
+  cudaMemcpy(got.data(), dd, got.size() * 4, cudaMemcpyDeviceToHost);
+  for (int64_t j = 0; j < m && ok; j++)
+    for (int64_t i = 0; i < n && ok; i++) {
+      int64_t s = 0;
+      for (int64_t kk = 0; kk < k; kk++)
+        s += int64_t(x[size_t(j * ld + kk)]) * w[size_t(i * ld + kk)];
+      ok = got[size_t(j * ldd + i)] == int32_t(s);
+    }
+  check(ok && got[0] == 4096 * 16384,
+        "reference IMMA = int64 loop, K=4096 (row 0: 4096 x (-128)^2)");
+  const int32_t nn = CUBLAS_OP_N;
+  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &nn,
+                                 sizeof nn);
+  check(cublasLtMatmul(h, op, &one, dw, a, dx, b, &zero, dd, d, dd, d,
+                       nullptr, nullptr, 0, nullptr) ==
+            CUBLAS_STATUS_NOT_SUPPORTED,
+        "IMMA other than TN: NOT_SUPPORTED");
+  cublasLtMatmulDescDestroy(op);
+  cublasLtMatrixLayoutDestroy(a);
+  cublasLtMatrixLayoutDestroy(b);
+  cublasLtMatrixLayoutDestroy(d);
+
+  // The layer's I8 kind: the same sums.
+  ql__blaslt* lt = nullptr;
+  std::vector<int32_t> got2(size_t(m * ldd));
+  check(ql__blaslt_create(&lt) == 0 &&
+            ql__blaslt_gemm(lt, QL__BLASLT_I8, n, m, k, dw, ld, dx, ld, dd,
+                            ldd, nullptr) == 0 &&
+            cudaMemcpy(got2.data(), dd, got2.size() * 4,
+                       cudaMemcpyDeviceToHost) == cudaSuccess &&
+            memcmp(got.data(), got2.data(), got.size() * 4) == 0,
+        "layer, QL__BLASLT_I8: the reference IMMA's sums");
+  ql__blaslt_free(lt);
+  cudaFree(dw);
+  cudaFree(dx);
+  cudaFree(dd);
+  cublasLtDestroy(h);
+}
+
 static void test_layer() {
   const char* why = nullptr;
   check(ql__blaslt_load(&why) == 0 && ql__blaslt_version() == 130100,
@@ -261,9 +328,9 @@ static void test_layer() {
   // layer's results are the unsplit sums at every M.
   const int64_t n = 64, k = 4096;
   prob p37(n, 37, k, 0);
-  check(ql__blaslt_f8_gemm(lt, n, 37, k, static_cast<uint8_t*>(p37.dw), k,
-                           static_cast<uint8_t*>(p37.dx), k,
-                           static_cast<float*>(p37.dacc), n, nullptr) == 0 &&
+  const int E = QL__BLASLT_E4M3;
+  check(ql__blaslt_gemm(lt, E, n, 37, k, p37.dw, k, p37.dx, k, p37.dacc, n,
+                        nullptr) == 0 &&
             p37.matches(),
         "layer, M=37, K=4096: the triple loop's bits");
   std::vector<float> all = p37.result();
@@ -271,9 +338,9 @@ static void test_layer() {
   for (int64_t r : {0, 5, 36}) {
     float* one = nullptr;
     cudaMalloc(reinterpret_cast<void**>(&one), size_t(n) * 4);
-    int rc = ql__blaslt_f8_gemm(
-        lt, n, 1, k, static_cast<uint8_t*>(p37.dw), k,
-        static_cast<uint8_t*>(p37.dx) + r * k, k, one, n, nullptr);
+    int rc = ql__blaslt_gemm(lt, E, n, 1, k, p37.dw, k,
+                             static_cast<uint8_t*>(p37.dx) + r * k, k, one,
+                             n, nullptr);
     std::vector<float> got(static_cast<size_t>(n));
     cudaMemcpy(got.data(), one, size_t(n) * 4, cudaMemcpyDeviceToHost);
     cudaFree(one);
@@ -284,28 +351,29 @@ static void test_layer() {
 
   // Ragged token counts and a padded result.
   prob pr(48, 3, 208, 16);
-  check(ql__blaslt_f8_gemm(lt, 48, 3, 208, static_cast<uint8_t*>(pr.dw),
-                           pr.ldw, static_cast<uint8_t*>(pr.dx), pr.ldx,
-                           static_cast<float*>(pr.dacc), pr.ldacc,
-                           nullptr) == 0 &&
+  check(ql__blaslt_gemm(lt, E, 48, 3, 208, pr.dw, pr.ldw, pr.dx, pr.ldx,
+                        pr.dacc, pr.ldacc, nullptr) == 0 &&
             pr.matches(),
         "layer, M=3 N=48 K=208, padded leading dimensions");
 
   // Argument checks: what cuBLASLt's FP8 GEMM needs is the caller's job.
   uint8_t* w = static_cast<uint8_t*>(pr.dw);
   float* acc = static_cast<float*>(pr.dacc);
-  check(ql__blaslt_f8_gemm(lt, 40, 3, 208, w, pr.ldw, w, pr.ldx, acc,
-                           pr.ldacc, nullptr) == QL_EINVAL &&
-            ql__blaslt_f8_gemm(lt, 48, 3, 200, w, pr.ldw, w, pr.ldx, acc,
-                               pr.ldacc, nullptr) == QL_EINVAL &&
-            ql__blaslt_f8_gemm(lt, 48, 0, 208, w, pr.ldw, w, pr.ldx, acc,
-                               pr.ldacc, nullptr) == QL_EINVAL &&
-            ql__blaslt_f8_gemm(lt, 48, 3, 208, w, 200, w, pr.ldx, acc,
-                               pr.ldacc, nullptr) == QL_EINVAL &&
-            ql__blaslt_f8_gemm(nullptr, 48, 3, 208, w, pr.ldw, w, pr.ldx,
-                               acc, pr.ldacc, nullptr) == QL_EINVAL,
-        "layer: n, k not multiples of 16, m < 1, ld < k, no handle: "
-        "QL_EINVAL");
+  const int64_t lw = pr.ldw, lx = pr.ldx, la = pr.ldacc;
+  check(ql__blaslt_gemm(lt, E, 40, 3, 208, w, lw, w, lx, acc, la, nullptr) ==
+                QL_EINVAL &&
+            ql__blaslt_gemm(lt, E, 48, 3, 200, w, lw, w, lx, acc, la,
+                            nullptr) == QL_EINVAL &&
+            ql__blaslt_gemm(lt, E, 48, 0, 208, w, lw, w, lx, acc, la,
+                            nullptr) == QL_EINVAL &&
+            ql__blaslt_gemm(lt, E, 48, 3, 208, w, 200, w, lx, acc, la,
+                            nullptr) == QL_EINVAL &&
+            ql__blaslt_gemm(lt, 7, 48, 3, 208, w, lw, w, lx, acc, la,
+                            nullptr) == QL_EINVAL &&
+            ql__blaslt_gemm(nullptr, E, 48, 3, 208, w, lw, w, lx, acc, la,
+                            nullptr) == QL_EINVAL,
+        "layer: n, k not multiples of 16, m < 1, ld < k, unknown kind, no "
+        "handle: QL_EINVAL");
   ql__blaslt_free(lt);
   ql__blaslt_free(nullptr);
 
@@ -322,6 +390,7 @@ int main() {
   unsetenv("QL_EMU_CUDA_FAULT");
   unsetenv("QL_EMU_CUBLASLT");
   test_reference();
+  test_imma();
   test_layer();
   std::printf("%s\n", g_fail ? "FAILED" : "all passed");
   return g_fail ? 1 : 0;
