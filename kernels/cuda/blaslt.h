@@ -57,17 +57,19 @@ enum {
 // aligned.
 //
 // Batch invariance: the algorithm is chosen once per (kind, n, k) from the
-// heuristic's answer for a fixed problem of kRefTokens tokens (not for m),
-// restricted to algorithms without a split-K reduction, with split-K set
-// to 1 explicitly and no workspace. Each element is then computed by one
-// kernel configuration with one K order whatever m is, so a row's result
-// does not depend on the rows beside it. FP8 fast accumulation stays off
-// (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0: partial sums are promoted to f32).
+// heuristic's answer for a fixed problem of QL__BLASLT_REF_TOKENS tokens
+// (not for m), restricted to algorithms without a split-K reduction, with
+// split-K set to 1 explicitly and no workspace. Each element is then
+// computed by one kernel configuration with one K order whatever m is, so
+// a row's result does not depend on the rows beside it (IMMA's int32 sums
+// would be exact in any order; it is chosen the same way). FP8 fast
+// accumulation stays off (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0: partial
+// sums are promoted to f32).
 //
-// Enqueued on stream. 0; QL_ENOTSUP when cuBLASLt offers no algorithm for
-// the problem (the caller may fall back); QL_ENOMEM; QL_EDEVICE when the
-// launch failed (the caller asks the runtime why).
-// (Integer sums are exact in any order; IMMA takes the same care anyway.)
+// Enqueued on stream. 0; QL_EINVAL for arguments outside the above;
+// QL_ENOTSUP when cuBLASLt offers no algorithm for the problem (the caller
+// may fall back); QL_ENOMEM; QL_EDEVICE when the launch failed (the caller
+// asks the runtime why).
 int ql__blaslt_gemm(ql__blaslt* lt, int kind, int64_t n, int64_t m, int64_t k,
                     const void* w, int64_t ldw, const void* x, int64_t ldx,
                     void* acc, int64_t ldacc, void* stream);

@@ -7,10 +7,11 @@
 // header or the real ones unchanged; descriptors are opaque here, and only
 // the attributes blaslt.cpp sets exist.
 //
-// What it does, from the cuBLAS documentation of CUDA 13 (section numbers
-// of docs.nvidia.com/cuda/cublas, "Using the cuBLASLt API"):
-// - cublasLtMatmul() (3.4.17): D = alpha·(op(A)·op(B)) + beta·C, matrices
-//   column-major as their layouts say (3.4.36 cublasLtMatrixLayoutCreate),
+// What it does, from the cuBLAS documentation of CUDA 13
+// (docs.nvidia.com/cuda/cublas, "Using the cuBLASLt API", cited by the
+// section's title):
+// - "cublasLtMatmul()": D = alpha·(op(A)·op(B)) + beta·C, matrices
+//   column-major as their layouts say ("cublasLtMatrixLayoutCreate()"),
 //   the products summed in the compute type (CUBLAS_COMPUTE_32F: f32;
 //   CUBLAS_COMPUTE_32I: int32) and alpha, beta in the scale type (host
 //   pointers). Two rows of its table of types are served: FP8, A and B
@@ -25,16 +26,18 @@
 //   (CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, B_...) are read in the scalar
 //   mode (CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, a device float; unset:
 //   1); the outer-vector mode is refused, as on every GPU but sm_90
-//   (3.3.x cublasLtMatmulMatrixScale_t and its table of supported
-//   architectures).
-// - The algorithm (3.4.23 cublasLtMatmulAlgoConfigAttributes_t): its
+//   ("cublasLtMatmulMatrixScale_t" and the architectures listed for each
+//   mode).
+// - The algorithm ("cublasLtMatmulAlgoConfigAttributes_t"): its
 //   split-K count S cuts K into S contiguous parts of ceil(K/S) rounded up
 //   to 16; each part is summed in increasing k from 0.0f, and the parts are
 //   added in order. With S = 1 an output element is the plain f32 sum in
 //   increasing k, whatever M is. IMMA sums are exact int32 (two's
 //   complement), which no split changes.
-// - cublasLtMatmulAlgoGetHeuristic() (3.4.22) behaves the way the real one
-//   is documented to and observed to: for a problem with few output tiles
+// - "cublasLtMatmulAlgoGetHeuristic()" may, like the real one (whose
+//   results carry a split-K count and a reduction scheme, and which
+//   offers split-K where the output alone cannot fill the GPU), answer
+//   with a split: here, for a problem with few output tiles
 //   (128 x 128) against the GPU's 132 SMs and a long K, its first result
 //   splits K (so the choice depends on the problem's n, the token count)
 //   with the reduction scheme CUBLASLT_REDUCTION_SCHEME_INPLACE or, given
