@@ -305,7 +305,12 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = i / n, c = i % n, at = r * ldacc + c;
     const float a = acc_i32 ? float(static_cast<const int32_t*>(acc)[at])
                             : static_cast<const float*>(acc)[at];
-    float v = __fmul_rn(a, __fmul_rn(sx[r], load_f32(sdt, sw, c)));
+#ifdef QL_MUT_GEMM_EPILOGUE  // mutation test: the next channel's scale
+    const int64_t sc = lo(n - 1, c + 1);
+#else
+    const int64_t sc = c;
+#endif
+    float v = __fmul_rn(a, __fmul_rn(sx[r], load_f32(sdt, sw, sc)));
     if (bias != nullptr) v = __fadd_rn(v, bias[c]);
     store_f32(dt, y, i, v);
   }
