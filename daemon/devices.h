@@ -21,6 +21,7 @@
 #include "worker.h"
 
 struct ql__server;
+struct ql__config;
 
 typedef struct ql__device {
   unsigned index;         /* in ql__server.dev[] */
@@ -29,7 +30,9 @@ typedef struct ql__device {
   int host;               /* the CPU: layouts live in host memory */
   char name[64];          /* "cpu", "cuda:<uuid>" */
   char alias[32];         /* "cpu", "cuda:0" */
-  size_t budget;          /* layout bytes outside host memory; 0: none */
+  size_t memory;          /* the device's memory (0 for the host) */
+  size_t budget;          /* layout bytes outside host memory; 0: none
+                             (ql__devices_set_budgets) */
   ql__worker *worker;     /* runs its batches */
   int busy;               /* a batch is on the worker (linear.c) */
   int failed;             /* out of service: its requests fail QL_EDEVICE */
@@ -46,6 +49,17 @@ typedef struct ql__device {
  * running.
  */
 int ql__devices_open(struct ql__server *s, const ql_backend_config *bc);
+
+/*
+ * Sets every accelerator's weight budget from cfg: its device_budget_bytes
+ * item (by name or alias), else accel_budget_percent of its memory, and
+ * hands it to the weight store. Weights already resident stay, whatever
+ * the new budget. An item that names no device here is logged and
+ * ignored (one config may serve several hosts). 0, or QL_EINVAL with err
+ * set and no budget changed when two items name the same device.
+ */
+int ql__devices_set_budgets(struct ql__server *s, const struct ql__config *cfg,
+                            char *err, size_t errlen);
 
 /* Lets queued work finish and stops every worker (blocks). */
 void ql__devices_close(struct ql__server *s);

@@ -323,6 +323,12 @@ void ql__server_reload(ql__server *s, char *report, size_t len) {
     ql__worker_set_max_queue(s->dev[d].worker, s->cfg.max_queue);
   ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
   ql__weight_store_set_budget(s->weights, s->cfg.cpu_budget_bytes);
+  if (ql__devices_set_budgets(s, &s->cfg, err, sizeof err) != 0) {
+    size_t at = strlen(report);
+    ql__err("reload: %s; the device budgets are unchanged", err);
+    snprintf(report + at, len > at ? len - at : 0,
+             "; %s: the device budgets are unchanged", err);
+  }
   ql__linear_configure(s);
   ql__notice("reload: %s", report);
   ql__notify_status("reloaded: %s", report);

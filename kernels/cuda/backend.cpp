@@ -235,9 +235,9 @@ int device_info(int o, ql_device_desc* out) {
   snprintf(out->alias, sizeof out->alias, "cuda:%d", o);
   snprintf(out->model, sizeof out->model, "%.50s sm_%d%d", p.name, p.major,
            p.minor);
-  // Weights get seven eighths of the memory: the rest is left for the
-  // scratch arenas, the CUDA context and other processes' activations.
-  out->memory_bytes = p.totalGlobalMem - p.totalGlobalMem / 8;
+  // All of it: the daemon's budget (accel_budget_percent) decides the
+  // share weights may take.
+  out->memory_bytes = p.totalGlobalMem;
   return 0;
 }
 

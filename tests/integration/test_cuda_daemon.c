@@ -286,6 +286,98 @@ START_TEST(device_budget) {
 }
 END_TEST
 
+/* Writes text to path. */
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(fputs(text, f) >= 0, 1);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* The budgets of the devices in Stats, GPUs first. */
+static void budgets(ql_client *c, uint64_t *b0, uint64_t *b1) {
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->n_devices, 3);
+  *b0 = st->devices[0].budget_bytes;
+  *b1 = st->devices[1].budget_bytes;
+  ql_stats_free(st);
+}
+
+/*
+ * The budgets come from the configuration: accel_budget_percent of each
+ * GPU's memory, or a device's own device_budget_bytes; a load past one is
+ * OUT_OF_MEMORY with nothing resident anywhere; a reload changes them
+ * live, and the same load then fits.
+ */
+START_TEST(configured_budget) {
+  td d;
+  char conf[300], report[1024];
+  uint64_t b0, b1;
+  /* 4 MiB per GPU: 25 % is 1 MiB; cuda:1 gets 3 MiB of its own. */
+  setenv("QL_EMU_CUDA_MEM", "4194304", 1);
+  use_cuda_daemon();
+  setenv("QL_EMU_CUDA_DEVICES", "2", 1);
+  unsetenv("QL_EMU_CUDA_FAULT");
+  snprintf(conf, sizeof conf, "/tmp/ql-budget-%d.conf", (int)getpid());
+  write_file(conf, "[qlineard]\naccel_budget_percent = 25\n"
+                   "device_budget_bytes = cuda:1=3M\n");
+  const char *args[] = {"--config", conf, NULL};
+  td_start(&d, args);
+  unsetenv("QL_EMU_CUDA_MEM");
+  ql_client *c = td_connect(&d), *admin = td_connect_admin(&d);
+  budgets(c, &b0, &b1);
+  ck_assert_uint_eq(b0, 1u << 20);
+  ck_assert_uint_eq(b1, 3u << 20);
+
+  /* 1.5 MiB of q8c codes: past cuda:0's budget, within cuda:1's. */
+  td_layer big;
+  td_layer_make(&big, 1024, 1536, 3, 0);
+  char msg[512];
+  ck_assert_int_eq(td_load(c, "big", &big, QL_FORMAT_Q8C, 0, 0, NULL, NULL),
+                   QL_ENOMEM);
+  snprintf(msg, sizeof msg, "%s", ql_errmsg());
+  ck_assert_msg(strstr(msg, "budget") != NULL, "%s", msg);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->weights, 0);
+  ck_assert_uint_eq(st->devices[0].bytes_resident, 0);
+  ck_assert_uint_eq(st->devices[1].bytes_resident, 0);
+  ql_stats_free(st);
+
+  /* Live: 50 % of 4 MiB is 2 MiB; cuda:1 back on the percent. */
+  write_file(conf, "[qlineard]\naccel_budget_percent = 50\n");
+  ck_assert_int_eq(ql_reload_config(admin, report, sizeof report), 0);
+  ck_assert_msg(strstr(report, "accel_budget_percent = 50") != NULL, "%s",
+                report);
+  budgets(c, &b0, &b1);
+  ck_assert_uint_eq(b0, 2u << 20);
+  ck_assert_uint_eq(b1, 2u << 20);
+  ck_assert_int_eq(td_load(c, "big", &big, QL_FORMAT_Q8C, 0, 0, NULL, NULL),
+                   0);
+
+  /* Two items for one device (alias and UUID): the reload says so and
+   * the budgets stay. */
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  char text[512];
+  snprintf(text, sizeof text, "[qlineard]\naccel_budget_percent = 50\n"
+           "device_budget_bytes = cuda:0=1M,%s=2M\n", h.devices[0].name);
+  write_file(conf, text);
+  ck_assert_int_eq(ql_reload_config(admin, report, sizeof report), 0);
+  ck_assert_msg(strstr(report, "name the same device cuda:0") != NULL, "%s",
+                report);
+  budgets(c, &b0, &b1);
+  ck_assert_uint_eq(b0, 2u << 20);
+
+  td_layer_free(&big);
+  ql_close(admin);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  unlink(conf);
+}
+END_TEST
+
 /*
  * GPU 0 gets a sticky error after some work, GPU 1 a kernel that never
  * finishes: each fails its requests with QL_EDEVICE and a clear message,
@@ -399,6 +491,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, serves_on_gpus);
   tcase_add_test(tc, device_budget);
+  tcase_add_test(tc, configured_budget);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);
