@@ -200,6 +200,51 @@ int ql__devices_placement(const ql__server *s, ql__placement *pl) {
   return pl->n > 0 ? 0 : QL_EDEVICE;
 }
 
+int ql__devices_resolve(ql__server *s, char *const *names, size_t n,
+                        uint64_t *mask, char *err, size_t errlen) {
+  uint64_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    ql__device *d = ql__device_find(s, names[i]);
+    if (d == NULL) {
+      char present[256];
+      ql__devices_list(s, ~(uint64_t)0, present, sizeof present);
+      snprintf(err, errlen, "no device '%.64s' (devices: %s)", names[i],
+               present);
+      return QL_ENOTFOUND;
+    }
+    if (m >> d->index & 1) {
+      snprintf(err, errlen, "device %s is named twice", d->alias);
+      return QL_EINVAL;
+    }
+    if (d->failed) {
+      snprintf(err, errlen, "device %s is out of service", d->alias);
+      return QL_EDEVICE;
+    }
+    m |= (uint64_t)1 << d->index;
+  }
+  *mask = m;
+  return 0;
+}
+
+int ql__devices_placement_mask(const ql__server *s, uint64_t mask,
+                               ql__placement *pl, char *err, size_t errlen) {
+  memset(pl, 0, sizeof *pl);
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    if (!(mask >> d & 1))
+      continue;
+    if (s->dev[d].failed) {
+      snprintf(err, errlen, "device %s is out of service", s->dev[d].alias);
+      return QL_EDEVICE;
+    }
+    place(&s->dev[d], pl);
+  }
+  if (pl->n == 0) {
+    snprintf(err, errlen, "no device named");
+    return QL_EINVAL;
+  }
+  return 0;
+}
+
 void ql__device_fail(ql__server *s, ql__device *d, int rc) {
   char why[160] = "";
   (void)s;

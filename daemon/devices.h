@@ -77,6 +77,20 @@ ql__device *ql__device_find(struct ql__server *s, const char *name);
  */
 int ql__devices_placement(const struct ql__server *s, ql__placement *pl);
 
+/*
+ * The devices a load names (DESIGN §8), n names or aliases, as a mask.
+ * 0, or with err set: QL_ENOTFOUND (no such device), QL_EINVAL (one
+ * device named twice, under either spelling), QL_EDEVICE (out of
+ * service).
+ */
+int ql__devices_resolve(struct ql__server *s, char *const *names, size_t n,
+                        uint64_t *mask, char *err, size_t errlen);
+
+/* The placement on exactly the devices of mask (non-zero): 0, or
+ * QL_EDEVICE with err set when one of them is out of service now. */
+int ql__devices_placement_mask(const struct ql__server *s, uint64_t mask,
+                               ql__placement *pl, char *err, size_t errlen);
+
 /* Takes d out of service after rc (QL_EDEVICE), once: logged at error
  * level with the reason. Its queued work is answered by linear.c. */
 void ql__device_fail(struct ql__server *s, ql__device *d, int rc);

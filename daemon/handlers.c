@@ -186,6 +186,15 @@ static void on_load_begin(ql__server *s, ql__session *ss,
               "directory (state_dir) to store persistent weights in");
     return;
   }
+  /* The placement is checked now, before any byte is uploaded, and again
+   * at commit (a device may fail in between). */
+  char why[300];
+  if (b->n_devices > 0 &&
+      (rc = ql__devices_resolve(s, b->devices, b->n_devices, &tmpl.devices,
+                                why, sizeof why)) != 0) {
+    ql__reply_set_error(r, rc, "load_begin: %s", why);
+    return;
+  }
   if (ss != NULL && ql__session_upload_room(s, ss) != 0) {
     ql__reply_set_error(r, QL_EEXHAUSTED, "load_begin: the session already has %d "
               "uploads in progress", QL_SESSION_MAX_UPLOADS);
@@ -314,6 +323,8 @@ static void commit_run(uv_work_t *work) {
   c->rc = ql__weight_create(up->name, q, up->policy, &c->place, &c->w);
   if (c->rc != 0)
     ql_qweight_free(q);
+  else
+    c->w->placed = up->devices != 0;
 }
 
 /* ------------------------------------------------------ persistent loads */
@@ -329,12 +340,14 @@ typedef struct store_work {
   uint64_t request_id;
   int rc;
   char err[200];
+  char devices[QL_STORE_DEVICES_MAX]; /* the named placement, or "" */
 } store_work;
 
 static void store_run(uv_work_t *work) {
   store_work *sw = work->data;
   sw->rc = ql__store_put(sw->s->store, sw->w->name, sw->w->q, sw->w->digest,
-                         sw->w->policy, sw->err, sizeof sw->err);
+                         sw->w->policy, sw->devices, sw->err,
+                         sizeof sw->err);
   /* The device layout too, so the next start maps it (a failure only
    * costs that start a repack). */
   if (sw->rc == 0)
@@ -418,6 +431,12 @@ static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
   sw->s = s;
   sw->w = w;
   sw->shared = shared;
+  /* By name (a GPU's UUID), not alias: aliases follow the enumeration
+   * order, which another start may change. */
+  for (unsigned d = 0, at = 0; w->placed && d < s->n_dev; d++)
+    if (w->devices >> d & 1)
+      at += (unsigned)snprintf(sw->devices + at, sizeof sw->devices - at,
+                               "%s%s", at ? "," : "", s->dev[d].name);
   sw->route = route;
   sw->request_id = request_id;
   sw->work.data = sw;
@@ -466,6 +485,15 @@ static void commit_done(uv_work_t *work, int status) {
               ql__weight_store_budget(s->weights), c->w->dev_bytes);
   } else if (rc != 0) {
     ql__reply_set_error(&r, rc, "load_commit: %s", ql_strerror(rc));
+  } else if (existing != NULL && (c->up->devices & ~existing->devices) != 0) {
+    /* Shared loads keep the resident weight where it is (no copy is added
+     * behind its holders' backs). */
+    char on[256];
+    ql__devices_list(s, existing->devices, on, sizeof on);
+    ql__reply_set_error(&r, QL_EEXIST, "load_commit: weight '%s' with this "
+                        "content is resident on %s, not on every device the "
+                        "load names; hold it there, or name those devices",
+                        existing->name, on);
   } else if (c->admin) {
     w = existing ? existing : c->w;
     ql__calibrate_weight(s, w);
@@ -527,10 +555,18 @@ static int on_load_commit(ql__server *s, ql__session *ss, uint64_t id,
     ql__reply_set_error(r, QL_ENOMEM, "load_commit: out of memory");
     return 0;
   }
-  int rc = ql__devices_placement(s, &c->place);
+  char why[200];
+  int rc = up->devices != 0
+               ? ql__devices_placement_mask(s, up->devices, &c->place, why,
+                                            sizeof why)
+               : ql__devices_placement(s, &c->place);
   if (rc != 0) {
     free(c);
-    ql__reply_set_error(r, rc, "load_commit: every device is out of service");
+    if (up->devices != 0)
+      ql__reply_set_error(r, rc, "load_commit: %s", why);
+    else
+      ql__reply_set_error(r, rc, "load_commit: every device is out of "
+                          "service");
     return 0;
   }
   c->s = s;

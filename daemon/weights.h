@@ -70,6 +70,9 @@ typedef struct ql__weight {
   int pinned;                      /* loaded through the admin socket:
                                       stays without session holders */
   int persistent;                  /* its file is in the state directory */
+  int placed;                      /* its load named its devices (kept in
+                                      its stored file), rather than taking
+                                      the default placement */
   int storing;                     /* a store write of it is running */
   ql__weight_stats stats[QL__MAX_DEVICES]; /* by device */
   /* The scheduler's queue keys, one per (activation dtype, path): one

@@ -286,6 +286,25 @@ START_TEST(device_budget) {
 }
 END_TEST
 
+/* A float load of layer l placed on devices (NULL: the default). */
+static int load_on(ql_client *c, const char *name, const td_layer *l,
+                   ql_format f, int persistent, const char *devices,
+                   ql_weight_info *info, int *shared) {
+  ql_load_desc d;
+  memset(&d, 0, sizeof d);
+  d.name = name;
+  d.format = f;
+  d.group_size = f == QL_FORMAT_Q4G ? 64 : 0;
+  d.n = l->n;
+  d.k = l->k;
+  d.dtype = QL_DTYPE_F32;
+  d.data = l->w;
+  d.bias = l->b;
+  d.persistent = persistent;
+  d.devices = devices;
+  return ql_load_float(c, &d, info, shared);
+}
+
 /* Writes text to path. */
 static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
@@ -379,6 +398,140 @@ START_TEST(configured_budget) {
 END_TEST
 
 /*
+ * A load names its devices: the weight is made resident there only and
+ * served there only; unknown or repeated devices are refused before
+ * anything is uploaded; content already resident is shared where it is;
+ * a persistent weight keeps its placement across a restart, and falls
+ * back to the default placement when its device is gone.
+ */
+START_TEST(placement) {
+  td d;
+  char state[] = "/tmp/ql-place-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(state));
+  const char *args[] = {"--state-dir", state, NULL};
+  start(&d, "2", NULL, args);
+  ql_client *c = td_connect(&d), *admin = td_connect_admin(&d);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  td_layer l, l2;
+  td_layer_make(&l, N, K, 21, 1);
+  td_layer_make(&l2, N, K, 22, 1);
+  ql_weight_info info;
+  int shared = -1;
+  float x[2 * K], y[2 * N], want[2 * N];
+  uint64_t seed = 9;
+  td_randn(&seed, x, 2 * K, 1.0f);
+  expected(&l, QL_FORMAT_Q8C, 0, x, 2, want);
+
+  /* On cuda:1 only. */
+  ck_assert_int_eq(load_on(c, "one", &l, QL_FORMAT_Q8C, 0, "cuda:1", &info,
+                           &shared),
+                   0);
+  ck_assert_int_eq(shared, 0);
+  ck_assert_uint_eq(info.n_devices, 1);
+  ck_assert_str_eq(info.devices, h.devices[1].name);
+  char msg[512];
+  ck_assert_int_eq(linear_on(&d, "one", "cuda:0", x, 2, y, msg, sizeof msg),
+                   QL_ENOTFOUND);
+  ck_assert_int_eq(linear_on(&d, "one", NULL, x, 2, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->devices[0].bytes_resident, 0);
+  ck_assert_uint_gt(st->devices[1].bytes_resident, 0);
+  ck_assert_uint_eq(st->n_per_weight, 1);
+  ck_assert_str_eq(st->per_weight[0].device, h.devices[1].name);
+  ql_stats_free(st);
+
+  /* The CPU and a GPU, by name and alias (blanks around items are fine). */
+  char list[160];
+  snprintf(list, sizeof list, " cpu , %s", h.devices[0].name);
+  ck_assert_int_eq(load_on(c, "two", &l2, QL_FORMAT_Q4G, 0, list, &info,
+                           NULL),
+                   0);
+  ck_assert_uint_eq(info.n_devices, 2);
+  ck_assert_ptr_nonnull(strstr(info.devices, "cpu"));
+  ck_assert_ptr_nonnull(strstr(info.devices, h.devices[0].name));
+  ck_assert_ptr_null(strstr(info.devices, h.devices[1].name));
+
+  /* Refused before anything is uploaded, nothing left resident. */
+  ck_assert_int_eq(load_on(c, "bad", &l, QL_FORMAT_Q8C, 0, "cuda:7", NULL,
+                           NULL),
+                   QL_ENOTFOUND);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "no device 'cuda:7'"));
+  snprintf(list, sizeof list, "cuda:0,%s", h.devices[0].name);
+  ck_assert_int_eq(load_on(c, "bad", &l, QL_FORMAT_Q8C, 0, list, NULL, NULL),
+                   QL_EINVAL);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "named twice"));
+  ck_assert_int_eq(load_on(c, "bad", &l, QL_FORMAT_Q8C, 0, "cpu,", NULL,
+                           NULL),
+                   QL_EINVAL);
+
+  /* The same content again: shared where it is, so a list naming a
+   * device it is not on is refused. */
+  ck_assert_int_eq(load_on(c, "one", &l, QL_FORMAT_Q8C, 0, "cuda:0", NULL,
+                           NULL),
+                   QL_EEXIST);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "is resident on cuda:1"));
+  ck_assert_int_eq(load_on(c, "one", &l, QL_FORMAT_Q8C, 0, "cuda:1", &info,
+                           &shared),
+                   0);
+  ck_assert_int_eq(shared, 1);
+  ck_assert_int_eq(load_on(c, "one", &l, QL_FORMAT_Q8C, 0, NULL, &info,
+                           &shared),
+                   0);
+  ck_assert_int_eq(shared, 1);
+  ck_assert_uint_eq(info.n_devices, 1);
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->weights, 2);
+  ql_stats_free(st);
+
+  /* Persistent on cuda:1: after a restart it is there again. */
+  ck_assert_int_eq(load_on(admin, "kept", &l, QL_FORMAT_Q8C, 1, "cuda:1",
+                           &info, NULL),
+                   0);
+  ck_assert_str_eq(info.devices, h.devices[1].name);
+  ql_close(admin);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  start(&d, "2", NULL, args);
+  c = td_connect(&d);
+  ql_weight_info *ws = NULL;
+  size_t nw = 0;
+  ck_assert_int_eq(ql_list(c, &ws, &nw), 0);
+  ck_assert_uint_eq(nw, 1);
+  ck_assert_str_eq(ws[0].name, "kept");
+  ck_assert_str_eq(ws[0].devices, h.devices[1].name);
+  ql_free(ws);
+  ck_assert_int_eq(linear_on(&d, "kept", "cuda:1", x, 2, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  /* Its GPU gone (one GPU left): the default placement, with a warning. */
+  start(&d, "1", NULL, args);
+  c = td_connect(&d);
+  ck_assert_int_eq(ql_list(c, &ws, &nw), 0);
+  ck_assert_uint_eq(nw, 1);
+  ck_assert_str_eq(ws[0].devices, h.devices[0].name);
+  ql_free(ws);
+  char *log = read_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "stored weight kept was placed on"));
+  free(log);
+  ck_assert_int_eq(linear_on(&d, "kept", NULL, x, 2, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  td_layer_free(&l);
+  td_layer_free(&l2);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", state);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/*
  * GPU 0 gets a sticky error after some work, GPU 1 a kernel that never
  * finishes: each fails its requests with QL_EDEVICE and a clear message,
  * goes out of service (logged once), and the rest keeps serving: the other
@@ -438,6 +591,11 @@ START_TEST(failing_devices) {
   ck_assert_int_eq(linear_on(&d, "w", NULL, x, 2, y, msg, sizeof msg),
                    QL_EDEVICE);
   ck_assert_ptr_nonnull(strstr(msg, "out of service"));
+  /* A load naming a device out of service is refused. */
+  ck_assert_int_eq(load_on(c, "w3", &l, QL_FORMAT_Q8C, 0, "cuda:0,cpu",
+                           NULL, NULL),
+                   QL_EDEVICE);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "cuda:0 is out of service"));
   /* The daemon keeps serving: a new load goes to the CPU. */
   ql_weight_info info;
   ck_assert_int_eq(td_load(c, "w2", &l, QL_FORMAT_Q8C, 0, 0, &info, NULL), 0);
@@ -492,6 +650,7 @@ int main(void) {
   tcase_add_test(tc, serves_on_gpus);
   tcase_add_test(tc, device_budget);
   tcase_add_test(tc, configured_budget);
+  tcase_add_test(tc, placement);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);

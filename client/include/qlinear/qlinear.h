@@ -149,6 +149,14 @@ typedef struct ql_load_desc {
    * admin unload. Admin socket only (QL_EPERM on the request socket;
    * QL_ENOTSUP when the daemon has no state directory). */
   int persistent;
+  /* Where the weight is made resident: device names or aliases from
+   * ql_hello() separated by ',', e.g. "cuda:0,cpu"; NULL or "": every
+   * accelerator, or the CPU when there is none. An unknown device is
+   * QL_ENOTFOUND, one out of service QL_EDEVICE, one named twice
+   * QL_EINVAL. A persistent weight keeps its placement across restarts.
+   * Content already resident under the name is shared where it is: a
+   * list naming a device it is not on is QL_EEXIST. Borrowed. */
+  const char *devices;
 } ql_load_desc;
 
 /* One already-quantized array (row-major, borrowed). data NULL: absent. */
@@ -178,6 +186,7 @@ typedef struct ql_packed_desc {
   ql_progress_cb progress; /* optional */
   void *progress_arg;
   int persistent;          /* as in ql_load_desc */
+  const char *devices;     /* as in ql_load_desc */
 } ql_packed_desc;
 
 /* A resident weight (ListWeights, LoadCommit). Enumerated fields hold the

@@ -141,6 +141,7 @@ class ql_load_desc(ctypes.Structure):
         ("progress_arg", ctypes.c_void_p),
         ("asymmetric", ctypes.c_int),
         ("persistent", ctypes.c_int),
+        ("devices", ctypes.c_char_p),
     ]
 
 
@@ -170,6 +171,7 @@ class ql_packed_desc(ctypes.Structure):
         ("progress", ql_progress_cb),
         ("progress_arg", ctypes.c_void_p),
         ("persistent", ctypes.c_int),
+        ("devices", ctypes.c_char_p),
     ]
 
 
