@@ -2111,6 +2111,8 @@ QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
     copy_str(o->impl, sizeof o->impl, ws->impl);
     o->bytes_resident = ws->bytes_resident;
     o->expired = ws->expired;
+    o->crossover_rows = ws->crossover_rows;
+    o->crossover_measured = ws->crossover_measured ? 1 : 0;
     for (size_t b = 0; b < ws->n_queue_hist && b < QL_HIST_BUCKETS; b++)
       o->queue_hist[b] = ws->queue_hist[b];
     for (size_t b = 0; b < ws->n_kernel_hist && b < QL_HIST_BUCKETS; b++)

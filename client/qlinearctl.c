@@ -973,10 +973,11 @@ static void print_stats_table(const ql_stats_info *s) {
     namew = l > namew ? l : namew;
     devw = d > devw ? d : devw;
   }
-  printf("\n%-*s  %-*s  %9s %10s %9s %7s %9s %9s %8s %10s %10s  %10s  %s\n",
+  printf("\n%-*s  %-*s  %9s %10s %9s %7s %9s %9s %8s %10s %10s  %10s  "
+         "%-20s %s\n",
          namew, "WEIGHT", devw, "DEVICE", "REQUESTS", "ROWS", "BATCHES",
          "ROWS/B", "WO", "AQ", "EXPIRED", "QUEUE/REQ", "KERNEL/B",
-         "RESIDENT", "IMPL");
+         "RESIDENT", "IMPL", "AQ FROM");
   for (size_t i = 0; i < s->n_per_weight; i++) {
     const ql_weight_stats *w = &s->per_weight[i];
     char q[32], k[32], r[32];
@@ -984,12 +985,19 @@ static void print_stats_table(const ql_stats_info *s) {
              sizeof q);
     human_ns(w->batches ? (double)w->kernel_ns / (double)w->batches : 0, k,
              sizeof k);
+    /* This device's crossover; '*': measured here. */
+    char xo[24];
+    if (w->crossover_rows == UINT32_MAX)
+      snprintf(xo, sizeof xo, "never%s", w->crossover_measured ? "*" : "");
+    else
+      snprintf(xo, sizeof xo, "%u%s", w->crossover_rows,
+               w->crossover_measured ? "*" : "");
     printf("%-*s  %-*s  %9" PRIu64 " %10" PRIu64 " %9" PRIu64 " %7.1f %9" PRIu64
-           " %9" PRIu64 " %8" PRIu64 " %10s %10s  %10s  %s\n",
+           " %9" PRIu64 " %8" PRIu64 " %10s %10s  %10s  %-20s %s\n",
            namew, w->weight, devw, w->device, w->requests, w->rows, w->batches,
            w->batches ? (double)w->rows / (double)w->batches : 0.0,
            w->wo_batches, w->aq_batches, w->expired, q, k,
-           human_bytes(w->bytes_resident, r, sizeof r), w->impl);
+           human_bytes(w->bytes_resident, r, sizeof r), w->impl, xo);
   }
 }
 

@@ -29,6 +29,8 @@ typedef struct info_buf {
   Qlinear__V1__WeightInfo info;
   Qlinear__V1__WeightSpec spec;
   char *devices[QL__MAX_DEVICES];
+  Qlinear__V1__DeviceCrossover xo[QL__MAX_DEVICES];
+  Qlinear__V1__DeviceCrossover *xos[QL__MAX_DEVICES];
 } info_buf;
 
 static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
@@ -52,13 +54,23 @@ static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
   b->info.digest.len = QL_DIGEST_BYTES;
   b->info.bytes_resident = w->bytes + w->dev_bytes;
   int measured;
-  b->info.crossover_rows = ql__calibrate_rows(s, w, &measured);
+  b->info.crossover_rows = ql__calibrate_rows(s, w, -1, &measured);
   b->info.crossover_measured = measured != 0;
   b->info.n_devices = 0;
-  for (unsigned d = 0; d < s->n_dev; d++)
-    if (w->devices >> d & 1)
-      b->devices[b->info.n_devices++] = (char *)s->dev[d].name;
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    if (!(w->devices >> d & 1))
+      continue;
+    Qlinear__V1__DeviceCrossover *x = &b->xo[b->info.n_devices];
+    qlinear__v1__device_crossover__init(x);
+    x->device = (char *)s->dev[d].name;
+    x->rows = ql__calibrate_rows(s, w, (int)d, &measured);
+    x->measured = measured != 0;
+    b->xos[b->info.n_devices] = x;
+    b->devices[b->info.n_devices++] = (char *)s->dev[d].name;
+  }
   b->info.devices = b->devices;
+  b->info.crossovers = b->xos;
+  b->info.n_crossovers = b->info.n_devices;
 }
 
 /* ------------------------------------------------------------------ hello */
@@ -754,6 +766,9 @@ static void stats_one(ql__weight *w, void *arg) {
     st->impl = (char *)ws->impl;
     st->bytes_resident = c->s->dev[d].host ? w->bytes
                                            : w->lay[d].packed_bytes;
+    int measured;
+    st->crossover_rows = ql__calibrate_rows(c->s, w, (int)d, &measured);
+    st->crossover_measured = measured != 0;
     ql__linear_stats(c->s, w, d, st, c->hist[c->n][0], c->hist[c->n][1]);
     c->ptrs[c->n] = st;
     c->n++;

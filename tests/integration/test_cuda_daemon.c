@@ -531,6 +531,184 @@ START_TEST(placement) {
 }
 END_TEST
 
+/* An AUTO request of m rows of x [m, k] on weight (device NULL: the
+ * scheduler's choice); returns the path that ran. */
+static ql_path auto_request(const td *d, const char *weight,
+                            const char *device, const float *x, uint64_t m,
+                            uint64_t k) {
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearRequest lin;
+  Qlinear__V1__Tensor xt;
+  uint64_t shape[2] = {m, k};
+  qlinear__v1__request__init(&req);
+  qlinear__v1__linear_request__init(&lin);
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  xt.shape = shape;
+  xt.n_shape = 2;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  xt.inline_data.data = (uint8_t *)x;
+  xt.inline_data.len = m * k * sizeof(float);
+  lin.weight = (char *)weight;
+  lin.x = &xt;
+  lin.device = (char *)(device ? device : "");
+  req.request_id = 78;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+  req.linear = &lin;
+  Qlinear__V1__Response *r = td_call(d, &req, TMO);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->status->code, 0);
+  ql_path p = (ql_path)r->linear->path;
+  qlinear__v1__response__free_unpacked(r, NULL);
+  return p;
+}
+
+/* The crossover of weight on the GPUs, from Stats; 0 where not measured. */
+static void gpu_crossovers(ql_client *c, const ql_hello_info *h,
+                           const char *weight, uint32_t rows[2],
+                           uint64_t reqs[2], uint64_t aq[2]) {
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  for (int g = 0; g < 2; g++) {
+    rows[g] = 0;
+    reqs[g] = aq[g] = 0;
+    for (size_t i = 0; i < st->n_per_weight; i++) {
+      const ql_weight_stats *w = &st->per_weight[i];
+      if (strcmp(w->weight, weight) != 0 ||
+          strcmp(w->device, h->devices[g].name) != 0)
+        continue;
+      rows[g] = w->crossover_measured ? w->crossover_rows : 0;
+      reqs[g] = w->requests;
+      aq[g] = w->aq_batches;
+    }
+  }
+  ql_stats_free(st);
+}
+
+/* Replaces the cached rows of the key that names device in the crossover
+ * cache text with rows. */
+static void plant(char *text, size_t cap, const char *device, unsigned rows) {
+  char *key = strstr(text, device);
+  ck_assert_ptr_nonnull(key);
+  char *colon = strstr(key, "\": ");
+  ck_assert_ptr_nonnull(colon);
+  char *num = colon + 3, *end = num;
+  while (*end >= '0' && *end <= '9')
+    end++;
+  char *tail = strdup(end);
+  ck_assert_ptr_nonnull(tail);
+  snprintf(num, cap - (size_t)(num - text), "%u%s", rows, tail);
+  free(tail);
+}
+
+/*
+ * The crossover is measured per (shape, device), on each GPU that holds
+ * the weight, reported per device (Stats, WeightInfo), cached by device
+ * name, and used for the requests on that device: with the two GPUs'
+ * crossovers planted at 3 and 300 rows, 4 rows run activation-quantized
+ * on one and weight-only on the other, and a request that names no device
+ * runs the path of the device it is placed on.
+ */
+START_TEST(crossover_per_device) {
+  td d;
+  char st[] = "/tmp/ql-xover-XXXXXX", path[256], text[8192];
+  ck_assert_ptr_nonnull(mkdtemp(st));
+  snprintf(path, sizeof path, "%s/crossover.json", st);
+  const char *args[] = {"--state-dir", st, "--crossover-rows", "0", NULL};
+  start(&d, "2", NULL, args);
+  ql_client *c = td_connect(&d);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  td_layer l;
+  const uint64_t n = 32, k = 64;
+  td_layer_make(&l, n, k, 31, 0);
+  ck_assert_int_eq(load_on(c, "xw", &l, QL_FORMAT_Q8C, 0, NULL, NULL, NULL),
+                   0);
+  uint32_t rows[2];
+  uint64_t reqs[2], aq[2];
+  for (int i = 0; i < 1200; i++) {
+    gpu_crossovers(c, &h, "xw", rows, reqs, aq);
+    if (rows[0] != 0 && rows[1] != 0)
+      break;
+    usleep(100 * 1000);
+  }
+  for (int g = 0; g < 2; g++)
+    ck_assert_msg(rows[g] == UINT32_MAX || (rows[g] >= 1 && rows[g] <= 512),
+                  "gpu %d: crossover %u", g, rows[g]);
+  char *log = read_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "crossover of xw (32x64) on cuda:0"));
+  ck_assert_ptr_nonnull(strstr(log, "crossover of xw (32x64) on cuda:1"));
+  free(log);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  /* Cached under each GPU's name; planted values come back per device. */
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t got = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[got] = '\0';
+  plant(text, sizeof text, h.devices[0].name, 3);
+  plant(text, sizeof text, h.devices[1].name, 300);
+  write_file(path, text);
+  start(&d, "2", NULL, args);
+  c = td_connect(&d);
+  ck_assert_int_eq(load_on(c, "xw", &l, QL_FORMAT_Q8C, 0, NULL, NULL, NULL),
+                   0);
+  gpu_crossovers(c, &h, "xw", rows, reqs, aq);
+  ck_assert_uint_eq(rows[0], 3);
+  ck_assert_uint_eq(rows[1], 300);
+
+  /* WeightInfo has both, in device order. */
+  Qlinear__V1__Request req;
+  Qlinear__V1__ListWeightsRequest lr;
+  qlinear__v1__request__init(&req);
+  qlinear__v1__list_weights_request__init(&lr);
+  req.request_id = 5;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LIST;
+  req.list = &lr;
+  Qlinear__V1__Response *r = td_call(&d, &req, TMO);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_uint_eq(r->list->n_weights, 1);
+  const Qlinear__V1__WeightInfo *wi = r->list->weights[0];
+  ck_assert_uint_eq(wi->n_crossovers, 2);
+  ck_assert_str_eq(wi->crossovers[0]->device, h.devices[0].name);
+  ck_assert_uint_eq(wi->crossovers[0]->rows, 3);
+  ck_assert(wi->crossovers[0]->measured);
+  ck_assert_str_eq(wi->crossovers[1]->device, h.devices[1].name);
+  ck_assert_uint_eq(wi->crossovers[1]->rows, 300);
+  ck_assert_uint_eq(wi->crossover_rows, 3); /* the first device's */
+  qlinear__v1__response__free_unpacked(r, NULL);
+
+  float x[4 * 64];
+  uint64_t seed = 3;
+  td_randn(&seed, x, 4 * k, 1.0f);
+  ck_assert_int_eq(auto_request(&d, "xw", "cuda:0", x, 4, k),
+                   QL_PATH_ACT_QUANT);
+  ck_assert_int_eq(auto_request(&d, "xw", "cuda:1", x, 4, k),
+                   QL_PATH_WEIGHT_ONLY);
+  ck_assert_int_eq(auto_request(&d, "xw", "cuda:1", x, 2, k),
+                   QL_PATH_WEIGHT_ONLY);
+  ck_assert_int_eq(auto_request(&d, "xw", "cuda:0", x, 2, k),
+                   QL_PATH_WEIGHT_ONLY);
+  uint64_t before[2] = {0, 0}, aq_before[2];
+  gpu_crossovers(c, &h, "xw", rows, before, aq_before);
+  ql_path p = auto_request(&d, "xw", NULL, x, 4, k);
+  gpu_crossovers(c, &h, "xw", rows, reqs, aq);
+  int on = reqs[0] > before[0] ? 0 : 1;
+  ck_assert_uint_eq(reqs[on], before[on] + 1);
+  ck_assert_uint_eq(reqs[1 - on], before[1 - on]);
+  ck_assert_int_eq(p, on == 0 ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY);
+  ck_assert_uint_eq(aq[on], aq_before[on] + (on == 0));
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  td_layer_free(&l);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", st);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /*
  * GPU 0 gets a sticky error after some work, GPU 1 a kernel that never
  * finishes: each fails its requests with QL_EDEVICE and a clear message,
@@ -651,6 +829,7 @@ int main(void) {
   tcase_add_test(tc, device_budget);
   tcase_add_test(tc, configured_budget);
   tcase_add_test(tc, placement);
+  tcase_add_test(tc, crossover_per_device);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);

@@ -206,8 +206,10 @@ typedef struct ql_weight_info {
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
   uint64_t bytes_resident;         /* over all devices */
   /* AUTO requests of at least this many rows run activation-quantized
-   * (UINT32_MAX: none do); crossover_measured is 1 when the daemon
-   * measured it for this shape, 0 for its default or configured value. */
+   * (UINT32_MAX: none do) on the first device that holds the weight
+   * (accelerators first; ql_stats() has each device's); crossover_measured
+   * is 1 when the daemon measured it for this shape there, 0 for its
+   * default or configured value. */
   uint32_t crossover_rows;
   int crossover_measured;
   size_t n_devices;                /* devices holding it */
@@ -245,6 +247,11 @@ typedef struct ql_weight_stats {
    * one per launch. */
   uint64_t queue_hist[QL_HIST_BUCKETS];
   uint64_t kernel_hist[QL_HIST_BUCKETS];
+  /* AUTO requests of at least this many rows run activation-quantized on
+   * this device (UINT32_MAX: none do); crossover_measured is 1 when the
+   * daemon measured it for this shape on this device. */
+  uint32_t crossover_rows;
+  int crossover_measured;
 } ql_weight_stats;
 
 /* Weight memory of one device against its budget. */

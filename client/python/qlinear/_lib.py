@@ -219,6 +219,8 @@ class ql_weight_stats(ctypes.Structure):
         ("expired", ctypes.c_uint64),
         ("queue_hist", ctypes.c_uint64 * QL_HIST_BUCKETS),
         ("kernel_hist", ctypes.c_uint64 * QL_HIST_BUCKETS),
+        ("crossover_rows", ctypes.c_uint32),
+        ("crossover_measured", ctypes.c_int),
     ]
 
 

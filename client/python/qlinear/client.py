@@ -291,6 +291,8 @@ class WeightStats:
     expired: int
     queue_hist: list
     kernel_hist: list
+    crossover_rows: int
+    crossover_measured: bool
 
 
 @dataclasses.dataclass
@@ -700,7 +702,9 @@ class Client:
                 aq_batches=w.aq_batches, queue_ns=w.queue_ns,
                 kernel_ns=w.kernel_ns, impl=_s(w.impl),
                 bytes_resident=w.bytes_resident, expired=w.expired,
-                queue_hist=list(w.queue_hist), kernel_hist=list(w.kernel_hist))
+                queue_hist=list(w.queue_hist), kernel_hist=list(w.kernel_hist),
+                crossover_rows=w.crossover_rows,
+                crossover_measured=bool(w.crossover_measured))
                 for w in (s.per_weight[i] for i in range(s.n_per_weight))]
             return Stats(
                 uptime_ns=s.uptime_ns, requests=s.requests, errors=s.errors,
