@@ -31,8 +31,10 @@ static int add(ql__server *s, const ql_backend *b, int ordinal,
     snprintf(d->name, sizeof d->name, "%s", info->name);
     snprintf(d->alias, sizeof d->alias, "%s", info->alias);
     d->memory = info->memory_bytes;
-    ql__notice("device %s: %s (%s), %zu MiB", d->alias, info->model,
-               d->name, info->memory_bytes >> 20);
+    ql__notice("device %s: %s (%s), %zu MiB, peak memory bandwidth %.0f "
+               "GB/s", d->alias, info->model, d->name,
+               info->memory_bytes >> 20,
+               (double)info->peak_bytes_per_s / 1e9);
   }
   if ((rc = ql__worker_create(s->loop, d->alias, s->cfg.max_queue,
                               &d->worker)) != 0)
