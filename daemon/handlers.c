@@ -445,10 +445,20 @@ static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
   sw->shared = shared;
   /* By name (a GPU's UUID), not alias: aliases follow the enumeration
    * order, which another start may change. */
-  for (unsigned d = 0, at = 0; w->placed && d < s->n_dev; d++)
-    if (w->devices >> d & 1)
-      at += (unsigned)snprintf(sw->devices + at, sizeof sw->devices - at,
-                               "%s%s", at ? "," : "", s->dev[d].name);
+  size_t at = 0;
+  for (unsigned d = 0; w->placed && d < s->n_dev; d++) {
+    int n;
+    if (!(w->devices >> d & 1))
+      continue;
+    n = snprintf(sw->devices + at, sizeof sw->devices - at, "%s%s",
+                 at ? "," : "", s->dev[d].name);
+    /* 16 names of at most 63 bytes always fit; never past the end. */
+    if (n < 0 || (size_t)n >= sizeof sw->devices - at) {
+      sw->devices[at] = '\0';
+      break;
+    }
+    at += (size_t)n;
+  }
   sw->route = route;
   sw->request_id = request_id;
   sw->work.data = sw;
