@@ -1833,8 +1833,9 @@ static ze_result_t submit(zlist *l, zcmd *c) {
     l->head = c;
   l->tail = c;
   pthread_cond_broadcast(&g.cv);
+  /* (the worker frees c once it has run) */
   if (l->sync && c->runs)
-    while (l->done < c->number)
+    for (long number = c->number; l->done < number;)
       pthread_cond_wait(&g.cv, &g.mu);
   pthread_mutex_unlock(&g.mu);
   return ZE_RESULT_SUCCESS;
