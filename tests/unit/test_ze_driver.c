@@ -314,6 +314,14 @@ START_TEST(test_memory) {
   /* a copy past the end of an allocation is refused */
   ZE_IS(ZE_RESULT_ERROR_INVALID_SIZE,
         zeCommandListAppendMemoryCopy(t.list, d + 1, src, N, NULL, 0, NULL));
+  ZE_IS(ZE_RESULT_ERROR_INVALID_SIZE,
+        zeCommandListAppendMemoryFill(t.list, d + 4, &pat, sizeof pat, N, NULL,
+                                      0, NULL));
+  /* only device memory has IPC handles */
+  {
+    ze_ipc_mem_handle_t ih;
+    ZE_IS(ZE_RESULT_ERROR_INVALID_ARGUMENT, zeMemGetIpcHandle(t.ctx, h, &ih));
+  }
   ZE_OK(zeMemFree(t.ctx, d));
   ZE_OK(zeMemFree(t.ctx, h));
   zt_close(&t);
