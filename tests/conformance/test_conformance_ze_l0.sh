@@ -10,7 +10,7 @@
 # the test too.
 set -u
 b="${QL_BUILDDIR:-.}"
-ZE_ENABLE_ALT_DRIVERS="$b/tests/ze_driver/.libs/libze_qltest.so"
+ZE_ENABLE_ALT_DRIVERS="${QL_ZE_TEST_DRIVER:-$b/tests/ze_driver/.libs/libze_qltest.so}"
 ZE_ENABLE_VALIDATION_LAYER=1
 ZE_ENABLE_PARAMETER_VALIDATION=1
 ZE_ENABLE_HANDLE_LIFETIME=1
