@@ -314,6 +314,14 @@ START_TEST(test_memory) {
   /* a copy past the end of an allocation is refused */
   ZE_IS(ZE_RESULT_ERROR_INVALID_SIZE,
         zeCommandListAppendMemoryCopy(t.list, d + 1, src, N, NULL, 0, NULL));
+  ZE_IS(ZE_RESULT_ERROR_INVALID_SIZE,
+        zeCommandListAppendMemoryFill(t.list, d + 4, &pat, sizeof pat, N, NULL,
+                                      0, NULL));
+  /* only device memory has IPC handles */
+  {
+    ze_ipc_mem_handle_t ih;
+    ZE_IS(ZE_RESULT_ERROR_INVALID_ARGUMENT, zeMemGetIpcHandle(t.ctx, h, &ih));
+  }
   ZE_OK(zeMemFree(t.ctx, d));
   ZE_OK(zeMemFree(t.ctx, h));
   zt_close(&t);
@@ -747,6 +755,44 @@ START_TEST(test_fault_hang) {
   ZE_IS(ZE_RESULT_NOT_READY, zeEventHostSynchronize(t.ev[1], SHORT_WAIT));
   ZE_IS(ZE_RESULT_NOT_READY, zeEventQueryStatus(t.ev[1]));
   ck_assert_int_eq(b[0], 0);
+  {
+    /* a kernel and events destroyed while a hung command still names
+     * them (what a host does when it gives up on a device); then their
+     * handles are refused */
+    ze_module_handle_t mod;
+    ze_kernel_handle_t k;
+    ze_event_pool_handle_t pool;
+    ze_event_handle_t ev[2];
+    ze_event_pool_desc_t pd = {.stype = ZE_STRUCTURE_TYPE_EVENT_POOL_DESC,
+                               .flags = ZE_EVENT_POOL_FLAG_HOST_VISIBLE,
+                               .count = 2};
+    ze_group_count_t gc = {1, 1, 1};
+    kargs a;
+
+    ZE_OK(zeEventPoolCreate(t.ctx, &pd, 1, &t.dev[0], &pool));
+    for (uint32_t i = 0; i < 2; i++) {
+      ze_event_desc_t ed = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC, .index = i};
+      ZE_OK(zeEventCreate(pool, &ed, &ev[i]));
+    }
+    ZE_OK(module_create(&t, find_module("quantize_rows", "lm"), BUILD_FLAGS,
+                        &mod, NULL));
+    k = kernel(mod, "ql_ze_check_finite");
+    a = (kargs){k, 0};
+    arg_i(&a, QL_ZE_DT_F32);
+    arg_l(&a, 4);
+    arg_p(&a, d);
+    arg_p(&a, d + 32);
+    ZE_OK(zeKernelSetGroupSize(k, QL_ZE_QWG, 1, 1));
+    ZE_OK(zeCommandListAppendLaunchKernel(t.list, k, &gc, ev[1], 1, &ev[0]));
+    ZE_OK(zeKernelDestroy(k));
+    ZE_OK(zeModuleDestroy(mod));
+    ZE_OK(zeEventDestroy(ev[0]));
+    ZE_OK(zeEventDestroy(ev[1]));
+    ZE_OK(zeEventPoolDestroy(pool));
+    ck_assert_int_ne(zeEventQueryStatus(ev[1]), ZE_RESULT_SUCCESS);
+    ck_assert_int_ne(zeKernelSetGroupSize(k, QL_ZE_QWG, 1, 1),
+                     ZE_RESULT_SUCCESS);
+  }
   ZE_OK(zeMemFree(t.ctx, d));
   zt_close(&t);
 }

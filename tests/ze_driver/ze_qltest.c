@@ -153,6 +153,8 @@ struct zevent {
   zdevice *dev; /* the device of the last command given it to signal */
   long seq;     /* that command's number on dev */
   int pending;  /* that command has not run yet */
+  int refs;     /* queued commands that name it */
+  int dead;     /* destroyed; freed when refs drops to 0 */
 };
 
 typedef struct zbuild_log {
@@ -185,7 +187,9 @@ typedef struct zarg {
 
 typedef struct zkernel {
   uint32_t tag;
-  zmodule *mod;
+  size_t module; /* index into ql__ze_modules */
+  int refs;      /* queued commands that launch it; g.mu */
+  int dead;      /* destroyed; freed when refs drops to 0 */
   cl_kernel k;
   pthread_mutex_t mu; /* k's OpenCL arguments, from set to enqueue */
   cl_uint nargs;
@@ -201,6 +205,7 @@ enum { C_COPY, C_FILL, C_LAUNCH, C_BARRIER, C_SIGNAL, C_WAIT, C_RESET };
 typedef struct zcmd {
   int type;
   int runs; /* 0: after a hang or loss, never runs */
+  int held; /* queued: holds its kernel and events (ref_cmd) */
   void *dst;
   const void *src;
   size_t size;
@@ -269,10 +274,57 @@ static zdevice *get_device(ze_device_handle_t h) {
   return d;
 }
 
+/* Every live object's address. A handle is followed only when it is in
+ * here, so a destroyed or foreign handle is refused rather than read
+ * (without the validation layer's handle checks too). */
+static struct {
+  pthread_mutex_t mu;
+  void **v;
+  size_t n, cap;
+} live = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+
+static int live_add(void *o) {
+  int ok = 1;
+  pthread_mutex_lock(&live.mu);
+  if (live.n == live.cap) {
+    size_t cap = live.cap ? 2 * live.cap : 64;
+    void **v = realloc(live.v, cap * sizeof *v);
+    if (v == NULL)
+      ok = 0;
+    else {
+      live.v = v;
+      live.cap = cap;
+    }
+  }
+  if (ok)
+    live.v[live.n++] = o;
+  pthread_mutex_unlock(&live.mu);
+  return ok;
+}
+
+static void live_del(void *o) {
+  pthread_mutex_lock(&live.mu);
+  for (size_t i = 0; i < live.n; i++)
+    if (live.v[i] == o) {
+      live.v[i] = live.v[--live.n];
+      break;
+    }
+  pthread_mutex_unlock(&live.mu);
+}
+
+static int live_has(const void *o) {
+  int found = 0;
+  pthread_mutex_lock(&live.mu);
+  for (size_t i = 0; i < live.n && !found; i++)
+    found = live.v[i] == o;
+  pthread_mutex_unlock(&live.mu);
+  return found;
+}
+
 #define CHECKED(type, tagv)                                                    \
   static type *get_##type(void *h) {                                           \
     type *o = h;                                                               \
-    return o != NULL && o->tag == (tagv) ? o : NULL;                           \
+    return o != NULL && live_has(o) && o->tag == (tagv) ? o : NULL;            \
   }
 CHECKED(zcontext, TAG_CONTEXT)
 CHECKED(zlist, TAG_LIST)
@@ -598,6 +650,10 @@ static ze_result_t drv_context_create(ze_driver_handle_t h,
   if ((c = calloc(1, sizeof *c)) == NULL)
     return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   c->tag = TAG_CONTEXT;
+  if (!live_add(c)) {
+    free(c);
+    return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+  }
   *ph = (ze_context_handle_t)c;
   return ZE_RESULT_SUCCESS;
 }
@@ -606,6 +662,7 @@ static ze_result_t drv_context_destroy(ze_context_handle_t h) {
   zcontext *c = get_zcontext(h);
   if (c == NULL)
     return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  live_del(c);
   c->tag = TAG_DEAD;
   free(c);
   return ZE_RESULT_SUCCESS;
@@ -955,6 +1012,11 @@ static ze_result_t drv_pool_create(ze_context_handle_t hc,
   }
   p->tag = TAG_POOL;
   p->count = desc->count;
+  if (!live_add(p)) {
+    free(p->slots);
+    free(p);
+    return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+  }
   *ph = (ze_event_pool_handle_t)p;
   return ZE_RESULT_SUCCESS;
 }
@@ -972,6 +1034,7 @@ static ze_result_t drv_pool_destroy(ze_event_pool_handle_t h) {
     }
   p->tag = TAG_DEAD;
   pthread_mutex_unlock(&g.mu);
+  live_del(p);
   free(p->slots);
   free(p);
   return ZE_RESULT_SUCCESS;
@@ -993,9 +1056,14 @@ static ze_result_t drv_event_create(ze_event_pool_handle_t hp,
   e->tag = TAG_EVENT;
   e->pool = p;
   e->index = desc->index;
+  if (!live_add(e)) {
+    free(e);
+    return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+  }
   pthread_mutex_lock(&g.mu);
   if (p->slots[desc->index] != NULL) {
     pthread_mutex_unlock(&g.mu);
+    live_del(e);
     free(e);
     say("zeEventCreate: index %u is taken", desc->index);
     return ZE_RESULT_ERROR_INVALID_ARGUMENT;
@@ -1010,11 +1078,14 @@ static ze_result_t drv_event_destroy(ze_event_handle_t h) {
   zevent *e = get_zevent(h);
   if (e == NULL)
     return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  live_del(e);
   pthread_mutex_lock(&g.mu);
   e->pool->slots[e->index] = NULL;
   e->tag = TAG_DEAD;
+  e->dead = 1;
+  if (e->refs == 0)
+    free(e);
   pthread_mutex_unlock(&g.mu);
-  free(e);
   return ZE_RESULT_SUCCESS;
 }
 
@@ -1111,7 +1182,8 @@ static zbuild_log *new_log(const char *text) {
   if (l == NULL)
     return NULL;
   l->tag = TAG_LOG;
-  if ((l->text = strdup(text != NULL ? text : "")) == NULL) {
+  if ((l->text = strdup(text != NULL ? text : "")) == NULL || !live_add(l)) {
+    free(l->text);
     free(l);
     return NULL;
   }
@@ -1267,9 +1339,12 @@ static ze_result_t drv_module_create(ze_context_handle_t hc,
   if (phLog != NULL && (*phLog = (ze_module_build_log_handle_t)new_log("")) ==
                            NULL)
     goto fail;
+  /* (the last step: nothing to undo after it) */
   mod->tag = TAG_MODULE;
   mod->p = p;
   mod->dev = d;
+  if (!live_add(mod))
+    goto fail;
   *ph = (ze_module_handle_t)mod;
   free(options);
   return ZE_RESULT_SUCCESS;
@@ -1291,6 +1366,7 @@ static ze_result_t drv_module_destroy(ze_module_handle_t h) {
   if (m == NULL)
     return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   /* the program stays cached for the next zeModuleCreate */
+  live_del(m);
   m->tag = TAG_DEAD;
   free(m);
   return ZE_RESULT_SUCCESS;
@@ -1300,6 +1376,7 @@ static ze_result_t drv_log_destroy(ze_module_build_log_handle_t h) {
   zbuild_log *l = get_zbuild_log(h);
   if (l == NULL)
     return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  live_del(l);
   l->tag = TAG_DEAD;
   free(l->text);
   free(l);
@@ -1353,7 +1430,7 @@ static ze_result_t drv_kernel_create(ze_module_handle_t hm,
     return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   pthread_mutex_init(&k->mu, NULL);
   k->tag = TAG_KERNEL;
-  k->mod = m;
+  k->module = m->p->module;
   k->k = clCreateKernel(m->p->prog, desc->pKernelName, &err);
   if (err != CL_SUCCESS) {
     k->k = NULL;
@@ -1383,15 +1460,27 @@ static ze_result_t drv_kernel_create(ze_module_handle_t hm,
       return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
     }
   }
+  if (!live_add(k)) {
+    free_kernel(k);
+    return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
+  }
   *ph = (ze_kernel_handle_t)k;
   return ZE_RESULT_SUCCESS;
 }
 
 static ze_result_t drv_kernel_destroy(ze_kernel_handle_t h) {
   zkernel *k = get_zkernel(h);
+  int queued;
   if (k == NULL)
     return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
-  free_kernel(k);
+  live_del(k);
+  pthread_mutex_lock(&g.mu);
+  k->dead = 1;
+  queued = k->refs > 0;
+  pthread_mutex_unlock(&g.mu);
+  /* a command still queued frees it when it goes */
+  if (!queued)
+    free_kernel(k);
   return ZE_RESULT_SUCCESS;
 }
 
@@ -1490,9 +1579,37 @@ static ze_result_t drv_set_arg(ze_kernel_handle_t h, uint32_t i, size_t size,
 
 /* ---- command lists ---- */
 
+static void unref_event(zevent *e) {
+  if (e != NULL && --e->refs == 0 && e->dead)
+    free(e);
+}
+
+/* A queued command holds its kernel and events, so that destroying them
+ * while it waits leaves it nothing dangling; g.mu held. */
+static void ref_cmd(zcmd *c) {
+  if (c->kernel != NULL)
+    c->kernel->refs++;
+  if (c->signal != NULL)
+    c->signal->refs++;
+  if (c->reset != NULL)
+    c->reset->refs++;
+  for (uint32_t i = 0; i < c->nwait; i++)
+    c->wait[i]->refs++;
+  c->held = 1;
+}
+
+/* Frees c and drops what it holds; g.mu held when it was queued. */
 static void free_cmd(zcmd *c) {
   if (c == NULL)
     return;
+  if (c->held) {
+    if (c->kernel != NULL && --c->kernel->refs == 0 && c->kernel->dead)
+      free_kernel(c->kernel);
+    unref_event(c->signal);
+    unref_event(c->reset);
+    for (uint32_t i = 0; i < c->nwait; i++)
+      unref_event(c->wait[i]);
+  }
   free(c->args);
   free(c->wait);
   free(c);
@@ -1557,8 +1674,8 @@ static void *list_worker(void *arg) {
   pthread_mutex_lock(&g.mu);
   for (;;) {
     zcmd *c;
-    while (!l->stop && (l->head == NULL || !waits_done(l->head) ||
-                        !l->head->runs))
+    while (!l->stop && (l->head == NULL || !l->head->runs ||
+                        !waits_done(l->head)))
       pthread_cond_wait(&g.cv, &g.mu);
     if (l->stop)
       break;
@@ -1581,6 +1698,36 @@ static void *list_worker(void *arg) {
   }
   pthread_mutex_unlock(&g.mu);
   return NULL;
+}
+
+/* Stops l's worker and frees l; commands not run yet are dropped, their
+ * events never signal. */
+static void destroy_list(zlist *l) {
+  zcmd *c;
+  pthread_mutex_lock(&g.mu);
+  l->stop = 1;
+  l->tag = TAG_DEAD;
+  pthread_cond_broadcast(&g.cv);
+  pthread_mutex_unlock(&g.mu);
+  if (l->thread_started)
+    pthread_join(l->thread, NULL);
+  pthread_mutex_lock(&g.mu);
+  while ((c = l->head) != NULL) {
+    l->head = c->next;
+    free_cmd(c);
+  }
+  pthread_mutex_unlock(&g.mu);
+  clReleaseCommandQueue(l->q);
+  free(l);
+}
+
+static ze_result_t drv_list_destroy(ze_command_list_handle_t h) {
+  zlist *l = get_zlist(h);
+  if (l == NULL)
+    return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+  live_del(l);
+  destroy_list(l);
+  return ZE_RESULT_SUCCESS;
 }
 
 static ze_result_t drv_list_create_immediate(ze_context_handle_t hc,
@@ -1618,29 +1765,11 @@ static ze_result_t drv_list_create_immediate(ze_context_handle_t hc,
     return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   }
   l->thread_started = 1;
-  *ph = (ze_command_list_handle_t)l;
-  return ZE_RESULT_SUCCESS;
-}
-
-/* Commands not run yet are dropped: their events never signal. */
-static ze_result_t drv_list_destroy(ze_command_list_handle_t h) {
-  zlist *l = get_zlist(h);
-  zcmd *c;
-  if (l == NULL)
-    return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
-  pthread_mutex_lock(&g.mu);
-  l->stop = 1;
-  l->tag = TAG_DEAD;
-  pthread_cond_broadcast(&g.cv);
-  pthread_mutex_unlock(&g.mu);
-  if (l->thread_started)
-    pthread_join(l->thread, NULL);
-  while ((c = l->head) != NULL) {
-    l->head = c->next;
-    free_cmd(c);
+  if (!live_add(l)) {
+    destroy_list(l);
+    return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   }
-  clReleaseCommandQueue(l->q);
-  free(l);
+  *ph = (ze_command_list_handle_t)l;
   return ZE_RESULT_SUCCESS;
 }
 
@@ -1688,6 +1817,7 @@ static ze_result_t submit(zlist *l, zcmd *c) {
     free_cmd(c);
     return ZE_RESULT_ERROR_DEVICE_LOST;
   }
+  ref_cmd(c);
   n = ++d->seq;
   c->runs = !(d->hung && n > d->stop_seq);
   trigger(d);
@@ -1703,8 +1833,9 @@ static ze_result_t submit(zlist *l, zcmd *c) {
     l->head = c;
   l->tail = c;
   pthread_cond_broadcast(&g.cv);
+  /* (the worker frees c once it has run) */
   if (l->sync && c->runs)
-    while (l->done < c->number)
+    for (long number = c->number; l->done < number;)
       pthread_cond_wait(&g.cv, &g.mu);
   pthread_mutex_unlock(&g.mu);
   return ZE_RESULT_SUCCESS;
