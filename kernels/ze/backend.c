@@ -410,9 +410,10 @@ static int device_info(int o, ql_device_desc *out) {
   snprintf(out->name, sizeof out->name, "ze:%s", uuid);
   snprintf(out->alias, sizeof out->alias, "ze:%d", o);
   snprintf(out->model, sizeof out->model, "%s", d->model);
-  /* Weights get seven eighths of the memory: the rest is left for the
-   * scratch arena, the driver and other processes. */
-  out->memory_bytes = d->memory - d->memory / 8;
+  out->memory_bytes = d->memory;
+  /* Level Zero gives a memory clock and bus width but not the transfers
+   * per clock, so the peak bandwidth is not derived from them. */
+  out->peak_bytes_per_s = 0;
   return 0;
 }
 

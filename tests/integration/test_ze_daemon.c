@@ -359,7 +359,8 @@ END_TEST
  * served. */
 START_TEST(device_budget) {
   td d;
-  ze_env("1", "1048576", NULL); /* 1 MiB: seven eighths of it for weights */
+  /* 1 MiB: accel_budget_percent (87.5 by default) of it for weights */
+  ze_env("1", "1048576", NULL);
   td_start(&d, NULL);
   ql_client *c = td_connect(&d);
   td_layer big, small;
