@@ -10,7 +10,8 @@
  *
  * What it checks: y written into device memory (or inline) equals the
  * inline request's reply byte for byte, weight-only and
- * activation-quantized, with a ready event; each allocation is opened
+ * activation-quantized, with a ready event, and for LinearMulti (one y
+ * slice per weight, on the second GPU); each allocation is opened
  * once per session however many requests use it, stays mapped in the
  * daemon while the session lives and is unmapped when it ends; hostile
  * slices (handles of the wrong length, garbage or freed allocations,
@@ -288,6 +289,95 @@ START_TEST(round_trip) {
 }
 END_TEST
 
+/* LinearMulti with x in device memory and one y slice per weight there
+ * (raw: the library has no multi call for device tensors): each y equals
+ * the inline LinearMulti's, and the reply names the slices. */
+START_TEST(multi) {
+  td d;
+  start(&d, NULL);
+  ql_client *c = td_connect(&d);
+  td_layer l1, l2;
+  td_layer_make(&l1, N, K, 11, 1);
+  td_layer_make(&l2, N, K, 12, 0);
+  ck_assert_int_eq(td_load(c, "ipc/m1", &l1, QL_FORMAT_Q4G, 32, 0, NULL,
+                           NULL),
+                   0);
+  ck_assert_int_eq(td_load(c, "ipc/m2", &l2, QL_FORMAT_F8R, 0, 0, NULL, NULL),
+                   0);
+  float x[M * K], w1[M * N], w2[M * N], got[M * N];
+  uint64_t seed = 46, n[2] = {N, N};
+  const char *names[2] = {"ipc/m1", "ipc/m2"};
+  void *ys_in[2] = {w1, w2};
+  td_randn(&seed, x, M * K, 1.0f);
+  ck_assert_int_eq(ql_linear_multi(c, 2, names, QL_PATH_WEIGHT_ONLY,
+                                   QL_DTYPE_F32, M, K, x, n, ys_in, NULL),
+                   0);
+  ck_assert_int_eq(cudaSetDevice(1), cudaSuccess); /* on the second GPU */
+  unsigned char *xa = dev_alloc(sizeof x, x, 0, sizeof x);
+  unsigned char *ya = dev_alloc(2 * sizeof got, NULL, 0, 0);
+  ql_cuda_slice xs, y1, y2;
+  ck_assert_int_eq(ql_cuda_slice_from_ptr(&xs, xa, sizeof x, NULL), 0);
+  ck_assert_int_eq(ql_cuda_slice_from_ptr(&y1, ya, sizeof got, NULL), 0);
+  ck_assert_int_eq(
+      ql_cuda_slice_from_ptr(&y2, ya + sizeof got, sizeof got, NULL), 0);
+  ck_assert_str_ne(xs.device, ""); /* cuda:1's UUID name */
+
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearMultiRequest lm;
+  Qlinear__V1__Tensor xt;
+  Qlinear__V1__CudaIpcSlice mx, m1, m2, *pys[2] = {&m1, &m2};
+  uint64_t shape[2] = {M, K};
+  slice_msg(&xs, &mx);
+  slice_msg(&y1, &m1);
+  slice_msg(&y2, &m2);
+  qlinear__v1__request__init(&req);
+  qlinear__v1__linear_multi_request__init(&lm);
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  xt.shape = shape;
+  xt.n_shape = 2;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
+  xt.cuda_ipc = &mx;
+  lm.weights = (char **)names;
+  lm.n_weights = 2;
+  lm.x = &xt;
+  lm.path = QLINEAR__V1__PATH__PATH_WEIGHT_ONLY;
+  lm.y_out_cuda = pys;
+  lm.n_y_out_cuda = 2;
+  req.request_id = 92;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI;
+  req.linear_multi = &lm;
+  Qlinear__V1__Response *r = td_call(&d, &req, TMO);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_msg(r->status->code == 0, "%s", r->status->message);
+  ck_assert_uint_eq(r->linear_multi->n_results, 2);
+  for (size_t i = 0; i < 2; i++) {
+    const Qlinear__V1__Tensor *y = r->linear_multi->results[i]->y;
+    ck_assert_int_eq(y->data_case, QLINEAR__V1__TENSOR__DATA_CUDA_IPC);
+    ck_assert_uint_eq(y->cuda_ipc->offset, i * sizeof got);
+    ck_assert_uint_eq(y->cuda_ipc->mem_handle.len, 0);
+    ck_assert_str_eq(r->linear_multi->results[i]->impl, "cuda.linear_wo");
+  }
+  qlinear__v1__response__free_unpacked(r, NULL);
+  dev_read(got, ya, sizeof got);
+  ck_assert_msg(memcmp(got, w1, sizeof got) == 0, "multi: weight 1");
+  dev_read(got, ya + sizeof got, sizeof got);
+  ck_assert_msg(memcmp(got, w2, sizeof got) == 0, "multi: weight 2");
+  /* One import for x, one for both y slices. */
+  char *log = read_log(&d);
+  ck_assert_int_eq(count(log, "opened a CUDA IPC allocation"), 2);
+  ck_assert_ptr_nonnull(strstr(log, "opened a CUDA IPC allocation of 4000 "
+                                    "bytes on cuda:1"));
+  free(log);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  cudaFree(xa);
+  cudaFree(ya);
+  td_layer_free(&l1);
+  td_layer_free(&l2);
+}
+END_TEST
+
 /* Every hostile slice gets its error; the daemon keeps serving. */
 START_TEST(hostile_slices) {
   td d;
@@ -553,6 +643,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("cuda_ipc");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, round_trip);
+  tcase_add_test(tc, multi);
   tcase_add_test(tc, hostile_slices);
   tcase_add_test(tc, kill9_mid_flight);
   suite_add_tcase(s, tc);
