@@ -1268,6 +1268,46 @@ static int check_load_common(const char *name, ql_format format,
   return 0;
 }
 
+/* A load's placement: the comma-separated list (NULL or blank: none), its
+ * items trimmed of blanks, copied into buf (DEVICES_BUF bytes) and pointed
+ * to by names. The daemon decides which devices exist. */
+#define DEVICES_MAX 16
+#define DEVICES_BUF (DEVICES_MAX * 64 + 16)
+static int split_devices(const char *list, char *buf, char **names,
+                         size_t *n) {
+  size_t at = 0;
+  *n = 0;
+  if (list == NULL)
+    return 0;
+  while (*list == ' ' || *list == '\t')
+    list++;
+  if (*list == '\0')
+    return 0;
+  for (;;) {
+    const char *end = strchr(list, ',');
+    size_t len = end != NULL ? (size_t)(end - list) : strlen(list);
+    while (len > 0 && (list[0] == ' ' || list[0] == '\t')) {
+      list++;
+      len--;
+    }
+    while (len > 0 && (list[len - 1] == ' ' || list[len - 1] == '\t'))
+      len--;
+    if (len == 0)
+      return err_set(QL_EINVAL, "devices: an empty item in the list");
+    if (len > 63)
+      return err_set(QL_EINVAL, "devices: a name of %zu bytes", len);
+    if (*n == DEVICES_MAX)
+      return err_set(QL_EINVAL, "devices: more than %d", DEVICES_MAX);
+    memcpy(buf + at, list, len);
+    buf[at + len] = '\0';
+    names[(*n)++] = buf + at;
+    at += len + 1;
+    if (end == NULL)
+      return 0;
+    list = end + 1;
+  }
+}
+
 QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
                             ql_weight_info *info_out, int *shared_out) {
   Qlinear__V1__WeightSpec spec = QLINEAR__V1__WEIGHT_SPEC__INIT;
@@ -1304,6 +1344,10 @@ QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
   spec.asymmetric = d->asymmetric != 0;
   spec.persistent = d->persistent != 0;
   br.spec = &spec;
+  char dbuf[DEVICES_BUF], *dnames[DEVICES_MAX];
+  if ((rv = split_devices(d->devices, dbuf, dnames, &br.n_devices)) != 0)
+    return rv;
+  br.devices = dnames;
   segment segs[2] = {{d->data, wbytes}, {d->bias, bbytes}};
   return upload(c, &br, segs, 2, d->progress, d->progress_arg, info_out,
                 shared_out);
@@ -1376,6 +1420,10 @@ QL_EXPORT int ql_load_packed(ql_client *c, const ql_packed_desc *d,
   spec.persistent = d->persistent != 0;
   br.spec = &spec;
   br.packed = &ps;
+  char dbuf[DEVICES_BUF], *dnames[DEVICES_MAX];
+  if ((rv = split_devices(d->devices, dbuf, dnames, &br.n_devices)) != 0)
+    return rv;
+  br.devices = dnames;
   return upload(c, &br, segs, nseg, d->progress, d->progress_arg, info_out,
                 shared_out);
 }
@@ -2163,6 +2211,8 @@ QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
     copy_str(o->impl, sizeof o->impl, ws->impl);
     o->bytes_resident = ws->bytes_resident;
     o->expired = ws->expired;
+    o->crossover_rows = ws->crossover_rows;
+    o->crossover_measured = ws->crossover_measured ? 1 : 0;
     for (size_t b = 0; b < ws->n_queue_hist && b < QL_HIST_BUCKETS; b++)
       o->queue_hist[b] = ws->queue_hist[b];
     for (size_t b = 0; b < ws->n_kernel_hist && b < QL_HIST_BUCKETS; b++)

@@ -54,14 +54,17 @@ static const char usage_text[] =
     "  status                 daemon version, instance, limits and devices\n"
     "  list                   resident weights\n"
     "  load NAME FILE.npy --format FMT [--bias FILE.npy] [--policy POLICY]\n"
-    "       [--scale-dtype DTYPE] [--bf16] [--persistent]\n"
+    "       [--scale-dtype DTYPE] [--bf16] [--persistent] [--devices LIST]\n"
     "                         upload a float weight [N, K] for the daemon to\n"
     "                         quantize; FMT is q4g32..q4g256, q8c, q8b32..q8b256\n"
     "                         (q8b32a.. asymmetric) or f8r; POLICY auto or\n"
     "                         weight-only; DTYPE of the scales bf16, f16 or\n"
     "                         f32 (default: as TorchAO, the data's own dtype);\n"
     "                         --persistent (with --admin) stores it: it stays\n"
-    "                         resident, across restarts, until an admin unload\n"
+    "                         resident, across restarts, until an admin unload;\n"
+    "                         LIST (names or aliases, comma-separated) places\n"
+    "                         it on those devices only (default: every\n"
+    "                         accelerator, or the CPU when there is none)\n"
     "  unload NAME            drop this client's hold on a weight; with\n"
     "                         --admin, remove it (and its stored file)\n"
     "  linear NAME X.npy [-o Y.npy] [--path auto|wo|aq] [--bf16]\n"
@@ -78,6 +81,7 @@ static const char usage_text[] =
     "                         default q4g128; in a quantized checkpoint only\n"
     "                         with --format), each with its X.bias, as\n"
     "                         weight NAME/X; REGEX (extended) selects X;\n"
+    "                         --devices places them as load does;\n"
     "                         --dry-run lists them without a daemon;\n"
     "                         without --admin they live as long as this\n"
     "                         command's session\n"
@@ -451,7 +455,8 @@ static void draw_bar(void *arg, uint64_t done, uint64_t total) {
 }
 
 static int cmd_load(ctx *cx, int argc, char **argv) {
-  enum { OPT_FORMAT = 256, OPT_BIAS, OPT_POLICY, OPT_SCALE, OPT_BF16, OPT_PERSISTENT };
+  enum { OPT_FORMAT = 256, OPT_BIAS, OPT_POLICY, OPT_SCALE, OPT_BF16,
+         OPT_PERSISTENT, OPT_DEVICES };
   static const struct option opts[] = {
       {"format", required_argument, NULL, OPT_FORMAT},
       {"bias", required_argument, NULL, OPT_BIAS},
@@ -459,6 +464,7 @@ static int cmd_load(ctx *cx, int argc, char **argv) {
       {"scale-dtype", required_argument, NULL, OPT_SCALE},
       {"bf16", no_argument, NULL, OPT_BF16},
       {"persistent", no_argument, NULL, OPT_PERSISTENT},
+      {"devices", required_argument, NULL, OPT_DEVICES},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *bias_path = NULL, *format = NULL;
@@ -501,12 +507,16 @@ static int cmd_load(ctx *cx, int argc, char **argv) {
     case OPT_PERSISTENT:
       d.persistent = 1;
       break;
+    case OPT_DEVICES:
+      d.devices = optarg;
+      break;
     case 'h':
       puts("usage: qlinearctl load NAME FILE.npy --format "
            "q4g{32,64,128,256}|q8c|q8b{32,64,128,256}[a]|f8r\n"
            "                       [--bias FILE.npy] [--policy "
            "auto|weight-only]\n"
-           "                       [--scale-dtype bf16|f16|f32] [--bf16] [--persistent]");
+           "                       [--scale-dtype bf16|f16|f32] [--bf16] [--persistent]\n"
+           "                       [--devices NAME,...]");
       return 0;
     default:
       return bad_option("load", argv);
@@ -963,10 +973,11 @@ static void print_stats_table(const ql_stats_info *s) {
     namew = l > namew ? l : namew;
     devw = d > devw ? d : devw;
   }
-  printf("\n%-*s  %-*s  %9s %10s %9s %7s %9s %9s %8s %10s %10s  %10s  %s\n",
+  printf("\n%-*s  %-*s  %9s %10s %9s %7s %9s %9s %8s %10s %10s  %10s  "
+         "%-20s %s\n",
          namew, "WEIGHT", devw, "DEVICE", "REQUESTS", "ROWS", "BATCHES",
          "ROWS/B", "WO", "AQ", "EXPIRED", "QUEUE/REQ", "KERNEL/B",
-         "RESIDENT", "IMPL");
+         "RESIDENT", "IMPL", "AQ FROM");
   for (size_t i = 0; i < s->n_per_weight; i++) {
     const ql_weight_stats *w = &s->per_weight[i];
     char q[32], k[32], r[32];
@@ -974,12 +985,19 @@ static void print_stats_table(const ql_stats_info *s) {
              sizeof q);
     human_ns(w->batches ? (double)w->kernel_ns / (double)w->batches : 0, k,
              sizeof k);
+    /* This device's crossover; '*': measured here. */
+    char xo[24];
+    if (w->crossover_rows == UINT32_MAX)
+      snprintf(xo, sizeof xo, "never%s", w->crossover_measured ? "*" : "");
+    else
+      snprintf(xo, sizeof xo, "%u%s", w->crossover_rows,
+               w->crossover_measured ? "*" : "");
     printf("%-*s  %-*s  %9" PRIu64 " %10" PRIu64 " %9" PRIu64 " %7.1f %9" PRIu64
-           " %9" PRIu64 " %8" PRIu64 " %10s %10s  %10s  %s\n",
+           " %9" PRIu64 " %8" PRIu64 " %10s %10s  %10s  %-20s %s\n",
            namew, w->weight, devw, w->device, w->requests, w->rows, w->batches,
            w->batches ? (double)w->rows / (double)w->batches : 0.0,
            w->wo_batches, w->aq_batches, w->expired, q, k,
-           human_bytes(w->bytes_resident, r, sizeof r), w->impl);
+           human_bytes(w->bytes_resident, r, sizeof r), w->impl, xo);
   }
 }
 
@@ -1441,35 +1459,6 @@ static void imp_draw(void *arg, uint64_t done, uint64_t total) {
   fflush(stderr);
 }
 
-/* Every device named in list (comma-separated names or aliases) must exist;
- * the load protocol has no placement yet, so the list must be all of them. */
-static int imp_devices(ctx *cx, const char *list) {
-  ql_hello_info h;
-  char buf[1024], *save = NULL, *tok;
-  size_t named = 0;
-  int rv = ql_hello(cx->client, &h);
-  if (rv != 0)
-    return fail_ql("hello", rv);
-  snprintf(buf, sizeof buf, "%s", list);
-  for (tok = strtok_r(buf, ",", &save); tok != NULL;
-       tok = strtok_r(NULL, ",", &save)) {
-    size_t i;
-    for (i = 0; i < h.n_devices; i++)
-      if (strcmp(tok, h.devices[i].name) == 0 ||
-          strcmp(tok, h.devices[i].alias) == 0)
-        break;
-    if (i == h.n_devices)
-      return fail_local("--devices", QL_ENOTFOUND, "the daemon has no "
-                        "device '%s'", tok);
-    named++;
-  }
-  if (named != h.n_devices_total)
-    return fail_local("--devices", QL_ENOTSUP, "the daemon places every "
-                      "weight on all of its %zu devices; choosing a subset "
-                      "is not supported yet", h.n_devices_total);
-  return 0;
-}
-
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1651,8 +1640,6 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
 
   if ((rv = connect_ctx(cx)) != 0)
     goto done;
-  if (devices != NULL && (rv = imp_devices(cx, devices)) != 0)
-    goto done;
   bar.on = isatty(STDERR_FILENO);
   for (size_t i = 0; i < s.n_layers; i++) {
     imp_layer *L = &s.layers[i];
@@ -1665,6 +1652,7 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
       d.name = L->wname;
       d.policy = policy;
       d.persistent = persist;
+      d.devices = devices;
       d.progress = imp_draw;
       d.progress_arg = &bar;
       rv = ql_load_packed(cx->client, &d, &info, &sh);
@@ -1681,6 +1669,7 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
       d.bias = L->bias != NULL ? L->bias->data : NULL;
       d.policy = policy;
       d.persistent = persist;
+      d.devices = devices;
       d.progress = imp_draw;
       d.progress_arg = &bar;
       rv = ql_load_float(cx->client, &d, &info, &sh);

@@ -12,20 +12,29 @@
 #include "calibrate.h"
 #include "xover.h"
 #include "crossover.h"
+#include "devices.h"
 #include "log.h"
 
 #define CACHE_FILE "crossover.json"
 #define MAX_FILE (1u << 20)
-/* Time one shape's measurement may take. */
+/* Time one (shape, device)'s measurement may take, and its sizes: M = 1,
+ * 2, 4 ... MAX_M. */
 #define BUDGET_NS ((uint64_t)3000000000u)
+#define MAX_M 512
+
+/* A (weight, device) waiting for its measurement. */
+typedef struct pending {
+  ql__weight *w; /* one reference */
+  unsigned dev;
+} pending;
 
 struct ql__calib {
   ql__xover_entry *e;
   size_t n, cap;
-  ql__weight **pending; /* one reference each */
+  pending *pending;
   size_t n_pending, cap_pending;
   int started; /* READY: measure */
-  int busy;    /* a measurement in the thread pool */
+  int busy;    /* a measurement on a device's worker */
   char path[PATH_MAX + 32]; /* the cache file, or "" */
 };
 
@@ -103,17 +112,17 @@ done:
 
 /* ------------------------------------------------------------ the table */
 
-/* What a weight's times depend on. */
-static void shape_key(const ql__server *s, const ql__weight *w, char *buf,
-                      size_t len) {
+/* What the times of w on device d depend on. The CPU's keys carry no
+ * device: caches written before other devices were measured stay valid. */
+static void shape_key(const ql__server *s, const ql__weight *w,
+                      const ql__device *d, char *buf, size_t len) {
   const ql_qweight *q = w->q;
-  const ql_kernel_impl *wo = ql_dispatch(s->cpu_backend, QL_OP_LINEAR_WO,
-                                         q->format, QL_DTYPE_F32, 1, q->n,
-                                         q->k);
-  const ql_kernel_impl *aq = ql_dispatch(s->cpu_backend, QL_OP_LINEAR_AQ,
-                                         q->format, QL_DTYPE_F32, 1, q->n,
-                                         q->k);
-  snprintf(buf, len, "%s %s f%d g%u a%d s%d %lldx%lld",
+  const ql_kernel_impl *wo = ql_dispatch(d->b, QL_OP_LINEAR_WO, q->format,
+                                         QL_DTYPE_F32, 1, q->n, q->k);
+  const ql_kernel_impl *aq = ql_dispatch(d->b, QL_OP_LINEAR_AQ, q->format,
+                                         QL_DTYPE_F32, 1, q->n, q->k);
+  snprintf(buf, len, "%s%s%s %s f%d g%u a%d s%d %lldx%lld",
+           d == s->cpu ? "" : d->name, d == s->cpu ? "" : " ",
            wo ? wo->name : "-", aq ? aq->name : "-", (int)q->format,
            q->group_size, q->asymmetric, (int)q->scale_dtype,
            (long long)q->n, (long long)q->k);
@@ -159,7 +168,7 @@ void ql__calibrate_close(ql__server *s) {
   if (c == NULL)
     return;
   for (size_t i = 0; i < c->n_pending; i++)
-    ql__weight_unref(c->pending[i]);
+    ql__weight_unref(c->pending[i].w);
   free(c->pending);
   free(c->e);
   free(c);
@@ -170,50 +179,34 @@ int ql__calibrate_busy(const ql__server *s) {
   return s->calib != NULL && s->calib->busy;
 }
 
-uint32_t ql__calibrate_rows(const ql__server *s, const ql__weight *w,
+uint32_t ql__calibrate_rows(const ql__server *s, const ql__weight *w, int dev,
                             int *measured) {
   if (measured != NULL)
     *measured = 0;
   if (s->cfg.crossover_rows != 0)
     return s->cfg.crossover_rows;
-  if (w->crossover_known) {
+  for (unsigned d = 0; dev < 0 && d < s->n_dev; d++)
+    if (w->devices >> d & 1)
+      dev = (int)d;
+  if (dev >= 0 && dev < QL__MAX_DEVICES && (w->crossover_known >> dev & 1)) {
     if (measured != NULL)
       *measured = 1;
-    return w->crossover;
+    return w->crossover[dev];
   }
   return s->cfg.crossover_default_rows;
 }
 
-/* Gives w its shape's crossover unless it has one. */
-static void set_known(ql__weight *w, uint32_t rows) {
-  if (w->crossover_known)
+/* Gives w its shape's crossover on device dev unless it has one. */
+static void set_known(ql__weight *w, unsigned dev, uint32_t rows) {
+  if (w->crossover_known >> dev & 1)
     return;
-  w->crossover = rows;
-  w->crossover_known = 1;
-}
-
-/* ------------------------------------------------------- measurements */
-
-typedef struct measure_work {
-  uv_work_t work;
-  ql__server *s;
-  ql__weight *w; /* one reference */
-  char key[QL_XOVER_KEY_MAX];
-  ql_crossover res;
-  int rc;
-} measure_work;
-
-static void next_measurement(ql__server *s);
-
-static void measure_run(uv_work_t *work) {
-  measure_work *m = work->data;
-  m->rc = ql_crossover_measure(m->s->cpu_backend, m->w->q,
-                               m->w->lay[m->s->cpu->index].packed,
-                               QL_DTYPE_F32, 512, BUDGET_NS, &m->res);
+  w->crossover[dev] = rows;
+  w->crossover_known |= (uint64_t)1 << dev;
 }
 
 typedef struct apply_ctx {
   const ql__server *s;
+  const ql__device *d;
   const char *key;
   uint32_t rows;
 } apply_ctx;
@@ -221,71 +214,147 @@ typedef struct apply_ctx {
 static void apply_one(ql__weight *w, void *arg) {
   apply_ctx *a = arg;
   char key[QL_XOVER_KEY_MAX];
-  if (w->crossover_known)
+  unsigned dev = a->d->index;
+  if (!(w->devices >> dev & 1) || (w->crossover_known >> dev & 1))
     return;
-  shape_key(a->s, w, key, sizeof key);
+  shape_key(a->s, w, a->d, key, sizeof key);
   if (strcmp(key, a->key) == 0)
-    set_known(w, a->rows);
+    set_known(w, dev, a->rows);
 }
 
-static void measure_done(uv_work_t *work, int status) {
-  measure_work *m = work->data;
-  ql__server *s = m->s;
+/* A (shape, device) is known: kept, given to every weight of that shape on
+ * that device, and written to the cache file. */
+static void learned(ql__server *s, const ql__device *d, const char *key,
+                    uint32_t rows) {
   struct ql__calib *c = s->calib;
-  c->busy = 0;
-  if (status != 0 || m->rc != 0) {
-    ql__warn("crossover of %s: not measured (%s)", m->w->name,
-             ql_strerror(status != 0 ? QL_EINTERNAL : m->rc));
-  } else if (lookup(c, m->key) == NULL && remember(c, m->key, m->res.rows) ==
-                                              0) {
-    char what[64] = "never";
-    if (m->res.rows != QL_CROSSOVER_NEVER)
-      snprintf(what, sizeof what, "from %u rows", m->res.rows);
-    ql__notice("crossover of %s (%lldx%lld): activation-quantized %s "
-               "(%d sizes timed)", m->w->name, (long long)m->w->q->n,
-               (long long)m->w->q->k, what, m->res.n);
-    apply_ctx a = {s, m->key, m->res.rows};
-    ql__weight_store_foreach(s->weights, apply_one, &a);
-    save_file(c);
+  if (remember(c, key, rows) != 0)
+    return;
+  apply_ctx a = {s, d, key, rows};
+  ql__weight_store_foreach(s->weights, apply_one, &a);
+  save_file(c);
+}
+
+/* ------------------------------------------------------- measurements */
+
+/*
+ * One (shape, device) measurement: a job on the device's worker that times
+ * one size (M rows, both paths) and comes back; the loop submits it again
+ * for the next size until MAX_M or BUDGET_NS, so the device's batches run
+ * between sizes.
+ */
+typedef struct measure_job {
+  ql__job job;
+  ql__server *s;
+  ql__device *d;
+  ql__weight *w; /* one reference */
+  char key[QL_XOVER_KEY_MAX];
+  ql_crossover res;  /* the sizes timed so far */
+  int64_t m;         /* the size this run times */
+  uint64_t spent_ns; /* worker time of the sizes timed so far */
+  int rc;
+} measure_job;
+
+static void next_measurement(ql__server *s);
+
+/* Worker thread of d. */
+static void measure_run(ql__job *job) {
+  measure_job *mj = (measure_job *)job;
+  const ql__device *d = mj->d;
+  double wo = 0, aq = 0;
+  if (d->b->device_bind != NULL &&
+      (mj->rc = d->b->device_bind(d->ordinal)) != 0)
+    return;
+  mj->rc = ql_crossover_time(d->b, mj->w->q, mj->w->lay[d->index].packed,
+                             QL_DTYPE_F32, mj->m, &wo, &aq);
+  if (mj->rc == 0) {
+    int i = mj->res.n;
+    mj->res.m[i] = mj->m;
+    mj->res.wo_ns[i] = wo;
+    mj->res.aq_ns[i] = aq;
+    mj->res.n++;
   }
-  ql__weight_unref(m->w);
-  free(m);
+}
+
+/* Loop thread: the size just timed is in; on to the next one, or to the
+ * result. */
+static void measure_done(ql__job *job) {
+  measure_job *mj = (measure_job *)job;
+  ql__server *s = mj->s;
+  struct ql__calib *c = s->calib;
+  ql__device *d = mj->d;
+  mj->spent_ns += job->end_ns - job->start_ns;
+  /* The budget bounds the sizes: the ones timed when it ran out decide. */
+  int finished = mj->rc == 0 && (mj->m >= MAX_M ||
+                                 mj->res.n >= QL_CROSSOVER_SIZES ||
+                                 mj->spent_ns > BUDGET_NS);
+  if (mj->rc == 0 && !finished && !s->stopping && !d->failed &&
+      mj->w->in_store) {
+    mj->m *= 2;
+    if ((mj->rc = ql__worker_submit(d->worker, &mj->job)) == 0)
+      return;
+  }
+  c->busy = 0;
+  if (mj->rc == QL_EDEVICE)
+    ql__device_fail(s, d, mj->rc);
+  if (!finished) {
+    /* Cut short (an error, the weight gone, the daemon stopping): nothing
+     * is kept; another weight of the shape measures it again. */
+    if (mj->rc != 0 && !s->stopping)
+      ql__warn("crossover of %s on %s: not measured (%s)", mj->w->name,
+               d->alias, ql_strerror(mj->rc));
+  } else if (lookup(c, mj->key) == NULL) {
+    uint32_t rows = ql_crossover_choose(&mj->res);
+    char what[64] = "never";
+    if (rows != QL_CROSSOVER_NEVER)
+      snprintf(what, sizeof what, "from %u rows", rows);
+    ql__notice("crossover of %s (%lldx%lld) on %s: activation-quantized %s "
+               "(%d sizes timed)", mj->w->name, (long long)mj->w->q->n,
+               (long long)mj->w->q->k, d->alias, what, mj->res.n);
+    learned(s, d, mj->key, rows);
+  }
+  ql__weight_unref(mj->w);
+  free(mj);
   if (!s->stopping)
     next_measurement(s);
 }
 
-/* Starts the next pending shape that is still unknown and still has a
- * resident weight. */
+/* Starts the next pending (shape, device) that is still unknown and still
+ * has a resident weight, on a device in service. */
 static void next_measurement(ql__server *s) {
   struct ql__calib *c = s->calib;
   while (c->started && !c->busy && c->n_pending > 0) {
-    ql__weight *w = c->pending[0];
+    pending p = c->pending[0];
     memmove(c->pending, c->pending + 1,
             --c->n_pending * sizeof *c->pending);
-    measure_work *m = calloc(1, sizeof *m);
-    if (m == NULL) { /* measured when another weight of its shape comes */
-      ql__weight_unref(w);
-      continue;
+    ql__device *d = &s->dev[p.dev];
+    char key[QL_XOVER_KEY_MAX];
+    shape_key(s, p.w, d, key, sizeof key);
+    const ql__xover_entry *e = lookup(c, key);
+    measure_job *mj = NULL;
+    if (e != NULL) {
+      /* Measured for another weight of its shape meanwhile. */
+      set_known(p.w, p.dev, e->rows);
+    } else if (!p.w->in_store || d->failed) {
+      /* Gone, or nothing to measure on. */
+    } else if (ql_dispatch(d->b, QL_OP_LINEAR_AQ, p.w->q->format,
+                           QL_DTYPE_F32, 1, p.w->q->n, p.w->q->k) == NULL) {
+      /* No activation-quantized path there: nothing to time. */
+      learned(s, d, key, QL_CROSSOVER_NEVER);
+    } else if ((mj = calloc(1, sizeof *mj)) != NULL) {
+      snprintf(mj->key, sizeof mj->key, "%s", key);
+      mj->s = s;
+      mj->d = d;
+      mj->w = p.w;
+      mj->m = 1;
+      mj->job.run = measure_run;
+      mj->job.done = measure_done;
+      if (ql__worker_submit(d->worker, &mj->job) == 0) {
+        c->busy = 1;
+        continue; /* the job holds p.w's reference */
+      }
+      free(mj);
     }
-    shape_key(s, w, m->key, sizeof m->key);
-    const ql__xover_entry *e = lookup(c, m->key);
-    if (!w->in_store || e != NULL) {
-      /* Gone, or measured for another weight of its shape meanwhile. */
-      if (e != NULL)
-        set_known(w, e->rows);
-      free(m);
-      ql__weight_unref(w);
-      continue;
-    }
-    m->s = s;
-    m->w = w;
-    m->work.data = m;
-    if (uv_queue_work(s->loop, &m->work, measure_run, measure_done) != 0) {
-      free(m);
-      ql__weight_unref(w);
-      continue;
-    }
-    c->busy = 1;
+    ql__weight_unref(p.w);
   }
 }
 
@@ -299,27 +368,31 @@ void ql__calibrate_start(ql__server *s) {
 void ql__calibrate_weight(ql__server *s, ql__weight *w) {
   struct ql__calib *c = s->calib;
   char key[QL_XOVER_KEY_MAX];
-  /* Measured on the CPU only, for the weights it holds; the others keep
-   * the configured default. */
-  if (c == NULL || w->crossover_known || !(w->devices >> s->cpu->index & 1))
+  if (c == NULL)
     return;
-  shape_key(s, w, key, sizeof key);
-  const ql__xover_entry *e = lookup(c, key);
-  if (e != NULL) {
-    set_known(w, e->rows);
-    return;
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    if (!(w->devices >> d & 1) || (w->crossover_known >> d & 1))
+      continue;
+    shape_key(s, w, &s->dev[d], key, sizeof key);
+    const ql__xover_entry *e = lookup(c, key);
+    if (e != NULL) {
+      set_known(w, d, e->rows);
+      continue;
+    }
+    if (s->cfg.crossover_rows != 0)
+      continue; /* fixed by the config: nothing to measure */
+    if (c->n_pending == c->cap_pending) {
+      size_t cap = c->cap_pending ? 2 * c->cap_pending : 8;
+      pending *p = realloc(c->pending, cap * sizeof *p);
+      if (p == NULL)
+        continue; /* measured when another weight of its shape comes */
+      c->pending = p;
+      c->cap_pending = cap;
+    }
+    ql__weight_ref(w);
+    c->pending[c->n_pending].w = w;
+    c->pending[c->n_pending].dev = d;
+    c->n_pending++;
   }
-  if (s->cfg.crossover_rows != 0)
-    return; /* fixed by the config: nothing to measure */
-  if (c->n_pending == c->cap_pending) {
-    size_t cap = c->cap_pending ? 2 * c->cap_pending : 8;
-    ql__weight **p = realloc(c->pending, cap * sizeof *p);
-    if (p == NULL)
-      return; /* measured later, when another weight of its shape comes */
-    c->pending = p;
-    c->cap_pending = cap;
-  }
-  ql__weight_ref(w);
-  c->pending[c->n_pending++] = w;
   next_measurement(s);
 }

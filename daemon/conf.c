@@ -27,6 +27,7 @@
 /* Rules of some values beyond their type. */
 static void default_socket_dir(char *buf, size_t len);
 static int check_device(const char *s, char *why, size_t whylen);
+static int check_device_budget(const char *s, char *why, size_t whylen);
 
 static const ql__opt_name cpu_levels[] = {
     {"auto", QL_CPU_LEVEL_OPT_AUTO},         {"c", QL_CPU_LEVEL_OPT_C},
@@ -81,6 +82,18 @@ static const ql__option options[] = {
      .def = "0",
      .help = "weight bytes resident on the CPU; a load beyond it fails; "
              "0: no limit"},
+    {.name = "accel_budget_percent", .type = QL_OPT_PERCENT,
+     .flags = QL_OPT_LIVE, FIELD(accel_budget_percent), .min = 1,
+     .max = 10000, .def = "87.5",
+     .help = "share of an accelerator's memory that its resident weights "
+             "may take (the rest is left for scratch memory, the driver's "
+             "context and other processes); a load beyond it fails"},
+    {.name = "device_budget_bytes", .type = QL_OPT_LIST,
+     .flags = QL_OPT_LIVE | QL_OPT_KEYED, FIELD(device_budget_bytes),
+     .max = QL_CONFIG_LIST_MAX, .def = "", .check = check_device_budget,
+     .help = "weight budgets of single accelerators, instead of "
+             "accel_budget_percent: DEVICE=SIZE,... by name or alias, e.g. "
+             "cuda:0=8G (the CPU's is cpu_budget_bytes)"},
     {.name = "kernel_timeout_ms", .type = QL_OPT_DURATION,
      FIELD(kernel_timeout_ms), .min = 100, .max = 3600000, .def = "10s",
      .help = "an accelerator launch not finished by then takes its device "
@@ -353,6 +366,75 @@ static void format_number(const ql__option *o, const void *field, char *buf,
   format_units(load_u(field, o->size), units_of(o->type), buf, len);
 }
 
+/* ------------------------------------------------------------ percents */
+
+/* Hundredths of a percent as the shortest text that reads back the same:
+ * 8750 -> "87.5", 10000 -> "100", 1 -> "0.01". */
+static void format_percent_value(uint64_t v, char *buf, size_t len) {
+  if (v % 100 == 0)
+    snprintf(buf, len, "%" PRIu64, v / 100);
+  else if (v % 10 == 0)
+    snprintf(buf, len, "%" PRIu64 ".%" PRIu64, v / 100, v % 100 / 10);
+  else
+    snprintf(buf, len, "%" PRIu64 ".%02" PRIu64, v / 100, v % 100);
+}
+
+/*
+ * PERCENT: digits, then optionally '.' and one or two digits, then an
+ * optional '%': "87.5", "50%", "12.25". Kept in hundredths of a percent so
+ * that the value and its text round-trip exactly (no binary fraction).
+ */
+static int parse_percent(const ql__option *o, const char *v, void *field,
+                         char *why, size_t whylen) {
+  char e[ECHO_MAX + 8];
+  const char *s = v;
+  uint64_t n = 0;
+  int frac = 0;
+  if (!is_digit(*s))
+    goto syntax;
+  for (; is_digit(*s); s++) {
+    n = n * 10 + (unsigned)(*s - '0');
+    if (n > 100000) /* far past any bound: stop before it can wrap */
+      goto range;
+  }
+  n *= 100;
+  if (*s == '.') {
+    s++;
+    if (!is_digit(*s))
+      goto syntax;
+    for (; is_digit(*s); s++, frac++) {
+      if (frac == 2)
+        goto syntax;
+      n += (unsigned)(*s - '0') * (frac == 0 ? 10u : 1u);
+    }
+  }
+  if (*s == '%')
+    s++;
+  if (*s != '\0')
+    goto syntax;
+  if (n < o->min || n > o->max)
+    goto range;
+  store_u(field, o->size, n);
+  return 0;
+range: {
+  char lo[32], hi[32];
+  format_percent_value(o->min, lo, sizeof lo);
+  format_percent_value(o->max, hi, sizeof hi);
+  snprintf(why, whylen, "%s is not in [%s, %s]", echo(v, e, sizeof e), lo,
+           hi);
+  return QL_EINVAL;
+}
+syntax:
+  snprintf(why, whylen, "'%s' is not a percentage (e.g. 87.5, at most two "
+           "decimals)", echo(v, e, sizeof e));
+  return QL_EINVAL;
+}
+
+static void format_percent(const ql__option *o, const void *field, char *buf,
+                           size_t len) {
+  format_percent_value(load_u(field, o->size), buf, len);
+}
+
 /* --------------------------------------------------------------- paths */
 
 /* A character a path option may hold: anything printable but '"', which
@@ -500,6 +582,61 @@ bad:
   return QL_EINVAL;
 }
 
+/* The size syntax of a SIZE option, for values inside list items. */
+static const ql__option budget_size = {.name = "budget", .type = QL_OPT_SIZE,
+                                       .size = sizeof(uint64_t), .min = 1,
+                                       .max = (uint64_t)1 << 48};
+
+int ql__config_device_budget(const char *item, char *dev, size_t devlen,
+                             uint64_t *bytes, char *why, size_t whylen) {
+  char e[ECHO_MAX + 8], name[QL_CONFIG_ITEM_MAX], w[160];
+  const char *eq = strchr(item, '=');
+  size_t n = eq != NULL ? (size_t)(eq - item) : 0;
+  uint64_t v = 0;
+  if (eq == NULL || n == 0 || n >= sizeof name) {
+    snprintf(why, whylen, "'%s' is not DEVICE=SIZE (e.g. cuda:0=8G)",
+             echo(item, e, sizeof e));
+    return QL_EINVAL;
+  }
+  memcpy(name, item, n);
+  name[n] = '\0';
+  while (n > 0 && is_blank(name[n - 1]))
+    name[--n] = '\0';
+  const char *val = eq + 1;
+  while (is_blank(*val))
+    val++;
+  if (check_device(name, why, whylen) != 0)
+    return QL_EINVAL;
+  if (strcmp(name, "cpu") == 0) {
+    snprintf(why, whylen, "cpu: the CPU's budget is cpu_budget_bytes");
+    return QL_EINVAL;
+  }
+  if (parse_number(&budget_size, val, &v, w, sizeof w) != 0) {
+    snprintf(why, whylen, "%s: %s", name, w);
+    return QL_EINVAL;
+  }
+  if (dev != NULL)
+    snprintf(dev, devlen, "%s", name);
+  if (bytes != NULL)
+    *bytes = v;
+  return 0;
+}
+
+static int check_device_budget(const char *s, char *why, size_t whylen) {
+  return ql__config_device_budget(s, NULL, 0, NULL, why, whylen);
+}
+
+/* The key of a KEYED list item: what comes before '=', without blanks. */
+static void item_key(const char *item, char *key, size_t len) {
+  size_t n = strcspn(item, "=");
+  while (n > 0 && is_blank(item[n - 1]))
+    n--;
+  if (n >= len)
+    n = len - 1;
+  memcpy(key, item, n);
+  key[n] = '\0';
+}
+
 /* Comma-separated items, blanks around each one ignored; "" is the empty
  * list. Parsed into a copy so that a bad item changes nothing. */
 static int parse_list(const ql__option *o, const char *v, void *field,
@@ -530,12 +667,20 @@ static int parse_list(const ql__option *o, const char *v, void *field,
     item[n] = '\0';
     if (o->check != NULL && o->check(item, why, whylen) != 0)
       return QL_EINVAL;
-    for (unsigned i = 0; i < l.n; i++)
-      if (strcmp(l.item[i], item) == 0) {
-        snprintf(why, whylen, "'%s' is listed twice",
-                 echo(item, e, sizeof e));
+    for (unsigned i = 0; i < l.n; i++) {
+      char a[QL_CONFIG_ITEM_MAX], b[QL_CONFIG_ITEM_MAX];
+      if (o->flags & QL_OPT_KEYED) {
+        item_key(l.item[i], a, sizeof a);
+        item_key(item, b, sizeof b);
+      } else {
+        snprintf(a, sizeof a, "%s", l.item[i]);
+        snprintf(b, sizeof b, "%s", item);
+      }
+      if (strcmp(a, b) == 0) {
+        snprintf(why, whylen, "'%s' is listed twice", echo(b, e, sizeof e));
         return QL_EINVAL;
       }
+    }
     if (l.n >= o->max || l.n >= QL_CONFIG_LIST_MAX) {
       snprintf(why, whylen, "more than %" PRIu64 " items", o->max);
       return QL_EINVAL;
@@ -585,6 +730,7 @@ static const type_ops types[QL_OPT_TYPE_COUNT_] = {
     [QL_OPT_BOOL] = {"yes|no", parse_bool, format_bool},
     [QL_OPT_ENUM] = {NULL, parse_enum, format_enum},
     [QL_OPT_LIST] = {"A,B,...", parse_list, format_list},
+    [QL_OPT_PERCENT] = {"PERCENT", parse_percent, format_percent},
 };
 
 int ql__option_parse(const ql__option *o, const char *value, void *base,
@@ -1118,6 +1264,10 @@ void ql__config_help(FILE *f) {
         o->type == QL_OPT_DURATION) {
       format_units(o->min, units_of(o->type), lo, sizeof lo);
       format_units(o->max, units_of(o->type), hi, sizeof hi);
+      fprintf(f, ", %s to %s", lo, hi);
+    } else if (o->type == QL_OPT_PERCENT) {
+      format_percent_value(o->min, lo, sizeof lo);
+      format_percent_value(o->max, hi, sizeof hi);
       fprintf(f, ", %s to %s", lo, hi);
     }
     fprintf(f, "%s\n", o->flags & QL_OPT_LIVE ? " [SIGHUP]" : "");

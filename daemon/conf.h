@@ -40,12 +40,17 @@ typedef enum ql__opt_type {
   QL_OPT_BOOL,     /* yes/no, true/false, on/off, 1/0 (stored as bool) */
   QL_OPT_ENUM,     /* one of a list of names (stored as int) */
   QL_OPT_LIST,     /* comma-separated distinct items (ql__config_list) */
+  QL_OPT_PERCENT,  /* a percentage with up to two decimals and an
+                      optional '%' ("87.5"), stored as uint32_t in
+                      hundredths of a percent (8750) */
   QL_OPT_TYPE_COUNT_
 } ql__opt_type;
 
 enum {
   QL_OPT_LIVE = 1u << 0,     /* a SIGHUP reload applies a new value */
   QL_OPT_EMPTY_OK = 1u << 1, /* PATH: "" is allowed (means "none") */
+  QL_OPT_KEYED = 1u << 2,    /* LIST: items are KEY=VALUE, and a key may
+                                appear once */
 };
 
 typedef struct ql__opt_name {
@@ -60,8 +65,9 @@ typedef struct ql__option {
   unsigned flags;   /* QL_OPT_* */
   size_t offset;    /* of the field in ql__config */
   size_t size;      /* of the field: 4 or 8 for numbers; capacity for PATH */
-  /* UINT, SIZE, DURATION: the accepted range. PATH: max is the longest
-   * accepted length in bytes. LIST: max is the most items. */
+  /* UINT, SIZE, DURATION, PERCENT (in hundredths): the accepted range.
+   * PATH: max is the longest accepted length in bytes. LIST: max is the
+   * most items. */
   uint64_t min, max;
   /* The default as text, parsed by the same parser as a file value (so it
    * obeys the same rules); NULL when def_fn computes it at start. */
@@ -150,6 +156,16 @@ int ql__config_from_args(int argc, char *const argv[], ql__config *cfg,
  */
 int ql__config_reload(const ql__config *old, const ql__config *parsed,
                       ql__config *out, char *report, size_t len);
+
+/*
+ * Splits one item of device_budget_bytes, "DEVICE=SIZE": the device name
+ * into dev (len bytes, may be NULL) and the size into *bytes (may be
+ * NULL). The daemon matches the name against its devices when it applies
+ * the budgets; whether the device exists is not known here. 0, or
+ * QL_EINVAL with the reason in why.
+ */
+int ql__config_device_budget(const char *item, char *dev, size_t devlen,
+                             uint64_t *bytes, char *why, size_t whylen);
 
 /* Writes cfg as an INI file that ql__config_parse_buffer() reads back to
  * the same config (--print-config). */

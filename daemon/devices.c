@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "conf.h"
 #include "devices.h"
 #include "log.h"
 #include "qlineard.h"
@@ -29,9 +30,11 @@ static int add(ql__server *s, const ql_backend *b, int ordinal,
   } else {
     snprintf(d->name, sizeof d->name, "%s", info->name);
     snprintf(d->alias, sizeof d->alias, "%s", info->alias);
-    d->budget = info->memory_bytes;
-    ql__notice("device %s: %s (%s), %zu MiB", d->alias, info->model,
-               d->name, info->memory_bytes >> 20);
+    d->memory = info->memory_bytes;
+    ql__notice("device %s: %s (%s), %zu MiB, peak memory bandwidth %.0f "
+               "GB/s", d->alias, info->model, d->name,
+               info->memory_bytes >> 20,
+               (double)info->peak_bytes_per_s / 1e9);
   }
   if ((rc = ql__worker_create(s->loop, d->alias, s->cfg.max_queue,
                               &d->worker)) != 0)
@@ -79,15 +82,17 @@ int ql__devices_open(ql__server *s, const ql_backend_config *bc) {
         goto fail;
     }
   }
-  for (unsigned d = 0; d < s->n_dev; d++) {
+  for (unsigned d = 0; d < s->n_dev; d++)
     if (s->dev[d].host && strcmp(s->dev[d].b->name, "cpu") == 0)
       s->cpu = &s->dev[d];
-    if (!s->dev[d].host)
-      ql__weight_store_set_device_budget(s->weights, d, s->dev[d].budget);
-  }
   if (s->cpu == NULL) {
     ql__err("the cpu backend is missing");
     rc = QL_EINTERNAL;
+    goto fail;
+  }
+  char err[256];
+  if ((rc = ql__devices_set_budgets(s, &s->cfg, err, sizeof err)) != 0) {
+    ql__err("%s", err);
     goto fail;
   }
   return 0;
@@ -96,6 +101,66 @@ fail:
   ql__devices_close(s);
   ql__devices_free(s);
   return rc;
+}
+
+/* pct hundredths of a percent of mem, without overflow for any size_t. */
+static size_t share(size_t mem, uint32_t pct) {
+  uint64_t m = mem;
+  uint64_t v = m / 10000 * pct + m % 10000 * pct / 10000;
+  return v == 0 && mem > 0 ? 1 : (size_t)v; /* 0 would mean "no limit" */
+}
+
+int ql__devices_set_budgets(ql__server *s, const ql__config *cfg, char *err,
+                            size_t errlen) {
+  size_t budget[QL__MAX_DEVICES];
+  int from[QL__MAX_DEVICES]; /* the item that set it, or -1 */
+  char why[160];
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    budget[d] = s->dev[d].host ? 0 : share(s->dev[d].memory,
+                                           cfg->accel_budget_percent);
+    from[d] = -1;
+  }
+  for (unsigned i = 0; i < cfg->device_budget_bytes.n; i++) {
+    const char *item = cfg->device_budget_bytes.item[i];
+    char name[QL_CONFIG_ITEM_MAX];
+    uint64_t bytes;
+    /* The parser checked the items; a failure here is one it let by. */
+    if (ql__config_device_budget(item, name, sizeof name, &bytes, why,
+                                 sizeof why) != 0) {
+      snprintf(err, errlen, "device_budget_bytes: %s", why);
+      return QL_EINVAL;
+    }
+    ql__device *d = ql__device_find(s, name);
+    if (d == NULL || d->host) {
+      ql__warn("device_budget_bytes: no accelerator '%s' here; its budget "
+               "is ignored", name);
+      continue;
+    }
+    if (from[d->index] >= 0) {
+      snprintf(err, errlen, "device_budget_bytes: '%s' and '%s' name the "
+               "same device %s", cfg->device_budget_bytes.item[from[d->index]],
+               item, d->alias);
+      return QL_EINVAL;
+    }
+    if (bytes > d->memory)
+      ql__warn("device_budget_bytes: %s: %llu bytes, more than its %zu "
+               "bytes of memory (loads past the memory fail when the "
+               "device refuses them)", d->alias, (unsigned long long)bytes,
+               d->memory);
+    budget[d->index] = bytes > SIZE_MAX ? SIZE_MAX : (size_t)bytes;
+    from[d->index] = (int)i;
+  }
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    if (s->dev[d].host)
+      continue;
+    if (s->dev[d].budget != budget[d])
+      ql__info("device %s: weight budget %zu bytes (%s)", s->dev[d].alias,
+               budget[d], from[d] >= 0 ? "device_budget_bytes"
+                                       : "accel_budget_percent");
+    s->dev[d].budget = budget[d];
+    ql__weight_store_set_device_budget(s->weights, d, budget[d]);
+  }
+  return 0;
 }
 
 void ql__devices_close(ql__server *s) {
@@ -135,6 +200,51 @@ int ql__devices_placement(const ql__server *s, ql__placement *pl) {
   if (pl->n == 0 && s->cpu != NULL && !s->cpu->failed)
     place(s->cpu, pl);
   return pl->n > 0 ? 0 : QL_EDEVICE;
+}
+
+int ql__devices_resolve(ql__server *s, char *const *names, size_t n,
+                        uint64_t *mask, char *err, size_t errlen) {
+  uint64_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    ql__device *d = ql__device_find(s, names[i]);
+    if (d == NULL) {
+      char present[256];
+      ql__devices_list(s, ~(uint64_t)0, present, sizeof present);
+      snprintf(err, errlen, "no device '%.64s' (devices: %s)", names[i],
+               present);
+      return QL_ENOTFOUND;
+    }
+    if (m >> d->index & 1) {
+      snprintf(err, errlen, "device %s is named twice", d->alias);
+      return QL_EINVAL;
+    }
+    if (d->failed) {
+      snprintf(err, errlen, "device %s is out of service", d->alias);
+      return QL_EDEVICE;
+    }
+    m |= (uint64_t)1 << d->index;
+  }
+  *mask = m;
+  return 0;
+}
+
+int ql__devices_placement_mask(const ql__server *s, uint64_t mask,
+                               ql__placement *pl, char *err, size_t errlen) {
+  memset(pl, 0, sizeof *pl);
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    if (!(mask >> d & 1))
+      continue;
+    if (s->dev[d].failed) {
+      snprintf(err, errlen, "device %s is out of service", s->dev[d].alias);
+      return QL_EDEVICE;
+    }
+    place(&s->dev[d], pl);
+  }
+  if (pl->n == 0) {
+    snprintf(err, errlen, "no device named");
+    return QL_EINVAL;
+  }
+  return 0;
 }
 
 void ql__device_fail(ql__server *s, ql__device *d, int rc) {

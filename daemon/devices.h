@@ -21,6 +21,7 @@
 #include "worker.h"
 
 struct ql__server;
+struct ql__config;
 
 typedef struct ql__device {
   unsigned index;         /* in ql__server.dev[] */
@@ -29,7 +30,9 @@ typedef struct ql__device {
   int host;               /* the CPU: layouts live in host memory */
   char name[64];          /* "cpu", "cuda:<uuid>" */
   char alias[32];         /* "cpu", "cuda:0" */
-  size_t budget;          /* layout bytes outside host memory; 0: none */
+  size_t memory;          /* the device's memory (0 for the host) */
+  size_t budget;          /* layout bytes outside host memory; 0: none
+                             (ql__devices_set_budgets) */
   ql__worker *worker;     /* runs its batches */
   int busy;               /* a batch is on the worker (linear.c) */
   int failed;             /* out of service: its requests fail QL_EDEVICE */
@@ -47,6 +50,17 @@ typedef struct ql__device {
  */
 int ql__devices_open(struct ql__server *s, const ql_backend_config *bc);
 
+/*
+ * Sets every accelerator's weight budget from cfg: its device_budget_bytes
+ * item (by name or alias), else accel_budget_percent of its memory, and
+ * hands it to the weight store. Weights already resident stay, whatever
+ * the new budget. An item that names no device here is logged and
+ * ignored (one config may serve several hosts). 0, or QL_EINVAL with err
+ * set and no budget changed when two items name the same device.
+ */
+int ql__devices_set_budgets(struct ql__server *s, const struct ql__config *cfg,
+                            char *err, size_t errlen);
+
 /* Lets queued work finish and stops every worker (blocks). */
 void ql__devices_close(struct ql__server *s);
 
@@ -62,6 +76,20 @@ ql__device *ql__device_find(struct ql__server *s, const char *name);
  * 0, or QL_EDEVICE when every device is out of service.
  */
 int ql__devices_placement(const struct ql__server *s, ql__placement *pl);
+
+/*
+ * The devices a load names (DESIGN §8), n names or aliases, as a mask.
+ * 0, or with err set: QL_ENOTFOUND (no such device), QL_EINVAL (one
+ * device named twice, under either spelling), QL_EDEVICE (out of
+ * service).
+ */
+int ql__devices_resolve(struct ql__server *s, char *const *names, size_t n,
+                        uint64_t *mask, char *err, size_t errlen);
+
+/* The placement on exactly the devices of mask (non-zero): 0, or
+ * QL_EDEVICE with err set when one of them is out of service now. */
+int ql__devices_placement_mask(const struct ql__server *s, uint64_t mask,
+                               ql__placement *pl, char *err, size_t errlen);
 
 /* Takes d out of service after rc (QL_EDEVICE), once: logged at error
  * level with the reason. Its queued work is answered by linear.c. */

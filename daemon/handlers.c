@@ -29,6 +29,8 @@ typedef struct info_buf {
   Qlinear__V1__WeightInfo info;
   Qlinear__V1__WeightSpec spec;
   char *devices[QL__MAX_DEVICES];
+  Qlinear__V1__DeviceCrossover xo[QL__MAX_DEVICES];
+  Qlinear__V1__DeviceCrossover *xos[QL__MAX_DEVICES];
 } info_buf;
 
 static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
@@ -52,13 +54,23 @@ static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
   b->info.digest.len = QL_DIGEST_BYTES;
   b->info.bytes_resident = w->bytes + w->dev_bytes;
   int measured;
-  b->info.crossover_rows = ql__calibrate_rows(s, w, &measured);
+  b->info.crossover_rows = ql__calibrate_rows(s, w, -1, &measured);
   b->info.crossover_measured = measured != 0;
   b->info.n_devices = 0;
-  for (unsigned d = 0; d < s->n_dev; d++)
-    if (w->devices >> d & 1)
-      b->devices[b->info.n_devices++] = (char *)s->dev[d].name;
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    if (!(w->devices >> d & 1))
+      continue;
+    Qlinear__V1__DeviceCrossover *x = &b->xo[b->info.n_devices];
+    qlinear__v1__device_crossover__init(x);
+    x->device = (char *)s->dev[d].name;
+    x->rows = ql__calibrate_rows(s, w, (int)d, &measured);
+    x->measured = measured != 0;
+    b->xos[b->info.n_devices] = x;
+    b->devices[b->info.n_devices++] = (char *)s->dev[d].name;
+  }
   b->info.devices = b->devices;
+  b->info.crossovers = b->xos;
+  b->info.n_crossovers = b->info.n_devices;
 }
 
 /* ------------------------------------------------------------------ hello */
@@ -184,6 +196,15 @@ static void on_load_begin(ql__server *s, ql__session *ss,
   if (sp->persistent && s->store == NULL) {
     ql__reply_set_error(r, QL_ENOTSUP, "load_begin: the daemon has no state "
               "directory (state_dir) to store persistent weights in");
+    return;
+  }
+  /* The placement is checked now, before any byte is uploaded, and again
+   * at commit (a device may fail in between). */
+  char why[300];
+  if (b->n_devices > 0 &&
+      (rc = ql__devices_resolve(s, b->devices, b->n_devices, &tmpl.devices,
+                                why, sizeof why)) != 0) {
+    ql__reply_set_error(r, rc, "load_begin: %s", why);
     return;
   }
   if (ss != NULL && ql__session_upload_room(s, ss) != 0) {
@@ -314,6 +335,8 @@ static void commit_run(uv_work_t *work) {
   c->rc = ql__weight_create(up->name, q, up->policy, &c->place, &c->w);
   if (c->rc != 0)
     ql_qweight_free(q);
+  else
+    c->w->placed = up->devices != 0;
 }
 
 /* ------------------------------------------------------ persistent loads */
@@ -329,12 +352,14 @@ typedef struct store_work {
   uint64_t request_id;
   int rc;
   char err[200];
+  char devices[QL_STORE_DEVICES_MAX]; /* the named placement, or "" */
 } store_work;
 
 static void store_run(uv_work_t *work) {
   store_work *sw = work->data;
   sw->rc = ql__store_put(sw->s->store, sw->w->name, sw->w->q, sw->w->digest,
-                         sw->w->policy, sw->err, sizeof sw->err);
+                         sw->w->policy, sw->devices, sw->err,
+                         sizeof sw->err);
   /* The device layout too, so the next start maps it (a failure only
    * costs that start a repack). */
   if (sw->rc == 0)
@@ -418,6 +443,22 @@ static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
   sw->s = s;
   sw->w = w;
   sw->shared = shared;
+  /* By name (a GPU's UUID), not alias: aliases follow the enumeration
+   * order, which another start may change. */
+  size_t at = 0;
+  for (unsigned d = 0; w->placed && d < s->n_dev; d++) {
+    int n;
+    if (!(w->devices >> d & 1))
+      continue;
+    n = snprintf(sw->devices + at, sizeof sw->devices - at, "%s%s",
+                 at ? "," : "", s->dev[d].name);
+    /* 16 names of at most 63 bytes always fit; never past the end. */
+    if (n < 0 || (size_t)n >= sizeof sw->devices - at) {
+      sw->devices[at] = '\0';
+      break;
+    }
+    at += (size_t)n;
+  }
   sw->route = route;
   sw->request_id = request_id;
   sw->work.data = sw;
@@ -466,6 +507,15 @@ static void commit_done(uv_work_t *work, int status) {
               ql__weight_store_budget(s->weights), c->w->dev_bytes);
   } else if (rc != 0) {
     ql__reply_set_error(&r, rc, "load_commit: %s", ql_strerror(rc));
+  } else if (existing != NULL && (c->up->devices & ~existing->devices) != 0) {
+    /* Shared loads keep the resident weight where it is (no copy is added
+     * behind its holders' backs). */
+    char on[256];
+    ql__devices_list(s, existing->devices, on, sizeof on);
+    ql__reply_set_error(&r, QL_EEXIST, "load_commit: weight '%s' with this "
+                        "content is resident on %s, not on every device the "
+                        "load names; hold it there, or name those devices",
+                        existing->name, on);
   } else if (c->admin) {
     w = existing ? existing : c->w;
     ql__calibrate_weight(s, w);
@@ -527,10 +577,18 @@ static int on_load_commit(ql__server *s, ql__session *ss, uint64_t id,
     ql__reply_set_error(r, QL_ENOMEM, "load_commit: out of memory");
     return 0;
   }
-  int rc = ql__devices_placement(s, &c->place);
+  char why[200];
+  int rc = up->devices != 0
+               ? ql__devices_placement_mask(s, up->devices, &c->place, why,
+                                            sizeof why)
+               : ql__devices_placement(s, &c->place);
   if (rc != 0) {
     free(c);
-    ql__reply_set_error(r, rc, "load_commit: every device is out of service");
+    if (up->devices != 0)
+      ql__reply_set_error(r, rc, "load_commit: %s", why);
+    else
+      ql__reply_set_error(r, rc, "load_commit: every device is out of "
+                          "service");
     return 0;
   }
   c->s = s;
@@ -718,6 +776,9 @@ static void stats_one(ql__weight *w, void *arg) {
     st->impl = (char *)ws->impl;
     st->bytes_resident = c->s->dev[d].host ? w->bytes
                                            : w->lay[d].packed_bytes;
+    int measured;
+    st->crossover_rows = ql__calibrate_rows(c->s, w, (int)d, &measured);
+    st->crossover_measured = measured != 0;
     ql__linear_stats(c->s, w, d, st, c->hist[c->n][0], c->hist[c->n][1]);
     c->ptrs[c->n] = st;
     c->n++;

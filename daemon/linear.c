@@ -738,9 +738,40 @@ static ql__ipc_mem *ipc_slice(ql__session *ss, const ql__device *d,
   return m;
 }
 
-/* The row count from which AUTO requests of w run activation-quantized. */
-static uint64_t crossover(const ql__server *s, const ql__weight *w) {
-  return ql__calibrate_rows(s, w, NULL);
+/*
+ * The path of an AUTO request of m rows on w (DESIGN §6): weight-only
+ * below the crossover of the device it runs on, else activation-quantized.
+ * With no device named (*on < 0) and the holders in service (holders)
+ * disagreeing for m rows, the request is placed here, on the holder with
+ * the least work queued (the lowest index on a tie), so that the path
+ * follows the device's own crossover; otherwise the scheduler places it.
+ */
+static ql_path auto_path(const ql__server *s, const ql__weight *w,
+                         uint64_t holders, uint64_t m, int *on) {
+  if (*on >= 0)
+    return m < ql__calibrate_rows(s, w, *on, NULL) ? QL_PATH_WEIGHT_ONLY
+                                                   : QL_PATH_ACT_QUANT;
+  int aq = 0, wo = 0, best = -1;
+  uint64_t best_load = 0;
+  for (unsigned d = 0; d < s->n_dev; d++) {
+    if (!(holders >> d & 1))
+      continue;
+    if (m < ql__calibrate_rows(s, w, (int)d, NULL))
+      wo = 1;
+    else
+      aq = 1;
+    uint64_t load = ql__sched_device_load(s->lin->sched, d);
+    if (best < 0 || load < best_load) {
+      best = (int)d;
+      best_load = load;
+    }
+  }
+  if (aq && wo) {
+    *on = best;
+    return m < ql__calibrate_rows(s, w, best, NULL) ? QL_PATH_WEIGHT_ONLY
+                                                    : QL_PATH_ACT_QUANT;
+  }
+  return aq ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY;
 }
 
 /*
@@ -879,7 +910,7 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
   if (path == QL_PATH_AUTO)
     path = w->policy;
   if (path == QL_PATH_AUTO)
-    path = m < crossover(s, w) ? QL_PATH_WEIGHT_ONLY : QL_PATH_ACT_QUANT;
+    path = auto_path(s, w, holders, m, &on);
   /* Where no implementation can run the activation-quantized path (q8b is
    * weight-only; int8 AQ accumulates in int32, which bounds K for q8c), a
    * chosen path falls back to weight-only and a forced one is refused. */

@@ -417,6 +417,21 @@ int ql__request_validate(const ql__msg_request *req, char *err,
     int rc = validate_spec(b->spec, b->packed != NULL, err, errlen);
     if (rc == 0 && b->packed != NULL)
       rc = validate_packed(b->packed, b->spec->has_bias, err, errlen);
+    /* 16: the daemon's most devices (QL__MAX_DEVICES); 63: the longest
+     * device name (ql_device_desc.name). Which exist is the handler's. */
+    if (rc == 0 && b->n_devices > 16) {
+      seterr(err, errlen, "load_begin: %zu devices, at most 16",
+             b->n_devices);
+      return QL_EINVAL;
+    }
+    for (size_t i = 0; rc == 0 && i < b->n_devices; i++) {
+      size_t n = strlen(b->devices[i]);
+      if (n == 0 || n > 63) {
+        seterr(err, errlen, "load_begin: device %zu: a name of %zu bytes",
+               i, n);
+        return QL_EINVAL;
+      }
+    }
     return rc;
   }
   case QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK:

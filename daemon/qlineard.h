@@ -74,6 +74,11 @@ typedef struct ql__config {
   uint64_t kernel_timeout_ms; /* an accelerator launch not done by then
                                  takes its device out of service */
   ql__config_list required_devices; /* must be present before READY=1 */
+  uint32_t accel_budget_percent; /* an accelerator's weight budget, in
+                                    hundredths of a percent of its memory
+                                    (8750: 87.5 %) */
+  ql__config_list device_budget_bytes; /* "DEVICE=SIZE" items: a device's
+                                          budget, instead of the percent */
 } ql__config;
 
 

@@ -137,17 +137,55 @@ static int check_required_devices(ql__server *s) {
 }
 
 /*
+ * The placement a stored weight's load named (its file's "devices", names
+ * joined by ','): their mask, or 0 for the default placement, which also
+ * stands in, with a warning, when one of them is missing or out of
+ * service at this start: a stored weight is served somewhere rather than
+ * not at all.
+ */
+static int stored_placement(ql__server *s, const char *name,
+                            const char *devices, uint64_t *mask) {
+  char list[QL_STORE_DEVICES_MAX], *names[QL__MAX_DEVICES], *save = NULL;
+  char why[300];
+  size_t n = 0;
+  *mask = 0;
+  if (devices == NULL || devices[0] == '\0')
+    return 0;
+  snprintf(list, sizeof list, "%s", devices);
+  for (char *t = strtok_r(list, ",", &save); t != NULL;
+       t = strtok_r(NULL, ",", &save)) {
+    if (n == QL__MAX_DEVICES) {
+      ql__warn("stored weight %s: more than %d devices; the default "
+               "placement applies", name, QL__MAX_DEVICES);
+      return 0;
+    }
+    names[n++] = t;
+  }
+  if (ql__devices_resolve(s, names, n, mask, why, sizeof why) != 0) {
+    ql__warn("stored weight %s was placed on %s, but %s: the default "
+             "placement applies", name, devices, why);
+    *mask = 0;
+  }
+  return 0;
+}
+
+/*
  * ql__store_load_all()'s callback: a stored weight becomes resident, kept
  * by the admin socket. When this returns non-zero the store frees q and
  * keeps the file (a weight over the budget today may fit after a change of
  * configuration: it is never deleted for that).
  */
 static int load_stored(void *arg, const char *name, ql_qweight *q,
-                       ql_path policy, const uint8_t digest[QL_DIGEST_BYTES]) {
+                       ql_path policy, const uint8_t digest[QL_DIGEST_BYTES],
+                       const char *devices) {
   ql__server *s = arg;
   ql__weight *w, *existing = NULL;
   ql__placement pl;
-  int rc = ql__devices_placement(s, &pl);
+  uint64_t mask = 0;
+  int rc = stored_placement(s, name, devices, &mask);
+  if (rc == 0)
+    rc = mask != 0 ? ql__devices_placement_mask(s, mask, &pl, NULL, 0)
+                   : ql__devices_placement(s, &pl);
   if (rc == 0)
     rc = ql__weight_create_known(name, q, policy, &pl, digest, s->store, &w);
   if (rc != 0) {
@@ -167,6 +205,7 @@ static int load_stored(void *arg, const char *name, ql_qweight *q,
     return rc ? rc : QL_EEXIST;
   }
   w->pinned = w->persistent = 1;
+  w->placed = mask != 0;
   s->persistent_count++;
   ql__calibrate_weight(s, w);
   ql__weight_unref(w); /* the resident store keeps its reference */
@@ -323,6 +362,12 @@ void ql__server_reload(ql__server *s, char *report, size_t len) {
     ql__worker_set_max_queue(s->dev[d].worker, s->cfg.max_queue);
   ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
   ql__weight_store_set_budget(s->weights, s->cfg.cpu_budget_bytes);
+  if (ql__devices_set_budgets(s, &s->cfg, err, sizeof err) != 0) {
+    size_t at = strlen(report);
+    ql__err("reload: %s; the device budgets are unchanged", err);
+    snprintf(report + at, len > at ? len - at : 0,
+             "; %s: the device budgets are unchanged", err);
+  }
   ql__linear_configure(s);
   ql__notice("reload: %s", report);
   ql__notify_status("reloaded: %s", report);

@@ -227,9 +227,25 @@ static int set_u64(json_t *o, const char *k, uint64_t v) {
   return set_str(o, k, buf);
 }
 
+/* A "devices" value the reader accepts: device-name characters and
+ * commas, non-empty items, shorter than QL_STORE_DEVICES_MAX. */
+static int devices_valid(const char *s) {
+  size_t n = strlen(s);
+  if (n >= QL_STORE_DEVICES_MAX || s[0] == ',' || (n > 0 && s[n - 1] == ','))
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == ':' || c == '-' || c == ',') ||
+        (c == ',' && s[i + 1] == ','))
+      return 0;
+  }
+  return 1;
+}
+
 int ql__store_header(const char *name, const ql_qweight *q,
                      const uint8_t digest[QL_DIGEST_BYTES], ql_path policy,
-                     uint8_t **hdr, size_t *hdr_len) {
+                     const char *devices, uint8_t **hdr, size_t *hdr_len) {
   json_t *root = NULL, *meta = NULL, *t;
   char hex[DIGEST_HEX + 1], *js = NULL;
   json_int_t shape[2];
@@ -239,7 +255,8 @@ int ql__store_header(const char *name, const ql_qweight *q,
   *hdr = NULL;
   *hdr_len = 0;
   if (name == NULL || q == NULL || !ql_format_valid(q->format) ||
-      !ql_dtype_valid(q->scale_dtype) || !ql_path_valid(policy))
+      !ql_dtype_valid(q->scale_dtype) || !ql_path_valid(policy) ||
+      (devices != NULL && !devices_valid(devices)))
     return QL_EINVAL;
   if ((root = json_object()) == NULL || (meta = json_object()) == NULL)
     goto done;
@@ -253,7 +270,9 @@ int ql__store_header(const char *name, const ql_qweight *q,
         set_str(meta, "asymmetric", q->asymmetric ? "1" : "0") ||
         set_str(meta, "scale_dtype", dtype_names[q->scale_dtype]) ||
         set_str(meta, "digest", hex) ||
-        set_str(meta, "policy", policy_names[policy]);
+        set_str(meta, "policy", policy_names[policy]) ||
+        (devices != NULL && devices[0] != '\0' &&
+         set_str(meta, "devices", devices));
   if (bad)
     goto done;
   bad = json_object_set_new(root, "__metadata__", meta) != 0;
@@ -554,6 +573,15 @@ static int parse_metadata(json_t *meta, header *h, char *err, size_t errlen) {
   if (hex_decode(s, h->out->digest, QL_DIGEST_BYTES) != 0)
     return fail(err, errlen, QL_EBADFILE,
                 "metadata: digest is not %d lowercase hex digits", DIGEST_HEX);
+  /* Optional: files written before placements existed have none. */
+  h->out->devices[0] = '\0';
+  if ((val = json_object_get(meta, "devices")) != NULL) {
+    s = json_string_value(val);
+    if (s[0] == '\0' || !devices_valid(s))
+      return fail(err, errlen, QL_EBADFILE, "metadata: devices is not a "
+                  "list of device names");
+    memcpy(h->out->devices, s, strlen(s) + 1);
+  }
   return 0;
 }
 
@@ -1097,7 +1125,7 @@ int ql__store_load_all(ql__store *s, ql__store_load_cb cb, void *arg) {
       continue;
     }
     snprintf(last_name, sizeof last_name, "%s", w.name);
-    if ((rc = cb(arg, w.name, w.q, w.policy, w.digest)) != 0) {
+    if ((rc = cb(arg, w.name, w.q, w.policy, w.digest, w.devices)) != 0) {
       ql__warn("store: weight '%s' (%s) not loaded: %s", w.name, f,
                ql_strerror(rc));
       ql_qweight_free(w.q);
@@ -1160,7 +1188,7 @@ static int write_all(int fd, const void *p, size_t n) {
 
 int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
                   const uint8_t digest[QL_DIGEST_BYTES], ql_path policy,
-                  char *err, size_t errlen) {
+                  const char *devices, char *err, size_t errlen) {
   char file[QL_STORE_FILE_NAME_MAX], tmp[QL_STORE_FILE_NAME_MAX + 48];
   uint8_t check[QL_DIGEST_BYTES], *hdr = NULL;
   size_t hdr_len = 0;
@@ -1175,6 +1203,9 @@ int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
     return fail(err, errlen, QL_ENAME, "invalid weight name");
   if (!ql_path_valid(policy))
     return fail(err, errlen, QL_EINVAL, "unknown policy %d", (int)policy);
+  if (devices != NULL && !devices_valid(devices))
+    return fail(err, errlen, QL_EINVAL, "devices is not a list of device "
+                "names");
   if ((rc = ql_qweight_check(q)) != 0)
     return fail(err, errlen, QL_EINVAL, "not a canonical weight (%s)",
                 ql_err_name(rc));
@@ -1195,7 +1226,8 @@ int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
     return fail(err, errlen, QL_EEXIST, "'%s' is stored with other content "
                 "(%s); remove it first", name, m.found);
 
-  if ((rc = ql__store_header(name, q, digest, policy, &hdr, &hdr_len)) != 0)
+  if ((rc = ql__store_header(name, q, digest, policy, devices, &hdr,
+                              &hdr_len)) != 0)
     return fail(err, errlen, rc, "cannot encode the header");
   snprintf(tmp, sizeof tmp, "%s.tmp-%ld.%u", file, (long)getpid(),
            atomic_fetch_add(&s->seq, 1));

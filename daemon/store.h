@@ -85,7 +85,8 @@ const char *ql__store_dir(const ql__store *s);
  */
 typedef int (*ql__store_load_cb)(void *arg, const char *name, ql_qweight *q,
                                  ql_path policy,
-                                 const uint8_t digest[QL_DIGEST_BYTES]);
+                                 const uint8_t digest[QL_DIGEST_BYTES],
+                                 const char *devices);
 
 /*
  * Loads every <digest>-<tag>.safetensors file, in file name order: maps it
@@ -108,8 +109,11 @@ int ql__store_load_all(ql__store *s, ql__store_load_cb cb, void *arg);
  * a temp file in the directory (O_CREAT|O_EXCL, 0640), every byte written,
  * fsync, rename, fsync of the directory; after a crash the directory holds
  * the old state or the new one. Putting the same (name, content) again
- * rewrites the file the same way. q stays the caller's.
- * Errors: QL_ENAME, QL_EINVAL (bad weight, policy or digest), QL_EEXIST
+ * rewrites the file the same way. q stays the caller's. devices (NULL or
+ * "": none) is the placement the load named, device names joined by ','
+ * (printable, no blank, shorter than QL_STORE_DEVICES_MAX), kept as the
+ * metadata "devices" for the next start.
+ * Errors: QL_ENAME, QL_EINVAL (bad weight, policy, digest or devices), QL_EEXIST
  * (name stored with other content: remove it first), QL_ENOMEM,
  * QL_EEXHAUSTED (disk full or quota), QL_EIO; err (may be NULL) says why.
  * On error the put is not acknowledged and the temp file is gone; only
@@ -118,7 +122,7 @@ int ql__store_load_all(ql__store *s, ql__store_load_cb cb, void *arg);
  */
 int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
                   const uint8_t digest[QL_DIGEST_BYTES], ql_path policy,
-                  char *err, size_t errlen);
+                  const char *devices, char *err, size_t errlen);
 
 /*
  * Removes the stored file(s) of name (unlink, then fsync of the directory).
@@ -152,12 +156,19 @@ int ql__store_layout_check(const uint8_t *head, size_t head_len,
                            uint64_t file_size, const char *layout_id,
                            uint64_t *data_len);
 
+/* The longest "devices" metadata value, NUL included: 16 names of up to
+ * 63 bytes and their commas. */
+#define QL_STORE_DEVICES_MAX 1040
+
 /* A weight as a store file holds it. */
 typedef struct ql__stored_weight {
   char name[256];
   ql_qweight *q; /* owned by whoever called ql__store_parse() */
   ql_path policy;
   uint8_t digest[QL_DIGEST_BYTES];
+  /* The devices the load named (device names joined by ','), or "" when
+   * it named none: the default placement. Metadata "devices", optional. */
+  char devices[QL_STORE_DEVICES_MAX];
 } ql__stored_weight;
 
 /*
@@ -188,7 +199,7 @@ int ql__store_parse(const uint8_t *buf, size_t len, ql__stored_weight *out,
  */
 int ql__store_header(const char *name, const ql_qweight *q,
                      const uint8_t digest[QL_DIGEST_BYTES], ql_path policy,
-                     uint8_t **hdr, size_t *hdr_len);
+                     const char *devices, uint8_t **hdr, size_t *hdr_len);
 
 /* The file name (without directory) of (name, digest), as described
  * above: 64 + 1 + 32 hex digits + ".safetensors" and a NUL fit in buf

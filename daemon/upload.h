@@ -40,6 +40,8 @@ typedef struct ql__upload {
   int persistent;       /* store it in the state directory */
   int admin;            /* begun on the admin socket, which owns it (no
                            session does) */
+  uint64_t devices;     /* bit d: the load named device d; 0: it named
+                           none (the default placement) */
   int packed;           /* arrays below, not float data */
   ql_zero_kind zero_kind;
   ql__upload_array arrays[QL__ARR_N];

@@ -70,13 +70,18 @@ typedef struct ql__weight {
   int pinned;                      /* loaded through the admin socket:
                                       stays without session holders */
   int persistent;                  /* its file is in the state directory */
+  int placed;                      /* its load named its devices (kept in
+                                      its stored file), rather than taking
+                                      the default placement */
   int storing;                     /* a store write of it is running */
   ql__weight_stats stats[QL__MAX_DEVICES]; /* by device */
   /* The scheduler's queue keys, one per (activation dtype, path): one
    * launch takes one dtype and runs one path (linear.c: QL_SCHED_KEYS). */
   char sched_key[8];
-  uint32_t crossover;  /* measured crossover of its shape (calibrate.h) */
-  int crossover_known; /* 1 once crossover is set */
+  /* The measured crossover of its shape on each device (calibrate.h),
+   * valid where bit d of crossover_known is set. */
+  uint32_t crossover[QL__MAX_DEVICES];
+  uint64_t crossover_known;
   /* Called with the weight before it is freed (its last reference gone),
    * when it was ever in a store: set from the store's hook at insert. */
   void (*on_free)(struct ql__weight *w, void *arg);

@@ -65,6 +65,77 @@ int ql_crossover_measure(const ql_backend *b, const ql_qweight *w,
                                     real_clock, NULL, out);
 }
 
+/* Fresh activations: REPS inputs of m rows in dt, the caller's to free. */
+static void *fresh_inputs(int64_t m, int64_t k, ql_dtype dt) {
+  size_t n = (size_t)m * REPS * (size_t)k;
+  float *xf = malloc(n * sizeof(float));
+  void *x = malloc(n * ql_dtype_size(dt));
+  if (xf == NULL || x == NULL) {
+    free(xf);
+    free(x);
+    return NULL;
+  }
+  uint64_t st = 0x2545f4914f6cdd1du;
+  for (size_t i = 0; i < n; i++) {
+    st = st * 6364136223846793005u + 1442695040888963407u;
+    xf[i] = (float)((int32_t)(st >> 32)) * (1.0f / 2147483648.0f);
+  }
+  ql_from_f32(dt, xf, x, n);
+  free(xf);
+  return x;
+}
+
+/* Times both paths at m rows on the inputs x (REPS inputs of at least m
+ * rows each, xstride bytes apart); medians into *wo and *aq. */
+static int time_size(const ql_backend *b, const ql_qweight *w,
+                     const void *packed, ql_dtype dt, const uint8_t *x,
+                     size_t xstride, int64_t m, void *y, int aq_path,
+                     uint64_t (*clock)(void *arg), void *clock_arg,
+                     double *wo, double *aq) {
+  double tw[REPS], ta[REPS];
+  for (int r = 0; r < REPS; r++) {
+    const uint8_t *xr = x + (size_t)r * xstride;
+    /* Interleaved, so that a burst of noise hits both paths. */
+    for (int p = 0; p < 1 + aq_path; p++) {
+      uint64_t a = clock(clock_arg);
+      int rc = ql_run_linear(b, p ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, w,
+                             packed, dt, xr, m, y, NULL);
+      uint64_t e = clock(clock_arg) - a;
+      if (rc != 0)
+        return rc;
+      (p ? ta : tw)[r] = (double)e;
+    }
+  }
+  qsort(tw, REPS, sizeof *tw, cmp_double);
+  *wo = tw[REPS / 2];
+  *aq = 0;
+  if (aq_path) {
+    qsort(ta, REPS, sizeof *ta, cmp_double);
+    *aq = ta[REPS / 2];
+  }
+  return 0;
+}
+
+int ql_crossover_time(const ql_backend *b, const ql_qweight *w,
+                      const void *packed, ql_dtype dt, int64_t m,
+                      double *wo_ns, double *aq_ns) {
+  if (w == NULL || wo_ns == NULL || aq_ns == NULL || m < 1 || m > 512 ||
+      ql_dtype_size(dt) == 0)
+    return QL_EINVAL;
+  int aq = ql_dispatch(b, QL_OP_LINEAR_AQ, w->format, dt, 1, w->n, w->k) !=
+           NULL;
+  size_t esz = ql_dtype_size(dt);
+  void *x = fresh_inputs(m, w->k, dt);
+  void *y = malloc((size_t)m * (size_t)w->n * esz);
+  int rc = QL_ENOMEM;
+  if (x != NULL && y != NULL)
+    rc = time_size(b, w, packed, dt, x, (size_t)m * (size_t)w->k * esz, m, y,
+                   aq, real_clock, NULL, wo_ns, aq_ns);
+  free(x);
+  free(y);
+  return rc;
+}
+
 int ql_crossover_measure_clock(const ql_backend *b, const ql_qweight *w,
                                const void *packed, ql_dtype dt, int64_t max_m,
                                uint64_t budget_ns,
@@ -72,7 +143,6 @@ int ql_crossover_measure_clock(const ql_backend *b, const ql_qweight *w,
                                ql_crossover *out) {
   int rc = 0;
   void *x = NULL, *y = NULL;
-  float *xf = NULL;
   if (out == NULL || w == NULL || max_m < 1)
     return QL_EINVAL;
   memset(out, 0, sizeof *out);
@@ -84,48 +154,25 @@ int ql_crossover_measure_clock(const ql_backend *b, const ql_qweight *w,
   size_t esz = ql_dtype_size(dt), kk = (size_t)w->k, nn = (size_t)w->n;
   /* REPS fresh inputs of max_m rows: a call never reads what the one
    * before it just brought into the cache. */
-  size_t xrows = (size_t)max_m * REPS;
-  xf = malloc(xrows * kk * sizeof(float));
-  x = malloc(xrows * kk * esz);
+  x = fresh_inputs(max_m, w->k, dt);
   y = malloc((size_t)max_m * nn * esz);
-  if (xf == NULL || x == NULL || y == NULL) {
+  if (x == NULL || y == NULL) {
     rc = QL_ENOMEM;
     goto done;
   }
-  uint64_t st = 0x2545f4914f6cdd1du;
-  for (size_t i = 0; i < xrows * kk; i++) {
-    st = st * 6364136223846793005u + 1442695040888963407u;
-    xf[i] = (float)((int32_t)(st >> 32)) * (1.0f / 2147483648.0f);
-  }
-  ql_from_f32(dt, xf, x, xrows * kk);
   uint64_t t0 = clock(clock_arg);
   for (int64_t m = 1; m <= max_m && out->n < QL_CROSSOVER_SIZES; m *= 2) {
-    double tw[REPS], ta[REPS];
-    for (int r = 0; r < REPS; r++) {
-      const uint8_t *xr = (const uint8_t *)x + (size_t)r * (size_t)m * kk * esz;
-      /* Interleaved, so that a burst of noise hits both paths. */
-      for (int p = 0; p < 2; p++) {
-        uint64_t a = clock(clock_arg);
-        rc = ql_run_linear(b, p ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, w, packed,
-                           dt, xr, m, y, NULL);
-        uint64_t e = clock(clock_arg) - a;
-        if (rc != 0)
-          goto done;
-        (p ? ta : tw)[r] = (double)e;
-      }
-    }
-    qsort(tw, REPS, sizeof *tw, cmp_double);
-    qsort(ta, REPS, sizeof *ta, cmp_double);
+    rc = time_size(b, w, packed, dt, x, (size_t)m * kk * esz, m, y, 1, clock,
+                   clock_arg, &out->wo_ns[out->n], &out->aq_ns[out->n]);
+    if (rc != 0)
+      goto done;
     out->m[out->n] = m;
-    out->wo_ns[out->n] = tw[REPS / 2];
-    out->aq_ns[out->n] = ta[REPS / 2];
     out->n++;
     if (clock(clock_arg) - t0 > budget_ns)
       break;
   }
   out->rows = ql_crossover_choose(out);
 done:
-  free(xf);
   free(x);
   free(y);
   return rc;

@@ -55,6 +55,17 @@ int ql_crossover_measure(const ql_backend *b, const ql_qweight *w,
                          const void *packed, ql_dtype dt, int64_t max_m,
                          uint64_t budget_ns, ql_crossover *out);
 
+/*
+ * One step of ql_crossover_measure(): both paths of w timed at m rows (the
+ * median of 5 calls each on fresh inputs, the paths interleaved) into
+ * *wo_ns and *aq_ns (0 when w has no activation-quantized path on b). For
+ * callers that measure one size at a time between other work (the daemon
+ * on a device's worker). 0, QL_EINVAL, QL_ENOMEM, or a kernel's error.
+ */
+int ql_crossover_time(const ql_backend *b, const ql_qweight *w,
+                      const void *packed, ql_dtype dt, int64_t m,
+                      double *wo_ns, double *aq_ns);
+
 /* The same on the clock clock(clock_arg) (monotonic, in ns) instead of the
  * system's: for the tests, whose fake kernels advance a fake clock. */
 int ql_crossover_measure_clock(const ql_backend *b, const ql_qweight *w,

@@ -148,7 +148,11 @@ typedef struct ql_device_desc {
   char name[64];       /* stable across processes: "cuda:<uuid>" */
   char alias[32];      /* this process's enumeration order: "cuda:0" */
   char model[64];      /* what the driver calls it, for logs */
-  size_t memory_bytes; /* device memory for weights and buffers */
+  size_t memory_bytes; /* the device's whole memory; the daemon gives its
+                          weights a share of it (its budget) */
+  uint64_t peak_bytes_per_s; /* peak memory bandwidth, as the vendor
+                                computes it from the memory clock and bus
+                                width; 0 when the driver does not say */
 } ql_device_desc;
 
 /* A backend: one kind of device and its implementations. */

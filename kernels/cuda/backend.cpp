@@ -247,9 +247,23 @@ int device_info(int o, ql_device_desc* out) {
   snprintf(out->alias, sizeof out->alias, "cuda:%d", o);
   snprintf(out->model, sizeof out->model, "%.50s sm_%d%d", p.name, p.major,
            p.minor);
-  // Weights get seven eighths of the memory: the rest is left for the
-  // scratch arenas, the CUDA context and other processes' activations.
-  out->memory_bytes = p.totalGlobalMem - p.totalGlobalMem / 8;
+  // All of it: the daemon's budget (accel_budget_percent) decides the
+  // share weights may take.
+  out->memory_bytes = p.totalGlobalMem;
+  // Peak bandwidth: memory clock (kHz) x 2 transfers per clock x bus width
+  // (bits) / 8, the formula of NVIDIA's deviceQuery and bandwidth samples.
+  // CUDA 13 dropped memoryClockRate and memoryBusWidth from cudaDeviceProp;
+  // the attributes remain.
+  int khz = 0, bits = 0;
+  out->peak_bytes_per_s = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, o) ==
+          cudaSuccess &&
+      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, o) ==
+          cudaSuccess &&
+      khz > 0 && bits > 0)
+    out->peak_bytes_per_s = uint64_t(khz) * 1000u * 2u * uint64_t(bits) / 8u;
+  else
+    (void)cudaGetLastError();  // not a failure of the device
   return 0;
 }
 
@@ -388,6 +402,17 @@ int repack(ql_repack_args* a) {
   a->packed_bytes = rc == 0 ? p->bytes : 0;
   return rc;
 }
+
+}  // namespace
+
+const ql__cuda_wo* ql__cuda_packed_view(const void* pp, size_t* bytes) {
+  const packed* p = static_cast<const packed*>(pp);
+  if (p == nullptr) return nullptr;
+  if (bytes != nullptr) *bytes = p->bytes;
+  return &p->dev;
+}
+
+namespace {
 
 // ---- linear_wo ----
 

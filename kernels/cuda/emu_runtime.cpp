@@ -61,6 +61,8 @@ struct ql_emu_event {
   int dev;
   unsigned flags;
   long seq[kMaxDevices];
+  bool recorded;
+  uint64_t ns;      // host monotonic time of the last record
   uint64_t serial;  // interprocess events: named in their handles
 };
 
@@ -409,6 +411,32 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop,
   prop->multiProcessorCount = 132;
   prop->pciBusID = device + 1;
   return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDeviceGetAttribute(int* value,
+                                              enum cudaDeviceAttr attr,
+                                              int device) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (value == nullptr) return fail(cudaErrorInvalidValue);
+  if (s.ndev == 0) return fail(cudaErrorNoDevice);
+  if (device < 0 || device >= s.ndev) return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      return cudaSuccess;
+    case cudaDevAttrMemoryClockRate:
+      *value = 2619000;  // kHz
+      return cudaSuccess;
+    case cudaDevAttrGlobalMemoryBusWidth:
+      *value = 5120;  // bits
+      return cudaSuccess;
+    case cudaDevAttrL2CacheSize:
+      *value = 1 << 20;
+      return cudaSuccess;
+  }
+  return fail(cudaErrorInvalidValue);
 }
 
 // Sets the device even when it has a sticky error, and reports that error
@@ -775,7 +803,8 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event,
   cudaError_t e = dev_ok(s, d);
   if (e != cudaSuccess) return fail(e);
   ql_emu_event* ev = new ql_emu_event{
-      d, flags, {}, (flags & cudaEventInterprocess) ? ++s.event_serial : 0};
+      d, flags, {}, false, 0,
+      (flags & cudaEventInterprocess) ? ++s.event_serial : 0};
   s.events.insert(ev);
   *event = ev;
   return cudaSuccess;
@@ -805,6 +834,31 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   cudaError_t e = dev_ok(s, d);
   if (e != cudaSuccess) return fail(e);
   deps_of(s, stream, d, event->seq);
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  event->ns = uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+  event->recorded = true;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start,
+                                            cudaEvent_t end) {
+  if (ms == nullptr) return fail(cudaErrorInvalidValue);
+  {
+    Lock l;
+    State& s = S();
+    if (s.init_err != cudaSuccess) return fail(s.init_err);
+    if (start == nullptr || end == nullptr || s.events.count(start) == 0 ||
+        s.events.count(end) == 0 || !start->recorded || !end->recorded ||
+        start->dev != end->dev ||
+        ((start->flags | end->flags) & cudaEventDisableTiming))
+      return fail(cudaErrorInvalidResourceHandle);
+  }
+  cudaError_t e;
+  if ((e = event_wait(start, Wait::kQuery)) != cudaSuccess ||
+      (e = event_wait(end, Wait::kQuery)) != cudaSuccess)
+    return e;
+  *ms = float(double(int64_t(end->ns - start->ns)) / 1e6);
   return cudaSuccess;
 }
 
@@ -1032,7 +1086,8 @@ extern "C" cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event,
   if (kill(pid_t(w.pid), 0) != 0 && errno != EPERM)
     return fail(cudaErrorInvalidResourceHandle);
   ql_emu_event* ev = new ql_emu_event{
-      d, unsigned(cudaEventInterprocess | cudaEventDisableTiming), {}, 0};
+      d, unsigned(cudaEventInterprocess | cudaEventDisableTiming), {}, false,
+      0, 0};
   s.events.insert(ev);
   *event = ev;
   return cudaSuccess;

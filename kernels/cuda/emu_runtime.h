@@ -137,6 +137,17 @@ struct cudaDeviceProp {
   int pciBusID, pciDeviceID, pciDomainID;  // bus = ordinal + 1
 };
 
+// driver_types.h, enum cudaDeviceAttr: the attributes the host code
+// reads (the memory clock in kHz, the memory bus width in bits, the L2
+// size in bytes). The emulated devices report an H100 SXM's memory clock
+// and bus width (2619 MHz, 5120 bits: 3.35 TB/s peak) and a 1 MiB L2.
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMemoryClockRate = 36,
+  cudaDevAttrGlobalMemoryBusWidth = 37,
+  cudaDevAttrL2CacheSize = 38
+};
+
 // driver_types.h: flags.
 #define cudaHostAllocDefault 0x00
 #define cudaHostAllocPortable 0x01
@@ -157,6 +168,8 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr,
+                                   int device);
 
 cudaError_t cudaMalloc(void** devPtr, size_t size);
 cudaError_t cudaFree(void* devPtr);
@@ -185,6 +198,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event,
                             cudaStream_t stream QL_EMU_DV(0));
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
+// Milliseconds between two recorded events of one device: in the
+// emulation, the host time between the two records (work runs when it is
+// enqueued, so that is the time the work between them took).
+// cudaErrorInvalidResourceHandle for an event made with
+// cudaEventDisableTiming, never recorded, or of another device;
+// cudaErrorNotReady while either waits on hung work.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start,
+                                 cudaEvent_t end);
 
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);

@@ -31,6 +31,12 @@ struct ql__cuda_wo {
   const float* bias; // [n], or NULL
 };
 
+// The kernels' view of a layout that the backend's repack made (its
+// ql_repack_args.packed) and, in *bytes (may be NULL), its size in device
+// memory: for callers that launch the kernels themselves (qlinear-bench on
+// a GPU). NULL for NULL.
+const ql__cuda_wo* ql__cuda_packed_view(const void* packed, size_t* bytes);
+
 // Bytes of codes in one canonical row of a weight of format f (ceil(K/2)
 // for q4g, K otherwise), before padding.
 int64_t ql__cuda_row_bytes(int format, int64_t k);

@@ -117,6 +117,11 @@ static void usage(FILE *f) {
       "  --llc-mb L         last-level cache size (default: sysconf, else 32)\n"
       "  --no-blas, --no-dnnl  skip those baselines\n"
       "  --json             JSON lines only\n"
+      "  --device D         cpu (default), or cuda:N / cuda:<uuid>: each "
+      "CUDA\n"
+      "                     kernel's memory bandwidth against the GPU's "
+      "peak\n"
+      "                     (--device cuda:0 --help for its options)\n"
       "       qlinear-bench daemon [options]  (qlineard end to end; "
       "daemon --help)\n"
       "       qlinear-bench crossover [--shapes NxK,..] [--formats ..] "
@@ -737,9 +742,51 @@ static void run_case(const opts *o, const bfmt *bf, const wset *ws,
   free(y2);
 }
 
+#ifdef QL_BENCH_GPU
+int ql_bench_gpu(const char *device, int argc, char **argv);
+#endif
+
+/*
+ * --device NAME, anywhere on the command line of the kernel bench: "cpu"
+ * (the default) is the bench below; a CUDA device (cuda:N or
+ * cuda:<uuid>) runs the GPU bench of bench_gpu.cpp with the other
+ * arguments. Returns -1 to go on with the CPU (the option taken out of
+ * argv), else the exit status.
+ */
+static int device_option(int *argc, char **argv) {
+  const char *dev = NULL;
+  int j = 1;
+  for (int i = 1; i < *argc; i++) {
+    if (strcmp(argv[i], "--device") == 0 && i + 1 < *argc) {
+      dev = argv[++i];
+      continue;
+    }
+    argv[j++] = argv[i];
+  }
+  if (dev == NULL)
+    return -1;
+  *argc = j;
+  argv[j] = NULL;
+  if (strcmp(dev, "cpu") == 0)
+    return -1;
+  if (strncmp(dev, "cuda:", 5) != 0) {
+    fprintf(stderr, "qlinear-bench: no device '%s' (cpu, cuda:N or "
+            "cuda:<uuid>)\n", dev);
+    return 2;
+  }
+#ifdef QL_BENCH_GPU
+  return ql_bench_gpu(dev, *argc, argv);
+#else
+  fprintf(stderr, "qlinear-bench: no device '%s': this build has no CUDA "
+          "backend (configure --with-cuda)\n", dev);
+  return 2;
+#endif
+}
+
 int main(int argc, char **argv) {
   opts o;
   char tbuf[16];
+  int rc;
 
   if (argc > 1 && strcmp(argv[1], "restart") == 0)
     return ql_bench_restart(argc - 1, argv + 1);
@@ -754,6 +801,8 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
+  if ((rc = device_option(&argc, argv)) >= 0)
+    return rc;
   if (parse_opts(argc, argv, &o) != 0) {
     usage(stderr);
     return 2;

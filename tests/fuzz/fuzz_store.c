@@ -55,7 +55,8 @@ static void round_trip(const ql__stored_weight *w) {
   ql__stored_weight back;
   char err[256];
 
-  CHECK(ql__store_header(w->name, q, w->digest, w->policy, &hdr, &hdr_len) ==
+  CHECK(ql__store_header(w->name, q, w->digest, w->policy, w->devices, &hdr,
+                         &hdr_len) ==
         0);
   CHECK(hdr_len % QL_STORE_ALIGN == 0);
   len = hdr_len + bias + q->scale_bytes * (q->zero ? 2 : 1) + q->qdata_bytes;
@@ -71,6 +72,7 @@ static void round_trip(const ql__stored_weight *w) {
   CHECK(ql__store_parse(buf, len, &back, err, sizeof err) == 0);
   same_weight(q, back.q);
   CHECK(strcmp(back.name, w->name) == 0 && back.policy == w->policy &&
+        strcmp(back.devices, w->devices) == 0 &&
         memcmp(back.digest, w->digest, QL_DIGEST_BYTES) == 0);
   ql_qweight_free(back.q);
   free(buf);

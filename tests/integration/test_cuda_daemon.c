@@ -286,6 +286,429 @@ START_TEST(device_budget) {
 }
 END_TEST
 
+/* A float load of layer l placed on devices (NULL: the default). */
+static int load_on(ql_client *c, const char *name, const td_layer *l,
+                   ql_format f, int persistent, const char *devices,
+                   ql_weight_info *info, int *shared) {
+  ql_load_desc d;
+  memset(&d, 0, sizeof d);
+  d.name = name;
+  d.format = f;
+  d.group_size = f == QL_FORMAT_Q4G ? 64 : 0;
+  d.n = l->n;
+  d.k = l->k;
+  d.dtype = QL_DTYPE_F32;
+  d.data = l->w;
+  d.bias = l->b;
+  d.persistent = persistent;
+  d.devices = devices;
+  return ql_load_float(c, &d, info, shared);
+}
+
+/* Writes text to path. */
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(fputs(text, f) >= 0, 1);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* The budgets of the devices in Stats, GPUs first. */
+static void budgets(ql_client *c, uint64_t *b0, uint64_t *b1) {
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->n_devices, 3);
+  *b0 = st->devices[0].budget_bytes;
+  *b1 = st->devices[1].budget_bytes;
+  ql_stats_free(st);
+}
+
+/*
+ * The budgets come from the configuration: accel_budget_percent of each
+ * GPU's memory, or a device's own device_budget_bytes; a load past one is
+ * OUT_OF_MEMORY with nothing resident anywhere; a reload changes them
+ * live, and the same load then fits.
+ */
+START_TEST(configured_budget) {
+  td d;
+  char conf[300], report[1024];
+  uint64_t b0, b1;
+  /* 4 MiB per GPU: 25 % is 1 MiB; cuda:1 gets 3 MiB of its own. */
+  setenv("QL_EMU_CUDA_MEM", "4194304", 1);
+  use_cuda_daemon();
+  setenv("QL_EMU_CUDA_DEVICES", "2", 1);
+  unsetenv("QL_EMU_CUDA_FAULT");
+  snprintf(conf, sizeof conf, "/tmp/ql-budget-%d.conf", (int)getpid());
+  write_file(conf, "[qlineard]\naccel_budget_percent = 25\n"
+                   "device_budget_bytes = cuda:1=3M\n");
+  const char *args[] = {"--config", conf, NULL};
+  td_start(&d, args);
+  unsetenv("QL_EMU_CUDA_MEM");
+  ql_client *c = td_connect(&d), *admin = td_connect_admin(&d);
+  budgets(c, &b0, &b1);
+  ck_assert_uint_eq(b0, 1u << 20);
+  ck_assert_uint_eq(b1, 3u << 20);
+
+  /* 1.5 MiB of q8c codes: past cuda:0's budget, within cuda:1's. */
+  td_layer big;
+  td_layer_make(&big, 1024, 1536, 3, 0);
+  char msg[512];
+  ck_assert_int_eq(td_load(c, "big", &big, QL_FORMAT_Q8C, 0, 0, NULL, NULL),
+                   QL_ENOMEM);
+  snprintf(msg, sizeof msg, "%s", ql_errmsg());
+  ck_assert_msg(strstr(msg, "budget") != NULL, "%s", msg);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->weights, 0);
+  ck_assert_uint_eq(st->devices[0].bytes_resident, 0);
+  ck_assert_uint_eq(st->devices[1].bytes_resident, 0);
+  ql_stats_free(st);
+
+  /* Live: 50 % of 4 MiB is 2 MiB; cuda:1 back on the percent. */
+  write_file(conf, "[qlineard]\naccel_budget_percent = 50\n");
+  ck_assert_int_eq(ql_reload_config(admin, report, sizeof report), 0);
+  ck_assert_msg(strstr(report, "accel_budget_percent = 50") != NULL, "%s",
+                report);
+  budgets(c, &b0, &b1);
+  ck_assert_uint_eq(b0, 2u << 20);
+  ck_assert_uint_eq(b1, 2u << 20);
+  ck_assert_int_eq(td_load(c, "big", &big, QL_FORMAT_Q8C, 0, 0, NULL, NULL),
+                   0);
+
+  /* Two items for one device (alias and UUID): the reload says so and
+   * the budgets stay. */
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  char text[512];
+  snprintf(text, sizeof text, "[qlineard]\naccel_budget_percent = 50\n"
+           "device_budget_bytes = cuda:0=1M,%s=2M\n", h.devices[0].name);
+  write_file(conf, text);
+  ck_assert_int_eq(ql_reload_config(admin, report, sizeof report), 0);
+  ck_assert_msg(strstr(report, "name the same device cuda:0") != NULL, "%s",
+                report);
+  budgets(c, &b0, &b1);
+  ck_assert_uint_eq(b0, 2u << 20);
+
+  td_layer_free(&big);
+  ql_close(admin);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  unlink(conf);
+}
+END_TEST
+
+/*
+ * A load names its devices: the weight is made resident there only and
+ * served there only; unknown or repeated devices are refused before
+ * anything is uploaded; content already resident is shared where it is;
+ * a persistent weight keeps its placement across a restart, and falls
+ * back to the default placement when its device is gone.
+ */
+START_TEST(placement) {
+  td d;
+  char state[] = "/tmp/ql-place-XXXXXX";
+  ck_assert_ptr_nonnull(mkdtemp(state));
+  const char *args[] = {"--state-dir", state, NULL};
+  start(&d, "2", NULL, args);
+  ql_client *c = td_connect(&d), *admin = td_connect_admin(&d);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  td_layer l, l2;
+  td_layer_make(&l, N, K, 21, 1);
+  td_layer_make(&l2, N, K, 22, 1);
+  ql_weight_info info;
+  int shared = -1;
+  float x[2 * K], y[2 * N], want[2 * N];
+  uint64_t seed = 9;
+  td_randn(&seed, x, 2 * K, 1.0f);
+  expected(&l, QL_FORMAT_Q8C, 0, x, 2, want);
+
+  /* On cuda:1 only. */
+  ck_assert_int_eq(load_on(c, "one", &l, QL_FORMAT_Q8C, 0, "cuda:1", &info,
+                           &shared),
+                   0);
+  ck_assert_int_eq(shared, 0);
+  ck_assert_uint_eq(info.n_devices, 1);
+  ck_assert_str_eq(info.devices, h.devices[1].name);
+  char msg[512];
+  ck_assert_int_eq(linear_on(&d, "one", "cuda:0", x, 2, y, msg, sizeof msg),
+                   QL_ENOTFOUND);
+  ck_assert_int_eq(linear_on(&d, "one", NULL, x, 2, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->devices[0].bytes_resident, 0);
+  ck_assert_uint_gt(st->devices[1].bytes_resident, 0);
+  ck_assert_uint_eq(st->n_per_weight, 1);
+  ck_assert_str_eq(st->per_weight[0].device, h.devices[1].name);
+  ql_stats_free(st);
+
+  /* The CPU and a GPU, by name and alias (blanks around items are fine). */
+  char list[160];
+  snprintf(list, sizeof list, " cpu , %s", h.devices[0].name);
+  ck_assert_int_eq(load_on(c, "two", &l2, QL_FORMAT_Q4G, 0, list, &info,
+                           NULL),
+                   0);
+  ck_assert_uint_eq(info.n_devices, 2);
+  ck_assert_ptr_nonnull(strstr(info.devices, "cpu"));
+  ck_assert_ptr_nonnull(strstr(info.devices, h.devices[0].name));
+  ck_assert_ptr_null(strstr(info.devices, h.devices[1].name));
+
+  /* Refused before anything is uploaded, nothing left resident. */
+  ck_assert_int_eq(load_on(c, "bad", &l, QL_FORMAT_Q8C, 0, "cuda:7", NULL,
+                           NULL),
+                   QL_ENOTFOUND);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "no device 'cuda:7'"));
+  snprintf(list, sizeof list, "cuda:0,%s", h.devices[0].name);
+  ck_assert_int_eq(load_on(c, "bad", &l, QL_FORMAT_Q8C, 0, list, NULL, NULL),
+                   QL_EINVAL);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "named twice"));
+  ck_assert_int_eq(load_on(c, "bad", &l, QL_FORMAT_Q8C, 0, "cpu,", NULL,
+                           NULL),
+                   QL_EINVAL);
+
+  /* The same content again: shared where it is, so a list naming a
+   * device it is not on is refused. */
+  ck_assert_int_eq(load_on(c, "one", &l, QL_FORMAT_Q8C, 0, "cuda:0", NULL,
+                           NULL),
+                   QL_EEXIST);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "is resident on cuda:1"));
+  ck_assert_int_eq(load_on(c, "one", &l, QL_FORMAT_Q8C, 0, "cuda:1", &info,
+                           &shared),
+                   0);
+  ck_assert_int_eq(shared, 1);
+  ck_assert_int_eq(load_on(c, "one", &l, QL_FORMAT_Q8C, 0, NULL, &info,
+                           &shared),
+                   0);
+  ck_assert_int_eq(shared, 1);
+  ck_assert_uint_eq(info.n_devices, 1);
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->weights, 2);
+  ql_stats_free(st);
+
+  /* Persistent on cuda:1: after a restart it is there again. */
+  ck_assert_int_eq(load_on(admin, "kept", &l, QL_FORMAT_Q8C, 1, "cuda:1",
+                           &info, NULL),
+                   0);
+  ck_assert_str_eq(info.devices, h.devices[1].name);
+  ql_close(admin);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  start(&d, "2", NULL, args);
+  c = td_connect(&d);
+  ql_weight_info *ws = NULL;
+  size_t nw = 0;
+  ck_assert_int_eq(ql_list(c, &ws, &nw), 0);
+  ck_assert_uint_eq(nw, 1);
+  ck_assert_str_eq(ws[0].name, "kept");
+  ck_assert_str_eq(ws[0].devices, h.devices[1].name);
+  ql_free(ws);
+  ck_assert_int_eq(linear_on(&d, "kept", "cuda:1", x, 2, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  /* Its GPU gone (one GPU left): the default placement, with a warning. */
+  start(&d, "1", NULL, args);
+  c = td_connect(&d);
+  ck_assert_int_eq(ql_list(c, &ws, &nw), 0);
+  ck_assert_uint_eq(nw, 1);
+  ck_assert_str_eq(ws[0].devices, h.devices[0].name);
+  ql_free(ws);
+  char *log = read_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "stored weight kept was placed on"));
+  free(log);
+  ck_assert_int_eq(linear_on(&d, "kept", NULL, x, 2, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  td_layer_free(&l);
+  td_layer_free(&l2);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", state);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* An AUTO request of m rows of x [m, k] on weight (device NULL: the
+ * scheduler's choice); returns the path that ran. */
+static ql_path auto_request(const td *d, const char *weight,
+                            const char *device, const float *x, uint64_t m,
+                            uint64_t k) {
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearRequest lin;
+  Qlinear__V1__Tensor xt;
+  uint64_t shape[2] = {m, k};
+  qlinear__v1__request__init(&req);
+  qlinear__v1__linear_request__init(&lin);
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  xt.shape = shape;
+  xt.n_shape = 2;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  xt.inline_data.data = (uint8_t *)x;
+  xt.inline_data.len = m * k * sizeof(float);
+  lin.weight = (char *)weight;
+  lin.x = &xt;
+  lin.device = (char *)(device ? device : "");
+  req.request_id = 78;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+  req.linear = &lin;
+  Qlinear__V1__Response *r = td_call(d, &req, TMO);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->status->code, 0);
+  ql_path p = (ql_path)r->linear->path;
+  qlinear__v1__response__free_unpacked(r, NULL);
+  return p;
+}
+
+/* The crossover of weight on the GPUs, from Stats; 0 where not measured. */
+static void gpu_crossovers(ql_client *c, const ql_hello_info *h,
+                           const char *weight, uint32_t rows[2],
+                           uint64_t reqs[2], uint64_t aq[2]) {
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  for (int g = 0; g < 2; g++) {
+    rows[g] = 0;
+    reqs[g] = aq[g] = 0;
+    for (size_t i = 0; i < st->n_per_weight; i++) {
+      const ql_weight_stats *w = &st->per_weight[i];
+      if (strcmp(w->weight, weight) != 0 ||
+          strcmp(w->device, h->devices[g].name) != 0)
+        continue;
+      rows[g] = w->crossover_measured ? w->crossover_rows : 0;
+      reqs[g] = w->requests;
+      aq[g] = w->aq_batches;
+    }
+  }
+  ql_stats_free(st);
+}
+
+/* Replaces the cached rows of the key that names device in the crossover
+ * cache text with rows. */
+static void plant(char *text, size_t cap, const char *device, unsigned rows) {
+  char *key = strstr(text, device);
+  ck_assert_ptr_nonnull(key);
+  char *colon = strstr(key, "\": ");
+  ck_assert_ptr_nonnull(colon);
+  char *num = colon + 3, *end = num;
+  while (*end >= '0' && *end <= '9')
+    end++;
+  char *tail = strdup(end);
+  ck_assert_ptr_nonnull(tail);
+  snprintf(num, cap - (size_t)(num - text), "%u%s", rows, tail);
+  free(tail);
+}
+
+/*
+ * The crossover is measured per (shape, device), on each GPU that holds
+ * the weight, reported per device (Stats, WeightInfo), cached by device
+ * name, and used for the requests on that device: with the two GPUs'
+ * crossovers planted at 3 and 300 rows, 4 rows run activation-quantized
+ * on one and weight-only on the other, and a request that names no device
+ * runs the path of the device it is placed on.
+ */
+START_TEST(crossover_per_device) {
+  td d;
+  char st[] = "/tmp/ql-xover-XXXXXX", path[256], text[8192];
+  ck_assert_ptr_nonnull(mkdtemp(st));
+  snprintf(path, sizeof path, "%s/crossover.json", st);
+  const char *args[] = {"--state-dir", st, "--crossover-rows", "0", NULL};
+  start(&d, "2", NULL, args);
+  ql_client *c = td_connect(&d);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(c, &h), 0);
+  td_layer l;
+  const uint64_t n = 32, k = 64;
+  td_layer_make(&l, n, k, 31, 0);
+  ck_assert_int_eq(load_on(c, "xw", &l, QL_FORMAT_Q8C, 0, NULL, NULL, NULL),
+                   0);
+  uint32_t rows[2];
+  uint64_t reqs[2], aq[2];
+  for (int i = 0; i < 1200; i++) {
+    gpu_crossovers(c, &h, "xw", rows, reqs, aq);
+    if (rows[0] != 0 && rows[1] != 0)
+      break;
+    usleep(100 * 1000);
+  }
+  for (int g = 0; g < 2; g++)
+    ck_assert_msg(rows[g] == UINT32_MAX || (rows[g] >= 1 && rows[g] <= 512),
+                  "gpu %d: crossover %u", g, rows[g]);
+  char *log = read_log(&d);
+  ck_assert_ptr_nonnull(strstr(log, "crossover of xw (32x64) on cuda:0"));
+  ck_assert_ptr_nonnull(strstr(log, "crossover of xw (32x64) on cuda:1"));
+  free(log);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  /* Cached under each GPU's name; planted values come back per device. */
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t got = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[got] = '\0';
+  plant(text, sizeof text, h.devices[0].name, 3);
+  plant(text, sizeof text, h.devices[1].name, 300);
+  write_file(path, text);
+  start(&d, "2", NULL, args);
+  c = td_connect(&d);
+  ck_assert_int_eq(load_on(c, "xw", &l, QL_FORMAT_Q8C, 0, NULL, NULL, NULL),
+                   0);
+  gpu_crossovers(c, &h, "xw", rows, reqs, aq);
+  ck_assert_uint_eq(rows[0], 3);
+  ck_assert_uint_eq(rows[1], 300);
+
+  /* WeightInfo has both, in device order. */
+  Qlinear__V1__Request req;
+  Qlinear__V1__ListWeightsRequest lr;
+  qlinear__v1__request__init(&req);
+  qlinear__v1__list_weights_request__init(&lr);
+  req.request_id = 5;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LIST;
+  req.list = &lr;
+  Qlinear__V1__Response *r = td_call(&d, &req, TMO);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_uint_eq(r->list->n_weights, 1);
+  const Qlinear__V1__WeightInfo *wi = r->list->weights[0];
+  ck_assert_uint_eq(wi->n_crossovers, 2);
+  ck_assert_str_eq(wi->crossovers[0]->device, h.devices[0].name);
+  ck_assert_uint_eq(wi->crossovers[0]->rows, 3);
+  ck_assert(wi->crossovers[0]->measured);
+  ck_assert_str_eq(wi->crossovers[1]->device, h.devices[1].name);
+  ck_assert_uint_eq(wi->crossovers[1]->rows, 300);
+  ck_assert_uint_eq(wi->crossover_rows, 3); /* the first device's */
+  qlinear__v1__response__free_unpacked(r, NULL);
+
+  float x[4 * 64];
+  uint64_t seed = 3;
+  td_randn(&seed, x, 4 * k, 1.0f);
+  ck_assert_int_eq(auto_request(&d, "xw", "cuda:0", x, 4, k),
+                   QL_PATH_ACT_QUANT);
+  ck_assert_int_eq(auto_request(&d, "xw", "cuda:1", x, 4, k),
+                   QL_PATH_WEIGHT_ONLY);
+  ck_assert_int_eq(auto_request(&d, "xw", "cuda:1", x, 2, k),
+                   QL_PATH_WEIGHT_ONLY);
+  ck_assert_int_eq(auto_request(&d, "xw", "cuda:0", x, 2, k),
+                   QL_PATH_WEIGHT_ONLY);
+  uint64_t before[2] = {0, 0}, aq_before[2];
+  gpu_crossovers(c, &h, "xw", rows, before, aq_before);
+  ql_path p = auto_request(&d, "xw", NULL, x, 4, k);
+  gpu_crossovers(c, &h, "xw", rows, reqs, aq);
+  int on = reqs[0] > before[0] ? 0 : 1;
+  ck_assert_uint_eq(reqs[on], before[on] + 1);
+  ck_assert_uint_eq(reqs[1 - on], before[1 - on]);
+  ck_assert_int_eq(p, on == 0 ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY);
+  ck_assert_uint_eq(aq[on], aq_before[on] + (on == 0));
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  td_layer_free(&l);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", st);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /*
  * GPU 0 gets a sticky error after some work, GPU 1 a kernel that never
  * finishes: each fails its requests with QL_EDEVICE and a clear message,
@@ -346,6 +769,11 @@ START_TEST(failing_devices) {
   ck_assert_int_eq(linear_on(&d, "w", NULL, x, 2, y, msg, sizeof msg),
                    QL_EDEVICE);
   ck_assert_ptr_nonnull(strstr(msg, "out of service"));
+  /* A load naming a device out of service is refused. */
+  ck_assert_int_eq(load_on(c, "w3", &l, QL_FORMAT_Q8C, 0, "cuda:0,cpu",
+                           NULL, NULL),
+                   QL_EDEVICE);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "cuda:0 is out of service"));
   /* The daemon keeps serving: a new load goes to the CPU. */
   ql_weight_info info;
   ck_assert_int_eq(td_load(c, "w2", &l, QL_FORMAT_Q8C, 0, 0, &info, NULL), 0);
@@ -399,6 +827,9 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, serves_on_gpus);
   tcase_add_test(tc, device_budget);
+  tcase_add_test(tc, configured_budget);
+  tcase_add_test(tc, placement);
+  tcase_add_test(tc, crossover_per_device);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);

@@ -204,6 +204,10 @@ START_TEST(test_table_invariants) {
     case QL_OPT_BOOL:
       ck_assert_uint_eq(o->size, sizeof(bool));
       break;
+    case QL_OPT_PERCENT:
+      ck_assert_uint_eq(o->size, sizeof(uint32_t));
+      ck_assert_uint_le(o->min, o->max);
+      break;
     default:
       ck_abort_msg("%s: type %d", o->name, (int)o->type);
     }
@@ -216,7 +220,8 @@ START_TEST(test_table_invariants) {
       "cpu_budget_bytes", "required_devices", "session_lease_ms",
       "max_batch_rows", "prefill_chunk_rows", "max_queue_delay_us",
       "session_max_requests", "crossover_default_rows", "decode_max_rows",
-      "cpu_level", "kernel_timeout_ms"};
+      "cpu_level", "kernel_timeout_ms", "accel_budget_percent",
+      "device_budget_bytes"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
@@ -599,6 +604,79 @@ START_TEST(test_list) {
                                   sizeof err), QL_EINVAL);
   ck_assert_uint_eq(c.required_devices.n, 2);
   ck_assert_str_eq(c.required_devices.item[1], "ze:0");
+}
+END_TEST
+
+/* Percentages: up to two decimals, an optional '%', kept exactly in
+ * hundredths and written back in the shortest form. */
+START_TEST(test_percent) {
+  ql__config c;
+  ql__config_init_defaults(&c);
+  ck_assert_uint_eq(c.accel_budget_percent, 8750);
+  set_ok(&c, "accel_budget_percent", "50%");
+  ck_assert_uint_eq(c.accel_budget_percent, 5000);
+  set_ok(&c, "accel_budget_percent", "12.25");
+  ck_assert_uint_eq(c.accel_budget_percent, 1225);
+  set_ok(&c, "accel_budget_percent", "0.01");
+  ck_assert_uint_eq(c.accel_budget_percent, 1);
+  set_ok(&c, "accel_budget_percent", "100");
+  ck_assert_uint_eq(c.accel_budget_percent, 10000);
+  ck_assert_str_eq(roundtrip("accel_budget_percent", "87.50"), "87.5");
+  ck_assert_str_eq(roundtrip("accel_budget_percent", "7.05%"), "7.05");
+  ck_assert_str_eq(roundtrip("accel_budget_percent", "070"), "70");
+  set_fails("accel_budget_percent", "0", "0 is not in [0.01, 100]");
+  set_fails("accel_budget_percent", "0.00", "is not in [0.01, 100]");
+  set_fails("accel_budget_percent", "100.01", "is not in [0.01, 100]");
+  set_fails("accel_budget_percent", "99999999999999999999999",
+            "is not in [0.01, 100]");
+  set_fails("accel_budget_percent", "87.555", "at most two decimals");
+  set_fails("accel_budget_percent", "-5", "is not a percentage");
+  set_fails("accel_budget_percent", "", "is not a percentage");
+  set_fails("accel_budget_percent", "5.", "is not a percentage");
+  set_fails("accel_budget_percent", ".5", "is not a percentage");
+  set_fails("accel_budget_percent", "5%%", "is not a percentage");
+  set_fails("accel_budget_percent", "0x10", "is not a percentage");
+}
+END_TEST
+
+/* device_budget_bytes: DEVICE=SIZE items, one per device name. */
+START_TEST(test_device_budget) {
+  ql__config c;
+  char dev[64], why[256];
+  uint64_t bytes = 0;
+  ql__config_init_defaults(&c);
+  ck_assert_uint_eq(c.device_budget_bytes.n, 0);
+  set_ok(&c, "device_budget_bytes",
+         "cuda:0=8G, cuda:GPU-8f3c0a1e-1b2c-4d5e-8f90-0123456789ab = 512M");
+  ck_assert_uint_eq(c.device_budget_bytes.n, 2);
+  ck_assert_int_eq(ql__config_device_budget(c.device_budget_bytes.item[0],
+                                            dev, sizeof dev, &bytes, why,
+                                            sizeof why),
+                   0);
+  ck_assert_str_eq(dev, "cuda:0");
+  ck_assert_uint_eq(bytes, (uint64_t)8 << 30);
+  ck_assert_int_eq(ql__config_device_budget(c.device_budget_bytes.item[1],
+                                            dev, sizeof dev, &bytes, why,
+                                            sizeof why),
+                   0);
+  ck_assert_str_eq(dev, "cuda:GPU-8f3c0a1e-1b2c-4d5e-8f90-0123456789ab");
+  ck_assert_uint_eq(bytes, (uint64_t)512 << 20);
+  set_fails("device_budget_bytes", "cuda:0", "is not DEVICE=SIZE");
+  set_fails("device_budget_bytes", "=1G", "is not DEVICE=SIZE");
+  set_fails("device_budget_bytes", "cuda:0=", "cuda:0: empty value");
+  set_fails("device_budget_bytes", "cuda:0=0", "cuda:0: 0 is not in [1, ");
+  set_fails("device_budget_bytes", "cuda:0=1.5G", "is not a size");
+  set_fails("device_budget_bytes", "cuda:0=1GB", "ambiguous");
+  set_fails("device_budget_bytes", "CUDA:0=1G", "is not a device name");
+  set_fails("device_budget_bytes", "cpu=1G", "cpu_budget_bytes");
+  set_fails("device_budget_bytes", "cuda:0=1G,cuda:0 = 2G",
+            "'cuda:0' is listed twice");
+  set_fails("device_budget_bytes", "cuda:0=1G,,cuda:1=1G", "empty item");
+  /* In a file, the error names the line. */
+  parse_fails("[qlineard]\n\ndevice_budget_bytes = cuda:1=4G,cuda:1=5G\n",
+              "t.conf:3: device_budget_bytes: 'cuda:1' is listed twice");
+  parse_fails("[qlineard]\naccel_budget_percent = 101\n",
+              "t.conf:2: accel_budget_percent: 101 is not in [0.01, 100]");
 }
 END_TEST
 
@@ -1108,7 +1186,10 @@ START_TEST(test_reload_each) {
       v = "/changed";
       break;
     case QL_OPT_LIST:
-      v = "cpu";
+      v = o->flags & QL_OPT_KEYED ? "cuda:0=1G" : "cpu";
+      break;
+    case QL_OPT_PERCENT:
+      v = "50";
       break;
     case QL_OPT_ENUM: /* a name other than the current one */
       v = o->names[0].name;
@@ -1144,7 +1225,8 @@ START_TEST(test_live_set) {
                                "cpu_budget_bytes", "session_lease_ms",
                                "max_batch_rows", "prefill_chunk_rows",
                                "max_queue_delay_us", "session_max_requests",
-                               "crossover_default_rows", "decode_max_rows"};
+                               "crossover_default_rows", "decode_max_rows",
+                               "accel_budget_percent", "device_budget_bytes"};
   size_t n, nlive = 0;
   const ql__option *t = ql__config_options(&n);
   for (size_t i = 0; i < n; i++)
@@ -1360,6 +1442,8 @@ static Suite *config_suite(void) {
   tcase_add_test(tc, test_path);
   tcase_add_test(tc, test_list);
   tcase_add_test(tc, test_set);
+  tcase_add_test(tc, test_percent);
+  tcase_add_test(tc, test_device_budget);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("ini");

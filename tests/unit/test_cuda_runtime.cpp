@@ -361,6 +361,58 @@ static void test_streams_events() {
   cudaFree(a);
 }
 
+// Attributes (the CUDA 13 values of enum cudaDeviceAttr) and timed events.
+static void test_attributes_timing() {
+  setup("2");
+  int v = 0;
+  check(cudaDevAttrMemoryClockRate == 36 &&
+            cudaDevAttrGlobalMemoryBusWidth == 37 &&
+            cudaDevAttrL2CacheSize == 38,
+        "cudaDeviceAttr values");
+  check(cudaDeviceGetAttribute(&v, cudaDevAttrMemoryClockRate, 1) ==
+                cudaSuccess &&
+            v == 2619000,
+        "memory clock");
+  check(cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, 0) ==
+                cudaSuccess &&
+            v == 5120,
+        "bus width");
+  check(cudaDeviceGetAttribute(&v, cudaDevAttrMemoryClockRate, 2) ==
+                cudaErrorInvalidDevice &&
+            cudaDeviceGetAttribute(nullptr, cudaDevAttrL2CacheSize, 0) ==
+                cudaErrorInvalidValue &&
+            cudaDeviceGetAttribute(&v, cudaDeviceAttr(12345), 0) ==
+                cudaErrorInvalidValue,
+        "attribute errors");
+  cudaGetLastError();
+  cudaStream_t s;
+  cudaEvent_t a, b, off;
+  float ms = -1;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEventCreateWithFlags(&a, cudaEventDefault);
+  cudaEventCreateWithFlags(&b, cudaEventDefault);
+  cudaEventCreateWithFlags(&off, cudaEventDisableTiming);
+  check(cudaEventElapsedTime(&ms, a, b) == cudaErrorInvalidResourceHandle,
+        "elapsed time of events never recorded");
+  cudaEventRecord(a, s);
+  struct timespec nap = {0, 20 * 1000 * 1000};
+  nanosleep(&nap, nullptr);
+  cudaEventRecord(b, s);
+  cudaEventRecord(off, s);
+  check(cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 19.0f &&
+            ms < 10000.0f,
+        "elapsed time between two records");
+  check(cudaEventElapsedTime(&ms, a, off) ==
+                cudaErrorInvalidResourceHandle &&
+            cudaEventElapsedTime(nullptr, a, b) == cudaErrorInvalidValue,
+        "elapsed time errors");
+  cudaGetLastError();
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaEventDestroy(off);
+  cudaStreamDestroy(s);
+}
+
 static void test_launches() {
   setup("2");
   int v[32];
@@ -799,6 +851,7 @@ int main() {
   test_ranges();
   test_copies();
   test_streams_events();
+  test_attributes_timing();
   test_launches();
   test_sticky();
   test_hang();

@@ -645,6 +645,30 @@ END_TEST
 
 /* A packed import: qdata and scale required, bias iff declared, array
  * dtypes, dims and sizes checked; the float data dtype is then ignored. */
+/* A load's devices: at most 16, each a non-empty name of at most 63
+ * bytes (which exist is the daemon's to say). */
+START_TEST(test_validate_load_devices) {
+  char *names[17], long_name[65];
+  memset(long_name, 'a', 64);
+  long_name[64] = '\0';
+  for (int i = 0; i < 17; i++)
+    names[i] = "cuda:0";
+  mk_load_begin(QL_FORMAT_Q8C, 0);
+  g.begin.devices = names;
+  g.begin.n_devices = 16;
+  expect_rc(&g.req, 0);
+  g.begin.n_devices = 17;
+  expect_rc(&g.req, QL_EINVAL);
+  names[1] = "";
+  g.begin.n_devices = 2;
+  expect_rc(&g.req, QL_EINVAL);
+  names[1] = long_name;
+  expect_rc(&g.req, QL_EINVAL);
+  long_name[63] = '\0';
+  expect_rc(&g.req, 0);
+}
+END_TEST
+
 START_TEST(test_validate_packed) {
   static Qlinear__V1__PackedSpec ps;
   static Qlinear__V1__ArraySpec qd, sc, ze, bi;
@@ -1651,6 +1675,7 @@ static Suite *protocol_suite(void) {
   tcase_add_test(tc, test_validate_spec_format);
   tcase_add_test(tc, test_validate_spec_group_size);
   tcase_add_test(tc, test_validate_packed);
+  tcase_add_test(tc, test_validate_load_devices);
   tcase_add_test(tc, test_validate_spec_shape);
   tcase_add_test(tc, test_validate_spec_dtype);
   tcase_add_test(tc, test_validate_spec_policy);

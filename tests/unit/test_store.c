@@ -102,11 +102,13 @@ typedef struct loaded {
   ql_qweight *q[MAX_LOADED];
   ql_path policy[MAX_LOADED];
   uint8_t digest[MAX_LOADED][QL_DIGEST_BYTES];
+  char devices[MAX_LOADED][QL_STORE_DEVICES_MAX];
   int refuse; /* the callback returns this instead of 0 */
 } loaded;
 
 static int collect(void *arg, const char *name, ql_qweight *q, ql_path policy,
-                   const uint8_t digest[QL_DIGEST_BYTES]) {
+                   const uint8_t digest[QL_DIGEST_BYTES],
+                   const char *devices) {
   loaded *l = arg;
   if (l->refuse != 0)
     return l->refuse;
@@ -115,6 +117,7 @@ static int collect(void *arg, const char *name, ql_qweight *q, ql_path policy,
   l->q[l->n] = q;
   l->policy[l->n] = policy;
   memcpy(l->digest[l->n], digest, QL_DIGEST_BYTES);
+  snprintf(l->devices[l->n], sizeof l->devices[l->n], "%s", devices);
   l->n++;
   return 0;
 }
@@ -145,7 +148,7 @@ static void put(ql__store *s, const char *name, const ql_qweight *q,
   uint8_t d[QL_DIGEST_BYTES];
   char err[256];
   digest_of(q, d);
-  int rc = ql__store_put(s, name, q, d, policy, err, sizeof err);
+  int rc = ql__store_put(s, name, q, d, policy, NULL, err, sizeof err);
   ck_assert_msg(rc == 0, "put %s: %d %s", name, rc, err);
 }
 
@@ -185,7 +188,7 @@ static uint8_t *encode(const char *name, const ql_qweight *q, ql_path policy,
   uint8_t d[QL_DIGEST_BYTES], *hdr, *buf;
   size_t hl, at;
   digest_of(q, d);
-  ck_assert_int_eq(ql__store_header(name, q, d, policy, &hdr, &hl), 0);
+  ck_assert_int_eq(ql__store_header(name, q, d, policy, NULL, &hdr, &hl), 0);
   *len = hl + (q->bias ? (size_t)q->n * 4 : 0) + q->scale_bytes * 2 +
          q->qdata_bytes;
   buf = tu_xmalloc(*len);
@@ -413,6 +416,41 @@ START_TEST(test_same_content_two_names) {
 }
 END_TEST
 
+/* A placement the load named comes back at the next start; a weight put
+ * without one comes back with none; a malformed one is refused. */
+START_TEST(test_devices_kept) {
+  ql_qweight *q = small_q(7);
+  uint8_t d[QL_DIGEST_BYTES];
+  char err[256];
+  make_dir();
+  digest_of(q, d);
+  ql__store *s = open_store();
+  ck_assert_int_eq(ql__store_put(s, "placed", q, d, QL_PATH_AUTO,
+                                 "cuda:GPU-00000000-1111-2222-3333-"
+                                 "444444444444,cpu", err, sizeof err),
+                   0);
+  put(s, "default", q, QL_PATH_AUTO);
+  static const char *const bad[] = {"cuda 0", ",cpu", "cpu,", "cpu,,cuda:0",
+                                    "cpu;cuda:0", "\"cpu\""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    ck_assert_int_eq(ql__store_put(s, "bad", q, d, QL_PATH_AUTO, bad[i], err,
+                                   sizeof err),
+                     QL_EINVAL);
+  ql__store_close(s);
+  loaded l;
+  ck_assert_int_eq(reload(&l), 2);
+  int p = find_loaded(&l, "placed"), n = find_loaded(&l, "default");
+  ck_assert_int_ge(p, 0);
+  ck_assert_int_ge(n, 0);
+  ck_assert_str_eq(l.devices[p],
+                   "cuda:GPU-00000000-1111-2222-3333-444444444444,cpu");
+  ck_assert_str_eq(l.devices[n], "");
+  free_loaded(&l);
+  ql_qweight_free(q);
+  rm_dir();
+}
+END_TEST
+
 START_TEST(test_put_conflict_and_rewrite) {
   ql_qweight *a = small_q(5), *b = small_q(6);
   uint8_t db[QL_DIGEST_BYTES];
@@ -425,7 +463,7 @@ START_TEST(test_put_conflict_and_rewrite) {
   ck_assert_int_eq(count_files(".safetensors"), 1);
   /* Other content under the same name: never a silent swap. */
   digest_of(b, db);
-  ck_assert_int_eq(ql__store_put(s, "w", b, db, QL_PATH_AUTO, err, sizeof err),
+  ck_assert_int_eq(ql__store_put(s, "w", b, db, QL_PATH_AUTO, NULL, err, sizeof err),
                    QL_EEXIST);
   ck_assert_ptr_nonnull(strstr(err, "remove it first"));
   ck_assert_int_eq(count_files(".safetensors"), 1);
@@ -456,26 +494,26 @@ START_TEST(test_put_refuses_bad_arguments) {
                               "semi;colon"};
   for (int i = 0; i < 6; i++)
     ck_assert_int_eq(
-        ql__store_put(s, bad[i], q, d, QL_PATH_AUTO, err, sizeof err),
+        ql__store_put(s, bad[i], q, d, QL_PATH_AUTO, NULL, err, sizeof err),
         QL_ENAME);
   char longname[300];
   memset(longname, 'a', 256);
   longname[256] = '\0';
   ck_assert_int_eq(
-      ql__store_put(s, longname, q, d, QL_PATH_AUTO, err, sizeof err),
+      ql__store_put(s, longname, q, d, QL_PATH_AUTO, NULL, err, sizeof err),
       QL_ENAME);
   longname[255] = '\0';
   ck_assert_int_eq(
-      ql__store_put(s, longname, q, d, QL_PATH_AUTO, err, sizeof err), 0);
-  ck_assert_int_eq(ql__store_put(s, "p", q, d, (ql_path)7, err, sizeof err),
+      ql__store_put(s, longname, q, d, QL_PATH_AUTO, NULL, err, sizeof err), 0);
+  ck_assert_int_eq(ql__store_put(s, "p", q, d, (ql_path)7, NULL, err, sizeof err),
                    QL_EINVAL);
   d[3] ^= 1; /* a digest that is not the weight's */
-  ck_assert_int_eq(ql__store_put(s, "d", q, d, QL_PATH_AUTO, err, sizeof err),
+  ck_assert_int_eq(ql__store_put(s, "d", q, d, QL_PATH_AUTO, NULL, err, sizeof err),
                    QL_EINVAL);
   d[3] ^= 1;
   size_t keep = q->scale_bytes; /* not a canonical weight */
   q->scale_bytes = 3;
-  ck_assert_int_eq(ql__store_put(s, "c", q, d, QL_PATH_AUTO, err, sizeof err),
+  ck_assert_int_eq(ql__store_put(s, "c", q, d, QL_PATH_AUTO, NULL, err, sizeof err),
                    QL_EINVAL);
   q->scale_bytes = keep;
   ck_assert_int_eq(count_files(".safetensors"), 1);
@@ -1140,7 +1178,7 @@ START_TEST(test_misnamed_and_duplicate) {
                                    a->qdata_bytes) == 0 ? b : a;
   digest_of(other, d);
   ck_assert_int_eq(
-      ql__store_put(s, "dup", other, d, QL_PATH_AUTO, err, sizeof err),
+      ql__store_put(s, "dup", other, d, QL_PATH_AUTO, NULL, err, sizeof err),
       QL_EEXIST);
   ql__store_close(s);
   free_loaded(&l);
@@ -1239,6 +1277,7 @@ int main(void) {
   tcase_add_test(tc, test_names_with_slashes);
   tcase_add_test(tc, test_same_content_two_names);
   tcase_add_test(tc, test_put_conflict_and_rewrite);
+  tcase_add_test(tc, test_devices_kept);
   tcase_add_test(tc, test_put_refuses_bad_arguments);
   tcase_add_test(tc, test_remove);
   tcase_add_test(tc, test_crash_leftovers);

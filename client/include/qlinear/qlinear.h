@@ -149,6 +149,14 @@ typedef struct ql_load_desc {
    * admin unload. Admin socket only (QL_EPERM on the request socket;
    * QL_ENOTSUP when the daemon has no state directory). */
   int persistent;
+  /* Where the weight is made resident: device names or aliases from
+   * ql_hello() separated by ',', e.g. "cuda:0,cpu"; NULL or "": every
+   * accelerator, or the CPU when there is none. An unknown device is
+   * QL_ENOTFOUND, one out of service QL_EDEVICE, one named twice
+   * QL_EINVAL. A persistent weight keeps its placement across restarts.
+   * Content already resident under the name is shared where it is: a
+   * list naming a device it is not on is QL_EEXIST. Borrowed. */
+  const char *devices;
 } ql_load_desc;
 
 /* One already-quantized array (row-major, borrowed). data NULL: absent. */
@@ -178,6 +186,7 @@ typedef struct ql_packed_desc {
   ql_progress_cb progress; /* optional */
   void *progress_arg;
   int persistent;          /* as in ql_load_desc */
+  const char *devices;     /* as in ql_load_desc */
 } ql_packed_desc;
 
 /* A resident weight (ListWeights, LoadCommit). Enumerated fields hold the
@@ -197,8 +206,10 @@ typedef struct ql_weight_info {
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
   uint64_t bytes_resident;         /* over all devices */
   /* AUTO requests of at least this many rows run activation-quantized
-   * (UINT32_MAX: none do); crossover_measured is 1 when the daemon
-   * measured it for this shape, 0 for its default or configured value. */
+   * (UINT32_MAX: none do) on the first device that holds the weight
+   * (accelerators first; ql_stats() has each device's); crossover_measured
+   * is 1 when the daemon measured it for this shape there, 0 for its
+   * default or configured value. */
   uint32_t crossover_rows;
   int crossover_measured;
   size_t n_devices;                /* devices holding it */
@@ -236,6 +247,11 @@ typedef struct ql_weight_stats {
    * one per launch. */
   uint64_t queue_hist[QL_HIST_BUCKETS];
   uint64_t kernel_hist[QL_HIST_BUCKETS];
+  /* AUTO requests of at least this many rows run activation-quantized on
+   * this device (UINT32_MAX: none do); crossover_measured is 1 when the
+   * daemon measured it for this shape on this device. */
+  uint32_t crossover_rows;
+  int crossover_measured;
 } ql_weight_stats;
 
 /* Weight memory of one device against its budget. */

@@ -141,6 +141,7 @@ class ql_load_desc(ctypes.Structure):
         ("progress_arg", ctypes.c_void_p),
         ("asymmetric", ctypes.c_int),
         ("persistent", ctypes.c_int),
+        ("devices", ctypes.c_char_p),
     ]
 
 
@@ -170,6 +171,7 @@ class ql_packed_desc(ctypes.Structure):
         ("progress", ql_progress_cb),
         ("progress_arg", ctypes.c_void_p),
         ("persistent", ctypes.c_int),
+        ("devices", ctypes.c_char_p),
     ]
 
 
@@ -217,6 +219,8 @@ class ql_weight_stats(ctypes.Structure):
         ("expired", ctypes.c_uint64),
         ("queue_hist", ctypes.c_uint64 * QL_HIST_BUCKETS),
         ("kernel_hist", ctypes.c_uint64 * QL_HIST_BUCKETS),
+        ("crossover_rows", ctypes.c_uint32),
+        ("crossover_measured", ctypes.c_int),
     ]
 
 

@@ -291,6 +291,8 @@ class WeightStats:
     expired: int
     queue_hist: list
     kernel_hist: list
+    crossover_rows: int
+    crossover_measured: bool
 
 
 @dataclasses.dataclass
@@ -429,6 +431,16 @@ def _slice(region, offset, length):
 
 
 # ------------------------------------------------------------------ client
+
+def _devices_arg(devices):
+    """A load's devices as ql_load_desc.devices takes them: None, one
+    comma-separated string, or a sequence of names."""
+    if devices is None:
+        return None
+    if not isinstance(devices, str):
+        devices = ",".join(devices)
+    return devices.encode()
+
 class Client:
     """A session with qlineard (ql_connect()).
 
@@ -536,13 +548,16 @@ class Client:
 
     def load(self, name, weight, bias=None, *, format="q4g128", dtype=None,
              policy="auto", scale_dtype=None, persistent=False,
-             progress=None):
+             progress=None, devices=None):
         """Uploads a float weight [n, k] (and bias [n]) for the daemon to
         quantize into ``format`` (ql_load_float()). ``dtype`` names the
         element type when the array's own does not ("bf16" for a uint16
         array). ``scale_dtype`` ("f32", "f16", "bf16") overrides the
         default of the data's dtype. ``progress(done, total)`` is called
-        as chunks are acknowledged. Returns the WeightInfo; its ``shared``
+        as chunks are acknowledged. ``devices`` (a list of device names
+        or aliases, or one comma-separated string) places the weight on
+        those devices only; None: every accelerator, or the CPU when there
+        is none. Returns the WeightInfo; its ``shared``
         is True when identical content was already resident by that name
         (loading other content under it raises QL_EEXIST)."""
         fmt, group, asym = parse_format(format)
@@ -571,6 +586,7 @@ class Client:
         d.scale_dtype = 0 if scale_dtype is None else \
             _DTYPE_CODES.get(scale_dtype, -1)
         d.persistent = int(bool(persistent))
+        d.devices = _devices_arg(devices)
         cb = None
         if progress is not None:
             cb = _lib.ql_progress_cb(lambda _arg, done, total:
@@ -586,7 +602,7 @@ class Client:
 
     def load_packed(self, name, format, n, k, qdata, scale, zero=None,
                     bias=None, *, zero_kind="float", policy="auto",
-                    persistent=False, progress=None):
+                    persistent=False, progress=None, devices=None):
         """Uploads an already-quantized weight in TorchAO's canonical
         layouts (ql_load_packed(), DESIGN §4): q4g qdata [n, ceil(k/2)]
         uint8, scale and zero [G, n]; q8c qdata [n, k] int8, scale [n];
@@ -594,7 +610,8 @@ class Client:
         [n, k] e4m3 bytes, scale [n]. Each array's dtype gives its element
         type; give (array, "bf16") for bfloat16 held in uint16 and
         (array, "e4m3") for float8 held in uint8. ``zero_kind="int"`` is
-        int4 with integer zero points. Returns the WeightInfo as load()."""
+        int4 with integer zero points. ``devices`` as in load(). Returns
+        the WeightInfo as load()."""
         fmt, group, asym = parse_format(format)
         if fmt == _lib.QL_FORMAT_F8R and isinstance(qdata, np.ndarray) and \
                 qdata.dtype == np.uint8:
@@ -618,6 +635,7 @@ class Client:
             keep.append(held)
         d.policy = _path_code(policy)
         d.persistent = int(bool(persistent))
+        d.devices = _devices_arg(devices)
         cb = None
         if progress is not None:
             cb = _lib.ql_progress_cb(lambda _arg, done, total:
@@ -684,7 +702,9 @@ class Client:
                 aq_batches=w.aq_batches, queue_ns=w.queue_ns,
                 kernel_ns=w.kernel_ns, impl=_s(w.impl),
                 bytes_resident=w.bytes_resident, expired=w.expired,
-                queue_hist=list(w.queue_hist), kernel_hist=list(w.kernel_hist))
+                queue_hist=list(w.queue_hist), kernel_hist=list(w.kernel_hist),
+                crossover_rows=w.crossover_rows,
+                crossover_measured=bool(w.crossover_measured))
                 for w in (s.per_weight[i] for i in range(s.n_per_weight))]
             return Stats(
                 uptime_ns=s.uptime_ns, requests=s.requests, errors=s.errors,

@@ -98,6 +98,25 @@ def test_load_list_lookup_unload(client, rng):
     assert e.value.code == qlinear.QL_ENOTFOUND
 
 
+def test_load_devices(client, rng):
+    w = rng.standard_normal((16, 64)).astype(np.float32)
+    info = client.load("py/placed", w, format="q8c", devices=["cpu"])
+    assert info.devices == ["cpu"]
+    again = client.load_packed("py/placed8", "q8c", 2, 4,
+                               np.ones((2, 4), np.int8),
+                               np.ones(2, np.float32), devices="cpu")
+    assert again.devices == ["cpu"]
+    for devices, code in ((["cuda:7"], qlinear.QL_ENOTFOUND),
+                          (["cpu", "cpu"], qlinear.QL_EINVAL),
+                          ("cpu,", qlinear.QL_EINVAL)):
+        with pytest.raises(qlinear.QLinearError) as e:
+            client.load("py/unplaced", w, format="q8c", devices=devices)
+        assert e.value.code == code, devices
+    assert "py/unplaced" not in [i.name for i in client.list()]
+    client.unload("py/placed")
+    client.unload("py/placed8")
+
+
 @pytest.mark.parametrize("fmt,path", [
     ("q8c", "wo"), ("q8c", "aq"), ("q4g128", "wo"), ("q4g128", "aq"),
     ("q4g32", "aq"), ("f8r", "wo"), ("f8r", "aq"), ("q8b64", "wo"),
