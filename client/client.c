@@ -1595,13 +1595,15 @@ static int check_linear_args(ql_client *c, const char *weight, ql_path path,
 
 /*
  * Sends a prepared Linear request and checks its reply: y must be [m, n]
- * in dtype, inline with ybytes bytes when ys is NULL (copied to y), else
- * naming exactly the slice ys.
+ * in dtype, inline with ybytes bytes when neither ys nor yc is given
+ * (copied to y), else naming exactly the region slice ys or the CUDA IPC
+ * slice yc (its offset and length: the reply carries no handle).
  */
 static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
                        ql_dtype dtype, uint64_t m, uint64_t n,
                        uint64_t ybytes, const Qlinear__V1__RegionSlice *ys,
-                       void *y, ql_linear_result *res) {
+                       const Qlinear__V1__CudaIpcSlice *yc, void *y,
+                       ql_linear_result *res) {
   Request req = QLINEAR__V1__REQUEST__INIT;
   Response *resp = NULL;
   int rv;
@@ -1641,6 +1643,15 @@ static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
       rv = err_set(QL_EPROTO, "reply y is not the slice asked for");
       goto fail;
     }
+  } else if (yc != NULL) {
+    const Qlinear__V1__CudaIpcSlice *got =
+        yt->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC ? yt->cuda_ipc
+                                                            : NULL;
+    if (got == NULL || got->offset != yc->offset ||
+        got->length != yc->length) {
+      rv = err_set(QL_EPROTO, "reply y is not the CUDA slice asked for");
+      goto fail;
+    }
   } else if (yt->data_case != QLINEAR__V1__TENSOR__DATA_INLINE_DATA ||
              yt->inline_data.len != ybytes) {
     rv = err_set(QL_EPROTO, "reply y carries %zu bytes of data, [%llu, %llu] "
@@ -1658,7 +1669,7 @@ static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
     rv = err_set(QL_EPROTO, "reply names unknown path %d", (int)lp->path);
     goto fail;
   }
-  if (ys == NULL)
+  if (ys == NULL && yc == NULL)
     memcpy(y, yt->inline_data.data, (size_t)ybytes);
   if (res != NULL) {
     res->path = (ql_path)lp->path;
@@ -1713,7 +1724,7 @@ QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
   lr.weight = (char *)weight;
   lr.x = &xt;
   lr.path = (Qlinear__V1__Path)path;
-  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, y, res);
+  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, NULL, y, res);
 }
 
 QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
@@ -1897,7 +1908,96 @@ QL_EXPORT int ql_linear_region(ql_client *c, const char *weight, ql_path path,
   lr.x = &xt;
   lr.path = (Qlinear__V1__Path)path;
   lr.y_out = y != NULL ? &ys : NULL;
-  return linear_call(c, &lr, dtype, m, n, ybytes, lr.y_out, y_inline, res);
+  return linear_call(c, &lr, dtype, m, n, ybytes, lr.y_out, NULL, y_inline,
+                     res);
+}
+
+/* A CUDA slice into its message (out points into sl: no copy), after the
+ * checks that need no daemon. */
+static int cuda_msg(const char *what, const ql_cuda_slice *sl, uint64_t bytes,
+                    size_t esz, int with_event,
+                    Qlinear__V1__CudaIpcSlice *out) {
+  if (memchr(sl->device, '\0', sizeof sl->device) == NULL ||
+      sl->device[0] == '\0')
+    return err_set(QL_EINVAL, "%s: the CUDA slice names no device, or an "
+                              "unterminated one",
+                   what);
+  if (sl->offset % esz != 0)
+    return err_set(QL_EINVAL, "%s: offset %llu is not a multiple of the "
+                              "%zu-byte element size",
+                   what, (unsigned long long)sl->offset, esz);
+  if (sl->length != bytes)
+    return err_set(QL_ESHAPE, "%s: the slice holds %llu bytes, %llu needed",
+                   what, (unsigned long long)sl->length,
+                   (unsigned long long)bytes);
+  qlinear__v1__cuda_ipc_slice__init(out);
+  out->mem_handle.data = (uint8_t *)sl->mem_handle; /* pack only reads it */
+  out->mem_handle.len = sizeof sl->mem_handle;
+  out->offset = sl->offset;
+  out->length = sl->length;
+  out->device = (char *)sl->device;
+  if (with_event && sl->has_ready_event) {
+    out->ready_event.data = (uint8_t *)sl->ready_event;
+    out->ready_event.len = sizeof sl->ready_event;
+  }
+  return 0;
+}
+
+QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
+                             ql_dtype dtype, uint64_t m, uint64_t k,
+                             const ql_cuda_slice *x, uint64_t n,
+                             const ql_cuda_slice *y, void *y_inline,
+                             ql_linear_result *res) {
+  Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
+  Qlinear__V1__Tensor xt;
+  Qlinear__V1__CudaIpcSlice xs, ys;
+  uint64_t shape[2] = {m, k}, mk, mn, xbytes, ybytes, cap, room;
+  size_t esz;
+  int rv;
+
+  err_clear();
+  if (c == NULL || x == NULL || (y == NULL) == (y_inline == NULL))
+    return err_set(QL_EINVAL, "client or x is NULL, or not exactly one of y "
+                              "and y_inline is given");
+  if ((rv = check_linear_args(c, weight, path, dtype, m, k, n)) != 0)
+    return rv;
+  esz = ql_dtype_size(dtype);
+  if (!mul_ok(m, k, &mk) || !mul_ok(mk, esz, &xbytes) || !mul_ok(m, n, &mn) ||
+      !mul_ok(mn, esz, &ybytes))
+    return err_set(QL_ETOOBIG, "x [%llu, %llu] or y [%llu, %llu] is too large",
+                   (unsigned long long)m, (unsigned long long)k,
+                   (unsigned long long)m, (unsigned long long)n);
+  if ((rv = cuda_msg("x", x, xbytes, esz, 1, &xs)) != 0)
+    return rv;
+  if (y != NULL) {
+    if ((rv = cuda_msg("y", y, ybytes, esz, 0, &ys)) != 0)
+      return rv;
+    if (strcmp(x->device, y->device) != 0)
+      return err_set(QL_EINVAL, "x is on %s, y on %s: one request runs on "
+                                "one device",
+                     x->device, y->device);
+  } else {
+    client_limits(c, &cap, NULL);
+    room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
+    if (ybytes > room)
+      return err_set(QL_ETOOBIG, "y [%llu, %llu] does not fit the daemon's "
+                                 "cap of %llu bytes: give a CUDA slice",
+                     (unsigned long long)m, (unsigned long long)n,
+                     (unsigned long long)cap);
+  }
+
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = (Qlinear__V1__DType)dtype;
+  xt.n_shape = 2;
+  xt.shape = shape;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
+  xt.cuda_ipc = &xs;
+  lr.weight = (char *)weight;
+  lr.x = &xt;
+  lr.path = (Qlinear__V1__Path)path;
+  lr.y_out_cuda = y != NULL ? &ys : NULL;
+  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, lr.y_out_cuda,
+                     y_inline, res);
 }
 
 /* ------------------------------------------------------------ regions */

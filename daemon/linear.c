@@ -5,6 +5,7 @@
 
 #include "calibrate.h"
 #include "devices.h"
+#include "ipc.h"
 #include "linear.h"
 #include "log.h"
 #include "registry.h"
@@ -41,6 +42,11 @@ typedef struct lin_req {
   ql__weight *w;    /* one reference */
   ql__region *xr;   /* x's region (one reference), or NULL: inline */
   ql__region *yr;   /* y's region (one reference), or NULL: y is ours */
+  ql__ipc_mem *xm;  /* x's CUDA IPC import (one reference), or NULL */
+  ql__ipc_mem *ym;  /* y's CUDA IPC import (one reference), or NULL */
+  void *ready;      /* x's ready event (ipc_event_open of ready_dev) */
+  const ql__device *ready_dev;
+  unsigned where;   /* QL_LINEAR_*_DEVICE: x, y in device memory */
   const uint8_t *x; /* inline data or inside xr's mapping */
   uint8_t *y;       /* malloc'd here, or inside yr's mapping */
   size_t x_row, y_row; /* bytes of one row of x and of y */
@@ -182,6 +188,7 @@ static void multi_answer(ql__server *s, multi *mu) {
   Qlinear__V1__LinearResponse res[QL_MULTI_MAX], *pres[QL_MULTI_MAX];
   Qlinear__V1__Tensor y[QL_MULTI_MAX];
   Qlinear__V1__RegionSlice ys[QL_MULTI_MAX];
+  Qlinear__V1__CudaIpcSlice yc[QL_MULTI_MAX];
   uint64_t shape[QL_MULTI_MAX][2];
   const Qlinear__V1__LinearMultiRequest *l = mu->req->msg->linear_multi;
   ql__reply_init(&r, mu->req->msg->request_id);
@@ -198,7 +205,15 @@ static void multi_answer(ql__server *s, multi *mu) {
       y[i].dtype = (Qlinear__V1__DType)p->dt;
       y[i].shape = shape[i];
       y[i].n_shape = 2;
-      if (p->y == NULL) {
+      if (p->y == NULL && l->n_y_out_cuda != 0) {
+        /* The slice asked for, without its handles (ipc.h). */
+        qlinear__v1__cuda_ipc_slice__init(&yc[i]);
+        yc[i].offset = l->y_out_cuda[i]->offset;
+        yc[i].length = l->y_out_cuda[i]->length;
+        yc[i].device = l->y_out_cuda[i]->device;
+        y[i].data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
+        y[i].cuda_ipc = &yc[i];
+      } else if (p->y == NULL) {
         qlinear__v1__region_slice__init(&ys[i]);
         ys[i].region_id = l->y_out[i]->region_id;
         ys[i].offset = l->y_out[i]->offset;
@@ -244,6 +259,17 @@ static const char *error_text(int rc) {
   }
 }
 
+/* Lets go of what a request holds in device memory: its imports and its
+ * ready event. */
+static void release_device(lin_req *j) {
+  ql__ipc_unref(j->xm);
+  ql__ipc_unref(j->ym);
+  if (j->ready != NULL)
+    j->ready_dev->b->ipc_event_close(j->ready_dev->ordinal, j->ready);
+  j->xm = j->ym = NULL;
+  j->ready = NULL;
+}
+
 /* A part of a LinearMulti is done: its result moves to the parent, which
  * is answered with the last part. */
 static void part_done(ql__server *s, lin_req *j, int rc) {
@@ -260,7 +286,7 @@ static void part_done(ql__server *s, lin_req *j, int rc) {
   p->path = j->path;
   p->impl = j->impl;
   p->y_bytes = j->y_bytes;
-  p->y = j->yr == NULL ? j->y : NULL; /* the parent's now */
+  p->y = j->yr == NULL && j->ym == NULL ? j->y : NULL; /* the parent's now */
   if (rc == 0) {
     j->w->stats[j->sr.on_device].requests++;
     j->w->stats[j->sr.on_device].rows += j->sr.rows;
@@ -268,6 +294,7 @@ static void part_done(ql__server *s, lin_req *j, int rc) {
   ql__weight_unref(j->w);
   ql__region_unref(j->xr);
   ql__region_unref(j->yr);
+  release_device(j);
   free(j);
   if (--mu->pending == 0)
     multi_answer(s, mu);
@@ -279,6 +306,7 @@ static void answer(ql__server *s, lin_req *j) {
   Qlinear__V1__LinearResponse out;
   Qlinear__V1__Tensor y;
   Qlinear__V1__RegionSlice yslice;
+  Qlinear__V1__CudaIpcSlice ycuda;
   uint64_t shape[2] = {j->sr.rows, (uint64_t)j->w->q->n};
   int rc = j->sr.status != 0 ? j->sr.status : j->rc;
   s->queued_bytes -= j->cost;
@@ -306,6 +334,16 @@ static void answer(ql__server *s, lin_req *j) {
       yslice.length = want->length;
       y.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
       y.region = &yslice;
+    } else if (j->ym != NULL) {
+      /* Written into the client's device memory: name the slice, without
+       * its handles (nothing that maps memory travels back). */
+      const Qlinear__V1__CudaIpcSlice *want = j->req->msg->linear->y_out_cuda;
+      qlinear__v1__cuda_ipc_slice__init(&ycuda);
+      ycuda.offset = want->offset;
+      ycuda.length = want->length;
+      ycuda.device = want->device;
+      y.data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
+      y.cuda_ipc = &ycuda;
     } else {
       y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
       y.inline_data.data = j->y;
@@ -328,8 +366,11 @@ static void answer(ql__server *s, lin_req *j) {
    * unmapped here, by its last reference. */
   ql__region_unref(j->xr);
   ql__region_unref(j->yr);
+  /* An import the session let go of is closed here, by its last user. */
+  int y_ours = j->yr == NULL && j->ym == NULL;
+  release_device(j);
   ql__request_free(j->req);
-  if (j->yr == NULL)
+  if (y_ours)
     free(j->y);
   free(j);
 }
@@ -350,6 +391,29 @@ static const ql_kernel_impl *kernel(const ql_backend *b, const ql_qweight *q,
                                     ql_path path, ql_dtype dt, int64_t m) {
   ql_op op = path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO : QL_OP_LINEAR_AQ;
   return ql_dispatch(b, op, q->format, dt, m, q->n, q->k);
+}
+
+/* The same for x and y in device memory; NULL: the backend cannot. */
+static const ql_kernel_impl *kernel_dev(const ql_backend *b,
+                                        const ql_qweight *q, ql_path path,
+                                        ql_dtype dt, int64_t m) {
+  ql_op op = path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO : QL_OP_LINEAR_AQ;
+  return ql_dispatch_dev(b, op, q->format, dt, m, q->n, q->k);
+}
+
+/* Worker thread of d, bound to it: rows [off, off + rows) of request j
+ * with x and y where j has them, device memory included. */
+static int run_dev(const ql__device *d, const lin_req *j, uint32_t off,
+                   uint32_t rows, const char **impl) {
+  ql_linear_dev_args da = {
+      {j->w->q, j->w->lay[d->index].packed, j->dt, j->x + (size_t)off * j->x_row,
+       rows, j->y + (size_t)off * j->y_row},
+      j->where,
+      j->ready};
+  return ql_run_linear_dev(d->b,
+                           j->path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO
+                                                          : QL_OP_LINEAR_AQ,
+                           &da, impl);
 }
 
 /* Worker thread of d, bound to it. */
@@ -399,6 +463,32 @@ static void batch_run(ql__job *job) {
     return;
   if (d->b->device_bind != NULL && (bj->rc = d->b->device_bind(d->ordinal)))
     return;
+  /* Device memory cannot be gathered by the host: a batch with a request
+   * whose x or y is in device memory (or that waits for an event) runs
+   * slice by slice, each where its tensors are. The kernels are
+   * batch-invariant, so each request's bytes are the same as coalesced. */
+  int per_slice = 0;
+  for (uint32_t i = 0; i < b->n; i++) {
+    const lin_req *j = of(b->slice[i].req);
+    per_slice |= j->where != 0 || j->ready != NULL;
+  }
+  if (per_slice) {
+    for (uint32_t i = 0; i < b->n; i++) {
+      const ql__sched_slice *sl = &b->slice[i];
+      const lin_req *j = of(sl->req);
+      bj->slice_rc[i] =
+          j->where != 0 || j->ready != NULL
+              ? run_dev(d, j, sl->offset, sl->rows, &bj->impl)
+              : run_rows(d, w, j->path, dt, j->x + (size_t)sl->offset * xr,
+                         sl->rows, j->y + (size_t)sl->offset * yr, &bj->impl);
+      /* A failed device fails the batch; other errors are the slice's. */
+      if (bj->slice_rc[i] == QL_EDEVICE) {
+        bj->rc = QL_EDEVICE;
+        break;
+      }
+    }
+    return;
+  }
   if (b->n == 1) {
     lin_req *j = first;
     uint32_t off = b->slice[0].offset;
@@ -577,6 +667,78 @@ static ql__region *slice_region(ql__session *ss, const char *what,
 }
 
 /*
+ * The device of a request's CUDA IPC tensors (x, y or both; NULL when it
+ * has none): the device their slices name, which must be one, must take
+ * imports, and must be the request's own device when it names one: an
+ * allocation is mapped on the device it lives on, and its request runs
+ * there. Sets r and returns 0 when it does not add up.
+ */
+static int ipc_device(ql__server *s, const Qlinear__V1__CudaIpcSlice *xc,
+                      const Qlinear__V1__CudaIpcSlice *yc, const char *asked,
+                      ql__device **out, ql__reply *r) {
+  ql__device *dx = NULL, *dy = NULL, *d;
+  if (xc != NULL && (dx = ql__device_find(s, xc->device)) == NULL) {
+    ql__reply_set_error(r, QL_ENOTFOUND, "linear: x: no device '%.64s'",
+                        xc->device);
+    return 0;
+  }
+  if (yc != NULL && (dy = ql__device_find(s, yc->device)) == NULL) {
+    ql__reply_set_error(r, QL_ENOTFOUND, "linear: y_out_cuda: no device "
+                        "'%.64s'", yc->device);
+    return 0;
+  }
+  if (dx != NULL && dy != NULL && dx != dy) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: x is in the memory of %s, "
+                        "y_out_cuda in that of %s: a request runs on one "
+                        "device", dx->alias, dy->alias);
+    return 0;
+  }
+  d = dx != NULL ? dx : dy;
+  if (d->b->ipc_open == NULL) {
+    ql__reply_set_error(r, QL_ENOTSUP, "linear: device %s takes no CUDA IPC "
+                        "memory", d->alias);
+    return 0;
+  }
+  if (asked[0] != '\0' && ql__device_find(s, asked) != d) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: the request asks for device "
+                        "'%.64s', its CUDA IPC tensors are in the memory of "
+                        "%s", asked, d->alias);
+    return 0;
+  }
+  *out = d;
+  return 1;
+}
+
+/*
+ * The session's import of a CUDA IPC slice on d (opened at its first use),
+ * with the slice checked against the allocation's real size the only safe
+ * way. Sets r and returns NULL when it cannot be opened or does not fit.
+ */
+static ql__ipc_mem *ipc_slice(ql__session *ss, const ql__device *d,
+                              const char *what,
+                              const Qlinear__V1__CudaIpcSlice *sl,
+                              ql__reply *r) {
+  char err[256];
+  ql__ipc_mem *m;
+  int rc = ql__ipc_get(ql__session_ipc(ss), d, ql__session_id(ss),
+                       sl->mem_handle.data, sl->mem_handle.len, &m, err,
+                       sizeof err);
+  if (rc != 0) {
+    ql__reply_set_error(r, rc, "linear: %s: %s", what, err);
+    return NULL;
+  }
+  if (!ql__slice_valid(sl->offset, sl->length, m->size)) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: %s: %llu bytes at offset %llu "
+                        "do not fit the CUDA allocation of %llu bytes", what,
+                        (unsigned long long)sl->length,
+                        (unsigned long long)sl->offset,
+                        (unsigned long long)m->size);
+    return NULL;
+  }
+  return m;
+}
+
+/*
  * The path of an AUTO request of m rows on w (DESIGN §6): weight-only
  * below the crossover of the device it runs on, else activation-quantized.
  * With no device named (*on < 0) and the holders in service (holders)
@@ -621,15 +783,25 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
                       void *route, multi *mu, unsigned index,
                       const char *weight, const Qlinear__V1__Tensor *x,
                       ql_path want, const Qlinear__V1__RegionSlice *ys,
+                      const Qlinear__V1__CudaIpcSlice *yc,
                       const char *device, ql__reply *r) {
   const Qlinear__V1__RegionSlice *xs =
       x->data_case == QLINEAR__V1__TENSOR__DATA_REGION ? x->region : NULL;
+  const Qlinear__V1__CudaIpcSlice *xc =
+      x->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC ? x->cuda_ipc : NULL;
+  ql__device *ipc_dev = NULL;
   uint64_t now = ql__now_ns();
   ql__weight *w = ql__weight_store_get(s->weights, weight);
   if (w == NULL) {
     ql__reply_set_error(r, QL_ENOTFOUND, "linear: no weight named '%s'",
                         weight);
     return 0;
+  }
+  /* CUDA IPC tensors run where their memory is. */
+  if (xc != NULL || yc != NULL) {
+    if (!ipc_device(s, xc, yc, device, &ipc_dev, r))
+      return 0;
+    device = ipc_dev->name;
   }
   /* The device: the one asked for, which must hold the weight and be in
    * service, else the scheduler's choice among those that do. */
@@ -680,7 +852,7 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
     return 0;
   }
   /* Only an inline y travels in the reply: a region takes any size. */
-  if (ys == NULL && y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
+  if (ys == NULL && yc == NULL && y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
     ql__reply_set_error(r, QL_ETOOBIG, "linear: the [%llu,%lld] result "
                         "exceeds the %zu-byte message cap",
                         (unsigned long long)m, (long long)w->q->n,
@@ -709,6 +881,28 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
       return 0;
     }
   }
+  ql__ipc_mem *xm = NULL, *ym = NULL;
+  if (xc != NULL && (xm = ipc_slice(ss, ipc_dev, "x", xc, r)) == NULL)
+    return 0;
+  if (yc != NULL) {
+    if (yc->length != y_bytes) {
+      ql__reply_set_error(r, QL_ESHAPE, "linear: the y_out_cuda slice holds "
+                          "%llu bytes, [%llu,%lld] of %zu-byte elements needs "
+                          "%zu", (unsigned long long)yc->length,
+                          (unsigned long long)m, (long long)w->q->n, esz,
+                          y_bytes);
+      return 0;
+    }
+    if ((ym = ipc_slice(ss, ipc_dev, "y_out_cuda", yc, r)) == NULL)
+      return 0;
+    /* Both slices are inside the allocation, so these sums cannot wrap. */
+    if (xm == ym && xc->offset < yc->offset + yc->length &&
+        yc->offset < xc->offset + xc->length) {
+      ql__reply_set_error(r, QL_EINVAL, "linear: the x and y_out_cuda slices "
+                          "overlap");
+      return 0;
+    }
+  }
   /* Path: the request's own choice, else the weight's policy, else by the
    * request's own row count (DESIGN §6), never by what it is batched
    * with: that keeps its reply reproducible. */
@@ -732,18 +926,56 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
     }
     path = QL_PATH_WEIGHT_ONLY;
   }
+  /* Device tensors need an implementation of the device's own that reads
+   * them where they are (linear_dev); AQ without one falls back as above. */
+  if (ipc_dev != NULL) {
+    const ql_kernel_impl *im = kernel_dev(ipc_dev->b, w->q, path, dt,
+                                          (int64_t)m);
+    if (im == NULL && path == QL_PATH_ACT_QUANT &&
+        want != QL_PATH_ACT_QUANT) {
+      path = QL_PATH_WEIGHT_ONLY;
+      im = kernel_dev(ipc_dev->b, w->q, path, dt, (int64_t)m);
+    }
+    if (im == NULL) {
+      ql__reply_set_error(r, QL_ENOTSUP, "linear: no %s kernel of %s reads "
+                          "device memory for %s weight '%s'",
+                          path == QL_PATH_ACT_QUANT ? "activation-quantized"
+                                                    : "weight-only",
+                          ipc_dev->alias, ql__format_name(w->q->format),
+                          w->name);
+      return 0;
+    }
+  }
   /* Waiting requests hold their inline x and their inline y: bound both.
-   * Region memory is the session's and bounded there. */
-  size_t cost = (xr ? 0 : x->inline_data.len) + (yr ? 0 : y_bytes);
+   * Region and device memory are the session's and bounded there. */
+  size_t cost = (xr || xm ? 0 : x->inline_data.len) +
+                (yr || ym ? 0 : y_bytes);
   if (cost > s->cfg.max_queued_bytes - s->queued_bytes) {
     ql__reply_set_error(r, QL_EEXHAUSTED, "linear: %zu bytes of requests are "
                         "already queued", s->queued_bytes);
     return 0;
   }
+  /* The ready event is opened per request (it is recorded anew for each
+   * x) and last, so that nothing can fail with it open but the queueing. */
+  void *ready = NULL;
+  if (xc != NULL && xc->ready_event.len != 0) {
+    int erc = ipc_dev->b->ipc_event_open(ipc_dev->ordinal,
+                                         xc->ready_event.data,
+                                         xc->ready_event.len, &ready);
+    if (erc != 0) {
+      ql__reply_set_error(r, erc, "linear: x: device %s cannot open the "
+                          "ready event handle%s", ipc_dev->alias,
+                          erc == QL_EINVAL ? " (not an interprocess event of "
+                                             "a live process)" : "");
+      return 0;
+    }
+  }
   lin_req *j = calloc(1, sizeof *j);
-  if (j == NULL || (yr == NULL && (j->y = malloc(y_bytes ? y_bytes : 1)) ==
-                                      NULL)) {
+  if (j == NULL || (yr == NULL && ym == NULL &&
+                    (j->y = malloc(y_bytes ? y_bytes : 1)) == NULL)) {
     free(j);
+    if (ready != NULL)
+      ipc_dev->b->ipc_event_close(ipc_dev->ordinal, ready);
     ql__reply_set_error(r, QL_ENOMEM, "linear: out of memory");
     return 0;
   }
@@ -757,9 +989,14 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
   j->w = w;
   j->xr = xr;
   j->yr = yr;
-  j->x = xr ? xr->base + xs->offset : x->inline_data.data;
+  j->x = xr   ? xr->base + xs->offset
+         : xm ? xm->base + xc->offset
+              : x->inline_data.data;
   if (yr)
     j->y = yr->base + ys->offset;
+  if (ym)
+    j->y = ym->base + yc->offset;
+  j->where = (xm ? QL_LINEAR_X_DEVICE : 0u) | (ym ? QL_LINEAR_Y_DEVICE : 0u);
   j->x_row = (size_t)k * esz;
   j->y_row = (size_t)w->q->n * esz;
   j->y_bytes = y_bytes;
@@ -783,9 +1020,11 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
   j->sr.deadline_ns = dl_ns;
   int rc = ql__sched_submit(s->lin->sched, &j->sr, now);
   if (rc != 0) {
-    if (yr == NULL)
+    if (yr == NULL && ym == NULL)
       free(j->y);
     free(j);
+    if (ready != NULL)
+      ipc_dev->b->ipc_event_close(ipc_dev->ordinal, ready);
     if (rc == QL_EEXHAUSTED)
       ql__reply_set_error(r, rc, "linear: the queue of '%s' is full, or the "
                           "session has %zu requests waiting", w->name,
@@ -802,6 +1041,14 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
     ql__region_ref(xr);
   if (yr)
     ql__region_ref(yr);
+  if (xm)
+    ql__ipc_ref(xm);
+  if (ym)
+    ql__ipc_ref(ym);
+  j->xm = xm;
+  j->ym = ym;
+  j->ready = ready;
+  j->ready_dev = ipc_dev;
   s->queued_bytes += cost;
   s->lin->in_flight++;
   /* Deadlines are checked at every launch; while a long batch runs this
@@ -816,7 +1063,7 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
                       void *route, ql__reply *r) {
   const Qlinear__V1__LinearRequest *l = req->msg->linear;
   return submit_one(s, ss, req, route, NULL, 0, l->weight, l->x,
-                    (ql_path)l->path, l->y_out, l->device, r);
+                    (ql_path)l->path, l->y_out, l->y_out_cuda, l->device, r);
 }
 
 int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
@@ -839,7 +1086,7 @@ int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
                           (long long)w->q->k);
       return 0;
     }
-    if (l->n_y_out == 0)
+    if (l->n_y_out == 0 && l->n_y_out_cuda == 0)
       inline_bytes += (size_t)l->x->shape[0] * (size_t)w->q->n *
                       ql_dtype_size((int)l->x->dtype);
   }
@@ -865,7 +1112,8 @@ int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
     mu->pending++;
     if (!submit_one(s, ss, req, route, mu, (unsigned)i, l->weights[i], l->x,
                     (ql_path)l->path, l->n_y_out ? l->y_out[i] : NULL,
-                    l->device, &pr)) {
+                    l->n_y_out_cuda ? l->y_out_cuda[i] : NULL, l->device,
+                    &pr)) {
       mu->pending--;
       if (i == 0) {
         /* Nothing runs: answer with the part's own error. */

@@ -233,6 +233,36 @@ static int check_slice(const char *what, const Qlinear__V1__RegionSlice *sl,
   return 0;
 }
 
+/* The stateless part of a CUDA IPC slice: handles of the right size, a
+ * device named, an aligned offset. Bounds need the opened allocation:
+ * linear.c checks them against its real size. */
+static int check_cuda(const char *what, const Qlinear__V1__CudaIpcSlice *sl,
+                      size_t es, char *err, size_t errlen) {
+  if (sl->mem_handle.len != QL_CUDA_IPC_HANDLE_BYTES) {
+    seterr(err, errlen, "linear: %s: a CUDA IPC memory handle has %d bytes, "
+           "got %zu", what, QL_CUDA_IPC_HANDLE_BYTES, sl->mem_handle.len);
+    return QL_EINVAL;
+  }
+  if (sl->ready_event.len != 0 &&
+      sl->ready_event.len != QL_CUDA_IPC_HANDLE_BYTES) {
+    seterr(err, errlen, "linear: %s: a CUDA IPC event handle has %d bytes, "
+           "got %zu", what, QL_CUDA_IPC_HANDLE_BYTES, sl->ready_event.len);
+    return QL_EINVAL;
+  }
+  if (sl->device == NULL || sl->device[0] == '\0') {
+    seterr(err, errlen, "linear: %s: the CUDA IPC slice names no device",
+           what);
+    return QL_EINVAL;
+  }
+  if (sl->offset % es != 0) {
+    seterr(err, errlen, "linear: %s slice offset %llu is not a multiple of "
+           "the %zu-byte element size", what, (unsigned long long)sl->offset,
+           es);
+    return QL_EINVAL;
+  }
+  return 0;
+}
+
 /* x of a Linear or LinearMulti request; *es gets its element size. */
 static int validate_x(const Qlinear__V1__Tensor *x, size_t *es_out,
                       char *err, size_t errlen) {
@@ -278,6 +308,17 @@ static int validate_x(const Qlinear__V1__Tensor *x, size_t *es_out,
              (unsigned long long)k, es, (unsigned long long)m * k * es);
       return QL_ESHAPE;
     }
+  } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC &&
+             x->cuda_ipc != NULL) {
+    if ((rc = check_cuda("x", x->cuda_ipc, es, err, errlen)) != 0)
+      return rc;
+    if (overflow || x->cuda_ipc->length != want) {
+      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
+             "of %zu-byte elements needs %llu",
+             (unsigned long long)x->cuda_ipc->length, (unsigned long long)m,
+             (unsigned long long)k, es, (unsigned long long)m * k * es);
+      return QL_ESHAPE;
+    }
   } else {
     seterr(err, errlen, "linear: x carries no data");
     return QL_EINVAL;
@@ -301,6 +342,13 @@ static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
   /* y_out's length depends on the weight's N: handlers.c checks it. */
   if (l->y_out != NULL &&
       (rc = check_slice("y_out", l->y_out, es, err, errlen)) != 0)
+    return rc;
+  if (l->y_out != NULL && l->y_out_cuda != NULL) {
+    seterr(err, errlen, "linear: both y_out and y_out_cuda are given");
+    return QL_EINVAL;
+  }
+  if (l->y_out_cuda != NULL &&
+      (rc = check_cuda("y_out_cuda", l->y_out_cuda, es, err, errlen)) != 0)
     return rc;
   return 0;
 }
@@ -334,6 +382,21 @@ static int validate_multi(const Qlinear__V1__LinearMultiRequest *l,
       return QL_EINVAL;
     }
     if ((rc = check_slice("y_out", l->y_out[i], es, err, errlen)) != 0)
+      return rc;
+  }
+  if (l->n_y_out_cuda != 0 &&
+      (l->n_y_out != 0 || l->n_y_out_cuda != l->n_weights)) {
+    seterr(err, errlen, "linear_multi: %zu y_out_cuda slices for %zu weights "
+           "(and %zu y_out)", l->n_y_out_cuda, l->n_weights, l->n_y_out);
+    return QL_EINVAL;
+  }
+  for (size_t i = 0; i < l->n_y_out_cuda; i++) {
+    if (l->y_out_cuda[i] == NULL) {
+      seterr(err, errlen, "linear_multi: empty y_out_cuda slice");
+      return QL_EINVAL;
+    }
+    if ((rc = check_cuda("y_out_cuda", l->y_out_cuda[i], es, err, errlen)) !=
+        0)
       return rc;
   }
   return 0;

@@ -17,6 +17,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "conf.h"
 #include "handlers.h"
 #include "calibrate.h"
@@ -420,6 +422,15 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   }
   ql__log_set_level(cfg->log_level);
   signal(SIGPIPE, SIG_IGN);
+  /* libcrypto's one-time set-up (it reads its config file) here, in this
+   * thread, rather than in the first worker that hashes a weight: that
+   * thread would keep the set-up's per-thread error state, which
+   * LeakSanitizer reports at exit when the thread outlives libcrypto's
+   * exit handler (as it does once a Level Zero driver is loaded). */
+  if (OPENSSL_init_crypto(OPENSSL_INIT_LOAD_CONFIG, NULL) != 1) {
+    ql__err("libcrypto did not initialise");
+    goto fail;
+  }
   if (getrandom(s->instance_id, sizeof s->instance_id, 0) !=
       (ssize_t)sizeof s->instance_id) {
     ql__err("getrandom failed: %s", strerror(errno));

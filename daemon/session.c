@@ -16,6 +16,7 @@
 
 #include <openssl/crypto.h>
 
+#include "ipc.h"
 #include "log.h"
 #include "protocol.h"
 #include "linear.h"
@@ -58,6 +59,7 @@ struct ql__session {
   size_t n_held, cap_held;
   uint64_t uploads[QL_SESSION_MAX_UPLOADS]; /* uploads it began */
   size_t n_uploads;
+  ql__ipc_table *ipc;    /* CUDA IPC imports (ipc.h), NULL until the first */
   uint64_t last_ns;      /* its last request or session packet (lease) */
   ql__session *next;     /* every session */
   ql__session *tok_next; /* open sessions by token */
@@ -201,6 +203,8 @@ static int region_destroy(ql__sessions *o, ql__session *ss, uint64_t id) {
   }
   return QL_ENOTFOUND;
 }
+
+struct ql__ipc_table **ql__session_ipc(ql__session *ss) { return &ss->ipc; }
 
 ql__region *ql__session_region(ql__session *ss, uint64_t id) {
   for (ql__region *r = ss->regions; r; r = r->next)
@@ -413,6 +417,9 @@ static void session_end(ql__session *ss, const char *why) {
   /* Its waiting requests go first: their replies go nowhere now. */
   ql__linear_session_ended(s, ss->id);
   size_t nreg = ss->n_regions, nheld = ss->n_held;
+  /* Imports that requests still use close when the last one ends. */
+  size_t nipc = ql__ipc_table_free(ss->ipc);
+  ss->ipc = NULL;
   while (ss->regions != NULL)
     region_destroy(o, ss, ss->regions->id);
   while (ss->n_held > 0)
@@ -425,9 +432,10 @@ static void session_end(ql__session *ss, const char *why) {
   ss->n_uploads = 0;
   OPENSSL_cleanse(ss->token, sizeof ss->token);
   ql__info("session %llu (pid %ld) ended: %s; %zu region%s destroyed, %zu "
-           "weight%s released",
+           "weight%s released, %zu CUDA IPC allocation%s let go",
            (unsigned long long)ss->id, (long)ss->pid, why, nreg,
-           nreg == 1 ? "" : "s", nheld, nheld == 1 ? "" : "s");
+           nreg == 1 ? "" : "s", nheld, nheld == 1 ? "" : "s", nipc,
+           nipc == 1 ? "" : "s");
   uv_close((uv_handle_t *)&ss->poll, on_session_closed);
 }
 

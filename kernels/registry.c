@@ -87,6 +87,15 @@ int ql_backend_check(const ql_backend *b) {
   if ((b->device_count != NULL) != (b->device_info != NULL) ||
       (b->device_count != NULL) != (b->device_bind != NULL))
     return QL_EINVAL;
+  /* IPC imports likewise: all six with a handle size, or none. */
+  {
+    int n_ipc = (b->ipc_open != NULL) + (b->ipc_close != NULL) +
+                (b->ipc_event_open != NULL) + (b->ipc_event_close != NULL) +
+                (b->linear_dev_supports != NULL) + (b->linear_dev != NULL);
+    if ((n_ipc != 0 && n_ipc != 6) ||
+        (n_ipc == 6) != (b->ipc_handle_bytes != 0))
+      return QL_EINVAL;
+  }
   for (size_t i = 0; i < b->n_impls; i++) {
     const ql_kernel_impl *im = &b->impls[i];
     if (im->name == NULL || (unsigned)im->op >= QL_OP_COUNT)
@@ -134,4 +143,33 @@ int ql_run_linear(const ql_backend *b, ql_op op, const ql_qweight *w,
   ql_linear_args a = {w, im == ql_generic_impl(op) ? NULL : packed, dt, x, m,
                       y};
   return im->fn.linear(&a);
+}
+
+const ql_kernel_impl *ql_dispatch_dev(const ql_backend *b, ql_op op,
+                                      ql_format f, ql_dtype dt, int64_t m,
+                                      int64_t n, int64_t k) {
+  const ql_kernel_impl *im;
+  if (b == NULL || b->linear_dev == NULL ||
+      (op != QL_OP_LINEAR_WO && op != QL_OP_LINEAR_AQ))
+    return NULL;
+  im = ql_dispatch(b, op, f, dt, m, n, k);
+  if (im == NULL || im == ql_generic_impl(op) || !b->linear_dev_supports(im))
+    return NULL;
+  return im;
+}
+
+int ql_run_linear_dev(const ql_backend *b, ql_op op,
+                      const ql_linear_dev_args *a, const char **impl) {
+  const ql_kernel_impl *im;
+  if (impl != NULL)
+    *impl = NULL;
+  if (a == NULL || a->a.w == NULL)
+    return QL_EINVAL;
+  im = ql_dispatch_dev(b, op, a->a.w->format, a->a.dt, a->a.m, a->a.w->n,
+                       a->a.w->k);
+  if (im == NULL)
+    return QL_ENOTSUP;
+  if (impl != NULL)
+    *impl = im->name;
+  return b->linear_dev(im, a);
 }

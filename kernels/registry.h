@@ -48,6 +48,24 @@ typedef struct ql_linear_args {
   void *y;             /* [m, w->n] */
 } ql_linear_args;
 
+/* Bits of ql_linear_dev_args.where. */
+#define QL_LINEAR_X_DEVICE 1u /* x is device memory of the bound device */
+#define QL_LINEAR_Y_DEVICE 2u /* y is device memory of the bound device */
+
+/* The linear ops' arguments when x or y is device memory that the
+ * backend imported from a client (ql_backend.ipc_open), for
+ * ql_backend.linear_dev. */
+typedef struct ql_linear_dev_args {
+  ql_linear_args a; /* a.x / a.y: device pointers where where says so */
+  unsigned where;   /* QL_LINEAR_*_DEVICE bits; 0: both in host memory */
+  /* An event from the same backend's ipc_event_open that the op waits for
+   * before it reads x (the client records it after its producer of x), or
+   * NULL. A wait past the backend's kernel timeout fails the call with
+   * QL_ETIMEDOUT and leaves the device in service: the event is the
+   * client's, not the device's. */
+  void *ready;
+} ql_linear_dev_args;
+
 /* Values of ql_qrows_args.kind. */
 #define QL_QROWS_I8 1   /* int8, the q8c rule (ql_quantize_rows_i8_src) */
 #define QL_QROWS_E4M3 2 /* float8 e4m3fn, the f8r rule
@@ -171,6 +189,39 @@ typedef struct ql_backend {
   /* Optional: 0 while ordinal is in service, else QL_EDEVICE with the
    * reason it failed written to buf (for the log). */
   int (*device_error)(int ordinal, char *buf, size_t len);
+  /*
+   * Optional, together: memory and events of another process's device,
+   * named by the handles its runtime exported (CUDA IPC). Callable from
+   * any thread; each binds ordinal itself.
+   *
+   * ipc_open maps the allocation that handle (len bytes, ipc_handle_bytes
+   * for a valid one) names into ordinal's context and gives *base, a
+   * device pointer to the allocation's first byte, and *size, the size of
+   * the whole allocation as the driver reports it (never as the handle
+   * claims), which bounds every slice taken from it. Opening a handle the
+   * process has open already gives the same base and counts once more;
+   * each successful open needs one ipc_close(ordinal, base). Errors:
+   * QL_EINVAL for a handle that is malformed, of an allocation that is
+   * gone, or that this device cannot map; QL_ENOMEM; QL_EDEVICE. A bad
+   * handle never takes the device out of service.
+   *
+   * ipc_event_open imports an event handle the same way into *ev, for
+   * ql_linear_dev_args.ready; ipc_event_close releases it.
+   *
+   * linear_dev runs im, one of this backend's own QL_OP_LINEAR_WO / _AQ
+   * implementations, on device tensors (ql_linear_dev_args), when
+   * linear_dev_supports(im) says it can (non-zero); else QL_ENOTSUP. The
+   * generic implementations read host memory only.
+   */
+  size_t ipc_handle_bytes;
+  int (*ipc_open)(int ordinal, const void *handle, size_t len, void **base,
+                  uint64_t *size);
+  int (*ipc_close)(int ordinal, void *base);
+  int (*ipc_event_open)(int ordinal, const void *handle, size_t len,
+                        void **ev);
+  void (*ipc_event_close)(int ordinal, void *ev);
+  int (*linear_dev_supports)(const ql_kernel_impl *im);
+  int (*linear_dev)(const ql_kernel_impl *im, const ql_linear_dev_args *a);
 } ql_backend;
 
 
@@ -223,6 +274,22 @@ const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
 int ql_run_linear(const ql_backend *b, ql_op op, const ql_qweight *w,
                   const void *packed, ql_dtype dt, const void *x, int64_t m,
                   void *y, const char **impl);
+
+/*
+ * The implementation of op that ql_dispatch() chooses, when b can run it
+ * on device tensors (linear_dev_supports); else NULL.
+ */
+const ql_kernel_impl *ql_dispatch_dev(const ql_backend *b, ql_op op,
+                                      ql_format f, ql_dtype dt, int64_t m,
+                                      int64_t n, int64_t k);
+
+/*
+ * The same on device tensors (ql_linear_dev_args): runs b's linear_dev on
+ * the implementation of ql_dispatch_dev(). QL_ENOTSUP (and *impl NULL)
+ * when there is none (the generic implementations read host memory only).
+ */
+int ql_run_linear_dev(const ql_backend *b, ql_op op,
+                      const ql_linear_dev_args *a, const char **impl);
 
 #ifdef __cplusplus
 }

@@ -68,6 +68,11 @@ const char *ql_strerror(int err);
 /* The symbolic name of err, e.g. "QL_EINVAL". Never NULL. */
 const char *ql_err_name(int err);
 
+/* Bytes of a CUDA IPC memory or event handle (cudaIpcMemHandle_t,
+ * cudaIpcEventHandle_t: CUDA_IPC_HANDLE_SIZE), as CudaIpcSlice carries
+ * them. */
+#define QL_CUDA_IPC_HANDLE_BYTES 64
+
 /* Element types of tensors: activations, outputs, float weights, scales. */
 typedef enum ql_dtype {
   QL_DTYPE_F32 = 1,

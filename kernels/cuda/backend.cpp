@@ -32,7 +32,19 @@
 // else left to the generic one, and for q8c batches of at least
 // QL_CUDA_IMMA_MIN_ROWS rows on cuBLASLt's int8 GEMM (IMMA) when that
 // variable is set; quantize_rows (int8 with group sums, e4m3) for every
-// activation dtype. x and y of the ops are host memory, the caller's.
+// activation dtype. x and y of the ops are host memory, the caller's; or,
+// through linear_dev (our own kernels only), device memory that another
+// process exported by CUDA IPC and ipc_open imported (DESIGN §7): then x is
+// read and y written where they are, with no staging copy.
+//
+// IPC. ipc_open maps an allocation with cudaIpcOpenMemHandle on the given
+// device and bounds it with the driver's cuMemGetAddressRange, reached
+// through cudaGetDriverEntryPointByVersion so that the daemon does not link
+// libcuda (it must start on a machine without a driver). A bad handle is an
+// error of the call, never of the device. A ready event is waited for on
+// the host by polling, for at most the kernel timeout: a client whose
+// producer never finishes fails its own request (QL_ETIMEDOUT), where a
+// stream wait would have stalled the device for everyone.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +57,7 @@
 #ifdef QL_CUDA_EMU
 #include "emu_runtime.h"
 #else
+#include <cuda.h>  // CUresult, CUdeviceptr: types only, libcuda is not linked
 #include <cuda_runtime_api.h>
 #endif
 
@@ -572,20 +585,25 @@ struct call {
 // groups per row (0: no group sums), with rows of codes ldxq bytes apart;
 // part bytes of f32 scratch go to c->part.
 int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
-          bool aq, int64_t groups, size_t part, size_t ldxq, call* c) {
+          bool aq, int64_t groups, size_t part, size_t ldxq, unsigned where,
+          call* c) {
   const size_t m = size_t(a->m);
+  // A tensor already in device memory needs neither a device copy nor
+  // staging.
+  const bool xdev = where & QL_LINEAR_X_DEVICE, ydev = where & QL_LINEAR_Y_DEVICE;
+  const size_t xs = xdev ? 0 : xb, ys = ydev ? 0 : yb;
   const size_t xf = aq && a->dt != QL_DTYPE_F32 ? mk * sizeof(float) : 0,
                xq = aq ? m * ldxq : 0, sx = aq ? m * sizeof(float) : 0,
                gs = aq ? m * size_t(groups) * sizeof(int32_t) : 0,
-               st = aq ? m * sizeof(int64_t) : 0, hs = xb > yb ? xb : yb;
-  const size_t dev = round256(xb) + round256(yb) + round256(xf) +
+               st = aq ? m * sizeof(int64_t) : 0, hs = xs > ys ? xs : ys;
+  const size_t dev = round256(xs) + round256(ys) + round256(xf) +
                      round256(xq) + round256(sx) + round256(gs) +
                      round256(st) + round256(part) + 256;
   int rc = reserve(*d, dev, round256(hs) + round256(st) + 256);
   if (rc != 0) return rc;
   memset(c, 0, sizeof *c);
-  c->dx = take(d->dev, xb);
-  c->dy = take(d->dev, yb);
+  c->dx = xdev ? const_cast<void*>(a->x) : take(d->dev, xb);
+  c->dy = ydev ? a->y : take(d->dev, yb);
   if (xf) c->xf = static_cast<float*>(take(d->dev, xf));
   if (xq) c->xq = static_cast<int8_t*>(take(d->dev, xq));
   if (sx) c->sx = static_cast<float*>(take(d->dev, sx));
@@ -602,15 +620,19 @@ int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
 // Copies x to the device through pinned staging (a real asynchronous DMA)
 // and fails the call with QL_ENONFINITE when it holds NaN or Inf, before
 // anything is computed (DESIGN §4), as the reference does.
+// x already in device memory (where) is checked where it is.
 int stage_x(device* d, const ql_linear_args* a, size_t mk, size_t xb,
-            const call* c) {
+            unsigned where, const call* c) {
   int rc;
-  memcpy(c->hs, a->x, xb);
-  if ((rc = check(*d, cudaMemcpyAsync(c->dx, c->hs, xb,
-                                      cudaMemcpyHostToDevice, d->stream))) !=
-          0 ||
-      (rc = check(*d, cudaMemsetAsync(c->bad, 0, sizeof(int), d->stream))) !=
-          0)
+  if (!(where & QL_LINEAR_X_DEVICE)) {
+    memcpy(c->hs, a->x, xb);
+    if ((rc = check(*d, cudaMemcpyAsync(c->dx, c->hs, xb,
+                                        cudaMemcpyHostToDevice, d->stream))) !=
+        0)
+      return rc;
+  }
+  if ((rc = check(*d, cudaMemsetAsync(c->bad, 0, sizeof(int), d->stream))) !=
+      0)
     return rc;
   ql__cuda_check_finite(int(a->dt), c->dx, int64_t(mk), c->bad, d->stream);
   if ((rc = check_launch(*d)) != 0 ||
@@ -622,9 +644,15 @@ int stage_x(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   return *c->hbad ? QL_ENONFINITE : 0;
 }
 
-// After the launch of the product: y back to the caller.
-int fetch_y(device* d, const ql_linear_args* a, size_t yb, const call* c) {
+// After the launch of the product: y back to the caller (or, in device
+// memory, complete there).
+int fetch_y(device* d, const ql_linear_args* a, size_t yb, unsigned where,
+            const call* c) {
   int rc;
+  if (where & QL_LINEAR_Y_DEVICE) {
+    if ((rc = check_launch(*d)) != 0) return rc;
+    return wait(*d);
+  }
   if ((rc = check_launch(*d)) != 0 ||
       (rc = check(*d, cudaMemcpyAsync(c->hs, c->dy, yb,
                                       cudaMemcpyDeviceToHost, d->stream))) !=
@@ -637,32 +665,74 @@ int fetch_y(device* d, const ql_linear_args* a, size_t yb, const call* c) {
 
 // run_wo() with d entered.
 int wo_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
-          size_t yb) {
+          size_t yb, unsigned where) {
   const packed* p;
   packed* tmp;
   call c;
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) == 0 &&
       (rc = carve(d, a, mk, xb, yb, false, 0,
-                  ql__cuda_linear_wo_scratch(&p->dev, a->m), 0, &c)) == 0 &&
-      (rc = stage_x(d, a, mk, xb, &c)) == 0) {
+                  ql__cuda_linear_wo_scratch(&p->dev, a->m), 0, where,
+                  &c)) == 0 &&
+      (rc = stage_x(d, a, mk, xb, where, &c)) == 0) {
     ql__cuda_linear_wo(&p->dev, int(a->dt), c.dx, a->m, c.dy, c.part,
                        d->stream);
-    rc = fetch_y(d, a, yb, &c);
+    rc = fetch_y(d, a, yb, where, &c);
   }
   free_packed(tmp);
   return rc;
 }
 
-int run_wo(const ql_linear_args* a) {
+// Waits on the host for the client's ready event, for at most the kernel
+// timeout (see the top of the file for why not cudaStreamWaitEvent).
+// cudaErrorNotReady is no error; an event that cannot be queried is the
+// client's mistake (QL_EINVAL); a sticky error is the device's.
+int wait_ready(device& d, void* ev) {
+  struct timespec t0, now, nap = {0, 50000};
+  if (ev == nullptr) return 0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (unsigned spin = 0;; spin++) {
+    cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+    if (e == cudaSuccess) return 0;
+    if (e == cudaErrorInvalidResourceHandle || e == cudaErrorInvalidValue) {
+      (void)cudaGetLastError();
+      return QL_EINVAL;
+    }
+    if (e != cudaErrorNotReady) return check(d, e);
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t ms = uint64_t(now.tv_sec - t0.tv_sec) * 1000 +
+                  uint64_t(now.tv_nsec / 1000000) - uint64_t(t0.tv_nsec / 1000000);
+    if (ms >= g_timeout_ms.load()) return QL_ETIMEDOUT;
+    if (spin >= 64) nanosleep(&nap, nullptr);
+  }
+}
+
+// The checks every device-tensor call adds to linear_args(): known bits,
+// and something device-side to do.
+int dev_args(const ql_linear_dev_args* da) {
+  if (da == nullptr ||
+      (da->where & ~(QL_LINEAR_X_DEVICE | QL_LINEAR_Y_DEVICE)) != 0)
+    return QL_EINVAL;
+  return 0;
+}
+
+int run_wo_where(const ql_linear_args* a, unsigned where, void* ready) {
   device* d;
   size_t mk, xb, yb;
   int rc;
   if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
   if ((rc = enter(&d)) != 0) return rc;
-  rc = wo_on(d, a, mk, xb, yb);
+  if ((rc = wait_ready(*d, ready)) == 0)
+    rc = wo_on(d, a, mk, xb, yb, where);
   leave(d);
   return rc;
+}
+
+int run_wo(const ql_linear_args* a) { return run_wo_where(a, 0, nullptr); }
+
+int run_wo_dev(const ql_linear_dev_args* da) {
+  int rc = dev_args(da);
+  return rc != 0 ? rc : run_wo_where(&da->a, da->where, da->ready);
 }
 
 // ---- linear_aq ----
@@ -693,7 +763,7 @@ int rows_verdict(const int64_t* st, int64_t m) {
 
 // run_aq() with d entered.
 int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
-          size_t yb) {
+          size_t yb, unsigned where) {
   const bool q4g = a->w->format == QL_FORMAT_Q4G;
   const size_t stb = size_t(a->m) * sizeof(int64_t);
   const packed* p;
@@ -702,8 +772,8 @@ int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) != 0 ||
       (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, 0,
-                  size_t(a->w->k), &c)) != 0 ||
-      (rc = stage_x(d, a, mk, xb, &c)) != 0)
+                  size_t(a->w->k), where, &c)) != 0 ||
+      (rc = stage_x(d, a, mk, xb, where, &c)) != 0)
     goto done;
   if (c.xf != nullptr) {
     ql__cuda_widen_f32(int(a->dt), c.dx, int64_t(mk), c.xf, d->stream);
@@ -722,13 +792,13 @@ int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
     goto done;
   ql__cuda_linear_aq(&p->dev, c.xq, c.sx, c.gsum, a->m, int(a->dt), c.dy,
                      d->stream);
-  rc = fetch_y(d, a, yb, &c);
+  rc = fetch_y(d, a, yb, where, &c);
 done:
   free_packed(tmp);
   return rc;
 }
 
-int run_aq(const ql_linear_args* a) {
+int run_aq_where(const ql_linear_args* a, unsigned where, void* ready) {
   device* d;
   size_t mk, xb, yb;
   int rc;
@@ -738,9 +808,17 @@ int run_aq(const ql_linear_args* a) {
   if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
     return QL_ESHAPE;
   if ((rc = enter(&d)) != 0) return rc;
-  rc = aq_on(d, a, mk, xb, yb);
+  if ((rc = wait_ready(*d, ready)) == 0)
+    rc = aq_on(d, a, mk, xb, yb, where);
   leave(d);
   return rc;
+}
+
+int run_aq(const ql_linear_args* a) { return run_aq_where(a, 0, nullptr); }
+
+int run_aq_dev(const ql_linear_dev_args* da) {
+  int rc = dev_args(da);
+  return rc != 0 ? rc : run_aq_where(&da->a, da->where, da->ready);
 }
 
 // ---- linear_aq on cuBLASLt: f8r, and q8c (IMMA) when asked for ----
@@ -805,8 +883,9 @@ int lt_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
     *fallback = true;
     goto done;
   }
-  if ((rc = carve(d, a, mk, xb, yb, true, 0, accb, size_t(kp), &c)) != 0 ||
-      (rc = stage_x(d, a, mk, xb, &c)) != 0)
+  // Host tensors only: linear_dev does not reach this implementation.
+  if ((rc = carve(d, a, mk, xb, yb, true, 0, accb, size_t(kp), 0, &c)) != 0 ||
+      (rc = stage_x(d, a, mk, xb, 0, &c)) != 0)
     goto done;
   if (c.xf != nullptr) {
     ql__cuda_widen_f32(int(a->dt), c.dx, int64_t(mk), c.xf, d->stream);
@@ -846,7 +925,7 @@ int lt_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   if (rc != 0) goto done;
   ql__cuda_gemm_epilogue(&p->dev, c.part, i8, np, c.sx, a->m, int(a->dt),
                          c.dy, d->stream);
-  rc = fetch_y(d, a, yb, &c);
+  rc = fetch_y(d, a, yb, 0, &c);
 done:
   free_packed(tmp);
   return rc;
@@ -973,6 +1052,121 @@ int run_qrows(const ql_qrows_args* a) {
   return rc;
 }
 
+// ---- IPC ----
+
+// The QL_E* code of a failed IPC import: the handle's fault (QL_EINVAL)
+// unless the device itself failed (a sticky error) or memory ran out.
+int ipc_error(device& d, cudaError_t e) {
+  (void)cudaGetLastError();  // a bad handle must not linger as a launch error
+  switch (e) {
+    case cudaErrorMemoryAllocation:
+      return QL_ENOMEM;
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+      return check(d, e);
+    default:
+      return QL_EINVAL;
+  }
+}
+
+typedef CUresult (*address_range_fn)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+// cuMemGetAddressRange (_v2, CUDA 3.2) from the driver the runtime
+// loaded, looked up once.
+address_range_fn address_range() {
+  static std::atomic<address_range_fn> fn{nullptr};
+  address_range_fn f = fn.load();
+  if (f == nullptr) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 3020,
+                                         cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess && p != nullptr) {
+      f = reinterpret_cast<address_range_fn>(p);
+      fn.store(f);
+    }
+  }
+  return f;
+}
+
+// Binds o for the calling thread (as device_bind does, so that the
+// thread's later ops agree with the runtime's current device) and checks
+// it is in service.
+int ipc_enter(int o, device** out) {
+  int rc = device_bind(o);
+  if (rc != 0) return rc;
+  *out = &g_dev[o];
+  return 0;
+}
+
+int ipc_open(int o, const void* handle, size_t len, void** base,
+             uint64_t* size) {
+  device* d;
+  cudaIpcMemHandle_t h;
+  void* p = nullptr;
+  CUdeviceptr b = 0;
+  size_t sz = 0;
+  int rc;
+  if (handle == nullptr || base == nullptr || size == nullptr ||
+      len != sizeof h)
+    return QL_EINVAL;
+  if ((rc = ipc_enter(o, &d)) != 0) return rc;
+  memcpy(&h, handle, sizeof h);
+  cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) return ipc_error(*d, e);
+  address_range_fn range = address_range();
+  // The real extent of the allocation, whatever the handle claims: it
+  // bounds every slice (DESIGN §7).
+  if (range == nullptr) {
+    rc = QL_ENOTSUP;
+  } else {
+    CUresult r = range(&b, &sz, CUdeviceptr(uintptr_t(p)));
+    rc = r == CUDA_SUCCESS && b == CUdeviceptr(uintptr_t(p)) && sz > 0
+             ? 0
+             : QL_EINVAL;
+  }
+  if (rc != 0) {
+    (void)cudaIpcCloseMemHandle(p);
+    (void)cudaGetLastError();
+    return rc;
+  }
+  *base = p;
+  *size = uint64_t(sz);
+  return 0;
+}
+
+int ipc_close(int o, void* base) {
+  if (o < 0 || o >= kMaxDevices || base == nullptr) return QL_EINVAL;
+  if (cudaSetDevice(o) == cudaSuccess) t_ordinal = o;
+  // A failed device's mappings go with its context: nothing to report.
+  cudaError_t e = cudaIpcCloseMemHandle(base);
+  (void)cudaGetLastError();
+  return e == cudaSuccess || g_dev[o].failed.load() ? 0 : QL_EINVAL;
+}
+
+int ipc_event_open(int o, const void* handle, size_t len, void** ev) {
+  device* d;
+  cudaIpcEventHandle_t h;
+  cudaEvent_t e = nullptr;
+  int rc;
+  if (handle == nullptr || ev == nullptr || len != sizeof h) return QL_EINVAL;
+  if ((rc = ipc_enter(o, &d)) != 0) return rc;
+  memcpy(&h, handle, sizeof h);
+  cudaError_t err = cudaIpcOpenEventHandle(&e, h);
+  if (err != cudaSuccess) return ipc_error(*d, err);
+  *ev = e;
+  return 0;
+}
+
+void ipc_event_close(int o, void* ev) {
+  if (o < 0 || o >= kMaxDevices || ev == nullptr) return;
+  if (cudaSetDevice(o) == cudaSuccess) t_ordinal = o;
+  (void)cudaEventDestroy(static_cast<cudaEvent_t>(ev));
+  (void)cudaGetLastError();
+}
+
 #define FMTS_WO                                            \
   (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C) | \
    QL_FMT_BIT(QL_FORMAT_Q8B) | QL_FMT_BIT(QL_FORMAT_F8R))
@@ -1014,6 +1208,18 @@ struct table {
 };
 const table impls;
 
+// Our linear kernels read and write device memory in place; not
+// cuda.cublaslt.linear_aq (im[3]), whose fallbacks read host memory.
+int linear_dev_supports(const ql_kernel_impl* im) {
+  return im == &impls.im[1] || im == &impls.im[4];
+}
+
+int linear_dev(const ql_kernel_impl* im, const ql_linear_dev_args* da) {
+  if (im == &impls.im[1]) return run_wo_dev(da);
+  if (im == &impls.im[4]) return run_aq_dev(da);
+  return QL_ENOTSUP;
+}
+
 ql_backend make_backend() {
   ql_backend b;
   memset(&b, 0, sizeof b);
@@ -1025,6 +1231,13 @@ ql_backend make_backend() {
   b.device_info = device_info;
   b.device_bind = device_bind;
   b.device_error = device_error;
+  b.ipc_handle_bytes = CUDA_IPC_HANDLE_SIZE;
+  b.ipc_open = ipc_open;
+  b.ipc_close = ipc_close;
+  b.ipc_event_open = ipc_event_open;
+  b.ipc_event_close = ipc_event_close;
+  b.linear_dev_supports = linear_dev_supports;
+  b.linear_dev = linear_dev;
   return b;
 }
 

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,7 @@ namespace {
 constexpr int kMaxDevices = 8;
 constexpr size_t kAlign = 256;  // what cudaMalloc guarantees at least
 constexpr uint32_t kIpcMagic = 0x51454d49;  // "IMEQ" in memory
+constexpr uint32_t kIpcEventMagic = 0x51454556;  // "VEEQ" in memory
 
 }  // namespace
 
@@ -60,7 +62,8 @@ struct ql_emu_event {
   unsigned flags;
   long seq[kMaxDevices];
   bool recorded;
-  uint64_t ns;  // host monotonic time of the last record
+  uint64_t ns;      // host monotonic time of the last record
+  uint64_t serial;  // interprocess events: named in their handles
 };
 
 namespace {
@@ -122,6 +125,8 @@ struct State {
   std::set<ql_emu_stream*> streams;
   std::set<ql_emu_event*> events;
   uint64_t serial = 0;
+  uint64_t event_serial = 0;  // interprocess events made here
+  long ipc_maps = 0;          // cudaIpcOpenMemHandle calls that mapped
   std::atomic<unsigned> epoch{1};  // bumped by reset: thread states go stale
 };
 
@@ -285,6 +290,7 @@ void configure(State& s) {
 
   s.configured = true;
   s.init_err = cudaSuccess;
+  s.ipc_maps = 0;
   for (Device& d : s.dev) {
     d.seq_base = d.seq;
     d.launches = 0;
@@ -535,7 +541,7 @@ extern "C" cudaError_t cudaMalloc(void** devPtr, size_t size) {
 
   uint64_t serial = ++s.serial;
   char name[64];
-  snprintf(name, sizeof name, "ql-emu-cuda:%d:%llu", d,
+  snprintf(name, sizeof name, "ql-emu-cuda:%d:%d:%llu", int(getpid()), d,
            (unsigned long long)serial);
   int fd = memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) return fail(cudaErrorMemoryAllocation);
@@ -839,7 +845,9 @@ extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event,
   int d = me().dev;
   cudaError_t e = dev_ok(s, d);
   if (e != cudaSuccess) return fail(e);
-  ql_emu_event* ev = new ql_emu_event{d, flags, {}, false, 0};
+  ql_emu_event* ev = new ql_emu_event{
+      d, flags, {}, false, 0,
+      (flags & cudaEventInterprocess) ? ++s.event_serial : 0};
   s.events.insert(ev);
   *event = ev;
   return cudaSuccess;
@@ -990,8 +998,8 @@ cudaError_t ipc_map(const IpcWire& w, void** out) {
   int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) return cudaErrorMapBufferObjectFailed;
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-  snprintf(want, sizeof want, "/memfd:ql-emu-cuda:%d:%llu (deleted)",
-           int(w.dev), (unsigned long long)w.serial);
+  snprintf(want, sizeof want, "/memfd:ql-emu-cuda:%d:%d:%llu (deleted)",
+           int(w.pid), int(w.dev), (unsigned long long)w.serial);
   ssize_t n = readlink(path, got, sizeof got - 1);
   struct stat sb;
   void* p = MAP_FAILED;
@@ -1041,6 +1049,7 @@ extern "C" cudaError_t cudaIpcOpenMemHandle(void** devPtr,
   }
   void* p;
   if ((e = ipc_map(w, &p)) != cudaSuccess) return fail(e);
+  ++s.ipc_maps;
   s.allocs[uintptr_t(p)] =
       Alloc{size_t(w.size), 0, d, -1, w.serial, true, 1, int(w.pid)};
   *devPtr = p;
@@ -1060,6 +1069,120 @@ extern "C" cudaError_t cudaIpcCloseMemHandle(void* devPtr) {
     s.allocs.erase(it);
   }
   return fail(s.dev[d].sticky ? cudaErrorIllegalAddress : cudaSuccess);
+}
+
+namespace {
+
+// What a cudaIpcEventHandle_t holds.
+struct IpcEventWire {
+  uint32_t magic;
+  int32_t pid;
+  int32_t dev;
+  uint64_t serial;
+};
+static_assert(sizeof(IpcEventWire) <= CUDA_IPC_HANDLE_SIZE,
+              "IPC event handle layout");
+
+}  // namespace
+
+extern "C" cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle,
+                                             cudaEvent_t event) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (handle == nullptr) return fail(cudaErrorInvalidValue);
+  if (event == nullptr || s.events.count(event) == 0 ||
+      !(event->flags & cudaEventInterprocess))
+    return fail(cudaErrorInvalidResourceHandle);
+  if (s.dev[event->dev].sticky) return fail(cudaErrorIllegalAddress);
+  IpcEventWire w;
+  memset(&w, 0, sizeof w);
+  w.magic = kIpcEventMagic;
+  w.pid = int32_t(getpid());
+  w.dev = event->dev;
+  w.serial = event->serial;
+  memset(handle, 0, sizeof *handle);
+  memcpy(handle->reserved, &w, sizeof w);
+  return cudaSuccess;
+}
+
+// The exporter's process must be alive (kill(pid, 0) finds it), as the
+// driver needs the exporting context.
+extern "C" cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event,
+                                              cudaIpcEventHandle_t handle) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (event == nullptr) return fail(cudaErrorInvalidValue);
+  int d = me().dev;
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  IpcEventWire w;
+  memcpy(&w, handle.reserved, sizeof w);
+  bool zero_tail = true;
+  for (size_t i = sizeof w; i < sizeof handle.reserved; ++i)
+    zero_tail &= handle.reserved[i] == 0;
+  if (w.magic != kIpcEventMagic || w.pid <= 0 || w.dev < 0 ||
+      w.dev >= kMaxDevices || w.serial == 0 || !zero_tail)
+    return fail(cudaErrorInvalidResourceHandle);
+  if (w.pid == int32_t(getpid())) return fail(cudaErrorDeviceUninitialized);
+  if (kill(pid_t(w.pid), 0) != 0 && errno != EPERM)
+    return fail(cudaErrorInvalidResourceHandle);
+  ql_emu_event* ev = new ql_emu_event{
+      d, unsigned(cudaEventInterprocess | cudaEventDisableTiming), {}, false,
+      0, 0};
+  s.events.insert(ev);
+  *event = ev;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaPointerGetAttributes(
+    struct cudaPointerAttributes* attributes, const void* ptr) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (attributes == nullptr) return fail(cudaErrorInvalidValue);
+  memset(attributes, 0, sizeof *attributes);
+  attributes->device = -2;
+  uintptr_t base;
+  const Alloc* a = find(s, uintptr_t(ptr), &base);
+  if (a != nullptr) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = a->dev;
+    attributes->devicePointer = const_cast<void*>(ptr);
+    return cudaSuccess;
+  }
+  auto it = s.pinned.upper_bound(uintptr_t(ptr));
+  if (it != s.pinned.begin()) {
+    --it;
+    if (uintptr_t(ptr) - it->first < it->second) {
+      attributes->type = cudaMemoryTypeHost;
+      attributes->device = me().dev;
+      attributes->hostPointer = const_cast<void*>(ptr);
+      attributes->devicePointer = const_cast<void*>(ptr);
+    }
+  }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion,
+    unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult* driverStatus) {
+  if (symbol == nullptr || funcPtr == nullptr || flags != cudaEnableDefault)
+    return fail(cudaErrorInvalidValue);
+  *funcPtr = nullptr;
+  cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
+  if (strcmp(symbol, "cuMemGetAddressRange") == 0) {
+    if (cudaVersion >= 3020) {
+      *funcPtr = reinterpret_cast<void*>(&cuMemGetAddressRange);
+      r = cudaDriverEntryPointSuccess;
+    } else {
+      r = cudaDriverEntryPointVersionNotSufficent;
+    }
+  }
+  if (driverStatus != nullptr) *driverStatus = r;
+  return cudaSuccess;
 }
 
 extern "C" CUresult cuMemGetAddressRange(CUdeviceptr* pbase, size_t* psize,
@@ -1117,6 +1240,32 @@ extern "C" long ql_emu_cuda_launches(int dev) {
   if (dev < 0 || dev >= kMaxDevices) return -1;
   Lock l;
   return S().dev[dev].launches;
+}
+
+extern "C" long ql_emu_cuda_ipc_maps(void) {
+  Lock l;
+  return S().ipc_maps;
+}
+
+extern "C" long ql_emu_cuda_ipc_mapped_in(int pid, const void* devPtr) {
+  char want[96], path[64], line[512];
+  {
+    Lock l;
+    State& s = S();
+    uintptr_t base;
+    const Alloc* a = find(s, uintptr_t(devPtr), &base);
+    if (a == nullptr || a->imported) return -1;
+    snprintf(want, sizeof want, "/memfd:ql-emu-cuda:%d:%d:%llu ",
+             int(getpid()), a->dev, (unsigned long long)a->serial);
+  }
+  snprintf(path, sizeof path, "/proc/%d/maps", pid);
+  FILE* f = fopen(path, "re");
+  if (f == nullptr) return -1;
+  long n = 0;
+  while (fgets(line, sizeof line, f) != nullptr)
+    if (strstr(line, want) != nullptr) ++n;
+  fclose(f);
+  return n;
 }
 
 extern "C" long ql_emu_cuda_work(int dev) {

@@ -14,7 +14,10 @@
 //   The current device is per thread, 0 at first.
 // - Device memory is host memory: each cudaMalloc is its own memfd mapped
 //   shared (one descriptor per live allocation), so that another process
-//   can map it through an IPC handle. Pinned host memory is plain memory.
+//   can map it through an IPC handle (the memfd is named
+//   "ql-emu-cuda:<pid>:<dev>:<serial>", so that a test can find the
+//   mappings of an allocation in another process's /proc/<pid>/maps).
+//   Pinned host memory is plain memory.
 // - Work (kernel launches, cudaMemcpyAsync, cudaMemsetAsync) runs at
 //   enqueue, so streams and events are normally complete at once.
 // - Faults, counted in work items enqueued on a device: STICKY (every later
@@ -100,6 +103,31 @@ typedef struct CUuuid_st cudaUUID_t;
 typedef struct cudaIpcMemHandle_st {
   char reserved[CUDA_IPC_HANDLE_SIZE];
 } cudaIpcMemHandle_t;
+typedef struct cudaIpcEventHandle_st {
+  char reserved[CUDA_IPC_HANDLE_SIZE];
+} cudaIpcEventHandle_t;
+
+// driver_types.h: enum cudaMemoryType, struct cudaPointerAttributes.
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3
+};
+struct cudaPointerAttributes {
+  enum cudaMemoryType type;
+  int device;
+  void* devicePointer;
+  void* hostPointer;
+};
+
+// driver_types.h: enum cudaDriverEntryPointQueryResult, cudaEnableDefault.
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2
+};
+#define cudaEnableDefault 0x0
 
 // driver_types.h, struct cudaDeviceProp: the fields the host code reads.
 struct cudaDeviceProp {
@@ -193,6 +221,27 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr);
 cudaError_t cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle,
                                  unsigned int flags);
 cudaError_t cudaIpcCloseMemHandle(void* devPtr);
+// Events made with cudaEventInterprocess | cudaEventDisableTiming only
+// (else cudaErrorInvalidResourceHandle). An opened event belongs to the
+// current device and is released with cudaEventDestroy. Work runs at
+// enqueue here, so an imported event is always complete; opening checks
+// that the handle is one this runtime made and that its exporter lives.
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* handle,
+                                  cudaEvent_t event);
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event,
+                                   cudaIpcEventHandle_t handle);
+// Device memory (own or imported) is cudaMemoryTypeDevice on its device;
+// pinned memory cudaMemoryTypeHost; anything else Unregistered (CUDA 11+
+// returns success for it).
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes,
+                                     const void* ptr);
+// The driver's entry points that this emulation has: cuMemGetAddressRange
+// (introduced as _v2 in CUDA 3.2, cudaVersion >= 3020); any other symbol
+// is cudaDriverEntryPointSymbolNotFound, *funcPtr NULL.
+cudaError_t cudaGetDriverEntryPointByVersion(
+    const char* symbol, void** funcPtr, unsigned int cudaVersion,
+    unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult* driverStatus QL_EMU_DV(NULL));
 
 // ---- cuda.h (driver API): what bounds an imported allocation.
 typedef unsigned long long CUdeviceptr;
@@ -228,6 +277,15 @@ void ql_emu_cuda_reset(void);
 // not), since the start or the last reset; -1 for a bad dev.
 long ql_emu_cuda_launches(int dev);
 long ql_emu_cuda_work(int dev);
+// cudaIpcOpenMemHandle calls that mapped an allocation anew (not a second
+// open of one already mapped) in this process since the start or the last
+// reset.
+long ql_emu_cuda_ipc_maps(void);
+// Mappings of this process's allocation that holds devPtr in process
+// pid's address space (its /proc/<pid>/maps), the process's own mapping
+// included when pid is getpid(); -1 when devPtr is not in one of this
+// process's own allocations or the maps cannot be read.
+long ql_emu_cuda_ipc_mapped_in(int pid, const void* devPtr);
 
 // Called by emu.h's launch with the launch's stream: counts it as work on
 // the stream's device and returns non-zero when the kernel is to run

@@ -1,11 +1,12 @@
 /*
  * ocl_backend.c - the ze backend's kernels (the .cl files of kernels/ze/)
- * run through OpenCL, registered as the "ze" backend: the host that
- * 'make check' uses to run every ze kernel through the conformance harness
- * on the CPU, with PoCL (tests/conformance/test_conformance_ze). It is
- * linked into that test program only (Makefile.am, "Level Zero"); the
- * daemon's ze backend will be Level Zero host code loading the SPIR-V
- * built from the same sources.
+ * run through OpenCL, registered as a "ze" backend (ql__backend_ze_ocl):
+ * the host that 'make check' uses to run every ze kernel through the
+ * conformance harness on the CPU, with PoCL
+ * (tests/conformance/test_conformance_ze). It is linked into the test
+ * programs only (Makefile.am, "Level Zero"); the daemon's ze backend is the
+ * Level Zero host code of backend.c, which loads the SPIR-V built from the
+ * same sources and mirrors these ops.
  *
  * The kernels are built from source at run time, once per process (the
  * harness forks its workers before any kernel runs, so each builds its
@@ -803,6 +804,7 @@ static const ql_kernel_impl impls[] = {
      .fn.quantize_rows = run_qrows},
 };
 
-const ql_backend ql__backend_ze = {.name = "ze",
-                                   .impls = impls,
-                                   .n_impls = sizeof impls / sizeof impls[0]};
+const ql_backend ql__backend_ze_ocl = {.name = "ze",
+                                       .impls = impls,
+                                       .n_impls =
+                                           sizeof impls / sizeof impls[0]};

@@ -2312,6 +2312,51 @@ static void on_watchdog(int sig) {
 
 /* --------------------------------------------------------------- main */
 
+/*
+ * b->device_count(), asked in a child process: a driver started in this
+ * process before workers_start() forks would be unusable in the workers
+ * (a Level Zero driver's threads do not survive fork). *why gets the
+ * backend's sentence (a static buffer) when there is no device.
+ */
+static int probe_devices(const ql_backend *b, const char **why) {
+  static char text[256];
+  int fd[2], n = -1, status;
+  pid_t pid;
+  *why = "the device probe failed";
+  if (pipe(fd) != 0)
+    return -1;
+  if ((pid = fork()) < 0) {
+    close(fd[0]);
+    close(fd[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    const char *w = NULL;
+    char out[sizeof text + 16];
+    int c = b->device_count(&w);
+    int len = snprintf(out, sizeof out, "%d %s", c, w != NULL ? w : "?");
+    if (write(fd[1], out, (size_t)len) < 0)
+      _exit(1);
+    _exit(0);
+  }
+  close(fd[1]);
+  char in[sizeof text + 16];
+  ssize_t got = read(fd[0], in, sizeof in - 1);
+  close(fd[0]);
+  waitpid(pid, &status, 0);
+  if (got > 0) {
+    int at = 0;
+    in[got] = '\0';
+    if (sscanf(in, "%d %n", &n, &at) == 1) {
+      snprintf(text, sizeof text, "%s", in + at);
+      *why = text;
+    } else {
+      n = -1;
+    }
+  }
+  return n;
+}
+
 static void print_dims(const char *name, const int64_t *v, int n) {
   printf("%s{", name);
   for (int i = 0; i < n; i++)
@@ -2373,7 +2418,7 @@ int main(int argc, char **argv) {
      * backends it is left out and said so (the emulated build of its
      * kernels has a harness of its own). */
     const char *why = NULL;
-    if (reg[i]->device_count != NULL && reg[i]->device_count(&why) <= 0) {
+    if (reg[i]->device_count != NULL && probe_devices(reg[i], &why) <= 0) {
       printf("%s backend %s: no device here (%s)\n",
              g_only != NULL ? "FAIL" : "left out:", reg[i]->name,
              why != NULL ? why : "?");

@@ -37,7 +37,8 @@ for f in "$QL_BINDIR/qlineard" "$QL_BINDIR/qlinearctl"; do
   [ -x "$dest$f" ] || bad "$f is missing or not executable"
 done
 for f in "$QL_LIBDIR/libqlinear.so" "$QL_INCLUDEDIR/qlinear/qlinear.h" \
-  "$QL_INCLUDEDIR/qlinear/ql_defs.h" "$QL_PKGCONFIGDIR/qlinear.pc" \
+  "$QL_INCLUDEDIR/qlinear/ql_defs.h" "$QL_INCLUDEDIR/qlinear/qlinear_cuda.h" \
+  "$QL_PKGCONFIGDIR/qlinear.pc" \
   "$QL_UNITDIR/qlineard.service" "$QL_SYSUSERSDIR/qlinear.conf" \
   "$QL_TMPFILESDIR/qlinear.conf" "$conf/qlineard.conf.example" \
   "$conf/qlineard.conf"; do

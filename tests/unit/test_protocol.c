@@ -974,6 +974,91 @@ START_TEST(test_validate_linear_region) {
 }
 END_TEST
 
+/* CUDA IPC slices, stateless part: 64-byte handles, an optional 64-byte
+ * event, a device, an aligned offset, x's exact length; one kind of y. The
+ * bounds need the opened allocation (linear.c). */
+START_TEST(test_validate_linear_cuda) {
+  static uint8_t h[QL_CUDA_IPC_HANDLE_BYTES + 1];
+  Qlinear__V1__CudaIpcSlice xc, yc;
+  for (int i = 0; i < 13; i++) {
+    mk_linear_region(QL_DTYPE_F16, 3, 7, 0, 0);
+    qlinear__v1__cuda_ipc_slice__init(&xc);
+    xc.mem_handle.data = h;
+    xc.mem_handle.len = QL_CUDA_IPC_HANDLE_BYTES;
+    xc.offset = 2;
+    xc.length = 3 * 7 * 2;
+    xc.device = "cuda:0";
+    g.x.data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
+    g.x.cuda_ipc = &xc;
+    yc = xc;
+    yc.length = 999; /* checked against the weight's N by the daemon */
+    int want = 0;
+    switch (i) {
+    case 0:
+      break;
+    case 1:
+      xc.ready_event.data = h;
+      xc.ready_event.len = QL_CUDA_IPC_HANDLE_BYTES;
+      g.linear.y_out_cuda = &yc;
+      break;
+    case 2:
+      xc.offset = UINT64_MAX - 1; /* aligned: bounds are the daemon's */
+      break;
+    case 3:
+      xc.mem_handle.len = QL_CUDA_IPC_HANDLE_BYTES - 1;
+      want = QL_EINVAL;
+      break;
+    case 4:
+      xc.mem_handle.len = QL_CUDA_IPC_HANDLE_BYTES + 1;
+      want = QL_EINVAL;
+      break;
+    case 5:
+      xc.mem_handle.len = 0;
+      want = QL_EINVAL;
+      break;
+    case 6:
+      xc.ready_event.data = h;
+      xc.ready_event.len = 1;
+      want = QL_EINVAL;
+      break;
+    case 7:
+      xc.device = "";
+      want = QL_EINVAL;
+      break;
+    case 8:
+      xc.offset = 3;
+      want = QL_EINVAL;
+      break;
+    case 9:
+      xc.length += 2;
+      want = QL_ESHAPE;
+      break;
+    case 10:
+      xc.length = UINT64_MAX;
+      want = QL_ESHAPE;
+      break;
+    case 11: /* both kinds of y */
+      g.linear.y_out = &g.ys;
+      g.linear.y_out_cuda = &yc;
+      want = QL_EINVAL;
+      break;
+    case 12:
+      yc.mem_handle.len = 8;
+      g.linear.y_out_cuda = &yc;
+      want = QL_EINVAL;
+      break;
+    }
+    ck_assert_msg(wire_validate(&g.req) == want, "case %d", i);
+  }
+  /* The oneof case without its message carries no data. */
+  mk_linear_region(QL_DTYPE_F32, 2, 2, 0, 0);
+  g.x.data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
+  g.x.cuda_ipc = NULL;
+  char err[256] = "";
+  ck_assert_int_eq(ql__request_validate(&g.req, err, sizeof err), QL_EINVAL);
+}
+END_TEST
+
 /* The one bounds check of a slice: off <= size && len <= size - off. */
 START_TEST(test_slice_valid) {
   static const struct {
@@ -1602,6 +1687,7 @@ static Suite *protocol_suite(void) {
   tcase_add_test(tc, test_validate_linear_range);
   tcase_add_test(tc, test_validate_linear_length);
   tcase_add_test(tc, test_validate_linear_region);
+  tcase_add_test(tc, test_validate_linear_cuda);
   tcase_add_test(tc, test_slice_valid);
   suite_add_tcase(s, tc);
 

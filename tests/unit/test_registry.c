@@ -172,6 +172,94 @@ START_TEST(test_backend_check_rejects) {
 }
 END_TEST
 
+/* A backend with IPC imports whose linear_dev takes its WO only. */
+static int dev_calls;
+static int ipc_open_(int o, const void *h, size_t len, void **base,
+                     uint64_t *size) {
+  (void)o, (void)h, (void)len, (void)base, (void)size;
+  return QL_EINVAL;
+}
+static int ipc_close_(int o, void *base) {
+  (void)o, (void)base;
+  return 0;
+}
+static int ev_open_(int o, const void *h, size_t len, void **ev) {
+  (void)o, (void)h, (void)len, (void)ev;
+  return QL_EINVAL;
+}
+static void ev_close_(int o, void *ev) { (void)o, (void)ev; }
+static int dev_supports_(const ql_kernel_impl *im) {
+  return im == &fake_impls[0];
+}
+static int dev_linear_(const ql_kernel_impl *im, const ql_linear_dev_args *a) {
+  (void)a;
+  dev_calls++;
+  return im == &fake_impls[0] ? 777 : QL_ENOTSUP;
+}
+
+/* IPC ops come as a set with a handle size; device tensors run only on a
+ * backend's own implementation that takes them, never on a generic one. */
+START_TEST(test_linear_dev) {
+  ql_backend b = {.name = "dev",
+                  .impls = fake_impls,
+                  .n_impls = 2,
+                  .ipc_handle_bytes = 64,
+                  .ipc_open = ipc_open_,
+                  .ipc_close = ipc_close_,
+                  .ipc_event_open = ev_open_,
+                  .ipc_event_close = ev_close_,
+                  .linear_dev_supports = dev_supports_,
+                  .linear_dev = dev_linear_};
+  ck_assert_int_eq(ql_backend_check(&b), 0);
+  b.ipc_handle_bytes = 0;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  b.ipc_handle_bytes = 64;
+  b.linear_dev = NULL;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  b.linear_dev = dev_linear_;
+  b.ipc_event_close = NULL;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  b.ipc_event_close = ev_close_;
+
+  ql_qweight w;
+  memset(&w, 0, sizeof w);
+  w.format = QL_FORMAT_Q8C;
+  w.n = 8;
+  w.k = 16;
+  ql_linear_dev_args a;
+  memset(&a, 0, sizeof a);
+  a.a.w = &w;
+  a.a.dt = QL_DTYPE_F32;
+  a.a.m = 2;
+  a.where = QL_LINEAR_X_DEVICE;
+  const char *impl = "x";
+  /* Its own WO for 2 rows. */
+  ck_assert_ptr_eq(ql_dispatch_dev(&b, QL_OP_LINEAR_WO, QL_FORMAT_Q8C,
+                                   QL_DTYPE_F32, 2, 8, 16),
+                   &fake_impls[0]);
+  ck_assert_int_eq(ql_run_linear_dev(&b, QL_OP_LINEAR_WO, &a, &impl), 777);
+  ck_assert_str_eq(impl, "fake.linear_wo");
+  ck_assert_int_eq(dev_calls, 1);
+  /* 8 rows: its WO declines, the generic one would run: refused. */
+  a.a.m = 8;
+  ck_assert_ptr_null(ql_dispatch_dev(&b, QL_OP_LINEAR_WO, QL_FORMAT_Q8C,
+                                     QL_DTYPE_F32, 8, 8, 16));
+  ck_assert_int_eq(ql_run_linear_dev(&b, QL_OP_LINEAR_WO, &a, &impl),
+                   QL_ENOTSUP);
+  ck_assert_ptr_null(impl);
+  /* Its AQ does not take device memory. */
+  a.a.m = 2;
+  ck_assert_int_eq(ql_run_linear_dev(&b, QL_OP_LINEAR_AQ, &a, &impl),
+                   QL_ENOTSUP);
+  /* Without linear_dev (the CPU), nothing does. */
+  ck_assert_int_eq(ql_run_linear_dev(&fake, QL_OP_LINEAR_WO, &a, &impl),
+                   QL_ENOTSUP);
+  ck_assert_int_eq(ql_run_linear_dev(NULL, QL_OP_LINEAR_WO, &a, &impl),
+                   QL_ENOTSUP);
+  ck_assert_int_eq(dev_calls, 1);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("registry");
   TCase *tc = tcase_create("registry");
@@ -179,6 +267,7 @@ int main(void) {
   tcase_add_test(tc, test_builtin_backends);
   tcase_add_test(tc, test_dispatch);
   tcase_add_test(tc, test_backend_check_rejects);
+  tcase_add_test(tc, test_linear_dev);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

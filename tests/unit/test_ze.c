@@ -22,12 +22,12 @@
 #include "registry.h"
 #include "testutil.h"
 
-extern const ql_backend ql__backend_ze;
+extern const ql_backend ql__backend_ze_ocl;
 
 static const ql_kernel_impl *impl(ql_op op) {
-  for (size_t i = 0; i < ql__backend_ze.n_impls; i++)
-    if (ql__backend_ze.impls[i].op == op)
-      return &ql__backend_ze.impls[i];
+  for (size_t i = 0; i < ql__backend_ze_ocl.n_impls; i++)
+    if (ql__backend_ze_ocl.impls[i].op == op)
+      return &ql__backend_ze_ocl.impls[i];
   ck_abort_msg("ze has no implementation of op %d", (int)op);
   return NULL;
 }
@@ -255,7 +255,7 @@ START_TEST(test_linear_args) {
   ck_assert(aq->supports(aq, QL_FORMAT_Q8C, 1, 1, QL_AQ_Q8C_MAX_K));
   ck_assert(!aq->supports(aq, QL_FORMAT_Q8C, 1, 1, QL_AQ_Q8C_MAX_K + 1));
   ck_assert(aq->supports(aq, QL_FORMAT_Q4G, 1, 1, QL_AQ_Q8C_MAX_K + 1));
-  ck_assert_int_eq(ql_backend_check(&ql__backend_ze), 0);
+  ck_assert_int_eq(ql_backend_check(&ql__backend_ze_ocl), 0);
   rp->free_packed(ra.packed);
   ql_qweight_free(q);
   ql_qweight_free(q8b);

@@ -308,6 +308,36 @@ typedef struct ql_slice {
 } ql_slice;
 
 /*
+ * A tensor in the caller's CUDA device memory, which the daemon reads or
+ * writes in place through CUDA IPC: bytes [offset, offset + length) of
+ * the allocation that mem_handle (cudaIpcGetMemHandle of its base) names.
+ * A plain value, owned by the caller; the library copies what it sends.
+ * <qlinear/qlinear_cuda.h> fills one from a device pointer; this library
+ * itself does not use CUDA.
+ *
+ * The daemon opens each handle once per session and keeps the allocation
+ * mapped until the session ends (ql_close()), so memory freed by the
+ * caller meanwhile is not returned to the device until then; it checks
+ * every slice against the allocation's real size. A request with such a
+ * tensor runs on its device, which must hold the weight.
+ */
+typedef struct ql_cuda_slice {
+  unsigned char mem_handle[QL_CUDA_IPC_HANDLE_BYTES]; /* cudaIpcMemHandle_t */
+  uint64_t offset; /* from the allocation's base; a multiple of the element
+                      size */
+  uint64_t length; /* bytes: exactly the tensor's */
+  /* The allocation's device as the daemon names it ("cuda:GPU-<uuid>",
+   * which any process agrees on, or an alias such as "cuda:0" in the
+   * daemon's own order), NUL-terminated. */
+  char device[QL_DEVICE_NAME_MAX];
+  /* x only: when non-zero, ready_event is a cudaIpcEventHandle_t of an
+   * event (cudaEventInterprocess | cudaEventDisableTiming) recorded after
+   * the work that produces x; the daemon reads x once it has completed. */
+  int has_ready_event;
+  unsigned char ready_event[QL_CUDA_IPC_HANDLE_BYTES];
+} ql_cuda_slice;
+
+/*
  * Writes the default daemon address into buf (len bytes, NUL included):
  *  1. the environment variable QLINEAR_ADDRESS, verbatim, if it is set and
  *     not empty;
@@ -466,6 +496,24 @@ QL_EXPORT int ql_linear_region(ql_client *c, const char *weight, ql_path path,
                                const ql_slice *x, uint64_t n,
                                const ql_slice *y, void *y_inline,
                                ql_linear_result *res);
+
+/*
+ * The same with x in the caller's CUDA device memory (see ql_cuda_slice)
+ * and y written either into device memory too (y not NULL, y_inline NULL:
+ * the call returns once y is written there, with no copy through the
+ * host and no message-size limit) or into y_inline (y NULL: the reply
+ * carries it, as for ql_linear()). Exactly one of y and y_inline is
+ * given. x->length must be m·k and y->length m·n elements of dtype, and x
+ * and y name one device (QL_EINVAL or QL_ESHAPE otherwise, checked here
+ * and again by the daemon, which also checks the slices against the real
+ * allocations: QL_EINVAL for a slice past an allocation's end or a handle
+ * it cannot open).
+ */
+QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
+                             ql_dtype dtype, uint64_t m, uint64_t k,
+                             const ql_cuda_slice *x, uint64_t n,
+                             const ql_cuda_slice *y, void *y_inline,
+                             ql_linear_result *res);
 
 /*
  * Asks the daemon for a new region of size bytes (size > 0) and maps it.

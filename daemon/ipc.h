@@ -1,0 +1,64 @@
+/*
+ * ipc.h - device memory that a client exports to the daemon by CUDA IPC
+ * handles (DESIGN §7): each session's table of imported allocations.
+ *
+ * A handle is opened once per session and device, at the first request
+ * that names it, through the device backend's ipc_open, which also gives
+ * the allocation's real base and size as the driver reports them: that
+ * size bounds every slice a request takes from it, whatever the client
+ * claims. Every request using an import holds a reference, so the mapping
+ * stays while the request is queued or running; the session's own
+ * reference goes when the session ends, or when its table is full and the
+ * import is the least recently used one that no request holds. The last
+ * reference closes the handle (ipc_close). Loop thread only.
+ */
+#ifndef QL_IPC_H
+#define QL_IPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "devices.h"
+#include "ql_defs.h"
+
+/* Imports one session keeps open at once. */
+#define QL_SESSION_MAX_IPC 64
+
+/* One imported allocation. */
+typedef struct ql__ipc_mem {
+  uint8_t handle[QL_CUDA_IPC_HANDLE_BYTES]; /* as the client sent it */
+  size_t handle_len;
+  const ql__device *dev; /* where it is mapped */
+  uint64_t session;      /* the importing session, for logs */
+  uint8_t *base;         /* device pointer to the allocation's first byte */
+  uint64_t size;         /* the whole allocation, from the driver */
+  int refs;              /* the table's (until dropped) + one per request */
+  uint64_t last_use;     /* a counter of the table, for eviction */
+  struct ql__ipc_mem *next; /* in its table */
+} ql__ipc_mem;
+
+typedef struct ql__ipc_table ql__ipc_table;
+
+/*
+ * The import of handle (len bytes) on device d in the table *t (made on
+ * first use; session is the owner's number, for logs): found, or opened
+ * now. No reference is taken for the caller. On failure returns a QL_E*
+ * code with err set (QL_EINVAL: a handle the device cannot open;
+ * QL_ENOTSUP: d takes no imports; QL_EEXHAUSTED: the table is full of
+ * imports that requests hold; QL_ENOMEM; QL_EDEVICE).
+ */
+int ql__ipc_get(ql__ipc_table **t, const ql__device *d, uint64_t session,
+                const uint8_t *handle, size_t len, ql__ipc_mem **out,
+                char *err, size_t errlen);
+
+/* A request's reference; the last unref closes the handle. NULL is a
+ * no-op for unref. */
+void ql__ipc_ref(ql__ipc_mem *m);
+void ql__ipc_unref(ql__ipc_mem *m);
+
+/* Drops the table's references (the session ended) and frees it; imports
+ * that requests still hold close with their last request. Returns how
+ * many imports the table had. NULL is a no-op (0). */
+size_t ql__ipc_table_free(ql__ipc_table *t);
+
+#endif /* QL_IPC_H */
