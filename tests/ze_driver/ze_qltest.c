@@ -28,8 +28,12 @@
  *  - modules: zeModuleCreate takes only the SPIR-V modules embedded in
  *    libqlkernels (kernels/ze/spirv_modules.c, ze_spirv.h), recognised by
  *    their bytes, and builds the "lm" variant from the same .cl source with
- *    OpenCL C 1.2 as kernels/ze/ocl_backend.c does, adding the build
- *    flags' "-cl-*" options (and ignoring "-ze-*" ones). Any other module
+ *    OpenCL C 1.2, adding the build flags' "-cl-*" options (and ignoring
+ *    "-ze-*" ones), then QL_ZE_TEST_BUILD_OPTIONS, read at each build: extra
+ *    OpenCL build options for tests, such as the -DQL_ZE_MUT_* flags that
+ *    select the kernels' mutants (tests/conformance/test_ze_mutants.sh);
+ *    programs are cached by their options, so a change builds anew. Any
+ *    other module
  *    is ZE_RESULT_ERROR_INVALID_NATIVE_BINARY; the "sg" variant fails to
  *    build (ZE_RESULT_ERROR_MODULE_BUILD_FAILURE), as it would on a device
  *    without sub-groups of 16.
@@ -1194,7 +1198,9 @@ static zbuild_log *new_log(const char *text) {
  * frees); 0 and a reason in why when a flag is not one of ours. */
 static int build_options(const char *flags, char **out, char *why,
                          size_t whylen) {
-  size_t cap = 4096 + strlen(g.kernel_dir) + (flags ? strlen(flags) : 0);
+  const char *extra = getenv("QL_ZE_TEST_BUILD_OPTIONS");
+  size_t cap = 4096 + strlen(g.kernel_dir) + (flags ? strlen(flags) : 0) +
+               (extra ? strlen(extra) : 0);
   char *opt = malloc(cap), *copy = NULL, *save = NULL, *tok;
   int ok = 1;
 
@@ -1222,6 +1228,11 @@ static int build_options(const char *flags, char **out, char *why,
   if (!ok) {
     free(opt);
     return 0;
+  }
+  /* test-only options (the mutants' -D flags), after the module's own */
+  if (extra != NULL && *extra != '\0') {
+    strcat(opt, " ");
+    strcat(opt, extra);
   }
   *out = opt;
   return 1;
