@@ -9,11 +9,8 @@
  * build (Makefile.am, "CUDA").
  *
  * QL_WITH_ZE: the ze backend on Level Zero (kernels/ze/backend.c), in
- * libqlkernels when configure found the Level Zero loader (HAVE_ZE).
- *
- * QL_WITH_ZE_OCL: the same kernels through a test-only OpenCL host on
- * PoCL (kernels/ze/ocl_backend.c), also named "ze", in the test programs
- * that compile this file again with the macro (Makefile.am, "Level Zero").
+ * libqlkernels when configure found the Level Zero loader (HAVE_ZE); the
+ * tests run it on the Level Zero test driver (tests/ze_driver/).
  */
 #include <string.h>
 
@@ -26,9 +23,6 @@ extern const ql_backend ql__backend_cuda;
 #ifdef QL_WITH_ZE
 extern const ql_backend ql__backend_ze;
 #endif
-#ifdef QL_WITH_ZE_OCL
-extern const ql_backend ql__backend_ze_ocl;
-#endif
 
 /* Priority order: an accelerator before the CPU. */
 static const ql_backend *const builtin[] = {
@@ -37,9 +31,6 @@ static const ql_backend *const builtin[] = {
 #endif
 #ifdef QL_WITH_ZE
     &ql__backend_ze,
-#endif
-#ifdef QL_WITH_ZE_OCL
-    &ql__backend_ze_ocl,
 #endif
     &ql__backend_cpu,
 };

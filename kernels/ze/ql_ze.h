@@ -4,7 +4,7 @@
  * kernels are written for, the device layout "ze-1", and the status words
  * of quantize_rows. Plain #defines only, so that it is valid OpenCL C 1.2
  * and C11 alike; the host side checks the numbers against ql_defs.h with
- * static assertions (ocl_backend.c), so they are defined once in effect.
+ * static assertions (backend.c), so they are defined once in effect.
  *
  * Kernels and their arguments (all integers are OpenCL long/int, pointers
  * are __global; a pointer documented as nullable may be NULL):

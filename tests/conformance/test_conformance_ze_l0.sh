@@ -3,9 +3,11 @@
 # conformance harness, small shape matrix: test_conformance_ze_l0 is the
 # harness built for the backend "ze" of libqlkernels, here on the test
 # driver (tests/ze_driver/libze_qltest.so, which runs the kernels on PoCL)
-# with the loader's validation layer on. test_conformance_ze runs the same
-# kernels through the OpenCL test host; this adds the host code: the
-# layout in device memory, staging, launches and waits. A call the layer
+# with the loader's validation layer on: the kernels and the host code
+# (the layout in device memory, staging, launches and waits). The full
+# shape matrix is the same harness built without QL_CONFORMANCE_BACKEND,
+# tests/conformance/test_conformance --backend ze, run by hand in this
+# environment (README, "ze backend"). A call the layer
 # refuses is a bug of the host code, which says so on stderr: that fails
 # the test too.
 set -u

@@ -1,6 +1,8 @@
 /*
- * test_ze.c - the ze kernels through their OpenCL host (ocl_backend.c) on
- * what the conformance harness does not reach:
+ * test_ze.c - the ze backend of libqlkernels (kernels/ze/backend.c) on the
+ * Level Zero test driver (tests/ze_driver/libze_qltest.so, the kernels on
+ * PoCL) with the loader's validation layer on, on what the conformance
+ * harness does not reach:
  *  - quantize_rows refusing a value its source dtype cannot hold
  *    (QL_EINVAL), NaN/Inf (QL_ENONFINITE), and, like the reference, the
  *    first offending value of the first offending row deciding which;
@@ -9,10 +11,13 @@
  *  - the ops that are the reference's own evaluation order: AQ q8c and
  *    q4g, and WO q4g, give the reference's bytes exactly; the other WO
  *    formats are checked by the harness against a bound only.
- * Each test runs in its own process (check's fork mode), so each builds
- * the kernels once.
+ * main() points the loader at the driver before anything calls zeInit.
+ * Each test runs in its own process (check's fork mode), so each starts
+ * the backend and builds the kernels once. A call the validation layer
+ * refuses is QL_EINTERNAL, which fails the asserts on return codes.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,12 +27,17 @@
 #include "registry.h"
 #include "testutil.h"
 
-extern const ql_backend ql__backend_ze_ocl;
+static const ql_backend *ze(void) {
+  const ql_backend *b = ql_backend_find("ze");
+  ck_assert_msg(b != NULL, "libqlkernels has no ze backend");
+  return b;
+}
 
 static const ql_kernel_impl *impl(ql_op op) {
-  for (size_t i = 0; i < ql__backend_ze_ocl.n_impls; i++)
-    if (ql__backend_ze_ocl.impls[i].op == op)
-      return &ql__backend_ze_ocl.impls[i];
+  const ql_backend *b = ze();
+  for (size_t i = 0; i < b->n_impls; i++)
+    if (b->impls[i].op == op)
+      return &b->impls[i];
   ck_abort_msg("ze has no implementation of op %d", (int)op);
   return NULL;
 }
@@ -255,7 +265,7 @@ START_TEST(test_linear_args) {
   ck_assert(aq->supports(aq, QL_FORMAT_Q8C, 1, 1, QL_AQ_Q8C_MAX_K));
   ck_assert(!aq->supports(aq, QL_FORMAT_Q8C, 1, 1, QL_AQ_Q8C_MAX_K + 1));
   ck_assert(aq->supports(aq, QL_FORMAT_Q4G, 1, 1, QL_AQ_Q8C_MAX_K + 1));
-  ck_assert_int_eq(ql_backend_check(&ql__backend_ze_ocl), 0);
+  ck_assert_int_eq(ql_backend_check(ze()), 0);
   rp->free_packed(ra.packed);
   ql_qweight_free(q);
   ql_qweight_free(q8b);
@@ -264,6 +274,17 @@ START_TEST(test_linear_args) {
 END_TEST
 
 int main(void) {
+  const char *drv = getenv("QL_ZE_TEST_DRIVER");
+  if (drv == NULL || *drv == '\0')
+    drv = QL_ZE_TEST_DRIVER;
+  /* before the backend's zeInit: the loader reads these once */
+  if (setenv("ZE_ENABLE_ALT_DRIVERS", drv, 1) != 0 ||
+      setenv("ZE_ENABLE_VALIDATION_LAYER", "1", 1) != 0 ||
+      setenv("ZE_ENABLE_PARAMETER_VALIDATION", "1", 1) != 0 ||
+      setenv("ZE_ENABLE_HANDLE_LIFETIME", "1", 1) != 0) {
+    perror("setenv");
+    return 1;
+  }
   Suite *s = suite_create("ze");
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 120);
