@@ -1986,6 +1986,39 @@ static int cuda_msg(const char *what, const ql_cuda_slice *sl, uint64_t bytes,
   return 0;
 }
 
+/*
+ * The checks of a Linear call on device tensors that need no daemon: the
+ * arguments, *esz and the bytes of x and y, and, for an inline y
+ * (inline_y), that it fits the daemon's message cap (kind names the
+ * slices to give instead).
+ */
+static int device_linear_args(ql_client *c, const char *weight, ql_path path,
+                              ql_dtype dtype, uint64_t m, uint64_t k,
+                              uint64_t n, int inline_y, const char *kind,
+                              size_t *esz, uint64_t *xbytes,
+                              uint64_t *ybytes) {
+  uint64_t mk, mn, cap, room;
+  int rv;
+  if ((rv = check_linear_args(c, weight, path, dtype, m, k, n)) != 0)
+    return rv;
+  *esz = ql_dtype_size(dtype);
+  if (!mul_ok(m, k, &mk) || !mul_ok(mk, *esz, xbytes) || !mul_ok(m, n, &mn) ||
+      !mul_ok(mn, *esz, ybytes))
+    return err_set(QL_ETOOBIG, "x [%llu, %llu] or y [%llu, %llu] is too large",
+                   (unsigned long long)m, (unsigned long long)k,
+                   (unsigned long long)m, (unsigned long long)n);
+  if (inline_y) {
+    client_limits(c, &cap, NULL);
+    room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
+    if (*ybytes > room)
+      return err_set(QL_ETOOBIG, "y [%llu, %llu] does not fit the daemon's "
+                                 "cap of %llu bytes: give a %s slice",
+                     (unsigned long long)m, (unsigned long long)n,
+                     (unsigned long long)cap, kind);
+  }
+  return 0;
+}
+
 QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
                              ql_dtype dtype, uint64_t m, uint64_t k,
                              const ql_cuda_slice *x, uint64_t n,
@@ -1994,7 +2027,7 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
   Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
   Qlinear__V1__Tensor xt;
   Qlinear__V1__CudaIpcSlice xs, ys;
-  uint64_t shape[2] = {m, k}, mk, mn, xbytes, ybytes, cap, room;
+  uint64_t shape[2] = {m, k}, xbytes, ybytes;
   size_t esz;
   int rv;
 
@@ -2002,15 +2035,9 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
   if (c == NULL || x == NULL || (y == NULL) == (y_inline == NULL))
     return err_set(QL_EINVAL, "client or x is NULL, or not exactly one of y "
                               "and y_inline is given");
-  if ((rv = check_linear_args(c, weight, path, dtype, m, k, n)) != 0)
-    return rv;
-  esz = ql_dtype_size(dtype);
-  if (!mul_ok(m, k, &mk) || !mul_ok(mk, esz, &xbytes) || !mul_ok(m, n, &mn) ||
-      !mul_ok(mn, esz, &ybytes))
-    return err_set(QL_ETOOBIG, "x [%llu, %llu] or y [%llu, %llu] is too large",
-                   (unsigned long long)m, (unsigned long long)k,
-                   (unsigned long long)m, (unsigned long long)n);
-  if ((rv = cuda_msg("x", x, xbytes, esz, 1, &xs)) != 0)
+  if ((rv = device_linear_args(c, weight, path, dtype, m, k, n, y == NULL,
+                               "CUDA", &esz, &xbytes, &ybytes)) != 0 ||
+      (rv = cuda_msg("x", x, xbytes, esz, 1, &xs)) != 0)
     return rv;
   if (y != NULL) {
     if ((rv = cuda_msg("y", y, ybytes, esz, 0, &ys)) != 0)
@@ -2019,14 +2046,6 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
       return err_set(QL_EINVAL, "x is on %s, y on %s: one request runs on "
                                 "one device",
                      x->device, y->device);
-  } else {
-    client_limits(c, &cap, NULL);
-    room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
-    if (ybytes > room)
-      return err_set(QL_ETOOBIG, "y [%llu, %llu] does not fit the daemon's "
-                                 "cap of %llu bytes: give a CUDA slice",
-                     (unsigned long long)m, (unsigned long long)n,
-                     (unsigned long long)cap);
   }
 
   qlinear__v1__tensor__init(&xt);
@@ -2133,7 +2152,7 @@ QL_EXPORT int ql_linear_ze(ql_client *c, const char *weight, ql_path path,
   Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
   Qlinear__V1__Tensor xt;
   Qlinear__V1__ZeIpcSlice xs, ys;
-  uint64_t shape[2] = {m, k}, mk, mn, xbytes, ybytes, cap, room;
+  uint64_t shape[2] = {m, k}, xbytes, ybytes;
   size_t esz;
   int rv;
 
@@ -2141,28 +2160,11 @@ QL_EXPORT int ql_linear_ze(ql_client *c, const char *weight, ql_path path,
   if (c == NULL || x == NULL || (y == NULL) == (y_inline == NULL))
     return err_set(QL_EINVAL, "client or x is NULL, or not exactly one of y "
                               "and y_inline is given");
-  if ((rv = check_linear_args(c, weight, path, dtype, m, k, n)) != 0)
+  if ((rv = device_linear_args(c, weight, path, dtype, m, k, n, y == NULL,
+                               "Level Zero", &esz, &xbytes, &ybytes)) != 0 ||
+      (rv = ze_msg("x", x, xbytes, esz, &xs)) != 0 ||
+      (y != NULL && (rv = ze_msg("y", y, ybytes, esz, &ys)) != 0))
     return rv;
-  esz = ql_dtype_size(dtype);
-  if (!mul_ok(m, k, &mk) || !mul_ok(mk, esz, &xbytes) || !mul_ok(m, n, &mn) ||
-      !mul_ok(mn, esz, &ybytes))
-    return err_set(QL_ETOOBIG, "x [%llu, %llu] or y [%llu, %llu] is too large",
-                   (unsigned long long)m, (unsigned long long)k,
-                   (unsigned long long)m, (unsigned long long)n);
-  if ((rv = ze_msg("x", x, xbytes, esz, &xs)) != 0)
-    return rv;
-  if (y != NULL) {
-    if ((rv = ze_msg("y", y, ybytes, esz, &ys)) != 0)
-      return rv;
-  } else {
-    client_limits(c, &cap, NULL);
-    room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
-    if (ybytes > room)
-      return err_set(QL_ETOOBIG, "y [%llu, %llu] does not fit the daemon's "
-                                 "cap of %llu bytes: give a Level Zero slice",
-                     (unsigned long long)m, (unsigned long long)n,
-                     (unsigned long long)cap);
-  }
   qlinear__v1__tensor__init(&xt);
   xt.dtype = (Qlinear__V1__DType)dtype;
   xt.n_shape = 2;

@@ -316,42 +316,33 @@ static int validate_x(const Qlinear__V1__Tensor *x, size_t *es_out,
              es, (unsigned long long)m * k * es);
       return QL_ESHAPE;
     }
-  } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_REGION &&
-             x->region != NULL) {
-    if ((rc = check_slice("x", x->region, es, err, errlen)) != 0)
-      return rc;
-    if (overflow || x->region->length != want) {
-      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
-             "of %zu-byte elements needs %llu",
-             (unsigned long long)x->region->length, (unsigned long long)m,
-             (unsigned long long)k, es, (unsigned long long)m * k * es);
-      return QL_ESHAPE;
-    }
-  } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_ZE_IPC &&
-             x->ze_ipc != NULL) {
-    if ((rc = check_ze("x", x->ze_ipc, es, err, errlen)) != 0)
-      return rc;
-    if (overflow || x->ze_ipc->length != want) {
-      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
-             "of %zu-byte elements needs %llu",
-             (unsigned long long)x->ze_ipc->length, (unsigned long long)m,
-             (unsigned long long)k, es, (unsigned long long)m * k * es);
-      return QL_ESHAPE;
-    }
-  } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC &&
-             x->cuda_ipc != NULL) {
-    if ((rc = check_cuda("x", x->cuda_ipc, es, err, errlen)) != 0)
-      return rc;
-    if (overflow || x->cuda_ipc->length != want) {
-      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
-             "of %zu-byte elements needs %llu",
-             (unsigned long long)x->cuda_ipc->length, (unsigned long long)m,
-             (unsigned long long)k, es, (unsigned long long)m * k * es);
-      return QL_ESHAPE;
-    }
   } else {
-    seterr(err, errlen, "linear: x carries no data");
-    return QL_EINVAL;
+    /* A slice: of a region, or of CUDA or Level Zero device memory. */
+    uint64_t len;
+    if (x->data_case == QLINEAR__V1__TENSOR__DATA_REGION && x->region) {
+      rc = check_slice("x", x->region, es, err, errlen);
+      len = x->region->length;
+    } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC &&
+               x->cuda_ipc) {
+      rc = check_cuda("x", x->cuda_ipc, es, err, errlen);
+      len = x->cuda_ipc->length;
+    } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_ZE_IPC &&
+               x->ze_ipc) {
+      rc = check_ze("x", x->ze_ipc, es, err, errlen);
+      len = x->ze_ipc->length;
+    } else {
+      seterr(err, errlen, "linear: x carries no data");
+      return QL_EINVAL;
+    }
+    if (rc != 0)
+      return rc;
+    if (overflow || len != want) {
+      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
+             "of %zu-byte elements needs %llu", (unsigned long long)len,
+             (unsigned long long)m, (unsigned long long)k, es,
+             (unsigned long long)m * k * es);
+      return QL_ESHAPE;
+    }
   }
   *es_out = es;
   return 0;

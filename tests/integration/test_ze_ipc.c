@@ -49,6 +49,7 @@ static void ze_env(const char *devices) {
   setenv("QL_ZE_TEST_DEVICES", devices, 1);
   unsetenv("QL_ZE_TEST_MEM");
   unsetenv("QL_ZE_TEST_FAULT");
+  unsetenv("QL_ZE_TEST_IPC");
 }
 
 /* In the child: a failed check ends it with its line as the exit code
@@ -358,6 +359,40 @@ START_TEST(raw_imports) {
 }
 END_TEST
 
+/* The child of no_driver_ipc. */
+static void child_no_ipc(const td *d) {
+  zc z;
+  ql_ze_export ex;
+  uint64_t id = 0;
+  struct stat st;
+  zc_init(&z, 1);
+  void *buf = zc_alloc(&z, 0, 8192);
+  CHK(ql_ze_export_ptr(z.ctx, buf, 4096, &ex) == 0);
+  ql_client *c = td_connect(d);
+  CHK(ql_ze_import(c, ex.fd, ex.handle, ex.device, &id, NULL) == QL_ENOTSUP);
+  CHK(strstr(ql_errmsg(), "no memory IPC") != NULL && id == 0);
+  /* The refused descriptor is closed before the reply. */
+  CHK(fstat(ex.fd, &st) == 0);
+  CHK(!holds_file(d->pid, st.st_dev, st.st_ino));
+  ql_close(c);
+  zeMemFree(z.ctx, buf);
+}
+
+/* A driver that advertises no memory IPC (zeDriverGetIpcProperties):
+ * imports are QL_ENOTSUP and leave nothing open. */
+START_TEST(no_driver_ipc) {
+  td d;
+  ze_env("1");
+  setenv("QL_ZE_TEST_IPC", "0", 1);
+  td_start(&d, NULL);
+  int status = run_child(child_no_ipc, &d);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                "the client failed (status %d): see its stderr", status);
+  unsetenv("QL_ZE_TEST_IPC");
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* The child of killed_client: imports, says so, and waits to be killed. */
 static int kill_pipe[2];
 static void child_killed(const td *d) {
@@ -413,6 +448,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, imports_and_linear);
   tcase_add_test(tc, raw_imports);
+  tcase_add_test(tc, no_driver_ipc);
   tcase_add_test(tc, killed_client);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
