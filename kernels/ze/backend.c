@@ -41,6 +41,14 @@
  * then on and device_error() says why. A lost device cannot run anything
  * again and a hung kernel may never end, so neither is retried.
  *
+ * IPC imports (DESIGN §7, registry.h ipc_open_fd): a client's device
+ * allocation, named by its ze IPC handle and the dma-buf descriptor the
+ * daemon received over the session socket, is opened with
+ * zeMemOpenIpcHandle and bounded by zeMemGetAddressRange; linear_dev runs
+ * the same pipeline as the host ops with x copied from, and y to, that
+ * memory on the device (y only after its guard checked out). No event
+ * crosses processes: the client completes x before it sends a request.
+ *
  * Without a Level Zero driver (zeInit or zeDriverGet find none) the
  * backend has no device and device_count() says why, once, for the log.
  */
