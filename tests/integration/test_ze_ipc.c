@@ -169,6 +169,84 @@ static int run_child(void (*fn)(const td *), const td *d) {
   return status;
 }
 
+/* ImportZeIpc on a raw session with fd attached: the status code, and
+ * the id on success. */
+static int raw_import(td_session *s, int fd, const unsigned char *handle,
+                      size_t len, const char *device, uint64_t *id) {
+  Qlinear__V1__SessionRequest req;
+  Qlinear__V1__ImportZeIpcRequest ir;
+  qlinear__v1__session_request__init(&req);
+  qlinear__v1__import_ze_ipc_request__init(&ir);
+  ir.ipc_handle.data = (uint8_t *)handle;
+  ir.ipc_handle.len = len;
+  ir.device = (char *)device;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC;
+  req.import_ze_ipc = &ir;
+  Qlinear__V1__SessionResponse *r = td_session_call_fd(s, &req, fd, NULL,
+                                                       TMO);
+  if (r == NULL)
+    return QL_ETIMEDOUT;
+  int rc = r->status ? r->status->code : 0;
+  if (rc == 0 && id != NULL)
+    *id = r->import_ze_ipc->import_id;
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  return rc;
+}
+
+/* A raw LinearMulti of wq4 and wq8 on x in import id with one y slice per
+ * weight in the same allocation at y_off[i]: 0 and the replies naming the
+ * slices, or the status code. */
+static int raw_multi(const td *d, const td_session *s, uint64_t id,
+                     uint64_t xb, uint64_t yb, const uint64_t y_off[2]) {
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearMultiRequest lm;
+  Qlinear__V1__Tensor xt;
+  Qlinear__V1__ZeIpcSlice xs, ys[2], *yp[2] = {&ys[0], &ys[1]};
+  char *weights[2] = {"wq4", "wq8"};
+  uint64_t shape[2] = {M, K};
+  qlinear__v1__request__init(&req);
+  qlinear__v1__linear_multi_request__init(&lm);
+  qlinear__v1__tensor__init(&xt);
+  qlinear__v1__ze_ipc_slice__init(&xs);
+  xs.import_id = id;
+  xs.length = xb;
+  for (int i = 0; i < 2; i++) {
+    qlinear__v1__ze_ipc_slice__init(&ys[i]);
+    ys[i].import_id = id;
+    ys[i].offset = y_off[i];
+    ys[i].length = yb;
+  }
+  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  xt.shape = shape;
+  xt.n_shape = 2;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_ZE_IPC;
+  xt.ze_ipc = &xs;
+  lm.n_weights = 2;
+  lm.weights = weights;
+  lm.x = &xt;
+  lm.path = QLINEAR__V1__PATH__PATH_WEIGHT_ONLY;
+  lm.n_y_out_ze = 2;
+  lm.y_out_ze = yp;
+  req.request_id = 91;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI;
+  req.linear_multi = &lm;
+  Qlinear__V1__Response *r = td_call_as(d, s, &req, TMO);
+  if (r == NULL)
+    return QL_ETIMEDOUT;
+  int rc = r->status ? r->status->code : 0;
+  if (rc == 0) {
+    CHK(r->linear_multi->n_results == 2);
+    for (int i = 0; i < 2; i++) {
+      const Qlinear__V1__Tensor *y = r->linear_multi->results[i]->y;
+      CHK(y->data_case == QLINEAR__V1__TENSOR__DATA_ZE_IPC);
+      CHK(y->ze_ipc->import_id == id && y->ze_ipc->offset == y_off[i] &&
+          y->ze_ipc->length == yb);
+    }
+  }
+  qlinear__v1__response__free_unpacked(r, NULL);
+  return rc;
+}
+
 /* The child of imports_and_linear. */
 static void child_linear(const td *d) {
   zc z;
@@ -229,6 +307,33 @@ static void child_linear(const td *d) {
       zc_copy(&z, 0, y_dev, buf + 8192, yb);
       CHK(memcmp(y_dev, ref, sizeof ref) == 0);
     }
+  }
+
+  /* LinearMulti, raw, from a second session with its own import of the
+   * same allocation: both y in device memory, each the inline result. */
+  {
+    td_session rs;
+    uint64_t rid = 0, y_off[2] = {8192, 12288};
+    float ref[2][M * N];
+    CHK(td_session_open(d, &rs) == 0);
+    CHK(raw_import(&rs, ex.fd, ex.handle, sizeof ex.handle, ex.device,
+                   &rid) == 0);
+    CHK(rid != 0 && rid != id);
+    for (int w = 0; w < 2; w++)
+      CHK(ql_linear(c, weights[w], QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, M, K,
+                    x, N, ref[w], NULL) == 0);
+    CHK(raw_multi(d, &rs, rid, xb, yb, y_off) == 0);
+    for (int w = 0; w < 2; w++) {
+      memset(y_dev, 0, sizeof y_dev);
+      zc_copy(&z, 0, y_dev, buf + y_off[w], yb);
+      CHK(memcmp(y_dev, ref[w], sizeof y_dev) == 0);
+    }
+    /* Another session's id is not found; a y past the real end is not
+     * written. */
+    CHK(raw_multi(d, &rs, id, xb, yb, y_off) == QL_ENOTFOUND);
+    uint64_t past_end[2] = {8192, size - yb + 4};
+    CHK(raw_multi(d, &rs, rid, xb, yb, past_end) == QL_EINVAL);
+    td_session_close(&rs);
   }
 
   /* Hostile slices and imports; the daemon keeps serving after each. */
@@ -354,6 +459,34 @@ START_TEST(raw_imports) {
   ck_assert_ptr_nonnull(r);
   ck_assert_int_eq(r->status->code, QL_EINVAL);
   qlinear__v1__session_response__free_unpacked(r, NULL);
+  /* A descriptor with a 63-byte handle, or with a packet that is no
+   * import, is closed before the reply. */
+  char tmpl[] = "/tmp/test_ze_ipc.XXXXXX";
+  int tfd = mkstemp(tmpl);
+  struct stat st;
+  ck_assert_int_ge(tfd, 0);
+  unlink(tmpl);
+  ck_assert_int_eq(fstat(tfd, &st), 0);
+  r = td_session_call_fd(&s, &req, tfd, NULL, TMO);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->status->code, QL_EINVAL);
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  ck_assert(!holds_file(d.pid, st.st_dev, st.st_ino));
+  Qlinear__V1__ReleaseImportRequest rr;
+  qlinear__v1__release_import_request__init(&rr);
+  rr.import_id = 12345;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_RELEASE_IMPORT;
+  req.release_import = &rr;
+  r = td_session_call_fd(&s, &req, tfd, NULL, TMO);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->status->code, QL_ENOTFOUND);
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  ck_assert(!holds_file(d.pid, st.st_dev, st.st_ino));
+  /* A regular file is not the memory of a handle. */
+  ck_assert_int_eq(raw_import(&s, tfd, handle, sizeof handle, "ze:0", NULL),
+                   QL_EINVAL);
+  ck_assert(!holds_file(d.pid, st.st_dev, st.st_ino));
+  close(tfd);
   td_session_close(&s);
   ck_assert_int_eq(td_stop(&d), 0);
 }
