@@ -526,6 +526,90 @@ START_TEST(no_driver_ipc) {
 }
 END_TEST
 
+/* The daemon's log as a new string (the child's copy of read_log). */
+static char *log_text(const td *d) {
+  FILE *f = fopen(d->log, "r");
+  CHK(f != NULL);
+  char *buf = malloc(1 << 20);
+  CHK(buf != NULL);
+  size_t n = fread(buf, 1, (1 << 20) - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+/* The child of held_while_running: requests with x in an import until one
+ * does not come back within the client's time limit (the driver hangs the
+ * device, and the daemon waits the kernel timeout for it), then the
+ * session ends with that request still running. */
+static void child_held(const td *d) {
+  zc z;
+  ql_ze_export ex;
+  uint64_t id = 0;
+  const size_t xb = M * K * sizeof(float);
+  float x[M * K], y[M * N];
+  uint64_t seed = 11;
+  struct stat st;
+  td_layer l;
+
+  unsetenv("QL_ZE_TEST_FAULT"); /* the fault is the daemon's */
+  zc_init(&z, 1);
+  td_randn(&seed, x, M * K, 1.0f);
+  unsigned char *buf = zc_alloc(&z, 0, 8192);
+  zc_copy(&z, 0, buf, x, xb);
+  CHK(ql_ze_export_ptr(z.ctx, buf, xb, &ex) == 0);
+  CHK(fstat(ex.fd, &st) == 0);
+  ql_client *owner = td_connect(d);
+  load_weights(owner, &l);
+  ql_connect_opts o = {0};
+  o.timeout_ms = 1000;
+  ql_client *c = NULL;
+  CHK(ql_connect(d->address, &o, &c) == 0);
+  CHK(ql_ze_import(c, ex.fd, ex.handle, ex.device, &id, NULL) == 0);
+  ql_ze_slice xs = {id, 0, xb};
+  int rc = 0;
+  for (int i = 0; i < 500 && rc == 0; i++)
+    rc = ql_linear_ze(c, "wq4", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, M, K, &xs,
+                      N, NULL, y, NULL);
+  CHK(rc == QL_ETIMEDOUT);
+  ql_close(c);
+  /* The import closes when that request ends (the kernel timeout fails
+   * it), after the session's end has let its hold go. */
+  char *log = NULL;
+  for (int i = 0; i < 6000; i++) {
+    free(log);
+    log = log_text(d);
+    if (strstr(log, "closed a Level Zero IPC allocation") != NULL)
+      break;
+    usleep(10000);
+  }
+  const char *ended = strstr(log, "1 IPC allocation let go");
+  const char *closed = strstr(log, "closed a Level Zero IPC allocation");
+  CHK(ended != NULL && closed != NULL);
+  CHK(ended < closed);
+  CHK(lets_go(d->pid, st.st_dev, st.st_ino));
+  free(log);
+  ql_close(owner);
+  td_layer_free(&l);
+}
+
+/* An import is not closed under a request that uses it: the session ends
+ * while its request waits on a hung device, and the import closes only
+ * when that request has failed. */
+START_TEST(held_while_running) {
+  td d;
+  const char *args[] = {"--kernel-timeout-ms", "3000ms", NULL};
+  ze_env("1");
+  setenv("QL_ZE_TEST_FAULT", "0:150:hang", 1);
+  td_start(&d, args);
+  int status = run_child(child_held, &d);
+  unsetenv("QL_ZE_TEST_FAULT");
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                "the client failed (status %d): see its stderr", status);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* The child of killed_client: imports, says so, and waits to be killed. */
 static int kill_pipe[2];
 static void child_killed(const td *d) {
@@ -582,6 +666,7 @@ int main(void) {
   tcase_add_test(tc, imports_and_linear);
   tcase_add_test(tc, raw_imports);
   tcase_add_test(tc, no_driver_ipc);
+  tcase_add_test(tc, held_while_running);
   tcase_add_test(tc, killed_client);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
