@@ -104,8 +104,8 @@ int ql__ipc_get(ql__ipc_table **tp, const ql__device *d, uint64_t session,
     }
   }
   if ((rc = make_room(t)) != 0) {
-    snprintf(err, errlen, "the session has %d CUDA IPC allocations open, "
-             "each in use by a request", QL_SESSION_MAX_IPC);
+    snprintf(err, errlen, "the session has %d IPC allocations open, each "
+             "imported or in use by a request", QL_SESSION_MAX_IPC);
     return rc;
   }
   if ((m = calloc(1, sizeof *m)) == NULL) {

@@ -14,8 +14,9 @@
  * size bounds every slice a request takes from it, whatever the client
  * claims. Every request using an import holds a reference, so the mapping
  * stays while the request is queued or running; the session's own
- * reference goes when the session ends, or when its table is full and the
- * import is the least recently used one that no request holds. The last
+ * reference goes when the session ends, when it releases an explicit
+ * import, or (CUDA handles only) when its table is full and the import is
+ * the least recently used one that no request holds. The last
  * reference closes the handle (ipc_close). Loop thread only.
  */
 #ifndef QL_IPC_H
