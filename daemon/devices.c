@@ -32,9 +32,10 @@ static int add(ql__server *s, const ql_backend *b, int ordinal,
     snprintf(d->alias, sizeof d->alias, "%s", info->alias);
     d->memory = info->memory_bytes;
     ql__notice("device %s: %s (%s), %zu MiB, peak memory bandwidth %.0f "
-               "GB/s", d->alias, info->model, d->name,
+               "GB/s%s%.*s", d->alias, info->model, d->name,
                info->memory_bytes >> 20,
-               (double)info->peak_bytes_per_s / 1e9);
+               (double)info->peak_bytes_per_s / 1e9,
+               info->note[0] ? "; " : "", (int)sizeof info->note, info->note);
   }
   if ((rc = ql__worker_create(s->loop, d->alias, s->cfg.max_queue,
                               &d->worker)) != 0)

@@ -108,7 +108,9 @@ struct ql_kernel_impl {
   uint32_t formats;  /* bit (1u << ql_format) per format handled */
   uint32_t dtypes;   /* bit (1u << ql_dtype) per activation dtype */
   /* Declines a shape it cannot run (NULL: every shape of its formats and
-   * dtypes). Returns non-zero when it supports (format, m, n, k). */
+   * dtypes). Returns non-zero when it supports (format, m, n, k). A backend
+   * with devices may also decline for the device the calling thread bound
+   * (ql_backend.device_bind; ordinal 0 when it bound none). */
   int (*supports)(const ql_kernel_impl *impl, ql_format f, int64_t m,
                   int64_t n, int64_t k);
   union {
@@ -153,6 +155,9 @@ typedef struct ql_device_desc {
   uint64_t peak_bytes_per_s; /* peak memory bandwidth, as the vendor
                                 computes it from the memory clock and bus
                                 width; 0 when the driver does not say */
+  char note[160];      /* what else the log should say of the device (which
+                          optional paths its ops take, and why not), or
+                          empty */
 } ql_device_desc;
 
 /* A backend: one kind of device and its implementations. */

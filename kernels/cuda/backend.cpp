@@ -27,9 +27,13 @@
 // retried; the daemon keeps serving on its other devices.
 //
 // Ops: repack and linear_wo for q4g, q8c, q8b and f8r; linear_aq for q8c
-// and q4g (f8r AQ is left to the generic one); quantize_rows (int8 with
-// group sums, e4m3) for every activation dtype. x and y of the ops are host
-// memory, the caller's; or, through linear_dev, device memory that another
+// and q4g on our tensor-core kernel, for f8r on cuBLASLt's FP8 GEMM
+// (blaslt.h) where the device is sm_89 or newer and the library loads,
+// else left to the generic one, and for q8c batches of at least
+// QL_CUDA_IMMA_MIN_ROWS rows on cuBLASLt's int8 GEMM (IMMA) when that
+// variable is set; quantize_rows (int8 with group sums, e4m3) for every
+// activation dtype. x and y of the ops are host memory, the caller's; or,
+// through linear_dev (our own kernels only), device memory that another
 // process exported by CUDA IPC and ipc_open imported (DESIGN §7): then x is
 // read and y written where they are, with no staging copy.
 //
@@ -57,6 +61,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "blaslt.h"
 #include "ql_cuda.h"
 #include "registry.h"
 
@@ -97,6 +102,10 @@ struct device {
   arena host;                     // pinned host memory
   std::atomic<bool> failed{false};
   char why[160] = "";             // set once, before failed
+  ql__blaslt* lt = nullptr;       // cuBLASLt handle (lt_ready())
+  std::atomic<int> lt_state{0};   // 0: not tried, 1: lt made, -1: failed
+  std::atomic<int> cc{0};         // compute capability ·10 (89 = sm_89);
+                                  // 0 until asked, -1 when unknown
 };
 
 device g_dev[kMaxDevices];
@@ -231,6 +240,89 @@ int device_count(const char** why) {
   return n;
 }
 
+// The compute capability of ordinal o times ten (86, 89, 90), asked of
+// the runtime once; -1 when it cannot say.
+int cc_of(int o) {
+  if (o < 0 || o >= kMaxDevices) return -1;
+  int cc = g_dev[o].cc.load();
+  if (cc != 0) return cc;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, o) !=
+          cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: this call's own error
+    return -1;                 // not cached: the next call asks again
+  }
+  cc = major * 10 + minor;
+  g_dev[o].cc.store(cc);
+  return cc;
+}
+
+// FP8 tensor cores, which cuBLASLt's FP8 GEMM needs, start with sm_89
+// (Ada); its documentation lists FP8 for compute capability 8.9 and newer.
+constexpr int kMinF8Cc = 89;
+
+// True when ordinal o has a cuBLASLt handle, made here the first time (on
+// o, as the current device of the calling thread for the while). Made
+// before any op is dispatched to cuBLASLt, so that a library that does not
+// start on a device sends every call to the generic op, the first one too.
+bool lt_ready(int o) {
+  device& d = g_dev[o];
+  int st = d.lt_state.load();
+  if (st != 0) return st > 0;
+  pthread_mutex_lock(&d.mu);
+  if (d.lt_state.load() == 0) {
+    int cur = -1, rc;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur == o ||
+        cudaSetDevice(o) == cudaSuccess) {
+      rc = ql__blaslt_create(&d.lt);
+      if (cur >= 0 && cur != o) (void)cudaSetDevice(cur);
+    } else {
+      rc = QL_EDEVICE;
+    }
+    (void)cudaGetLastError();  // an error of this attempt, not of an op
+    // Out of memory is not a verdict on the library: tried again later.
+    if (rc != QL_ENOMEM) d.lt_state.store(rc == 0 ? 1 : -1);
+  }
+  pthread_mutex_unlock(&d.mu);
+  return d.lt_state.load() > 0;
+}
+
+// QL_CUDA_IMMA_MIN_ROWS: q8c batches of at least this many rows run their
+// AQ product on cuBLASLt's IMMA instead of our tensor-core kernel. Unset,
+// 0 or malformed: never. Both give the reference's bytes (int32 sums are
+// exact, and the epilogues are the reference's), so the switch changes no
+// result, only which code makes it; which one is faster for large-M
+// prefill is for qlinear-bench to measure on a GPU. Read once.
+std::atomic<long long> g_imma_rows{-1};
+
+long long imma_min_rows() {
+  long long v = g_imma_rows.load();
+  if (v >= 0) return v;
+  const char* s = getenv("QL_CUDA_IMMA_MIN_ROWS");
+  char* end = nullptr;
+  v = s != nullptr ? strtoll(s, &end, 10) : 0;
+  if (s == nullptr || end == s || *end != '\0' || v < 0) v = 0;
+  g_imma_rows.store(v);
+  return v;
+}
+
+// Why f8r AQ on ordinal o does not use cuBLASLt, or nullptr when it does.
+const char* f8r_declined(int o) {
+  const char* why = nullptr;
+  if (ql__blaslt_load(&why) != 0) return why;
+  if (o < 0 || o >= kMaxDevices) return "no such device";
+  int cc = cc_of(o);
+  if (cc < 0) return "its compute capability is unknown";
+  if (cc < kMinF8Cc) return "FP8 GEMM needs sm_89 or newer";
+  // A device out of service keeps its ops, which say QL_EDEVICE, as the
+  // other ops of this backend do; no handle is made on it.
+  if (!g_dev[o].failed.load() && !lt_ready(o))
+    return "cuBLASLt did not start on it";
+  return nullptr;
+}
+
 int device_info(int o, ql_device_desc* out) {
   cudaDeviceProp p;
   if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
@@ -264,6 +356,23 @@ int device_info(int o, ql_device_desc* out) {
     out->peak_bytes_per_s = uint64_t(khz) * 1000u * 2u * uint64_t(bits) / 8u;
   else
     (void)cudaGetLastError();  // not a failure of the device
+  const char* no = f8r_declined(o);
+  size_t v = ql__blaslt_version();
+  if (no == nullptr)
+    snprintf(out->note, sizeof out->note,
+             "f8r activation-quantized on cuBLASLt %zu.%zu.%zu", v / 10000,
+             v / 100 % 100, v % 100);
+  else
+    snprintf(out->note, sizeof out->note,
+             "f8r activation-quantized on the generic op: %s", no);
+  if (imma_min_rows() > 0) {
+    size_t at = strlen(out->note);
+    snprintf(out->note + at, sizeof out->note - at,
+             "; q8c from %lld rows on %s", imma_min_rows(),
+             ql__blaslt_load(nullptr) == 0 && lt_ready(o)
+                 ? "cuBLASLt IMMA"
+                 : "our kernel (no cuBLASLt)");
+  }
   return 0;
 }
 
@@ -336,7 +445,12 @@ int make_packed(const ql_qweight* w, packed** out) {
   ssz = ql_dtype_size(w->scale_dtype);
   rb = size_t(ql__cuda_row_bytes(int(w->format), w->k));
   ldq = round16(rb);
-  if (!mul_size(n, ldq, &q_bytes) || !mul_size(n, g, &s_bytes) ||
+  // f8r and q8c: rows of zero codes up to a multiple of 16, which
+  // cuBLASLt's GEMMs need of their m (blaslt.h); they add nothing and are
+  // never read back.
+  const bool pad_n = w->format == QL_FORMAT_F8R || w->format == QL_FORMAT_Q8C;
+  if (!mul_size(pad_n ? round16(n) : n, ldq, &q_bytes) ||
+      !mul_size(n, g, &s_bytes) ||
       !mul_size(s_bytes, ssz, &s_bytes) ||
       !mul_size(n, sizeof(float), &b_bytes))
     return QL_ESHAPE;
@@ -455,11 +569,12 @@ struct call {
   void* dx;            // x as given
   void* dy;            // y
   float* xf;           // AQ, f16/bf16 x: x widened to f32
-  int8_t* xq;          // AQ: int8 rows
+  int8_t* xq;          // AQ: int8 (or e4m3) rows
   float* sx;           // AQ: their scales
   int32_t* gsum;       // AQ q4g: group sums
   int64_t* status;     // AQ: quantize_rows' verdict per row
-  float* part;         // WO: split-K's partial sums, or NULL
+  float* part;         // WO: split-K's partial sums; AQ on cuBLASLt: its
+                       // product (f32 or int32); or NULL
   int* bad;            // NaN/Inf flag
   unsigned char* hs;   // pinned staging for x, then y
   int64_t* hstatus;    // pinned copy of status
@@ -467,16 +582,18 @@ struct call {
 };
 
 // Reserves and carves a call's memory: aq adds the AQ intermediates for
-// groups per row (0: no group sums).
+// groups per row (0: no group sums), with rows of codes ldxq bytes apart;
+// part bytes of f32 scratch go to c->part.
 int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
-          bool aq, int64_t groups, size_t part, unsigned where, call* c) {
+          bool aq, int64_t groups, size_t part, size_t ldxq, unsigned where,
+          call* c) {
   const size_t m = size_t(a->m);
   // A tensor already in device memory needs neither a device copy nor
   // staging.
   const bool xdev = where & QL_LINEAR_X_DEVICE, ydev = where & QL_LINEAR_Y_DEVICE;
   const size_t xs = xdev ? 0 : xb, ys = ydev ? 0 : yb;
   const size_t xf = aq && a->dt != QL_DTYPE_F32 ? mk * sizeof(float) : 0,
-               xq = aq ? mk : 0, sx = aq ? m * sizeof(float) : 0,
+               xq = aq ? m * ldxq : 0, sx = aq ? m * sizeof(float) : 0,
                gs = aq ? m * size_t(groups) * sizeof(int32_t) : 0,
                st = aq ? m * sizeof(int64_t) : 0, hs = xs > ys ? xs : ys;
   const size_t dev = round256(xs) + round256(ys) + round256(xf) +
@@ -555,8 +672,8 @@ int wo_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) == 0 &&
       (rc = carve(d, a, mk, xb, yb, false, 0,
-                  ql__cuda_linear_wo_scratch(&p->dev, a->m), where, &c)) ==
-          0 &&
+                  ql__cuda_linear_wo_scratch(&p->dev, a->m), 0, where,
+                  &c)) == 0 &&
       (rc = stage_x(d, a, mk, xb, where, &c)) == 0) {
     ql__cuda_linear_wo(&p->dev, int(a->dt), c.dx, a->m, c.dy, c.part,
                        d->stream);
@@ -654,8 +771,8 @@ int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   call c;
   int rc;
   if ((rc = layout_of(a, &p, &tmp)) != 0 ||
-      (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, 0, where,
-                  &c)) != 0 ||
+      (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, 0,
+                  size_t(a->w->k), where, &c)) != 0 ||
       (rc = stage_x(d, a, mk, xb, where, &c)) != 0)
     goto done;
   if (c.xf != nullptr) {
@@ -665,8 +782,8 @@ int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
   ql__cuda_quantize_rows(
       QL__CUDA_QROWS_I8, int(a->dt),
       c.xf != nullptr ? c.xf : static_cast<const float*>(c.dx), a->m,
-      a->w->k, q4g ? int64_t(a->w->group_size) : a->w->k, c.xq, c.sx,
-      c.gsum, c.status, d->stream);
+      a->w->k, q4g ? int64_t(a->w->group_size) : a->w->k, c.xq, a->w->k,
+      c.sx, c.gsum, c.status, d->stream);
   if ((rc = check_launch(*d)) != 0 ||
       (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
                                       cudaMemcpyDeviceToHost, d->stream))) !=
@@ -702,6 +819,146 @@ int run_aq(const ql_linear_args* a) { return run_aq_where(a, 0, nullptr); }
 int run_aq_dev(const ql_linear_dev_args* da) {
   int rc = dev_args(da);
   return rc != 0 ? rc : run_aq_where(&da->a, da->where, da->ready);
+}
+
+// ---- linear_aq on cuBLASLt: f8r, and q8c (IMMA) when asked for ----
+
+// f8r (W8A8 float8, DESIGN §4): the rows of x quantized on the device with
+// the e4m3 rule of ql_quantize_rows_e4m3_src (bit-exact), the unscaled FP8
+// product Σk xq·wq on cuBLASLt (f32 accumulation, an algorithm fixed by
+// (N, K) alone: blaslt.h), then our epilogue y = acc·(sx·sw) (+ b) in the
+// reference's order, rounded once to the activation dtype.
+//
+// Why not cuBLASLt's own scaling: the outer-vector scale mode
+// (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, per-row sx and per-column
+// sw) exists on sm_90 only (the cuBLAS documentation's table of scaling
+// modes; sm_89 and sm_100 have no such mode), and it would apply the
+// scales inside cuBLASLt's epilogue in an order of its own. The unit-scale
+// GEMM and our epilogue give the same bytes on sm_89 and sm_90, and the
+// epilogue the contract states.
+//
+// q8c (W8A8) on IMMA, where QL_CUDA_IMMA_MIN_ROWS asks for it: the same
+// steps with int8 codes (the q8c rule, no group sums), cuBLASLt's int8 GEMM
+// with exact int32 sums, and the same epilogue with the int32 sum made f32:
+// the reference's formula, so the bytes of our tensor-core kernel.
+//
+// Padding: cuBLASLt's FP8 GEMM wants K and N multiples of 16 (IMMA: 4).
+// The layout's rows are already ldq (a multiple of 16) bytes long with zero
+// codes past K, and f8r and q8c layouts have zero rows up to a multiple of
+// 16 (make_packed); x's codes get rows of ldq bytes, zero past K. A zero
+// code adds 0·w = 0, so the sums are those over K.
+
+int lt_supports(const ql_kernel_impl* im, ql_format f, int64_t m, int64_t n,
+                int64_t k) {
+  (void)im;
+  (void)n;
+  // The device is the calling thread's (device_bind): a worker asks for
+  // its own GPU.
+  const int o = t_ordinal;
+  if (f == QL_FORMAT_F8R) return f8r_declined(o) == nullptr;
+  const long long rows = imma_min_rows();
+  return f == QL_FORMAT_Q8C && rows > 0 && m >= rows &&
+         k <= QL_AQ_Q8C_MAX_K && ql__blaslt_load(nullptr) == 0 && o >= 0 &&
+         o < kMaxDevices && (g_dev[o].failed.load() || lt_ready(o));
+}
+
+// run_lt() with d entered.
+int lt_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+          size_t yb, bool* fallback) {
+  const bool i8 = a->w->format == QL_FORMAT_Q8C;
+  const size_t m = size_t(a->m), stb = m * sizeof(int64_t);
+  const packed* p;
+  packed* tmp;
+  call c;
+  size_t accb;
+  int rc;
+  if ((rc = layout_of(a, &p, &tmp)) != 0) return rc;
+  const int64_t kp = p->dev.ldq, np = int64_t(round16(size_t(a->w->n)));
+  // f32 or int32: four bytes either way.
+  if (!mul_size(m, size_t(np) * sizeof(float), &accb)) {
+    rc = QL_ESHAPE;
+    goto done;
+  }
+  if (d->lt == nullptr) {  // supports() made it; a direct call may not have
+    *fallback = true;
+    goto done;
+  }
+  // Host tensors only: linear_dev does not reach this implementation.
+  if ((rc = carve(d, a, mk, xb, yb, true, 0, accb, size_t(kp), 0, &c)) != 0 ||
+      (rc = stage_x(d, a, mk, xb, 0, &c)) != 0)
+    goto done;
+  if (c.xf != nullptr) {
+    ql__cuda_widen_f32(int(a->dt), c.dx, int64_t(mk), c.xf, d->stream);
+    if ((rc = check_launch(*d)) != 0) goto done;
+  }
+  if (kp != a->w->k &&
+      (rc = check(*d, cudaMemsetAsync(c.xq, 0, m * size_t(kp), d->stream))) !=
+          0)
+    goto done;
+  ql__cuda_quantize_rows(
+      i8 ? QL__CUDA_QROWS_I8 : QL__CUDA_QROWS_E4M3, int(a->dt),
+      c.xf != nullptr ? c.xf : static_cast<const float*>(c.dx), a->m,
+      a->w->k, a->w->k, c.xq, kp, c.sx, nullptr, c.status, d->stream);
+  if ((rc = check_launch(*d)) != 0 ||
+      (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
+                                      cudaMemcpyDeviceToHost, d->stream))) !=
+          0 ||
+      (rc = wait(*d)) != 0 || (rc = rows_verdict(c.hstatus, a->m)) != 0)
+    goto done;
+  rc = ql__blaslt_gemm(d->lt, i8 ? QL__BLASLT_I8 : QL__BLASLT_E4M3, np,
+                       a->m, kp, p->dev.q, p->dev.ldq, c.xq, kp, c.part, np,
+                       d->stream);
+  if (rc == QL_EDEVICE) {
+    // The runtime knows why a launch failed; else cuBLASLt's word stands.
+    rc = check_launch(*d);
+    if (rc == 0) rc = fail(*d, "cuBLASLt: %s", "a matmul failed");
+    goto done;
+  }
+  if (rc == QL_ENOTSUP) {
+    // No algorithm for this (N, K): the answer is cached, so every call of
+    // this shape takes the fallback, whatever its M (q8c: our kernel, the
+    // same bytes).
+    *fallback = true;
+    rc = 0;
+    goto done;
+  }
+  if (rc != 0) goto done;
+  ql__cuda_gemm_epilogue(&p->dev, c.part, i8, np, c.sx, a->m, int(a->dt),
+                         c.dy, d->stream);
+  rc = fetch_y(d, a, yb, 0, &c);
+done:
+  free_packed(tmp);
+  return rc;
+}
+
+// Where cuBLASLt cannot run a call: q8c on our kernel, f8r on the generic
+// op, which is what dispatch chooses without cuBLASLt.
+int lt_fallback(const ql_linear_args* a) {
+  return a->w->format == QL_FORMAT_Q8C
+             ? run_aq(a)
+             : ql_linear_aq_ref(a->w, a->dt, a->x, a->m, a->y);
+}
+
+int run_lt(const ql_linear_args* a) {
+  device* d;
+  size_t mk, xb, yb;
+  bool fallback = false;
+  int rc;
+  if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
+  if (a->w->format != QL_FORMAT_F8R && a->w->format != QL_FORMAT_Q8C)
+    return QL_ENOTSUP;
+  if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
+    return QL_ESHAPE;
+  // Called without dispatch on a device where cuBLASLt does not start.
+  const int o = t_ordinal;
+  if (ql__blaslt_load(nullptr) != 0 ||
+      (o >= 0 && o < kMaxDevices && !g_dev[o].failed.load() && !lt_ready(o)))
+    return lt_fallback(a);
+  if ((rc = enter(&d)) != 0) return rc;
+  rc = lt_on(d, a, mk, xb, yb, &fallback);
+  leave(d);
+  if (rc == 0 && fallback) rc = lt_fallback(a);
+  return rc;
 }
 
 // ---- quantize_rows ----
@@ -760,7 +1017,7 @@ int qrows_on(device* d, const ql_qrows_args* a, ql_dtype src,
   ql__cuda_quantize_rows(
       a->kind == QL_QROWS_I8 ? QL__CUDA_QROWS_I8 : QL__CUDA_QROWS_E4M3,
       int(src), dx, a->m, a->k,
-      a->kind == QL_QROWS_I8 ? int64_t(a->gs) : a->k, dq, ds, dg, dst,
+      a->kind == QL_QROWS_I8 ? int64_t(a->gs) : a->k, dq, a->k, ds, dg, dst,
       d->stream);
   if ((rc = check_launch(*d)) != 0 ||
       (rc = check(*d, cudaMemcpyAsync(hq, dq, qb, cudaMemcpyDeviceToHost,
@@ -928,7 +1185,7 @@ ql_kernel_impl impl(const char* name, ql_op op, uint32_t formats) {
 }
 
 struct table {
-  ql_kernel_impl im[4];
+  ql_kernel_impl im[5];
   table() {
     im[0] = impl("cuda.repack", QL_OP_REPACK, FMTS_WO);
     im[0].fn.repack = repack;
@@ -937,22 +1194,29 @@ struct table {
     im[1].fn.linear = run_wo;
     im[2] = impl("cuda.quantize_rows", QL_OP_QUANTIZE_ROWS, FMTS_QROWS);
     im[2].fn.quantize_rows = run_qrows;
-    im[3] = impl("cuda.linear_aq", QL_OP_LINEAR_AQ,
+    // Before cuda.linear_aq: dispatch takes the first that supports a case,
+    // and q8c goes to cuBLASLt only where lt_supports() says so.
+    im[3] = impl("cuda.cublaslt.linear_aq", QL_OP_LINEAR_AQ,
+                 QL_FMT_BIT(QL_FORMAT_F8R) | QL_FMT_BIT(QL_FORMAT_Q8C));
+    im[3].supports = lt_supports;
+    im[3].fn.linear = run_lt;
+    im[4] = impl("cuda.linear_aq", QL_OP_LINEAR_AQ,
                  QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C));
-    im[3].supports = aq_supports;
-    im[3].fn.linear = run_aq;
+    im[4].supports = aq_supports;
+    im[4].fn.linear = run_aq;
   }
 };
 const table impls;
 
-// Both linear implementations read and write device memory in place.
+// Our linear kernels read and write device memory in place; not
+// cuda.cublaslt.linear_aq (im[3]), whose fallbacks read host memory.
 int linear_dev_supports(const ql_kernel_impl* im) {
-  return im == &impls.im[1] || im == &impls.im[3];
+  return im == &impls.im[1] || im == &impls.im[4];
 }
 
 int linear_dev(const ql_kernel_impl* im, const ql_linear_dev_args* da) {
   if (im == &impls.im[1]) return run_wo_dev(da);
-  if (im == &impls.im[3]) return run_aq_dev(da);
+  if (im == &impls.im[4]) return run_aq_dev(da);
   return QL_ENOTSUP;
 }
 

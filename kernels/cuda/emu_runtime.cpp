@@ -75,6 +75,7 @@ struct Fault {
 
 struct Device {
   size_t total = 0, used = 0;
+  int cc_major = 9, cc_minor = 0;  // compute capability (QL_EMU_CUDA_CC)
   long seq = 0;       // work items ever enqueued; never reset (streams and
                       // events hold these numbers)
   long seq_base = 0;  // seq at the last reset, for ql_emu_cuda_work
@@ -250,6 +251,35 @@ bool parse_faults(State& s, const char* spec) {
   return true;
 }
 
+// "M.m[,M.m...]" into the devices' compute capabilities, one per ordinal,
+// the last for the rest; false when malformed.
+bool parse_cc(State& s, const char* spec) {
+  std::string all(spec);
+  size_t pos = 0;
+  int d = 0;
+  long major = 9, minor = 0;
+  while (pos <= all.size() && d < kMaxDevices) {
+    size_t comma = all.find(',', pos);
+    std::string item = all.substr(
+        pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? all.size() + 1 : comma + 1;
+    size_t dot = item.find('.');
+    if (dot == std::string::npos ||
+        !parse_long(item.substr(0, dot).c_str(), 1, 99, &major) ||
+        !parse_long(item.substr(dot + 1).c_str(), 0, 9, &minor))
+      return false;
+    s.dev[d].cc_major = int(major);
+    s.dev[d].cc_minor = int(minor);
+    d++;
+  }
+  if (pos <= all.size()) return false;  // more items than devices
+  for (; d < kMaxDevices; d++) {
+    s.dev[d].cc_major = int(major);
+    s.dev[d].cc_minor = int(minor);
+  }
+  return true;
+}
+
 // Reads the environment into s and clears faults and counters; allocations
 // stay charged. A malformed variable is the tester's mistake: say which,
 // and fail every call so that it cannot go unnoticed.
@@ -280,6 +310,13 @@ void configure(State& s) {
   s.mem = size_t(mem);
   s.hang_ms = hang;
   for (Device& d : s.dev) d.total = s.mem;
+  for (Device& d : s.dev) {
+    d.cc_major = 9;
+    d.cc_minor = 0;
+  }
+  if (bad == nullptr && (v = getenv("QL_EMU_CUDA_CC")) != nullptr &&
+      !parse_cc(s, v))
+    bad = "QL_EMU_CUDA_CC";
   if (bad == nullptr && (v = getenv("QL_EMU_CUDA_FAULT")) != nullptr &&
       !parse_faults(s, v))
     bad = "QL_EMU_CUDA_FAULT";
@@ -406,8 +443,8 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop,
   memcpy(prop->uuid.bytes, "qlinear-emu-gpu", 15);
   prop->uuid.bytes[15] = char(device);
   prop->totalGlobalMem = s.dev[device].total;
-  prop->major = 9;
-  prop->minor = 0;
+  prop->major = s.dev[device].cc_major;
+  prop->minor = s.dev[device].cc_minor;
   prop->multiProcessorCount = 132;
   prop->pciBusID = device + 1;
   return cudaSuccess;
@@ -434,6 +471,12 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int* value,
       return cudaSuccess;
     case cudaDevAttrL2CacheSize:
       *value = 1 << 20;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = s.dev[device].cc_major;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = s.dev[device].cc_minor;
       return cudaSuccess;
   }
   return fail(cudaErrorInvalidValue);

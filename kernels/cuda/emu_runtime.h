@@ -8,7 +8,9 @@
 //
 // Model (emu_runtime.cpp has the details):
 // - QL_EMU_CUDA_DEVICES devices (default 1, 0 to 8), QL_EMU_CUDA_MEM bytes
-//   each (default 1 GiB), all "Emulated GPU", sm_90, distinct UUIDs.
+//   each (default 1 GiB), all "Emulated GPU", distinct UUIDs, of compute
+//   capability 9.0 unless QL_EMU_CUDA_CC says otherwise: "8.9" for every
+//   device, or "8.0,9.0" one per ordinal (the last one for the rest).
 //   The current device is per thread, 0 at first.
 // - Device memory is host memory: each cudaMalloc is its own memfd mapped
 //   shared (one descriptor per live allocation), so that another process
@@ -132,20 +134,23 @@ struct cudaDeviceProp {
   char name[256];         // "Emulated GPU"
   cudaUUID_t uuid;        // distinct per device, the same in every run
   size_t totalGlobalMem;  // QL_EMU_CUDA_MEM
-  int major, minor;       // compute capability: 9.0
+  int major, minor;       // compute capability: QL_EMU_CUDA_CC, 9.0
   int multiProcessorCount;
   int pciBusID, pciDeviceID, pciDomainID;  // bus = ordinal + 1
 };
 
 // driver_types.h, enum cudaDeviceAttr: the attributes the host code
 // reads (the memory clock in kHz, the memory bus width in bits, the L2
-// size in bytes). The emulated devices report an H100 SXM's memory clock
-// and bus width (2619 MHz, 5120 bits: 3.35 TB/s peak) and a 1 MiB L2.
+// size in bytes, the compute capability). The emulated devices report an
+// H100 SXM's memory clock and bus width (2619 MHz, 5120 bits: 3.35 TB/s
+// peak), a 1 MiB L2 and the compute capability of QL_EMU_CUDA_CC.
 enum cudaDeviceAttr {
   cudaDevAttrMultiProcessorCount = 16,
   cudaDevAttrMemoryClockRate = 36,
   cudaDevAttrGlobalMemoryBusWidth = 37,
-  cudaDevAttrL2CacheSize = 38
+  cudaDevAttrL2CacheSize = 38,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76
 };
 
 // driver_types.h: flags.

@@ -289,6 +289,33 @@ __global__ void __launch_bounds__(kThreads)
     out[i] = load_f32(dt, x, i);
 }
 
+// The epilogue of a cuBLASLt product (ql_cuda.h): one thread per output
+// element, in row-major order; nothing is summed, so the order of the
+// threads does not matter. An int32 sum becomes f32 rounded to nearest, as
+// the reference's (float) cast.
+__global__ void __launch_bounds__(kThreads)
+    gemm_epilogue_kernel(const void* __restrict__ acc, int acc_i32,
+                         int64_t ldacc, const float* __restrict__ sx,
+                         const void* sw, int sdt,
+                         const float* __restrict__ bias, int64_t m,
+                         int64_t n, int dt, void* __restrict__ y) {
+  const int64_t total = m * n, stride = int64_t(gridDim.x) * kThreads;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t r = i / n, c = i % n, at = r * ldacc + c;
+    const float a = acc_i32 ? float(static_cast<const int32_t*>(acc)[at])
+                            : static_cast<const float*>(acc)[at];
+#ifdef QL_MUT_GEMM_EPILOGUE  // mutation test: the next channel's scale
+    const int64_t sc = lo(n - 1, c + 1);
+#else
+    const int64_t sc = c;
+#endif
+    float v = __fmul_rn(a, __fmul_rn(sx[r], load_f32(sdt, sw, sc)));
+    if (bias != nullptr) v = __fadd_rn(v, bias[c]);
+    store_f32(dt, y, i, v);
+  }
+}
+
 template <int F, int S, int MT>
 void launch_aq(const ql__cuda_wo* w, const int8_t* xq, const float* sx,
                const int32_t* gsum, int64_t m, int dt, void* y,
@@ -337,6 +364,18 @@ void ql__cuda_linear_aq(const ql__cuda_wo* w, const int8_t* xq,
     launch_aq_mt<1>(w, xq, sx, gsum, m, dt, y, st);
   else
     launch_aq_mt<2>(w, xq, sx, gsum, m, dt, y, st);
+}
+
+void ql__cuda_gemm_epilogue(const ql__cuda_wo* w, const void* acc,
+                            int acc_i32, int64_t ldacc, const float* sx,
+                            int64_t m, int dt, void* y, void* stream) {
+  using namespace ql_cuda;
+  const int64_t total = m * w->n;
+  const int64_t blocks = lo(int64_t(1024), (total + kThreads - 1) / kThreads);
+  // scale is [n, groups] with one group: sw[c] is element c.
+  QL_LAUNCH(gemm_epilogue_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0,
+            static_cast<cudaStream_t>(stream), acc, acc_i32, ldacc, sx,
+            w->scale, w->sdt, w->bias, m, w->n, dt, y);
 }
 
 void ql__cuda_widen_f32(int dt, const void* x, int64_t n, float* out,

@@ -64,13 +64,16 @@ enum { QL__CUDA_QROWS_I8 = 1, QL__CUDA_QROWS_E4M3 = 2 };
 // Per-row activation quantization with the rule of ql_quantize_rows_i8_src
 // (kind I8: int8 codes, gs the group length of gsum, gsum may be NULL) or
 // ql_quantize_rows_e4m3_src (kind E4M3: e4m3 codes, gsum NULL), bit for bit.
-// x [m, k] f32 holds values of dtype src. status [m] (device) receives per
-// row 0, or the first offending value's kind at its index as
+// x [m, k] f32 holds values of dtype src; row r of the codes starts at
+// xq + r·ldxq (ldxq >= k; what lies past k in a row is left alone).
+// status [m] (device) receives per row 0, or the first offending value's
+// kind at its index as
 // (index << 2) | 1 for NaN/Inf and | 2 for a value src cannot hold, so that
 // the caller fails the call as the reference would.
 void ql__cuda_quantize_rows(int kind, int src, const float* x, int64_t m,
-                            int64_t k, int64_t gs, void* xq, float* sx,
-                            int32_t* gsum, int64_t* status, void* stream);
+                            int64_t k, int64_t gs, void* xq, int64_t ldxq,
+                            float* sx, int32_t* gsum, int64_t* status,
+                            void* stream);
 
 // out[i] = x[i] widened to f32, for the n values of x (dtype dt): what
 // ql__cuda_quantize_rows reads.
@@ -86,5 +89,16 @@ void ql__cuda_widen_f32(int dt, const void* x, int64_t n, float* out,
 void ql__cuda_linear_aq(const ql__cuda_wo* w, const int8_t* xq,
                         const float* sx, const int32_t* gsum, int64_t m,
                         int dt, void* y, void* stream);
+
+// The epilogue of an activation-quantized product made by cuBLASLt
+// (blaslt.h), acc [m, ldacc] = Σk xq·wq, f32 (f8r: FP8 GEMM) or int32
+// (acc_i32 non-zero; q8c: IMMA): for a weight w with one scale per row,
+//   y[r, c] = f32(acc[r, c])·(sx[r]·sw[c]) (+ bias[c])
+// in f32, each step rounded once in that order (the reference's for both
+// formats, DESIGN §4), then rounded to dtype dt; y [m, w->n]. Enqueued on
+// stream.
+void ql__cuda_gemm_epilogue(const ql__cuda_wo* w, const void* acc,
+                            int acc_i32, int64_t ldacc, const float* sx,
+                            int64_t m, int dt, void* y, void* stream);
 
 #endif  // QL_CUDA_H

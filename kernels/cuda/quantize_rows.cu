@@ -50,7 +50,7 @@ __device__ __forceinline__ int warp_isum(int v) {
 template <int kKind>
 __global__ void __launch_bounds__(kQThreads)
     quantize_rows_kernel(int src, const float* __restrict__ x, int64_t k,
-                         int64_t gs, void* __restrict__ xq_,
+                         int64_t gs, void* __restrict__ xq_, int64_t ldxq,
                          float* __restrict__ sx, int32_t* __restrict__ gsum,
                          int64_t* __restrict__ status) {
   __shared__ float s_amax[kQWarps];
@@ -107,12 +107,12 @@ __global__ void __launch_bounds__(kQThreads)
       if (kKind == QL__CUDA_QROWS_I8) {
         const float t = rintf(__fmul_rn(xr[i], inv));
         const int q = t <= -128.0f ? -128 : t >= 127.0f ? 127 : int(t);
-        static_cast<int8_t*>(xq_)[row * k + i] = int8_t(q);
+        static_cast<int8_t*>(xq_)[row * ldxq + i] = int8_t(q);
         sum += q;
       } else {
         float t = __fdiv_rn(xr[i], s);
         t = t < -kE4m3Max ? -kE4m3Max : t > kE4m3Max ? kE4m3Max : t;
-        static_cast<uint8_t*>(xq_)[row * k + i] = f32_to_e4m3(t);
+        static_cast<uint8_t*>(xq_)[row * ldxq + i] = f32_to_e4m3(t);
       }
     }
     if (gsum != nullptr) {
@@ -126,15 +126,17 @@ __global__ void __launch_bounds__(kQThreads)
 }  // namespace ql_cuda
 
 void ql__cuda_quantize_rows(int kind, int src, const float* x, int64_t m,
-                            int64_t k, int64_t gs, void* xq, float* sx,
-                            int32_t* gsum, int64_t* status, void* stream) {
+                            int64_t k, int64_t gs, void* xq, int64_t ldxq,
+                            float* sx, int32_t* gsum, int64_t* status,
+                            void* stream) {
   using namespace ql_cuda;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (kind == QL__CUDA_QROWS_I8)
     QL_LAUNCH(quantize_rows_kernel<QL__CUDA_QROWS_I8>, dim3(unsigned(m)),
-              dim3(kQThreads), 0, st, src, x, k, gs, xq, sx, gsum, status);
+              dim3(kQThreads), 0, st, src, x, k, gs, xq, ldxq, sx, gsum,
+              status);
   else
     QL_LAUNCH(quantize_rows_kernel<QL__CUDA_QROWS_E4M3>, dim3(unsigned(m)),
-              dim3(kQThreads), 0, st, src, x, k, gs, xq, sx, gsum,
+              dim3(kQThreads), 0, st, src, x, k, gs, xq, ldxq, sx, gsum,
               status);
 }

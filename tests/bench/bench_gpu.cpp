@@ -271,7 +271,7 @@ void launch_qr(void* p, long i, cudaStream_t s) {
   (void)i;
   qr_ctx* c = static_cast<qr_ctx*>(p);
   ql__cuda_quantize_rows(QL__CUDA_QROWS_I8, QL_DTYPE_F32, c->x, c->m, c->k,
-                         c->gs, c->xq, c->sx, c->gsum, c->status, s);
+                         c->gs, c->xq, c->k, c->sx, c->gsum, c->status, s);
 }
 
 // ms of `iters` launches of c between two events.

@@ -14,7 +14,10 @@
  * (a kernel that never finishes) fails its requests with QL_EDEVICE and a
  * clear message, is logged, and the other devices keep serving; without a
  * driver the daemon serves on the CPU and says why once, and a required
- * GPU that is missing stops it from starting.
+ * GPU that is missing stops it from starting; f8r activation-quantized
+ * runs on cuBLASLt on a GPU of compute capability 8.9 or newer and on the
+ * generic op below that; q8c batches run on cuBLASLt's IMMA from
+ * QL_CUDA_IMMA_MIN_ROWS rows with the same bytes.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,11 +63,12 @@ static int count(const char *hay, const char *needle) {
 }
 
 /* One Linear request, raw, so that it can name a device. Returns the
- * status code; on success y gets the m·N result. msg (may be NULL) gets
- * the status message. */
-static int linear_path(const td *d, const char *weight, const char *device,
+ * status code; on success y gets the m·N result and impl (may be NULL, 64
+ * bytes) the implementation that ran. msg (may be NULL) gets the status
+ * message. */
+static int linear_impl(const td *d, const char *weight, const char *device,
                        ql_path path, const float *x, uint64_t m, float *y,
-                       char *msg, size_t msglen) {
+                       char *impl, char *msg, size_t msglen) {
   Qlinear__V1__Request req;
   Qlinear__V1__LinearRequest lin;
   Qlinear__V1__Tensor xt;
@@ -93,11 +97,22 @@ static int linear_path(const td *d, const char *weight, const char *device,
   if (rc == 0) {
     ck_assert_uint_eq(r->linear->y->inline_data.len, m * N * sizeof(float));
     memcpy(y, r->linear->y->inline_data.data, m * N * sizeof(float));
-    ck_assert_str_eq(r->linear->impl, path == QL_PATH_ACT_QUANT
-                                          ? "cuda.linear_aq"
-                                          : "cuda.linear_wo");
+    if (impl != NULL)
+      snprintf(impl, 64, "%s", r->linear->impl);
   }
   qlinear__v1__response__free_unpacked(r, NULL);
+  return rc;
+}
+
+/* linear_impl() on the CUDA backend's own kernels. */
+static int linear_path(const td *d, const char *weight, const char *device,
+                       ql_path path, const float *x, uint64_t m, float *y,
+                       char *msg, size_t msglen) {
+  char impl[64];
+  int rc = linear_impl(d, weight, device, path, x, m, y, impl, msg, msglen);
+  if (rc == 0)
+    ck_assert_str_eq(impl, path == QL_PATH_ACT_QUANT ? "cuda.linear_aq"
+                                                     : "cuda.linear_wo");
   return rc;
 }
 
@@ -247,6 +262,155 @@ START_TEST(serves_on_gpus) {
   ql_stats_free(st);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * f8r activation-quantized on cuBLASLt (the emulated build's reference
+ * cuBLASLt): on a GPU of compute capability 9.0 it runs
+ * cuda.cublaslt.linear_aq; on one of 8.0 (no FP8 tensor cores) the same
+ * request still succeeds, through the generic op, and says so. The log
+ * says which GPU takes which path. Both give the same bytes here: the
+ * reference cuBLASLt sums in increasing k from 0 like the generic op, and
+ * the epilogue is the generic op's. A row's bytes are the same at M = 1 and
+ * M = 37 (the algorithm does not depend on M). Where cuBLASLt does not
+ * start, every request takes the generic op, the first one too.
+ */
+START_TEST(f8r_on_cublaslt) {
+  td d;
+  setenv("QL_EMU_CUDA_CC", "9.0,8.0", 1);
+  start(&d, "2", NULL, NULL);
+  unsetenv("QL_EMU_CUDA_CC");
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, N, K, 21, 1);
+  ck_assert_int_eq(td_load(c, "f8", &l, QL_FORMAT_F8R, 0, 0, NULL, NULL), 0);
+  enum { M = 37 };
+  float *x = tu_xmalloc(M * K * sizeof(float));
+  float *y0 = tu_xmalloc(M * N * sizeof(float));
+  float *y1 = tu_xmalloc(M * N * sizeof(float));
+  float *want = tu_xmalloc(M * N * sizeof(float));
+  float one[N];
+  char impl[64];
+  uint64_t seed = 77;
+  td_randn(&seed, x, M * K, 1.0f);
+
+  ck_assert_int_eq(linear_impl(&d, "f8", "cuda:0", QL_PATH_ACT_QUANT, x, M,
+                               y0, impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "cuda.cublaslt.linear_aq");
+  ck_assert_int_eq(linear_impl(&d, "f8", "cuda:1", QL_PATH_ACT_QUANT, x, M,
+                               y1, impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "generic.linear_aq");
+  /* The generic op's bytes, in this process. */
+  ql_quant_params p = {QL_FORMAT_F8R, 0, 0, (ql_dtype)0};
+  ql_qweight *q = NULL;
+  ck_assert_int_eq(ql_qweight_quantize(&p, N, K, QL_DTYPE_F32, l.w, l.b, &q),
+                   0);
+  ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, M, want), 0);
+  ql_qweight_free(q);
+  ck_assert_msg(memcmp(y1, want, M * N * sizeof(float)) == 0,
+                "sm_80: not the generic op's bytes");
+  ck_assert_msg(memcmp(y0, want, M * N * sizeof(float)) == 0,
+                "sm_90 (cuBLASLt): not the reference's bytes");
+  /* Rows alone. */
+  static const int rows[] = {0, 17, M - 1};
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    ck_assert_int_eq(linear_impl(&d, "f8", "cuda:0", QL_PATH_ACT_QUANT,
+                                 x + (size_t)rows[i] * K, 1, one, impl, NULL,
+                                 0),
+                     0);
+    ck_assert_str_eq(impl, "cuda.cublaslt.linear_aq");
+    ck_assert_msg(memcmp(one, y0 + (size_t)rows[i] * N, sizeof one) == 0,
+                  "row %d: other bytes alone than at M=%d", rows[i], M);
+  }
+  float x0[K], y00[N];
+  memcpy(x0, x, sizeof x0);
+  memcpy(y00, y0, sizeof y00);
+  td_layer_free(&l);
+  free(x);
+  free(y0);
+  free(y1);
+  free(want);
+  ql_close(c);
+  char *log = read_log(&d); /* td_stop() removes it */
+  ck_assert_int_eq(td_stop(&d), 0);
+  ck_assert_msg(strstr(log, "device cuda:0: Emulated GPU sm_90") != NULL &&
+                    count(log, "f8r activation-quantized on cuBLASLt "
+                               "13.1.0") == 1,
+                "the log does not say that cuda:0 uses cuBLASLt:\n%s", log);
+  ck_assert_msg(count(log, "f8r activation-quantized on the generic op: FP8 "
+                           "GEMM needs sm_89 or newer") == 1,
+                "the log does not say why cuda:1 does not:\n%s", log);
+  free(log);
+
+  /* A cuBLASLt that does not start (QL_EMU_CUBLASLT=0): the generic op
+   * from the first request on, and the log says why. */
+  setenv("QL_EMU_CUBLASLT", "0", 1);
+  start(&d, "1", NULL, NULL);
+  unsetenv("QL_EMU_CUBLASLT");
+  c = td_connect(&d);
+  td_layer_make(&l, N, K, 21, 1);
+  ck_assert_int_eq(td_load(c, "f8", &l, QL_FORMAT_F8R, 0, 0, NULL, NULL), 0);
+  ck_assert_int_eq(linear_impl(&d, "f8", "cuda:0", QL_PATH_ACT_QUANT, x0, 1,
+                               one, impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "generic.linear_aq");
+  ck_assert_msg(memcmp(one, y00, sizeof one) == 0,
+                "the generic op: not the bytes of row 0");
+  td_layer_free(&l);
+  ql_close(c);
+  log = read_log(&d);
+  ck_assert_int_eq(td_stop(&d), 0);
+  ck_assert_msg(count(log, "f8r activation-quantized on the generic op: "
+                           "cuBLASLt did not start on it") == 1,
+                "the log does not say that cuBLASLt did not start:\n%s", log);
+  free(log);
+}
+END_TEST
+
+/*
+ * q8c activation-quantized on cuBLASLt's IMMA when QL_CUDA_IMMA_MIN_ROWS
+ * asks for it: batches of at least that many rows run
+ * cuda.cublaslt.linear_aq, smaller ones our tensor-core kernel, and both
+ * give the bytes of our kernel in this process (int32 sums are exact, the
+ * epilogue is the reference's), so the switch changes no result.
+ */
+START_TEST(q8c_on_imma) {
+  td d;
+  setenv("QL_CUDA_IMMA_MIN_ROWS", "4", 1);
+  start(&d, "1", NULL, NULL);
+  unsetenv("QL_CUDA_IMMA_MIN_ROWS");
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, N, K, 31, 1);
+  ck_assert_int_eq(td_load(c, "q8", &l, QL_FORMAT_Q8C, 0, 0, NULL, NULL), 0);
+  enum { M = 9 };
+  float x[M * K], y[M * N], want[M * N];
+  char impl[64];
+  uint64_t seed = 91;
+  td_randn(&seed, x, M * K, 1.0f);
+  expected_op(&l, QL_FORMAT_Q8C, 0, QL_OP_LINEAR_AQ, x, M, want);
+  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT, x, M, y,
+                               impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "cuda.cublaslt.linear_aq");
+  ck_assert_msg(memcmp(y, want, sizeof y) == 0,
+                "IMMA: not the bytes of our tensor-core kernel");
+  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT,
+                               x + 2 * K, 3, y, impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "cuda.linear_aq");
+  ck_assert_msg(memcmp(y, want + 2 * N, 3 * N * sizeof(float)) == 0,
+                "3 rows on our kernel: not their bytes in the batch of 9");
+  td_layer_free(&l);
+  ql_close(c);
+  char *log = read_log(&d); /* td_stop() removes it */
+  ck_assert_int_eq(td_stop(&d), 0);
+  ck_assert_msg(count(log, "q8c from 4 rows on cuBLASLt IMMA") == 1,
+                "the log does not say that q8c uses IMMA:\n%s", log);
+  free(log);
 }
 END_TEST
 
@@ -830,6 +994,8 @@ int main(void) {
   tcase_add_test(tc, configured_budget);
   tcase_add_test(tc, placement);
   tcase_add_test(tc, crossover_per_device);
+  tcase_add_test(tc, f8r_on_cublaslt);
+  tcase_add_test(tc, q8c_on_imma);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);

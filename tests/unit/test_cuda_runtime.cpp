@@ -1,9 +1,10 @@
 // test_cuda_runtime.cpp - the emulated CUDA runtime (kernels/cuda/
 // emu_runtime.h), on which the CUDA backend's host code runs in
-// `make check`: devices, memory accounting, address ranges, the current
-// device per thread, streams and events, last errors, each injected fault
-// (and that it hits only its device), the missing driver, launches through
-// QL_LAUNCH refused on a failed device, and IPC with a forked process.
+// `make check`: devices, their compute capabilities (QL_EMU_CUDA_CC),
+// memory accounting, address ranges, the current device per thread,
+// streams and events, last errors, each injected fault (and that it hits
+// only its device), the missing driver, launches through QL_LAUNCH refused
+// on a failed device, and IPC with a forked process.
 //
 // Plain main(); one line per check, exit status 1 on any failure. Each
 // section sets the environment it needs and calls ql_emu_cuda_reset().
@@ -102,6 +103,43 @@ static void test_devices() {
             cudaSetDevice(3) == cudaErrorInvalidDevice &&
             cudaSetDevice(-1) == cudaErrorInvalidDevice,
         "device 3 of 3 is an invalid ordinal");
+
+  // Compute capability per device: QL_EMU_CUDA_CC, the last for the rest.
+  int ma = 0, mi = 0;
+  check(cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, 1) ==
+                cudaSuccess &&
+            cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor,
+                                   1) == cudaSuccess &&
+            ma == 9 && mi == 0 &&
+            cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor,
+                                   3) == cudaErrorInvalidDevice,
+        "cudaDeviceGetAttribute: compute capability 9.0 by default");
+  setenv("QL_EMU_CUDA_CC", "8.0,8.9", 1);
+  setup("3");
+  bool cc = true;
+  static const int want[3][2] = {{8, 0}, {8, 9}, {8, 9}};
+  for (int dv = 0; dv < 3; ++dv) {
+    cudaDeviceProp pp;
+    cc &= cudaGetDeviceProperties(&pp, dv) == cudaSuccess &&
+          pp.major == want[dv][0] && pp.minor == want[dv][1] &&
+          cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor,
+                                 dv) == cudaSuccess &&
+          cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor,
+                                 dv) == cudaSuccess &&
+          ma == want[dv][0] && mi == want[dv][1];
+  }
+  check(cc, "QL_EMU_CUDA_CC=8.0,8.9: sm_80, sm_89, sm_89");
+  for (const char* bad : {"9", "8.10", "x.0", "8.0,", "1.0,1.0,1.0,1.0,1.0,"
+                                                    "1.0,1.0,1.0,1.0"}) {
+    std::fflush(stdout);
+    setenv("QL_EMU_CUDA_CC", bad, 1);
+    setup("3");
+    char what[96];
+    std::snprintf(what, sizeof what,
+                  "QL_EMU_CUDA_CC=\"%.40s\": every call fails", bad);
+    check(cudaGetDeviceCount(&n) == cudaErrorInitializationError, what);
+  }
+  unsetenv("QL_EMU_CUDA_CC");
 
   setup("0");
   n = -1;
