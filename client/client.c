@@ -813,9 +813,23 @@ static int session_recv(ql_client *c, uint64_t id, int timeout_ms,
  * fd_out is not NULL, *fd_out holds the descriptor that came with it (or
  * -1); a descriptor nobody asked for is closed.
  */
+static int session_call_fd(ql_client *c, Qlinear__V1__SessionRequest *req,
+                           Qlinear__V1__SessionResponse__BodyCase want,
+                           Qlinear__V1__SessionResponse **out, int *fd_out,
+                           int send_fd);
+
 static int session_call(ql_client *c, Qlinear__V1__SessionRequest *req,
                         Qlinear__V1__SessionResponse__BodyCase want,
                         Qlinear__V1__SessionResponse **out, int *fd_out) {
+  return session_call_fd(c, req, want, out, fd_out, -1);
+}
+
+/* session_call(), with send_fd (when >= 0) passed along with the request
+ * as SCM_RIGHTS; the caller keeps its descriptor. */
+static int session_call_fd(ql_client *c, Qlinear__V1__SessionRequest *req,
+                           Qlinear__V1__SessionResponse__BodyCase want,
+                           Qlinear__V1__SessionResponse **out, int *fd_out,
+                           int send_fd) {
   uint8_t buf[SESSION_MSG_MAX];
   Qlinear__V1__SessionResponse *r = NULL;
   int fd = -1, rv;
@@ -838,7 +852,26 @@ static int session_call(ql_client *c, Qlinear__V1__SessionRequest *req,
   }
   qlinear__v1__session_request__pack(req, buf);
   for (;;) {
-    ssize_t n = send(c->sess_fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    struct iovec iov = {buf, len};
+    struct msghdr mh;
+    union {
+      struct cmsghdr align;
+      char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    if (send_fd >= 0) {
+      memset(&ctl, 0, sizeof ctl);
+      mh.msg_control = ctl.buf;
+      mh.msg_controllen = sizeof ctl.buf;
+      struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      memcpy(CMSG_DATA(cm), &send_fd, sizeof send_fd);
+    }
+    ssize_t n = sendmsg(c->sess_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n == (ssize_t)len)
       break;
     if (n < 0 && errno == EINTR)
@@ -1643,6 +1676,16 @@ static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
       rv = err_set(QL_EPROTO, "reply y is not the slice asked for");
       goto fail;
     }
+  } else if (lr->y_out_ze != NULL) {
+    const Qlinear__V1__ZeIpcSlice *got =
+        yt->data_case == QLINEAR__V1__TENSOR__DATA_ZE_IPC ? yt->ze_ipc : NULL;
+    if (got == NULL || got->import_id != lr->y_out_ze->import_id ||
+        got->offset != lr->y_out_ze->offset ||
+        got->length != lr->y_out_ze->length) {
+      rv = err_set(QL_EPROTO, "reply y is not the Level Zero slice asked "
+                              "for");
+      goto fail;
+    }
   } else if (yc != NULL) {
     const Qlinear__V1__CudaIpcSlice *got =
         yt->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC ? yt->cuda_ipc
@@ -1669,7 +1712,7 @@ static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
     rv = err_set(QL_EPROTO, "reply names unknown path %d", (int)lp->path);
     goto fail;
   }
-  if (ys == NULL && yc == NULL)
+  if (ys == NULL && yc == NULL && lr->y_out_ze == NULL)
     memcpy(y, yt->inline_data.data, (size_t)ybytes);
   if (res != NULL) {
     res->path = (ql_path)lp->path;
@@ -1943,6 +1986,39 @@ static int cuda_msg(const char *what, const ql_cuda_slice *sl, uint64_t bytes,
   return 0;
 }
 
+/*
+ * The checks of a Linear call on device tensors that need no daemon: the
+ * arguments, *esz and the bytes of x and y, and, for an inline y
+ * (inline_y), that it fits the daemon's message cap (kind names the
+ * slices to give instead).
+ */
+static int device_linear_args(ql_client *c, const char *weight, ql_path path,
+                              ql_dtype dtype, uint64_t m, uint64_t k,
+                              uint64_t n, int inline_y, const char *kind,
+                              size_t *esz, uint64_t *xbytes,
+                              uint64_t *ybytes) {
+  uint64_t mk, mn, cap, room;
+  int rv;
+  if ((rv = check_linear_args(c, weight, path, dtype, m, k, n)) != 0)
+    return rv;
+  *esz = ql_dtype_size(dtype);
+  if (!mul_ok(m, k, &mk) || !mul_ok(mk, *esz, xbytes) || !mul_ok(m, n, &mn) ||
+      !mul_ok(mn, *esz, ybytes))
+    return err_set(QL_ETOOBIG, "x [%llu, %llu] or y [%llu, %llu] is too large",
+                   (unsigned long long)m, (unsigned long long)k,
+                   (unsigned long long)m, (unsigned long long)n);
+  if (inline_y) {
+    client_limits(c, &cap, NULL);
+    room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
+    if (*ybytes > room)
+      return err_set(QL_ETOOBIG, "y [%llu, %llu] does not fit the daemon's "
+                                 "cap of %llu bytes: give a %s slice",
+                     (unsigned long long)m, (unsigned long long)n,
+                     (unsigned long long)cap, kind);
+  }
+  return 0;
+}
+
 QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
                              ql_dtype dtype, uint64_t m, uint64_t k,
                              const ql_cuda_slice *x, uint64_t n,
@@ -1951,7 +2027,7 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
   Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
   Qlinear__V1__Tensor xt;
   Qlinear__V1__CudaIpcSlice xs, ys;
-  uint64_t shape[2] = {m, k}, mk, mn, xbytes, ybytes, cap, room;
+  uint64_t shape[2] = {m, k}, xbytes, ybytes;
   size_t esz;
   int rv;
 
@@ -1959,15 +2035,9 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
   if (c == NULL || x == NULL || (y == NULL) == (y_inline == NULL))
     return err_set(QL_EINVAL, "client or x is NULL, or not exactly one of y "
                               "and y_inline is given");
-  if ((rv = check_linear_args(c, weight, path, dtype, m, k, n)) != 0)
-    return rv;
-  esz = ql_dtype_size(dtype);
-  if (!mul_ok(m, k, &mk) || !mul_ok(mk, esz, &xbytes) || !mul_ok(m, n, &mn) ||
-      !mul_ok(mn, esz, &ybytes))
-    return err_set(QL_ETOOBIG, "x [%llu, %llu] or y [%llu, %llu] is too large",
-                   (unsigned long long)m, (unsigned long long)k,
-                   (unsigned long long)m, (unsigned long long)n);
-  if ((rv = cuda_msg("x", x, xbytes, esz, 1, &xs)) != 0)
+  if ((rv = device_linear_args(c, weight, path, dtype, m, k, n, y == NULL,
+                               "CUDA", &esz, &xbytes, &ybytes)) != 0 ||
+      (rv = cuda_msg("x", x, xbytes, esz, 1, &xs)) != 0)
     return rv;
   if (y != NULL) {
     if ((rv = cuda_msg("y", y, ybytes, esz, 0, &ys)) != 0)
@@ -1976,14 +2046,6 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
       return err_set(QL_EINVAL, "x is on %s, y on %s: one request runs on "
                                 "one device",
                      x->device, y->device);
-  } else {
-    client_limits(c, &cap, NULL);
-    room = cap > ENVELOPE_ROOM ? cap - ENVELOPE_ROOM : 0;
-    if (ybytes > room)
-      return err_set(QL_ETOOBIG, "y [%llu, %llu] does not fit the daemon's "
-                                 "cap of %llu bytes: give a CUDA slice",
-                     (unsigned long long)m, (unsigned long long)n,
-                     (unsigned long long)cap);
   }
 
   qlinear__v1__tensor__init(&xt);
@@ -1998,6 +2060,122 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
   lr.y_out_cuda = y != NULL ? &ys : NULL;
   return linear_call(c, &lr, dtype, m, n, ybytes, NULL, lr.y_out_cuda,
                      y_inline, res);
+}
+
+/* ------------------------------------------------------ Level Zero IPC */
+
+QL_EXPORT int ql_ze_import(ql_client *c, int fd,
+                           const unsigned char handle[QL_ZE_IPC_HANDLE_BYTES],
+                           const char *device, uint64_t *import_id,
+                           uint64_t *size) {
+  Qlinear__V1__SessionRequest req = QLINEAR__V1__SESSION_REQUEST__INIT;
+  Qlinear__V1__ImportZeIpcRequest ir = QLINEAR__V1__IMPORT_ZE_IPC_REQUEST__INIT;
+  Qlinear__V1__SessionResponse *r = NULL;
+  int rv;
+
+  err_clear();
+  if (import_id != NULL)
+    *import_id = 0;
+  if (c == NULL || handle == NULL || device == NULL || import_id == NULL ||
+      fd < 0)
+    return err_set(QL_EINVAL, "client, handle, device or output is NULL, or "
+                              "the descriptor is negative");
+  if (device[0] == '\0' || strlen(device) >= QL_DEVICE_NAME_MAX)
+    return err_set(QL_EINVAL, "device name empty or too long");
+  ir.ipc_handle.data = (uint8_t *)handle; /* pack only reads it */
+  ir.ipc_handle.len = QL_ZE_IPC_HANDLE_BYTES;
+  ir.device = (char *)device;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC;
+  req.import_ze_ipc = &ir;
+  if ((rv = session_call_fd(c, &req,
+                            QLINEAR__V1__SESSION_RESPONSE__BODY_IMPORT_ZE_IPC,
+                            &r, NULL, fd)) != 0)
+    return rv;
+  if (r->import_ze_ipc->import_id == 0) {
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+    return err_set(QL_EPROTO, "the daemon sent import id 0");
+  }
+  *import_id = r->import_ze_ipc->import_id;
+  if (size != NULL)
+    *size = r->import_ze_ipc->size;
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  return 0;
+}
+
+QL_EXPORT int ql_ze_release(ql_client *c, uint64_t import_id) {
+  Qlinear__V1__SessionRequest req = QLINEAR__V1__SESSION_REQUEST__INIT;
+  Qlinear__V1__ReleaseImportRequest rr =
+      QLINEAR__V1__RELEASE_IMPORT_REQUEST__INIT;
+  Qlinear__V1__SessionResponse *r = NULL;
+  int rv;
+
+  err_clear();
+  if (c == NULL || import_id == 0)
+    return err_set(QL_EINVAL, "client is NULL or import id 0");
+  rr.import_id = import_id;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_RELEASE_IMPORT;
+  req.release_import = &rr;
+  rv = session_call(c, &req,
+                    QLINEAR__V1__SESSION_RESPONSE__BODY_RELEASE_IMPORT, &r,
+                    NULL);
+  if (r != NULL)
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+  return rv;
+}
+
+/* A Level Zero slice into its message, after the checks that need no
+ * daemon. */
+static int ze_msg(const char *what, const ql_ze_slice *sl, uint64_t bytes,
+                  size_t esz, Qlinear__V1__ZeIpcSlice *out) {
+  if (sl->import_id == 0)
+    return err_set(QL_EINVAL, "%s: the slice names no import", what);
+  if (sl->offset % esz != 0)
+    return err_set(QL_EINVAL, "%s: offset %llu is not a multiple of the "
+                              "%zu-byte element size",
+                   what, (unsigned long long)sl->offset, esz);
+  if (sl->length != bytes)
+    return err_set(QL_ESHAPE, "%s: the slice holds %llu bytes, %llu needed",
+                   what, (unsigned long long)sl->length,
+                   (unsigned long long)bytes);
+  qlinear__v1__ze_ipc_slice__init(out);
+  out->import_id = sl->import_id;
+  out->offset = sl->offset;
+  out->length = sl->length;
+  return 0;
+}
+
+QL_EXPORT int ql_linear_ze(ql_client *c, const char *weight, ql_path path,
+                           ql_dtype dtype, uint64_t m, uint64_t k,
+                           const ql_ze_slice *x, uint64_t n,
+                           const ql_ze_slice *y, void *y_inline,
+                           ql_linear_result *res) {
+  Qlinear__V1__LinearRequest lr = QLINEAR__V1__LINEAR_REQUEST__INIT;
+  Qlinear__V1__Tensor xt;
+  Qlinear__V1__ZeIpcSlice xs, ys;
+  uint64_t shape[2] = {m, k}, xbytes, ybytes;
+  size_t esz;
+  int rv;
+
+  err_clear();
+  if (c == NULL || x == NULL || (y == NULL) == (y_inline == NULL))
+    return err_set(QL_EINVAL, "client or x is NULL, or not exactly one of y "
+                              "and y_inline is given");
+  if ((rv = device_linear_args(c, weight, path, dtype, m, k, n, y == NULL,
+                               "Level Zero", &esz, &xbytes, &ybytes)) != 0 ||
+      (rv = ze_msg("x", x, xbytes, esz, &xs)) != 0 ||
+      (y != NULL && (rv = ze_msg("y", y, ybytes, esz, &ys)) != 0))
+    return rv;
+  qlinear__v1__tensor__init(&xt);
+  xt.dtype = (Qlinear__V1__DType)dtype;
+  xt.n_shape = 2;
+  xt.shape = shape;
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_ZE_IPC;
+  xt.ze_ipc = &xs;
+  lr.weight = (char *)weight;
+  lr.x = &xt;
+  lr.path = (Qlinear__V1__Path)path;
+  lr.y_out_ze = y != NULL ? &ys : NULL;
+  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, NULL, y_inline, res);
 }
 
 /* ------------------------------------------------------------ regions */

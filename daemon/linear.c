@@ -42,8 +42,8 @@ typedef struct lin_req {
   ql__weight *w;    /* one reference */
   ql__region *xr;   /* x's region (one reference), or NULL: inline */
   ql__region *yr;   /* y's region (one reference), or NULL: y is ours */
-  ql__ipc_mem *xm;  /* x's CUDA IPC import (one reference), or NULL */
-  ql__ipc_mem *ym;  /* y's CUDA IPC import (one reference), or NULL */
+  ql__ipc_mem *xm;  /* x's IPC import (one reference), or NULL */
+  ql__ipc_mem *ym;  /* y's IPC import (one reference), or NULL */
   void *ready;      /* x's ready event (ipc_event_open of ready_dev) */
   const ql__device *ready_dev;
   unsigned where;   /* QL_LINEAR_*_DEVICE: x, y in device memory */
@@ -189,6 +189,7 @@ static void multi_answer(ql__server *s, multi *mu) {
   Qlinear__V1__Tensor y[QL_MULTI_MAX];
   Qlinear__V1__RegionSlice ys[QL_MULTI_MAX];
   Qlinear__V1__CudaIpcSlice yc[QL_MULTI_MAX];
+  Qlinear__V1__ZeIpcSlice yz[QL_MULTI_MAX];
   uint64_t shape[QL_MULTI_MAX][2];
   const Qlinear__V1__LinearMultiRequest *l = mu->req->msg->linear_multi;
   ql__reply_init(&r, mu->req->msg->request_id);
@@ -213,6 +214,10 @@ static void multi_answer(ql__server *s, multi *mu) {
         yc[i].device = l->y_out_cuda[i]->device;
         y[i].data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
         y[i].cuda_ipc = &yc[i];
+      } else if (p->y == NULL && l->n_y_out_ze != 0) {
+        yz[i] = *l->y_out_ze[i];
+        y[i].data_case = QLINEAR__V1__TENSOR__DATA_ZE_IPC;
+        y[i].ze_ipc = &yz[i];
       } else if (p->y == NULL) {
         qlinear__v1__region_slice__init(&ys[i]);
         ys[i].region_id = l->y_out[i]->region_id;
@@ -307,6 +312,7 @@ static void answer(ql__server *s, lin_req *j) {
   Qlinear__V1__Tensor y;
   Qlinear__V1__RegionSlice yslice;
   Qlinear__V1__CudaIpcSlice ycuda;
+  Qlinear__V1__ZeIpcSlice yze;
   uint64_t shape[2] = {j->sr.rows, (uint64_t)j->w->q->n};
   int rc = j->sr.status != 0 ? j->sr.status : j->rc;
   s->queued_bytes -= j->cost;
@@ -334,6 +340,12 @@ static void answer(ql__server *s, lin_req *j) {
       yslice.length = want->length;
       y.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
       y.region = &yslice;
+    } else if (j->ym != NULL && j->req->msg->linear->y_out_ze != NULL) {
+      /* The slice asked for: an import id names nothing outside the
+       * session. */
+      yze = *j->req->msg->linear->y_out_ze;
+      y.data_case = QLINEAR__V1__TENSOR__DATA_ZE_IPC;
+      y.ze_ipc = &yze;
     } else if (j->ym != NULL) {
       /* Written into the client's device memory: name the slice, without
        * its handles (nothing that maps memory travels back). */
@@ -739,6 +751,60 @@ static ql__ipc_mem *ipc_slice(ql__session *ss, const ql__device *d,
 }
 
 /*
+ * A request's Level Zero tensors (x, y or both): the session's imports
+ * they name, on one device, which must be the request's own when it names
+ * one, and each slice inside its allocation's real size. Sets r and
+ * returns 0 when it does not add up.
+ */
+static int ze_imports(ql__server *s, ql__session *ss,
+                      const Qlinear__V1__ZeIpcSlice *xz,
+                      const Qlinear__V1__ZeIpcSlice *yz, const char *asked,
+                      ql__device **dev, ql__ipc_mem **xm, ql__ipc_mem **ym,
+                      ql__reply *r) {
+  const Qlinear__V1__ZeIpcSlice *sl[2] = {xz, yz};
+  static const char *const what[2] = {"x", "y_out_ze"};
+  ql__ipc_mem *m[2] = {NULL, NULL};
+  for (int i = 0; i < 2; i++) {
+    if (sl[i] == NULL)
+      continue;
+    /* Another session's import is not in this table: not found. */
+    m[i] = ql__ipc_find(*ql__session_ipc(ss), sl[i]->import_id);
+    if (m[i] == NULL) {
+      ql__reply_set_error(r, QL_ENOTFOUND, "linear: %s: the session has no "
+                          "Level Zero import %llu", what[i],
+                          (unsigned long long)sl[i]->import_id);
+      return 0;
+    }
+    if (!ql__slice_valid(sl[i]->offset, sl[i]->length, m[i]->size)) {
+      ql__reply_set_error(r, QL_EINVAL, "linear: %s: %llu bytes at offset "
+                          "%llu do not fit the Level Zero allocation of %llu "
+                          "bytes", what[i],
+                          (unsigned long long)sl[i]->length,
+                          (unsigned long long)sl[i]->offset,
+                          (unsigned long long)m[i]->size);
+      return 0;
+    }
+  }
+  if (m[0] != NULL && m[1] != NULL && m[0]->dev != m[1]->dev) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: x is in the memory of %s, "
+                        "y_out_ze in that of %s: a request runs on one "
+                        "device", m[0]->dev->alias, m[1]->dev->alias);
+    return 0;
+  }
+  ql__device *d = ql__device_find(s, (m[0] ? m[0] : m[1])->dev->name);
+  if (asked[0] != '\0' && ql__device_find(s, asked) != d) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: the request asks for device "
+                        "'%.64s', its Level Zero tensors are in the memory "
+                        "of %s", asked, d->alias);
+    return 0;
+  }
+  *dev = d;
+  *xm = m[0];
+  *ym = m[1];
+  return 1;
+}
+
+/*
  * The path of an AUTO request of m rows on w (DESIGN §6): weight-only
  * below the crossover of the device it runs on, else activation-quantized.
  * With no device named (*on < 0) and the holders in service (holders)
@@ -784,12 +850,16 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
                       const char *weight, const Qlinear__V1__Tensor *x,
                       ql_path want, const Qlinear__V1__RegionSlice *ys,
                       const Qlinear__V1__CudaIpcSlice *yc,
+                      const Qlinear__V1__ZeIpcSlice *yz,
                       const char *device, ql__reply *r) {
   const Qlinear__V1__RegionSlice *xs =
       x->data_case == QLINEAR__V1__TENSOR__DATA_REGION ? x->region : NULL;
   const Qlinear__V1__CudaIpcSlice *xc =
       x->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC ? x->cuda_ipc : NULL;
+  const Qlinear__V1__ZeIpcSlice *xz =
+      x->data_case == QLINEAR__V1__TENSOR__DATA_ZE_IPC ? x->ze_ipc : NULL;
   ql__device *ipc_dev = NULL;
+  ql__ipc_mem *xm = NULL, *ym = NULL;
   uint64_t now = ql__now_ns();
   ql__weight *w = ql__weight_store_get(s->weights, weight);
   if (w == NULL) {
@@ -797,7 +867,17 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
                         weight);
     return 0;
   }
-  /* CUDA IPC tensors run where their memory is. */
+  /* Device tensors run where their memory is. */
+  if ((xc != NULL || yc != NULL) && (xz != NULL || yz != NULL)) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: CUDA and Level Zero IPC "
+                        "tensors in one request");
+    return 0;
+  }
+  if (xz != NULL || yz != NULL) {
+    if (!ze_imports(s, ss, xz, yz, device, &ipc_dev, &xm, &ym, r))
+      return 0;
+    device = ipc_dev->name;
+  }
   if (xc != NULL || yc != NULL) {
     if (!ipc_device(s, xc, yc, device, &ipc_dev, r))
       return 0;
@@ -852,7 +932,7 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
     return 0;
   }
   /* Only an inline y travels in the reply: a region takes any size. */
-  if (ys == NULL && yc == NULL && y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
+  if (ys == NULL && yc == NULL && yz == NULL && y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
     ql__reply_set_error(r, QL_ETOOBIG, "linear: the [%llu,%lld] result "
                         "exceeds the %zu-byte message cap",
                         (unsigned long long)m, (long long)w->q->n,
@@ -881,7 +961,23 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
       return 0;
     }
   }
-  ql__ipc_mem *xm = NULL, *ym = NULL;
+  if (yz != NULL) {
+    if (yz->length != y_bytes) {
+      ql__reply_set_error(r, QL_ESHAPE, "linear: the y_out_ze slice holds "
+                          "%llu bytes, [%llu,%llu] of %zu-byte elements needs "
+                          "%zu", (unsigned long long)yz->length,
+                          (unsigned long long)m, (unsigned long long)w->q->n,
+                          esz, y_bytes);
+      return 0;
+    }
+    /* Both slices are inside the allocation, so these sums cannot wrap. */
+    if (xm == ym && xz->offset < yz->offset + yz->length &&
+        yz->offset < xz->offset + xz->length) {
+      ql__reply_set_error(r, QL_EINVAL, "linear: the x and y_out_ze slices "
+                          "overlap");
+      return 0;
+    }
+  }
   if (xc != NULL && (xm = ipc_slice(ss, ipc_dev, "x", xc, r)) == NULL)
     return 0;
   if (yc != NULL) {
@@ -990,12 +1086,12 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
   j->xr = xr;
   j->yr = yr;
   j->x = xr   ? xr->base + xs->offset
-         : xm ? xm->base + xc->offset
+         : xm ? xm->base + (xc ? xc->offset : xz->offset)
               : x->inline_data.data;
   if (yr)
     j->y = yr->base + ys->offset;
   if (ym)
-    j->y = ym->base + yc->offset;
+    j->y = ym->base + (yc ? yc->offset : yz->offset);
   j->where = (xm ? QL_LINEAR_X_DEVICE : 0u) | (ym ? QL_LINEAR_Y_DEVICE : 0u);
   j->x_row = (size_t)k * esz;
   j->y_row = (size_t)w->q->n * esz;
@@ -1063,7 +1159,8 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
                       void *route, ql__reply *r) {
   const Qlinear__V1__LinearRequest *l = req->msg->linear;
   return submit_one(s, ss, req, route, NULL, 0, l->weight, l->x,
-                    (ql_path)l->path, l->y_out, l->y_out_cuda, l->device, r);
+                    (ql_path)l->path, l->y_out, l->y_out_cuda, l->y_out_ze,
+                    l->device, r);
 }
 
 int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
@@ -1112,7 +1209,8 @@ int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
     mu->pending++;
     if (!submit_one(s, ss, req, route, mu, (unsigned)i, l->weights[i], l->x,
                     (ql_path)l->path, l->n_y_out ? l->y_out[i] : NULL,
-                    l->n_y_out_cuda ? l->y_out_cuda[i] : NULL, l->device,
+                    l->n_y_out_cuda ? l->y_out_cuda[i] : NULL,
+                    l->n_y_out_ze ? l->y_out_ze[i] : NULL, l->device,
                     &pr)) {
       mu->pending--;
       if (i == 0) {

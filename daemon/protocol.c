@@ -233,6 +233,25 @@ static int check_slice(const char *what, const Qlinear__V1__RegionSlice *sl,
   return 0;
 }
 
+/* The stateless part of a Level Zero IPC slice: an import named, an
+ * aligned offset. Bounds need the import: linear.c checks them against
+ * the allocation's real size. */
+static int check_ze(const char *what, const Qlinear__V1__ZeIpcSlice *sl,
+                    size_t es, char *err, size_t errlen) {
+  if (sl->import_id == 0) {
+    seterr(err, errlen, "linear: %s: the Level Zero IPC slice names no "
+           "import", what);
+    return QL_EINVAL;
+  }
+  if (sl->offset % es != 0) {
+    seterr(err, errlen, "linear: %s slice offset %llu is not a multiple of "
+           "the %zu-byte element size", what, (unsigned long long)sl->offset,
+           es);
+    return QL_EINVAL;
+  }
+  return 0;
+}
+
 /* The stateless part of a CUDA IPC slice: handles of the right size, a
  * device named, an aligned offset. Bounds need the opened allocation:
  * linear.c checks them against its real size. */
@@ -297,31 +316,33 @@ static int validate_x(const Qlinear__V1__Tensor *x, size_t *es_out,
              es, (unsigned long long)m * k * es);
       return QL_ESHAPE;
     }
-  } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_REGION &&
-             x->region != NULL) {
-    if ((rc = check_slice("x", x->region, es, err, errlen)) != 0)
-      return rc;
-    if (overflow || x->region->length != want) {
-      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
-             "of %zu-byte elements needs %llu",
-             (unsigned long long)x->region->length, (unsigned long long)m,
-             (unsigned long long)k, es, (unsigned long long)m * k * es);
-      return QL_ESHAPE;
-    }
-  } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC &&
-             x->cuda_ipc != NULL) {
-    if ((rc = check_cuda("x", x->cuda_ipc, es, err, errlen)) != 0)
-      return rc;
-    if (overflow || x->cuda_ipc->length != want) {
-      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
-             "of %zu-byte elements needs %llu",
-             (unsigned long long)x->cuda_ipc->length, (unsigned long long)m,
-             (unsigned long long)k, es, (unsigned long long)m * k * es);
-      return QL_ESHAPE;
-    }
   } else {
-    seterr(err, errlen, "linear: x carries no data");
-    return QL_EINVAL;
+    /* A slice: of a region, or of CUDA or Level Zero device memory. */
+    uint64_t len;
+    if (x->data_case == QLINEAR__V1__TENSOR__DATA_REGION && x->region) {
+      rc = check_slice("x", x->region, es, err, errlen);
+      len = x->region->length;
+    } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC &&
+               x->cuda_ipc) {
+      rc = check_cuda("x", x->cuda_ipc, es, err, errlen);
+      len = x->cuda_ipc->length;
+    } else if (x->data_case == QLINEAR__V1__TENSOR__DATA_ZE_IPC &&
+               x->ze_ipc) {
+      rc = check_ze("x", x->ze_ipc, es, err, errlen);
+      len = x->ze_ipc->length;
+    } else {
+      seterr(err, errlen, "linear: x carries no data");
+      return QL_EINVAL;
+    }
+    if (rc != 0)
+      return rc;
+    if (overflow || len != want) {
+      seterr(err, errlen, "linear: the x slice holds %llu bytes, [%llu,%llu] "
+             "of %zu-byte elements needs %llu", (unsigned long long)len,
+             (unsigned long long)m, (unsigned long long)k, es,
+             (unsigned long long)m * k * es);
+      return QL_ESHAPE;
+    }
   }
   *es_out = es;
   return 0;
@@ -349,6 +370,13 @@ static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
   }
   if (l->y_out_cuda != NULL &&
       (rc = check_cuda("y_out_cuda", l->y_out_cuda, es, err, errlen)) != 0)
+    return rc;
+  if (l->y_out_ze != NULL && (l->y_out != NULL || l->y_out_cuda != NULL)) {
+    seterr(err, errlen, "linear: y_out_ze with y_out or y_out_cuda");
+    return QL_EINVAL;
+  }
+  if (l->y_out_ze != NULL &&
+      (rc = check_ze("y_out_ze", l->y_out_ze, es, err, errlen)) != 0)
     return rc;
   return 0;
 }
@@ -397,6 +425,22 @@ static int validate_multi(const Qlinear__V1__LinearMultiRequest *l,
     }
     if ((rc = check_cuda("y_out_cuda", l->y_out_cuda[i], es, err, errlen)) !=
         0)
+      return rc;
+  }
+  if (l->n_y_out_ze != 0 &&
+      (l->n_y_out != 0 || l->n_y_out_cuda != 0 ||
+       l->n_y_out_ze != l->n_weights)) {
+    seterr(err, errlen, "linear_multi: %zu y_out_ze slices for %zu weights "
+           "(and %zu y_out, %zu y_out_cuda)", l->n_y_out_ze, l->n_weights,
+           l->n_y_out, l->n_y_out_cuda);
+    return QL_EINVAL;
+  }
+  for (size_t i = 0; i < l->n_y_out_ze; i++) {
+    if (l->y_out_ze[i] == NULL) {
+      seterr(err, errlen, "linear_multi: empty y_out_ze slice");
+      return QL_EINVAL;
+    }
+    if ((rc = check_ze("y_out_ze", l->y_out_ze[i], es, err, errlen)) != 0)
       return rc;
   }
   return 0;
@@ -594,6 +638,25 @@ int ql__session_request_validate(const ql__msg_session_request *req,
   case QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION:
     if (req->destroy_region->region_id == 0) {
       seterr(err, errlen, "destroy_region: region id 0");
+      return QL_EINVAL;
+    }
+    return 0;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC:
+    if (req->import_ze_ipc->ipc_handle.len != QL_ZE_IPC_HANDLE_BYTES) {
+      seterr(err, errlen, "import_ze_ipc: a Level Zero IPC handle has %d "
+             "bytes, got %zu", QL_ZE_IPC_HANDLE_BYTES,
+             req->import_ze_ipc->ipc_handle.len);
+      return QL_EINVAL;
+    }
+    if (req->import_ze_ipc->device == NULL ||
+        req->import_ze_ipc->device[0] == '\0') {
+      seterr(err, errlen, "import_ze_ipc: no device named");
+      return QL_EINVAL;
+    }
+    return 0;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_RELEASE_IMPORT:
+    if (req->release_import->import_id == 0) {
+      seterr(err, errlen, "release_import: import id 0");
       return QL_EINVAL;
     }
     return 0;

@@ -16,6 +16,7 @@
 
 #include <openssl/crypto.h>
 
+#include "devices.h"
 #include "ipc.h"
 #include "log.h"
 #include "protocol.h"
@@ -59,7 +60,7 @@ struct ql__session {
   size_t n_held, cap_held;
   uint64_t uploads[QL_SESSION_MAX_UPLOADS]; /* uploads it began */
   size_t n_uploads;
-  ql__ipc_table *ipc;    /* CUDA IPC imports (ipc.h), NULL until the first */
+  ql__ipc_table *ipc;    /* IPC imports (ipc.h), NULL until the first */
   uint64_t last_ns;      /* its last request or session packet (lease) */
   ql__session *next;     /* every session */
   ql__session *tok_next; /* open sessions by token */
@@ -432,7 +433,7 @@ static void session_end(ql__session *ss, const char *why) {
   ss->n_uploads = 0;
   OPENSSL_cleanse(ss->token, sizeof ss->token);
   ql__info("session %llu (pid %ld) ended: %s; %zu region%s destroyed, %zu "
-           "weight%s released, %zu CUDA IPC allocation%s let go",
+           "weight%s released, %zu IPC allocation%s let go",
            (unsigned long long)ss->id, (long)ss->pid, why, nreg,
            nreg == 1 ? "" : "s", nheld, nheld == 1 ? "" : "s", nipc,
            nipc == 1 ? "" : "s");
@@ -501,10 +502,44 @@ static void copy_printable(char *dst, size_t len, const char *src) {
 }
 
 /*
- * Answers one packet. Returns -1 when the session ended (its reply could
- * not be sent), else 0.
+ * ImportZeIpcRequest: the packet's descriptor (rfd, taken over: closed
+ * here on every path but success, where the import owns it) opened with
+ * the client's handle on the device named.
  */
-static int session_packet(ql__session *ss, const uint8_t *buf, size_t len) {
+static int import_ze(ql__session *ss, const Qlinear__V1__ImportZeIpcRequest *m,
+                     int rfd, ql__ipc_mem **out, char *err, size_t errlen) {
+  ql__device *d;
+  if (rfd < 0) {
+    snprintf(err, errlen, "import_ze_ipc: the packet carries no descriptor "
+             "(SCM_RIGHTS)");
+    return QL_EINVAL;
+  }
+  if ((d = ql__device_find(ss->owner->s, m->device)) == NULL) {
+    close(rfd);
+    snprintf(err, errlen, "import_ze_ipc: no device '%.64s'", m->device);
+    return QL_ENOTFOUND;
+  }
+  if (d->failed) {
+    close(rfd);
+    snprintf(err, errlen, "import_ze_ipc: device %s is out of service",
+             d->alias);
+    return QL_EDEVICE;
+  }
+  char why[200];
+  int rc = ql__ipc_import(&ss->ipc, d, ss->id, m->ipc_handle.data,
+                          m->ipc_handle.len, rfd, out, why, sizeof why);
+  if (rc != 0)
+    snprintf(err, errlen, "import_ze_ipc: %s", why);
+  return rc;
+}
+
+/*
+ * Answers one packet; rfd is the descriptor it carried (SCM_RIGHTS) or -1,
+ * taken over. Returns -1 when the session ended (its reply could not be
+ * sent), else 0.
+ */
+static int session_packet(ql__session *ss, const uint8_t *buf, size_t len,
+                          int rfd) {
   ql__sessions *o = ss->owner;
   char err[256] = "";
   ql__session_request *req = NULL;
@@ -513,12 +548,17 @@ static int session_packet(ql__session *ss, const uint8_t *buf, size_t len) {
   Qlinear__V1__SessionOpenResponse open;
   Qlinear__V1__CreateRegionResponse created;
   Qlinear__V1__DestroyRegionResponse destroyed;
+  Qlinear__V1__ImportZeIpcResponse imported;
+  Qlinear__V1__ReleaseImportResponse released;
   int rc, fd = -1;
   ql__region *r = NULL;
+  ql__ipc_mem *im = NULL;
 
   rc = ql__session_request_decode(buf, len, len + SESSION_BUDGET_SLACK, &req,
                                   err, sizeof err);
   if (rc != 0) {
+    if (rfd >= 0)
+      close(rfd);
     /* Not a SessionRequest: answered under id 0, as on the request
      * socket. */
     if (send_error(ss->fd, 0, rc, err) == 0)
@@ -532,6 +572,11 @@ static int session_packet(ql__session *ss, const uint8_t *buf, size_t len) {
   resp.request_id = m->request_id;
   resp.status = &st;
   st.message = err;
+  /* Only an import takes a descriptor; any other is closed unread. */
+  if (rfd >= 0 && m->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC) {
+    close(rfd);
+    rfd = -1;
+  }
   if ((rc = ql__session_request_validate(m, err, sizeof err)) != 0)
     goto reply;
   if (m->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_OPEN && !ss->open) {
@@ -595,11 +640,35 @@ static int session_packet(ql__session *ss, const uint8_t *buf, size_t len) {
     resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_DESTROY_REGION;
     resp.destroy_region = &destroyed;
     break;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC:
+    rc = import_ze(ss, m->import_ze_ipc, rfd, &im, err, sizeof err);
+    rfd = -1; /* taken over */
+    if (rc != 0)
+      break;
+    qlinear__v1__import_ze_ipc_response__init(&imported);
+    imported.import_id = im->id;
+    imported.size = im->size;
+    resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_IMPORT_ZE_IPC;
+    resp.import_ze_ipc = &imported;
+    break;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_RELEASE_IMPORT:
+    rc = ql__ipc_release(ss->ipc, m->release_import->import_id);
+    if (rc != 0) {
+      snprintf(err, sizeof err, "release_import: the session has no import "
+               "%llu", (unsigned long long)m->release_import->import_id);
+      break;
+    }
+    qlinear__v1__release_import_response__init(&released);
+    resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_RELEASE_IMPORT;
+    resp.release_import = &released;
+    break;
   default: /* validate refused it */
     rc = QL_EPROTO;
     break;
   }
 reply:
+  if (rfd >= 0)
+    close(rfd); /* an import refused before it took the descriptor */
   if (rc != 0) {
     st.code = rc;
     resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY__NOT_SET;
@@ -616,10 +685,35 @@ reply:
     /* A region the client never received is of no use to it. */
     if (r != NULL)
       region_destroy(o, ss, r->id);
+    if (im != NULL)
+      ql__ipc_release(ss->ipc, im->id);
     session_end(ss, "a reply could not be sent");
     return -1;
   }
   return 0;
+}
+
+/* The one descriptor a received packet carried, or -1. Anything else in
+ * its control data (more descriptors than fit are closed by the kernel)
+ * is closed here, so a packet never leaves a descriptor behind. */
+static int take_fd(struct msghdr *mh) {
+  int fd = -1;
+  for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c != NULL;
+       c = CMSG_NXTHDR(mh, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
+        c->cmsg_len < CMSG_LEN(sizeof(int)))
+      continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; i++) {
+      int f;
+      memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+      if (fd < 0)
+        fd = f;
+      else
+        close(f);
+    }
+  }
+  return fd;
 }
 
 static void on_session(uv_poll_t *p, int status, int events) {
@@ -631,15 +725,24 @@ static void on_session(uv_poll_t *p, int status, int events) {
   if (events & UV_READABLE) {
     for (int i = 0; i < BURST; i++) {
       /* One byte more than the largest packet, so that MSG_TRUNC or the
-       * length tells an oversized one. No control buffer: descriptors a
-       * client sends are closed by the kernel, never installed here. */
+       * length tells an oversized one. Room for one descriptor (an
+       * import's): the kernel closes any more (MSG_CTRUNC). */
       uint8_t buf[QL_SESSION_MSG_MAX + 1];
+      union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+      } ctl;
       struct iovec iov = {buf, sizeof buf};
       struct msghdr mh;
+      int rfd = -1;
       memset(&mh, 0, sizeof mh);
       mh.msg_iov = &iov;
       mh.msg_iovlen = 1;
-      ssize_t n = recvmsg(ss->fd, &mh, MSG_DONTWAIT);
+      mh.msg_control = ctl.buf;
+      mh.msg_controllen = sizeof ctl.buf;
+      ssize_t n = recvmsg(ss->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (n >= 0)
+        rfd = take_fd(&mh);
       if (n < 0 && errno == EINTR)
         continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -649,10 +752,14 @@ static void on_session(uv_poll_t *p, int status, int events) {
         return;
       }
       if (n == 0) { /* also what an empty packet looks like */
+        if (rfd >= 0)
+          close(rfd);
         session_end(ss, "the client closed its socket");
         return;
       }
       if ((mh.msg_flags & MSG_TRUNC) || (size_t)n > QL_SESSION_MSG_MAX) {
+        if (rfd >= 0)
+          close(rfd);
         if (send_error(ss->fd, 0, QL_ETOOBIG, "session packet larger than "
                        "4096 bytes") != 0) {
           session_end(ss, "a reply could not be sent");
@@ -661,7 +768,7 @@ static void on_session(uv_poll_t *p, int status, int events) {
         continue;
       }
       ss->last_ns = ql__now_ns();
-      if (session_packet(ss, buf, (size_t)n) != 0)
+      if (session_packet(ss, buf, (size_t)n, rfd) != 0)
         return;
     }
   }

@@ -79,8 +79,8 @@ ql__session *ql__session_by_id(ql__server *s, uint64_t id);
  * not found. No reference is taken. */
 ql__region *ql__session_region(ql__session *ss, uint64_t id);
 
-/* The session's table of CUDA IPC imports (ipc.h), for ql__ipc_get();
- * the session frees it when it ends. */
+/* The session's table of IPC imports (ipc.h), for ql__ipc_get() and
+ * ql__ipc_find(); the session frees it when it ends. */
 struct ql__ipc_table **ql__session_ipc(ql__session *ss);
 
 /* A job's reference to a region; the last unref unmaps it. Loop thread. */

@@ -87,13 +87,19 @@ int ql_backend_check(const ql_backend *b) {
   if ((b->device_count != NULL) != (b->device_info != NULL) ||
       (b->device_count != NULL) != (b->device_bind != NULL))
     return QL_EINVAL;
-  /* IPC imports likewise: all six with a handle size, or none. */
+  /* IPC imports likewise: ipc_open with the event ops (handles as bytes)
+   * or ipc_open_fd (handles with a descriptor), then ipc_close, the
+   * device linear ops and a handle size; or none of them. */
   {
-    int n_ipc = (b->ipc_open != NULL) + (b->ipc_close != NULL) +
-                (b->ipc_event_open != NULL) + (b->ipc_event_close != NULL) +
-                (b->linear_dev_supports != NULL) + (b->linear_dev != NULL);
-    if ((n_ipc != 0 && n_ipc != 6) ||
-        (n_ipc == 6) != (b->ipc_handle_bytes != 0))
+    int n_bytes = (b->ipc_open != NULL) + (b->ipc_event_open != NULL) +
+                  (b->ipc_event_close != NULL);
+    int n_dev = (b->ipc_close != NULL) + (b->linear_dev_supports != NULL) +
+                (b->linear_dev != NULL);
+    int with_fd = b->ipc_open_fd != NULL;
+    int imports = n_bytes == 3 || with_fd;
+    if ((n_bytes != 0 && n_bytes != 3) || (n_bytes == 3 && with_fd) ||
+        n_dev != (imports ? 3 : 0) ||
+        imports != (b->ipc_handle_bytes != 0))
       return QL_EINVAL;
   }
   for (size_t i = 0; i < b->n_impls; i++) {

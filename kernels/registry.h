@@ -208,6 +208,16 @@ typedef struct ql_backend {
    * ipc_event_open imports an event handle the same way into *ev, for
    * ql_linear_dev_args.ready; ipc_event_close releases it.
    *
+   * ipc_open_fd replaces ipc_open (and the event ops, which it goes
+   * without) for a backend whose handles carry a file descriptor of the
+   * importing process (Level Zero dma-buf handles): it opens handle (len
+   * bytes, as the exporter's zeMemGetIpcHandle gave it) with the
+   * descriptor fd of this process written into it, as ipc_open does, and
+   * never takes fd over (the caller closes it, after ipc_close). Such
+   * handles come only with their descriptor, over the session socket:
+   * bytes alone in a request would name whatever descriptor of the daemon
+   * has that number. QL_ENOTSUP when the driver has no memory IPC.
+   *
    * linear_dev runs im, one of this backend's own QL_OP_LINEAR_WO / _AQ
    * implementations, on device tensors (ql_linear_dev_args), when
    * linear_dev_supports(im) says it can (non-zero); else QL_ENOTSUP. The
@@ -216,6 +226,8 @@ typedef struct ql_backend {
   size_t ipc_handle_bytes;
   int (*ipc_open)(int ordinal, const void *handle, size_t len, void **base,
                   uint64_t *size);
+  int (*ipc_open_fd)(int ordinal, int fd, const void *handle, size_t len,
+                     void **base, uint64_t *size);
   int (*ipc_close)(int ordinal, void *base);
   int (*ipc_event_open)(int ordinal, const void *handle, size_t len,
                         void **ev);

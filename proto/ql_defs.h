@@ -73,6 +73,10 @@ const char *ql_err_name(int err);
  * them. */
 #define QL_CUDA_IPC_HANDLE_BYTES 64
 
+/* Bytes of a Level Zero IPC memory handle (ze_ipc_mem_handle_t:
+ * ZE_MAX_IPC_HANDLE_SIZE), as ImportZeIpcRequest carries it. */
+#define QL_ZE_IPC_HANDLE_BYTES 64
+
 /* Element types of tensors: activations, outputs, float weights, scales. */
 typedef enum ql_dtype {
   QL_DTYPE_F32 = 1,

@@ -41,6 +41,14 @@
  * then on and device_error() says why. A lost device cannot run anything
  * again and a hung kernel may never end, so neither is retried.
  *
+ * IPC imports (DESIGN §7, registry.h ipc_open_fd): a client's device
+ * allocation, named by its ze IPC handle and the dma-buf descriptor the
+ * daemon received over the session socket, is opened with
+ * zeMemOpenIpcHandle and bounded by zeMemGetAddressRange; linear_dev runs
+ * the same pipeline as the host ops with x copied from, and y to, that
+ * memory on the device (y only after its guard checked out). No event
+ * crosses processes: the client completes x before it sends a request.
+ *
  * Without a Level Zero driver (zeInit or zeDriverGet find none) the
  * backend has no device and device_count() says why, once, for the log.
  */
@@ -894,6 +902,7 @@ typedef struct call {
   int32_t *gsum;        /* AQ q4g: group sums */
   int64_t *status;      /* AQ: quantize_rows' verdict per row */
   int32_t *bad;         /* NaN/Inf flag */
+  unsigned where;       /* QL_LINEAR_*_DEVICE: x, y in device memory */
   unsigned char *hs;    /* host staging for x, then y and its guard */
   unsigned char *hg;    /* host: the intermediates' guards */
   int64_t *hstatus;     /* host copy of status */
@@ -955,8 +964,12 @@ static int stage_x(zdev *d, const ql_linear_args *a, size_t count, size_t xb,
 
   if (groups > 256) /* each work-item strides over the rest */
     groups = 256;
-  memcpy(c->hs, a->x, xb);
-  if ((rc = copy(d, c->dx, c->hs, xb)) != 0 ||
+  /* x in device memory (an IPC import) is copied on the device, which
+   * also keeps the client from changing it under the check. */
+  if (!(c->where & QL_LINEAR_X_DEVICE))
+    memcpy(c->hs, a->x, xb);
+  if ((rc = copy(d, c->dx, c->where & QL_LINEAR_X_DEVICE ? a->x : c->hs,
+                 xb)) != 0 ||
       (rc = fill(d, c->bad, 0, sizeof(int32_t))) != 0 ||
       (rc = barrier(d)) != 0)
     return rc;
@@ -989,6 +1002,18 @@ static int launch_linear(zdev *d, const kargs *ka, int64_t n, int64_t m) {
 static int fetch_y(zdev *d, const ql_linear_args *a, size_t yb,
                    const call *c) {
   int rc;
+  if (c->where & QL_LINEAR_Y_DEVICE) {
+    /* The guard first: a y in the client's memory is written only from a
+     * product that stayed inside its bounds. */
+    if ((rc = barrier(d)) != 0 ||
+        (rc = copy(d, c->hs + yb, (unsigned char *)c->dy + yb, GUARD)) !=
+            0 ||
+        (rc = wait_all(d)) != 0 || (rc = guard_ok(c->hs + yb, yb, "y")) != 0)
+      return rc;
+    if ((rc = copy(d, a->y, c->dy, yb)) != 0)
+      return rc;
+    return wait_all(d);
+  }
   if ((rc = barrier(d)) != 0 || (rc = copy(d, c->hs, c->dy, yb + GUARD)) != 0 ||
       (rc = wait_all(d)) != 0 || (rc = guard_ok(c->hs + yb, yb, "y")) != 0)
     return rc;
@@ -997,8 +1022,8 @@ static int fetch_y(zdev *d, const ql_linear_args *a, size_t yb,
 }
 
 /* run_wo() with d entered. */
-static int wo_on(zdev *d, const ql_linear_args *a, size_t mk, size_t xb,
-                 size_t yb) {
+static int wo_on(zdev *d, const ql_linear_args *a, unsigned where, size_t mk,
+                 size_t xb, size_t yb) {
   static const int kid[] = {[QL_FORMAT_Q4G] = K_WO_Q4G,
                             [QL_FORMAT_Q8C] = K_WO_Q8C,
                             [QL_FORMAT_Q8B] = K_WO_Q8B,
@@ -1010,7 +1035,7 @@ static int wo_on(zdev *d, const ql_linear_args *a, size_t mk, size_t xb,
 
   if ((rc = layout_for(d, a, &p, &tmp)) != 0 ||
       (rc = carve(d, a, mk, xb, yb, 0, 0, &c)) != 0 ||
-      (rc = stage_x(d, a, mk, xb, &c)) != 0 ||
+      (c.where = where, (rc = stage_x(d, a, mk, xb, &c)) != 0) ||
       (rc = prepare_y(d, &c, yb)) != 0 || (rc = barrier(d)) != 0)
     goto out;
   {
@@ -1037,7 +1062,8 @@ out:
   return rc;
 }
 
-static int run_wo(const ql_linear_args *a) {
+/* run_wo() with x and y where says (QL_LINEAR_*_DEVICE). */
+static int wo_where(const ql_linear_args *a, unsigned where) {
   size_t mk, xb, yb;
   zdev *d;
   int rc;
@@ -1046,10 +1072,12 @@ static int run_wo(const ql_linear_args *a) {
     return rc;
   if ((rc = enter(&d)) != 0)
     return rc;
-  rc = wo_on(d, a, mk, xb, yb);
+  rc = wo_on(d, a, where, mk, xb, yb);
   leave(d);
   return rc;
 }
+
+static int run_wo(const ql_linear_args *a) { return wo_where(a, 0); }
 
 /* The verdict of quantize_rows as the reference gives it: the first row in
  * order that it would refuse decides, and in it the first value. */
@@ -1104,8 +1132,8 @@ static int supports_aq(const ql_kernel_impl *im, ql_format f, int64_t m,
 
 /* run_aq() with d entered: x quantized on the device with the int8 rule of
  * its own dtype (what ql_linear_aq_ref does), then the product. */
-static int aq_on(zdev *d, const ql_linear_args *a, size_t mk, size_t xb,
-                 size_t yb) {
+static int aq_on(zdev *d, const ql_linear_args *a, unsigned where, size_t mk,
+                 size_t xb, size_t yb) {
   const int q4g = a->w->format == QL_FORMAT_Q4G;
   const size_t m = (size_t)a->m, stb = m * sizeof(int64_t),
                sxb = m * sizeof(float);
@@ -1119,7 +1147,7 @@ static int aq_on(zdev *d, const ql_linear_args *a, size_t mk, size_t xb,
     return QL_ESHAPE;
   if ((rc = layout_for(d, a, &p, &tmp)) != 0 ||
       (rc = carve(d, a, mk, xb, yb, 1, q4g ? a->w->groups : 0, &c)) != 0 ||
-      (rc = stage_x(d, a, mk, xb, &c)) != 0)
+      (c.where = where, (rc = stage_x(d, a, mk, xb, &c)) != 0))
     goto out;
   if ((rc = guard_fill(d, c.xq, mk)) != 0 ||
       (rc = guard_fill(d, c.sx, sxb)) != 0 ||
@@ -1174,7 +1202,8 @@ out:
   return rc;
 }
 
-static int run_aq(const ql_linear_args *a) {
+/* run_aq() with x and y where says (QL_LINEAR_*_DEVICE). */
+static int aq_where(const ql_linear_args *a, unsigned where) {
   size_t mk, xb, yb;
   zdev *d;
   int rc;
@@ -1187,10 +1216,12 @@ static int run_aq(const ql_linear_args *a) {
     return QL_ESHAPE;
   if ((rc = enter(&d)) != 0)
     return rc;
-  rc = aq_on(d, a, mk, xb, yb);
+  rc = aq_on(d, a, where, mk, xb, yb);
   leave(d);
   return rc;
 }
+
+static int run_aq(const ql_linear_args *a) { return aq_where(a, 0); }
 
 /* ---- quantize_rows ---- */
 
@@ -1316,6 +1347,93 @@ static int run_qrows(const ql_qrows_args *a) {
   (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C) |                     \
    QL_FMT_BIT(QL_FORMAT_F8R))
 
+/* ---- IPC imports (DESIGN §7) ---- */
+
+/* A failed IPC call in ql_ terms. The handle is the client's: whatever is
+ * wrong with it is QL_EINVAL and leaves the device in service. */
+static int ipc_error(ze_result_t r) {
+  switch (r) {
+  case ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY:
+  case ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY:
+    return QL_ENOMEM;
+  case ZE_RESULT_ERROR_UNSUPPORTED_FEATURE:
+  case ZE_RESULT_ERROR_UNINITIALIZED:
+    return QL_ENOTSUP;
+  case ZE_RESULT_ERROR_DEVICE_LOST:
+    return QL_EDEVICE;
+  default:
+    return QL_EINVAL;
+  }
+}
+
+/*
+ * registry.h ipc_open_fd: the driver must say it has memory IPC
+ * (zeDriverGetIpcProperties); the handle is the exporter's with this
+ * process's descriptor number in its first 8 bytes, where dma-buf drivers
+ * keep it (as a uint64). The allocation's base and size come from
+ * zeMemGetAddressRange on the opened pointer, never from the handle.
+ * Called from the loop thread without the device's lock: the calls take
+ * the context only, which Level Zero allows from any thread.
+ */
+static int ipc_open_fd(int o, int fd, const void *handle, size_t len,
+                       void **base, uint64_t *size) {
+  zdev *d = device_of(o);
+  ze_driver_ipc_properties_t props = {
+      .stype = ZE_STRUCTURE_TYPE_DRIVER_IPC_PROPERTIES};
+  ze_ipc_mem_handle_t h;
+  uint64_t word = (uint64_t)fd;
+  void *p = NULL, *b = NULL;
+  size_t sz = 0;
+  ze_result_t r;
+
+  if (d == NULL || handle == NULL || fd < 0 || len != sizeof h.data)
+    return QL_EINVAL;
+  if (atomic_load(&d->failed))
+    return QL_EDEVICE;
+  if (zeDriverGetIpcProperties(d->drv, &props) != ZE_RESULT_SUCCESS ||
+      !(props.flags & ZE_IPC_PROPERTY_FLAG_MEMORY))
+    return QL_ENOTSUP;
+  memcpy(h.data, handle, len);
+  memcpy(h.data, &word, sizeof word);
+  if ((r = zeMemOpenIpcHandle(d->ctx, d->dev, h, 0, &p)) != ZE_RESULT_SUCCESS)
+    return ipc_error(r);
+  r = zeMemGetAddressRange(d->ctx, p, &b, &sz);
+  if (r != ZE_RESULT_SUCCESS || b == NULL || (char *)p < (char *)b ||
+      (size_t)((char *)p - (char *)b) >= sz) {
+    zeMemCloseIpcHandle(d->ctx, p);
+    return r != ZE_RESULT_SUCCESS ? ipc_error(r) : QL_EINVAL;
+  }
+  *base = p;
+  *size = (uint64_t)(sz - (size_t)((char *)p - (char *)b));
+  return 0;
+}
+
+static int ipc_close(int o, void *base) {
+  zdev *d = device_of(o);
+  ze_result_t r;
+  if (d == NULL || base == NULL)
+    return QL_EINVAL;
+  r = zeMemCloseIpcHandle(d->ctx, base);
+  return r == ZE_RESULT_SUCCESS ? 0 : ipc_error(r);
+}
+
+static int linear_dev_supports(const ql_kernel_impl *im) {
+  return im->op == QL_OP_LINEAR_WO || im->op == QL_OP_LINEAR_AQ;
+}
+
+/* registry.h linear_dev: the same pipeline as run_wo / run_aq, x copied
+ * from and y to device memory on the device. Level Zero imports carry no
+ * ready event: the client synchronises before it sends the request. */
+static int linear_dev(const ql_kernel_impl *im, const ql_linear_dev_args *a) {
+  if (a == NULL || a->ready != NULL)
+    return QL_EINVAL;
+  if (im->op == QL_OP_LINEAR_WO)
+    return wo_where(&a->a, a->where);
+  if (im->op == QL_OP_LINEAR_AQ)
+    return aq_where(&a->a, a->where);
+  return QL_ENOTSUP;
+}
+
 static const ql_kernel_impl impls[] = {
     {.name = "ze.repack",
      .op = QL_OP_REPACK,
@@ -1348,4 +1466,9 @@ const ql_backend ql__backend_ze = {.name = "ze",
                                    .device_count = device_count,
                                    .device_info = device_info,
                                    .device_bind = device_bind,
-                                   .device_error = device_error};
+                                   .device_error = device_error,
+                                   .ipc_handle_bytes = ZE_MAX_IPC_HANDLE_SIZE,
+                                   .ipc_open_fd = ipc_open_fd,
+                                   .ipc_close = ipc_close,
+                                   .linear_dev_supports = linear_dev_supports,
+                                   .linear_dev = linear_dev};

@@ -79,7 +79,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (rc == 0 &&
       req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_OPEN &&
       req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_REGION &&
-      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION)
+      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION &&
+      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC &&
+      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_RELEASE_IMPORT)
+    __builtin_trap();
+  /* A valid import carries a whole handle and names a device. */
+  if (rc == 0 &&
+      req->msg->body_case == QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC &&
+      (req->msg->import_ze_ipc->ipc_handle.len != QL_ZE_IPC_HANDLE_BYTES ||
+       req->msg->import_ze_ipc->device == NULL ||
+       req->msg->import_ze_ipc->device[0] == '\0'))
     __builtin_trap();
   size_t held = req->used;
   ql__session_request_free(req);

@@ -270,6 +270,12 @@ Qlinear__V1__Response *td_call(const td *d, const Qlinear__V1__Request *req,
 Qlinear__V1__SessionResponse *td_session_call(
     td_session *s, Qlinear__V1__SessionRequest *req, int *fd_out,
     int timeout_ms) {
+  return td_session_call_fd(s, req, -1, fd_out, timeout_ms);
+}
+
+Qlinear__V1__SessionResponse *td_session_call_fd(
+    td_session *s, Qlinear__V1__SessionRequest *req, int send_fd,
+    int *fd_out, int timeout_ms) {
   uint8_t buf[4096];
   if (fd_out != NULL)
     *fd_out = -1;
@@ -277,9 +283,28 @@ Qlinear__V1__SessionResponse *td_session_call(
   size_t len = qlinear__v1__session_request__get_packed_size(req);
   ck_assert_uint_le(len, sizeof buf);
   qlinear__v1__session_request__pack(req, buf);
+  struct iovec siov = {buf, len};
+  struct msghdr smh;
+  union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } sctl;
+  memset(&smh, 0, sizeof smh);
+  smh.msg_iov = &siov;
+  smh.msg_iovlen = 1;
+  if (send_fd >= 0) {
+    memset(&sctl, 0, sizeof sctl);
+    smh.msg_control = sctl.buf;
+    smh.msg_controllen = sizeof sctl.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&smh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &send_fd, sizeof send_fd);
+  }
   /* A daemon that refused the connection (too many sessions) sent its
    * reason and closed: the send fails, the reason is still there. */
-  if (send(s->fd, buf, len, MSG_NOSIGNAL) != (ssize_t)len)
+  if (sendmsg(s->fd, &smh, MSG_NOSIGNAL) != (ssize_t)len)
     timeout_ms = 100;
   struct pollfd p = {s->fd, POLLIN, 0};
   if (poll(&p, 1, timeout_ms) != 1)

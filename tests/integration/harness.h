@@ -109,6 +109,12 @@ Qlinear__V1__SessionResponse *td_session_call(
     td_session *s, Qlinear__V1__SessionRequest *req, int *fd_out,
     int timeout_ms);
 
+/* The same, sending send_fd (when >= 0) with the packet as SCM_RIGHTS;
+ * the caller keeps its descriptor. */
+Qlinear__V1__SessionResponse *td_session_call_fd(
+    td_session *s, Qlinear__V1__SessionRequest *req, int send_fd,
+    int *fd_out, int timeout_ms);
+
 /* CreateRegion on a raw session: returns the status code; on success *id
  * is the region's id and *fd its descriptor (the caller closes it). */
 int td_region_create(td_session *s, uint64_t size, uint64_t *id, int *fd);

@@ -38,6 +38,7 @@ for f in "$QL_BINDIR/qlineard" "$QL_BINDIR/qlinearctl"; do
 done
 for f in "$QL_LIBDIR/libqlinear.so" "$QL_INCLUDEDIR/qlinear/qlinear.h" \
   "$QL_INCLUDEDIR/qlinear/ql_defs.h" "$QL_INCLUDEDIR/qlinear/qlinear_cuda.h" \
+  "$QL_INCLUDEDIR/qlinear/qlinear_ze.h" \
   "$QL_PKGCONFIGDIR/qlinear.pc" \
   "$QL_UNITDIR/qlineard.service" "$QL_SYSUSERSDIR/qlinear.conf" \
   "$QL_TMPFILESDIR/qlinear.conf" "$conf/qlineard.conf.example" \

@@ -179,6 +179,11 @@ static int ipc_open_(int o, const void *h, size_t len, void **base,
   (void)o, (void)h, (void)len, (void)base, (void)size;
   return QL_EINVAL;
 }
+static int ipc_open_fd_(int o, int fd, const void *h, size_t len,
+                        void **base, uint64_t *size) {
+  (void)o, (void)fd, (void)h, (void)len, (void)base, (void)size;
+  return QL_EINVAL;
+}
 static int ipc_close_(int o, void *base) {
   (void)o, (void)base;
   return 0;
@@ -220,6 +225,26 @@ START_TEST(test_linear_dev) {
   b.ipc_event_close = NULL;
   ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
   b.ipc_event_close = ev_close_;
+  /* Handles with a descriptor (ipc_open_fd) replace ipc_open and the
+   * event ops, never join them; they need ipc_close and the device ops. */
+  b.ipc_open_fd = ipc_open_fd_;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  b.ipc_open = NULL;
+  b.ipc_event_open = NULL;
+  b.ipc_event_close = NULL;
+  ck_assert_int_eq(ql_backend_check(&b), 0);
+  b.ipc_close = NULL;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  b.ipc_close = ipc_close_;
+  b.ipc_handle_bytes = 0;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  b.ipc_handle_bytes = 64;
+  b.ipc_open_fd = NULL;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL); /* device ops alone */
+  b.ipc_open = ipc_open_;
+  b.ipc_event_open = ev_open_;
+  b.ipc_event_close = ev_close_;
+  ck_assert_int_eq(ql_backend_check(&b), 0);
 
   ql_qweight w;
   memset(&w, 0, sizeof w);

@@ -49,7 +49,9 @@
  *    drivers put their file descriptor there; a process that receives
  *    the descriptor (SCM_RIGHTS, or across fork) writes its own number of
  *    it into those bytes before zeMemOpenIpcHandle. Opening maps the file
- *    and does not take the descriptor over.
+ *    and does not take the descriptor over. QL_ZE_TEST_IPC=0 makes
+ *    zeDriverGetIpcProperties advertise no memory IPC (the handle calls
+ *    still work), as a driver without it would.
  *  - faults: QL_ZE_TEST_FAULT="<dev>:<after>:<kind>[,...]" with kind hang
  *    or lost, as QL_EMU_CUDA_FAULT of the CUDA emulator: after <after>
  *    more appended commands on device <dev>, "hang" stops it (later
@@ -243,6 +245,7 @@ static struct {
   pthread_mutex_t build_mu;
   ze_result_t init_rc;
   int ndevices;
+  int no_ipc; /* QL_ZE_TEST_IPC=0: the driver advertises no memory IPC */
   zdevice devices[MAX_DEVICES];
   cl_device_id cl_dev;
   cl_context cl_ctx;
@@ -443,6 +446,7 @@ static void init_once(void) {
   }
   for (int i = 0; i < MAX_DEVICES; i++)
     trigger(&g.devices[i]);
+  g.no_ipc = (s = getenv("QL_ZE_TEST_IPC")) != NULL && strcmp(s, "0") == 0;
   g.kernel_dir = getenv("QL_ZE_TEST_KERNEL_DIR");
   if (g.kernel_dir == NULL)
     g.kernel_dir = QL_ZE_KERNEL_DIR;
@@ -529,7 +533,7 @@ static ze_result_t drv_ipc_props(ze_driver_handle_t h,
     return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   if (p == NULL)
     return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
-  p->flags = ZE_IPC_PROPERTY_FLAG_MEMORY;
+  p->flags = g.no_ipc ? 0 : ZE_IPC_PROPERTY_FLAG_MEMORY;
   return ZE_RESULT_SUCCESS;
 }
 

@@ -338,6 +338,18 @@ typedef struct ql_cuda_slice {
 } ql_cuda_slice;
 
 /*
+ * A tensor in the caller's Level Zero device memory, which the daemon
+ * reads or writes in place: bytes [offset, offset + length) of the
+ * allocation imported as import_id (ql_ze_import()). A plain value.
+ */
+typedef struct ql_ze_slice {
+  uint64_t import_id; /* from ql_ze_import(), of this client's session */
+  uint64_t offset;    /* from the allocation's base; a multiple of the
+                         element size */
+  uint64_t length;    /* bytes: exactly the tensor's */
+} ql_ze_slice;
+
+/*
  * Writes the default daemon address into buf (len bytes, NUL included):
  *  1. the environment variable QLINEAR_ADDRESS, verbatim, if it is set and
  *     not empty;
@@ -514,6 +526,47 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
                              const ql_cuda_slice *x, uint64_t n,
                              const ql_cuda_slice *y, void *y_inline,
                              ql_linear_result *res);
+
+/*
+ * Imports a Level Zero device allocation of the caller into its session:
+ * fd is the allocation's dma-buf descriptor and handle the
+ * ze_ipc_mem_handle_t that zeMemGetIpcHandle gave for it, for device (a
+ * name or alias from ql_hello(), "ze:<uuid>" or "ze:0");
+ * <qlinear/qlinear_ze.h> gets both from a device pointer. The descriptor
+ * travels to the daemon as SCM_RIGHTS: the caller keeps its own and may
+ * close it once this returns. The daemon opens the allocation once, bounds
+ * every slice by its real size (*size, may be NULL), and keeps it open
+ * until ql_ze_release(), ql_close() or the end of the process (so memory
+ * freed meanwhile is not returned to the device until then). On success
+ * *import_id (never 0) names it in ql_ze_slice. QL_ENOTSUP: the device or
+ * its driver has no memory IPC; QL_EINVAL: a handle or descriptor the
+ * device cannot open; QL_ENOTFOUND: no such device; QL_EEXHAUSTED: the
+ * session has as many imports as it may.
+ */
+QL_EXPORT int ql_ze_import(ql_client *c, int fd,
+                           const unsigned char handle[QL_ZE_IPC_HANDLE_BYTES],
+                           const char *device, uint64_t *import_id,
+                           uint64_t *size);
+
+/* Lets the daemon close an import; requests already sent that use it
+ * still complete. QL_ENOTFOUND for an id this session does not have. */
+QL_EXPORT int ql_ze_release(ql_client *c, uint64_t import_id);
+
+/*
+ * ql_linear_cuda() for Level Zero memory: x in an imported allocation
+ * (ql_ze_slice), y into one too (y not NULL, y_inline NULL) or inline in
+ * the reply (y NULL). The request runs on the imports' device, which must
+ * hold the weight; x and y must be imports of one device and must not
+ * overlap. The caller makes sure its writes of x are complete (e.g. with
+ * zeEventHostSynchronize) before the call; y is written when it
+ * returns 0. Slices past an allocation's real end are QL_EINVAL, an
+ * import id of no import of this session QL_ENOTFOUND.
+ */
+QL_EXPORT int ql_linear_ze(ql_client *c, const char *weight, ql_path path,
+                           ql_dtype dtype, uint64_t m, uint64_t k,
+                           const ql_ze_slice *x, uint64_t n,
+                           const ql_ze_slice *y, void *y_inline,
+                           ql_linear_result *res);
 
 /*
  * Asks the daemon for a new region of size bytes (size > 0) and maps it.
