@@ -6,10 +6,9 @@
  * "ze-1" layout (ql_ze.h) that repack builds in device memory, staging of
  * host tensors, launches, and what a failing device does to them.
  *
- * The ops mirror kernels/ze/ocl_backend.c (the OpenCL host that runs the
- * same kernels on PoCL in the conformance harness): the same kernels with
- * the same arguments and launch geometry, NaN/Inf in x failing a linear
- * call before y is written (a check kernel first), quantize_rows failing as
+ * The ops run the .cl kernels of kernels/ze/ with the arguments and launch
+ * geometry of ql_ze.h: NaN/Inf in x failing a linear call before y is
+ * written (a check kernel first), quantize_rows failing as
  * the reference does, and a guard after every device output that is
  * checked when it is read back (a kernel that writes past an output fails
  * the call with QL_EINTERNAL and says so on stderr).
@@ -97,7 +96,7 @@ _Static_assert(QL_ZE_WG == QL_ZE_QWG,
  * size beyond the image itself. */
 #define UPLOAD_CHUNK ((size_t)8 << 20)
 
-/* The build flags of kernels/ze/build_spirv.sh and ocl_backend.c that
+/* The build flags of kernels/ze/build_spirv.sh and the test driver that
  * matter for the numbers: OpenCL C 1.2, and a correctly rounded f32
  * divide (quantize_rows is bit-exact only with it; ze_spirv.h). */
 static const char build_flags[] =
