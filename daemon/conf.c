@@ -98,6 +98,10 @@ static const ql__option options[] = {
      FIELD(kernel_timeout_ms), .min = 100, .max = 3600000, .def = "10s",
      .help = "an accelerator launch not finished by then takes its device "
              "out of service (its requests fail, the others keep serving)"},
+    {.name = "batches_in_flight", .type = QL_OPT_UINT,
+     FIELD(batches_in_flight), .min = 1, .max = 3, .def = "2",
+     .help = "batches one GPU runs at once, each on its own worker "
+             "thread, stream and scratch (the CPU and Level Zero run one)"},
     {.name = "max_message_bytes", .type = QL_OPT_SIZE,
      FIELD(max_message_bytes), .min = QL_ENVELOPE_BYTES + 4096,
      .max = 1u << 30, .def = "64M",

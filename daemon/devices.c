@@ -37,9 +37,19 @@ static int add(ql__server *s, const ql_backend *b, int ordinal,
                (double)info->peak_bytes_per_s / 1e9,
                info->note[0] ? "; " : "", (int)sizeof info->note, info->note);
   }
-  if ((rc = ql__worker_create(s->loop, d->alias, s->cfg.max_queue,
+  /* The CPU's kernels already use every core: one batch at a time; so
+   * does a backend that serializes its calls (device_lanes). */
+  d->lanes = s->cfg.batches_in_flight;
+  if (d->host || b->device_lanes <= 1)
+    d->lanes = 1;
+  else if (d->lanes > b->device_lanes)
+    d->lanes = b->device_lanes;
+  if ((rc = ql__worker_create(s->loop, d->alias, s->cfg.max_queue, d->lanes,
                               &d->worker)) != 0)
     return rc;
+  if (!d->host)
+    ql__info("device %s: %u batch%s in flight", d->alias, d->lanes,
+             d->lanes == 1 ? "" : "es");
   s->n_dev++;
   return 0;
 }

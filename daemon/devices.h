@@ -1,7 +1,8 @@
 /*
  * devices.h - the devices one daemon serves (DESIGN §1, §9): every device
  * of every backend built into the kernel library, each with its own worker
- * thread, budget and state.
+ * (one thread for the CPU, batches_in_flight for an accelerator), budget
+ * and state.
  *
  * Devices are numbered in the registry's backend order (accelerators
  * first, the CPU last); that number is the scheduler's device and the
@@ -34,7 +35,9 @@ typedef struct ql__device {
   size_t budget;          /* layout bytes outside host memory; 0: none
                              (ql__devices_set_budgets) */
   ql__worker *worker;     /* runs its batches */
-  int busy;               /* a batch is on the worker (linear.c) */
+  unsigned lanes;         /* the worker's threads: batches at once (1 for
+                             the host, batches_in_flight otherwise) */
+  unsigned busy;          /* batches on the worker, <= lanes (linear.c) */
   int failed;             /* out of service: its requests fail QL_EDEVICE */
   uint64_t wd_completed;  /* the watchdog's last look at the worker */
   int wd_misses;
@@ -43,7 +46,7 @@ typedef struct ql__device {
 /*
  * Configures every backend but the CPU's (configured earlier, before the
  * store's repacks) with bc, finds their devices and starts a worker for
- * each. A
+ * each, with batches_in_flight threads for an accelerator. A
  * backend without devices (no driver, no GPU) says so once in the log and
  * adds none; the CPU is always there. 0, or an error with nothing left
  * running.

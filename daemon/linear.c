@@ -83,8 +83,8 @@ static lin_req *of(ql__sched_req *sr) {
   return (lin_req *)((char *)sr - offsetof(lin_req, sr));
 }
 
-static ql__sched_config sched_config(const ql__config *c,
-                                     unsigned s_n_devices) {
+static ql__sched_config sched_config(const ql__server *s) {
+  const ql__config *c = &s->cfg;
   ql__sched_config sc;
   memset(&sc, 0, sizeof sc);
   sc.max_batch_rows = c->max_batch_rows;
@@ -92,7 +92,9 @@ static ql__sched_config sched_config(const ql__config *c,
   sc.prefill_chunk_rows = c->prefill_chunk_rows;
   sc.max_queue = c->max_queue;
   sc.session_quota = c->session_max_requests;
-  sc.n_devices = s_n_devices;
+  sc.n_devices = s->n_dev;
+  for (unsigned d = 0; d < s->n_dev && d < QL_SCHED_MAX_DEVICES; d++)
+    sc.lanes[d] = s->dev[d].lanes;
   return sc;
 }
 
@@ -121,7 +123,7 @@ int ql__linear_open(ql__server *s) {
   struct ql__linear_state *l = calloc(1, sizeof *l);
   if (l == NULL)
     return QL_ENOMEM;
-  ql__sched_config sc = sched_config(&s->cfg, s->n_dev);
+  ql__sched_config sc = sched_config(s);
   int rc = ql__sched_create(&sc, &l->sched);
   if (rc != 0) {
     free(l);
@@ -137,7 +139,7 @@ int ql__linear_open(ql__server *s) {
 }
 
 void ql__linear_configure(ql__server *s) {
-  ql__sched_config sc = sched_config(&s->cfg, s->n_dev);
+  ql__sched_config sc = sched_config(s);
   if (s->lin != NULL && ql__sched_configure(s->lin->sched, &sc) != 0)
     ql__warn("the scheduler kept its configuration");
 }
@@ -575,14 +577,14 @@ static void batch_done(ql__job *job) {
   st->kernel_ns += job->end_ns - job->start_ns;
   ql__sched_complete(s->lin->sched, b, bj->rc == 0 ? job->end_ns - job->start_ns
                                                    : 0, &finished);
-  d->busy = 0;
+  d->busy--;
   free(bj);
   answer_list(s, finished);
   pump(s);
 }
 
 /*
- * Gives device d's worker its next batch when it has none. Expired
+ * Gives device d's worker batches while it has a lane free. Expired
  * requests the scheduler hands back on the way are answered; a queue held
  * back by max_queue_delay_us sets the retry timer. The batches of a device
  * out of service still go to its worker, which answers them QL_EDEVICE
@@ -590,7 +592,7 @@ static void batch_done(ql__job *job) {
  */
 static void pump_device(ql__server *s, ql__device *d) {
   struct ql__linear_state *l = s->lin;
-  while (!d->busy) {
+  while (d->busy < d->lanes) {
     batch_job *bj = calloc(1, sizeof *bj);
     if (bj == NULL) {
       /* Work stays queued; the next arrival or completion tries again. */
@@ -639,7 +641,7 @@ static void pump_device(ql__server *s, ql__device *d) {
       answer_list(s, finished);
       continue;
     }
-    d->busy = 1;
+    d->busy++;
   }
 }
 

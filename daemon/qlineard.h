@@ -73,6 +73,8 @@ typedef struct ql__config {
                                 limit */
   uint64_t kernel_timeout_ms; /* an accelerator launch not done by then
                                  takes its device out of service */
+  uint32_t batches_in_flight; /* worker threads (lanes) of an accelerator,
+                                 1 .. QL__WORKER_MAX_THREADS; at start */
   ql__config_list required_devices; /* must be present before READY=1 */
   uint32_t accel_budget_percent; /* an accelerator's weight budget, in
                                     hundredths of a percent of its memory

@@ -443,8 +443,10 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
     if (q != NULL && q->n >= s->cfg.max_queue)
       continue;
     uint64_t rate = q ? q->ns_per_row : s->cfg.default_ns_per_row;
+    unsigned lanes = s->cfg.lanes[d] > 0 ? s->cfg.lanes[d] : 1;
     uint64_t est =
-        sat_add(sat_add(s->dev[d].queued_cost, s->dev[d].running_cost),
+        sat_add(sat_add(s->dev[d].queued_cost, s->dev[d].running_cost) /
+                    lanes,
                 (uint64_t)r->rows * rate);
     if (best < 0 || est < best_est) {
       best = (int)d;

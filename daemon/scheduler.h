@@ -86,6 +86,10 @@ typedef struct ql__sched_config {
    * yet handed back); 0 = no quota. */
   size_t session_quota;
   unsigned n_devices; /* 1 .. QL_SCHED_MAX_DEVICES */
+  /* Batches device d runs at once (its worker's lanes); 0 counts as 1.
+   * Its backlog of queued and running work is divided by this when
+   * estimating a new request's completion. */
+  unsigned lanes[QL_SCHED_MAX_DEVICES];
   /* Estimated kernel time per row of a queue that has no measurement;
    * 0 = QL_SCHED_DEFAULT_NS_PER_ROW. */
   uint64_t default_ns_per_row;

@@ -13,8 +13,8 @@ struct ql__worker {
   char name[32];
   uv_loop_t *loop;
   uv_async_t *async;  /* wakes the loop; freed by its close callback */
-  pthread_t thread;
-  int thread_started;
+  pthread_t thread[QL__WORKER_MAX_THREADS];
+  unsigned threads;     /* started */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   ql__job *head, *tail; /* waiting jobs (mu) */
@@ -86,7 +86,7 @@ static void on_async(uv_async_t *a) { complete_finished(a->data); }
 static void free_handle(uv_handle_t *h) { free(h); }
 
 int ql__worker_create(uv_loop_t *loop, const char *name, size_t max_queue,
-                      ql__worker **out) {
+                      unsigned threads, ql__worker **out) {
   int rc = QL_ENOMEM;
   *out = NULL;
   ql__worker *w = calloc(1, sizeof *w);
@@ -107,11 +107,15 @@ int ql__worker_create(uv_loop_t *loop, const char *name, size_t max_queue,
     goto fail;
   }
   w->async->data = w;
-  if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
-    rc = QL_EEXHAUSTED;
+  if (threads < 1 || threads > QL__WORKER_MAX_THREADS) {
+    rc = QL_EINVAL;
     goto fail;
   }
-  w->thread_started = 1;
+  for (; w->threads < threads; w->threads++)
+    if (pthread_create(&w->thread[w->threads], NULL, worker_main, w) != 0) {
+      rc = QL_EEXHAUSTED;
+      goto fail;
+    }
   *out = w;
   return 0;
 fail:
@@ -160,10 +164,10 @@ void ql__worker_close(ql__worker *w) {
   w->closed = 1;
   pthread_mutex_lock(&w->mu);
   w->stop = 1;
-  pthread_cond_signal(&w->cv);
+  pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
-  if (w->thread_started)
-    pthread_join(w->thread, NULL);
+  for (unsigned i = 0; i < w->threads; i++)
+    pthread_join(w->thread[i], NULL);
   complete_finished(w);
   if (w->async != NULL)
     uv_close((uv_handle_t *)w->async, free_handle);

@@ -1,6 +1,8 @@
 /*
- * worker.h - a device worker: one thread that runs jobs from a bounded FIFO
- * queue and hands each finished job back to the loop thread.
+ * worker.h - a device worker: one to QL__WORKER_MAX_THREADS threads that
+ * run jobs from one bounded FIFO queue (each job on one thread, several at
+ * once with several threads) and hand each finished job back to the loop
+ * thread.
  *
  * The loop submits; the worker calls job->run on its own thread; the loop
  * then calls job->done (through a uv_async_t), so everything except run()
@@ -26,13 +28,17 @@ struct ql__job {
 
 typedef struct ql__worker ql__worker;
 
+/* The most threads of one worker: batches_in_flight's upper bound. */
+#define QL__WORKER_MAX_THREADS 3
+
 /*
  * Starts a worker named name (for logs) on loop, with room for max_queue
- * waiting jobs. On success *out is the caller's, released by
- * ql__worker_close() then ql__worker_free().
+ * waiting jobs and threads threads (1 .. QL__WORKER_MAX_THREADS, else
+ * QL_EINVAL) taking them in order. On success *out is the caller's,
+ * released by ql__worker_close() then ql__worker_free().
  */
 int ql__worker_create(uv_loop_t *loop, const char *name, size_t max_queue,
-                      ql__worker **out);
+                      unsigned threads, ql__worker **out);
 
 /*
  * Queues job. Returns QL_EEXHAUSTED at once when the queue is full and

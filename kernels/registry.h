@@ -186,6 +186,10 @@ typedef struct ql_backend {
   int (*device_count)(const char **why);
   int (*device_info)(int ordinal, ql_device_desc *out);
   int (*device_bind)(int ordinal);
+  /* Calls that run at once on one device, each from its own thread (own
+   * stream and scratch); 0 or 1: the backend runs them one at a time. The
+   * daemon's batches_in_flight is capped by it. */
+  unsigned device_lanes;
   /* Optional: 0 while ordinal is in service, else QL_EDEVICE with the
    * reason it failed written to buf (for the log). */
   int (*device_error)(int ordinal, char *buf, size_t len);

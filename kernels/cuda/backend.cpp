@@ -14,10 +14,13 @@
 // another CUDA_VISIBLE_DEVICES); names carry the GPU's UUID, which does
 // not. device_bind() makes a device current for the calling thread
 // (cudaSetDevice); the ops and repack act on the current device. Each
-// device has one stream and a scratch arena (device memory for x, y and
-// intermediate arrays, pinned host memory for staging), grown on demand and
-// guarded by the device's mutex: the daemon runs one worker per device, so
-// the lock is only ever contended by tests.
+// device has kLanes lanes, each with its own stream and scratch arenas
+// (device memory for x, y and intermediate arrays, pinned host memory for
+// staging), grown on demand and guarded by the lane's mutex. A call takes
+// the first free lane (lane 0 blocking when all are taken), so the
+// daemon's batches_in_flight workers of one device stage, run and fetch
+// their batches at once, each ordered on its own stream; a single worker
+// only ever uses lane 0 and its memory.
 //
 // Failures. A CUDA error other than out-of-memory or a bad argument, or a
 // launch that does not finish within the kernel timeout, takes the device
@@ -95,11 +98,22 @@ struct arena {
 
 // The C++ here needs nothing of the C++ runtime library (no exceptions, no
 // std::mutex), so that libqlkernels links into C programs as it is.
-struct device {
+constexpr int kLanes = 3;  // the daemon's batches_in_flight at most
+
+struct device;
+
+// One call's stream and scratch; see the top of the file.
+struct lane {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   cudaStream_t stream = nullptr;  // made at first use
   arena dev;                      // device memory
   arena host;                     // pinned host memory
+  device* g = nullptr;            // its device (set by enter)
+};
+
+struct device {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  // lt's making and use
+  lane lanes[kLanes];
   std::atomic<bool> failed{false};
   char why[160] = "";             // set once, before failed
   ql__blaslt* lt = nullptr;       // cuBLASLt handle (lt_ready())
@@ -139,15 +153,21 @@ int check(device& d, cudaError_t e) {
   }
 }
 
+// The same for a lane: a failure is its device's.
+int fail(lane& l, const char* fmt, const char* what) {
+  return fail(*l.g, fmt, what);
+}
+int check(lane& l, cudaError_t e) { return check(*l.g, e); }
+
 // The launches just made: a launch error is reported here (and cleared
 // unless sticky).
-int check_launch(device& d) { return check(d, cudaGetLastError()); }
+int check_launch(lane& l) { return check(*l.g, cudaGetLastError()); }
 
-// Waits for everything enqueued on d's stream, for at most the kernel
+// Waits for everything enqueued on lane d's stream, for at most the kernel
 // timeout. cudaStreamQuery is polled rather than cudaStreamSynchronize
 // called, because a kernel that never ends would block this thread for
 // good; polling lets the call fail and the device go out of service.
-int wait(device& d) {
+int wait(lane& d) {
   struct timespec t0, now, nap = {0, 50000};
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (unsigned spin = 0;; spin++) {
@@ -166,31 +186,41 @@ int wait(device& d) {
   }
 }
 
-// The current device of this thread, locked and ready for a call: its
-// stream exists and it has not failed. On success the caller runs its call
-// and then leave()s.
-int enter(device** out) {
+// A lane of the current device of this thread, locked and ready for a
+// call: its stream exists and the device has not failed. The first free
+// lane, so that concurrent callers run concurrently; lane 0, waited for,
+// when every lane is taken. On success the caller runs its call and then
+// leave()s.
+int enter(lane** out) {
   int o = t_ordinal, rc = 0;
   if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
-  device& d = g_dev[o];
-  pthread_mutex_lock(&d.mu);
-  if (d.failed.load())
+  device& g = g_dev[o];
+  lane* d = nullptr;
+  for (int i = 0; i < kLanes && d == nullptr; i++)
+    if (pthread_mutex_trylock(&g.lanes[i].mu) == 0) d = &g.lanes[i];
+  if (d == nullptr) {
+    d = &g.lanes[0];
+    pthread_mutex_lock(&d->mu);
+  }
+  d->g = &g;
+  if (g.failed.load())
     rc = QL_EDEVICE;
-  else if (d.stream == nullptr)
-    rc = check(d, cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  else if (d->stream == nullptr)
+    rc = check(g,
+               cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
   if (rc != 0) {
-    pthread_mutex_unlock(&d.mu);
+    pthread_mutex_unlock(&d->mu);
     return rc;
   }
-  d.dev.used = d.host.used = 0;
-  *out = &d;
+  d->dev.used = d->host.used = 0;
+  *out = d;
   return 0;
 }
 
-void leave(device* d) { pthread_mutex_unlock(&d->mu); }
+void leave(lane* d) { pthread_mutex_unlock(&d->mu); }
 
 // Makes a hold at least n bytes (its contents are not kept).
-int grow(device& d, arena& a, size_t n, bool pinned) {
+int grow(lane& d, arena& a, size_t n, bool pinned) {
   if (n <= a.cap) return 0;
   size_t cap = round256(n + n / 4);
   void* p = nullptr;
@@ -208,9 +238,9 @@ int grow(device& d, arena& a, size_t n, bool pinned) {
   return 0;
 }
 
-// Room for pieces of the given sizes in both arenas of d: every piece of
+// Room for pieces of the given sizes in both arenas of lane d: every piece of
 // one call is taken from what this reserved.
-int reserve(device& d, size_t dev_bytes, size_t host_bytes) {
+int reserve(lane& d, size_t dev_bytes, size_t host_bytes) {
   int rc = grow(d, d.dev, dev_bytes, false);
   return rc != 0 ? rc : grow(d, d.host, host_bytes, true);
 }
@@ -584,7 +614,7 @@ struct call {
 // Reserves and carves a call's memory: aq adds the AQ intermediates for
 // groups per row (0: no group sums), with rows of codes ldxq bytes apart;
 // part bytes of f32 scratch go to c->part.
-int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
+int carve(lane* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
           bool aq, int64_t groups, size_t part, size_t ldxq, unsigned where,
           call* c) {
   const size_t m = size_t(a->m);
@@ -621,7 +651,7 @@ int carve(device* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
 // and fails the call with QL_ENONFINITE when it holds NaN or Inf, before
 // anything is computed (DESIGN §4), as the reference does.
 // x already in device memory (where) is checked where it is.
-int stage_x(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+int stage_x(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
             unsigned where, const call* c) {
   int rc;
   if (!(where & QL_LINEAR_X_DEVICE)) {
@@ -646,7 +676,7 @@ int stage_x(device* d, const ql_linear_args* a, size_t mk, size_t xb,
 
 // After the launch of the product: y back to the caller (or, in device
 // memory, complete there).
-int fetch_y(device* d, const ql_linear_args* a, size_t yb, unsigned where,
+int fetch_y(lane* d, const ql_linear_args* a, size_t yb, unsigned where,
             const call* c) {
   int rc;
   if (where & QL_LINEAR_Y_DEVICE) {
@@ -664,7 +694,7 @@ int fetch_y(device* d, const ql_linear_args* a, size_t yb, unsigned where,
 }
 
 // run_wo() with d entered.
-int wo_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+int wo_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
           size_t yb, unsigned where) {
   const packed* p;
   packed* tmp;
@@ -687,7 +717,7 @@ int wo_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
 // timeout (see the top of the file for why not cudaStreamWaitEvent).
 // cudaErrorNotReady is no error; an event that cannot be queried is the
 // client's mistake (QL_EINVAL); a sticky error is the device's.
-int wait_ready(device& d, void* ev) {
+int wait_ready(lane& d, void* ev) {
   struct timespec t0, now, nap = {0, 50000};
   if (ev == nullptr) return 0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -717,7 +747,7 @@ int dev_args(const ql_linear_dev_args* da) {
 }
 
 int run_wo_where(const ql_linear_args* a, unsigned where, void* ready) {
-  device* d;
+  lane* d;
   size_t mk, xb, yb;
   int rc;
   if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
@@ -762,7 +792,7 @@ int rows_verdict(const int64_t* st, int64_t m) {
 }
 
 // run_aq() with d entered.
-int aq_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+int aq_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
           size_t yb, unsigned where) {
   const bool q4g = a->w->format == QL_FORMAT_Q4G;
   const size_t stb = size_t(a->m) * sizeof(int64_t);
@@ -799,7 +829,7 @@ done:
 }
 
 int run_aq_where(const ql_linear_args* a, unsigned where, void* ready) {
-  device* d;
+  lane* d;
   size_t mk, xb, yb;
   int rc;
   if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
@@ -863,7 +893,7 @@ int lt_supports(const ql_kernel_impl* im, ql_format f, int64_t m, int64_t n,
 }
 
 // run_lt() with d entered.
-int lt_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
+int lt_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
           size_t yb, bool* fallback) {
   const bool i8 = a->w->format == QL_FORMAT_Q8C;
   const size_t m = size_t(a->m), stb = m * sizeof(int64_t);
@@ -879,7 +909,7 @@ int lt_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
     rc = QL_ESHAPE;
     goto done;
   }
-  if (d->lt == nullptr) {  // supports() made it; a direct call may not have
+  if (d->g->lt == nullptr) {  // supports() made it; a direct call may not have
     *fallback = true;
     goto done;
   }
@@ -905,9 +935,13 @@ int lt_on(device* d, const ql_linear_args* a, size_t mk, size_t xb,
           0 ||
       (rc = wait(*d)) != 0 || (rc = rows_verdict(c.hstatus, a->m)) != 0)
     goto done;
-  rc = ql__blaslt_gemm(d->lt, i8 ? QL__BLASLT_I8 : QL__BLASLT_E4M3, np,
+  // The handle's plan cache is not for two threads at once; the call only
+  // enqueues, so the lanes wait on each other briefly.
+  pthread_mutex_lock(&d->g->mu);
+  rc = ql__blaslt_gemm(d->g->lt, i8 ? QL__BLASLT_I8 : QL__BLASLT_E4M3, np,
                        a->m, kp, p->dev.q, p->dev.ldq, c.xq, kp, c.part, np,
                        d->stream);
+  pthread_mutex_unlock(&d->g->mu);
   if (rc == QL_EDEVICE) {
     // The runtime knows why a launch failed; else cuBLASLt's word stands.
     rc = check_launch(*d);
@@ -940,7 +974,7 @@ int lt_fallback(const ql_linear_args* a) {
 }
 
 int run_lt(const ql_linear_args* a) {
-  device* d;
+  lane* d;
   size_t mk, xb, yb;
   bool fallback = false;
   int rc;
@@ -989,7 +1023,7 @@ int qrows_args(const ql_qrows_args* a, ql_dtype* src, int64_t* groups) {
 }
 
 // run_qrows() with d entered.
-int qrows_on(device* d, const ql_qrows_args* a, ql_dtype src,
+int qrows_on(lane* d, const ql_qrows_args* a, ql_dtype src,
              int64_t groups) {
   int rc;
   const size_t m = size_t(a->m), k = size_t(a->k);
@@ -1041,7 +1075,7 @@ int qrows_on(device* d, const ql_qrows_args* a, ql_dtype src,
 }
 
 int run_qrows(const ql_qrows_args* a) {
-  device* d;
+  lane* d;
   int64_t groups;
   ql_dtype src;
   int rc;
@@ -1230,6 +1264,7 @@ ql_backend make_backend() {
   b.device_count = device_count;
   b.device_info = device_info;
   b.device_bind = device_bind;
+  b.device_lanes = kLanes;
   b.device_error = device_error;
   b.ipc_handle_bytes = CUDA_IPC_HANDLE_SIZE;
   b.ipc_open = ipc_open;

@@ -56,6 +56,8 @@ struct ql_emu_stream {
   int dev;
   unsigned flags;
   long last[kMaxDevices];
+  bool busy;          // work enqueued that no query has seen complete
+  uint64_t ready_ns;  // QL_EMU_CUDA_KERNEL_MS: not complete before this
 };
 struct ql_emu_event {
   int dev;
@@ -83,6 +85,8 @@ struct Device {
   long legacy = 0;    // the legacy default stream's dependency
   bool sticky = false, hung = false, oom = false;
   long hang_seq = 0;  // items after this one do not run when hung
+  int busy_streams = 0;  // streams with work in flight (since the reset)
+  int max_busy = 0;      // the most at once, for QL_EMU_CUDA_STATS
   std::vector<Fault> pending;
 };
 
@@ -119,6 +123,8 @@ struct State {
   int ndev = 0;
   size_t mem = 0;
   long hang_ms = 0;
+  long kernel_ms = 0;                 // QL_EMU_CUDA_KERNEL_MS
+  const char* stats_path = nullptr;   // QL_EMU_CUDA_STATS
   Device dev[kMaxDevices];
   std::map<uintptr_t, Alloc> allocs;  // by base, own and imported
   std::map<uintptr_t, size_t> pinned;
@@ -285,7 +291,7 @@ bool parse_cc(State& s, const char* spec) {
 // and fail every call so that it cannot go unnoticed.
 void configure(State& s) {
   const char* bad = nullptr;
-  long ndev = 1, hang = 2000, mem = 1L << 30;
+  long ndev = 1, hang = 2000, mem = 1L << 30, kernel = 0;
   const char* v;
 
   s.configured = true;
@@ -295,8 +301,10 @@ void configure(State& s) {
     d.seq_base = d.seq;
     d.launches = 0;
     d.sticky = d.hung = d.oom = false;
+    d.busy_streams = d.max_busy = 0;
     d.pending.clear();
   }
+  for (ql_emu_stream* st : s.streams) st->busy = false;
   if ((v = getenv("QL_EMU_CUDA_DEVICES")) != nullptr &&
       !parse_long(v, 0, kMaxDevices, &ndev))
     bad = "QL_EMU_CUDA_DEVICES";
@@ -306,9 +314,14 @@ void configure(State& s) {
   else if ((v = getenv("QL_EMU_CUDA_HANG_MS")) != nullptr &&
            !parse_long(v, 0, 3600000, &hang))
     bad = "QL_EMU_CUDA_HANG_MS";
+  else if ((v = getenv("QL_EMU_CUDA_KERNEL_MS")) != nullptr &&
+           !parse_long(v, 0, 60000, &kernel))
+    bad = "QL_EMU_CUDA_KERNEL_MS";
   s.ndev = int(ndev);
   s.mem = size_t(mem);
   s.hang_ms = hang;
+  s.kernel_ms = kernel;
+  s.stats_path = getenv("QL_EMU_CUDA_STATS");
   for (Device& d : s.dev) d.total = s.mem;
   for (Device& d : s.dev) {
     d.cc_major = 9;
@@ -371,11 +384,42 @@ void deps_of(const State& s, cudaStream_t st, int d, long* out) {
   out[d] = s.dev[d].legacy;
 }
 
+uint64_t mono_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+// Writes every device's most streams in flight at once to
+// QL_EMU_CUDA_STATS ("<dev> <max>" lines), for a test in another process.
+void write_stats(const State& s) {
+  if (s.stats_path == nullptr) return;
+  FILE* f = fopen(s.stats_path, "w");
+  if (f == nullptr) return;
+  for (int d = 0; d < s.ndev; d++) fprintf(f, "%d %d\n", d, s.dev[d].max_busy);
+  fclose(f);
+}
+
+// A stream whose work a query saw complete is no longer in flight.
+void stream_idle(State& s, cudaStream_t st) {
+  if (st == nullptr || !st->busy) return;
+  st->busy = false;
+  s.dev[st->dev].busy_streams--;
+}
+
 // Enqueues one work item on stream st of device d: numbers it, strikes the
-// faults it completes, and says whether it runs (not after a hang).
+// faults it completes, and says whether it runs (not after a hang). A
+// non-null stream is in flight from then until a query sees it complete.
 bool enqueue(State& s, cudaStream_t st, int d) {
   Device& dv = s.dev[d];
   long n = ++dv.seq;
+  if (st != nullptr && !st->busy && st->dev == d) {
+    st->busy = true;
+    if (++dv.busy_streams > dv.max_busy) {
+      dv.max_busy = dv.busy_streams;
+      write_stats(s);
+    }
+  }
   if (st == nullptr || (st->flags & cudaStreamNonBlocking) == 0) dv.legacy = n;
   if (st != nullptr) st->last[d] = n;
   bool run = !(dv.hung && n > dv.hang_seq);
@@ -733,7 +777,7 @@ extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
   int d = me().dev;
   cudaError_t e = dev_ok(s, d);
   if (e != cudaSuccess) return fail(e);
-  ql_emu_stream* st = new ql_emu_stream{d, flags, {}};
+  ql_emu_stream* st = new ql_emu_stream{d, flags, {}, false, 0};
   s.streams.insert(st);
   *pStream = st;
   return cudaSuccess;
@@ -746,6 +790,7 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr || s.streams.erase(stream) == 0)
     return fail(cudaErrorInvalidResourceHandle);
   int d = stream->dev;
+  stream_idle(s, stream);
   delete stream;
   return fail(s.dev[d].sticky ? cudaErrorIllegalAddress : cudaSuccess);
 }
@@ -775,7 +820,15 @@ cudaError_t stream_wait(cudaStream_t stream, Wait how) {
     if (d < s.ndev) deps_of(s, stream, d, deps);
     cudaError_t e = dep_state(s, d, deps, &stuck);
     if (e != cudaSuccess) return fail(e);
-    if (!stuck) return cudaSuccess;
+    if (!stuck) {
+      // QL_EMU_CUDA_KERNEL_MS: a query before the last launch's time is
+      // up says not ready (a synchronize returns at once: work ran).
+      if (how == Wait::kQuery && stream != nullptr &&
+          mono_ns() < stream->ready_ns)
+        return cudaErrorNotReady;
+      stream_idle(s, stream);
+      return cudaSuccess;
+    }
     if (how == Wait::kQuery) return cudaErrorNotReady;  // not an error
     ms = s.hang_ms;
   }
@@ -1214,6 +1267,8 @@ extern "C" int ql__emu_cuda_launch(cudaStream_t stream) {
     return 0;
   }
   if (!enqueue(s, stream, d)) return 0;
+  if (stream != nullptr && s.kernel_ms > 0)
+    stream->ready_ns = mono_ns() + uint64_t(s.kernel_ms) * 1000000u;
   ++s.dev[d].launches;
   return 1;
 }

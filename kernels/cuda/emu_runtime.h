@@ -29,6 +29,12 @@
 //   ql_emu_cuda_inject(). QL_EMU_CUDA_NODRIVER=1: every call fails with
 //   cudaErrorInsufficientDriver. A malformed variable makes every call fail
 //   with cudaErrorInitializationError and says why on stderr once.
+// - QL_EMU_CUDA_KERNEL_MS (default 0, at most 60000): a stream query says
+//   not ready until this long after the stream's last launch, so that a
+//   batch stays in flight for a while. QL_EMU_CUDA_STATS=<path>: every
+//   device's most streams in flight at once (work enqueued that no query
+//   has seen complete yet), written there as "<dev> <max>" lines whenever
+//   it grows; a test reads how many batches ran at once on one GPU.
 //
 // Every function is thread-safe.
 #ifndef QL_CUDA_EMU_RUNTIME_H

@@ -19,6 +19,7 @@
  * generic op below that; q8c batches run on cuBLASLt's IMMA from
  * QL_CUDA_IMMA_MIN_ROWS rows with the same bytes.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -957,6 +958,104 @@ START_TEST(failing_devices) {
 }
 END_TEST
 
+/* One client thread of batches_in_flight: R requests of its own x on the
+ * one GPU, each checked against the in-process result. */
+#define FLIGHT_R 6
+typedef struct flight_arg {
+  ql_client *c;
+  float x[2 * K];
+  float want[2 * N];
+  int failures;
+} flight_arg;
+
+static void *flight_main(void *p) {
+  flight_arg *a = p;
+  float y[2 * N];
+  for (int i = 0; i < FLIGHT_R; i++) {
+    memset(y, 0, sizeof y);
+    if (ql_linear(a->c, "w", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 2, K, a->x, N,
+                  y, NULL) != 0 ||
+        memcmp(y, a->want, sizeof y) != 0)
+      a->failures++;
+  }
+  return NULL;
+}
+
+/* The most streams in flight at once on GPU 0, as the emulated runtime
+ * wrote them to path (QL_EMU_CUDA_STATS); 0 when it wrote none. */
+static int max_streams(const char *path) {
+  FILE *f = fopen(path, "r");
+  int dev, max, got = 0;
+  if (f == NULL)
+    return 0;
+  while (fscanf(f, "%d %d", &dev, &max) == 2)
+    if (dev == 0)
+      got = max;
+  fclose(f);
+  return got;
+}
+
+/*
+ * batches_in_flight: with 2, concurrent clients of one GPU have two
+ * batches in flight at once (two streams with work, each launch kept
+ * running for a while by QL_EMU_CUDA_KERNEL_MS); with 1, never more than
+ * one. Every result is the in-process backend's bytes either way.
+ */
+START_TEST(batches_in_flight) {
+  enum { NT = 4 };
+  for (int lanes = 1; lanes <= 2; lanes++) {
+    td d;
+    char stats[64], nlanes[8];
+    snprintf(stats, sizeof stats, "/tmp/ql-emu-stats-%d-%d", (int)getpid(),
+             lanes);
+    unlink(stats);
+    snprintf(nlanes, sizeof nlanes, "%d", lanes);
+    setenv("QL_EMU_CUDA_STATS", stats, 1);
+    setenv("QL_EMU_CUDA_KERNEL_MS", "100", 1);
+    const char *args[] = {"--batches-in-flight", nlanes, NULL};
+    start(&d, "1", NULL, args);
+    unsetenv("QL_EMU_CUDA_STATS");
+    unsetenv("QL_EMU_CUDA_KERNEL_MS");
+    ql_client *c = td_connect(&d);
+    td_layer l;
+    ql_weight_info info;
+    td_layer_make(&l, N, K, 21, 1);
+    ck_assert_int_eq(td_load(c, "w", &l, QL_FORMAT_Q4G, 32, 0, &info, NULL),
+                     0);
+    ck_assert_int_eq(strncmp(info.devices, "cuda:GPU-", 9), 0);
+    ck_assert_ptr_null(strchr(info.devices, ','));
+    static flight_arg a[NT];
+    for (int i = 0; i < NT; i++) {
+      uint64_t seed = 500 + (uint64_t)i;
+      a[i].c = c;
+      a[i].failures = 0;
+      td_randn(&seed, a[i].x, 2 * K, 1.0f);
+      expected(&l, QL_FORMAT_Q4G, 32, a[i].x, 2, a[i].want);
+    }
+    pthread_t th[NT];
+    for (int i = 0; i < NT; i++)
+      ck_assert_int_eq(pthread_create(&th[i], NULL, flight_main, &a[i]), 0);
+    for (int i = 0; i < NT; i++) {
+      pthread_join(th[i], NULL);
+      ck_assert_int_eq(a[i].failures, 0);
+    }
+    ck_assert_int_eq(max_streams(stats), lanes);
+    /* Stats count each batch once, whichever lane ran it. */
+    ql_stats_info *st = NULL;
+    ck_assert_int_eq(ql_stats(c, &st), 0);
+    uint64_t reqs = 0;
+    for (size_t i = 0; i < st->n_per_weight; i++)
+      reqs += st->per_weight[i].requests;
+    ck_assert_uint_eq(reqs, NT * FLIGHT_R);
+    ql_stats_free(st);
+    unlink(stats);
+    td_layer_free(&l);
+    ql_close(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+  }
+}
+END_TEST
+
 /* No driver: the CPU serves and the log says why, once; a daemon that
  * requires a GPU does not start. */
 START_TEST(no_driver) {
@@ -997,6 +1096,7 @@ int main(void) {
   tcase_add_test(tc, f8r_on_cublaslt);
   tcase_add_test(tc, q8c_on_imma);
   tcase_add_test(tc, failing_devices);
+  tcase_add_test(tc, batches_in_flight);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);

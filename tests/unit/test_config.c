@@ -221,7 +221,7 @@ START_TEST(test_table_invariants) {
       "max_batch_rows", "prefill_chunk_rows", "max_queue_delay_us",
       "session_max_requests", "crossover_default_rows", "decode_max_rows",
       "cpu_level", "kernel_timeout_ms", "accel_budget_percent",
-      "device_budget_bytes"};
+      "device_budget_bytes", "batches_in_flight"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
@@ -262,6 +262,7 @@ START_TEST(test_defaults_values) {
   ck_assert_uint_eq(c.cpu_threads, 0);
   ck_assert_uint_eq(c.cpu_budget_bytes, 0);
   ck_assert_uint_eq(c.required_devices.n, 0);
+  ck_assert_uint_eq(c.batches_in_flight, 2);
 }
 END_TEST
 
@@ -347,6 +348,10 @@ START_TEST(test_uint) {
   set_fails("max_queue", "1e3", "is not an integer");
   set_fails("max_queue", "-", "is not an integer");
   set_fails("cpu_threads", "1025", "not in [0, 1024]");
+  set_ok(&c, "batches_in_flight", "3");
+  ck_assert_uint_eq(c.batches_in_flight, 3);
+  set_fails("batches_in_flight", "0", "not in [1, 3]");
+  set_fails("batches_in_flight", "4", "not in [1, 3]");
   set_fails("crossover_rows", "4294967296", "not in [0, 1073741824]");
 }
 END_TEST
