@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -515,6 +516,234 @@ int td_sanitized(void) {
 
 int td_load(ql_client *c, const char *name, const td_layer *l, ql_format f,
             uint32_t gs, int persistent, ql_weight_info *info, int *shared) {
+  return td_load_on(c, name, l, f, gs, persistent, NULL, info, shared);
+}
+
+char *td_read_log(const td *d) {
+  FILE *f = fopen(d->log, "r");
+  ck_assert_ptr_nonnull(f);
+  char *buf = tu_xmalloc(1 << 20);
+  size_t n = fread(buf, 1, (1 << 20) - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
+
+int td_count(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+    n++;
+  return n;
+}
+
+void td_cuda_env(const char *devices, const char *fault) {
+  const char *bin = getenv("QLINEARD_CUDAEMU");
+  ck_assert_msg(bin != NULL, "QLINEARD_CUDAEMU is not set");
+  setenv("QLINEARD", bin, 1);
+  setenv("QL_EMU_CUDA_DEVICES", devices, 1);
+  if (fault != NULL)
+    setenv("QL_EMU_CUDA_FAULT", fault, 1);
+  else
+    unsetenv("QL_EMU_CUDA_FAULT");
+}
+
+/* Sets name to value, or unsets it when value is NULL. */
+static void setenv_or_unset(const char *name, const char *value) {
+  if (value != NULL)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+}
+
+void td_ze_env(const char *driver, const char *devices, const char *mem,
+               const char *fault) {
+  setenv("ZE_ENABLE_ALT_DRIVERS", driver, 1);
+  setenv("ZE_ENABLE_VALIDATION_LAYER", "1", 1);
+  setenv("ZE_ENABLE_PARAMETER_VALIDATION", "1", 1);
+  setenv("ZE_ENABLE_HANDLE_LIFETIME", "1", 1);
+  setenv("QL_ZE_TEST_DEVICES", devices, 1);
+  setenv_or_unset("QL_ZE_TEST_MEM", mem);
+  setenv_or_unset("QL_ZE_TEST_FAULT", fault);
+  unsetenv("QL_ZE_TEST_IPC");
+}
+
+void td_linear_request(Qlinear__V1__Request *req,
+                       Qlinear__V1__LinearRequest *lin,
+                       Qlinear__V1__Tensor *xt, uint64_t shape[2],
+                       const char *weight, const char *device, ql_path path) {
+  qlinear__v1__request__init(req);
+  qlinear__v1__linear_request__init(lin);
+  qlinear__v1__tensor__init(xt);
+  xt->dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+  xt->shape = shape;
+  xt->n_shape = 2;
+  lin->weight = (char *)weight;
+  lin->x = xt;
+  lin->device = (char *)(device ? device : "");
+  lin->path = (Qlinear__V1__Path)path;
+  req->body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+  req->linear = lin;
+}
+
+Qlinear__V1__Response *td_linear_inline(const td *d, const char *weight,
+                                        const char *device, ql_path path,
+                                        const float *x, uint64_t m,
+                                        uint64_t k, int timeout_ms) {
+  Qlinear__V1__Request req;
+  Qlinear__V1__LinearRequest lin;
+  Qlinear__V1__Tensor xt;
+  uint64_t shape[2] = {m, k};
+  td_linear_request(&req, &lin, &xt, shape, weight, device, path);
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  xt.inline_data.data = (uint8_t *)x;
+  xt.inline_data.len = m * k * sizeof(float);
+  req.request_id = 77;
+  Qlinear__V1__Response *r = td_call(d, &req, timeout_ms);
+  ck_assert_ptr_nonnull(r);
+  return r;
+}
+
+int td_linear(const td *d, const char *weight, const char *device,
+              ql_path path, const float *x, uint64_t m, uint64_t k,
+              uint64_t n, float *y, char *impl, char *msg, size_t msglen,
+              int timeout_ms) {
+  Qlinear__V1__Response *r = td_linear_inline(d, weight, device, path, x, m,
+                                              k, timeout_ms);
+  int rc = r->status->code;
+  if (msg != NULL)
+    snprintf(msg, msglen, "%s", r->status->message ? r->status->message : "");
+  if (rc == 0) {
+    ck_assert_uint_eq(r->linear->y->inline_data.len, m * n * sizeof(float));
+    memcpy(y, r->linear->y->inline_data.data, m * n * sizeof(float));
+    if (impl != NULL)
+      snprintf(impl, 64, "%s", r->linear->impl);
+  }
+  qlinear__v1__response__free_unpacked(r, NULL);
+  return rc;
+}
+
+int td_linear_backend(const td *d, const char *backend, const char *weight,
+                      const char *device, ql_path path, const float *x,
+                      uint64_t m, uint64_t k, uint64_t n, float *y, char *msg,
+                      size_t msglen, int timeout_ms) {
+  char impl[64], want[64];
+  int rc = td_linear(d, weight, device, path, x, m, k, n, y, impl, msg,
+                     msglen, timeout_ms);
+  snprintf(want, sizeof want, "%s.%s", backend,
+           path == QL_PATH_ACT_QUANT ? "linear_aq" : "linear_wo");
+  if (rc == 0)
+    ck_assert_str_eq(impl, want);
+  return rc;
+}
+
+int td_child_floats(int (*fn)(void *arg, float *out), void *arg, float *y,
+                    size_t n) {
+  size_t bytes = n * sizeof(float);
+  float *out = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert(out != MAP_FAILED);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0)
+    _exit(fn(arg, out) ? 0 : 1);
+  int status = 0;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  memcpy(y, out, bytes);
+  munmap(out, bytes);
+  return status;
+}
+
+int td_run_suite(Suite *s) {
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}
+
+uint64_t td_serve_formats(const td *d, ql_client *c, const ql_hello_info *h,
+                          const td_accel *a) {
+  static const struct {
+    ql_format f;
+    uint32_t gs;
+  } fmts[] = {{QL_FORMAT_Q4G, 64}, {QL_FORMAT_Q8C, 0}, {QL_FORMAT_Q8B, 32},
+              {QL_FORMAT_F8R, 0}};
+  const uint64_t m = 5;
+  float *x = tu_xmalloc(m * a->k * sizeof(float));
+  size_t ybytes = m * a->n * sizeof(float);
+  float *y = tu_xmalloc(ybytes), *want = tu_xmalloc(ybytes);
+  for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++) {
+    td_layer l;
+    char name[32];
+    ql_weight_info info;
+    td_layer_make(&l, a->n, a->k, 10 + i, 1);
+    snprintf(name, sizeof name, "w%zu", i);
+    ck_assert_int_eq(td_load(c, name, &l, fmts[i].f, fmts[i].gs, 0, &info,
+                             NULL),
+                     0);
+    ck_assert_uint_eq(info.n_devices, 2);
+    ck_assert_ptr_nonnull(strstr(info.devices, h->devices[0].name));
+    ck_assert_ptr_nonnull(strstr(info.devices, h->devices[1].name));
+    uint64_t seed = 100 + i;
+    td_randn(&seed, x, m * a->k, 1.0f);
+    a->expected(&l, fmts[i].f, fmts[i].gs, QL_PATH_WEIGHT_ONLY, x, m,
+                want);
+    /* Each device by alias and by name, and the scheduler's choice. */
+    const char *on[] = {a->dev0, a->dev1, h->devices[1].name, NULL};
+    for (size_t j = 0; j < 4; j++) {
+      memset(y, 0, ybytes);
+      ck_assert_int_eq(a->linear(d, name, on[j], QL_PATH_WEIGHT_ONLY, x, m,
+                                 y, NULL, 0),
+                       0);
+      ck_assert_msg(memcmp(y, want, ybytes) == 0,
+                    "%s on %s: not the in-process result", name,
+                    on[j] ? on[j] : "(any)");
+    }
+    /* Activation-quantized, where the format has it. */
+    if (fmts[i].f == QL_FORMAT_Q4G || fmts[i].f == QL_FORMAT_Q8C) {
+      a->expected(&l, fmts[i].f, fmts[i].gs, QL_PATH_ACT_QUANT, x, m,
+                  want);
+      ck_assert_int_eq(a->linear(d, name, a->dev1, QL_PATH_ACT_QUANT, x, m,
+                                 y, NULL, 0),
+                       0);
+      ck_assert_msg(memcmp(y, want, ybytes) == 0,
+                    "%s AQ: not the in-process result", name);
+    }
+    if (a->each != NULL)
+      a->each(d, name, x, m);
+    /* The CPU does not hold it. */
+    char msg[256];
+    ck_assert_int_eq(a->linear(d, name, "cpu", QL_PATH_WEIGHT_ONLY, x, m, y,
+                               msg, sizeof msg),
+                     QL_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(msg, a->dev0));
+    td_layer_free(&l);
+  }
+  free(x);
+  free(y);
+  free(want);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->n_devices, 3);
+  ck_assert_uint_gt(st->devices[0].bytes_resident, 0);
+  ck_assert_uint_eq(st->devices[0].bytes_resident,
+                    st->devices[1].bytes_resident);
+  ck_assert_uint_gt(st->devices[0].budget_bytes, 0);
+  /* Per (weight, device): two entries per weight, each with its own
+   * counts. */
+  ck_assert_uint_eq(st->n_per_weight, 8);
+  uint64_t reqs = 0;
+  for (size_t i = 0; i < st->n_per_weight; i++) {
+    ck_assert_ptr_null(strstr(st->per_weight[i].device, "cpu"));
+    reqs += st->per_weight[i].requests;
+  }
+  ql_stats_free(st);
+  return reqs;
+}
+
+int td_load_on(ql_client *c, const char *name, const td_layer *l,
+               ql_format f, uint32_t gs, int persistent, const char *devices,
+               ql_weight_info *info, int *shared) {
   ql_load_desc d;
   memset(&d, 0, sizeof d);
   d.name = name;
@@ -526,5 +755,51 @@ int td_load(ql_client *c, const char *name, const td_layer *l, ql_format f,
   d.data = l->w;
   d.bias = l->b;
   d.persistent = persistent;
+  d.devices = devices;
   return ql_load_float(c, &d, info, shared);
+}
+
+int td_serve_until_error(const td *d, const td_accel *a, const char *weight,
+                         const char *device, const float *x, uint64_t m,
+                         const float *want, int *rc, char *msg, size_t msglen,
+                         int64_t *t_fail) {
+  size_t ybytes = m * a->n * sizeof(float);
+  float *y = tu_xmalloc(ybytes);
+  int served = 0;
+  *rc = 0;
+  if (t_fail != NULL)
+    *t_fail = 0;
+  for (int i = 0; i < 100 && *rc == 0; i++) {
+    int64_t t0 = td_now_ms();
+    *rc = a->linear(d, weight, device, QL_PATH_WEIGHT_ONLY, x, m, y, msg,
+                    msglen);
+    if (*rc == 0) {
+      ck_assert_int_eq(memcmp(y, want, ybytes), 0);
+      served++;
+    } else if (t_fail != NULL) {
+      *t_fail = td_now_ms() - t0;
+    }
+  }
+  free(y);
+  return served;
+}
+
+void td_device_fails(const td *d, const td_accel *a, const char *weight,
+                     const char *device, const float *x, uint64_t m,
+                     const float *want) {
+  char msg[256], want_msg[128];
+  int rc = 0;
+  int served = td_serve_until_error(d, a, weight, device, x, m, want, &rc,
+                                    msg, sizeof msg, NULL);
+  ck_assert_int_gt(served, 0);
+  ck_assert_int_eq(rc, QL_EDEVICE);
+  ck_assert_ptr_nonnull(strstr(msg, "device"));
+  /* Out of service: refused at once, by name. */
+  float *y = tu_xmalloc(m * a->n * sizeof(float));
+  ck_assert_int_eq(a->linear(d, weight, device, QL_PATH_WEIGHT_ONLY, x, m, y,
+                             msg, sizeof msg),
+                   QL_EDEVICE);
+  free(y);
+  snprintf(want_msg, sizeof want_msg, "%s is out of service", device);
+  ck_assert_ptr_nonnull(strstr(msg, want_msg));
 }

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include <check.h>
+
 #include "qlinear.pb-c.h"
 #include "qlinear/qlinear.h"
 
@@ -147,6 +149,12 @@ void td_layer_free(td_layer *l);
 int td_load(ql_client *c, const char *name, const td_layer *l, ql_format f,
             uint32_t gs, int persistent, ql_weight_info *info, int *shared);
 
+/* The same placed on devices (a ql_load_desc.devices list; NULL: where the
+ * daemon places it by default). */
+int td_load_on(ql_client *c, const char *name, const td_layer *l,
+               ql_format f, uint32_t gs, int persistent, const char *devices,
+               ql_weight_info *info, int *shared);
+
 /* A libqlinear client of the daemon's request socket (with a session), or
  * of its admin socket; aborts the test when it cannot connect. */
 ql_client *td_connect(const td *d);
@@ -163,5 +171,140 @@ int td_daemon_fds(const td *d);
 /* 1 in a --enable-sanitizers build (make check exports its flags): RSS
  * says little there, ASan keeps freed memory in quarantine. */
 int td_sanitized(void);
+
+/* ---- Helpers the accelerator tests (cuda, ze) share. ---- */
+
+/* The daemon's log (its stderr so far) as a new NUL-terminated string, up
+ * to 1 MiB; the caller frees it. Read it before td_stop(), which removes
+ * the file. Aborts the test when the file cannot be opened. */
+char *td_read_log(const td *d);
+
+/* How many times needle occurs in hay (overlapping occurrences count). */
+int td_count(const char *hay, const char *needle);
+
+/* The environment of a daemon on the emulated CUDA runtime: QLINEARD
+ * becomes $QLINEARD_CUDAEMU (the test fails when it is not set), with
+ * devices GPUs (QL_EMU_CUDA_DEVICES) and the injected faults fault
+ * (QL_EMU_CUDA_FAULT; NULL: none). */
+void td_cuda_env(const char *devices, const char *fault);
+
+/* The environment of a daemon (and of this process's children) on the
+ * Level Zero test driver at driver (libze_qltest.so) with the loader's
+ * validation layer: devices devices of mem bytes each (QL_ZE_TEST_MEM;
+ * NULL: the driver's default), faults fault (QL_ZE_TEST_FAULT; NULL:
+ * none), and the driver's IPC support as it is by default
+ * (QL_ZE_TEST_IPC unset). */
+void td_ze_env(const char *driver, const char *devices, const char *mem,
+               const char *fault);
+
+/* Fills a Linear request on weight (device NULL: the scheduler's choice)
+ * with path path and an f32 x of shape[0] x shape[1]; the x tensor's data
+ * is left for the caller to set (inline or a device slice). req, lin, xt
+ * and shape are the caller's; req points into lin, lin into xt, xt into
+ * shape, and weight and device are borrowed, not copied. */
+void td_linear_request(Qlinear__V1__Request *req,
+                       Qlinear__V1__LinearRequest *lin,
+                       Qlinear__V1__Tensor *xt, uint64_t shape[2],
+                       const char *weight, const char *device, ql_path path);
+
+/* One raw Linear request with x [m, k] inline on the harness's session,
+ * so that it can name a device and a path. Returns the reply (never NULL:
+ * a timeout fails the test); the caller frees it with
+ * qlinear__v1__response__free_unpacked(r, NULL). */
+Qlinear__V1__Response *td_linear_inline(const td *d, const char *weight,
+                                        const char *device, ql_path path,
+                                        const float *x, uint64_t m,
+                                        uint64_t k, int timeout_ms);
+
+/* td_linear_inline() with the reply read: returns the status code; on
+ * success y gets the m x n result (the reply's length is checked) and impl
+ * (may be NULL; 64 bytes) the name of the implementation that ran. msg
+ * (may be NULL) gets the status message, msglen bytes. */
+int td_linear(const td *d, const char *weight, const char *device,
+              ql_path path, const float *x, uint64_t m, uint64_t k,
+              uint64_t n, float *y, char *impl, char *msg, size_t msglen,
+              int timeout_ms);
+
+/* td_linear() that also checks, on success, that backend's own kernel ran
+ * ("<backend>.linear_aq" on QL_PATH_ACT_QUANT, else
+ * "<backend>.linear_wo"). */
+int td_linear_backend(const td *d, const char *backend, const char *weight,
+                      const char *device, ql_path path, const float *x,
+                      uint64_t m, uint64_t k, uint64_t n, float *y, char *msg,
+                      size_t msglen, int timeout_ms);
+
+/*
+ * Runs fn(arg, out) in a child made by fork(), with out a buffer of n
+ * floats shared with this process, and copies out to y (n floats) once the
+ * child has exited. fn returns 1 for success; the child leaves with
+ * _exit() (0 on success, 1 else), so that nothing of this process (check's
+ * state, atexit handlers, a sanitizer's leak check) runs in it. Returns the
+ * child's wait status (the caller asserts on it).
+ */
+int td_child_floats(int (*fn)(void *arg, float *out), void *arg, float *y,
+                    size_t n);
+
+/* Runs the suite (check's CK_NORMAL output) and returns the exit status
+ * for main(): 0 when no test failed, else 1. Frees the suite. */
+int td_run_suite(Suite *s);
+
+/* An accelerator backend as the checks below drive it (a test file's
+ * own request and in-process functions, which know its N, K and timeout). */
+typedef struct td_accel {
+  const char *dev0, *dev1; /* the aliases of its first two devices */
+  uint64_t n, k;           /* the shape of the layers it loads */
+  /* One raw Linear of x [m, k] on weight on device (NULL: the scheduler's
+   * choice) with path: the status code; on success y gets the m x n
+   * result, and the implementation that ran was checked to be the
+   * backend's own. msg (may be NULL) gets the status message. */
+  int (*linear)(const td *d, const char *weight, const char *device,
+                ql_path path, const float *x, uint64_t m, float *y,
+                char *msg, size_t msglen);
+  /* What this process's own backend gives for layer l in format f (gs as
+   * for td_load) on x [m, k] with the op that path runs (weight-only or
+   * activation-quantized): m x n floats into y. */
+  void (*expected)(const td_layer *l, ql_format f, uint32_t gs, ql_path path,
+                   const float *x, uint64_t m, float *y);
+  /* Further checks on each weight, before the CPU is asked for it; x is
+   * the weight's m x k input. NULL: none. */
+  void (*each)(const td *d, const char *weight, const float *x, uint64_t m);
+} td_accel;
+
+/*
+ * A daemon on two devices of backend a and the CPU, whose Hello c gave as
+ * h (devices 0 and 1 the accelerator's): loads one layer in each format
+ * (q4g/64, q8c, q8b/32, f8r) as w0..w3 through c, each placed on both
+ * devices; weight-only replies on each device by alias, on device 1 by
+ * name and on the scheduler's choice are the bytes of a->expected, and so
+ * are activation-quantized ones on device 1 where the format has them
+ * (q4g, q8c); the CPU does not hold the weights (NOT_FOUND naming dev0).
+ * Then the daemon's stats: three devices, the same non-zero bytes
+ * resident on both accelerators, a budget on device 0, and two per-weight
+ * entries per weight, none on the CPU. Returns the requests those entries
+ * count, for the caller to check (what a->each sent may count too).
+ */
+uint64_t td_serve_formats(const td *d, ql_client *c, const ql_hello_info *h,
+                          const td_accel *a);
+
+/*
+ * Sends weight-only requests of x [m, a->k] on weight to device (NULL: the
+ * scheduler's choice) until one fails or 100 have succeeded; each success
+ * must give the bytes of want (m x a->n). Returns how many succeeded; *rc
+ * gets the last status, msg (msglen bytes) its message, and t_fail (may be
+ * NULL) how long the failing request took, in milliseconds (0: none
+ * failed).
+ */
+int td_serve_until_error(const td *d, const td_accel *a, const char *weight,
+                         const char *device, const float *x, uint64_t m,
+                         const float *want, int *rc, char *msg, size_t msglen,
+                         int64_t *t_fail);
+
+/* A device that is to fail: requests to device by name succeed (as
+ * td_serve_until_error()) until one fails with QL_EDEVICE, whose message
+ * speaks of the device; after that the device is out of service and
+ * refuses the next request at once, saying so by name. */
+void td_device_fails(const td *d, const td_accel *a, const char *weight,
+                     const char *device, const float *x, uint64_t m,
+                     const float *want);
 
 #endif

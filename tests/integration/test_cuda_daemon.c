@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,30 +38,6 @@
 #define K 200 /* ragged: not a multiple of 16, 32 or the group */
 #define TMO 20000
 
-static void use_cuda_daemon(void) {
-  const char *bin = getenv("QLINEARD_CUDAEMU");
-  ck_assert_msg(bin != NULL, "QLINEARD_CUDAEMU is not set");
-  setenv("QLINEARD", bin, 1);
-}
-
-/* Reads the daemon's log into a new string. */
-static char *read_log(const td *d) {
-  FILE *f = fopen(d->log, "r");
-  ck_assert_ptr_nonnull(f);
-  char *buf = tu_xmalloc(1 << 20);
-  size_t n = fread(buf, 1, (1 << 20) - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  return buf;
-}
-
-static int count(const char *hay, const char *needle) {
-  int n = 0;
-  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
-    n++;
-  return n;
-}
-
 /* One Linear request, raw, so that it can name a device. Returns the
  * status code; on success y gets the m·N result and impl (may be NULL, 64
  * bytes) the implementation that ran. msg (may be NULL) gets the status
@@ -70,51 +45,16 @@ static int count(const char *hay, const char *needle) {
 static int linear_impl(const td *d, const char *weight, const char *device,
                        ql_path path, const float *x, uint64_t m, float *y,
                        char *impl, char *msg, size_t msglen) {
-  Qlinear__V1__Request req;
-  Qlinear__V1__LinearRequest lin;
-  Qlinear__V1__Tensor xt;
-  uint64_t shape[2] = {m, K};
-  qlinear__v1__request__init(&req);
-  qlinear__v1__linear_request__init(&lin);
-  qlinear__v1__tensor__init(&xt);
-  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
-  xt.shape = shape;
-  xt.n_shape = 2;
-  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
-  xt.inline_data.data = (uint8_t *)x;
-  xt.inline_data.len = m * K * sizeof(float);
-  lin.weight = (char *)weight;
-  lin.x = &xt;
-  lin.device = (char *)(device ? device : "");
-  lin.path = (Qlinear__V1__Path)path;
-  req.request_id = 77;
-  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
-  req.linear = &lin;
-  Qlinear__V1__Response *r = td_call(d, &req, TMO);
-  ck_assert_ptr_nonnull(r);
-  int rc = r->status->code;
-  if (msg != NULL)
-    snprintf(msg, msglen, "%s", r->status->message ? r->status->message : "");
-  if (rc == 0) {
-    ck_assert_uint_eq(r->linear->y->inline_data.len, m * N * sizeof(float));
-    memcpy(y, r->linear->y->inline_data.data, m * N * sizeof(float));
-    if (impl != NULL)
-      snprintf(impl, 64, "%s", r->linear->impl);
-  }
-  qlinear__v1__response__free_unpacked(r, NULL);
-  return rc;
+  return td_linear(d, weight, device, path, x, m, K, N, y, impl, msg, msglen,
+                   TMO);
 }
 
-/* linear_impl() on the CUDA backend's own kernels. */
+/* A raw request that must run on the CUDA backend's own kernels. */
 static int linear_path(const td *d, const char *weight, const char *device,
                        ql_path path, const float *x, uint64_t m, float *y,
                        char *msg, size_t msglen) {
-  char impl[64];
-  int rc = linear_impl(d, weight, device, path, x, m, y, impl, msg, msglen);
-  if (rc == 0)
-    ck_assert_str_eq(impl, path == QL_PATH_ACT_QUANT ? "cuda.linear_aq"
-                                                     : "cuda.linear_wo");
-  return rc;
+  return td_linear_backend(d, "cuda", weight, device, path, x, m, K, N, y,
+                           msg, msglen, TMO);
 }
 
 /* Weight-only, which every format has. */
@@ -125,6 +65,32 @@ static int linear_on(const td *d, const char *weight, const char *device,
                      msglen);
 }
 
+/* What expected_op() computes in its child. */
+typedef struct expect_args {
+  const td_layer *l;
+  ql_format f;
+  uint32_t gs;
+  ql_op op;
+  const float *x;
+  uint64_t m;
+} expect_args;
+
+static int expect_in_child(void *arg, float *out) {
+  const expect_args *a = arg;
+  ql_quant_params p = {a->f, a->gs, 0, (ql_dtype)0};
+  ql_qweight *q = NULL;
+  const char *impl = NULL;
+  const ql_backend *cuda = ql_backend_find("cuda");
+  const char *want = a->op == QL_OP_LINEAR_AQ ? "cuda.linear_aq"
+                                              : "cuda.linear_wo";
+  return cuda != NULL &&
+         ql_qweight_quantize(&p, (int64_t)a->l->n, (int64_t)a->l->k,
+                             QL_DTYPE_F32, a->l->w, a->l->b, &q) == 0 &&
+         ql_run_linear(cuda, a->op, q, NULL, QL_DTYPE_F32, a->x,
+                       (int64_t)a->m, out, &impl) == 0 &&
+         impl != NULL && strcmp(impl, want) == 0;
+}
+
 /* The result this process's own CUDA backend (same emulated kernels)
  * gives for layer l in format f: the daemon's must be the same bytes. It
  * runs in a child that leaves with _exit(): the emulated kernels run on
@@ -133,33 +99,18 @@ static int linear_on(const td *d, const char *weight, const char *device,
  * as leaked when the test ends. */
 static void expected_op(const td_layer *l, ql_format f, uint32_t gs,
                         ql_op op, const float *x, uint64_t m, float *y) {
-  size_t bytes = m * l->n * sizeof(float);
-  float *out = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert(out != MAP_FAILED);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    ql_quant_params p = {f, gs, 0, (ql_dtype)0};
-    ql_qweight *q = NULL;
-    const char *impl = NULL;
-    const ql_backend *cuda = ql_backend_find("cuda");
-    const char *want = op == QL_OP_LINEAR_AQ ? "cuda.linear_aq"
-                                             : "cuda.linear_wo";
-    int ok = cuda != NULL &&
-             ql_qweight_quantize(&p, (int64_t)l->n, (int64_t)l->k,
-                                 QL_DTYPE_F32, l->w, l->b, &q) == 0 &&
-             ql_run_linear(cuda, op, q, NULL, QL_DTYPE_F32, x, (int64_t)m,
-                           out, &impl) == 0 &&
-             impl != NULL && strcmp(impl, want) == 0;
-    _exit(ok ? 0 : 1);
-  }
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  expect_args a = {l, f, gs, op, x, m};
+  int status = td_child_floats(expect_in_child, &a, y, m * l->n);
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
                 "the in-process cuda backend failed (%d)", status);
-  memcpy(y, out, bytes);
-  munmap(out, bytes);
+}
+
+/* expected_op() with the op a request's path runs (td_accel.expected). */
+static void expected_path(const td_layer *l, ql_format f, uint32_t gs,
+                          ql_path path, const float *x, uint64_t m, float *y) {
+  expected_op(l, f, gs,
+              path == QL_PATH_ACT_QUANT ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO,
+              x, m, y);
 }
 
 static void expected(const td_layer *l, ql_format f, uint32_t gs,
@@ -169,14 +120,13 @@ static void expected(const td_layer *l, ql_format f, uint32_t gs,
 
 static void start(td *d, const char *devices, const char *fault,
                   const char *const *args) {
-  use_cuda_daemon();
-  setenv("QL_EMU_CUDA_DEVICES", devices, 1);
-  if (fault != NULL)
-    setenv("QL_EMU_CUDA_FAULT", fault, 1);
-  else
-    unsetenv("QL_EMU_CUDA_FAULT");
+  td_cuda_env(devices, fault);
   td_start(d, args);
 }
+
+/* The CUDA backend, for the harness's shared checks. */
+static const td_accel cuda = {"cuda:0", "cuda:1", N, K, linear_path,
+                              expected_path, NULL};
 
 /* Two GPUs and the CPU; weights go to both GPUs, are served there, name
  * their devices; stats count device memory per device. */
@@ -196,71 +146,9 @@ START_TEST(serves_on_gpus) {
   ck_assert_uint_eq(strlen(h.devices[0].name), 5 + 4 + 36);
   ck_assert_str_ne(h.devices[0].name, h.devices[1].name);
 
-  static const struct {
-    ql_format f;
-    uint32_t gs;
-  } fmts[] = {{QL_FORMAT_Q4G, 64}, {QL_FORMAT_Q8C, 0}, {QL_FORMAT_Q8B, 32},
-              {QL_FORMAT_F8R, 0}};
-  for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++) {
-    td_layer l;
-    char name[32];
-    ql_weight_info info;
-    td_layer_make(&l, N, K, 10 + i, 1);
-    snprintf(name, sizeof name, "w%zu", i);
-    ck_assert_int_eq(td_load(c, name, &l, fmts[i].f, fmts[i].gs, 0, &info,
-                             NULL),
-                     0);
-    ck_assert_uint_eq(info.n_devices, 2);
-    ck_assert_ptr_nonnull(strstr(info.devices, h.devices[0].name));
-    ck_assert_ptr_nonnull(strstr(info.devices, h.devices[1].name));
-    const uint64_t m = 5;
-    float x[5 * K], y[5 * N], want[5 * N];
-    uint64_t seed = 100 + i;
-    td_randn(&seed, x, m * K, 1.0f);
-    expected(&l, fmts[i].f, fmts[i].gs, x, m, want);
-    /* Each GPU by alias and by name, and the scheduler's choice. */
-    const char *on[] = {"cuda:0", "cuda:1", h.devices[1].name, NULL};
-    for (size_t j = 0; j < 4; j++) {
-      memset(y, 0, sizeof y);
-      ck_assert_int_eq(linear_on(&d, name, on[j], x, m, y, NULL, 0), 0);
-      ck_assert_msg(memcmp(y, want, sizeof y) == 0,
-                    "%s on %s: not the in-process result", name,
-                    on[j] ? on[j] : "(any)");
-    }
-    /* Activation-quantized on the tensor-core kernel, where the format
-     * has it. */
-    if (fmts[i].f == QL_FORMAT_Q4G || fmts[i].f == QL_FORMAT_Q8C) {
-      expected_op(&l, fmts[i].f, fmts[i].gs, QL_OP_LINEAR_AQ, x, m, want);
-      ck_assert_int_eq(linear_path(&d, name, "cuda:1", QL_PATH_ACT_QUANT, x,
-                                   m, y, NULL, 0),
-                       0);
-      ck_assert_msg(memcmp(y, want, sizeof y) == 0,
-                    "%s AQ: not the in-process result", name);
-    }
-    /* The CPU does not hold it. */
-    char msg[256];
-    ck_assert_int_eq(linear_on(&d, name, "cpu", x, m, y, msg, sizeof msg),
-                     QL_ENOTFOUND);
-    ck_assert_ptr_nonnull(strstr(msg, "cuda:0"));
-    td_layer_free(&l);
-  }
-  ql_stats_info *st = NULL;
-  ck_assert_int_eq(ql_stats(c, &st), 0);
-  ck_assert_uint_eq(st->n_devices, 3);
-  ck_assert_uint_gt(st->devices[0].bytes_resident, 0);
-  ck_assert_uint_eq(st->devices[0].bytes_resident,
-                    st->devices[1].bytes_resident);
-  ck_assert_uint_gt(st->devices[0].budget_bytes, 0);
-  /* Per (weight, device): two entries per weight, each with its own
-   * counts. */
-  ck_assert_uint_eq(st->n_per_weight, 8);
-  uint64_t reqs = 0;
-  for (size_t i = 0; i < st->n_per_weight; i++) {
-    ck_assert_ptr_null(strstr(st->per_weight[i].device, "cpu"));
-    reqs += st->per_weight[i].requests;
-  }
-  ck_assert_uint_eq(reqs, 4 * 4 + 2);
-  ql_stats_free(st);
+  /* Each format on both GPUs: four requests on each weight and two
+   * activation-quantized ones are counted. */
+  ck_assert_uint_eq(td_serve_formats(&d, c, &h, &cuda), 4 * 4 + 2);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -335,14 +223,14 @@ START_TEST(f8r_on_cublaslt) {
   free(y1);
   free(want);
   ql_close(c);
-  char *log = read_log(&d); /* td_stop() removes it */
+  char *log = td_read_log(&d); /* td_stop() removes it */
   ck_assert_int_eq(td_stop(&d), 0);
   ck_assert_msg(strstr(log, "device cuda:0: Emulated GPU sm_90") != NULL &&
-                    count(log, "f8r activation-quantized on cuBLASLt "
-                               "13.1.0") == 1,
+                    td_count(log, "f8r activation-quantized on cuBLASLt "
+                                  "13.1.0") == 1,
                 "the log does not say that cuda:0 uses cuBLASLt:\n%s", log);
-  ck_assert_msg(count(log, "f8r activation-quantized on the generic op: FP8 "
-                           "GEMM needs sm_89 or newer") == 1,
+  ck_assert_msg(td_count(log, "f8r activation-quantized on the generic op: FP8 "
+                              "GEMM needs sm_89 or newer") == 1,
                 "the log does not say why cuda:1 does not:\n%s", log);
   free(log);
 
@@ -362,10 +250,10 @@ START_TEST(f8r_on_cublaslt) {
                 "the generic op: not the bytes of row 0");
   td_layer_free(&l);
   ql_close(c);
-  log = read_log(&d);
+  log = td_read_log(&d);
   ck_assert_int_eq(td_stop(&d), 0);
-  ck_assert_msg(count(log, "f8r activation-quantized on the generic op: "
-                           "cuBLASLt did not start on it") == 1,
+  ck_assert_msg(td_count(log, "f8r activation-quantized on the generic op: "
+                              "cuBLASLt did not start on it") == 1,
                 "the log does not say that cuBLASLt did not start:\n%s", log);
   free(log);
 }
@@ -407,9 +295,9 @@ START_TEST(q8c_on_imma) {
                 "3 rows on our kernel: not their bytes in the batch of 9");
   td_layer_free(&l);
   ql_close(c);
-  char *log = read_log(&d); /* td_stop() removes it */
+  char *log = td_read_log(&d); /* td_stop() removes it */
   ck_assert_int_eq(td_stop(&d), 0);
-  ck_assert_msg(count(log, "q8c from 4 rows on cuBLASLt IMMA") == 1,
+  ck_assert_msg(td_count(log, "q8c from 4 rows on cuBLASLt IMMA") == 1,
                 "the log does not say that q8c uses IMMA:\n%s", log);
   free(log);
 }
@@ -455,19 +343,8 @@ END_TEST
 static int load_on(ql_client *c, const char *name, const td_layer *l,
                    ql_format f, int persistent, const char *devices,
                    ql_weight_info *info, int *shared) {
-  ql_load_desc d;
-  memset(&d, 0, sizeof d);
-  d.name = name;
-  d.format = f;
-  d.group_size = f == QL_FORMAT_Q4G ? 64 : 0;
-  d.n = l->n;
-  d.k = l->k;
-  d.dtype = QL_DTYPE_F32;
-  d.data = l->w;
-  d.bias = l->b;
-  d.persistent = persistent;
-  d.devices = devices;
-  return ql_load_float(c, &d, info, shared);
+  return td_load_on(c, name, l, f, f == QL_FORMAT_Q4G ? 64 : 0, persistent,
+                    devices, info, shared);
 }
 
 /* Writes text to path. */
@@ -500,9 +377,7 @@ START_TEST(configured_budget) {
   uint64_t b0, b1;
   /* 4 MiB per GPU: 25 % is 1 MiB; cuda:1 gets 3 MiB of its own. */
   setenv("QL_EMU_CUDA_MEM", "4194304", 1);
-  use_cuda_daemon();
-  setenv("QL_EMU_CUDA_DEVICES", "2", 1);
-  unsetenv("QL_EMU_CUDA_FAULT");
+  td_cuda_env("2", NULL);
   snprintf(conf, sizeof conf, "/tmp/ql-budget-%d.conf", (int)getpid());
   write_file(conf, "[qlineard]\naccel_budget_percent = 25\n"
                    "device_budget_bytes = cuda:1=3M\n");
@@ -680,7 +555,7 @@ START_TEST(placement) {
   ck_assert_uint_eq(nw, 1);
   ck_assert_str_eq(ws[0].devices, h.devices[0].name);
   ql_free(ws);
-  char *log = read_log(&d);
+  char *log = td_read_log(&d);
   ck_assert_ptr_nonnull(strstr(log, "stored weight kept was placed on"));
   free(log);
   ck_assert_int_eq(linear_on(&d, "kept", NULL, x, 2, y, NULL, 0), 0);
@@ -701,27 +576,8 @@ END_TEST
 static ql_path auto_request(const td *d, const char *weight,
                             const char *device, const float *x, uint64_t m,
                             uint64_t k) {
-  Qlinear__V1__Request req;
-  Qlinear__V1__LinearRequest lin;
-  Qlinear__V1__Tensor xt;
-  uint64_t shape[2] = {m, k};
-  qlinear__v1__request__init(&req);
-  qlinear__v1__linear_request__init(&lin);
-  qlinear__v1__tensor__init(&xt);
-  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
-  xt.shape = shape;
-  xt.n_shape = 2;
-  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
-  xt.inline_data.data = (uint8_t *)x;
-  xt.inline_data.len = m * k * sizeof(float);
-  lin.weight = (char *)weight;
-  lin.x = &xt;
-  lin.device = (char *)(device ? device : "");
-  req.request_id = 78;
-  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
-  req.linear = &lin;
-  Qlinear__V1__Response *r = td_call(d, &req, TMO);
-  ck_assert_ptr_nonnull(r);
+  Qlinear__V1__Response *r = td_linear_inline(d, weight, device, QL_PATH_AUTO,
+                                              x, m, k, TMO);
   ck_assert_int_eq(r->status->code, 0);
   ql_path p = (ql_path)r->linear->path;
   qlinear__v1__response__free_unpacked(r, NULL);
@@ -800,7 +656,7 @@ START_TEST(crossover_per_device) {
   for (int g = 0; g < 2; g++)
     ck_assert_msg(rows[g] == UINT32_MAX || (rows[g] >= 1 && rows[g] <= 512),
                   "gpu %d: crossover %u", g, rows[g]);
-  char *log = read_log(&d);
+  char *log = td_read_log(&d);
   ck_assert_ptr_nonnull(strstr(log, "crossover of xw (32x64) on cuda:0"));
   ck_assert_ptr_nonnull(strstr(log, "crossover of xw (32x64) on cuda:1"));
   free(log);
@@ -896,35 +752,12 @@ START_TEST(failing_devices) {
   char msg[256];
 
   /* GPU 0 serves until its fault, then fails with QL_EDEVICE. */
-  int rc = 0, served = 0;
-  for (int i = 0; i < 100 && rc == 0; i++) {
-    rc = linear_on(&d, "w", "cuda:0", x, 2, y, msg, sizeof msg);
-    if (rc == 0) {
-      ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
-      served++;
-    }
-  }
-  ck_assert_int_gt(served, 0);
-  ck_assert_int_eq(rc, QL_EDEVICE);
-  ck_assert_ptr_nonnull(strstr(msg, "device"));
-  /* Out of service: refused at once, by name. */
-  ck_assert_int_eq(linear_on(&d, "w", "cuda:0", x, 2, y, msg, sizeof msg),
-                   QL_EDEVICE);
-  ck_assert_ptr_nonnull(strstr(msg, "cuda:0 is out of service"));
+  td_device_fails(&d, &cuda, "w", "cuda:0", x, 2, want);
   /* Requests that name no device go to GPU 1 until it hangs. */
-  served = 0;
-  rc = 0;
   int64_t t_fail = 0;
-  for (int i = 0; i < 100 && rc == 0; i++) {
-    int64_t t0 = td_now_ms();
-    rc = linear_on(&d, "w", NULL, x, 2, y, msg, sizeof msg);
-    if (rc == 0) {
-      ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
-      served++;
-    } else {
-      t_fail = td_now_ms() - t0;
-    }
-  }
+  int rc = 0;
+  int served = td_serve_until_error(&d, &cuda, "w", NULL, x, 2, want, &rc,
+                                    msg, sizeof msg, &t_fail);
   ck_assert_int_gt(served, 0);
   ck_assert_int_eq(rc, QL_EDEVICE);
   /* Failed by the kernel timeout, not left hanging. */
@@ -946,9 +779,9 @@ START_TEST(failing_devices) {
   ck_assert_int_eq(ql_linear(c, "w2", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 2,
                              K, x, N, y, NULL),
                    0);
-  char *log = read_log(&d);
-  ck_assert_int_eq(count(log, "device cuda:0 ("), 1);
-  ck_assert_int_eq(count(log, "device cuda:1 ("), 1);
+  char *log = td_read_log(&d);
+  ck_assert_int_eq(td_count(log, "device cuda:0 ("), 1);
+  ck_assert_int_eq(td_count(log, "device cuda:1 ("), 1);
   ck_assert_ptr_nonnull(strstr(log, "CUDA error cudaErrorIllegalAddress"));
   ck_assert_ptr_nonnull(strstr(log, "did not finish within 300 ms"));
   free(log);
@@ -1068,8 +901,8 @@ START_TEST(no_driver) {
   ck_assert_uint_eq(h.n_devices, 1);
   ck_assert_str_eq(h.devices[0].name, "cpu");
   ql_close(c);
-  char *log = read_log(&d); /* td_stop() removes it */
-  ck_assert_int_eq(count(log, "cuda: no device: no CUDA driver"), 1);
+  char *log = td_read_log(&d); /* td_stop() removes it */
+  ck_assert_int_eq(td_count(log, "cuda: no device: no CUDA driver"), 1);
   free(log);
   ck_assert_int_eq(td_stop(&d), 0);
   /* A required GPU that is not there: the daemon does not start. */
@@ -1099,9 +932,5 @@ int main(void) {
   tcase_add_test(tc, batches_in_flight);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
+  return td_run_suite(s);
 }

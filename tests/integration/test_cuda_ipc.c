@@ -41,23 +41,6 @@
 #define M 5
 #define TMO 20000
 
-static char *read_log(const td *d) {
-  FILE *f = fopen(d->log, "r");
-  ck_assert_ptr_nonnull(f);
-  char *buf = tu_xmalloc(1 << 20);
-  size_t n = fread(buf, 1, (1 << 20) - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  return buf;
-}
-
-static int count(const char *hay, const char *needle) {
-  int n = 0;
-  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
-    n++;
-  return n;
-}
-
 /* Mappings in process pid of memory that process owner allocated on the
  * emulated runtime (its memfds are named "ql-emu-cuda:<owner>:..."). */
 static int mappings_of(pid_t pid, pid_t owner) {
@@ -86,11 +69,7 @@ static int wait_unmapped(const td *d, pid_t owner) {
 /* Two emulated GPUs, here and in the daemon: the same UUIDs on both sides,
  * as two processes on one machine see the same GPUs. */
 static void start(td *d, const char *const *args) {
-  const char *bin = getenv("QLINEARD_CUDAEMU");
-  ck_assert_msg(bin != NULL, "QLINEARD_CUDAEMU is not set");
-  setenv("QLINEARD", bin, 1);
-  setenv("QL_EMU_CUDA_DEVICES", "2", 1);
-  unsetenv("QL_EMU_CUDA_FAULT");
+  td_cuda_env("2", NULL);
   td_start(d, args);
 }
 
@@ -136,22 +115,12 @@ static int raw_linear(const td *d, const char *weight, const char *device,
   Qlinear__V1__LinearRequest lin;
   Qlinear__V1__Tensor xt;
   uint64_t shape[2] = {M, K};
-  qlinear__v1__request__init(&req);
-  qlinear__v1__linear_request__init(&lin);
-  qlinear__v1__tensor__init(&xt);
-  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
-  xt.shape = shape;
-  xt.n_shape = 2;
+  td_linear_request(&req, &lin, &xt, shape, weight, device,
+                    QL_PATH_WEIGHT_ONLY);
   xt.data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
   xt.cuda_ipc = (Qlinear__V1__CudaIpcSlice *)xs;
-  lin.weight = (char *)weight;
-  lin.x = &xt;
-  lin.device = (char *)(device ? device : "");
-  lin.path = QLINEAR__V1__PATH__PATH_WEIGHT_ONLY;
   lin.y_out_cuda = (Qlinear__V1__CudaIpcSlice *)ys;
   req.request_id = 91;
-  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
-  req.linear = &lin;
   Qlinear__V1__Response *r = td_call(d, &req, TMO);
   ck_assert_ptr_nonnull(r);
   int rc = r->status->code;
@@ -249,9 +218,9 @@ START_TEST(round_trip) {
                 "AQ y in device memory is not the inline reply");
 
   /* Opened once each for this session, and mapped in the daemon. */
-  char *log = read_log(&d);
-  ck_assert_int_eq(count(log, "opened a CUDA IPC allocation"), 2);
-  ck_assert_int_eq(count(log, "closed a CUDA IPC allocation"), 0);
+  char *log = td_read_log(&d);
+  ck_assert_int_eq(td_count(log, "opened a CUDA IPC allocation"), 2);
+  ck_assert_int_eq(td_count(log, "closed a CUDA IPC allocation"), 0);
   free(log);
   ck_assert_int_eq(ql_emu_cuda_ipc_mapped_in(d.pid, xa), 1);
   ck_assert_int_eq(ql_emu_cuda_ipc_mapped_in(d.pid, ya), 1);
@@ -263,8 +232,8 @@ START_TEST(round_trip) {
                                   QL_DTYPE_F32, M, K, &xs, N, NULL, got, NULL),
                    0);
   ck_assert(memcmp(got, want, sizeof got) == 0);
-  log = read_log(&d);
-  ck_assert_int_eq(count(log, "opened a CUDA IPC allocation"), 3);
+  log = td_read_log(&d);
+  ck_assert_int_eq(td_count(log, "opened a CUDA IPC allocation"), 3);
   free(log);
   ql_close(c2);
   ql_close(c);
@@ -274,8 +243,8 @@ START_TEST(round_trip) {
   ck_assert_int_eq(ql_emu_cuda_ipc_mapped_in(d.pid, ya), 0);
   int closed = 0;
   for (int i = 0; i < 400 && closed < 3; i++) {
-    log = read_log(&d);
-    closed = count(log, "closed a CUDA IPC allocation");
+    log = td_read_log(&d);
+    closed = td_count(log, "closed a CUDA IPC allocation");
     free(log);
     if (closed < 3)
       usleep(20000);
@@ -364,8 +333,8 @@ START_TEST(multi) {
   dev_read(got, ya + sizeof got, sizeof got);
   ck_assert_msg(memcmp(got, w2, sizeof got) == 0, "multi: weight 2");
   /* One import for x, one for both y slices. */
-  char *log = read_log(&d);
-  ck_assert_int_eq(count(log, "opened a CUDA IPC allocation"), 2);
+  char *log = td_read_log(&d);
+  ck_assert_int_eq(td_count(log, "opened a CUDA IPC allocation"), 2);
   ck_assert_ptr_nonnull(strstr(log, "opened a CUDA IPC allocation of 4000 "
                                     "bytes on cuda:1"));
   free(log);
@@ -574,8 +543,8 @@ START_TEST(kill9_mid_flight) {
   /* The import is opened at arrival, before the batch sleeps. */
   int opened = 0;
   for (int i = 0; i < 400 && opened < 2; i++) {
-    char *log = read_log(&d);
-    opened = count(log, "opened a CUDA IPC allocation");
+    char *log = td_read_log(&d);
+    opened = td_count(log, "opened a CUDA IPC allocation");
     free(log);
     if (opened < 2)
       usleep(20000);
@@ -589,13 +558,13 @@ START_TEST(kill9_mid_flight) {
   ck_assert(wait_unmapped(&d, child));
   /* The session ended first; the imports closed after, when the request
    * that used them finished. */
-  char *log = read_log(&d);
+  char *log = td_read_log(&d);
   const char *ended = strstr(log, "2 IPC allocations let go");
   const char *closed = strstr(log, "closed a CUDA IPC allocation");
   ck_assert_ptr_nonnull(ended);
   ck_assert_ptr_nonnull(closed);
   ck_assert_msg(ended < closed, "an import closed before its request ended");
-  ck_assert_int_eq(count(log, "closed a CUDA IPC allocation"), 2);
+  ck_assert_int_eq(td_count(log, "closed a CUDA IPC allocation"), 2);
   free(log);
   /* Still serving. */
   float x[M * K], y[M * N];
@@ -647,9 +616,5 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, hostile_slices);
   tcase_add_test(tc, kill9_mid_flight);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
+  return td_run_suite(s);
 }

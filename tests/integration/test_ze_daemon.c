@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,41 +49,9 @@
  * refused. */
 #define REFUSED "a Level Zero call refused"
 
-/* The environment of a daemon (and of this process's children) on the test
- * driver with the validation layer: devices of mem bytes each (NULL: the
- * driver's default), faults as QL_ZE_TEST_FAULT (NULL: none). */
+/* td_ze_env() on the test driver. */
 static void ze_env(const char *devices, const char *mem, const char *fault) {
-  setenv("ZE_ENABLE_ALT_DRIVERS", QL_ZE_TEST_DRIVER, 1);
-  setenv("ZE_ENABLE_VALIDATION_LAYER", "1", 1);
-  setenv("ZE_ENABLE_PARAMETER_VALIDATION", "1", 1);
-  setenv("ZE_ENABLE_HANDLE_LIFETIME", "1", 1);
-  setenv("QL_ZE_TEST_DEVICES", devices, 1);
-  if (mem != NULL)
-    setenv("QL_ZE_TEST_MEM", mem, 1);
-  else
-    unsetenv("QL_ZE_TEST_MEM");
-  if (fault != NULL)
-    setenv("QL_ZE_TEST_FAULT", fault, 1);
-  else
-    unsetenv("QL_ZE_TEST_FAULT");
-}
-
-/* Reads the daemon's log into a new string. */
-static char *read_log(const td *d) {
-  FILE *f = fopen(d->log, "r");
-  ck_assert_ptr_nonnull(f);
-  char *buf = tu_xmalloc(1 << 20);
-  size_t n = fread(buf, 1, (1 << 20) - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  return buf;
-}
-
-static int count(const char *hay, const char *needle) {
-  int n = 0;
-  for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
-    n++;
-  return n;
+  td_ze_env(QL_ZE_TEST_DRIVER, devices, mem, fault);
 }
 
 /* 1 when the running daemon has a file whose path contains lib mapped. */
@@ -107,40 +74,8 @@ static int daemon_maps(const td *d, const char *lib) {
 static int linear_path(const td *d, const char *weight, const char *device,
                        ql_path path, const float *x, uint64_t m, float *y,
                        char *msg, size_t msglen) {
-  Qlinear__V1__Request req;
-  Qlinear__V1__LinearRequest lin;
-  Qlinear__V1__Tensor xt;
-  uint64_t shape[2] = {m, K};
-  qlinear__v1__request__init(&req);
-  qlinear__v1__linear_request__init(&lin);
-  qlinear__v1__tensor__init(&xt);
-  xt.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
-  xt.shape = shape;
-  xt.n_shape = 2;
-  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
-  xt.inline_data.data = (uint8_t *)x;
-  xt.inline_data.len = m * K * sizeof(float);
-  lin.weight = (char *)weight;
-  lin.x = &xt;
-  lin.device = (char *)(device ? device : "");
-  lin.path = (Qlinear__V1__Path)path;
-  req.request_id = 77;
-  req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
-  req.linear = &lin;
-  Qlinear__V1__Response *r = td_call(d, &req, TMO);
-  ck_assert_ptr_nonnull(r);
-  int rc = r->status->code;
-  if (msg != NULL)
-    snprintf(msg, msglen, "%s", r->status->message ? r->status->message : "");
-  if (rc == 0) {
-    ck_assert_uint_eq(r->linear->y->inline_data.len, m * N * sizeof(float));
-    memcpy(y, r->linear->y->inline_data.data, m * N * sizeof(float));
-    ck_assert_str_eq(r->linear->impl, path == QL_PATH_ACT_QUANT
-                                          ? "ze.linear_aq"
-                                          : "ze.linear_wo");
-  }
-  qlinear__v1__response__free_unpacked(r, NULL);
-  return rc;
+  return td_linear_backend(d, "ze", weight, device, path, x, m, K, N, y, msg,
+                           msglen, TMO);
 }
 
 static int linear_on(const td *d, const char *weight, const char *device,
@@ -148,6 +83,53 @@ static int linear_on(const td *d, const char *weight, const char *device,
                      size_t msglen) {
   return linear_path(d, weight, device, QL_PATH_WEIGHT_ONLY, x, m, y, msg,
                      msglen);
+}
+
+/* What expected_op() computes in its child; its stderr goes to err. */
+typedef struct expect_args {
+  const td_layer *l;
+  ql_format f;
+  uint32_t gs;
+  ql_op op;
+  const float *x;
+  uint64_t m;
+  int err;
+} expect_args;
+
+static int expect_in_child(void *arg, float *out) {
+  const expect_args *a = arg;
+  const td_layer *l = a->l;
+  size_t bytes = a->m * l->n * sizeof(float);
+  dup2(a->err, 2);
+  ql_quant_params p = {a->f, a->gs, 0, (ql_dtype)0};
+  ql_qweight *q = NULL;
+  const char *impl = NULL;
+  const ql_backend *ze = ql_backend_find("ze");
+  const char *why = NULL;
+  const char *want = a->op == QL_OP_LINEAR_AQ ? "ze.linear_aq"
+                                              : "ze.linear_wo";
+  float *ref = malloc(bytes);
+  int ok = ref != NULL && ze != NULL && ze->device_count(&why) > 0 &&
+           ze->device_bind(0) == 0 &&
+           ql_qweight_quantize(&p, (int64_t)l->n, (int64_t)l->k,
+                               QL_DTYPE_F32, l->w, l->b, &q) == 0 &&
+           ql_run_linear(ze, a->op, q, NULL, QL_DTYPE_F32, a->x,
+                         (int64_t)a->m, out, &impl) == 0 &&
+           impl != NULL && strcmp(impl, want) == 0 &&
+           ql_run_linear(NULL, a->op, q, NULL, QL_DTYPE_F32, a->x,
+                         (int64_t)a->m, ref, NULL) == 0;
+  /* The generic implementation of the same op computes the same sums in
+   * another order: with K = 200 and these magnitudes (|x| ~ 1,
+   * |w| ~ 0.05) the fp32 difference stays far below 1e-3, while a wrong
+   * scale, group or row is off by much more. test_conformance_ze_l0
+   * holds the backend to the exact bounds. */
+  for (size_t i = 0; ok && i < a->m * l->n; i++)
+    if (!(fabsf(out[i] - ref[i]) <= 1e-3f * (1.0f + fabsf(ref[i])))) {
+      fprintf(stderr, "y[%zu] = %g, the generic implementation %g\n", i,
+              (double)out[i], (double)ref[i]);
+      ok = 0;
+    }
+  return ok;
 }
 
 /* The result this process's own ze backend (the same host code, driver
@@ -159,48 +141,10 @@ static int linear_on(const td *d, const char *weight, const char *device,
  * the backend wrote REFUSED on its stderr, which goes to a file here. */
 static void expected_op(const td_layer *l, ql_format f, uint32_t gs,
                         ql_op op, const float *x, uint64_t m, float *y) {
-  size_t bytes = m * l->n * sizeof(float);
-  float *out = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  ck_assert(out != MAP_FAILED);
   FILE *err = tmpfile();
   ck_assert_ptr_nonnull(err);
-  pid_t pid = fork();
-  ck_assert_int_ge(pid, 0);
-  if (pid == 0) {
-    dup2(fileno(err), 2);
-    ql_quant_params p = {f, gs, 0, (ql_dtype)0};
-    ql_qweight *q = NULL;
-    const char *impl = NULL;
-    const ql_backend *ze = ql_backend_find("ze");
-    const char *why = NULL;
-    const char *want = op == QL_OP_LINEAR_AQ ? "ze.linear_aq"
-                                             : "ze.linear_wo";
-    float *ref = malloc(bytes);
-    int ok = ref != NULL && ze != NULL && ze->device_count(&why) > 0 &&
-             ze->device_bind(0) == 0 &&
-             ql_qweight_quantize(&p, (int64_t)l->n, (int64_t)l->k,
-                                 QL_DTYPE_F32, l->w, l->b, &q) == 0 &&
-             ql_run_linear(ze, op, q, NULL, QL_DTYPE_F32, x, (int64_t)m, out,
-                           &impl) == 0 &&
-             impl != NULL && strcmp(impl, want) == 0 &&
-             ql_run_linear(NULL, op, q, NULL, QL_DTYPE_F32, x, (int64_t)m,
-                           ref, NULL) == 0;
-    /* The generic implementation of the same op computes the same sums in
-     * another order: with K = 200 and these magnitudes (|x| ~ 1,
-     * |w| ~ 0.05) the fp32 difference stays far below 1e-3, while a wrong
-     * scale, group or row is off by much more. test_conformance_ze_l0
-     * holds the backend to the exact bounds. */
-    for (size_t i = 0; ok && i < m * l->n; i++)
-      if (!(fabsf(out[i] - ref[i]) <= 1e-3f * (1.0f + fabsf(ref[i])))) {
-        fprintf(stderr, "y[%zu] = %g, the generic implementation %g\n", i,
-                (double)out[i], (double)ref[i]);
-        ok = 0;
-      }
-    _exit(ok ? 0 : 1);
-  }
-  int status = 0;
-  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  expect_args a = {l, f, gs, op, x, m, fileno(err)};
+  int status = td_child_floats(expect_in_child, &a, y, m * l->n);
   char text[4096];
   rewind(err);
   size_t n = fread(text, 1, sizeof text - 1, err);
@@ -209,8 +153,14 @@ static void expected_op(const td_layer *l, ql_format f, uint32_t gs,
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
                 "the in-process ze backend failed (%d): %s", status, text);
   ck_assert_msg(strstr(text, REFUSED) == NULL, "in process: %s", text);
-  memcpy(y, out, bytes);
-  munmap(out, bytes);
+}
+
+/* expected_op() with the op a request's path runs (td_accel.expected). */
+static void expected_path(const td_layer *l, ql_format f, uint32_t gs,
+                          ql_path path, const float *x, uint64_t m, float *y) {
+  expected_op(l, f, gs,
+              path == QL_PATH_ACT_QUANT ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO,
+              x, m, y);
 }
 
 static void expected(const td_layer *l, ql_format f, uint32_t gs,
@@ -250,6 +200,21 @@ START_TEST(validation_layer_active) {
 }
 END_TEST
 
+/* NaN in x: a clear error, and the device stays in service. */
+static void nan_in_x(const td *d, const char *weight, const float *x,
+                     uint64_t m) {
+  float xbad[5 * K], y[5 * N];
+  ck_assert_uint_eq(m, 5);
+  memcpy(xbad, x, sizeof xbad);
+  xbad[3 * K + 7] = NAN;
+  ck_assert_int_eq(linear_on(d, weight, "ze:0", xbad, m, y, NULL, 0),
+                   QL_ENONFINITE);
+}
+
+/* The ze backend, for the harness's shared checks. */
+static const td_accel ze = {"ze:0", "ze:1", N, K, linear_path, expected_path,
+                            nan_in_x};
+
 /* Two ze devices and the CPU; weights of every format go to both, are
  * served there by alias, by UUID and by the scheduler's choice, both
  * paths where the format has AQ; stats count device memory per device. */
@@ -273,83 +238,17 @@ START_TEST(serves_on_ze) {
   ck_assert_int_eq(h.devices[0].name[3 + 8], '-');
   ck_assert_str_ne(h.devices[0].name, h.devices[1].name);
 
-  static const struct {
-    ql_format f;
-    uint32_t gs;
-  } fmts[] = {{QL_FORMAT_Q4G, 64}, {QL_FORMAT_Q8C, 0}, {QL_FORMAT_Q8B, 32},
-              {QL_FORMAT_F8R, 0}};
-  for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++) {
-    td_layer l;
-    char name[32];
-    ql_weight_info info;
-    td_layer_make(&l, N, K, 10 + i, 1);
-    snprintf(name, sizeof name, "w%zu", i);
-    ck_assert_int_eq(td_load(c, name, &l, fmts[i].f, fmts[i].gs, 0, &info,
-                             NULL),
-                     0);
-    ck_assert_uint_eq(info.n_devices, 2);
-    ck_assert_ptr_nonnull(strstr(info.devices, h.devices[0].name));
-    ck_assert_ptr_nonnull(strstr(info.devices, h.devices[1].name));
-    const uint64_t m = 5;
-    float x[5 * K], y[5 * N], want[5 * N];
-    uint64_t seed = 100 + i;
-    td_randn(&seed, x, m * K, 1.0f);
-    expected(&l, fmts[i].f, fmts[i].gs, x, m, want);
-    /* Each device by alias and by name, and the scheduler's choice. */
-    const char *on[] = {"ze:0", "ze:1", h.devices[1].name, NULL};
-    for (size_t j = 0; j < 4; j++) {
-      memset(y, 0, sizeof y);
-      ck_assert_int_eq(linear_on(&d, name, on[j], x, m, y, NULL, 0), 0);
-      ck_assert_msg(memcmp(y, want, sizeof y) == 0,
-                    "%s on %s: not the in-process result", name,
-                    on[j] ? on[j] : "(any)");
-    }
-    /* Activation-quantized, where the format has it. */
-    if (fmts[i].f == QL_FORMAT_Q4G || fmts[i].f == QL_FORMAT_Q8C) {
-      expected_op(&l, fmts[i].f, fmts[i].gs, QL_OP_LINEAR_AQ, x, m, want);
-      ck_assert_int_eq(linear_path(&d, name, "ze:1", QL_PATH_ACT_QUANT, x, m,
-                                   y, NULL, 0),
-                       0);
-      ck_assert_msg(memcmp(y, want, sizeof y) == 0,
-                    "%s AQ: not the in-process result", name);
-    }
-    /* NaN in x: a clear error, and the device stays in service. */
-    float xbad[5 * K];
-    char msg[256];
-    memcpy(xbad, x, sizeof xbad);
-    xbad[3 * K + 7] = NAN;
-    ck_assert_int_eq(linear_on(&d, name, "ze:0", xbad, m, y, NULL, 0),
-                     QL_ENONFINITE);
-    /* The CPU does not hold it. */
-    ck_assert_int_eq(linear_on(&d, name, "cpu", x, m, y, msg, sizeof msg),
-                     QL_ENOTFOUND);
-    ck_assert_ptr_nonnull(strstr(msg, "ze:0"));
-    td_layer_free(&l);
-  }
-  ql_stats_info *st = NULL;
-  ck_assert_int_eq(ql_stats(c, &st), 0);
-  ck_assert_uint_eq(st->n_devices, 3);
-  ck_assert_uint_gt(st->devices[0].bytes_resident, 0);
-  ck_assert_uint_eq(st->devices[0].bytes_resident,
-                    st->devices[1].bytes_resident);
-  ck_assert_uint_gt(st->devices[0].budget_bytes, 0);
-  ck_assert_uint_eq(st->n_per_weight, 8);
-  uint64_t reqs = 0;
-  for (size_t i = 0; i < st->n_per_weight; i++) {
-    ck_assert_ptr_null(strstr(st->per_weight[i].device, "cpu"));
-    reqs += st->per_weight[i].requests;
-  }
-  ck_assert_uint_ge(reqs, 4 * 4 + 2);
-  ql_stats_free(st);
+  /* Each format on both devices; the NaN requests may count too. */
+  ck_assert_uint_ge(td_serve_formats(&d, c, &h, &ze), 4 * 4 + 2);
   ql_close(c);
-  char *log = read_log(&d);
+  char *log = td_read_log(&d);
   /* Each device announced once, with its UUID; none left service. */
   for (int i = 0; i < 2; i++) {
     char line[128];
     snprintf(line, sizeof line, "device %s: ", h.devices[i].alias);
     ck_assert_ptr_nonnull(strstr(log, line));
     snprintf(line, sizeof line, "(%s), ", h.devices[i].name);
-    ck_assert_int_eq(count(log, line), 1);
+    ck_assert_int_eq(td_count(log, line), 1);
   }
   ck_assert_ptr_null(strstr(log, "out of service"));
   assert_clean(log);
@@ -390,7 +289,7 @@ START_TEST(device_budget) {
   td_layer_free(&big);
   td_layer_free(&small);
   ql_close(c);
-  char *log = read_log(&d);
+  char *log = td_read_log(&d);
   ck_assert_msg(strstr(log, REFUSED) == NULL, "%s", log);
   free(log);
   ck_assert_int_eq(td_stop(&d), 0);
@@ -420,31 +319,11 @@ START_TEST(failing_devices) {
   char msg[256];
 
   /* Device 0 serves until it is lost, then fails with QL_EDEVICE. */
-  int rc = 0, served = 0;
-  for (int i = 0; i < 100 && rc == 0; i++) {
-    rc = linear_on(&d, "w", "ze:0", x, 2, y, msg, sizeof msg);
-    if (rc == 0) {
-      ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
-      served++;
-    }
-  }
-  ck_assert_int_gt(served, 0);
-  ck_assert_int_eq(rc, QL_EDEVICE);
-  ck_assert_ptr_nonnull(strstr(msg, "device"));
-  /* Out of service: refused at once, by name. */
-  ck_assert_int_eq(linear_on(&d, "w", "ze:0", x, 2, y, msg, sizeof msg),
-                   QL_EDEVICE);
-  ck_assert_ptr_nonnull(strstr(msg, "ze:0 is out of service"));
+  td_device_fails(&d, &ze, "w", "ze:0", x, 2, want);
   /* Requests that name no device go to device 1 until it hangs. */
-  served = 0;
-  rc = 0;
-  for (int i = 0; i < 100 && rc == 0; i++) {
-    rc = linear_on(&d, "w", NULL, x, 2, y, msg, sizeof msg);
-    if (rc == 0) {
-      ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
-      served++;
-    }
-  }
+  int rc = 0;
+  int served = td_serve_until_error(&d, &ze, "w", NULL, x, 2, want, &rc, msg,
+                                    sizeof msg, NULL);
   /* Failed by the kernel timeout, not left hanging (the log says which,
    * below). */
   ck_assert_int_gt(served, 0);
@@ -460,9 +339,9 @@ START_TEST(failing_devices) {
   ck_assert_int_eq(ql_linear(c, "w2", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 2,
                              K, x, N, y, NULL),
                    0);
-  char *log = read_log(&d);
-  ck_assert_int_eq(count(log, "device ze:0 ("), 1);
-  ck_assert_int_eq(count(log, "device ze:1 ("), 1);
+  char *log = td_read_log(&d);
+  ck_assert_int_eq(td_count(log, "device ze:0 ("), 1);
+  ck_assert_int_eq(td_count(log, "device ze:1 ("), 1);
   ck_assert_ptr_nonnull(
       strstr(log, "Level Zero error ZE_RESULT_ERROR_DEVICE_LOST"));
   ck_assert_ptr_nonnull(strstr(log, "did not finish within 300 ms"));
@@ -490,8 +369,8 @@ START_TEST(no_driver) {
     ck_assert_str_ne(h.devices[i].kind, "ze");
   ck_assert_str_eq(h.devices[h.n_devices - 1].name, "cpu");
   ql_close(c);
-  char *log = read_log(&d); /* td_stop() removes it */
-  ck_assert_int_eq(count(log, "ze: no device: no Level Zero driver"), 1);
+  char *log = td_read_log(&d); /* td_stop() removes it */
+  ck_assert_int_eq(td_count(log, "ze: no device: no Level Zero driver"), 1);
   free(log);
   ck_assert_int_eq(td_stop(&d), 0);
   /* A required ze device that is not there: the daemon does not start. */
@@ -514,9 +393,5 @@ int main(void) {
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
+  return td_run_suite(s);
 }

@@ -41,15 +41,9 @@
 #define M 5
 #define TMO 60000
 
+/* td_ze_env() on the test driver, without faults. */
 static void ze_env(const char *devices) {
-  setenv("ZE_ENABLE_ALT_DRIVERS", QL_ZE_TEST_DRIVER, 1);
-  setenv("ZE_ENABLE_VALIDATION_LAYER", "1", 1);
-  setenv("ZE_ENABLE_PARAMETER_VALIDATION", "1", 1);
-  setenv("ZE_ENABLE_HANDLE_LIFETIME", "1", 1);
-  setenv("QL_ZE_TEST_DEVICES", devices, 1);
-  unsetenv("QL_ZE_TEST_MEM");
-  unsetenv("QL_ZE_TEST_FAULT");
-  unsetenv("QL_ZE_TEST_IPC");
+  td_ze_env(QL_ZE_TEST_DRIVER, devices, NULL, NULL);
 }
 
 /* In the child: a failed check ends it with its line as the exit code
@@ -144,17 +138,6 @@ static void load_weights(ql_client *c, td_layer *l) {
   td_layer_make(l, N, K, 7, 1);
   CHK(td_load(c, "wq4", l, QL_FORMAT_Q4G, 64, 0, NULL, NULL) == 0);
   CHK(td_load(c, "wq8", l, QL_FORMAT_Q8B, 32, 0, NULL, NULL) == 0);
-}
-
-/* Reads the daemon's log into a new string. */
-static char *read_log(const td *d) {
-  FILE *f = fopen(d->log, "r");
-  ck_assert_ptr_nonnull(f);
-  char *buf = tu_xmalloc(1 << 20);
-  size_t n = fread(buf, 1, (1 << 20) - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  return buf;
 }
 
 static int run_child(void (*fn)(const td *), const td *d) {
@@ -421,7 +404,7 @@ START_TEST(imports_and_linear) {
   ql_hello_info h;
   ck_assert_int_eq(ql_hello(c, &h), 0);
   ql_close(c);
-  char *log = read_log(&d);
+  char *log = td_read_log(&d);
   ck_assert_msg(strstr(log, "a Level Zero call refused") == NULL, "%s", log);
   ck_assert_ptr_nonnull(strstr(log, "imported a Level Zero IPC allocation"));
   ck_assert_ptr_nonnull(strstr(log, "closed a Level Zero IPC allocation"));
@@ -492,16 +475,24 @@ START_TEST(raw_imports) {
 }
 END_TEST
 
+/* In a child: device 0's context, an 8 KiB allocation on it (in *buf)
+ * whose first 4 KiB are exported as ex, and a new client of d. */
+static ql_client *export_page(const td *d, zc *z, void **buf,
+                              ql_ze_export *ex) {
+  zc_init(z, 1);
+  *buf = zc_alloc(z, 0, 8192);
+  CHK(ql_ze_export_ptr(z->ctx, *buf, 4096, ex) == 0);
+  return td_connect(d);
+}
+
 /* The child of no_driver_ipc. */
 static void child_no_ipc(const td *d) {
   zc z;
   ql_ze_export ex;
   uint64_t id = 0;
   struct stat st;
-  zc_init(&z, 1);
-  void *buf = zc_alloc(&z, 0, 8192);
-  CHK(ql_ze_export_ptr(z.ctx, buf, 4096, &ex) == 0);
-  ql_client *c = td_connect(d);
+  void *buf = NULL;
+  ql_client *c = export_page(d, &z, &buf, &ex);
   CHK(ql_ze_import(c, ex.fd, ex.handle, ex.device, &id, NULL) == QL_ENOTSUP);
   CHK(strstr(ql_errmsg(), "no memory IPC") != NULL && id == 0);
   /* The refused descriptor is closed before the reply. */
@@ -617,10 +608,8 @@ static void child_killed(const td *d) {
   ql_ze_export ex;
   uint64_t id = 0;
   struct stat st;
-  zc_init(&z, 1);
-  void *buf = zc_alloc(&z, 0, 8192);
-  CHK(ql_ze_export_ptr(z.ctx, buf, 4096, &ex) == 0);
-  ql_client *c = td_connect(d);
+  void *buf = NULL;
+  ql_client *c = export_page(d, &z, &buf, &ex);
   CHK(ql_ze_import(c, ex.fd, ex.handle, ex.device, &id, NULL) == 0);
   CHK(fstat(ex.fd, &st) == 0);
   CHK(write(kill_pipe[1], &st, sizeof st) == (ssize_t)sizeof st);
@@ -669,9 +658,5 @@ int main(void) {
   tcase_add_test(tc, held_while_running);
   tcase_add_test(tc, killed_client);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed == 0 ? 0 : 1;
+  return td_run_suite(s);
 }
