@@ -184,6 +184,30 @@ typedef struct multi {
   } part[QL_MULTI_MAX];
 } multi;
 
+/*
+ * y of a reply whose result went into the client's device memory: the
+ * slice it asked for (want_cuda or want_ze), without handles: nothing that
+ * maps memory travels back, and an import id names nothing outside the
+ * session. yc or yz holds the slice; y points at it.
+ */
+static void device_y(Qlinear__V1__Tensor *y,
+                     const Qlinear__V1__CudaIpcSlice *want_cuda,
+                     const Qlinear__V1__ZeIpcSlice *want_ze,
+                     Qlinear__V1__CudaIpcSlice *yc, Qlinear__V1__ZeIpcSlice *yz) {
+  if (want_ze != NULL) {
+    *yz = *want_ze;
+    y->data_case = QLINEAR__V1__TENSOR__DATA_ZE_IPC;
+    y->ze_ipc = yz;
+    return;
+  }
+  qlinear__v1__cuda_ipc_slice__init(yc);
+  yc->offset = want_cuda->offset;
+  yc->length = want_cuda->length;
+  yc->device = want_cuda->device;
+  y->data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
+  y->cuda_ipc = yc;
+}
+
 static void multi_answer(ql__server *s, multi *mu) {
   ql__reply r;
   Qlinear__V1__LinearMultiResponse out;
@@ -208,18 +232,9 @@ static void multi_answer(ql__server *s, multi *mu) {
       y[i].dtype = (Qlinear__V1__DType)p->dt;
       y[i].shape = shape[i];
       y[i].n_shape = 2;
-      if (p->y == NULL && l->n_y_out_cuda != 0) {
-        /* The slice asked for, without its handles (ipc.h). */
-        qlinear__v1__cuda_ipc_slice__init(&yc[i]);
-        yc[i].offset = l->y_out_cuda[i]->offset;
-        yc[i].length = l->y_out_cuda[i]->length;
-        yc[i].device = l->y_out_cuda[i]->device;
-        y[i].data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
-        y[i].cuda_ipc = &yc[i];
-      } else if (p->y == NULL && l->n_y_out_ze != 0) {
-        yz[i] = *l->y_out_ze[i];
-        y[i].data_case = QLINEAR__V1__TENSOR__DATA_ZE_IPC;
-        y[i].ze_ipc = &yz[i];
+      if (p->y == NULL && (l->n_y_out_cuda != 0 || l->n_y_out_ze != 0)) {
+        device_y(&y[i], l->n_y_out_cuda ? l->y_out_cuda[i] : NULL,
+                 l->n_y_out_ze ? l->y_out_ze[i] : NULL, &yc[i], &yz[i]);
       } else if (p->y == NULL) {
         qlinear__v1__region_slice__init(&ys[i]);
         ys[i].region_id = l->y_out[i]->region_id;
@@ -342,22 +357,9 @@ static void answer(ql__server *s, lin_req *j) {
       yslice.length = want->length;
       y.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
       y.region = &yslice;
-    } else if (j->ym != NULL && j->req->msg->linear->y_out_ze != NULL) {
-      /* The slice asked for: an import id names nothing outside the
-       * session. */
-      yze = *j->req->msg->linear->y_out_ze;
-      y.data_case = QLINEAR__V1__TENSOR__DATA_ZE_IPC;
-      y.ze_ipc = &yze;
     } else if (j->ym != NULL) {
-      /* Written into the client's device memory: name the slice, without
-       * its handles (nothing that maps memory travels back). */
-      const Qlinear__V1__CudaIpcSlice *want = j->req->msg->linear->y_out_cuda;
-      qlinear__v1__cuda_ipc_slice__init(&ycuda);
-      ycuda.offset = want->offset;
-      ycuda.length = want->length;
-      ycuda.device = want->device;
-      y.data_case = QLINEAR__V1__TENSOR__DATA_CUDA_IPC;
-      y.cuda_ipc = &ycuda;
+      device_y(&y, j->req->msg->linear->y_out_cuda,
+               j->req->msg->linear->y_out_ze, &ycuda, &yze);
     } else {
       y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
       y.inline_data.data = j->y;
@@ -681,6 +683,32 @@ static ql__region *slice_region(ql__session *ss, const char *what,
 }
 
 /*
+ * The device of a request's device tensors, from where x's (dx) and y's
+ * (dy) memory is, either NULL: one device, and the request's own when it
+ * names one (asked), since an allocation is mapped on the device it lives
+ * on and its request runs there. kind and ywhat name the tensors in
+ * errors. Sets r and returns NULL when it does not add up.
+ */
+static ql__device *one_device(ql__server *s, ql__device *dx, ql__device *dy,
+                              const char *asked, const char *kind,
+                              const char *ywhat, ql__reply *r) {
+  if (dx != NULL && dy != NULL && dx != dy) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: x is in the memory of %s, "
+                        "%s in that of %s: a request runs on one device",
+                        dx->alias, ywhat, dy->alias);
+    return NULL;
+  }
+  ql__device *d = dx != NULL ? dx : dy;
+  if (asked[0] != '\0' && ql__device_find(s, asked) != d) {
+    ql__reply_set_error(r, QL_EINVAL, "linear: the request asks for device "
+                        "'%.64s', its %s tensors are in the memory of %s",
+                        asked, kind, d->alias);
+    return NULL;
+  }
+  return d;
+}
+
+/*
  * The device of a request's CUDA IPC tensors (x, y or both; NULL when it
  * has none): the device their slices name, which must be one, must take
  * imports, and must be the request's own device when it names one: an
@@ -701,22 +729,12 @@ static int ipc_device(ql__server *s, const Qlinear__V1__CudaIpcSlice *xc,
                         "'%.64s'", yc->device);
     return 0;
   }
-  if (dx != NULL && dy != NULL && dx != dy) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: x is in the memory of %s, "
-                        "y_out_cuda in that of %s: a request runs on one "
-                        "device", dx->alias, dy->alias);
+  if ((d = one_device(s, dx, dy, asked, "CUDA IPC", "y_out_cuda", r)) ==
+      NULL)
     return 0;
-  }
-  d = dx != NULL ? dx : dy;
   if (d->b->ipc_open == NULL) {
     ql__reply_set_error(r, QL_ENOTSUP, "linear: device %s takes no CUDA IPC "
                         "memory", d->alias);
-    return 0;
-  }
-  if (asked[0] != '\0' && ql__device_find(s, asked) != d) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: the request asks for device "
-                        "'%.64s', its CUDA IPC tensors are in the memory of "
-                        "%s", asked, d->alias);
     return 0;
   }
   *out = d;
@@ -787,19 +805,12 @@ static int ze_imports(ql__server *s, ql__session *ss,
       return 0;
     }
   }
-  if (m[0] != NULL && m[1] != NULL && m[0]->dev != m[1]->dev) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: x is in the memory of %s, "
-                        "y_out_ze in that of %s: a request runs on one "
-                        "device", m[0]->dev->alias, m[1]->dev->alias);
+  ql__device *d = one_device(
+      s, m[0] ? &s->dev[m[0]->dev->index] : NULL,
+      m[1] ? &s->dev[m[1]->dev->index] : NULL, asked, "Level Zero",
+      "y_out_ze", r);
+  if (d == NULL)
     return 0;
-  }
-  ql__device *d = ql__device_find(s, (m[0] ? m[0] : m[1])->dev->name);
-  if (asked[0] != '\0' && ql__device_find(s, asked) != d) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: the request asks for device "
-                        "'%.64s', its Level Zero tensors are in the memory "
-                        "of %s", asked, d->alias);
-    return 0;
-  }
   *dev = d;
   *xm = m[0];
   *ym = m[1];
@@ -840,6 +851,34 @@ static ql_path auto_path(const ql__server *s, const ql__weight *w,
                                                     : QL_PATH_ACT_QUANT;
   }
   return aq ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY;
+}
+
+/*
+ * The checks of a y slice that do not depend on what memory holds it
+ * (what: "y_out", "y_out_cuda", "y_out_ze"): it holds exactly the
+ * [m, n] result of y_bytes, and, when x is in the same region or
+ * allocation (same), the two do not overlap. Both slices were checked to
+ * be inside that memory, so the sums cannot wrap. Sets r and returns 0
+ * when they fail.
+ */
+static int y_length_ok(const char *what, uint64_t len, uint64_t m, int64_t n,
+                       size_t esz, size_t y_bytes, ql__reply *r) {
+  if (len == y_bytes)
+    return 1;
+  ql__reply_set_error(r, QL_ESHAPE, "linear: the %s slice holds %llu bytes, "
+                      "[%llu,%lld] of %zu-byte elements needs %zu", what,
+                      (unsigned long long)len, (unsigned long long)m,
+                      (long long)n, esz, y_bytes);
+  return 0;
+}
+
+static int apart(const char *what, int same, uint64_t xoff, uint64_t xlen,
+                 uint64_t yoff, uint64_t ylen, ql__reply *r) {
+  if (!same || xoff >= yoff + ylen || yoff >= xoff + xlen)
+    return 1;
+  ql__reply_set_error(r, QL_EINVAL, "linear: the x and %s slices overlap",
+                      what);
+  return 0;
 }
 
 /*
@@ -947,60 +986,24 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
   if (ys != NULL) {
     if ((yr = slice_region(ss, "y_out", ys, r)) == NULL)
       return 0;
-    if (ys->length != y_bytes) {
-      ql__reply_set_error(r, QL_ESHAPE, "linear: the y_out slice holds %llu "
-                          "bytes, [%llu,%lld] of %zu-byte elements needs %zu",
-                          (unsigned long long)ys->length,
-                          (unsigned long long)m, (long long)w->q->n, esz,
-                          y_bytes);
+    if (!y_length_ok("y_out", ys->length, m, w->q->n, esz, y_bytes, r) ||
+        !apart("y_out", xr == yr, xs ? xs->offset : 0, xs ? xs->length : 0,
+               ys->offset, ys->length, r))
       return 0;
-    }
-    /* Both slices are inside their regions, so these sums cannot wrap. */
-    if (xr == yr && xs->offset < ys->offset + ys->length &&
-        ys->offset < xs->offset + xs->length) {
-      ql__reply_set_error(r, QL_EINVAL, "linear: the x and y_out slices "
-                          "overlap");
-      return 0;
-    }
   }
-  if (yz != NULL) {
-    if (yz->length != y_bytes) {
-      ql__reply_set_error(r, QL_ESHAPE, "linear: the y_out_ze slice holds "
-                          "%llu bytes, [%llu,%llu] of %zu-byte elements needs "
-                          "%zu", (unsigned long long)yz->length,
-                          (unsigned long long)m, (unsigned long long)w->q->n,
-                          esz, y_bytes);
-      return 0;
-    }
-    /* Both slices are inside the allocation, so these sums cannot wrap. */
-    if (xm == ym && xz->offset < yz->offset + yz->length &&
-        yz->offset < xz->offset + xz->length) {
-      ql__reply_set_error(r, QL_EINVAL, "linear: the x and y_out_ze slices "
-                          "overlap");
-      return 0;
-    }
-  }
+  if (yz != NULL &&
+      (!y_length_ok("y_out_ze", yz->length, m, w->q->n, esz, y_bytes, r) ||
+       !apart("y_out_ze", xm == ym, xz ? xz->offset : 0,
+              xz ? xz->length : 0, yz->offset, yz->length, r)))
+    return 0;
   if (xc != NULL && (xm = ipc_slice(ss, ipc_dev, "x", xc, r)) == NULL)
     return 0;
-  if (yc != NULL) {
-    if (yc->length != y_bytes) {
-      ql__reply_set_error(r, QL_ESHAPE, "linear: the y_out_cuda slice holds "
-                          "%llu bytes, [%llu,%lld] of %zu-byte elements needs "
-                          "%zu", (unsigned long long)yc->length,
-                          (unsigned long long)m, (long long)w->q->n, esz,
-                          y_bytes);
-      return 0;
-    }
-    if ((ym = ipc_slice(ss, ipc_dev, "y_out_cuda", yc, r)) == NULL)
-      return 0;
-    /* Both slices are inside the allocation, so these sums cannot wrap. */
-    if (xm == ym && xc->offset < yc->offset + yc->length &&
-        yc->offset < xc->offset + xc->length) {
-      ql__reply_set_error(r, QL_EINVAL, "linear: the x and y_out_cuda slices "
-                          "overlap");
-      return 0;
-    }
-  }
+  if (yc != NULL &&
+      (!y_length_ok("y_out_cuda", yc->length, m, w->q->n, esz, y_bytes, r) ||
+       (ym = ipc_slice(ss, ipc_dev, "y_out_cuda", yc, r)) == NULL ||
+       !apart("y_out_cuda", xm == ym, xc ? xc->offset : 0,
+              xc ? xc->length : 0, yc->offset, yc->length, r)))
+    return 0;
   /* Path: the request's own choice, else the weight's policy, else by the
    * request's own row count (DESIGN §6), never by what it is batched
    * with: that keeps its reply reproducible. */
@@ -1185,7 +1188,7 @@ int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
                           (long long)w->q->k);
       return 0;
     }
-    if (l->n_y_out == 0 && l->n_y_out_cuda == 0)
+    if (l->n_y_out == 0 && l->n_y_out_cuda == 0 && l->n_y_out_ze == 0)
       inline_bytes += (size_t)l->x->shape[0] * (size_t)w->q->n *
                       ql_dtype_size((int)l->x->dtype);
   }
