@@ -13,6 +13,7 @@
 #include "xover.h"
 #include "crossover.h"
 #include "devices.h"
+#include "linear.h"
 #include "log.h"
 
 #define CACHE_FILE "crossover.json"
@@ -87,8 +88,21 @@ static void save_file(struct ql__calib *c) {
   int fd = -1;
   if (c->path[0] == '\0' || root == NULL || obj == NULL)
     goto done;
-  for (size_t i = 0; i < c->n; i++)
-    json_object_set_new(obj, c->e[i].key, json_integer(c->e[i].rows));
+  for (size_t i = 0; i < c->n; i++) {
+    const ql__xover_entry *e = &c->e[i];
+    json_t *v = json_object(), *m = json_array(), *wo = json_array(),
+           *aq = json_array();
+    for (unsigned j = 0; j < e->n; j++) {
+      json_array_append_new(m, json_integer(e->m[j]));
+      json_array_append_new(wo, json_integer((json_int_t)e->wo_ns[j]));
+      json_array_append_new(aq, json_integer((json_int_t)e->aq_ns[j]));
+    }
+    json_object_set_new(v, "rows", json_integer(e->rows));
+    json_object_set_new(v, "m", m);
+    json_object_set_new(v, "wo_ns", wo);
+    json_object_set_new(v, "aq_ns", aq);
+    json_object_set_new(obj, e->key, v);
+  }
   json_object_set_new(root, "version", json_integer(QL_XOVER_VERSION));
   json_object_set(root, "crossover", obj);
   if ((text = json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS)) == NULL)
@@ -136,19 +150,19 @@ static const ql__xover_entry *lookup(const struct ql__calib *c,
   return NULL;
 }
 
-static int remember(struct ql__calib *c, const char *key, uint32_t rows) {
+/* Appends a copy of *e; the table's copy, or NULL when out of memory. */
+static const ql__xover_entry *remember(struct ql__calib *c,
+                                       const ql__xover_entry *e) {
   if (c->n == c->cap) {
     size_t cap = c->cap ? 2 * c->cap : 8;
-    ql__xover_entry *e = realloc(c->e, cap * sizeof *e);
-    if (e == NULL)
-      return QL_ENOMEM;
-    c->e = e;
+    ql__xover_entry *grown = realloc(c->e, cap * sizeof *grown);
+    if (grown == NULL)
+      return NULL;
+    c->e = grown;
     c->cap = cap;
   }
-  snprintf(c->e[c->n].key, sizeof c->e[c->n].key, "%s", key);
-  c->e[c->n].rows = rows;
-  c->n++;
-  return 0;
+  c->e[c->n] = *e;
+  return &c->e[c->n++];
 }
 
 int ql__calibrate_open(ql__server *s) {
@@ -196,19 +210,22 @@ uint32_t ql__calibrate_rows(const ql__server *s, const ql__weight *w, int dev,
   return s->cfg.crossover_default_rows;
 }
 
-/* Gives w its shape's crossover on device dev unless it has one. */
-static void set_known(ql__weight *w, unsigned dev, uint32_t rows) {
+/* Gives w its shape's crossover on device dev unless it has one, and its
+ * launch times there to the scheduler, which sizes prefill chunks by
+ * them. */
+static void set_known(ql__server *s, ql__weight *w, unsigned dev,
+                      const ql__xover_entry *e) {
   if (w->crossover_known >> dev & 1)
     return;
-  w->crossover[dev] = rows;
+  w->crossover[dev] = e->rows;
   w->crossover_known |= (uint64_t)1 << dev;
+  ql__linear_set_times(s, w, dev, e->m, e->wo_ns, e->aq_ns, e->n);
 }
 
 typedef struct apply_ctx {
-  const ql__server *s;
+  ql__server *s;
   const ql__device *d;
-  const char *key;
-  uint32_t rows;
+  const ql__xover_entry *e;
 } apply_ctx;
 
 static void apply_one(ql__weight *w, void *arg) {
@@ -218,20 +235,41 @@ static void apply_one(ql__weight *w, void *arg) {
   if (!(w->devices >> dev & 1) || (w->crossover_known >> dev & 1))
     return;
   shape_key(a->s, w, a->d, key, sizeof key);
-  if (strcmp(key, a->key) == 0)
-    set_known(w, dev, a->rows);
+  if (strcmp(key, a->e->key) == 0)
+    set_known(a->s, w, dev, a->e);
 }
 
 /* A (shape, device) is known: kept, given to every weight of that shape on
  * that device, and written to the cache file. */
-static void learned(ql__server *s, const ql__device *d, const char *key,
-                    uint32_t rows) {
+static void learned(ql__server *s, const ql__device *d,
+                    const ql__xover_entry *e) {
   struct ql__calib *c = s->calib;
-  if (remember(c, key, rows) != 0)
+  const ql__xover_entry *kept = remember(c, e);
+  if (kept == NULL)
     return;
-  apply_ctx a = {s, d, key, rows};
+  apply_ctx a = {s, d, kept};
   ql__weight_store_foreach(s->weights, apply_one, &a);
   save_file(c);
+}
+
+/* The entry of key: rows, and the times of res (NULL: none). */
+static void make_entry(ql__xover_entry *e, const char *key, uint32_t rows,
+                       const ql_crossover *res) {
+  memset(e, 0, sizeof *e);
+  snprintf(e->key, sizeof e->key, "%s", key);
+  e->rows = rows;
+  for (int i = 0; res != NULL && i < res->n && e->n < QL_XOVER_POINTS; i++) {
+    double wo = res->wo_ns[i], aq = res->aq_ns[i];
+    if (!(wo >= 1) || res->m[i] < 1 || res->m[i] > (int64_t)QL_XOVER_MAX_M)
+      continue;
+    e->m[e->n] = (uint32_t)res->m[i];
+    e->wo_ns[e->n] = wo > (double)QL_XOVER_MAX_NS ? QL_XOVER_MAX_NS
+                                                   : (uint64_t)wo;
+    e->aq_ns[e->n] = !(aq >= 1)                   ? 0
+                     : aq > (double)QL_XOVER_MAX_NS ? QL_XOVER_MAX_NS
+                                                    : (uint64_t)aq;
+    e->n++;
+  }
 }
 
 /* ------------------------------------------------------- measurements */
@@ -310,7 +348,9 @@ static void measure_done(ql__job *job) {
     ql__notice("crossover of %s (%lldx%lld) on %s: activation-quantized %s "
                "(%d sizes timed)", mj->w->name, (long long)mj->w->q->n,
                (long long)mj->w->q->k, d->alias, what, mj->res.n);
-    learned(s, d, mj->key, rows);
+    ql__xover_entry e;
+    make_entry(&e, mj->key, rows, &mj->res);
+    learned(s, d, &e);
   }
   ql__weight_unref(mj->w);
   free(mj);
@@ -333,13 +373,15 @@ static void next_measurement(ql__server *s) {
     measure_job *mj = NULL;
     if (e != NULL) {
       /* Measured for another weight of its shape meanwhile. */
-      set_known(p.w, p.dev, e->rows);
+      set_known(s, p.w, p.dev, e);
     } else if (!p.w->in_store || d->failed) {
       /* Gone, or nothing to measure on. */
     } else if (ql_dispatch(d->b, QL_OP_LINEAR_AQ, p.w->q->format,
                            QL_DTYPE_F32, 1, p.w->q->n, p.w->q->k) == NULL) {
       /* No activation-quantized path there: nothing to time. */
-      learned(s, d, key, QL_CROSSOVER_NEVER);
+      ql__xover_entry ne;
+      make_entry(&ne, key, QL_CROSSOVER_NEVER, NULL);
+      learned(s, d, &ne);
     } else if ((mj = calloc(1, sizeof *mj)) != NULL) {
       snprintf(mj->key, sizeof mj->key, "%s", key);
       mj->s = s;
@@ -376,7 +418,7 @@ void ql__calibrate_weight(ql__server *s, ql__weight *w) {
     shape_key(s, w, &s->dev[d], key, sizeof key);
     const ql__xover_entry *e = lookup(c, key);
     if (e != NULL) {
-      set_known(w, d, e->rows);
+      set_known(s, w, d, e);
       continue;
     }
     if (s->cfg.crossover_rows != 0)

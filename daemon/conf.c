@@ -137,9 +137,15 @@ static const ql__option options[] = {
      .help = "requests of at most this many rows are decode work, run "
              "before prefill work (larger requests)"},
     {.name = "prefill_chunk_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
-     FIELD(prefill_chunk_rows), .min = 1, .max = 1u << 20, .def = "32",
-     .help = "rows of one launch of prefill work: a longer prefill runs in "
-             "chunks, decode work between them"},
+     FIELD(prefill_chunk_rows), .min = 0, .max = 1u << 20, .def = "0",
+     .help = "the most rows of one launch of prefill work, always; 0: no "
+             "bound but max_batch_rows"},
+    {.name = "prefill_chunk_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(prefill_chunk_us), .min = 0, .max = 10000000, .def = "500",
+     .help = "while decode work is about on a device of one lane, a "
+             "prefill launch takes the most rows whose measured time fits "
+             "this many microseconds, so decode waits about that long at "
+             "most; 0: prefill runs whole"},
     {.name = "max_queue_delay_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(max_queue_delay_us), .min = 0, .max = 1000000, .def = "0",
      .help = "a batch smaller than max_batch_rows may wait this long for "

@@ -11,6 +11,7 @@
 #include "registry.h"
 #include "scheduler.h"
 #include "session.h"
+#include "xover.h"
 
 /* Slices one batch may hold: one per request at least, up to the rows. */
 #define BATCH_SLICES 256u
@@ -20,7 +21,8 @@
 /*
  * The scheduler orders two classes of work: decode (its WEIGHT_ONLY class:
  * runs first, never cut) and prefill (its ACT_QUANT class: after decode
- * work, in chunks of prefill_chunk_rows). A request's class is its size,
+ * work, whole, or in chunks of at most prefill_chunk_us of launch time
+ * while decode work is about). A request's class is its size,
  * decode up to decode_max_rows, whatever path its kernels take; the path
  * is in the queue key, so one launch never mixes paths or dtypes.
  */
@@ -90,6 +92,7 @@ static ql__sched_config sched_config(const ql__server *s) {
   sc.max_batch_rows = c->max_batch_rows;
   sc.max_queue_delay_us = c->max_queue_delay_us;
   sc.prefill_chunk_rows = c->prefill_chunk_rows;
+  sc.prefill_chunk_us = c->prefill_chunk_us;
   sc.max_queue = c->max_queue;
   sc.session_quota = c->session_max_requests;
   sc.n_devices = s->n_dev;
@@ -162,6 +165,32 @@ void ql__linear_close(ql__server *s) {
 
 size_t ql__linear_in_flight(const ql__server *s) {
   return s->lin ? s->lin->in_flight : 0;
+}
+
+void ql__linear_set_times(ql__server *s, ql__weight *w, unsigned dev,
+                          const uint32_t *m, const uint64_t *wo_ns,
+                          const uint64_t *aq_ns, unsigned n) {
+  uint32_t rows[QL_XOVER_POINTS];
+  uint64_t ns[QL_XOVER_POINTS];
+  if (s->lin == NULL || n == 0 || n > QL_XOVER_POINTS)
+    return;
+  for (int p = 0; p < 2; p++) {
+    const uint64_t *t = p ? aq_ns : wo_ns;
+    size_t k = 0;
+    for (unsigned i = 0; i < n; i++)
+      if (t[i] != 0) {
+        rows[k] = m[i];
+        ns[k++] = t[i];
+      }
+    if (k == 0)
+      continue;
+    for (ql_dtype dt = QL_DTYPE_F32; dt <= QL_DTYPE_BF16; dt++)
+      (void)ql__sched_set_curve(
+          s->lin->sched,
+          &w->sched_key[key_index(dt, p ? QL_PATH_ACT_QUANT
+                                        : QL_PATH_WEIGHT_ONLY)],
+          dev, rows, ns, k);
+  }
 }
 
 /* ----------------------------------------------------------- replies */

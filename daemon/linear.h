@@ -51,6 +51,15 @@ int ql__linear_submit_multi(ql__server *s, struct ql__session *ss,
 /* Linear requests accepted and not yet answered. */
 size_t ql__linear_in_flight(const ql__server *s);
 
+/* The measured launch times of w on device dev (n sizes: m[i] rows took
+ * wo_ns[i] weight-only and aq_ns[i] activation-quantized, 0 = no such
+ * path), given to the scheduler's queues of w there for every activation
+ * dtype: they size its prefill chunks. Nothing happens for n == 0 or when
+ * out of memory (the queues then learn from launches alone). */
+void ql__linear_set_times(ql__server *s, ql__weight *w, unsigned dev,
+                          const uint32_t *m, const uint64_t *wo_ns,
+                          const uint64_t *aq_ns, unsigned n);
+
 /* The session ended: its waiting requests are answered QL_ESESSION (their
  * replies go nowhere; this frees what they hold). */
 void ql__linear_session_ended(ql__server *s, uint64_t session_id);

@@ -53,7 +53,9 @@ typedef struct ql__config {
                                 path) queue */
   uint32_t max_batch_rows;   /* rows of one launch */
   uint32_t decode_max_rows;  /* requests up to this are decode work */
-  uint32_t prefill_chunk_rows; /* rows of one launch of prefill work */
+  uint32_t prefill_chunk_rows; /* most rows of a prefill launch; 0: none */
+  uint32_t prefill_chunk_us; /* a prefill launch's time budget while
+                                decode work is about; 0: none */
   uint64_t max_queue_delay_us; /* a small batch may wait this long */
   size_t session_max_requests; /* requests of one session in the queues */
   size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */

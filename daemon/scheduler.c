@@ -38,6 +38,13 @@ struct ql__sched_queue {
    * it low, which only costs a scan. */
   uint64_t min_deadline;
   uint32_t running; /* batches dispatched, not yet completed */
+  /* Launch times: point b holds a launch of rows in [2^b, 2^(b+1)) (the
+   * last point: that many or more), from the calibration or from launches
+   * seen; rows 0 = no point. See launch_ns(). */
+  struct {
+    uint32_t rows;
+    uint64_t ns;
+  } curve[QL_SCHED_CURVE_POINTS];
   /* In the device's list of its class while n > 0. */
   struct ql__sched_queue *act_prev, *act_next;
 };
@@ -56,6 +63,8 @@ typedef struct device {
   queue *active[NCLASS]; /* queues with waiting requests */
   uint64_t queued_cost;  /* estimated ns of the rows waiting */
   uint64_t running_cost; /* estimated ns of the batches running */
+  uint32_t running[NCLASS]; /* batches of each class running */
+  uint64_t decode_ns;    /* now_ns of the last decode submit; 0: none */
 } device;
 
 struct ql__sched {
@@ -208,13 +217,115 @@ uint64_t ql__sched_hist_lower_ns(unsigned bucket) {
   return (uint64_t)1 << (bucket + 9);
 }
 
-/* The most rows of one launch from a queue of class cls. */
+/* The most rows of one launch from a queue of class cls, whatever the
+ * time: max_batch_rows, and prefill_chunk_rows for prefill. */
 static uint32_t batch_cap(const ql__sched *s, int cls) {
   uint32_t cap = s->cfg.max_batch_rows;
   if (cls == AQ && s->cfg.prefill_chunk_rows != 0 &&
       s->cfg.prefill_chunk_rows < cap)
     cap = s->cfg.prefill_chunk_rows;
   return cap;
+}
+
+/* ---------------------------------------------------------- launch time */
+
+static unsigned curve_point(uint32_t rows) {
+  unsigned b = 0;
+  while (rows > 1 && b < QL_SCHED_CURVE_POINTS - 1) {
+    rows >>= 1;
+    b++;
+  }
+  return b;
+}
+
+/*
+ * The estimated time of a launch of m rows from q: piecewise linear
+ * between the points of its curve. Below its first point it is that
+ * point's time and past its last one it grows in proportion to the rows
+ * from there; both overestimate a cost that is a fixed part plus a part
+ * per row, so a chunk sized by them errs on the short side. Without a
+ * point it is m times ns_per_row.
+ */
+static uint64_t launch_ns(const queue *q, uint32_t m) {
+  int lo = -1, hi = -1;
+  for (int b = 0; b < QL_SCHED_CURVE_POINTS; b++) {
+    if (q->curve[b].rows == 0)
+      continue;
+    if (q->curve[b].rows <= m)
+      lo = b;
+    if (q->curve[b].rows >= m && hi < 0)
+      hi = b;
+  }
+  if (lo < 0 && hi < 0)
+    return (uint64_t)m * q->ns_per_row;
+  if (lo < 0)
+    return q->curve[hi].ns;
+  uint64_t r0 = q->curve[lo].rows, t0 = q->curve[lo].ns;
+  if (hi < 0) /* t0 <= 2^40 and m < 2^32: no overflow */
+    return t0 / r0 * m + t0 % r0 * m / r0;
+  uint64_t r1 = q->curve[hi].rows, t1 = q->curve[hi].ns;
+  if (r1 == r0)
+    return t0;
+  if (t1 >= t0)
+    return t0 + (t1 - t0) * (m - r0) / (r1 - r0);
+  return t0 - (t0 - t1) * (m - r0) / (r1 - r0);
+}
+
+/* A launch of m rows of q took ns: the point of its size moves to m rows
+ * and a quarter of the way from the curve's estimate there to ns. */
+static void curve_learn(queue *q, uint32_t m, uint64_t ns) {
+  unsigned b = curve_point(m);
+  if (ns > QL_SCHED_MAX_LAUNCH_NS)
+    ns = QL_SCHED_MAX_LAUNCH_NS;
+  if (q->curve[b].rows != 0) {
+    uint64_t est = launch_ns(q, m);
+    if (est > QL_SCHED_MAX_LAUNCH_NS)
+      est = QL_SCHED_MAX_LAUNCH_NS;
+    ns = (3 * est + ns) / 4;
+  }
+  q->curve[b].rows = m;
+  q->curve[b].ns = ns;
+}
+
+/* Whether decode work is waiting, running or was submitted within the
+ * last QL_SCHED_DECODE_WINDOW_NS on dv: a stream of decode requests
+ * leaves gaps between them, and a prefill started whole in one of them
+ * would hold up the next request for all its rows. */
+static int decode_active(const device *dv, uint64_t now_ns) {
+  return dv->active[WO] != NULL || dv->running[WO] > 0 ||
+         (dv->decode_ns != 0 && now_ns >= dv->decode_ns &&
+          now_ns - dv->decode_ns < QL_SCHED_DECODE_WINDOW_NS);
+}
+
+/*
+ * The most rows of the next prefill launch from q at now_ns (DESIGN §6).
+ * While no decode work is about, the whole request (batch_cap). With
+ * decode about on a device of one lane, the largest row count whose
+ * estimated launch time fits prefill_chunk_us (at least one row), so a
+ * decode request arriving waits at most one such launch. A device of
+ * several lanes keeps one free for decode instead (ql__sched_next), and
+ * runs prefill whole.
+ */
+static uint32_t prefill_rows(const ql__sched *s, const queue *q,
+                             uint64_t now_ns) {
+  uint32_t cap = batch_cap(s, AQ);
+  const device *dv = &s->dev[q->slot->device];
+  unsigned lanes = s->cfg.lanes[q->slot->device];
+  if (s->cfg.prefill_chunk_us == 0 || lanes > 1 ||
+      !decode_active(dv, now_ns))
+    return cap;
+  uint64_t budget = s->cfg.prefill_chunk_us * 1000u;
+  if (launch_ns(q, cap) <= budget)
+    return cap;
+  uint32_t lo = 1, hi = cap; /* launch_ns(hi) > budget */
+  while (hi - lo > 1) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (launch_ns(q, mid) <= budget)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
 }
 
 static slot *slot_find(const ql__sched *s, unsigned d, const void *weight) {
@@ -350,7 +461,8 @@ static void expire_device(ql__sched *s, unsigned d, uint64_t now_ns,
 static int config_check(const ql__sched_config *cfg) {
   if (cfg == NULL || cfg->max_batch_rows == 0 || cfg->max_queue == 0 ||
       cfg->n_devices == 0 || cfg->n_devices > QL_SCHED_MAX_DEVICES ||
-      cfg->max_queue_delay_us > QL_SCHED_MAX_DELAY_US)
+      cfg->max_queue_delay_us > QL_SCHED_MAX_DELAY_US ||
+      cfg->prefill_chunk_us > QL_SCHED_MAX_CHUNK_US)
     return QL_EINVAL;
   return 0;
 }
@@ -487,6 +599,8 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
     activate(dv, q);
   q->rows += r->rows;
   dv->queued_cost += (uint64_t)r->rows * r->charge;
+  if (cls == WO)
+    dv->decode_ns = now_ns;
   if (r->deadline_ns != 0 &&
       (q->min_deadline == 0 || r->deadline_ns < q->min_deadline))
     q->min_deadline = r->deadline_ns;
@@ -516,7 +630,8 @@ static uint64_t due_at(const ql__sched *s, const queue *q) {
 static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
   device *dv = &s->dev[q->slot->device];
   ql__sched_stats *st = &q->slot->stats;
-  uint32_t room = batch_cap(s, q->cls);
+  uint32_t room =
+      q->cls == AQ ? prefill_rows(s, q, now_ns) : batch_cap(s, q->cls);
   while (q->head != NULL && room > 0 && b->n < b->cap) {
     ql__sched_req *r = q->head;
     uint32_t left = r->rows - r->dispatched;
@@ -548,6 +663,7 @@ static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
   b->queue = q;
   b->cost = (uint64_t)b->rows * q->ns_per_row;
   dv->running_cost += b->cost;
+  dv->running[q->cls]++;
   q->running++;
 }
 
@@ -574,8 +690,16 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
    * tell when to come back. */
   queue *best = NULL;
   uint64_t retry = 0;
+  const struct device *dv = &s->dev[device];
+  unsigned lanes = s->cfg.lanes[device];
   for (int c = 0; c < NCLASS && best == NULL; c++) {
-    for (queue *q = s->dev[device].active[c]; q != NULL; q = q->act_next) {
+    /* A device of several lanes keeps one free for decode while decode
+     * work is about: prefill waits for a running prefill to end rather
+     * than take it. */
+    if (c == AQ && lanes > 1 && s->cfg.prefill_chunk_us != 0 &&
+        dv->running[AQ] + 1 >= lanes && decode_active(dv, now_ns))
+      break;
+    for (queue *q = dv->active[c]; q != NULL; q = q->act_next) {
       uint64_t due = due_at(s, q);
       if (due > now_ns) {
         if (retry == 0 || due < retry)
@@ -605,6 +729,8 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
     ql__sched_stats *st = &q->slot->stats;
     assert(q->running > 0 && dv->running_cost >= b->cost);
     dv->running_cost -= b->cost;
+    assert(dv->running[q->cls] > 0);
+    dv->running[q->cls]--;
     q->running--;
     st->batches++;
     if (q->cls == AQ)
@@ -619,6 +745,7 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
       q->ns_per_row =
           q->measured ? clamp_rate((3 * q->ns_per_row + meas) / 4) : meas;
       q->measured = 1;
+      curve_learn(q, b->rows, kernel_ns);
     }
     for (uint32_t i = 0; i < b->n; i++) {
       ql__sched_req *r = b->slice[i].req;
@@ -713,6 +840,40 @@ int ql__sched_set_cost(ql__sched *s, const void *weight, unsigned device,
   q->ns_per_row = clamp_rate(ns_per_row);
   q->measured = 1;
   return 0;
+}
+
+int ql__sched_set_curve(ql__sched *s, const void *weight, unsigned device,
+                        const uint32_t *rows, const uint64_t *ns, size_t n) {
+  if (weight == NULL || device >= s->cfg.n_devices || (n > 0 && (rows == NULL ||
+      ns == NULL)))
+    return QL_EINVAL;
+  for (size_t i = 0; i < n; i++)
+    if (rows[i] == 0 || ns[i] == 0)
+      return QL_EINVAL;
+  slot *sl = slot_get(s, device, weight);
+  if (sl == NULL)
+    return QL_ENOMEM;
+  for (int c = 0; c < NCLASS; c++) {
+    queue *q = &sl->q[c];
+    memset(q->curve, 0, sizeof q->curve);
+    for (size_t i = 0; i < n; i++) {
+      unsigned b = curve_point(rows[i]);
+      q->curve[b].rows = rows[i];
+      q->curve[b].ns = ns[i] > QL_SCHED_MAX_LAUNCH_NS ? QL_SCHED_MAX_LAUNCH_NS
+                                                      : ns[i];
+    }
+  }
+  return 0;
+}
+
+uint64_t ql__sched_launch_ns(const ql__sched *s, const void *weight,
+                             unsigned device, ql_path path, uint32_t rows) {
+  const slot *sl =
+      device < s->cfg.n_devices ? slot_find(s, device, weight) : NULL;
+  if (sl == NULL || rows == 0 ||
+      (path != QL_PATH_WEIGHT_ONLY && path != QL_PATH_ACT_QUANT))
+    return 0;
+  return launch_ns(&sl->q[path_class(path)], rows);
 }
 
 int ql__sched_stats_get(const ql__sched *s, const void *weight, unsigned device,

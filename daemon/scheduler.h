@@ -1,7 +1,8 @@
 /*
  * scheduler.h - the policy that turns waiting Linear requests into kernel
  * launches (DESIGN §6): one queue per (weight, device, path), coalescing,
- * decode before prefill, prefill in chunks, oldest-first fairness,
+ * decode before prefill, prefill in chunks sized by time while decode
+ * work is about, oldest-first fairness,
  * backpressure, deadlines and per-(weight, device) counters.
  *
  * The scheduler is policy only. It starts no thread, reads no clock (every
@@ -45,6 +46,14 @@
  * plus the request's own rows at its queue's rate. This ignores the fixed
  * part of a launch and overlap between a device's workers; it only has to
  * rank devices, not predict latencies.
+ *
+ * Launch-time model (for sizing prefill chunks): each queue also keeps a
+ * curve of launch time against rows, one point per power of two of rows,
+ * seeded by ql__sched_set_curve() (the daemon's crossover calibration
+ * times both paths at M = 1, 2, 4 ... 512) and moved by every measured
+ * launch. A launch costs a fixed part (a read of the weight) plus a part
+ * per row, so on a GPU 512 rows may cost little more than 32: the chunk is
+ * the most rows that fit the time budget, not a fixed row count.
  */
 #ifndef QL_SCHEDULER_H
 #define QL_SCHEDULER_H
@@ -66,6 +75,15 @@
 #define QL_SCHED_MAX_NS_PER_ROW ((uint64_t)1 << 24)
 /* The longest max_queue_delay_us accepted: one second. */
 #define QL_SCHED_MAX_DELAY_US 1000000u
+/* The largest prefill_chunk_us accepted: ten seconds. */
+#define QL_SCHED_MAX_CHUNK_US 10000000u
+/* Points of a queue's launch-time curve: rows 1, 2, 4 ... 2^13 and more. */
+#define QL_SCHED_CURVE_POINTS 14
+/* Launch times are clamped to this (about 18 minutes). */
+#define QL_SCHED_MAX_LAUNCH_NS ((uint64_t)1 << 40)
+/* Decode work submitted within this long counts as still about: prefill
+ * launches stay short in the gaps of a stream of decode requests. */
+#define QL_SCHED_DECODE_WINDOW_NS ((uint64_t)50000000u)
 
 typedef struct ql__sched ql__sched;
 struct ql__sched_queue; /* private */
@@ -77,10 +95,17 @@ typedef struct ql__sched_config {
    * launch (never past a waiting request's deadline); 0 (the default)
    * never holds work back. */
   uint64_t max_queue_delay_us;
-  /* The most rows of one ACT_QUANT (prefill) launch: a long prefill runs as
-   * several launches and decode work waiting on the device runs between
-   * them. 0 = max_batch_rows. */
+  /* The most rows of one ACT_QUANT (prefill) launch, always; 0 =
+   * max_batch_rows. */
   uint32_t prefill_chunk_rows;
+  /* While decode work is about (waiting, running, or submitted within
+   * QL_SCHED_DECODE_WINDOW_NS) on a device of one lane, a prefill launch
+   * takes the most rows whose estimated launch time (the queue's curve)
+   * fits this budget, at least one, so that decode work waits at most
+   * about this long; a device of several lanes keeps one lane free for
+   * decode instead. Otherwise prefill runs whole (up to the row caps).
+   * 0 = prefill is never cut by time. */
+  uint64_t prefill_chunk_us;
   size_t max_queue; /* waiting requests per queue, >= 1 */
   /* Requests of one session in the scheduler at once (submitted and not
    * yet handed back); 0 = no quota. */
@@ -224,9 +249,11 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *req, uint64_t now_ns);
  * among the queues that are due (see max_queue_delay_us), WEIGHT_ONLY
  * queues go before ACT_QUANT ones and, within a class, the queue whose
  * oldest request is oldest goes first. Its requests are taken in FIFO
- * order up to max_batch_rows (prefill_chunk_rows for ACT_QUANT) and
- * b->cap slices; a request that does not fit is split, its remaining rows
- * staying at the head of its queue.
+ * order up to max_batch_rows (for ACT_QUANT also prefill_chunk_rows and,
+ * while decode work is about, prefill_chunk_us) and b->cap slices; a
+ * request that does not fit is split, its remaining rows staying at the
+ * head of its queue. On a device of several lanes, while decode work is
+ * about, no ACT_QUANT batch starts that would leave no lane free.
  * Returns 0, or QL_EINVAL (no such device, no slice room) with b->n 0.
  */
 int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
@@ -276,6 +303,23 @@ void ql__sched_forget(ql__sched *s, const void *weight);
  */
 int ql__sched_set_cost(ql__sched *s, const void *weight, unsigned device,
                        ql_path path, uint64_t ns_per_row);
+
+/*
+ * Sets the launch-time curve of weight's queues on device (both classes:
+ * the time is the kernel's, whatever the class): n points of rows[i] rows
+ * taking ns[i] ns, replacing the curve (a point per power of two of rows:
+ * of several in one, the last counts; times clamped to
+ * QL_SCHED_MAX_LAUNCH_NS). Launches measured later move it. Returns 0,
+ * QL_EINVAL (a zero row count or time, no such device) or QL_ENOMEM.
+ */
+int ql__sched_set_curve(ql__sched *s, const void *weight, unsigned device,
+                        const uint32_t *rows, const uint64_t *ns, size_t n);
+
+/* The estimated time in ns of a launch of rows rows from the queue of
+ * (weight, device, path) (the curve, or rows x ns_per_row without one);
+ * 0 when that queue has never been seen. */
+uint64_t ql__sched_launch_ns(const ql__sched *s, const void *weight,
+                             unsigned device, ql_path path, uint32_t rows);
 
 /* Copies the counters of (weight, device) to *out; QL_ENOTFOUND when it
  * has never had a request or a cost (or was forgotten). */

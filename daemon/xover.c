@@ -10,6 +10,50 @@
 
 #define CACHE_VERSION QL_XOVER_VERSION
 
+/* Reads array a of n integers in [lo, hi] into u32 or u64; 0 or -1. */
+static int int_array(const json_t *a, size_t n, uint64_t lo, uint64_t hi,
+                     uint32_t *u32, uint64_t *u64) {
+  if (!json_is_array(a) || json_array_size(a) != n)
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    const json_t *v = json_array_get(a, i);
+    json_int_t x;
+    if (!json_is_integer(v) || (x = json_integer_value(v)) < 0 ||
+        (uint64_t)x < lo || (uint64_t)x > hi)
+      return -1;
+    if (u32 != NULL)
+      u32[i] = (uint32_t)x;
+    else
+      u64[i] = (uint64_t)x;
+  }
+  return 0;
+}
+
+/* Fills e's rows and times from val (see xover.h); 0 or -1. */
+static int entry_value(const json_t *val, int version, ql__xover_entry *e) {
+  const json_t *rows = val, *m = NULL;
+  json_int_t v;
+  size_t n = 0;
+  if (version >= 2 && json_is_object(val)) {
+    rows = json_object_get(val, "rows");
+    m = json_object_get(val, "m");
+    if (json_object_size(val) != 4 || m == NULL || !json_is_array(m) ||
+        (n = json_array_size(m)) > QL_XOVER_POINTS ||
+        int_array(m, n, 1, QL_XOVER_MAX_M, e->m, NULL) != 0 ||
+        int_array(json_object_get(val, "wo_ns"), n, 1, QL_XOVER_MAX_NS, NULL,
+                  e->wo_ns) != 0 ||
+        int_array(json_object_get(val, "aq_ns"), n, 0, QL_XOVER_MAX_NS, NULL,
+                  e->aq_ns) != 0)
+      return -1;
+  }
+  if (rows == NULL || !json_is_integer(rows) ||
+      (v = json_integer_value(rows)) < 1 || (uint64_t)v > UINT32_MAX)
+    return -1;
+  e->rows = (uint32_t)v;
+  e->n = (unsigned)n;
+  return 0;
+}
+
 int ql__xover_parse(const char *buf, size_t len, ql__xover_entry **out,
                     size_t *n, char *err, size_t errlen) {
   json_error_t jerr;
@@ -17,7 +61,7 @@ int ql__xover_parse(const char *buf, size_t len, ql__xover_entry **out,
   const char *key;
   ql__xover_entry *e = NULL;
   size_t cnt = 0;
-  int rc = QL_EBADFILE;
+  int rc = QL_EBADFILE, version = 0;
   *out = NULL;
   *n = 0;
   root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -27,13 +71,15 @@ int ql__xover_parse(const char *buf, size_t len, ql__xover_entry **out,
   }
   if (!json_is_object(root) || (ver = json_object_get(root, "version")) ==
                                    NULL ||
-      !json_is_integer(ver) || json_integer_value(ver) != CACHE_VERSION ||
+      !json_is_integer(ver) || json_integer_value(ver) < 1 ||
+      json_integer_value(ver) > CACHE_VERSION ||
       (obj = json_object_get(root, "crossover")) == NULL ||
       !json_is_object(obj) || json_object_size(root) != 2) {
-    snprintf(err, errlen, "expected {\"version\": %d, \"crossover\": {...}}",
-             CACHE_VERSION);
+    snprintf(err, errlen, "expected {\"version\": 1..%d, \"crossover\": "
+             "{...}}", CACHE_VERSION);
     goto done;
   }
+  version = (int)json_integer_value(ver);
   if (json_object_size(obj) > 0 &&
       (e = calloc(json_object_size(obj), sizeof *e)) == NULL) {
     rc = QL_ENOMEM;
@@ -41,7 +87,6 @@ int ql__xover_parse(const char *buf, size_t len, ql__xover_entry **out,
   }
   json_object_foreach(obj, key, val) {
     size_t kl = strlen(key);
-    json_int_t v;
     if (kl == 0 || kl >= sizeof e->key) {
       snprintf(err, errlen, "a key of %zu bytes", kl);
       goto done;
@@ -51,13 +96,12 @@ int ql__xover_parse(const char *buf, size_t len, ql__xover_entry **out,
         snprintf(err, errlen, "a key with a non-printable byte");
         goto done;
       }
-    if (!json_is_integer(val) || (v = json_integer_value(val)) < 1 ||
-        (uint64_t)v > UINT32_MAX) {
-      snprintf(err, errlen, "\"%.60s\": not an integer in [1, 2^32-1]", key);
+    if (entry_value(val, version, &e[cnt]) != 0) {
+      snprintf(err, errlen, "\"%.60s\": not rows in [1, 2^32-1]%s", key,
+               version >= 2 ? " or {rows, m, wo_ns, aq_ns} in bounds" : "");
       goto done;
     }
     memcpy(e[cnt].key, key, kl + 1);
-    e[cnt].rows = (uint32_t)v;
     cnt++;
   }
   *out = e;

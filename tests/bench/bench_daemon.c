@@ -19,7 +19,11 @@
  *   decode_p99  one client process's M = 1 latency p99, alone and while
  *               another client process streams M = 512 prefill requests (x
  *               and y in regions, as a prefill client would send them) on
- *               the same weight; the ratio.
+ *               the same weight; the ratio; and the prefill stream's rows/s
+ *               alone and with the decode client, next to the in-process
+ *               kernel's at M = 512.
+ * The overhead case also gives the region round trip over (in-process
+ * kernel + echo), the figure a lone prefill is judged by.
  * Every figure is a ratio of times measured in the same run, the median of
  * P >= 5 interleaved pairs with the min and max over them, because these
  * machines are shared and noisy: a pair times each of the things compared
@@ -859,7 +863,13 @@ typedef struct ovh_env {
   float *y, *yk;
   int echo_req;
   const uint8_t *payload;
+  struct ovh_out *out;
 } ovh_env;
+
+/* What the later cases take from the overhead cases. */
+typedef struct ovh_out {
+  double prefill_kernel_s; /* in-process kernel at M = PREFILL_M */
+} ovh_out;
 
 static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   const dopts *o = e->o;
@@ -868,8 +878,8 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   lin_ctx kc;
   timed T[T_COUNT];
   double t[T_COUNT][MAX_PAIRS], oi[MAX_PAIRS], orr[MAX_PAIRS];
-  double ri_e[MAX_PAIRS], rr_e[MAX_PAIRS], i_r[MAX_PAIRS];
-  stat3 s[T_COUNT], s_oi, s_or, s_rie, s_rre, s_ir;
+  double ri_e[MAX_PAIRS], rr_e[MAX_PAIRS], i_r[MAX_PAIRS], r_ke[MAX_PAIRS];
+  stat3 s[T_COUNT], s_oi, s_or, s_rie, s_rre, s_ir, s_rke;
   size_t ybytes = m * W_N * sizeof(float);
   const ql_kernel_impl *im;
   wcount w0, w1;
@@ -958,6 +968,7 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
     ri_e[p] = oi[p] / t[T_ECHO_INLINE][p];
     rr_e[p] = orr[p] / t[T_ECHO_REGION][p];
     i_r[p] = t[T_INLINE][p] / t[T_REGION][p];
+    r_ke[p] = t[T_REGION][p] / (t[T_KERNEL][p] + t[T_ECHO_REGION][p]);
   }
   for (int j = 0; j < T_COUNT; j++)
     s[j] = stats_copy(t[j], P);
@@ -966,6 +977,9 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   s_rie = stats_copy(ri_e, P);
   s_rre = stats_copy(rr_e, P);
   s_ir = stats_copy(i_r, P);
+  s_rke = stats_copy(r_ke, P);
+  if (m == PREFILL_M)
+    e->out->prefill_kernel_s = s[T_KERNEL].med;
 
   if (!o->json_only) {
     if (header)
@@ -990,6 +1004,8 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
            s_or.med * 1e6, s[T_ECHO_REGION].med * 1e6, s_rre.med, s_rre.min,
            s_rre.max, s_ir.med, s_ir.min, s_ir.max,
            same ? "" : "  (y differs!)");
+    printf("%4s     region rt / (kernel + echo): %.2f [%.2f-%.2f]\n", "",
+           s_rke.med, s_rke.min, s_rke.max);
   }
   printf("{\"bench\":\"daemon\",\"case\":\"overhead\",\"n\":%d,\"k\":%d,"
          "\"format\":\"q4g\",\"group_size\":%d,\"scale_dtype\":\"bf16\","
@@ -1014,6 +1030,7 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   print_ns(stdout, "region_echo_ns", s[T_ECHO_REGION]);
   print_stat(stdout, "region_overhead_vs_echo", s_rre);
   print_stat(stdout, "inline_vs_region", s_ir);
+  print_stat(stdout, "region_vs_kernel_echo", s_rke);
   printf("}\n");
   fflush(stdout);
   return 0;
@@ -1071,39 +1088,48 @@ static int throughput(const dopts *o) {
 
 /* ---------------------------------------------------- decode latency */
 
-static int decode_latency(const dopts *o) {
+static int decode_latency(const dopts *o, const ovh_out *oo) {
   double p50[2][MAX_PAIRS], p99[2][MAX_PAIRS], calls[2][MAX_PAIRS];
-  double pf_rate[MAX_PAIRS], ratio[MAX_PAIRS];
-  stat3 s50[2], s99[2], sc[2], sr, spf;
+  double pf_rate[2][MAX_PAIRS], ratio[MAX_PAIRS], pf_ratio[MAX_PAIRS];
+  stat3 s50[2], s99[2], sc[2], sr, spf[2], spr;
   int P = o->pairs;
 
-  /* Pair p: the decode client alone (k = 0) and with the prefill stream
-   * (k = 1), in an order that alternates. */
+  /* Triple p: the decode client alone (k = 0), with the prefill stream
+   * (k = 1), and the prefill stream alone (k = 2), in an order that
+   * rotates. */
   for (int p = 0; p < P; p++)
-    for (int j = 0; j < 2; j++) {
-      int k = order(p, j, 2);
+    for (int j = 0; j < 3; j++) {
+      int k = order(p, j, 3);
       wcmd cmd[2];
       wres res[2];
       double t0 = now_s() + START_MARGIN_S;
-      cmd[0] = (wcmd){W_DECODE, 1, t0, t0 + o->seconds};
+      cmd[0] = (wcmd){k < 2 ? W_DECODE : 0, 1, t0, t0 + o->seconds};
       cmd[1] = (wcmd){k ? W_PREFILL : 0, PREFILL_M, t0, t0 + o->seconds};
       if (workers_run(2, cmd, res) != 0)
         return -1;
-      p50[k][p] = res[0].p50;
-      p99[k][p] = res[0].p99;
-      calls[k][p] = (double)res[0].calls;
+      if (k < 2) {
+        p50[k][p] = res[0].p50;
+        p99[k][p] = res[0].p99;
+        calls[k][p] = (double)res[0].calls;
+      }
       if (k)
-        pf_rate[p] = (double)res[1].rows / o->seconds;
+        pf_rate[k - 1][p] = (double)res[1].rows / o->seconds;
     }
-  for (int p = 0; p < P; p++)
+  for (int p = 0; p < P; p++) {
     ratio[p] = p99[1][p] / p99[0][p];
+    pf_ratio[p] = pf_rate[0][p] / pf_rate[1][p];
+  }
   for (int k = 0; k < 2; k++) {
     s50[k] = stats_copy(p50[k], P);
     s99[k] = stats_copy(p99[k], P);
     sc[k] = stats_copy(calls[k], P);
+    spf[k] = stats_copy(pf_rate[k], P);
   }
   sr = stats_copy(ratio, P);
-  spf = stats_copy(pf_rate, P);
+  spr = stats_copy(pf_ratio, P);
+  /* The in-process kernel's rows/s at the same M, for comparison. */
+  double kernel_rate =
+      oo->prefill_kernel_s > 0 ? PREFILL_M / oo->prefill_kernel_s : 0;
   if (!o->json_only) {
     printf("\ndecode latency: one client process's M = 1 requests, alone and "
            "while another\nstreams M = %d prefill requests (regions) on the "
@@ -1114,8 +1140,13 @@ static int decode_latency(const dopts *o) {
       printf("%-14s %8.1f %8.1f [%7.1f-%7.1f]   %.0f\n",
              k ? "with prefill" : "alone", s50[k].med * 1e6, s99[k].med * 1e6,
              s99[k].min * 1e6, s99[k].max * 1e6, sc[k].med);
-    printf("p99 with prefill / alone: %.2f [%.2f-%.2f]; prefill rows/s %.0f\n",
-           sr.med, sr.min, sr.max, spf.med);
+    printf("p99 with prefill / alone: %.2f [%.2f-%.2f]\n", sr.med, sr.min,
+           sr.max);
+    printf("prefill rows/s: alone %.0f [%.0f-%.0f], with decode %.0f "
+           "[%.0f-%.0f] (with/alone %.2f [%.2f-%.2f]); in-process kernel at "
+           "M = %d: %.0f\n",
+           spf[1].med, spf[1].min, spf[1].max, spf[0].med, spf[0].min,
+           spf[0].max, spr.med, spr.min, spr.max, PREFILL_M, kernel_rate);
   }
   printf("{\"bench\":\"daemon\",\"case\":\"decode_p99\",\"n\":%d,\"k\":%d,"
          "\"format\":\"q4g\",\"group_size\":%d,\"m\":1,\"prefill_m\":%d,"
@@ -1127,8 +1158,11 @@ static int decode_latency(const dopts *o) {
   print_ns(stdout, "prefill_p99_ns", s99[1]);
   print_stat(stdout, "p99_vs_alone", sr);
   printf(",\"alone_calls\":%.0f,\"prefill_calls\":%.0f,"
-         "\"prefill_rows_per_s\":%.1f}\n",
-         sc[0].med, sc[1].med, spf.med);
+         "\"prefill_rows_per_s\":%.1f,\"prefill_alone_rows_per_s\":%.1f,"
+         "\"kernel_rows_per_s\":%.1f",
+         sc[0].med, sc[1].med, spf[0].med, spf[1].med, kernel_rate);
+  print_stat(stdout, "prefill_with_vs_alone", spr);
+  printf("}\n");
   fflush(stdout);
   return 0;
 }
@@ -1173,6 +1207,7 @@ int bench_daemon(int argc, char **argv) {
   ql_load_desc ld;
   ql_region *rx = NULL, *ry = NULL;
   wset ws;
+  ovh_out oo = {0};
   echo_srv es;
   int echo_req = -1, have_ws = 0, rc, rv = 1;
   uint16_t *wb = NULL;
@@ -1311,7 +1346,7 @@ int bench_daemon(int argc, char **argv) {
   if (echo_start(&es, payload, &echo_req) != 0)
     goto fail;
   {
-    ovh_env env = {&o, c, &ws, rx, ry, x, y, yk, echo_req, payload};
+    ovh_env env = {&o, c, &ws, rx, ry, x, y, yk, echo_req, payload, &oo};
     for (int i = 0; i < N_OVH; i++)
       if (overhead_case(&env, ovh_ms[i], i == 0) != 0)
         goto fail;
@@ -1337,7 +1372,7 @@ int bench_daemon(int argc, char **argv) {
     if (workers_run(2, cmd, res) != 0)
       goto fail;
   }
-  if (throughput(&o) != 0 || decode_latency(&o) != 0)
+  if (throughput(&o) != 0 || decode_latency(&o, &oo) != 0)
     goto fail;
   rv = 0;
 

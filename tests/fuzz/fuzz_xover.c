@@ -4,7 +4,7 @@
  *
  * Beyond "no crash, no out-of-bounds read": an accepted file yields only
  * keys of printable ASCII that fit the key buffer, distinct, with rows of
- * at least 1; a rejected one comes with a message and no entries.
+ * at least 1 and times within their bounds; a rejected one comes with a message and no entries.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -37,6 +37,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t j = 0; j < kl; j++)
       CHECK(e[i].key[j] >= 0x20 && e[i].key[j] <= 0x7e);
     CHECK(e[i].rows >= 1);
+    CHECK(e[i].n <= QL_XOVER_POINTS);
+    for (unsigned j = 0; j < e[i].n; j++)
+      CHECK(e[i].m[j] >= 1 && e[i].m[j] <= QL_XOVER_MAX_M &&
+            e[i].wo_ns[j] >= 1 && e[i].wo_ns[j] <= QL_XOVER_MAX_NS &&
+            e[i].aq_ns[j] <= QL_XOVER_MAX_NS);
     for (size_t j = 0; j < i; j++)
       CHECK(strcmp(e[i].key, e[j].key) != 0);
   }

@@ -489,7 +489,7 @@ static uint32_t measured_crossover(ql_client *c, const char *name) {
  * bad file is measured again, and crossover_rows in the config fixes it.
  */
 START_TEST(crossover_measured_and_cached) {
-  char st[256], path[512], text[1024];
+  char st[256], path[512], text[4096];
   td d;
   td_layer l;
   state_dir(st, sizeof st);
@@ -508,17 +508,16 @@ START_TEST(crossover_measured_and_cached) {
   size_t n = fread(text, 1, sizeof text - 1, f);
   fclose(f);
   text[n] = '\0';
-  /* {"crossover": {"<key>": rows}, "version": 1}: plant 7. */
-  char *colon = strstr(text, "\": ");
+  /* {"crossover": {"<key>": {..., "rows": R, ...}}, "version": 2}: plant
+   * 7. */
+  char *colon = strstr(text, "\"rows\": ");
   ck_assert_ptr_nonnull(colon);
-  colon = strstr(colon + 3, "\": ");
-  ck_assert_ptr_nonnull(colon);
-  char *end = colon + 3;
+  char *end = colon + 8;
   while (*end >= '0' && *end <= '9')
     end++;
-  char planted[1100];
-  snprintf(planted, sizeof planted, "%.*s\": 7%s", (int)(colon - text), text,
-           end);
+  char planted[4200];
+  snprintf(planted, sizeof planted, "%.*s\"rows\": 7%s", (int)(colon - text),
+           text, end);
   write_text(path, planted);
 
   td_start(&d, args);
@@ -543,7 +542,10 @@ START_TEST(crossover_measured_and_cached) {
   n = fread(text, 1, sizeof text - 1, f);
   fclose(f);
   text[n] = '\0';
-  ck_assert_ptr_nonnull(strstr(text, "\"version\": 1"));
+  ck_assert_ptr_nonnull(strstr(text, "\"version\": 2"));
+  /* With the times it was chosen from. */
+  ck_assert_ptr_nonnull(strstr(text, "\"aq_ns\": ["));
+  ck_assert_ptr_nonnull(strstr(text, "\"wo_ns\": ["));
 
   /* Fixed in the config: that value, not measured. */
   const char *fixed[] = {"--state-dir", st, "--crossover-rows", "5", NULL};

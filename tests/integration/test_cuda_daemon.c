@@ -611,9 +611,9 @@ static void gpu_crossovers(ql_client *c, const ql_hello_info *h,
 static void plant(char *text, size_t cap, const char *device, unsigned rows) {
   char *key = strstr(text, device);
   ck_assert_ptr_nonnull(key);
-  char *colon = strstr(key, "\": ");
+  char *colon = strstr(key, "\"rows\": ");
   ck_assert_ptr_nonnull(colon);
-  char *num = colon + 3, *end = num;
+  char *num = colon + 8, *end = num;
   while (*end >= '0' && *end <= '9')
     end++;
   char *tail = strdup(end);

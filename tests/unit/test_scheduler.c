@@ -1172,6 +1172,244 @@ START_TEST(test_many_keys) {
 }
 END_TEST
 
+/* ------------------------------------------------------- prefill by time */
+
+/* Runs one batch of device 0 at now and completes it as taking ns; the
+ * rows it ran. */
+static uint32_t run_one(ql__sched *s, uint64_t now, uint64_t ns,
+                        ql__sched_req **fin) {
+  ql__sched_batch b;
+  ql__sched_slice sl[8];
+  bt(&b, sl, 8);
+  ck_assert_int_eq(ql__sched_next(s, 0, now, &b), 0);
+  uint32_t rows = b.rows;
+  ql__sched_complete(s, &b, ns, fin);
+  return rows;
+}
+
+/*
+ * A launch costs 100 us plus 2 us a row (the curve, as the calibration
+ * gives it): with a 500 us budget a chunk is 200 rows. A lone prefill
+ * runs whole; with decode about it runs in chunks of 200 rows, a decode
+ * request arriving during a chunk runs right after it; once decode has
+ * been quiet for the window, the rest runs whole.
+ */
+START_TEST(test_prefill_by_time) {
+  ql__sched_config c = cfg_default();
+  c.max_batch_rows = 1024;
+  c.prefill_chunk_us = 500;
+  ql__sched *s = mk(&c);
+  static const uint32_t m[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  uint64_t ns[10];
+  for (int i = 0; i < 10; i++)
+    ns[i] = (100 + 2 * (uint64_t)m[i]) * US;
+  ck_assert_int_eq(ql__sched_set_curve(s, &W1, 0, m, ns, 10), 0);
+  ck_assert_uint_eq(ql__sched_launch_ns(s, &W1, 0, AQ, 200), 500 * US);
+  ck_assert_uint_eq(ql__sched_launch_ns(s, &W1, 0, AQ, 3), 106 * US);
+  /* Past the last point: in proportion from it (overestimates). */
+  ck_assert_uint_eq(ql__sched_launch_ns(s, &W1, 0, AQ, 1024), 2248 * US);
+  ck_assert_uint_eq(ql__sched_launch_ns(s, &W2, 0, AQ, 1), 0);
+
+  ql__sched_req p, d, d2, *fin;
+  uint64_t t = 1000 * US;
+  /* Alone: whole. */
+  rq(&p, &W1, AQ, 512, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p, t), 0);
+  ck_assert_uint_eq(run_one(s, t, 1124 * US, &fin), 512);
+  ck_assert_ptr_eq(fin, &p);
+
+  /* Decode about: chunks of 200. */
+  t += 2000 * US;
+  rq(&d, &W2, WO, 1, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &d, t), 0);
+  ck_assert_uint_eq(run_one(s, t, 50 * US, &fin), 1);
+  ck_assert_ptr_eq(fin, &d);
+  rq(&p, &W1, AQ, 512, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p, t), 0);
+  ck_assert_uint_eq(run_one(s, t, 500 * US, &fin), 200);
+  ck_assert_ptr_null(fin);
+  /* A decode arrives during the next chunk and runs right after it. */
+  ql__sched_batch b;
+  ql__sched_slice sl[8];
+  bt(&b, sl, 8);
+  ck_assert_int_eq(ql__sched_next(s, 0, t + 500 * US, &b), 0);
+  ck_assert_uint_eq(b.rows, 200);
+  rq(&d2, &W2, WO, 1, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &d2, t + 600 * US), 0);
+  ql__sched_complete(s, &b, 500 * US, &fin);
+  ck_assert_ptr_null(fin);
+  bt(&b, sl, 8);
+  ck_assert_int_eq(ql__sched_next(s, 0, t + 1000 * US, &b), 0);
+  ck_assert_ptr_eq(b.slice[0].req, &d2);
+  ql__sched_complete(s, &b, 50 * US, &fin);
+  ck_assert_ptr_eq(fin, &d2);
+  /* Decode quiet for longer than the window: the last 112 rows whole
+   * (they would fit the budget anyway), then a new prefill whole. */
+  t += QL_SCHED_DECODE_WINDOW_NS + 1000 * US;
+  ck_assert_uint_eq(run_one(s, t, 324 * US, &fin), 112);
+  ck_assert_ptr_eq(fin, &p);
+  ck_assert_int_eq(p.status, 0);
+  rq(&p, &W1, AQ, 1000, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p, t), 0);
+  ck_assert_uint_eq(run_one(s, t, 2100 * US, &fin), 1000);
+  ck_assert_ptr_eq(fin, &p);
+
+  /* prefill_chunk_rows stays a bound, decode or not. */
+  c.prefill_chunk_rows = 64;
+  ck_assert_int_eq(ql__sched_configure(s, &c), 0);
+  rq(&p, &W1, AQ, 100, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p, t), 0);
+  ck_assert_uint_eq(run_one(s, t, 228 * US, &fin), 64);
+  ck_assert_uint_eq(run_one(s, t, 172 * US, &fin), 36);
+  ck_assert_ptr_eq(fin, &p);
+  /* 0 us: never cut by time. */
+  c.prefill_chunk_rows = 0;
+  c.prefill_chunk_us = 0;
+  ck_assert_int_eq(ql__sched_configure(s, &c), 0);
+  rq(&d, &W2, WO, 1, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &d, t), 0);
+  rq(&p, &W1, AQ, 600, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p, t), 0);
+  ck_assert_uint_eq(run_one(s, t, 50 * US, &fin), 1);
+  ck_assert_uint_eq(run_one(s, t, 1300 * US, &fin), 600);
+  ck_assert_ptr_eq(fin, &p);
+  ql__sched_free(s);
+}
+END_TEST
+
+/*
+ * Chunk sizes follow the measured costs: a steeper curve gives shorter
+ * chunks, and launches measured later move it (a kernel faster than the
+ * calibration said gets longer chunks). Without any time known, the rate
+ * per row decides.
+ */
+START_TEST(test_prefill_follows_costs) {
+  ql__sched_config c = cfg_default();
+  c.max_batch_rows = 4096;
+  c.prefill_chunk_us = 1000;
+  c.default_ns_per_row = 10 * US;
+  ql__sched *s = mk(&c);
+  ql__sched_req p, d, *fin;
+  rq(&d, &W2, WO, 1, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &d, 1), 0);
+  /* No curve: 10 us a row, 100 rows; the launch (100 rows, 1 ms) then
+   * becomes the curve's one point. */
+  rq(&p, &W1, AQ, 4000, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p, 1), 0);
+  ck_assert_uint_eq(run_one(s, 2, 40 * US, &fin), 1); /* decode first */
+  ck_assert_uint_eq(run_one(s, 3, 1000 * US, &fin), 100);
+  /* In proportion past the point: still 100. */
+  ck_assert_uint_eq(run_one(s, 4, 1000 * US, &fin), 100);
+  /* A GPU-like kernel: 512 rows cost 400 us, 4096 rows 1.6 ms. */
+  static const uint32_t m2[] = {1, 512, 4096};
+  static const uint64_t ns2[] = {200 * US, 400 * US, 1600 * US};
+  ck_assert_int_eq(ql__sched_set_curve(s, &W1, 0, m2, ns2, 3), 0);
+  /* 1 ms: 512 + (600/1200) * 3584 = 2304 rows. */
+  ck_assert_uint_eq(run_one(s, 5, 1000 * US, &fin), 2304);
+  /* The launch took 1 ms as estimated; the last 1496 rows fit. */
+  ck_assert_uint_eq(run_one(s, 6, 800 * US, &fin), 1496);
+  ck_assert_ptr_eq(fin, &p);
+  /* A steeper kernel: 1 ms per 50 rows. */
+  static const uint32_t m3[] = {1, 64};
+  static const uint64_t ns3[] = {20 * US, 1280 * US};
+  ck_assert_int_eq(ql__sched_set_curve(s, &W3, 0, m3, ns3, 2), 0);
+  rq(&p, &W3, AQ, 300, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p, 7), 0);
+  uint32_t rows = run_one(s, 8, 1000 * US, &fin);
+  ck_assert_uint_eq(rows, 50);
+  /* It ran in 500 us instead of 1 ms: the point at 50 rows moves a
+   * quarter of the way, 875 us, and the chunk grows. */
+  ck_assert_uint_eq(run_one(s, 9, 500 * US, &fin), 50);
+  ck_assert_uint_eq(ql__sched_launch_ns(s, &W3, 0, AQ, 50), 875 * US);
+  ck_assert_uint_gt(run_one(s, 10, 500 * US, &fin), 50);
+  /* Bad curves. */
+  ck_assert_int_eq(ql__sched_set_curve(s, &W3, 1, m3, ns3, 2), QL_EINVAL);
+  static const uint32_t zr[] = {0};
+  ck_assert_int_eq(ql__sched_set_curve(s, &W3, 0, zr, ns3, 1), QL_EINVAL);
+  static const uint64_t zn[] = {0};
+  ck_assert_int_eq(ql__sched_set_curve(s, &W3, 0, m3, zn, 1), QL_EINVAL);
+  ck_assert_int_eq(ql__sched_set_curve(s, NULL, 0, m3, ns3, 2), QL_EINVAL);
+  c.prefill_chunk_us = QL_SCHED_MAX_CHUNK_US + 1;
+  ck_assert_int_eq(ql__sched_configure(s, &c), QL_EINVAL);
+  ql__sched_remove_all(s, QL_ESHUTDOWN, &fin);
+  ql__sched_free(s);
+}
+END_TEST
+
+/*
+ * A device of two lanes: a lone prefill takes one lane and a second
+ * prefill the other; with decode about, a second prefill waits so that a
+ * lane stays free, and a decode arriving runs on it at once, whatever the
+ * running prefill's size (it is never cut).
+ */
+START_TEST(test_prefill_lanes) {
+  ql__sched_config c = cfg_default();
+  c.max_batch_rows = 1024;
+  c.prefill_chunk_us = 100;
+  c.lanes[0] = 2;
+  ql__sched *s = mk(&c);
+  ql__sched_req p1, p2, p3, d, *fin;
+  ql__sched_batch b1, b2, b3, bd;
+  ql__sched_slice s1[4], s2[4], s3[4], sd[4];
+  rq(&p1, &W1, AQ, 512, 1);
+  rq(&p2, &W1, AQ, 512, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &p1, 1), 0);
+  bt(&b1, s1, 1);
+  ck_assert_int_eq(ql__sched_next(s, 0, 2, &b1), 0);
+  ck_assert_uint_eq(b1.rows, 512);
+  ck_assert_int_eq(ql__sched_submit(s, &p2, 3), 0);
+  bt(&b2, s2, 1);
+  ck_assert_int_eq(ql__sched_next(s, 0, 4, &b2), 0);
+  ck_assert_uint_eq(b2.rows, 512); /* no decode about: both lanes */
+  ql__sched_complete(s, &b1, 1000 * US, &fin);
+  ql__sched_complete(s, &b2, 1000 * US, &fin);
+  /* Decode about. */
+  rq(&d, &W2, WO, 1, 3);
+  ck_assert_int_eq(ql__sched_submit(s, &d, 5), 0);
+  ck_assert_uint_eq(run_one(s, 6, 20 * US, &fin), 1);
+  rq(&p1, &W1, AQ, 512, 1);
+  rq(&p2, &W1, AQ, 512, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &p1, 7), 0);
+  ck_assert_int_eq(ql__sched_submit(s, &p2, 7), 0);
+  bt(&b1, s1, 1);
+  ck_assert_int_eq(ql__sched_next(s, 0, 8, &b1), 0);
+  ck_assert_uint_eq(b1.rows, 512); /* whole: decode has its lane */
+  bt(&b2, s2, 1);
+  ck_assert_int_eq(ql__sched_next(s, 0, 9, &b2), 0);
+  ck_assert_uint_eq(b2.n, 0); /* p2 keeps the lane free */
+  ck_assert_uint_eq(b2.retry_ns, 0);
+  rq(&d, &W2, WO, 1, 3);
+  ck_assert_int_eq(ql__sched_submit(s, &d, 10), 0);
+  bt(&bd, sd, 1);
+  ck_assert_int_eq(ql__sched_next(s, 0, 11, &bd), 0);
+  ck_assert_ptr_eq(bd.slice[0].req, &d);
+  /* Both lanes busy; the decode ends, p2 still waits for p1. */
+  ql__sched_complete(s, &bd, 20 * US, &fin);
+  ck_assert_ptr_eq(fin, &d);
+  bt(&b2, s2, 1);
+  ck_assert_int_eq(ql__sched_next(s, 0, 12, &b2), 0);
+  ck_assert_uint_eq(b2.n, 0);
+  ql__sched_complete(s, &b1, 1000 * US, &fin);
+  ck_assert_ptr_eq(fin, &p1);
+  bt(&b2, s2, 1);
+  ck_assert_int_eq(ql__sched_next(s, 0, 13, &b2), 0);
+  ck_assert_uint_eq(b2.rows, 512);
+  /* A third prefill once decode has been quiet for the window: the
+   * second lane is free for it. */
+  rq(&p3, &W1, AQ, 8, 4);
+  uint64_t later = 13 + QL_SCHED_DECODE_WINDOW_NS;
+  ck_assert_int_eq(ql__sched_submit(s, &p3, later), 0);
+  bt(&b3, s3, 1);
+  ck_assert_int_eq(ql__sched_next(s, 0, later, &b3), 0);
+  ck_assert_uint_eq(b3.rows, 8);
+  ql__sched_complete(s, &b3, 100 * US, &fin);
+  ck_assert_ptr_eq(fin, &p3);
+  ql__sched_complete(s, &b2, 1000 * US, &fin);
+  ck_assert_ptr_eq(fin, &p2);
+  ql__sched_free(s);
+}
+END_TEST
+
 /* ------------------------------------------------------------ property */
 
 /*
@@ -1562,6 +1800,9 @@ int main(void) {
   tcase_add_test(tc, test_coalesce);
   tcase_add_test(tc, test_wo_before_aq);
   tcase_add_test(tc, test_prefill_chunks);
+  tcase_add_test(tc, test_prefill_by_time);
+  tcase_add_test(tc, test_prefill_follows_costs);
+  tcase_add_test(tc, test_prefill_lanes);
   tcase_add_test(tc, test_fairness);
   tcase_add_test(tc, test_fairness_alternate);
   tcase_add_test(tc, test_delay);
