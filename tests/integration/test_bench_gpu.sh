@@ -133,6 +133,16 @@ for f in fails:
 sys.exit(1 if fails else 0)
 ' || bad "the JSON lines (above)"
 
+# deploy/gpu-check's table (tests/bench/gpu_table.py) of those lines: a row
+# per case, the invariance verdict.
+python3 "${srcdir:-.}/tests/bench/gpu_table.py" "$out" >"$tmp/table" 2>&1 ||
+  bad "gpu_table.py failed: $(cat "$tmp/table")"
+if [ "$(grep -c '^48x200 ' "$tmp/table")" -ne 15 ] ||
+  ! grep -q 'batch invariance on the GPU (row 0 at M=1,16,17): 16 checked, all PASS' \
+    "$tmp/table"; then
+  bad "gpu_table.py: $(cat "$tmp/table")"
+fi
+
 # By UUID: the same device.
 uuid=$(grep '^{"bench":"gpu",' "$out" | head -1 | sed 's/.*"device":"\([^"]*\)".*/\1/')
 "$QL_BENCH_CUDAEMU" --device "$uuid" --shapes 16x64 --gs 32 --wo-m 1 \
