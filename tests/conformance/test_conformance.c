@@ -66,6 +66,16 @@
  *   --small         a smaller shape matrix (SMALL_Ms x SMALL_Ns x
  *                   SMALL_Ks, the huge-K shapes kept), still with ragged
  *                   K, N = 1 and K larger than a 1024-value tile.
+ * And for chasing one case on a real GPU (deploy/gpu-check --sanitize):
+ *   --filter SUBSTR only the linear cases whose name contains SUBSTR; a
+ *                   case's name is its group and its shape as a failure
+ *                   prints them, spaces single, e.g.
+ *                   "WO q8b/b32a act=f16 scale=f16 M=1 N=512 K=128 bias=1";
+ *                   quantize_rows, non-finite x, NMSE and the self-check
+ *                   do not run;
+ *   --loop N        with --filter: the filtered cases N times over, in
+ *                   this process; prints the failing runs only and ends
+ *                   with how many of the N had a failure.
  *
  * Plain main(): the output is a report (what ran, dispatch, NMSE table,
  * skips) ending in "N passed, F failed, S skipped"; exit status 1 on any
@@ -95,6 +105,10 @@ static long g_passed, g_failed, g_skipped;
 /* --backend: the one backend under test (NULL: every registered one and
  * the generic fallback). */
 static const ql_backend *g_only;
+
+/* --filter (NULL: every case) and --loop (0: once, with the workers). */
+static const char *g_filter;
+static long g_loop;
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -313,6 +327,8 @@ static void group_done(sink *s, const char *what, const bk *bks, int nb) {
   g_passed += s->passed;
   g_failed += s->failed;
   g_skipped += s->skipped;
+  if (g_loop > 0 && s->failed == 0)
+    return; /* --loop: the failing runs only */
   if (s->passed + s->failed > 0) {
     printf("%s %s: %ld cases", s->failed ? "FAIL" : "ok  ", what,
            s->passed + s->failed);
@@ -2161,6 +2177,28 @@ static void self_check(void) {
   }
 }
 
+/* --filter: keeps the shapes of group ctx whose case name contains
+ * g_filter (the name: ctx with its runs of spaces made single, then
+ * "M=.. N=.. K=.. bias=.."); returns how many. */
+static int filter_shapes(const char *ctx, shape *sh, int nsh) {
+  char name[256];
+  size_t j = 0;
+  int kept = 0;
+  for (const char *p = ctx; *p != '\0' && j + 1 < sizeof name; p++)
+    if (*p != ' ' || (j > 0 && name[j - 1] != ' '))
+      name[j++] = *p;
+  if (j > 0 && name[j - 1] == ' ')
+    j--;
+  for (int i = 0; i < nsh; i++) {
+    snprintf(name + j, sizeof name - j, " M=%lld N=%lld K=%lld bias=%d",
+             (long long)sh[i].m, (long long)sh[i].n, (long long)sh[i].k,
+             sh[i].bias);
+    if (strstr(name, g_filter) != NULL)
+      sh[kept++] = sh[i];
+  }
+  return kept;
+}
+
 /* The linear groups (every path and dtype combo) of fcfgs[c0, c1). */
 static void run_linear_range(const bk *bks, int nb, int c0, int c1) {
   static shape sh[NSHAPE + 2];
@@ -2178,6 +2216,8 @@ static void run_linear_range(const bk *bks, int nb, int c0, int c1) {
         int nsh = build_shapes(ci, aq, combo, sh);
         snprintf(ctx, sizeof ctx, "%s %-9s act=%-4s scale=%-4s",
                  aq ? "AQ" : "WO", fmt, dtn(g.adt), dtn(g.sdt));
+        if (g_filter != NULL && (nsh = filter_shapes(ctx, sh, nsh)) == 0)
+          continue;
         run_linear(bks, nb, &g, sh, nsh, &s);
         if (s.passed + s.failed == 0 && s.skipped > 0) {
           /* nothing ran: one line for the (format, path), below */
@@ -2189,7 +2229,7 @@ static void run_linear_range(const bk *bks, int nb, int c0, int c1) {
         }
         group_done(&s, ctx, bks, nb);
       }
-      if (nskip)
+      if (nskip && g_loop == 0)
         printf("skip %s %s, every dtype combo: %ld cases, no implementation "
                "on any backend: %s\n",
                aq ? "AQ" : "WO", fmt, nskip, why);
@@ -2395,13 +2435,27 @@ int main(int argc, char **argv) {
     } else if (strcmp(argv[i], "--small") == 0) {
       Ms = SMALL_Ms, Ns = SMALL_Ns, Ks = SMALL_Ks;
       NM = COUNT(SMALL_Ms), NN = COUNT(SMALL_Ns), NK = COUNT(SMALL_Ks);
+    } else if (strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
+      g_filter = argv[++i];
+    } else if (strcmp(argv[i], "--loop") == 0 && i + 1 < argc) {
+      char *end;
+      g_loop = strtol(argv[++i], &end, 10);
+      if (*end != '\0' || g_loop < 1 || g_loop > 100000000)
+        g_loop = -1;
     } else {
-      fprintf(stderr, "usage: %s [--backend NAME] [--small]\n", argv[0]);
-      return 2;
+      g_loop = -1;
     }
+    if (g_loop < 0)
+      break;
+  }
+  if (g_loop < 0 || (g_loop > 0 && g_filter == NULL)) {
+    fprintf(stderr, "usage: %s [--backend NAME] [--small] "
+            "[--filter SUBSTR [--loop N]]\n", argv[0]);
+    return 2;
   }
   signal(SIGALRM, on_watchdog);
-  alarm(WATCHDOG_S);
+  if (g_loop == 0) /* --loop: the caller bounds its time */
+    alarm(WATCHDOG_S);
   if (g_only == NULL)
     bks[nb++] = (bk){"generic", NULL};
   for (size_t i = 0; i < nreg && nb < MAX_BK; i++) {
@@ -2467,6 +2521,33 @@ int main(int argc, char **argv) {
          "+ half ulp for f16/bf16 y\n",
          NSHAPE, NSHAPE / 8, (long long)HUGE_K[0], (long long)HUGE_K[1],
          HUGE_M, HUGE_N);
+
+  if (g_filter != NULL) {
+    /* The filtered linear cases alone, in this process (a case or a few:
+     * no workers), --loop times. */
+    long bad_runs = 0, runs = g_loop > 0 ? g_loop : 1;
+    printf("--filter \"%s\": the linear cases whose name contains it, "
+           "%ld time%s\n", g_filter, runs, runs > 1 ? "s" : "");
+    for (long r = 0; r < runs; r++) {
+      long f0 = g_failed;
+      run_linear_range(bks, nb, 0, NFCFG);
+      if (g_failed > f0) {
+        bad_runs++;
+        printf("run %ld of %ld: %ld failed\n", r + 1, runs, g_failed - f0);
+      }
+    }
+    xcache_free();
+    if (g_loop > 0)
+      printf("--loop: %ld runs, %ld with a failure\n", runs, bad_runs);
+    printf("%ld passed, %ld failed, %ld skipped; %.1f s\n", g_passed,
+           g_failed, g_skipped, now_s() - t0);
+    if (g_passed + g_failed == 0) {
+      printf("FAIL --filter \"%s\": no case has that in its name\n",
+             g_filter);
+      return EXIT_FAILURE;
+    }
+    return g_failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  }
 
   /* Before this process calls any kernel: see workers_start(). */
   workers_start(&wk, bks, nb);
