@@ -366,7 +366,7 @@ void random_check(gpu* g, const setting& s, result* r) {
                        to_e4m3(b[size_t(i)] * 448 / mb)});
     }
     std::vector<double> y;
-    if (!run(g, s, k, tt, &y, false)) return;
+    if (!run(g, s, k, tt, &y, true)) return;
     double worst_rel = 0, worst = 0;
     for (size_t i = 0; i < tt.size(); i++) {
       std::vector<double> p;
