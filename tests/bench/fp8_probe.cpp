@@ -26,8 +26,8 @@
 //    from a second interval;
 //  - random: rows like quantized activations and weights (e4m3 codes of
 //    Gaussian values), the largest |y - exact| / Σ|p| against the error
-//    bound the measured (B, block, P) give (DESIGN §4 draft; in units of
-//    the bound, <= 1 means the model holds).
+//    bound the measured (B, block, P) give (tests/common/fp8_bound.h; in
+//    units of the bound, <= 1 means the model holds).
 // Each in three settings: fast accumulation off (the backend's default)
 // and on (CUBLASLT_MATMUL_DESC_FAST_ACCUM), f32 output; and bf16 output
 // (a control: the bits a 16-bit output would keep). It ends with one line
@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "blaslt.h"
+#include "fp8_bound.h"
 
 #ifdef QL_CUDA_EMU
 #include "emu_runtime.h"
@@ -288,34 +289,6 @@ void measure(gpu* g, const setting& s, result* r) {
   r->ok = true;
 }
 
-// The draft bound (DESIGN §4) on |Σ computed - Σ exact| for products p:
-// per promotion interval of P products (the whole K without promotion),
-// per block b of Kb products: 2^(1-B)·((n_b + 1)·M_b + S_b), M_b the
-// largest addend (an upper bound on the partial sum carried in, or the
-// largest product), S_b the interval's Σ|p| so far; plus f32 sums of the
-// promoted partial sums: γ(K/P + 1)·Σ|p|.
-double model_bound(const std::vector<double>& p, int B, int64_t block,
-                   int64_t promote) {
-  const double u = ldexp(1.0, 1 - B);
-  const int64_t K = int64_t(p.size()), P = promote > 0 ? promote : K;
-  double bound = 0, all = 0;
-  for (int64_t i0 = 0; i0 < K; i0 += P) {
-    double s = 0;
-    for (int64_t b0 = i0; b0 < i0 + P && b0 < K; b0 += block) {
-      double mx = s * (1 + 4 * u), nb = 0;
-      for (int64_t k = b0; k < b0 + block && k < i0 + P && k < K; k++) {
-        mx = fmax(mx, fabs(p[size_t(k)]));
-        s += fabs(p[size_t(k)]);
-        nb++;
-      }
-      bound += u * ((nb + 1) * mx + s * (1 + 4 * u));
-    }
-    all += s;
-  }
-  const double n = double((K + P - 1) / P) + 1, u32 = ldexp(1.0, -24);
-  return bound + n * u32 / (1 - n * u32) * all;
-}
-
 uint64_t g_seed = 0x9E3779B97F4A7C15ull;
 double gauss() {
   auto uni = [] {
@@ -378,7 +351,8 @@ void random_check(gpu* g, const setting& s, result* r) {
       }
       const double err = fabs(y[i] - ex);
       worst_rel = fmax(worst_rel, mag > 0 ? err / mag : 0);
-      const double bd = model_bound(p, B, blk, P);
+      const double bd =
+          ql_fp8_acc_bound(p.data(), int64_t(p.size()), B, blk, P);
       worst = fmax(worst, bd > 0 ? err / bd : (err > 0 ? INFINITY : 0));
     }
     r->worst = fmax(r->worst, worst);
