@@ -76,7 +76,10 @@ enum {
 // a row's result does not depend on the rows beside it (IMMA's int32 sums
 // would be exact in any order; it is chosen the same way). FP8 fast
 // accumulation stays off (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0: partial
-// sums are promoted to f32).
+// sums are promoted to f32 periodically) unless QL_CUDA_F8_FAST_ACCUM=1
+// asks for it (ql__blaslt_flags()). Even so the FP8 tensor cores do not
+// sum in f32 between promotions (README, "CUDA backend";
+// tests/bench/fp8_probe.cpp measures how).
 //
 // Enqueued on stream. 0; QL_EINVAL for arguments outside the above;
 // QL_ENOTSUP when cuBLASLt offers no algorithm for the problem (the caller
