@@ -390,8 +390,11 @@ int device_info(int o, ql_device_desc* out) {
   size_t v = ql__blaslt_version();
   if (no == nullptr)
     snprintf(out->note, sizeof out->note,
-             "f8r activation-quantized on cuBLASLt %zu.%zu.%zu", v / 10000,
-             v / 100 % 100, v % 100);
+             "f8r activation-quantized on cuBLASLt %zu.%zu.%zu%s", v / 10000,
+             v / 100 % 100, v % 100,
+             (ql__blaslt_flags() & QL__BLASLT_FAST_ACCUM)
+                 ? " with fast accumulation (QL_CUDA_F8_FAST_ACCUM=1)"
+                 : "");
   else
     snprintf(out->note, sizeof out->note,
              "f8r activation-quantized on the generic op: %s", no);

@@ -5,6 +5,7 @@
 #include "blaslt.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,7 @@ namespace {
   X(cublasLtMatmulPreferenceSetAttribute) \
   X(cublasLtMatmulAlgoGetHeuristic)   \
   X(cublasLtMatmulAlgoConfigSetAttribute) \
+  X(cublasLtMatmulAlgoConfigGetAttribute) \
   X(cublasLtMatmul)
 
 // The entry points, with the types of the header they were compiled
@@ -49,7 +51,14 @@ api g_api;
 int g_rc = QL_ENOTSUP;
 const char* g_why = "cuBLASLt was not loaded";
 size_t g_version = 0;
+int g_flags = 0;  // ql__blaslt_flags()
 pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+// The FP8 flags of ql__blaslt_gemm from the environment (blaslt.h).
+int env_flags() {
+  const char* v = getenv("QL_CUDA_F8_FAST_ACCUM");
+  return v != nullptr && strcmp(v, "1") == 0 ? QL__BLASLT_FAST_ACCUM : 0;
+}
 
 #ifdef QL_CUDA_EMU
 void load_once() {
@@ -57,6 +66,7 @@ void load_once() {
   QL_LT_FNS(QL_LT_SET)
 #undef QL_LT_SET
   g_version = g_api.cublasLtGetVersion();
+  g_flags = env_flags();
   g_rc = 0;
   g_why = "";
 }
@@ -93,6 +103,7 @@ void load_once() {
   // from it may live until exit.
   g_api = a;
   g_version = v;
+  g_flags = env_flags();
   g_rc = 0;
   g_why = "";
 }
@@ -115,9 +126,9 @@ int map_status(cublasStatus_t s) {
   }
 }
 
-// An algorithm chosen for one (kind, n, k).
+// An algorithm chosen for one (kind, flags, n, k).
 struct algo_entry {
-  int kind;
+  int kind, flags;
   int64_t n, k;
   int rc;  // 0: algo is valid; else why there is none (QL_ENOTSUP, ...)
   cublasLtMatmulAlgo_t algo;
@@ -142,17 +153,21 @@ void put(descs* s) {
 // weight as stored (k x n, ld ldw: row i of w is column i of A), B the
 // activations as stored (k x m, ld ldx) and D the result (n x m, ld ldacc:
 // row j of acc is column j of D). That is the "TN" form that FP8 and IMMA
-// need.
-int make_descs(int kind, int64_t n, int64_t m, int64_t k, int64_t ldw,
-               int64_t ldx, int64_t ldacc, descs* s) {
+// need. C has D's layout (beta is 0: never read); alpha and beta are of
+// the scale type, f32 for FP8 whatever D is. flags: blaslt.h, FP8 only.
+int make_descs(int kind, int flags, int64_t n, int64_t m, int64_t k,
+               int64_t ldw, int64_t ldx, int64_t ldacc, descs* s) {
   const bool i8 = kind == QL__BLASLT_I8;
   const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  const int8_t fast = 0;
+  const int8_t fast = (flags & QL__BLASLT_FAST_ACCUM) ? 1 : 0;
   const cudaDataType ab = i8 ? CUDA_R_8I : CUDA_R_8F_E4M3,
-                     dt = i8 ? CUDA_R_32I : CUDA_R_32F;
+                     dt = i8 ? CUDA_R_32I
+                          : (flags & QL__BLASLT_OUT_BF16) ? CUDA_R_16BF
+                                                          : CUDA_R_32F;
   cublasStatus_t st;
   if ((st = g_api.cublasLtMatmulDescCreate(
-           &s->op, i8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, dt)) !=
+           &s->op, i8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F,
+           i8 ? CUDA_R_32I : CUDA_R_32F)) !=
           CUBLAS_STATUS_SUCCESS ||
       (st = g_api.cublasLtMatmulDescSetAttribute(
            s->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) !=
@@ -190,7 +205,7 @@ void choose(cublasLtHandle_t h, algo_entry* e) {
   int found = 0;
   cublasStatus_t st;
   const int64_t ref = QL__BLASLT_REF_TOKENS, ld = e->k;
-  e->rc = make_descs(e->kind, e->n, ref, e->k, ld, ld, e->n, &s);
+  e->rc = make_descs(e->kind, e->flags, e->n, ref, e->k, ld, ld, e->n, &s);
   if (e->rc != 0) return;
   memset(&res, 0, sizeof res);
   if ((st = g_api.cublasLtMatmulPreferenceCreate(&pref)) !=
@@ -264,28 +279,22 @@ void ql__blaslt_free(ql__blaslt* lt) {
   free(lt);
 }
 
-int ql__blaslt_gemm(ql__blaslt* lt, int kind, int64_t n, int64_t m, int64_t k,
-                    const void* w, int64_t ldw, const void* x, int64_t ldx,
-                    void* acc, int64_t ldacc, void* stream) {
-  // alpha and beta are of the scale type: f32 for FP8, int32 for IMMA.
-  const float onef = 1.0f, zerof = 0.0f;
-  const int32_t onei = 1, zeroi = 0;
-  const bool i8 = kind == QL__BLASLT_I8;
+namespace {
+
+// The algorithm entry of (kind, flags, n, k) in *out, chosen on first use.
+// 0 (the entry may carry a cached refusal in its rc) or QL_ENOMEM.
+int lookup(ql__blaslt* lt, int kind, int flags, int64_t n, int64_t k,
+           algo_entry** out) {
   algo_entry* e;
-  descs s;
-  int rc;
-  if (lt == nullptr || (kind != QL__BLASLT_E4M3 && !i8) || n < 16 || m < 1 ||
-      k < 16 || n % 16 || k % 16 || ldw < k || ldx < k || ldacc < n ||
-      ldw % 16 || ldx % 16 || ldacc % 16)
-    return QL_EINVAL;
-  for (e = lt->algos;
-       e != nullptr && (e->kind != kind || e->n != n || e->k != k);
+  for (e = lt->algos; e != nullptr && (e->kind != kind || e->flags != flags ||
+                                       e->n != n || e->k != k);
        e = e->next)
     ;
   if (e == nullptr) {
     if ((e = static_cast<algo_entry*>(calloc(1, sizeof *e))) == nullptr)
       return QL_ENOMEM;
     e->kind = kind;
+    e->flags = flags;
     e->n = n;
     e->k = k;
     choose(lt->h, e);
@@ -297,8 +306,49 @@ int ql__blaslt_gemm(ql__blaslt* lt, int kind, int64_t n, int64_t m, int64_t k,
     e->next = lt->algos;
     lt->algos = e;
   }
+  *out = e;
+  return 0;
+}
+
+bool flags_ok(int kind, int flags) {
+  return kind == QL__BLASLT_E4M3
+             ? (flags & ~(QL__BLASLT_FAST_ACCUM | QL__BLASLT_OUT_BF16)) == 0
+             : kind == QL__BLASLT_I8 && flags == 0;
+}
+
+}  // namespace
+
+int ql__blaslt_flags(void) {
+  return ql__blaslt_load(nullptr) == 0 ? g_flags : 0;
+}
+
+int ql__blaslt_gemm(ql__blaslt* lt, int kind, int64_t n, int64_t m, int64_t k,
+                    const void* w, int64_t ldw, const void* x, int64_t ldx,
+                    void* acc, int64_t ldacc, void* stream) {
+  return ql__blaslt_gemm_ex(lt, kind,
+                            kind == QL__BLASLT_E4M3 ? ql__blaslt_flags() : 0,
+                            n, m, k, w, ldw, x, ldx, acc, ldacc, stream);
+}
+
+int ql__blaslt_gemm_ex(ql__blaslt* lt, int kind, int flags, int64_t n,
+                       int64_t m, int64_t k, const void* w, int64_t ldw,
+                       const void* x, int64_t ldx, void* acc, int64_t ldacc,
+                       void* stream) {
+  // alpha and beta are of the scale type: f32 for FP8, int32 for IMMA.
+  const float onef = 1.0f, zerof = 0.0f;
+  const int32_t onei = 1, zeroi = 0;
+  const bool i8 = kind == QL__BLASLT_I8;
+  algo_entry* e;
+  descs s;
+  int rc;
+  if (lt == nullptr || !flags_ok(kind, flags) || n < 16 || m < 1 ||
+      k < 16 || n % 16 || k % 16 || ldw < k || ldx < k || ldacc < n ||
+      ldw % 16 || ldx % 16 || ldacc % 16)
+    return QL_EINVAL;
+  if ((rc = lookup(lt, kind, flags, n, k, &e)) != 0) return rc;
   if (e->rc != 0) return e->rc;
-  if ((rc = make_descs(kind, n, m, k, ldw, ldx, ldacc, &s)) != 0) return rc;
+  if ((rc = make_descs(kind, flags, n, m, k, ldw, ldx, ldacc, &s)) != 0)
+    return rc;
   // C = D with beta = 0: C is not read.
   cublasStatus_t st = g_api.cublasLtMatmul(
       lt->h, s.op, i8 ? static_cast<const void*>(&onei) : &onef, w, s.a, x,
@@ -306,4 +356,41 @@ int ql__blaslt_gemm(ql__blaslt* lt, int kind, int64_t n, int64_t m, int64_t k,
       s.d, &e->algo, nullptr, 0, static_cast<cudaStream_t>(stream));
   put(&s);
   return map_status(st);
+}
+
+int ql__blaslt_algo_name(ql__blaslt* lt, int kind, int flags, int64_t n,
+                         int64_t k, char* buf, size_t len) {
+  // The configuration attributes read, each 4 bytes (int32_t or
+  // uint32_t as cublasLt.h types them); one that cannot be read is "?".
+  static const struct {
+    const char* name;
+    cublasLtMatmulAlgoConfigAttributes_t attr;
+  } kAttrs[] = {{"algo", CUBLASLT_ALGO_CONFIG_ID},
+                {"tile", CUBLASLT_ALGO_CONFIG_TILE_ID},
+                {"stages", CUBLASLT_ALGO_CONFIG_STAGES_ID},
+                {"splitk", CUBLASLT_ALGO_CONFIG_SPLITK_NUM}};
+  algo_entry* e;
+  int rc;
+  if (lt == nullptr || buf == nullptr || len == 0 || !flags_ok(kind, flags) ||
+      n < 16 || k < 16 || n % 16 || k % 16)
+    return QL_EINVAL;
+  if ((rc = lookup(lt, kind, flags, n, k, &e)) != 0) return rc;
+  if (e->rc != 0) return e->rc;
+  size_t at = 0;
+  buf[0] = 0;
+  for (const auto& a : kAttrs) {
+    uint32_t v = 0;
+    size_t got = 0;
+    const bool ok = g_api.cublasLtMatmulAlgoConfigGetAttribute(
+                        &e->algo, a.attr, &v, sizeof v, &got) ==
+                        CUBLAS_STATUS_SUCCESS &&
+                    got == sizeof v;
+    int w = ok ? snprintf(buf + at, len - at, "%s%s %u", at ? " " : "",
+                          a.name, unsigned(v))
+               : snprintf(buf + at, len - at, "%s%s ?", at ? " " : "",
+                          a.name);
+    if (w < 0 || size_t(w) >= len - at) break;
+    at += size_t(w);
+  }
+  return 0;
 }

@@ -46,6 +46,18 @@ enum {
   QL__BLASLT_I8 = 2     // IMMA: int8 x int8 -> int32 (CUBLAS_COMPUTE_32I)
 };
 
+// Flags of ql__blaslt_gemm_ex, for QL__BLASLT_E4M3 only (QL_EINVAL with
+// I8).
+enum {
+  // CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1: the FP8 tensor cores' partial
+  // sums are not promoted to f32 periodically ("fast accumulation").
+  QL__BLASLT_FAST_ACCUM = 1,
+  // acc is bf16, rounded by cuBLASLt (C and D CUDA_R_16BF): for probes
+  // of the hardware (tests/bench/fp8_probe.cpp), never the backend's
+  // product, whose epilogue needs the f32 sum.
+  QL__BLASLT_OUT_BF16 = 2
+};
+
 // The unscaled product of an activation-quantized path:
 //   acc[j, i] = Σk x[j, k]·w[i, k]
 // for i < n, j < m; w [n, ldw] and x [m, ldx] are codes of the kind, row
@@ -64,15 +76,42 @@ enum {
 // a row's result does not depend on the rows beside it (IMMA's int32 sums
 // would be exact in any order; it is chosen the same way). FP8 fast
 // accumulation stays off (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0: partial
-// sums are promoted to f32).
+// sums are promoted to f32 periodically) unless QL_CUDA_F8_FAST_ACCUM=1
+// asks for it (ql__blaslt_flags()). Even so the FP8 tensor cores do not
+// sum in f32 between promotions (README, "CUDA backend";
+// tests/bench/fp8_probe.cpp measures how).
 //
 // Enqueued on stream. 0; QL_EINVAL for arguments outside the above;
 // QL_ENOTSUP when cuBLASLt offers no algorithm for the problem (the caller
 // may fall back); QL_ENOMEM; QL_EDEVICE when the launch failed (the caller
 // asks the runtime why).
+//
+// FP8 runs with the flags of ql__blaslt_flags(): fast accumulation off
+// unless the environment asks for it.
 int ql__blaslt_gemm(ql__blaslt* lt, int kind, int64_t n, int64_t m, int64_t k,
                     const void* w, int64_t ldw, const void* x, int64_t ldx,
                     void* acc, int64_t ldacc, void* stream);
+
+// ql__blaslt_gemm with explicit QL__BLASLT_* flags (0 for I8); the
+// algorithm is chosen once per (kind, flags, n, k) in the same way.
+int ql__blaslt_gemm_ex(ql__blaslt* lt, int kind, int flags, int64_t n,
+                       int64_t m, int64_t k, const void* w, int64_t ldw,
+                       const void* x, int64_t ldx, void* acc, int64_t ldacc,
+                       void* stream);
+
+// The flags ql__blaslt_gemm uses for FP8, read once from the environment
+// when the library is loaded: QL__BLASLT_FAST_ACCUM where
+// QL_CUDA_F8_FAST_ACCUM=1, else 0 (the default: partial sums promoted to
+// f32 periodically, the more accurate mode). A knob for measuring the
+// hardware's accumulation on a GPU (README, "CUDA backend").
+int ql__blaslt_flags(void);
+
+// Writes into buf (len bytes, NUL-terminated, truncated to fit) a short
+// description of the algorithm chosen for (kind, flags, n, k), choosing
+// it if needed: "algo 23 tile 18 stages 11 splitk 1", as cuBLASLt's
+// algorithm configuration reports it. 0; the codes of ql__blaslt_gemm_ex.
+int ql__blaslt_algo_name(ql__blaslt* lt, int kind, int flags, int64_t n,
+                         int64_t k, char* buf, size_t len);
 
 // The token count of the problem the algorithm is chosen for.
 enum { QL__BLASLT_REF_TOKENS = 256 };

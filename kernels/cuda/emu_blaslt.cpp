@@ -95,6 +95,7 @@ namespace {
 struct problem {
   uint64_t m, n, k;
   bool i8;
+  bool bf16;  // FP8 with C and D bf16
 };
 
 // The requirements of the two kinds of matmul served (cublasLtMatmul()):
@@ -110,14 +111,15 @@ cublasStatus_t fp8_check(const ql_emu_lt_desc* d, const ql_emu_lt_layout* a,
     return CUBLAS_STATUS_INVALID_VALUE;
   const bool fp8 = d->compute == CUBLAS_COMPUTE_32F &&
                    d->scale == CUDA_R_32F && a->type == CUDA_R_8F_E4M3 &&
-                   b->type == CUDA_R_8F_E4M3 && c->type == CUDA_R_32F &&
-                   dd->type == CUDA_R_32F;
+                   b->type == CUDA_R_8F_E4M3 && c->type == dd->type &&
+                   (dd->type == CUDA_R_32F || dd->type == CUDA_R_16BF);
   const bool i8 = d->compute == CUBLAS_COMPUTE_32I &&
                   d->scale == CUDA_R_32I && a->type == CUDA_R_8I &&
                   b->type == CUDA_R_8I && c->type == CUDA_R_32I &&
                   dd->type == CUDA_R_32I;
   if (!fp8 && !i8) return CUBLAS_STATUS_NOT_SUPPORTED;
   p->i8 = i8;
+  p->bf16 = fp8 && dd->type == CUDA_R_16BF;
   if (d->transa != CUBLAS_OP_T || d->transb != CUBLAS_OP_N)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   if (d->pointer_mode != 0 || d->epilogue != CUBLASLT_EPILOGUE_DEFAULT ||
@@ -138,8 +140,9 @@ cublasStatus_t fp8_check(const ql_emu_lt_desc* d, const ql_emu_lt_layout* a,
   // FP8: 16-byte alignment of the leading dimensions and of m and k;
   // IMMA: multiples of 4 elements.
   const int64_t q = i8 ? 4 : 16;
-  if (a->ld % q != 0 || b->ld % q != 0 || c->ld % 4 != 0 ||
-      dd->ld % 4 != 0 || int64_t(p->m) % q != 0 || int64_t(p->k) % q != 0)
+  const int64_t qc = p->bf16 ? 8 : 4;  // 16 bytes of C and D
+  if (a->ld % q != 0 || b->ld % q != 0 || c->ld % qc != 0 ||
+      dd->ld % qc != 0 || int64_t(p->m) % q != 0 || int64_t(p->k) % q != 0)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -378,6 +381,7 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoConfigSetAttribute(
       return CUBLAS_STATUS_SUCCESS;
     case CUBLASLT_ALGO_CONFIG_ID:
     case CUBLASLT_ALGO_CONFIG_TILE_ID:
+    case CUBLASLT_ALGO_CONFIG_STAGES_ID:
       break;
   }
   return CUBLAS_STATUS_INVALID_VALUE;
@@ -397,6 +401,11 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(
     case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME:
       v = uint32_t(algo->data[2]);
       break;
+    case CUBLASLT_ALGO_CONFIG_ID:  // one algorithm, tile and stages "undefined"
+    case CUBLASLT_ALGO_CONFIG_TILE_ID:
+    case CUBLASLT_ALGO_CONFIG_STAGES_ID:
+      v = 0;
+      break;
     default:
       return CUBLAS_STATUS_INVALID_VALUE;
   }
@@ -406,6 +415,112 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(
 }
 
 namespace {
+
+// The FP8 tensor cores' accumulation as the emulation models it
+// (emu_blaslt.h): bits == 0 is exact f32 (the default); else each block
+// of `block` products is added to the tensor-core partial sum with every
+// addend aligned to the largest one's exponent and truncated to `bits`
+// significant bits, and the partial sum is promoted into an f32
+// accumulator every `promote` products (never with fast accumulation).
+struct fp8_acc {
+  int bits;
+  uint64_t block, promote;  // promote 0: never
+};
+
+// QL_EMU_FP8_ACC_BITS (1..24; unset or 0: exact), QL_EMU_FP8_ACC_BLOCK
+// (default 32), QL_EMU_FP8_ACC_PROMOTE (default 128), read at first use;
+// ql_emu_blaslt_set_fp8_acc() overrides them.
+std::atomic<int> g_acc_bits{-1};
+std::atomic<long> g_acc_block{32}, g_acc_promote{128};
+
+long env_long(const char* name, long dflt, long lo, long hi) {
+  const char* v = getenv(name);
+  if (v == nullptr || *v == 0) return dflt;
+  char* end;
+  long x = strtol(v, &end, 10);
+  return *end == 0 && x >= lo && x <= hi ? x : dflt;
+}
+
+fp8_acc acc_model(bool fast) {
+  int b = g_acc_bits.load();
+  if (b < 0) {
+    g_acc_block.store(env_long("QL_EMU_FP8_ACC_BLOCK", 32, 1, 256));
+    g_acc_promote.store(env_long("QL_EMU_FP8_ACC_PROMOTE", 128, 1, 1 << 20));
+    b = int(env_long("QL_EMU_FP8_ACC_BITS", 0, 0, 24));
+    g_acc_bits.store(b);
+  }
+  fp8_acc m;
+  m.bits = b;
+  m.block = uint64_t(g_acc_block.load());
+  m.promote = fast ? 0 : uint64_t(g_acc_promote.load());
+  return m;
+}
+
+// x truncated toward zero to `bits` significant bits.
+double trunc_bits(double x, int bits) {
+  if (x == 0.0) return 0.0;
+  const double q = __builtin_ldexp(1.0, __builtin_ilogb(x) + 1 - bits);
+  return __builtin_trunc(x / q) * q;
+}
+
+// One block: c + Σ addends, every term aligned to the largest one's
+// exponent E and truncated toward -inf (a sign-filling right shift) to a
+// multiple of 2^(E+1-bits), the exact sum of those truncated to `bits`
+// significant bits. Exact in double: bits <= 24, at most 2^20 terms.
+double block_add(int bits, double c, const double* t, uint64_t n) {
+  double mx = __builtin_fabs(c);
+  for (uint64_t i = 0; i < n; i++)
+    if (__builtin_fabs(t[i]) > mx) mx = __builtin_fabs(t[i]);
+  if (mx == 0.0) return 0.0;
+  const double q = __builtin_ldexp(1.0, __builtin_ilogb(mx) + 1 - bits);
+  double s = __builtin_floor(c / q) * q;
+  for (uint64_t i = 0; i < n; i++) s += __builtin_floor(t[i] / q) * q;
+  return trunc_bits(s, bits);
+}
+
+// Σ a[k]·b[k] for k in [k0, k1) (e4m3 codes, lut their values), summed
+// as m says: exact f32 in increasing k, or the limited-precision model.
+float part_sum(const fp8_acc& m, const float* lut, const uint8_t* a,
+               const uint8_t* b, uint64_t k0, uint64_t k1) {
+  if (m.bits == 0) {
+    float s = 0.0f;
+    for (uint64_t k = k0; k < k1; k++) s += lut[a[k]] * lut[b[k]];
+    return s;
+  }
+  constexpr uint64_t kMaxBlock = 256;
+  double t[kMaxBlock];
+  const uint64_t blk = m.block < kMaxBlock ? m.block : kMaxBlock;
+  const uint64_t iv = m.promote != 0 ? m.promote : k1 - k0;
+  float acc = 0.0f;
+  for (uint64_t i0 = k0; i0 < k1; i0 += iv) {
+    const uint64_t i1 = i0 + iv < k1 ? i0 + iv : k1;
+    double c = 0.0;  // the tensor cores' partial sum
+    for (uint64_t b0 = i0; b0 < i1; b0 += blk) {
+      const uint64_t b1 = b0 + blk < i1 ? b0 + blk : i1;
+      for (uint64_t k = b0; k < b1; k++)
+        t[k - b0] = double(lut[a[k]]) * double(lut[b[k]]);
+      c = block_add(m.bits, c, t, b1 - b0);
+    }
+    acc = i0 == k0 ? float(c) : acc + float(c);  // c has <= 24 bits: exact
+  }
+  return acc;
+}
+
+// bf16 <-> f32 (round to nearest even; a NaN stays a quiet NaN).
+float bf16_f32(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+uint16_t f32_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
 
 // IMMA: D = alpha·(Aᵀ·B) + beta·C in int32, exact (wrapping as two's
 // complement where the GPU's int32 sums would).
@@ -484,10 +599,9 @@ extern "C" cublasStatus_t cublasLtMatmul(
               sb = d->b_scale ? *static_cast<const float*>(d->b_scale) : 1.0f;
   const uint8_t* a8 = static_cast<const uint8_t*>(A);
   const uint8_t* b8 = static_cast<const uint8_t*>(B);
-  const float* cf = static_cast<const float*>(C);
-  float* df = static_cast<float*>(D);
   uint64_t part = (p.k + splits - 1) / splits;
   part = (part + 15) / 16 * 16;
+  const fp8_acc model = acc_model(d->fast_accum != 0);
   float lut[256];
   for (int i = 0; i < 256; i++) lut[i] = e4m3(uint8_t(i));
   for (uint64_t j = 0; j < p.n; j++) {
@@ -497,13 +611,18 @@ extern "C" cublasStatus_t cublasLtMatmul(
       float acc = 0.0f;
       for (uint64_t k0 = 0; k0 < p.k; k0 += part) {
         const uint64_t k1 = k0 + part < p.k ? k0 + part : p.k;
-        float s = 0.0f;
-        for (uint64_t k = k0; k < k1; k++) s += lut[ai[k]] * lut[bj[k]];
+        const float s = part_sum(model, lut, ai, bj, k0, k1);
         acc = k0 == 0 ? s : acc + s;
       }
       float v = al * (acc * (sa * sb));
-      if (be != 0.0f) v += be * cf[j * uint64_t(cd->ld) + i];
-      df[j * uint64_t(dd->ld) + i] = v;
+      const uint64_t ci = j * uint64_t(cd->ld) + i, di = j * uint64_t(dd->ld) + i;
+      if (p.bf16) {
+        if (be != 0.0f) v += be * bf16_f32(static_cast<const uint16_t*>(C)[ci]);
+        static_cast<uint16_t*>(D)[di] = f32_bf16(v);
+      } else {
+        if (be != 0.0f) v += be * static_cast<const float*>(C)[ci];
+        static_cast<float*>(D)[di] = v;
+      }
     }
   }
   return CUBLAS_STATUS_SUCCESS;
@@ -512,3 +631,9 @@ extern "C" cublasStatus_t cublasLtMatmul(
 extern "C" void ql_emu_blaslt_set_present(int p) { g_present.store(p ? 1 : 0); }
 
 extern "C" long ql_emu_blaslt_matmuls(void) { return g_matmuls.load(); }
+
+extern "C" void ql_emu_blaslt_set_fp8_acc(int bits, long block, long promote) {
+  g_acc_block.store(block >= 1 && block <= 256 ? block : 32);
+  g_acc_promote.store(promote >= 1 ? promote : 128);
+  g_acc_bits.store(bits >= 0 && bits <= 24 ? bits : 0);
+}

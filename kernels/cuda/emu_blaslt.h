@@ -14,8 +14,9 @@
 //   column-major as their layouts say ("cublasLtMatrixLayoutCreate()"),
 //   the products summed in the compute type (CUBLAS_COMPUTE_32F: f32;
 //   CUBLAS_COMPUTE_32I: int32) and alpha, beta in the scale type (host
-//   pointers). Two rows of its table of types are served: FP8, A and B
-//   CUDA_R_8F_E4M3, C and D CUDA_R_32F, scale CUDA_R_32F; and IMMA, A and
+//   pointers). Three rows of its table of types are served: FP8, A and B
+//   CUDA_R_8F_E4M3, C and D CUDA_R_32F or both CUDA_R_16BF (D rounded to
+//   nearest even from the f32 result), scale CUDA_R_32F; and IMMA, A and
 //   B CUDA_R_8I, C and D CUDA_R_32I, scale CUDA_R_32I. Their requirements
 //   are checked as the documentation lists them: A transposed and B not
 //   ("TN") for both; FP8: compute 32F and 16-byte alignment of pointers,
@@ -45,6 +46,23 @@
 //   REDUCTION_SCHEME_MASK and MAX_WORKSPACE_BYTES filter them out. A
 //   caller that takes the heuristic's first answer for each M is therefore
 //   not batch-invariant here either.
+// - FP8 accumulation. By default the products (exact in f32) are summed
+//   in f32, which is what the documentation's compute type says but not
+//   what Hopper's FP8 tensor cores do: they align the products of one MMA
+//   to the largest exponent and keep a limited number of bits (the
+//   DeepSeek-V3 report: 14; SageAttention2: a 13-bit mantissa), and
+//   cuBLASLt promotes the partial sums to f32 periodically unless
+//   CUBLASLT_MATMUL_DESC_FAST_ACCUM is set ("intermediate results will not
+//   periodically be promoted to a higher precision"). QL_EMU_FP8_ACC_BITS=B
+//   (1..24) models that, pessimistically: within each part of K, every
+//   QL_EMU_FP8_ACC_BLOCK (default 32) products are added to the
+//   tensor-core partial sum with each addend (the partial sum included)
+//   truncated toward -inf to a multiple of 2^(E+1-B), E the largest
+//   addend's exponent, and the result truncated to B significant bits;
+//   the partial sum is added (f32) to the part's sum and restarted every
+//   QL_EMU_FP8_ACC_PROMOTE (default 128) products, never with fast
+//   accumulation. tests/bench/fp8_probe measures B, the block and the
+//   promotion interval on a real GPU.
 // - A matmul is one launch on its stream (ql__emu_cuda_launch): it counts
 //   as work of that device, and does not run on a failed or hung one
 //   (CUBLAS_STATUS_EXECUTION_FAILED on a failed one, as a launch error is
@@ -158,8 +176,9 @@ typedef enum {
 typedef enum {
   CUBLASLT_ALGO_CONFIG_ID = 0,
   CUBLASLT_ALGO_CONFIG_TILE_ID = 1,
-  CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,       // uint32_t
-  CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3  // uint32_t
+  CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,        // int32_t
+  CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3,  // uint32_t
+  CUBLASLT_ALGO_CONFIG_STAGES_ID = 6          // uint32_t
 } cublasLtMatmulAlgoConfigAttributes_t;
 
 // ---- cublasLt.h: functions
@@ -215,6 +234,11 @@ cublasStatus_t cublasLtMatmul(
 void ql_emu_blaslt_set_present(int present);
 // Matmuls that ran since the start.
 long ql_emu_blaslt_matmuls(void);
+// The FP8 accumulation model (see the top of this file): bits 0 (exact
+// f32, the default) or 1..24, block products per alignment (1..256,
+// default 32), promotion to f32 every `promote` products (default 128;
+// never with fast accumulation). Out-of-range values take the defaults.
+void ql_emu_blaslt_set_fp8_acc(int bits, long block, long promote);
 
 #ifdef __cplusplus
 }

@@ -6,15 +6,20 @@
 //   and leading dimensions larger than the rows; the reference IMMA (int8
 //   in, int32 out) against an int64 loop, with -128 everywhere;
 // - the reference's documented FP8 requirements (TN only, 16-byte aligned
-//   dimensions, leading dimensions and pointers, f32 output) refused with
-//   CUBLAS_STATUS_NOT_SUPPORTED;
+//   dimensions, leading dimensions and pointers, an f32 or bf16 output)
+//   refused with CUBLAS_STATUS_NOT_SUPPORTED;
 // - its heuristic splits K for few output tiles and a long K (so a layer
 //   that took its first answer per M would not be batch-invariant), and
 //   leaves the split out under a reduction-scheme mask of NONE;
 // - the layer: results equal to the triple loop at every M (its algorithm
 //   does not split K even where the heuristic would), a row's bytes the
 //   same at M = 1 and M = 37, its argument checks, and a library that does
-//   not start (QL_EMU_CUBLASLT=0) failing handle creation.
+//   not start (QL_EMU_CUBLASLT=0) failing handle creation;
+// - the layer's FP8 flags (fast accumulation, a bf16 output rounded to
+//   nearest even, refused with IMMA), its algorithm description, and the
+//   reference's limited-precision accumulation model (B = 14: a term lost
+//   within a promotion interval, kept across one, a lost negative term
+//   rounded toward -inf; no promotion with fast accumulation).
 //
 // Plain main(); one line per check, exit status 1 on any failure.
 #include <stdlib.h>
@@ -195,7 +200,7 @@ static void test_reference() {
           "FP8 other than TN: CUBLAS_STATUS_NOT_SUPPORTED");
     raw f16(p, CUBLAS_OP_T, CUBLAS_OP_N, CUDA_R_16F);
     check(f16.run(h, p, p.dw) == CUBLAS_STATUS_NOT_SUPPORTED,
-          "D in another type than the f32 row: NOT_SUPPORTED");
+          "D in another type than the f32 and bf16 rows: NOT_SUPPORTED");
     raw badld(p, CUBLAS_OP_T, CUBLAS_OP_N, CUDA_R_32F, 40);
     check(badld.run(h, p, p.dw) == CUBLAS_STATUS_NOT_SUPPORTED,
           "lda not a multiple of 16: NOT_SUPPORTED");
@@ -385,13 +390,112 @@ static void test_layer() {
   ql_emu_blaslt_set_present(1);
 }
 
+// bf16 from f32, round to nearest even (finite values).
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// The layer's FP8 flags and the reference's accumulation model.
+static void test_flags() {
+  ql__blaslt* lt = nullptr;
+  const int E = QL__BLASLT_E4M3;
+  check(ql__blaslt_create(&lt) == 0 && ql__blaslt_flags() == 0,
+        "layer: fast accumulation off without QL_CUDA_F8_FAST_ACCUM");
+  prob p(48, 5, 208, 16);
+  check(ql__blaslt_gemm_ex(lt, E, QL__BLASLT_FAST_ACCUM, 48, 5, 208, p.dw,
+                           p.ldw, p.dx, p.ldx, p.dacc, p.ldacc,
+                           nullptr) == 0 &&
+            p.matches(),
+        "layer, fast accumulation: exact f32 sums on the reference");
+
+  // bf16 output: the f32 sums rounded to nearest even.
+  std::vector<float> want(size_t(p.m * p.ldacc));
+  triple_loop(p.w, p.ldw, p.x, p.ldx, p.n, p.m, p.k, &want, p.ldacc);
+  std::vector<uint16_t> got(size_t(p.m * p.ldacc));
+  bool same = ql__blaslt_gemm_ex(lt, E, QL__BLASLT_OUT_BF16, 48, 5, 208,
+                                 p.dw, p.ldw, p.dx, p.ldx, p.dacc, p.ldacc,
+                                 nullptr) == 0 &&
+              cudaMemcpy(got.data(), p.dacc, got.size() * 2,
+                         cudaMemcpyDeviceToHost) == cudaSuccess;
+  for (int64_t j = 0; same && j < p.m; j++)
+    for (int64_t i = 0; i < p.n; i++)
+      same = same && got[size_t(j * p.ldacc + i)] ==
+                         to_bf16(want[size_t(j * p.ldacc + i)]);
+  check(same, "layer, bf16 output: the f32 sums rounded to nearest even");
+
+  char name[96];
+  check(ql__blaslt_algo_name(lt, E, 0, 48, 208, name, sizeof name) == 0 &&
+            strcmp(name, "algo 0 tile 0 stages 0 splitk 1") == 0,
+        "layer: the algorithm's description (split-K pinned to 1)");
+  check(ql__blaslt_algo_name(lt, E, 0, 48, 208, name, 12) == 0 &&
+            strcmp(name, "algo 0 tile") == 0,
+        "layer: the description truncated to the buffer");
+  check(ql__blaslt_gemm_ex(lt, QL__BLASLT_I8, QL__BLASLT_FAST_ACCUM, 48, 5,
+                           208, p.dw, p.ldw, p.dx, p.ldx, p.dacc, p.ldacc,
+                           nullptr) == QL_EINVAL &&
+            ql__blaslt_gemm_ex(lt, E, 4, 48, 5, 208, p.dw, p.ldw, p.dx,
+                               p.ldx, p.dacc, p.ldacc, nullptr) == QL_EINVAL,
+        "layer: flags with IMMA, an unknown flag: QL_EINVAL");
+
+  // The model (emu_blaslt.h), B = 14: 2^14 + 2^-1 (d = 15) loses its
+  // small term within a block of 32, keeps it from the next promotion
+  // interval (k = 128), and loses it there with fast accumulation; 2^14 -
+  // 2^0 (d = 14, half a unit) drops by a whole unit, 2^1 (toward -inf).
+  std::vector<uint8_t> w(size_t(16 * 256), 0), x(size_t(16 * 256), 0);
+  const uint8_t big = uint8_t((7 + 7) << 3);  // 2^7: 2^7·2^7 = 2^14
+  const uint8_t one = uint8_t(7 << 3);        // 2^0
+  const uint8_t half = uint8_t(6 << 3);       // 2^-1
+  const int64_t at[4] = {1, 31, 32, 128};
+  for (int r = 0; r < 4; r++) {  // row r: 2^14 at k = 0, 2^-1 at at[r]
+    w[size_t(r * 256)] = big;
+    x[size_t(r * 256)] = big;
+    w[size_t(r * 256 + at[r])] = half;
+    x[size_t(r * 256 + at[r])] = one;
+  }
+  w[size_t(4 * 256)] = big;  // row 4: 2^14 - 2^0 at k = 0, 1
+  x[size_t(4 * 256)] = big;
+  w[size_t(4 * 256 + 1)] = one | 0x80;
+  x[size_t(4 * 256 + 1)] = one;
+  void* dw = dev_copy(w.data(), w.size());
+  void* dx = dev_copy(x.data(), x.size());
+  void* dacc = dev_copy(nullptr, 16 * 16 * 4);
+  float y[16 * 16], yf[16 * 16];
+  ql_emu_blaslt_set_fp8_acc(14, 32, 128);
+  bool ok = ql__blaslt_gemm_ex(lt, E, 0, 16, 16, 256, dw, 256, dx, 256, dacc,
+                               16, nullptr) == 0 &&
+            cudaMemcpy(y, dacc, sizeof y, cudaMemcpyDeviceToHost) ==
+                cudaSuccess &&
+            ql__blaslt_gemm_ex(lt, E, QL__BLASLT_FAST_ACCUM, 16, 16, 256, dw,
+                               256, dx, 256, dacc, 16, nullptr) == 0 &&
+            cudaMemcpy(yf, dacc, sizeof yf, cudaMemcpyDeviceToHost) ==
+                cudaSuccess;
+  ql_emu_blaslt_set_fp8_acc(0, 32, 128);
+  // the diagonal: element (r, r) is row r's sum
+  check(ok && y[0] == 16384.0f && y[17] == 16384.0f && y[34] == 16384.0f &&
+            y[51] == 16384.5f && y[68] == 16382.0f,
+        "model B=14: small terms lost within an interval, kept across a "
+        "promotion; a lost negative term floors");
+  check(ok && yf[51] == 16384.0f,
+        "model B=14, fast accumulation: no promotion, the term lost");
+  cudaFree(dw);
+  cudaFree(dx);
+  cudaFree(dacc);
+  ql__blaslt_free(lt);
+}
+
 int main() {
   unsetenv("QL_EMU_CUDA_DEVICES");
   unsetenv("QL_EMU_CUDA_FAULT");
   unsetenv("QL_EMU_CUBLASLT");
+  unsetenv("QL_CUDA_F8_FAST_ACCUM");
+  unsetenv("QL_EMU_FP8_ACC_BITS");
   test_reference();
   test_imma();
   test_layer();
+  test_flags();
   std::printf("%s\n", g_fail ? "FAILED" : "all passed");
   return g_fail ? 1 : 0;
 }
