@@ -303,6 +303,45 @@ START_TEST(q8c_on_imma) {
 }
 END_TEST
 
+/* Unset, the switch is at 16 rows (the measured default): 16 rows run on
+ * IMMA, 15 on our kernel, with the same bytes. */
+START_TEST(q8c_imma_default) {
+  td d;
+  td_layer l;
+  td_layer_make(&l, N, K, 37, 1);
+  enum { M = 16 };
+  static float x[M * K], y[M * N], want[M * N];
+  char impl[64];
+  uint64_t seed = 93;
+  td_randn(&seed, x, M * K, 1.0f);
+  /* Our kernel's bytes, in this process (the variable is 0 here). */
+  expected_op(&l, QL_FORMAT_Q8C, 0, QL_OP_LINEAR_AQ, x, M, want);
+  unsetenv("QL_CUDA_IMMA_MIN_ROWS");
+  start(&d, "1", NULL, NULL);
+  ql_client *c = td_connect(&d);
+  ck_assert_int_eq(td_load(c, "q8", &l, QL_FORMAT_Q8C, 0, 0, NULL, NULL), 0);
+  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT, x, M, y,
+                               impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "cuda.cublaslt.linear_aq");
+  ck_assert_msg(memcmp(y, want, sizeof y) == 0,
+                "IMMA: not the bytes of our tensor-core kernel");
+  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT, x + K,
+                               M - 1, y, impl, NULL, 0),
+                   0);
+  ck_assert_str_eq(impl, "cuda.linear_aq");
+  ck_assert_msg(memcmp(y, want + N, (M - 1) * N * sizeof(float)) == 0,
+                "15 rows on our kernel: not their bytes in the batch of 16");
+  td_layer_free(&l);
+  ql_close(c);
+  char *log = td_read_log(&d);
+  ck_assert_int_eq(td_stop(&d), 0);
+  ck_assert_msg(td_count(log, "q8c from 16 rows on cuBLASLt IMMA") == 1,
+                "the log does not say that q8c uses IMMA:\n%s", log);
+  free(log);
+}
+END_TEST
+
 /* Device memory is accounted against the device's budget: a load past it
  * is OUT_OF_MEMORY and leaves nothing resident; the next one that fits is
  * served. */
@@ -928,6 +967,7 @@ int main(void) {
   tcase_add_test(tc, crossover_per_device);
   tcase_add_test(tc, f8r_on_cublaslt);
   tcase_add_test(tc, q8c_on_imma);
+  tcase_add_test(tc, q8c_imma_default);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, batches_in_flight);
   tcase_add_test(tc, no_driver);
