@@ -141,7 +141,7 @@ static const ql__option options[] = {
      .help = "the most rows of one launch of prefill work, always; 0: no "
              "bound but max_batch_rows"},
     {.name = "prefill_chunk_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
-     FIELD(prefill_chunk_us), .min = 0, .max = 10000000, .def = "500",
+     FIELD(prefill_chunk_us), .min = 0, .max = 10000000, .def = "1000",
      .help = "while decode work is about on a device of one lane, a "
              "prefill launch takes the most rows whose measured time fits "
              "this many microseconds, so decode waits about that long at "

@@ -62,11 +62,11 @@
 #include "qlinear.pb-c.h"
 #include "qlinear/qlinear.h"
 
-/* The weight: the shape and format the issues name. */
-#define W_N 4096
-#define W_K 4096
+/* The weight: the shape and format the issues name (--shape, --format). */
+static int W_N = 4096, W_K = 4096;
+static ql_format W_FMT = QL_FORMAT_Q4G;
 #define W_GROUP 128
-#define W_NAME "bench/q4g128"
+#define W_NAME "bench/weight"
 #define PREFILL_M 512
 #define MAX_CLIENTS 8
 #define MAX_PAIRS 64
@@ -89,8 +89,14 @@ typedef struct dopts {
   int pairs;
   int threads;
   const char *daemon;
+  const char *device; /* --device: where the weight goes; NULL: default */
+  int in_process;     /* time the in-process kernel (the CPU's) */
   int json_only;
 } dopts;
+
+static const char *fmt_name(void) {
+  return W_FMT == QL_FORMAT_Q8C ? "q8c" : "q4g";
+}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -109,6 +115,13 @@ static void usage(FILE *f) {
           "  --threads T   CPU threads of the daemon and of the in-process "
           "kernel\n"
           "                (QL_CPU_THREADS; default 2)\n"
+          "  --shape NxK   the weight's shape (default 4096x4096)\n"
+          "  --format F    q4g (group 128, default) or q8c\n"
+          "  --device D    load the weight on device D only (e.g. cuda:0); "
+          "on a\n"
+          "                device other than cpu the in-process kernel is "
+          "not timed:\n"
+          "                'kernel' is then the daemon's mean job time\n"
           "  --quick       5 pairs of 0.05 s samples: a smoke test, not a "
           "measurement\n"
           "  --json        JSON lines only\n");
@@ -121,6 +134,7 @@ static int parse_opts(int argc, char **argv, dopts *o) {
   o->pairs = 7;
   o->threads = 2;
   o->daemon = env != NULL && *env != '\0' ? env : "./qlineard";
+  o->in_process = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     char *end;
@@ -150,6 +164,25 @@ static int parse_opts(int argc, char **argv, dopts *o) {
         return -1;
     } else if (strcmp(a, "--daemon") == 0) {
       o->daemon = v;
+    } else if (strcmp(a, "--shape") == 0) {
+      long n = strtol(v, &end, 10), k;
+      if (*end != 'x' || n < 16 || n > 65536)
+        return -1;
+      k = strtol(end + 1, &end, 10);
+      if (*end != '\0' || k < W_GROUP || k > 65536 || k % W_GROUP != 0)
+        return -1;
+      W_N = (int)n;
+      W_K = (int)k;
+    } else if (strcmp(a, "--format") == 0) {
+      if (strcmp(v, "q4g") == 0)
+        W_FMT = QL_FORMAT_Q4G;
+      else if (strcmp(v, "q8c") == 0)
+        W_FMT = QL_FORMAT_Q8C;
+      else
+        return -1;
+    } else if (strcmp(a, "--device") == 0) {
+      o->device = v;
+      o->in_process = strcmp(v, "cpu") == 0;
     } else {
       return -1;
     }
@@ -871,6 +904,11 @@ typedef struct ovh_out {
   double prefill_kernel_s; /* in-process kernel at M = PREFILL_M */
 } ovh_out;
 
+static void noop_run(void *ctx, long i) {
+  (void)ctx;
+  (void)i;
+}
+
 static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   const dopts *o = e->o;
   rt_ctx ri, rr;
@@ -904,24 +942,32 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
     fprintf(stderr, "qlinear-bench: %s\n", ri.rc ? ri.msg : rr.msg);
     return -1;
   }
-  im = ql_dispatch(ql_backend_find("cpu"),
-                   ri.res.path == QL_PATH_ACT_QUANT ? QL_OP_LINEAR_AQ
-                                                    : QL_OP_LINEAR_WO,
-                   QL_FORMAT_Q4G, QL_DTYPE_F32, (int64_t)m, W_N, W_K);
-  if (im == NULL) {
-    fprintf(stderr, "qlinear-bench: no cpu kernel for M = %llu\n",
-            (unsigned long long)m);
-    return -1;
+  im = NULL;
+  same = 1;
+  if (o->in_process) {
+    im = ql_dispatch(ql_backend_find("cpu"),
+                     ri.res.path == QL_PATH_ACT_QUANT ? QL_OP_LINEAR_AQ
+                                                      : QL_OP_LINEAR_WO,
+                     W_FMT, QL_DTYPE_F32, (int64_t)m, W_N, W_K);
+    if (im == NULL) {
+      fprintf(stderr, "qlinear-bench: no cpu kernel for M = %llu\n",
+              (unsigned long long)m);
+      return -1;
+    }
+    kc = (lin_ctx){im, e->ws, e->x, (int64_t)m, e->yk, 0};
+    lin_run(&kc, 0);
+    same = memcmp(e->y, e->yk, ybytes) == 0 &&
+           memcmp(e->ry->data, e->yk, ybytes) == 0;
+    if (!same)
+      fprintf(stderr,
+              "qlinear-bench: warning: M = %llu: the daemon's y differs from "
+              "the in-process kernel's\n",
+              (unsigned long long)m);
+  } else {
+    /* On another device only the daemon times the kernel: the inline and
+     * region results must agree with each other. */
+    same = memcmp(e->y, e->ry->data, ybytes) == 0;
   }
-  kc = (lin_ctx){im, e->ws, e->x, (int64_t)m, e->yk, 0};
-  lin_run(&kc, 0);
-  same = memcmp(e->y, e->yk, ybytes) == 0 &&
-         memcmp(e->ry->data, e->yk, ybytes) == 0;
-  if (!same)
-    fprintf(stderr,
-            "qlinear-bench: warning: M = %llu: the daemon's y differs from "
-            "the in-process kernel's\n",
-            (unsigned long long)m);
 
   ei = (echo_ctx){e->echo_req, 0, 0, e->payload, 0};
   er = ei;
@@ -930,7 +976,8 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
 
   T[T_INLINE] = (timed){"inline", rt_run, &ri, 0, 0};
   T[T_REGION] = (timed){"region", rt_run, &rr, 0, 0};
-  T[T_KERNEL] = (timed){"kernel", lin_run, &kc, 0, 0};
+  T[T_KERNEL] = o->in_process ? (timed){"kernel", lin_run, &kc, 0, 0}
+                               : (timed){"kernel", noop_run, NULL, 0, 0};
   T[T_ECHO_INLINE] = (timed){"echo_inline", echo_run, &ei, 0, 0};
   T[T_ECHO_REGION] = (timed){"echo_region", echo_run, &er, 0, 0};
   /* The daemon's view of the same calls, as a cross-check of the
@@ -962,6 +1009,9 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
     return -1;
   }
   jobs = w1.requests > w0.requests ? (double)(w1.requests - w0.requests) : 1;
+  if (!o->in_process)
+    for (int p = 0; p < P; p++)
+      t[T_KERNEL][p] = (double)(w1.kernel_ns - w0.kernel_ns) / jobs * 1e-9;
   for (int p = 0; p < P; p++) {
     oi[p] = t[T_INLINE][p] - t[T_KERNEL][p];
     orr[p] = t[T_REGION][p] - t[T_KERNEL][p];
@@ -1008,13 +1058,14 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
            s_rke.med, s_rke.min, s_rke.max);
   }
   printf("{\"bench\":\"daemon\",\"case\":\"overhead\",\"n\":%d,\"k\":%d,"
-         "\"format\":\"q4g\",\"group_size\":%d,\"scale_dtype\":\"bf16\","
+         "\"format\":\"%s\",\"group_size\":%d,\"scale_dtype\":\"bf16\","
          "\"m\":%llu,\"path\":\"%s\",\"impl\":\"%s\",\"daemon_impl\":\"%s\","
          "\"threads\":%d,\"pairs\":%d,\"sample_s\":%.4f,\"same_bytes\":%s,"
          "\"req_bytes\":%zu,\"resp_bytes\":%zu,\"region_req_bytes\":%zu,"
          "\"region_resp_bytes\":%zu",
-         W_N, W_K, W_GROUP, (unsigned long long)m, path_name(ri.res.path),
-         im->name, ri.res.impl, o->threads, P, o->seconds / 4,
+         W_N, W_K, fmt_name(), W_GROUP, (unsigned long long)m,
+         path_name(ri.res.path),
+         im ? im->name : "daemon", ri.res.impl, o->threads, P, o->seconds / 4,
          same ? "true" : "false", ei.req_bytes, ei.resp_bytes, er.req_bytes,
          er.resp_bytes);
   print_ns(stdout, "kernel_ns", s[T_KERNEL]);
@@ -1073,9 +1124,10 @@ static int throughput(const dopts *o) {
              sr.med, sr.min, sr.max, sx.med, sx.min, sx.max);
     }
     printf("{\"bench\":\"daemon\",\"case\":\"throughput\",\"n\":%d,\"k\":%d,"
-           "\"format\":\"q4g\",\"group_size\":%d,\"m\":1,\"clients\":%d,"
+           "\"format\":\"%s\",\"group_size\":%d,\"m\":1,\"clients\":%d,"
            "\"threads\":%d,\"pairs\":%d,\"seconds\":%.4f",
-           W_N, W_K, W_GROUP, tput_clients[ci], o->threads, P, o->seconds);
+           W_N, W_K, fmt_name(), W_GROUP, tput_clients[ci], o->threads, P,
+           o->seconds);
     fprintf(stdout, ",\"rows_per_s\":{\"median\":%.1f,\"min\":%.1f,"
                     "\"max\":%.1f}",
             sr.med, sr.min, sr.max);
@@ -1149,9 +1201,10 @@ static int decode_latency(const dopts *o, const ovh_out *oo) {
            spf[0].max, spr.med, spr.min, spr.max, PREFILL_M, kernel_rate);
   }
   printf("{\"bench\":\"daemon\",\"case\":\"decode_p99\",\"n\":%d,\"k\":%d,"
-         "\"format\":\"q4g\",\"group_size\":%d,\"m\":1,\"prefill_m\":%d,"
+         "\"format\":\"%s\",\"group_size\":%d,\"m\":1,\"prefill_m\":%d,"
          "\"threads\":%d,\"pairs\":%d,\"seconds\":%.4f",
-         W_N, W_K, W_GROUP, PREFILL_M, o->threads, P, o->seconds);
+         W_N, W_K, fmt_name(), W_GROUP, PREFILL_M, o->threads, P,
+         o->seconds);
   print_ns(stdout, "alone_p50_ns", s50[0]);
   print_ns(stdout, "alone_p99_ns", s99[0]);
   print_ns(stdout, "prefill_p50_ns", s50[1]);
@@ -1174,17 +1227,18 @@ static int decode_latency(const dopts *o, const ovh_out *oo) {
  * One copy, not the kernel bench's rotation: the daemon holds one copy
  * too, and at 8.5 MiB it may stay in the last-level cache for both. */
 static int wset_from_bf16(const uint16_t *wb, wset *ws) {
-  ql_quant_params qp = {QL_FORMAT_Q4G, W_GROUP, 0, QL_DTYPE_BF16};
+  ql_quant_params qp = {W_FMT, W_FMT == QL_FORMAT_Q4G ? W_GROUP : 0, 0,
+                        QL_DTYPE_BF16};
   ql_repack_args ra = {NULL, NULL, 0};
   int rc;
 
   memset(ws, 0, sizeof *ws);
-  ws->f = QL_FORMAT_Q4G;
+  ws->f = W_FMT;
   if ((rc = ql_qweight_quantize(&qp, W_N, W_K, QL_DTYPE_BF16, wb, NULL,
                                 &ws->q)) != 0)
     return rc;
   ws->wbytes = ws->q->qdata_bytes + ws->q->scale_bytes * (ws->q->zero ? 2 : 1);
-  ws->rp = ql_dispatch(ql_backend_find("cpu"), QL_OP_REPACK, QL_FORMAT_Q4G,
+  ws->rp = ql_dispatch(ql_backend_find("cpu"), QL_OP_REPACK, W_FMT,
                        QL_DTYPE_F32, 0, W_N, W_K);
   if (ws->rp == NULL)
     return QL_ENOTSUP;
@@ -1280,8 +1334,9 @@ int bench_daemon(int argc, char **argv) {
   tmp = NULL;
   memset(&ld, 0, sizeof ld);
   ld.name = W_NAME;
-  ld.format = QL_FORMAT_Q4G;
-  ld.group_size = W_GROUP;
+  ld.format = W_FMT;
+  ld.group_size = W_FMT == QL_FORMAT_Q4G ? W_GROUP : 0;
+  ld.devices = o.device;
   ld.n = W_N;
   ld.k = W_K;
   ld.dtype = QL_DTYPE_BF16;
@@ -1293,8 +1348,8 @@ int bench_daemon(int argc, char **argv) {
             ql_errmsg());
     goto fail;
   }
-  have_ws = 1; /* wset_free() takes a half-built one too */
-  if ((rc = wset_from_bf16(wb, &ws)) != 0) {
+  have_ws = o.in_process; /* wset_free() takes a half-built one too */
+  if (have_ws && (rc = wset_from_bf16(wb, &ws)) != 0) {
     fprintf(stderr, "qlinear-bench: in-process weight: %s\n",
             ql_strerror(rc));
     goto fail;
@@ -1311,10 +1366,12 @@ int bench_daemon(int argc, char **argv) {
     usleep(100 * 1000);
 
   if (!o.json_only) {
-    printf("qlinear-bench daemon: qlineard %s (%s), %dx%d q4g/g%d, bf16 "
-           "scales, f32 activations;\nthreads %d (daemon and in-process), "
-           "level %s, %d pairs, samples %.3f s (per call %.3f s)\n",
-           hi.daemon_version, o.daemon, W_N, W_K, W_GROUP, o.threads,
+    printf("qlinear-bench daemon: qlineard %s (%s), %dx%d %s (g%d for q4g), "
+           "bf16 scales, f32 activations, on %s;\nthreads %d (daemon and "
+           "in-process), level %s, %d pairs, samples %.3f s (per call %.3f "
+           "s)\n",
+           hi.daemon_version, o.daemon, W_N, W_K, fmt_name(), W_GROUP,
+           o.device ? o.device : "the default devices", o.threads,
            ql__cpu_level_name(ql__cpu_level_get()), o.pairs, o.seconds,
            o.seconds / 4);
     if (wi.crossover_rows == UINT32_MAX)
