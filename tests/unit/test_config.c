@@ -20,6 +20,7 @@
 
 #include "conf.h"
 #include "log.h"
+#include "xover.h"
 #include "testutil.h"
 
 #ifndef QL_EXAMPLE_CONF
@@ -1223,6 +1224,68 @@ START_TEST(test_reload_each) {
 }
 END_TEST
 
+/* The crossover cache (xover.h, a file of the state directory like the
+ * config): version 1's bare rows still read, version 2's times read back,
+ * and times out of bounds or of unequal lengths refused. */
+START_TEST(test_xover_file) {
+  ql__xover_entry *e;
+  size_t n;
+  char err[160];
+  const char *v1 = "{\"version\": 1, \"crossover\": {\"a\": 2}}";
+  ck_assert_int_eq(ql__xover_parse(v1, strlen(v1), &e, &n, err, sizeof err),
+                   0);
+  ck_assert_uint_eq(n, 1);
+  ck_assert_uint_eq(e[0].rows, 2);
+  ck_assert_uint_eq(e[0].n, 0);
+  free(e);
+  const char *v2 = "{\"version\": 2, \"crossover\": {\"a\": 3, \"b\": "
+                   "{\"rows\": 4, \"m\": [1, 512], \"wo_ns\": [10, 900], "
+                   "\"aq_ns\": [0, 300]}}}";
+  ck_assert_int_eq(ql__xover_parse(v2, strlen(v2), &e, &n, err, sizeof err),
+                   0);
+  ck_assert_uint_eq(n, 2);
+  const ql__xover_entry *b = strcmp(e[0].key, "b") == 0 ? &e[0] : &e[1];
+  ck_assert_uint_eq(b->rows, 4);
+  ck_assert_uint_eq(b->n, 2);
+  ck_assert_uint_eq(b->m[1], 512);
+  ck_assert_uint_eq(b->wo_ns[1], 900);
+  ck_assert_uint_eq(b->aq_ns[0], 0);
+  ck_assert_uint_eq(b->aq_ns[1], 300);
+  free(e);
+  static const char *bad[] = {
+      "{\"version\": 3, \"crossover\": {}}",
+      "{\"version\": 1, \"crossover\": {\"a\": {\"rows\": 4, \"m\": [], "
+      "\"wo_ns\": [], \"aq_ns\": []}}}",
+      "{\"version\": 2, \"crossover\": {\"a\": {\"rows\": 4, \"m\": [1], "
+      "\"wo_ns\": [], \"aq_ns\": [1]}}}",
+      "{\"version\": 2, \"crossover\": {\"a\": {\"rows\": 4, \"m\": [0], "
+      "\"wo_ns\": [1], \"aq_ns\": [1]}}}",
+      "{\"version\": 2, \"crossover\": {\"a\": {\"rows\": 4, \"m\": [1], "
+      "\"wo_ns\": [0], \"aq_ns\": [1]}}}",
+      "{\"version\": 2, \"crossover\": {\"a\": {\"rows\": 4, \"m\": [1], "
+      "\"wo_ns\": [1], \"aq_ns\": [-1]}}}",
+      "{\"version\": 2, \"crossover\": {\"a\": {\"rows\": 4, \"m\": [1], "
+      "\"wo_ns\": [1], \"aq_ns\": [1], \"x\": 1}}}",
+      "{\"version\": 2, \"crossover\": {\"a\": {\"m\": [1], \"wo_ns\": [1], "
+      "\"aq_ns\": [1], \"x\": 1}}}",
+      "{\"version\": 2, \"crossover\": {\"a\": {\"rows\": 4, \"m\": "
+      "[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17], \"wo_ns\": "
+      "[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], \"aq_ns\": "
+      "[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}}}",
+      "{\"version\": 2, \"crossover\": {\"a\": {\"rows\": 4, \"m\": [1], "
+      "\"wo_ns\": [1099511627777], \"aq_ns\": [1]}}}",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    err[0] = '\0';
+    ck_assert_msg(ql__xover_parse(bad[i], strlen(bad[i]), &e, &n, err,
+                                  sizeof err) == QL_EBADFILE,
+                  "accepted: %s", bad[i]);
+    ck_assert_ptr_null(e);
+    ck_assert(err[0] != '\0');
+  }
+}
+END_TEST
+
 /* The options meant to change without a restart. */
 START_TEST(test_live_set) {
   static const char *live[] = {"max_upload_bytes", "upload_idle_ms",
@@ -1438,6 +1501,7 @@ static Suite *config_suite(void) {
   tcase_add_test(tc, test_default_socket_dir);
   tcase_add_test(tc, test_find);
   tcase_add_test(tc, test_live_set);
+  tcase_add_test(tc, test_xover_file);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("types");
