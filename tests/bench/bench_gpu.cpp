@@ -241,8 +241,8 @@ struct wo_ctx {
 };
 void launch_wo(void* p, long i, cudaStream_t s) {
   wo_ctx* c = static_cast<wo_ctx*>(p);
-  ql__cuda_linear_wo(c->w->view[i % c->w->n], QL_DTYPE_F32, c->x, c->m, c->y,
-                     c->scratch, s);
+  ql__cuda_linear_wo(c->w->view[i % c->w->n], ql__cuda_wo_kernel(),
+                     QL_DTYPE_F32, c->x, c->m, c->y, c->scratch, s);
 }
 
 struct aq_ctx {
