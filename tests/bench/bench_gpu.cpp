@@ -3,7 +3,9 @@
 // §12, issue 9), for machines that have a GPU.
 //
 // Per kernel and shape: linear_wo for q4g, q8c, q8b and f8r at M = 1 (the
-// decode GEMV, which should stream the weight at the memory's speed),
+// decode GEMV, which should stream the weight at the memory's speed), and
+// at --wo-m rows too when that is given (on the kernel QL_CUDA_WO_KERNEL
+// selects: ql__cuda_wo_kernel()),
 // linear_aq for q8c and q4g and quantize_rows at --aq-m rows. A sample is
 // `iters` launches between two CUDA events on the backend's own kernels
 // (ql_cuda.h), reading layouts made by the backend's repack; the launches
@@ -51,6 +53,7 @@ struct gopts {
   double min_ms = 20;
   long iters = 0;  // 0: calibrated to min_ms
   int64_t aq_m = 16;
+  int64_t wo_m = 1;  // linear_wo also at these rows when > 1
   uint32_t gs = 128;
   bool json = false;
 };
@@ -61,6 +64,7 @@ void usage(FILE* f) {
           "  --shapes NxK,...   default 4096x4096,14336x4096,4096x14336\n"
           "  --aq-m M           rows of linear_aq and quantize_rows (default "
           "16)\n"
+          "  --wo-m M           also linear_wo at M rows (default: M = 1 only)\n"
           "  --gs G             q4g group size and q8b block (default 128)\n"
           "  --pairs P          samples per figure (>= 5, default 7)\n"
           "  --min-sample-ms S  length of one sample (default 20)\n"
@@ -96,6 +100,9 @@ bool parse(int argc, char** argv, gopts* o) {
     } else if (strcmp(a, "--aq-m") == 0) {
       o->aq_m = atoll(v);
       if (o->aq_m < 1 || o->aq_m > 4096) return false;
+    } else if (strcmp(a, "--wo-m") == 0) {
+      o->wo_m = atoll(v);
+      if (o->wo_m < 1 || o->wo_m > 4096) return false;
     } else if (strcmp(a, "--gs") == 0) {
       o->gs = uint32_t(atoi(v));
       if (o->gs != 32 && o->gs != 64 && o->gs != 128 && o->gs != 256)
@@ -363,11 +370,12 @@ int run_shape(const gopts* o, const ql_backend* b, const ql_device_desc* desc,
               int ordinal, int64_t n, int64_t k, cudaStream_t s,
               cudaEvent_t e0, cudaEvent_t e1) {
   const int64_t mq = o->aq_m, groups = (k + o->gs - 1) / o->gs;
+  const int64_t mx = mq > o->wo_m ? mq : o->wo_m;
   int rc;
   dbufs d;
-  // x [mq, k] f32 (random), y [mq, n] f32, and the AQ intermediates.
-  float* x = static_cast<float*>(d.get(size_t(mq * k) * 4));
-  void* y = d.get(size_t(mq * n) * 4);
+  // x [mx, k] f32 (random), y [mx, n] f32, and the AQ intermediates.
+  float* x = static_cast<float*>(d.get(size_t(mx * k) * 4));
+  void* y = d.get(size_t(mx * n) * 4);
   int8_t* xq = static_cast<int8_t*>(d.get(size_t(mq * k)));
   float* sx = static_cast<float*>(d.get(size_t(mq) * 4));
   int32_t* gsum = static_cast<int32_t*>(d.get(size_t(mq * groups) * 4));
@@ -376,14 +384,14 @@ int run_shape(const gopts* o, const ql_backend* b, const ql_device_desc* desc,
       gsum == nullptr || status == nullptr)
     return 1;
   {
-    float* hx = static_cast<float*>(malloc(size_t(mq * k) * 4));
+    float* hx = static_cast<float*>(malloc(size_t(mx * k) * 4));
     if (hx == nullptr) return 1;
     uint64_t st = 0x2545f4914f6cdd1du;
-    for (int64_t i = 0; i < mq * k; i++) {
+    for (int64_t i = 0; i < mx * k; i++) {
       st = st * 6364136223846793005u + 1442695040888963407u;
       hx[i] = float(int32_t(st >> 32)) * (1.0f / 2147483648.0f);
     }
-    bool good = ok(cudaMemcpy(x, hx, size_t(mq * k) * 4,
+    bool good = ok(cudaMemcpy(x, hx, size_t(mx * k) * 4,
                               cudaMemcpyHostToDevice), "cudaMemcpy");
     free(hx);
     if (!good) return 1;
@@ -412,17 +420,22 @@ int run_shape(const gopts* o, const ql_backend* b, const ql_device_desc* desc,
               desc->alias);
       return 1;
     }
-    // linear_wo, M = 1.
-    size_t scratch = ql__cuda_linear_wo_scratch(w.view[0], 1);
-    void* sc = nullptr;
-    if (scratch && !ok(cudaMalloc(&sc, scratch), "cudaMalloc")) return 1;
-    wo_ctx wc = {&w, x, 1, y, static_cast<float*>(sc)};
-    kcase wk = {"linear_wo", fm.name, n, k, 1, w.bytes, size_t(k) * 4,
-                size_t(n) * 4, scratch, 0, launch_wo, &wc};
-    wk.bytes = wk.layout_bytes + wk.x_bytes + wk.y_bytes + 2 * scratch;
-    rc = run_case(o, desc, &wk, s, e0, e1);
-    (void)cudaFree(sc);
-    if (rc != 0) return 1;
+    // linear_wo, M = 1, then M = --wo-m.
+    const int64_t wo_rows[2] = {1, o->wo_m};
+    for (int64_t mw : wo_rows) {
+      size_t scratch = ql__cuda_linear_wo_scratch(w.view[0], mw);
+      void* sc = nullptr;
+      if (scratch && !ok(cudaMalloc(&sc, scratch), "cudaMalloc")) return 1;
+      wo_ctx wc = {&w, x, mw, y, static_cast<float*>(sc)};
+      kcase wk = {"linear_wo", fm.name, n, k, mw, w.bytes,
+                  size_t(mw * k) * 4, size_t(mw * n) * 4, scratch, 0,
+                  launch_wo, &wc};
+      wk.bytes = wk.layout_bytes + wk.x_bytes + wk.y_bytes + 2 * scratch;
+      rc = run_case(o, desc, &wk, s, e0, e1);
+      (void)cudaFree(sc);
+      if (rc != 0) return 1;
+      if (o->wo_m == 1) break;
+    }
     // linear_aq at mq rows, q8c (W8A8) and q4g (W4A8), on the rows that
     // quantize_rows made (for q8c with gs = K: the scale of a row is the
     // same whatever the groups).
