@@ -411,6 +411,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                       nv, ns, nz);
   for (int64_t k0 = kbeg; k0 < kend; k0 += XT) {
     const int xt = int(lo(int64_t(XT), kend - k0));
+    // Staged: xt values and the rest of the last chunk (zeros); what lies
+    // past it in xs is never read.
+    const int xw = lo(XT, (xt + 31) & ~31);
     for (int k1 = 0; k1 < xt; k1 += kTile) {
       const int kt = lo(kTile, xt - k1);
       const int64_t knext = k0 + k1 + kTile;
@@ -427,16 +430,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (knext < kend)
         fetch_tile<F, Z, R>(w, n, knext, int(lo(int64_t(kTile), kend - knext)),
                             lane, nv, ns, nz);
-        // MT > S (two passes of S rows) implies XT == kTile: k1 is always 0
-        // there, and the tile is staged once per pass.
+      // MT > S (two passes of S rows) implies XT == kTile: k1 is always 0
+      // there, and the tile is staged once per pass.
 #pragma unroll
       for (int p = 0; p < MT / S; ++p) {
-        if (k1 == 0) {      // the same for the whole block
-#ifndef QL_MUT_NO_BARRIER   // mutation test: the tile is overwritten early
+        if (k1 == 0) {  // the same for the whole block
+#ifndef QL_MUT_NO_BARRIER  // mutation test: the tile is overwritten early
           __syncthreads();  // every warp is done with the previous tile
 #endif
           for (int i = threadIdx.x; i < S * XT; i += kThreads) {
             const int mr = i / XT, kk = i % XT;
+            if (kk >= xw) continue;
             xs[mr][swz(kk)] =
                 kk < xt && p * S + mr < rows
                     ? load_f32(dt, x, (m0 + p * S + mr) * w.k + k0 + kk)
