@@ -341,6 +341,25 @@ long long imma_min_rows() {
   return v;
 }
 
+// QL_CUDA_WO_KERNEL: "legacy" runs linear_wo on the kernel with one block
+// row per row of x (QL__CUDA_WO_LEGACY) instead of the streaming one, so
+// that one GPU run can time both; the bytes are the same. Read once.
+std::atomic<int> g_wo_kernel{-1};
+
+}  // namespace
+
+int ql__cuda_wo_kernel(void) {
+  int v = g_wo_kernel.load();
+  if (v >= 0) return v;
+  const char* s = getenv("QL_CUDA_WO_KERNEL");
+  v = s != nullptr && strcmp(s, "legacy") == 0 ? QL__CUDA_WO_LEGACY
+                                               : QL__CUDA_WO_STREAM;
+  g_wo_kernel.store(v);
+  return v;
+}
+
+namespace {
+
 // Why f8r AQ on ordinal o does not use cuBLASLt, or nullptr when it does.
 const char* f8r_declined(int o) {
   const char* why = nullptr;
@@ -711,8 +730,8 @@ int wo_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
                   ql__cuda_linear_wo_scratch(&p->dev, a->m), 0, where,
                   &c)) == 0 &&
       (rc = stage_x(d, a, mk, xb, where, &c)) == 0) {
-    ql__cuda_linear_wo(&p->dev, int(a->dt), c.dx, a->m, c.dy, c.part,
-                       d->stream);
+    ql__cuda_linear_wo(&p->dev, ql__cuda_wo_kernel(), int(a->dt), c.dx,
+                       a->m, c.dy, c.part, d->stream);
     rc = fetch_y(d, a, yb, where, &c);
   }
   free_packed(tmp);

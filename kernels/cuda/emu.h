@@ -89,6 +89,9 @@ struct dim3 {
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
 
 // cudaStream_t and the rest of the emulated runtime API (emu_runtime.cpp).
 #include "emu_runtime.h"
@@ -461,6 +464,16 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline int __float2int_rn(float f) { return int(std::nearbyint(f)); }
+// Byte permute (CUDA Math API, __byte_perm): byte i of the result is the
+// byte of the 8-byte value {y, x} (x in bytes 0-3) that the low three bits
+// of nibble i of s select.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t v = (uint64_t(y) << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i)
+    r |= unsigned((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
+  return r;
+}
 inline unsigned __float_as_uint(float f) {
   unsigned u;
   std::memcpy(&u, &f, 4);

@@ -1,29 +1,51 @@
 // linear_wo.cu - weight-only linear for decode-shaped batches (DESIGN §4,
 // §9): y[m, n] = Σk x[m, k]·dequant(W)[n, k] (+ b[n]) for q4g, q8c, q8b and
 // f8r weights in the "cuda-1" layout (ql_cuda.h), f32/f16/bf16 activations
-// and f32/f16/bf16 scales.
+// and f32/f16/bf16 scales. Two kernels give the same bytes: the streaming
+// one (the default) and the legacy one (QL_CUDA_WO_KERNEL=legacy, read by
+// backend.cpp), kept to be timed against it on a GPU.
 //
-// Shape: one warp per output row, kWarps rows per block, one block row per
-// row of x (grid.y). The block stages kTile values of its x row in shared
-// memory as f32 (zero past K), then each lane takes 16-byte chunks of its
-// weight row (32 int4 or 16 one-byte codes) with one 128-bit load each and
-// dequantizes them in registers. Ragged K needs no special case: a row of
-// the layout is zero-padded to 16 bytes and x is zero there.
+// The reduction order, shared by both and fixed by (N, K, format) alone:
+// K is cut into 16-byte chunks of a row's codes (32 int4 or 16 one-byte
+// codes); lane l of the warp that owns output row n takes chunks l, l + 32,
+// l + 64, ... in increasing k and sums them into one f32, then warp_sum()
+// adds the 32 lanes in a fixed butterfly. Within a chunk the factored forms
+// of the reference (ql_kernels.h) are kept: q4g and asymmetric q8b add
+// zero·Σx + scale·Σx·q per chunk (a chunk never straddles a group: groups
+// are multiples of 32), symmetric q8b scale·Σx·q, q8c and f8r multiply by
+// the row scale once at the end; every sum runs over the chunk's values in
+// increasing k. A narrow weight splits K over several blocks (split-K,
+// splits_of(), a function of N and K): the splits' sums then go through
+// memory and are added in increasing order by reduce_kernel. No atomics,
+// and nothing depends on M or on a row's place in the batch, so a row gives
+// the same bytes alone and in any batch, with either kernel
+// (tests/unit/test_cuda_wo.cpp checks both). The order is a GPU's, not the
+// reference's, so results agree with the reference within the accuracy
+// bound, not bit for bit.
 //
-// Reduction order, fixed by (N, K, format) alone: each lane sums its chunks
-// in increasing k, then warp_sum() adds the 32 lanes in a fixed butterfly.
-// A narrow weight splits K over several blocks (split-K, splits_of()); the
-// splits' sums then go through memory and are added in increasing order by
-// a second kernel. No atomics, and nothing depends on M or the row's place
-// in the batch, so a row gives the same bytes alone and in any batch
-// (DESIGN §4). The order
-// is not the reference's (it is a GPU's), so results agree with the
-// reference within the accuracy bound, not bit for bit.
-//
-// The factored forms of the reference (ql_kernels.h) are kept, per chunk
-// rather than per group: q4g adds zero·Σx + scale·Σx·q for each chunk (a
-// chunk never straddles a group: groups are multiples of 32), q8c and f8r
-// multiply by the row scale once at the end.
+// The streaming kernel (wo_stream_kernel<F, Z, MT>) reads the weight once
+// per call for up to kMaxRows = 16 rows of x, at HBM speed for a decode
+// batch:
+// - a block of 8 warps owns 16 rows of W (2 per warp) and MT rows of x
+//   (MT = 1, 2, 4, 8 or 16, the smallest that holds the batch; a larger
+//   batch takes ceil(M / 16) block rows). The M loop only adds
+//   accumulators: each (row of x, row of W) sum is the same chain of
+//   operations whatever MT is, done by the same lane;
+// - x is staged per tile of kTile values of K in shared memory, converted
+//   to f32 once per block (8 rows at a time: MT = 16 takes two passes over
+//   the tile with the codes kept in registers), with a 128-byte XOR swizzle
+//   so that the lanes' 16-byte reads of x are free of bank conflicts;
+// - a lane's codes (128-bit loads) and its chunks' scales and zeros for the
+//   next tile are loaded while the current one is computed, for both of its
+//   rows: 4 (q4g) or 8 independent 128-bit loads in flight per lane;
+// - codes become floats without int-to-float conversions: a byte (or a
+//   nibble, after flipping the sign bit) is put into the mantissa of 2^23
+//   with a byte permute and 2^23 + bias is subtracted, exactly; e4m3 codes
+//   are placed into an f32 as value·2^-120 and scaled back, exactly;
+// - N = 4096 gives 256 blocks, enough for 132 SMs.
+// The legacy kernel (linear_wo_kernel<F>) has one warp per output row, 8
+// rows a block and one block row per row of x (grid.y = M), so it reads the
+// weight M times and x from shared memory with bank conflicts.
 #include "common.cuh"
 #include "ql_cuda.h"
 
@@ -177,6 +199,293 @@ __global__ void __launch_bounds__(kThreads)
   finish<F>(w, dt, y, i / w.n, i % w.n, acc);
 }
 
+// ---- the streaming kernel (the default; see the top of the file) ----
+
+constexpr int kRowsPerWarp = 2;
+constexpr int kRowsPerBlock = kWarps * kRowsPerWarp;
+constexpr int kMaxRows = 16;   // rows of x one block takes
+constexpr int kStageRows = 8;  // rows of x in shared memory at once
+constexpr int kStage = kStageRows * kTile;  // x values staged: 32 KiB
+
+// Rows of x staged at once (S) and values of K per staged row (the x tile)
+// for MT rows of x: fewer rows, longer tiles, so that a small batch stages
+// x (and waits at a barrier) once per 8192 values of K rather than 1024.
+template <int MT>
+constexpr int kStageS = MT < kStageRows ? MT : kStageRows;
+template <int MT>
+constexpr int kXTile = kStage / kStageS<MT>;
+
+// Chunks of a weight row that a lane takes per tile: 1 (q4g) or 2.
+template <int F>
+constexpr int kPerLane = kTile / kChunk<F> / 32;
+
+// Where value i of a staged x row lives. A lane reads its
+// chunk's x as 16-byte units, 128 (q4g) or 64 contiguous bytes per lane;
+// unswizzled, the 8 lanes of a quarter-warp would hit the same banks. Unit
+// u goes to u ^ ((u / 8) % 8), which spreads them over all 32 banks.
+__device__ __forceinline__ int swz(int i) {
+  const int u = i >> 2;
+  return ((u ^ ((u >> 3) & 7)) << 2) | (i & 3);
+}
+
+// Unit j (values 4j..4j+3) of chunk c (counted from the x tile's start) of
+// a staged row.
+template <int F>
+__device__ __forceinline__ float4 x_unit(const float* row, int c, int j) {
+  const int u = c * (kChunk<F> / 4) + j;
+  return *reinterpret_cast<const float4*>(row + ((u ^ ((u >> 3) & 7)) << 2));
+}
+
+// 2^23 + (byte i of w): a float whose low mantissa bits are the byte, so
+// that one subtraction gives the code's value, exactly, where an
+// int-to-float conversion would be a quarter-rate instruction.
+__device__ __forceinline__ float biased(uint32_t w, int i) {
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | unsigned(i)));
+}
+
+// The four codes of unit j of a 16-byte chunk v, as floats equal to what
+// chunk_dot() of the legacy kernel uses (the values are exact either way).
+template <int F>
+__device__ __forceinline__ void dequant_unit(const uint4& v, int j,
+                                             float q[4]) {
+  const uint32_t word[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (F == F_Q4G) {
+    // Nibbles 4(j&1)..4(j&1)+3 of word j/2, two's complement: with bit 3
+    // flipped, u = q + 8 in [0, 15]; even nibbles are bytes of lo, odd
+    // ones bytes of hi.
+    const uint32_t wv = word[j >> 1] ^ 0x88888888u;
+    const uint32_t lo4 = wv & 0x0F0F0F0Fu, hi4 = (wv >> 4) & 0x0F0F0F0Fu;
+    const int b = 2 * (j & 1);
+    q[0] = __fadd_rn(biased(lo4, b), -8388616.0f);
+    q[1] = __fadd_rn(biased(hi4, b), -8388616.0f);
+    q[2] = __fadd_rn(biased(lo4, b + 1), -8388616.0f);
+    q[3] = __fadd_rn(biased(hi4, b + 1), -8388616.0f);
+  } else if constexpr (F == F_F8R) {
+    // e4m3fn: sign to bit 31, exponent and mantissa to bits 20..26 make
+    // the f32 of the value times 2^-120 (subnormals included), scaled back
+    // exactly. A word with a NaN code (0x7F, 0xFF; no quantizer makes
+    // one) takes the exact conversion.
+    const uint32_t wv = word[j];
+    if (((wv & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) q[t] = e4m3_to_f32((wv >> (8 * t)) & 0xFFu);
+      return;
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t p = __byte_perm(wv, 0u, 0x0444u | (unsigned(t) << 12));
+      q[t] = __fmul_rn(
+          __uint_as_float((p & 0x80000000u) | ((p >> 4) & 0x07F00000u)),
+          0x1p120f);
+    }
+  } else {
+    // int8: with the sign bit flipped, u = q + 128 in [0, 255].
+    const uint32_t wv = word[j] ^ 0x80808080u;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) q[t] = __fadd_rn(biased(wv, t), -8388736.0f);
+  }
+}
+
+// Adds chunk c (one per lane and step; its codes v, scale s and zero z for
+// each of the warp's R rows) to acc for the S rows of x staged in xs. The
+// arithmetic of one (row of x, row of W) is chunk_dot()'s, step for step:
+// the same sums in the same order, whatever S and R are.
+template <int F, bool Z, int S, int XT, int R>
+__device__ __forceinline__ void chunk_rows(const float (*xs)[XT], int c,
+                                           const uint4 (&v)[R],
+                                           const float (&s)[R],
+                                           const float (&z)[R],
+                                           float (&acc)[S][R]) {
+  constexpr bool kFactored = F == F_Q4G || F == F_Q8B;
+  float a[S][R], xsum[S];
+#pragma unroll
+  for (int m = 0; m < S; ++m) {
+    xsum[m] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) a[m][r] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kChunk<F> / 4; ++j) {
+    float q[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r) dequant_unit<F>(v[r], j, q[r]);
+#pragma unroll
+    for (int m = 0; m < S; ++m) {
+      const float4 xv = x_unit<F>(xs[m], c, j);
+      const float xe[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        if constexpr (Z) xsum[m] = __fadd_rn(xsum[m], xe[t]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if constexpr (kFactored)
+            a[m][r] = __fmaf_rn(xe[t], q[r][t], a[m][r]);
+          else
+            acc[m][r] = __fmaf_rn(xe[t], q[r][t], acc[m][r]);
+        }
+      }
+    }
+  }
+  if constexpr (kFactored) {
+#pragma unroll
+    for (int m = 0; m < S; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        acc[m][r] =
+            Z ? __fadd_rn(acc[m][r],
+                          __fmaf_rn(z[r], xsum[m], __fmul_rn(s[r], a[m][r])))
+              : __fmaf_rn(s[r], a[m][r], acc[m][r]);
+  }
+}
+
+// The codes, scale and zero of the chunks that this lane takes in the
+// tile at k0 (kt values of it are in range), for each of its R rows; zero
+// for a chunk past the range, which is then never used.
+template <int F, bool Z, int R>
+__device__ __forceinline__ void fetch_tile(const ql__cuda_wo& w,
+                                           const int64_t (&n)[R], int64_t k0,
+                                           int kt, int lane,
+                                           uint4 (&v)[R][kPerLane<F>],
+                                           float (&s)[R][kPerLane<F>],
+                                           float (&z)[R][kPerLane<F>]) {
+  constexpr int kE = kChunk<F>;
+#pragma unroll
+  for (int i = 0; i < kPerLane<F>; ++i) {
+    const int c = lane + 32 * i;
+    const int64_t kc = k0 + int64_t(c) * kE;
+    const bool in = c * kE < kt;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      v[r][i] = in ? load_chunk<F>(w.q + n[r] * w.ldq, kc) : uint4{0, 0, 0, 0};
+      s[r][i] = z[r][i] = 0.0f;
+      if constexpr (F == F_Q4G || F == F_Q8B) {
+        if (in) {
+          const int64_t si = n[r] * w.groups + group_of(w, kc);
+          s[r][i] = load_f32(w.sdt, w.scale, si);
+          if constexpr (Z) z[r][i] = load_f32(w.sdt, w.zero, si);
+        }
+      }
+    }
+  }
+}
+
+// y rows [m0, m0 + MT) ∩ [0, m_all) for kRowsPerBlock rows of W: the whole
+// batch in one pass over the weight. Split-K as linear_wo_kernel's, with
+// the same partial sums. Z: the format has zero points (q4g, asymmetric
+// q8b).
+template <int F, bool Z, int MT>
+__global__ void __launch_bounds__(kThreads, 1)
+    wo_stream_kernel(ql__cuda_wo w, int dt, const void* __restrict__ x,
+                     int64_t row0, int64_t m_all, int64_t span,
+                     float* __restrict__ part, void* __restrict__ y) {
+  constexpr int R = kRowsPerWarp, P = kPerLane<F>;
+  constexpr int S = kStageS<MT>, XT = kXTile<MT>;  // staged rows, x tile
+  static_assert(MT % S == 0 && (MT == S || XT == kTile), "passes");
+  __shared__ __align__(16) float xs[S][XT];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t m0 = row0 + int64_t(blockIdx.y) * MT;
+  const int rows = int(lo(int64_t(MT), m_all - m0));
+  const int64_t kbeg = int64_t(blockIdx.z) * span;
+  const int64_t kend = lo(w.k, kbeg + span);
+  int64_t n[R];  // the warp's rows of W; a dead one reads row 0
+  bool live[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t nr = int64_t(blockIdx.x) * kRowsPerBlock + warp * R + r;
+    live[r] = nr < w.n;
+    n[r] = live[r] ? nr : 0;
+  }
+  float acc[MT / S][S][R];
+#pragma unroll
+  for (int p = 0; p < MT / S; ++p)
+#pragma unroll
+    for (int m = 0; m < S; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[p][m][r] = 0.0f;
+
+  // The next step's codes and scales (kTile values of K) are loaded while
+  // this one is computed: two steps of loads in flight per lane.
+  uint4 nv[R][P];
+  float ns[R][P], nz[R][P];
+  fetch_tile<F, Z, R>(w, n, kbeg, int(lo(int64_t(kTile), kend - kbeg)), lane,
+                      nv, ns, nz);
+  for (int64_t k0 = kbeg; k0 < kend; k0 += XT) {
+    const int xt = int(lo(int64_t(XT), kend - k0));
+    // Staged: xt values and the rest of the last chunk (zeros); what lies
+    // past it in xs is never read.
+    const int xw = lo(XT, (xt + 31) & ~31);
+    for (int k1 = 0; k1 < xt; k1 += kTile) {
+      const int kt = lo(kTile, xt - k1);
+      const int64_t knext = k0 + k1 + kTile;
+      uint4 cv[R][P];
+      float cs[R][P], cz[R][P];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+          cv[r][i] = nv[r][i];
+          cs[r][i] = ns[r][i];
+          cz[r][i] = nz[r][i];
+        }
+      if (knext < kend)
+        fetch_tile<F, Z, R>(w, n, knext, int(lo(int64_t(kTile), kend - knext)),
+                            lane, nv, ns, nz);
+      // MT > S (two passes of S rows) implies XT == kTile: k1 is always 0
+      // there, and the tile is staged once per pass.
+#pragma unroll
+      for (int p = 0; p < MT / S; ++p) {
+        if (k1 == 0) {  // the same for the whole block
+#ifndef QL_MUT_NO_BARRIER  // mutation test: the tile is overwritten early
+          __syncthreads();  // every warp is done with the previous tile
+#endif
+          for (int i = threadIdx.x; i < S * XT; i += kThreads) {
+            const int mr = i / XT, kk = i % XT;
+            if (kk >= xw) continue;
+            xs[mr][swz(kk)] =
+                kk < xt && p * S + mr < rows
+                    ? load_f32(dt, x, (m0 + p * S + mr) * w.k + k0 + kk)
+                    : 0.0f;
+          }
+          __syncthreads();
+        }
+#pragma unroll
+        for (int i = 0; i < P; ++i) {
+          const int c = lane + 32 * i;
+          if (c * kChunk<F> < kt) {
+            uint4 v[R];
+            float s[R], z[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+              v[r] = cv[r][i];
+              s[r] = cs[r][i];
+              z[r] = cz[r][i];
+            }
+            chunk_rows<F, Z, S, XT, R>(xs, k1 / kChunk<F> + c, v, s, z, acc[p]);
+          }
+        }
+      }
+    }
+  }
+  // Each sum through the same butterfly; the lane that stores it is spread
+  // over the warp so that no lane stores them all.
+#pragma unroll
+  for (int p = 0; p < MT / S; ++p)
+#pragma unroll
+    for (int m = 0; m < S; ++m)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (p * S + m >= rows) continue;  // the same for the whole block
+        const float sum = warp_sum(acc[p][m][r]);
+        const int64_t mi = m0 + p * S + m;
+        if (live[r] && lane == ((p * S + m) * R + r) % 32) {
+          if (gridDim.z == 1)
+            finish<F>(w, dt, y, mi, n[r], sum);
+          else
+            part[(int64_t(blockIdx.z) * m_all + mi) * w.n + n[r]] = sum;
+        }
+      }
+}
+
 // *bad = 1 when one of the n values of x is NaN or ±Inf (every writer
 // stores the same value, so no atomics are needed).
 __global__ void __launch_bounds__(kThreads)
@@ -223,6 +532,45 @@ void launch_wo(const ql__cuda_wo* w, int dt, const void* x, int64_t m, void* y,
   }
 }
 
+// The streaming kernel for MT rows of x per block: ceil(m / MT) block rows,
+// each reading the weight once.
+template <int F, bool Z, int MT>
+void launch_stream_mt(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
+                      void* y, float* part, cudaStream_t st) {
+  const unsigned gx = unsigned((w->n + kRowsPerBlock - 1) / kRowsPerBlock);
+  const int64_t s = splits_of(w->n, w->k);
+  const int64_t tiles = (w->k + kTile - 1) / kTile;
+  const int64_t span = (tiles + s - 1) / s * kTile;
+  auto* const kernel = &wo_stream_kernel<F, Z, MT>;  // commas: not in a macro
+  for (int64_t r0 = 0; r0 < m; r0 += int64_t(kMaxGridY) * MT) {
+    const int64_t groups = (m - r0 + MT - 1) / MT;
+    const unsigned gy = unsigned(lo(int64_t(kMaxGridY), groups));
+    QL_LAUNCH(kernel, dim3(gx, gy, unsigned(s)), dim3(kThreads), 0, st, *w, dt,
+              x, r0, m, span, part, y);
+  }
+  if (s > 1) {
+    const int64_t blocks = (m * w->n + kThreads - 1) / kThreads;
+    QL_LAUNCH(reduce_kernel<F>, dim3(unsigned(blocks)), dim3(kThreads), 0, st,
+              *w, dt, m, int(s), static_cast<const float*>(part), y);
+  }
+}
+
+// The smallest instantiation that holds m rows (at most kMaxRows a block).
+template <int F, bool Z>
+void launch_stream(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
+                   void* y, float* part, cudaStream_t st) {
+  static_assert(kMaxRows == 2 * kStageRows, "two passes at most");
+  if (m <= 1)
+    launch_stream_mt<F, Z, 1>(w, dt, x, m, y, part, st);
+  else if (m <= 2)
+    launch_stream_mt<F, Z, 2>(w, dt, x, m, y, part, st);
+  else if (m <= 4)
+    launch_stream_mt<F, Z, 4>(w, dt, x, m, y, part, st);
+  else if (m <= 8)
+    launch_stream_mt<F, Z, 8>(w, dt, x, m, y, part, st);
+  else
+    launch_stream_mt<F, Z, kMaxRows>(w, dt, x, m, y, part, st);
+}
 }  // namespace
 }  // namespace ql_cuda
 
@@ -235,10 +583,30 @@ size_t ql__cuda_linear_wo_scratch(const ql__cuda_wo* w, int64_t m) {
   return s > 1 ? size_t(s) * size_t(m) * size_t(w->n) * sizeof(float) : 0;
 }
 
-void ql__cuda_linear_wo(const ql__cuda_wo* w, int dt, const void* x,
-                        int64_t m, void* y, float* scratch, void* stream) {
+void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,
+                        const void* x, int64_t m, void* y, float* scratch,
+                        void* stream) {
   using namespace ql_cuda;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (kernel != QL__CUDA_WO_LEGACY) {
+    switch (w->format) {
+      case F_Q4G:
+        launch_stream<F_Q4G, true>(w, dt, x, m, y, scratch, st);
+        return;
+      case F_Q8C:
+        launch_stream<F_Q8C, false>(w, dt, x, m, y, scratch, st);
+        return;
+      case F_Q8B:
+        if (w->zero != nullptr)
+          launch_stream<F_Q8B, true>(w, dt, x, m, y, scratch, st);
+        else
+          launch_stream<F_Q8B, false>(w, dt, x, m, y, scratch, st);
+        return;
+      default:
+        launch_stream<F_F8R, false>(w, dt, x, m, y, scratch, st);
+        return;
+    }
+  }
   switch (w->format) {
     case F_Q4G:
       launch_wo<F_Q4G>(w, dt, x, m, y, scratch, st);

@@ -41,13 +41,24 @@ const ql__cuda_wo* ql__cuda_packed_view(const void* packed, size_t* bytes);
 // for q4g, K otherwise), before padding.
 int64_t ql__cuda_row_bytes(int format, int64_t k);
 
-// y[m, n] = x[m, k]·dequant(W)ᵀ (+ bias) for every row of x; x and y in
-// dtype dt. x must hold finite values only (the caller checks: see
-// ql__cuda_check_finite). Enqueued on stream; returns nothing to wait for.
-// scratch: ql__cuda_linear_wo_scratch(w, m) bytes of device memory (NULL
-// when that is 0), where split-K keeps its partial sums.
-void ql__cuda_linear_wo(const ql__cuda_wo* w, int dt, const void* x,
-                        int64_t m, void* y, float* scratch, void* stream);
+// The kernels of ql__cuda_linear_wo: the streaming one (the default: up to
+// 16 rows of x per pass over the weight) and the legacy one (one block row
+// per row of x), kept for comparison on a GPU. Both give the same bytes.
+enum { QL__CUDA_WO_STREAM = 0, QL__CUDA_WO_LEGACY = 1 };
+
+// The kernel that QL_CUDA_WO_KERNEL in the environment asks for ("legacy";
+// anything else, or unset: the streaming one), read once (backend.cpp).
+int ql__cuda_wo_kernel(void);
+
+// y[m, n] = x[m, k]·dequant(W)ᵀ (+ bias) for every row of x with kernel
+// (QL__CUDA_WO_*); x and y in dtype dt. x must hold finite values only (the
+// caller checks: see ql__cuda_check_finite). Enqueued on stream; returns
+// nothing to wait for. scratch: ql__cuda_linear_wo_scratch(w, m) bytes of
+// device memory (NULL when that is 0), where split-K keeps its partial
+// sums (the same for both kernels).
+void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,
+                        const void* x, int64_t m, void* y, float* scratch,
+                        void* stream);
 
 // Bytes of scratch ql__cuda_linear_wo needs for m rows of x: the partial
 // sums of split-K, which narrow weights use (0 when they do not split).

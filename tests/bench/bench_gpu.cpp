@@ -5,7 +5,8 @@
 // have a GPU; and a check of batch invariance on that GPU.
 //
 // Cases per shape (--shapes): linear_wo for q4g, q8c, q8b and f8r at each M
-// of --wo-m (1, 2, 4, 8, 16: decode); linear_aq for q8c (W8A8) and q4g
+// of --wo-m (1, 2, 4, 8, 16: decode), on the kernel QL_CUDA_WO_KERNEL
+// selects (ql__cuda_wo_kernel(): the streaming one unless "legacy"); linear_aq for q8c (W8A8) and q4g
 // (W4A8) on our tensor-core kernel, and for f8r on cuBLASLt's FP8 GEMM with
 // our epilogue (what the backend runs), at each M of --aq-m (the decode Ms
 // and 64, 128, 512, 2048: prefill); q8c on cuBLASLt's IMMA (linear_aq_lt,
@@ -638,8 +639,8 @@ struct wo_ctx {
 };
 int launch_wo(void* p, long i, cudaStream_t s) {
   wo_ctx* c = static_cast<wo_ctx*>(p);
-  ql__cuda_linear_wo(c->w->view[i % c->w->n], QL_DTYPE_F32, c->x, c->m, c->y,
-                     c->scratch, s);
+  ql__cuda_linear_wo(c->w->view[i % c->w->n], ql__cuda_wo_kernel(),
+                     QL_DTYPE_F32, c->x, c->m, c->y, c->scratch, s);
   return 0;
 }
 
@@ -1039,8 +1040,10 @@ int ql_bench_gpu(const char* device, int argc, char** argv) {
     return 1;
   }
   if (!o.json)
-    printf("qlinear-bench: kernels on %s (%s, %s), %zu MiB\n", desc.alias,
-           desc.name, desc.model, desc.memory_bytes >> 20);
+    printf("qlinear-bench: kernels on %s (%s, %s), %zu MiB; linear_wo: the "
+           "%s kernel\n",
+           desc.alias, desc.name, desc.model, desc.memory_bytes >> 20,
+           ql__cuda_wo_kernel() == QL__CUDA_WO_LEGACY ? "legacy" : "streaming");
   if (o.invariance || o.inv_only) inv_rc = check_invariance(&o, b);
   if (o.inv_only) return inv_rc;
 

@@ -239,6 +239,18 @@ static void test_conversions() {
   check(bad == 0, what);
 }
 
+// __byte_perm against its definition in the CUDA Math API, on the
+// selectors that the kernels use and a few others.
+static void test_byte_perm() {
+  const unsigned x = 0x33221100u, y = 0x77665544u;
+  bool ok = __byte_perm(x, y, 0x3210u) == x && __byte_perm(x, y, 0x7654u) == y &&
+            __byte_perm(x, y, 0x0123u) == 0x00112233u &&
+            __byte_perm(0x0000AB00u, 0x4B000000u, 0x7441u) == 0x4B0000ABu &&
+            __byte_perm(0xCD000000u, 0u, 0x3444u) == 0xCD000000u &&
+            __byte_perm(x, y, 0x7061u) == 0x77006611u;
+  check(ok, "__byte_perm: the bytes of {y, x} that each selector nibble names");
+}
+
 static void test_mma() {
   int8_t A[16 * 32], Bt[8 * 32];
   int C[16 * 8], D[16 * 8];
@@ -275,6 +287,7 @@ static void test_mma() {
 }
 
 int main() {
+  test_byte_perm();
   test_mma();
   test_shuffles();
   test_barriers();

@@ -1,0 +1,171 @@
+// test_cuda_wo.cpp - the two weight-only CUDA kernels of
+// kernels/cuda/linear_wo.cu (the streaming one and the legacy one), run on
+// the CPU under kernels/cuda/emu.h, give the same bytes.
+//
+// Both promise one reduction order per output, fixed by (N, K, format):
+// the same lanes, the same chunks in the same order, the same butterfly, the
+// same split-K. So for every format (q4g at each group size, q8c, q8b with
+// and without zero points, f8r, NaN codes included), activation dtype, and
+// every batch size around the streaming kernel's instantiations (1, 2, 4, 8
+// and 16 rows per block, and more rows than one block takes), the bytes of
+// y must be equal, and a row's bytes must not change with its batch. The
+// conformance harness checks the accuracy; this checks the kernels against
+// each other where the harness's shapes are few (many rows, split K).
+//
+// Plain main(); one line per case group, exit status 1 on any failure.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "common.cuh"
+#include "ql_cuda.h"
+
+static int g_fail;
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static uint32_t next() {
+  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+  return uint32_t(g_rng >> 16);
+}
+// uniform in [-1, 1)
+static float unit() { return float(int32_t(next())) * 0x1p-31f; }
+
+enum { Q4G = 1, Q8C = 2, Q8B = 3, F8R = 4 };
+
+// Stores v in dtype dt as element i of p.
+static void put(int dt, void* p, size_t i, float v) {
+  ql_cuda::store_f32(dt, p, int64_t(i), v);
+}
+
+struct weight {
+  ql__cuda_wo w;
+  std::vector<unsigned char> q;
+  std::vector<uint16_t> s16, z16;
+  std::vector<float> s32, z32, bias;
+};
+
+// A random weight of the cuda-1 layout (ql_cuda.h): rows zero-padded to
+// 16 bytes, a padding nibble 0.
+static void make(weight* wt, int format, int64_t n, int64_t k, uint32_t gs,
+                 bool zero, int sdt, bool bias) {
+  ql__cuda_wo& w = wt->w;
+  std::memset(&w, 0, sizeof w);
+  w.format = format;
+  w.sdt = sdt;
+  w.n = n;
+  w.k = k;
+  w.gs = format == Q4G || format == Q8B ? gs : uint32_t(k);
+  w.groups = (k + w.gs - 1) / w.gs;
+  const int64_t rb = ql__cuda_row_bytes(format, k);
+  w.ldq = (rb + 15) / 16 * 16;
+  wt->q.assign(size_t(n * w.ldq) + 16, 0);
+  // 16-byte aligned start inside the vector
+  unsigned char* q0 = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(wt->q.data()) + 15) & ~uintptr_t(15));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t b = 0; b < rb; ++b) {
+      uint32_t v = next() & 0xFFu;
+      if (format == F8R && (v & 0x7Fu) == 0x7Fu) v ^= 1u;  // no NaN codes...
+      if (format == Q4G && (k & 1) && b == rb - 1) v &= 0x0Fu;
+      q0[r * w.ldq + b] = uint8_t(v);
+    }
+  if (format == F8R && n > 1)
+    q0[1 * w.ldq + (rb - 1) / 2] = 0x7F;  // ...but one
+  w.q = q0;
+  const size_t ns = size_t(n * w.groups);
+  wt->s16.assign(ns, 0);
+  wt->z16.assign(ns, 0);
+  wt->s32.assign(ns, 0);
+  wt->z32.assign(ns, 0);
+  void* sp = sdt == ql_cuda::DT_F32 ? static_cast<void*>(wt->s32.data())
+                                    : static_cast<void*>(wt->s16.data());
+  void* zp = sdt == ql_cuda::DT_F32 ? static_cast<void*>(wt->z32.data())
+                                    : static_cast<void*>(wt->z16.data());
+  for (size_t i = 0; i < ns; ++i) {
+    put(sdt, sp, i, (1.5f + unit()) * 0.01f);
+    put(sdt, zp, i, unit() * 0.1f);
+  }
+  w.scale = sp;
+  w.zero = zero ? zp : nullptr;
+  wt->bias.assign(size_t(n), 0.0f);
+  for (auto& b : wt->bias) b = unit();
+  w.bias = bias ? wt->bias.data() : nullptr;
+}
+
+// y of kernel for the m rows of x (dtype dt), as bytes.
+static std::vector<unsigned char> run(const ql__cuda_wo& w, int kernel, int dt,
+                                      const void* x, int64_t m) {
+  const size_t esz = dt == ql_cuda::DT_F32 ? 4 : 2;
+  std::vector<unsigned char> y(size_t(m * w.n) * esz, 0xAB);
+  std::vector<float> part(ql__cuda_linear_wo_scratch(&w, m) / sizeof(float) +
+                          1);
+  ql__cuda_linear_wo(&w, kernel, dt, x, m, y.data(), part.data(), nullptr);
+  return y;
+}
+
+// Shapes: ragged K, one tile, two tiles (one x tile of small batches, two
+// steps of loads), split K (N = 1, 40 at K = 5000: 2 splits), and K = 9000
+// unsplit (N = 1024), which a one-row batch stages in two x tiles.
+struct shape {
+  int64_t k, n;
+};
+static const shape g_shapes[] = {{16, 1},   {16, 40},   {77, 1},
+                                 {77, 40},  {1056, 1},  {1056, 40},
+                                 {5000, 1}, {5000, 40}, {9000, 1024}};
+
+static void one(const char* name, int format, uint32_t gs, bool zero) {
+  static const int64_t ms[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 40};
+  long cases = 0, bad = 0, badrow = 0;
+  for (const shape& sh : g_shapes) {
+    const int64_t k = sh.k, n = sh.n;
+    for (int dt : {int(ql_cuda::DT_F32), int(ql_cuda::DT_BF16)}) {
+      weight wt;
+      const int sdt =
+          dt == ql_cuda::DT_F32 ? ql_cuda::DT_BF16 : ql_cuda::DT_F16;
+      make(&wt, format, n, k, gs, zero, sdt, (k & 1) != 0);
+      const size_t esz = dt == ql_cuda::DT_F32 ? 4 : 2;
+      std::vector<unsigned char> x(size_t(40 * k) * esz);
+      for (size_t i = 0; i < size_t(40 * k); ++i) put(dt, x.data(), i, unit());
+      for (int64_t m : ms) {
+        if (n * k > 100000 && m > 2) break;  // emulated time
+        ++cases;
+        auto a = run(wt.w, QL__CUDA_WO_STREAM, dt, x.data(), m);
+        auto b = run(wt.w, QL__CUDA_WO_LEGACY, dt, x.data(), m);
+        if (a != b) {
+          if (bad++ == 0)
+            std::printf("     first: %s K=%lld N=%lld M=%lld dt=%d differ\n",
+                        name, (long long)k, (long long)n, (long long)m, dt);
+        }
+        // the last row alone: its bytes in the batch
+        auto r = run(wt.w, QL__CUDA_WO_STREAM, dt,
+                     x.data() + size_t((m - 1) * k) * esz, 1);
+        if (std::memcmp(r.data(), a.data() + size_t((m - 1) * n) * esz,
+                        r.size()) != 0)
+          ++badrow;
+      }
+    }
+  }
+  char what[160];
+  std::snprintf(
+      what, sizeof what,
+      "%s: streaming kernel = legacy kernel, bytes (%ld cases), a row "
+      "alone = in its batch",
+      name, cases);
+  std::printf("%s %s\n", bad == 0 && badrow == 0 ? "ok  " : "FAIL", what);
+  g_fail += bad != 0 || badrow != 0;
+}
+
+int main() {
+  one("q4g g32", Q4G, 32, true);
+  one("q4g g64", Q4G, 64, true);
+  one("q4g g128", Q4G, 128, true);
+  one("q4g g256", Q4G, 256, true);
+  one("q8c", Q8C, 0, false);
+  one("q8b b32 sym", Q8B, 32, false);
+  one("q8b b128 asym", Q8B, 128, true);
+  one("q8b b256 asym", Q8B, 256, true);
+  one("f8r (one NaN code)", F8R, 0, false);
+  std::printf("%s\n", g_fail ? "FAILED" : "all passed");
+  return g_fail ? 1 : 0;
+}
