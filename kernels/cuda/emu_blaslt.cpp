@@ -427,9 +427,11 @@ struct fp8_acc {
   uint64_t block, promote;  // promote 0: never
 };
 
-// QL_EMU_FP8_ACC_BITS (1..24; unset or 0: exact), QL_EMU_FP8_ACC_BLOCK
+// QL_EMU_FP8_ACC_BITS (1..24; 0: exact; unset: 14), QL_EMU_FP8_ACC_BLOCK
 // (default 32), QL_EMU_FP8_ACC_PROMOTE (default 128), read at first use;
-// ql_emu_blaslt_set_fp8_acc() overrides them.
+// ql_emu_blaslt_set_fp8_acc() overrides them. The defaults are what
+// fp8-probe measured on an H200 (sm_90, cuBLASLt 13.1): 14 bits kept,
+// blocks of 32, promotion every 128 products.
 std::atomic<int> g_acc_bits{-1};
 std::atomic<long> g_acc_block{32}, g_acc_promote{128};
 
@@ -446,7 +448,7 @@ fp8_acc acc_model(bool fast) {
   if (b < 0) {
     g_acc_block.store(env_long("QL_EMU_FP8_ACC_BLOCK", 32, 1, 256));
     g_acc_promote.store(env_long("QL_EMU_FP8_ACC_PROMOTE", 128, 1, 1 << 20));
-    b = int(env_long("QL_EMU_FP8_ACC_BITS", 0, 0, 24));
+    b = int(env_long("QL_EMU_FP8_ACC_BITS", 14, 0, 24));
     g_acc_bits.store(b);
   }
   fp8_acc m;

@@ -1388,10 +1388,12 @@ int bench_daemon(int argc, char **argv) {
   y = xalloc((size_t)PREFILL_M * W_N * sizeof *y);
   yk = xalloc((size_t)PREFILL_M * W_N * sizeof *yk);
   fill_x(x, (size_t)PREFILL_M * W_K);
-  /* The echo's messages: the largest is M = 512's inline x plus its
+  /* The echo's messages: the largest is M = 512's inline x or y plus its
    * envelope. */
-  payload = xalloc((size_t)PREFILL_M * W_K * sizeof(float) + 4096);
-  memset(payload, 0x5a, (size_t)PREFILL_M * W_K * sizeof(float) + 4096);
+  payload = xalloc((size_t)PREFILL_M * (W_K > W_N ? W_K : W_N) *
+                       sizeof(float) + 4096);
+  memset(payload, 0x5a, (size_t)PREFILL_M * (W_K > W_N ? W_K : W_N) *
+                            sizeof(float) + 4096);
   if ((rc = ql_region_create(c, (size_t)PREFILL_M * W_K * sizeof(float),
                              &rx)) != 0 ||
       (rc = ql_region_create(c, (size_t)PREFILL_M * W_N * sizeof(float),
