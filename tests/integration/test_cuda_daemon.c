@@ -160,16 +160,20 @@ END_TEST
  * cuda.cublaslt.linear_aq; on one of 8.0 (no FP8 tensor cores) the same
  * request still succeeds, through the generic op, and says so. The log
  * says which GPU takes which path. Both give the same bytes here: the
- * reference cuBLASLt sums in increasing k from 0 like the generic op, and
- * the epilogue is the generic op's. A row's bytes are the same at M = 1 and
+ * reference cuBLASLt, told to sum exactly (QL_EMU_FP8_ACC_BITS=0, not the
+ * FP8 tensor cores' accumulation it models by default), sums in
+ * increasing k from 0 like the generic op, and the epilogue is the
+ * generic op's. A row's bytes are the same at M = 1 and
  * M = 37 (the algorithm does not depend on M). Where cuBLASLt does not
  * start, every request takes the generic op, the first one too.
  */
 START_TEST(f8r_on_cublaslt) {
   td d;
   setenv("QL_EMU_CUDA_CC", "9.0,8.0", 1);
+  setenv("QL_EMU_FP8_ACC_BITS", "0", 1);
   start(&d, "2", NULL, NULL);
   unsetenv("QL_EMU_CUDA_CC");
+  unsetenv("QL_EMU_FP8_ACC_BITS");
   ql_client *c = td_connect(&d);
   td_layer l;
   td_layer_make(&l, N, K, 21, 1);
