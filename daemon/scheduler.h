@@ -104,7 +104,7 @@ typedef struct ql__sched_config {
    * fits this budget, at least one, so that decode work waits at most
    * about this long; a device of several lanes keeps one lane free for
    * decode instead. Otherwise prefill runs whole (up to the row caps).
-   * 0 = prefill is never cut by time. */
+   * 0 = prefill is never cut by time, and takes any free lane. */
   uint64_t prefill_chunk_us;
   size_t max_queue; /* waiting requests per queue, >= 1 */
   /* Requests of one session in the scheduler at once (submitted and not

@@ -90,9 +90,14 @@ typedef struct dopts {
   int threads;
   const char *daemon;
   const char *device; /* --device: where the weight goes; NULL: default */
-  int in_process;     /* time the in-process kernel (the CPU's) */
   int json_only;
 } dopts;
+
+/* Whether the in-process kernel (the CPU's) is timed: the weight is on
+ * the CPU. */
+static int in_process(const dopts *o) {
+  return o->device == NULL || strcmp(o->device, "cpu") == 0;
+}
 
 static const char *fmt_name(void) {
   return W_FMT == QL_FORMAT_Q8C ? "q8c" : "q4g";
@@ -134,7 +139,6 @@ static int parse_opts(int argc, char **argv, dopts *o) {
   o->pairs = 7;
   o->threads = 2;
   o->daemon = env != NULL && *env != '\0' ? env : "./qlineard";
-  o->in_process = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     char *end;
@@ -182,7 +186,6 @@ static int parse_opts(int argc, char **argv, dopts *o) {
         return -1;
     } else if (strcmp(a, "--device") == 0) {
       o->device = v;
-      o->in_process = strcmp(v, "cpu") == 0;
     } else {
       return -1;
     }
@@ -944,7 +947,7 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   }
   im = NULL;
   same = 1;
-  if (o->in_process) {
+  if (in_process(o)) {
     im = ql_dispatch(ql_backend_find("cpu"),
                      ri.res.path == QL_PATH_ACT_QUANT ? QL_OP_LINEAR_AQ
                                                       : QL_OP_LINEAR_WO,
@@ -976,7 +979,7 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
 
   T[T_INLINE] = (timed){"inline", rt_run, &ri, 0, 0};
   T[T_REGION] = (timed){"region", rt_run, &rr, 0, 0};
-  T[T_KERNEL] = o->in_process ? (timed){"kernel", lin_run, &kc, 0, 0}
+  T[T_KERNEL] = in_process(o) ? (timed){"kernel", lin_run, &kc, 0, 0}
                                : (timed){"kernel", noop_run, NULL, 0, 0};
   T[T_ECHO_INLINE] = (timed){"echo_inline", echo_run, &ei, 0, 0};
   T[T_ECHO_REGION] = (timed){"echo_region", echo_run, &er, 0, 0};
@@ -1009,7 +1012,7 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
     return -1;
   }
   jobs = w1.requests > w0.requests ? (double)(w1.requests - w0.requests) : 1;
-  if (!o->in_process)
+  if (!in_process(o))
     for (int p = 0; p < P; p++)
       t[T_KERNEL][p] = (double)(w1.kernel_ns - w0.kernel_ns) / jobs * 1e-9;
   for (int p = 0; p < P; p++) {
@@ -1348,7 +1351,7 @@ int bench_daemon(int argc, char **argv) {
             ql_errmsg());
     goto fail;
   }
-  have_ws = o.in_process; /* wset_free() takes a half-built one too */
+  have_ws = in_process(&o); /* wset_free() takes a half-built one too */
   if (have_ws && (rc = wset_from_bf16(wb, &ws)) != 0) {
     fprintf(stderr, "qlinear-bench: in-process weight: %s\n",
             ql_strerror(rc));

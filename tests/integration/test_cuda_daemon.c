@@ -264,86 +264,71 @@ START_TEST(f8r_on_cublaslt) {
 END_TEST
 
 /*
- * q8c activation-quantized on cuBLASLt's IMMA when QL_CUDA_IMMA_MIN_ROWS
- * asks for it: batches of at least that many rows run
- * cuda.cublaslt.linear_aq, smaller ones our tensor-core kernel, and both
- * give the bytes of our kernel in this process (int32 sums are exact, the
- * epilogue is the reference's), so the switch changes no result.
+ * q8c activation-quantized on cuBLASLt's IMMA from `from` rows, with
+ * QL_CUDA_IMMA_MIN_ROWS set to env in the daemon's environment (NULL:
+ * unset): a batch of m rows runs cuda.cublaslt.linear_aq, rows [off, off +
+ * rows) alone (fewer than `from`) our tensor-core kernel, and both give the
+ * bytes of our kernel in this process (int32 sums are exact, the epilogue
+ * is the reference's), so the switch changes no result; the log says
+ * where the switch is.
  */
-START_TEST(q8c_on_imma) {
+static void imma_switch(const char *env, unsigned from, int m, int off,
+                        int rows, uint64_t seed) {
   td d;
-  setenv("QL_CUDA_IMMA_MIN_ROWS", "4", 1);
-  start(&d, "1", NULL, NULL);
-  unsetenv("QL_CUDA_IMMA_MIN_ROWS");
-  ql_client *c = td_connect(&d);
   td_layer l;
-  td_layer_make(&l, N, K, 31, 1);
+  td_layer_make(&l, N, K, seed, 1);
+  float *x = tu_xmalloc((size_t)m * K * sizeof(float));
+  float *y = tu_xmalloc((size_t)m * N * sizeof(float));
+  float *want = tu_xmalloc((size_t)m * N * sizeof(float));
+  char impl[64], line[64];
+  td_randn(&seed, x, (size_t)m * K, 1.0f);
+  /* Our kernel's bytes, in this process (the suite sets the variable to
+   * 0), before the daemon's environment changes it. */
+  expected_op(&l, QL_FORMAT_Q8C, 0, QL_OP_LINEAR_AQ, x, (uint64_t)m, want);
+  if (env != NULL)
+    setenv("QL_CUDA_IMMA_MIN_ROWS", env, 1);
+  else
+    unsetenv("QL_CUDA_IMMA_MIN_ROWS");
+  start(&d, "1", NULL, NULL);
+  setenv("QL_CUDA_IMMA_MIN_ROWS", "0", 1);
+  ql_client *c = td_connect(&d);
   ck_assert_int_eq(td_load(c, "q8", &l, QL_FORMAT_Q8C, 0, 0, NULL, NULL), 0);
-  enum { M = 9 };
-  float x[M * K], y[M * N], want[M * N];
-  char impl[64];
-  uint64_t seed = 91;
-  td_randn(&seed, x, M * K, 1.0f);
-  expected_op(&l, QL_FORMAT_Q8C, 0, QL_OP_LINEAR_AQ, x, M, want);
-  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT, x, M, y,
-                               impl, NULL, 0),
+  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT, x,
+                               (uint64_t)m, y, impl, NULL, 0),
                    0);
   ck_assert_str_eq(impl, "cuda.cublaslt.linear_aq");
-  ck_assert_msg(memcmp(y, want, sizeof y) == 0,
+  ck_assert_msg(memcmp(y, want, (size_t)m * N * sizeof(float)) == 0,
                 "IMMA: not the bytes of our tensor-core kernel");
   ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT,
-                               x + 2 * K, 3, y, impl, NULL, 0),
+                               x + (size_t)off * K, (uint64_t)rows, y, impl,
+                               NULL, 0),
                    0);
   ck_assert_str_eq(impl, "cuda.linear_aq");
-  ck_assert_msg(memcmp(y, want + 2 * N, 3 * N * sizeof(float)) == 0,
-                "3 rows on our kernel: not their bytes in the batch of 9");
+  ck_assert_msg(memcmp(y, want + (size_t)off * N,
+                       (size_t)rows * N * sizeof(float)) == 0,
+                "%d rows on our kernel: not their bytes in the batch of %d",
+                rows, m);
   td_layer_free(&l);
   ql_close(c);
   char *log = td_read_log(&d); /* td_stop() removes it */
   ck_assert_int_eq(td_stop(&d), 0);
-  ck_assert_msg(td_count(log, "q8c from 4 rows on cuBLASLt IMMA") == 1,
-                "the log does not say that q8c uses IMMA:\n%s", log);
+  snprintf(line, sizeof line, "q8c from %u rows on cuBLASLt IMMA", from);
+  ck_assert_msg(td_count(log, line) == 1,
+                "the log does not say that q8c uses IMMA from %u rows:\n%s",
+                from, log);
   free(log);
+  free(x);
+  free(y);
+  free(want);
 }
+
+/* QL_CUDA_IMMA_MIN_ROWS=4: 9 rows on IMMA, 3 on our kernel. */
+START_TEST(q8c_on_imma) { imma_switch("4", 4, 9, 2, 3, 91); }
 END_TEST
 
-/* Unset, the switch is at 16 rows (the measured default): 16 rows run on
- * IMMA, 15 on our kernel, with the same bytes. */
-START_TEST(q8c_imma_default) {
-  td d;
-  td_layer l;
-  td_layer_make(&l, N, K, 37, 1);
-  enum { M = 16 };
-  static float x[M * K], y[M * N], want[M * N];
-  char impl[64];
-  uint64_t seed = 93;
-  td_randn(&seed, x, M * K, 1.0f);
-  /* Our kernel's bytes, in this process (the variable is 0 here). */
-  expected_op(&l, QL_FORMAT_Q8C, 0, QL_OP_LINEAR_AQ, x, M, want);
-  unsetenv("QL_CUDA_IMMA_MIN_ROWS");
-  start(&d, "1", NULL, NULL);
-  ql_client *c = td_connect(&d);
-  ck_assert_int_eq(td_load(c, "q8", &l, QL_FORMAT_Q8C, 0, 0, NULL, NULL), 0);
-  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT, x, M, y,
-                               impl, NULL, 0),
-                   0);
-  ck_assert_str_eq(impl, "cuda.cublaslt.linear_aq");
-  ck_assert_msg(memcmp(y, want, sizeof y) == 0,
-                "IMMA: not the bytes of our tensor-core kernel");
-  ck_assert_int_eq(linear_impl(&d, "q8", "cuda:0", QL_PATH_ACT_QUANT, x + K,
-                               M - 1, y, impl, NULL, 0),
-                   0);
-  ck_assert_str_eq(impl, "cuda.linear_aq");
-  ck_assert_msg(memcmp(y, want + N, (M - 1) * N * sizeof(float)) == 0,
-                "15 rows on our kernel: not their bytes in the batch of 16");
-  td_layer_free(&l);
-  ql_close(c);
-  char *log = td_read_log(&d);
-  ck_assert_int_eq(td_stop(&d), 0);
-  ck_assert_msg(td_count(log, "q8c from 16 rows on cuBLASLt IMMA") == 1,
-                "the log does not say that q8c uses IMMA:\n%s", log);
-  free(log);
-}
+/* Unset, the switch is at 16 rows (the measured default): 16 rows on
+ * IMMA, 15 on our kernel. */
+START_TEST(q8c_imma_default) { imma_switch(NULL, 16, 16, 1, 15, 93); }
 END_TEST
 
 /* Device memory is accounted against the device's budget: a load past it
