@@ -342,8 +342,9 @@ long long imma_min_rows() {
 }
 
 // QL_CUDA_WO_KERNEL: "legacy" runs linear_wo on the kernel with one block
-// row per row of x (QL__CUDA_WO_LEGACY) instead of the streaming one, so
-// that one GPU run can time both; the bytes are the same. Read once.
+// row per row of x (QL__CUDA_WO_LEGACY) instead of the streaming one,
+// "tiled" the streaming one without its persistent grid, so that one GPU
+// run can time them all; the bytes are the same. Read once.
 std::atomic<int> g_wo_kernel{-1};
 
 }  // namespace
@@ -352,8 +353,10 @@ int ql__cuda_wo_kernel(void) {
   int v = g_wo_kernel.load();
   if (v >= 0) return v;
   const char* s = getenv("QL_CUDA_WO_KERNEL");
-  v = s != nullptr && strcmp(s, "legacy") == 0 ? QL__CUDA_WO_LEGACY
-                                               : QL__CUDA_WO_STREAM;
+  v = s == nullptr                  ? QL__CUDA_WO_STREAM
+      : strcmp(s, "legacy") == 0 ? QL__CUDA_WO_LEGACY
+      : strcmp(s, "tiled") == 0  ? QL__CUDA_WO_TILED
+                                 : QL__CUDA_WO_STREAM;
   g_wo_kernel.store(v);
   return v;
 }
@@ -553,6 +556,14 @@ int make_packed(const ql_qweight* w, packed** out) {
     p->dev.zero = w->zero != nullptr ? mem + off_z : nullptr;
     p->dev.bias = w->bias != nullptr ? reinterpret_cast<float*>(mem + off_b)
                                      : nullptr;
+    // Unknown (0) is safe: the kernel then takes one block per row tile.
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                               t_ordinal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      sms = 0;
+    }
+    p->dev.sms = sms;
   }
   *out = p;
   return 0;

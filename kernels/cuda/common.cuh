@@ -128,6 +128,12 @@ __host__ __device__ __forceinline__ T lo(T a, T b) {
   return a < b ? a : b;
 }
 
+// The larger of a and b, likewise.
+template <class T>
+__host__ __device__ __forceinline__ T hi(T a, T b) {
+  return a < b ? b : a;
+}
+
 // The sum of v over the 32 lanes of a warp, in a fixed butterfly order:
 // every lane ends with the same bits (IEEE addition commutes), and the
 // order depends on nothing but the lane, so an output never depends on

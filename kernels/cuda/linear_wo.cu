@@ -26,23 +26,31 @@
 // The streaming kernel (wo_stream_kernel<F, Z, MT>) reads the weight once
 // per call for up to kMaxRows = 16 rows of x, at HBM speed for a decode
 // batch:
-// - a block of 8 warps owns 16 rows of W (2 per warp) and MT rows of x
-//   (MT = 1, 2, 4, 8 or 16, the smallest that holds the batch; a larger
-//   batch takes ceil(M / 16) block rows). The M loop only adds
-//   accumulators: each (row of x, row of W) sum is the same chain of
-//   operations whatever MT is, done by the same lane;
-// - x is staged per tile of kTile values of K in shared memory, converted
-//   to f32 once per block (8 rows at a time: MT = 16 takes two passes over
-//   the tile with the codes kept in registers), with a 128-byte XOR swizzle
-//   so that the lanes' 16-byte reads of x are free of bank conflicts;
-// - a lane's codes (128-bit loads) and its chunks' scales and zeros for the
-//   next tile are loaded while the current one is computed, for both of its
-//   rows: 4 (q4g) or 8 independent 128-bit loads in flight per lane;
+// - a row tile is 16 rows of W, taken by a block of 8 warps (2 rows per
+//   warp), with MT rows of x (MT = 1, 2, 4, 8 or 16, the smallest that
+//   holds the batch; a larger batch takes ceil(M / 16) block rows). The M
+//   loop only adds accumulators: each (row of x, row of W) sum is the same
+//   chain of operations whatever MT is, done by the same lane;
+// - the grid is persistent: about two blocks per SM (ql__cuda_wo.sms),
+//   each walking an equal share of the row tiles, so that x is staged once
+//   per block and the loads never drain between row tiles, where one block
+//   per row tile paid both every 16 rows of W and left a tail wave
+//   (QL_CUDA_WO_KERNEL=tiled keeps that grid, to be timed against);
+// - x is staged per stage of K in shared memory (8192 values for one row
+//   of x, fewer for more: 32 KiB), converted to f32 once per block (8
+//   rows at a time: MT = 16 takes two passes over a tile of 1024 values
+//   with the codes kept in registers), with a 128-byte XOR swizzle so that
+//   the lanes' 16-byte reads of x are free of bank conflicts; when the
+//   block's span of K fits one stage, x is staged once for the whole call;
+// - a lane's codes (128-bit loads) and its chunks' scales and zeros run
+//   kDepth tiles of K ahead of the one it computes, across row tiles, for
+//   both of its rows: at one or two rows of x, 8 independent 128-bit loads
+//   in flight per lane (q4g: 4 tiles of one chunk a row; 8-bit codes: 2
+//   tiles of two), 64 KiB per SM at two blocks per SM;
 // - codes become floats without int-to-float conversions: a byte (or a
 //   nibble, after flipping the sign bit) is put into the mantissa of 2^23
 //   with a byte permute and 2^23 + bias is subtracted, exactly; e4m3 codes
-//   are placed into an f32 as value·2^-120 and scaled back, exactly;
-// - N = 4096 gives 256 blocks, enough for 132 SMs.
+//   are placed into an f32 as value·2^-120 and scaled back, exactly.
 // The legacy kernel (linear_wo_kernel<F>) has one warp per output row, 8
 // rows a block and one block row per row of x (grid.y = M), so it reads the
 // weight M times and x from shared memory with bank conflicts.
@@ -369,121 +377,181 @@ __device__ __forceinline__ void fetch_tile(const ql__cuda_wo& w,
   }
 }
 
-// y rows [m0, m0 + MT) ∩ [0, m_all) for kRowsPerBlock rows of W: the whole
-// batch in one pass over the weight. Split-K as linear_wo_kernel's, with
-// the same partial sums. Z: the format has zero points (q4g, asymmetric
-// q8b).
+// Tiles of codes and scales that a lane keeps in flight ahead of the one
+// it computes: the deeper, the more bytes each SM has requested from memory
+// at once (what a stream at HBM speed needs: bandwidth times latency, tens
+// of KiB per SM), at a cost in registers that only small batches can pay.
+template <int F, int MT>
+constexpr int kDepth = MT <= 2 ? (F == F_Q4G ? 4 : 2) : MT <= 8 ? 2 : 1;
+
+// Blocks per SM the register budget is cut for: two for one or two rows of
+// x (so that a persistent grid of two blocks per SM fits), one above.
+template <int MT>
+constexpr int kMinBlocks = MT <= 2 ? 2 : 1;
+
+// The warp's rows of W in row tile rt (kRowsPerBlock rows of W); a dead
+// one (past N) reads row 0 and stores nothing.
+template <int R>
+__device__ __forceinline__ void tile_rows(const ql__cuda_wo& w, int64_t rt,
+                                          int warp, int64_t (&n)[R],
+                                          bool (&live)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t nr = rt * kRowsPerBlock + warp * R + r;
+    live[r] = nr < w.n;
+    n[r] = live[r] ? nr : 0;
+  }
+}
+
+// y rows [m0, m0 + MT) ∩ [0, m_all) for the row tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... of W: the whole batch in one pass over the
+// weight. A block walks its row tiles and, in each, K in tiles of kTile
+// values: one flat sequence of steps, whose loads run kDepth steps ahead
+// across row tiles, so that the stream never drains between them; x is
+// staged once for the whole call when the block's span of K fits one stage
+// (a decode batch at K <= 8192), else per stage of each row tile. Split-K
+// as linear_wo_kernel's, with the same partial sums. Z: the format has zero
+// points (q4g, asymmetric q8b).
 template <int F, bool Z, int MT>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
     wo_stream_kernel(ql__cuda_wo w, int dt, const void* __restrict__ x,
                      int64_t row0, int64_t m_all, int64_t span,
                      float* __restrict__ part, void* __restrict__ y) {
-  constexpr int R = kRowsPerWarp, P = kPerLane<F>;
+  constexpr int R = kRowsPerWarp, P = kPerLane<F>, D = kDepth<F, MT>;
   constexpr int S = kStageS<MT>, XT = kXTile<MT>;  // staged rows, x tile
   static_assert(MT % S == 0 && (MT == S || XT == kTile), "passes");
+  static_assert(XT % kTile == 0, "a stage holds whole tiles");
   __shared__ __align__(16) float xs[S][XT];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t m0 = row0 + int64_t(blockIdx.y) * MT;
   const int rows = int(lo(int64_t(MT), m_all - m0));
   const int64_t kbeg = int64_t(blockIdx.z) * span;
   const int64_t kend = lo(w.k, kbeg + span);
-  int64_t n[R];  // the warp's rows of W; a dead one reads row 0
-  bool live[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t nr = int64_t(blockIdx.x) * kRowsPerBlock + warp * R + r;
-    live[r] = nr < w.n;
-    n[r] = live[r] ? nr : 0;
-  }
-  float acc[MT / S][S][R];
-#pragma unroll
-  for (int p = 0; p < MT / S; ++p)
-#pragma unroll
-    for (int m = 0; m < S; ++m)
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[p][m][r] = 0.0f;
+  const int64_t ktiles = (kend - kbeg + kTile - 1) / kTile;
+  const int64_t rtiles = (w.n + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t mine =
+      int64_t(blockIdx.x) < rtiles
+          ? (rtiles - 1 - int64_t(blockIdx.x)) / gridDim.x + 1
+          : 0;
+  const int64_t steps = mine * ktiles;  // the same for the whole block
+  const bool keep_x = MT == S && kend - kbeg <= XT;
 
-  // The next step's codes and scales (kTile values of K) are loaded while
-  // this one is computed: two steps of loads in flight per lane.
-  uint4 nv[R][P];
-  float ns[R][P], nz[R][P];
-  fetch_tile<F, Z, R>(w, n, kbeg, int(lo(int64_t(kTile), kend - kbeg)), lane,
-                      nv, ns, nz);
-  for (int64_t k0 = kbeg; k0 < kend; k0 += XT) {
-    const int xt = int(lo(int64_t(XT), kend - k0));
-    // Staged: xt values and the rest of the last chunk (zeros); what lies
-    // past it in xs is never read.
-    const int xw = lo(XT, (xt + 31) & ~31);
-    for (int k1 = 0; k1 < xt; k1 += kTile) {
-      const int kt = lo(kTile, xt - k1);
-      const int64_t knext = k0 + k1 + kTile;
-      uint4 cv[R][P];
-      float cs[R][P], cz[R][P];
+  // The loads of step t: row tile blockIdx.x + (t / ktiles)·gridDim.x,
+  // K tile t % ktiles.
+  uint4 rv[D][R][P];
+  float rs[D][R][P], rz[D][R][P];
+  auto fetch = [&](int64_t t, uint4 (&v)[R][P], float (&s)[R][P],
+                   float (&z)[R][P]) {
+    const int64_t q = t / ktiles;
+    const int64_t k = kbeg + (t - q * ktiles) * kTile;
+    int64_t n[R];
+    bool live[R];
+    tile_rows<R>(w, int64_t(blockIdx.x) + q * gridDim.x, warp, n, live);
+    fetch_tile<F, Z, R>(w, n, k, int(lo(int64_t(kTile), kend - k)), lane, v,
+                        s, z);
+  };
+#pragma unroll
+  for (int d = 0; d < D; ++d)
+    if (d < steps) fetch(d, rv[d], rs[d], rz[d]);
+
+  float acc[MT / S][S][R];
+  int64_t n[R];
+  bool live[R];
+  for (int64_t t = 0; t < steps; ++t) {
+    const int64_t q = t / ktiles, kt = t - q * ktiles;
+    const int64_t k = kbeg + kt * kTile;
+    const int kl = int(lo(int64_t(kTile), kend - k));
+    uint4 cv[R][P];
+    float cs[R][P], cz[R][P];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        cv[r][i] = rv[0][r][i];
+        cs[r][i] = rs[0][r][i];
+        cz[r][i] = rz[0][r][i];
+      }
+#pragma unroll
+    for (int d = 0; d + 1 < D; ++d)
 #pragma unroll
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int i = 0; i < P; ++i) {
-          cv[r][i] = nv[r][i];
-          cs[r][i] = ns[r][i];
-          cz[r][i] = nz[r][i];
+          rv[d][r][i] = rv[d + 1][r][i];
+          rs[d][r][i] = rs[d + 1][r][i];
+          rz[d][r][i] = rz[d + 1][r][i];
         }
-      if (knext < kend)
-        fetch_tile<F, Z, R>(w, n, knext, int(lo(int64_t(kTile), kend - knext)),
-                            lane, nv, ns, nz);
-      // MT > S (two passes of S rows) implies XT == kTile: k1 is always 0
-      // there, and the tile is staged once per pass.
+    if (t + D < steps) fetch(t + D, rv[D - 1], rs[D - 1], rz[D - 1]);
+    if (kt == 0) {  // a new row tile
+      tile_rows<R>(w, int64_t(blockIdx.x) + q * gridDim.x, warp, n, live);
 #pragma unroll
-      for (int p = 0; p < MT / S; ++p) {
-        if (k1 == 0) {  // the same for the whole block
+      for (int p = 0; p < MT / S; ++p)
+#pragma unroll
+        for (int m = 0; m < S; ++m)
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[p][m][r] = 0.0f;
+    }
+    // The stage that holds tile kt: XT values from k0; this tile is k1
+    // values into it. MT > S (two passes of S rows) implies XT == kTile:
+    // k1 is always 0 there, and the tile is staged once per pass.
+    const int64_t k0 = kbeg + (kt * kTile) / XT * XT;
+    const int k1 = int(k - k0);
+    const int xt = int(lo(int64_t(XT), kend - k0));
+    // Staged: xt values and the rest of the last chunk (zeros); what lies
+    // past it in xs is never read.
+    const int xw = lo(XT, (xt + 31) & ~31);
+#pragma unroll
+    for (int p = 0; p < MT / S; ++p) {
+      if (k1 == 0 && !(keep_x && q > 0)) {  // the same for the whole block
 #ifndef QL_MUT_NO_BARRIER  // mutation test: the tile is overwritten early
-          __syncthreads();  // every warp is done with the previous tile
+        __syncthreads();  // every warp is done with the previous tile
 #endif
-          for (int i = threadIdx.x; i < S * XT; i += kThreads) {
-            const int mr = i / XT, kk = i % XT;
-            if (kk >= xw) continue;
-            xs[mr][swz(kk)] =
-                kk < xt && p * S + mr < rows
-                    ? load_f32(dt, x, (m0 + p * S + mr) * w.k + k0 + kk)
-                    : 0.0f;
-          }
-          __syncthreads();
+        for (int i = threadIdx.x; i < S * XT; i += kThreads) {
+          const int mr = i / XT, kk = i % XT;
+          if (kk >= xw) continue;
+          xs[mr][swz(kk)] =
+              kk < xt && p * S + mr < rows
+                  ? load_f32(dt, x, (m0 + p * S + mr) * w.k + k0 + kk)
+                  : 0.0f;
         }
+        __syncthreads();
+      }
 #pragma unroll
-        for (int i = 0; i < P; ++i) {
-          const int c = lane + 32 * i;
-          if (c * kChunk<F> < kt) {
-            uint4 v[R];
-            float s[R], z[R];
+      for (int i = 0; i < P; ++i) {
+        const int c = lane + 32 * i;
+        if (c * kChunk<F> < kl) {
+          uint4 v[R];
+          float s[R], z[R];
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-              v[r] = cv[r][i];
-              s[r] = cs[r][i];
-              z[r] = cz[r][i];
-            }
-            chunk_rows<F, Z, S, XT, R>(xs, k1 / kChunk<F> + c, v, s, z, acc[p]);
+          for (int r = 0; r < R; ++r) {
+            v[r] = cv[r][i];
+            s[r] = cs[r][i];
+            z[r] = cz[r][i];
           }
+          chunk_rows<F, Z, S, XT, R>(xs, k1 / kChunk<F> + c, v, s, z, acc[p]);
         }
       }
     }
-  }
-  // Each sum through the same butterfly; the lane that stores it is spread
-  // over the warp so that no lane stores them all.
+    if (kt + 1 < ktiles) continue;
+    // The row tile's sums, each through the same butterfly; the lane that
+    // stores one is spread over the warp so that no lane stores them all.
 #pragma unroll
-  for (int p = 0; p < MT / S; ++p)
+    for (int p = 0; p < MT / S; ++p)
 #pragma unroll
-    for (int m = 0; m < S; ++m)
+      for (int m = 0; m < S; ++m)
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (p * S + m >= rows) continue;  // the same for the whole block
-        const float sum = warp_sum(acc[p][m][r]);
-        const int64_t mi = m0 + p * S + m;
-        if (live[r] && lane == ((p * S + m) * R + r) % 32) {
-          if (gridDim.z == 1)
-            finish<F>(w, dt, y, mi, n[r], sum);
-          else
-            part[(int64_t(blockIdx.z) * m_all + mi) * w.n + n[r]] = sum;
+        for (int r = 0; r < R; ++r) {
+          if (p * S + m >= rows) continue;  // the same for the whole block
+          const float sum = warp_sum(acc[p][m][r]);
+          const int64_t mi = m0 + p * S + m;
+          if (live[r] && lane == ((p * S + m) * R + r) % 32) {
+            if (gridDim.z == 1)
+              finish<F>(w, dt, y, mi, n[r], sum);
+            else
+              part[(int64_t(blockIdx.z) * m_all + mi) * w.n + n[r]] = sum;
+          }
         }
-      }
+  }
 }
 
 // *bad = 1 when one of the n values of x is NaN or ±Inf (every writer
@@ -533,20 +601,30 @@ void launch_wo(const ql__cuda_wo* w, int dt, const void* x, int64_t m, void* y,
 }
 
 // The streaming kernel for MT rows of x per block: ceil(m / MT) block rows,
-// each reading the weight once.
+// each reading the weight once. persist: a grid of about kMinBlocks<MT>
+// blocks per SM (w->sms of them; 0: unknown), each walking several row
+// tiles, the same number for every block where it can, so that x is staged
+// and the load pipeline filled once per block rather than once per 16 rows
+// of W, with no tail wave; otherwise one block per row tile.
 template <int F, bool Z, int MT>
 void launch_stream_mt(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
-                      void* y, float* part, cudaStream_t st) {
-  const unsigned gx = unsigned((w->n + kRowsPerBlock - 1) / kRowsPerBlock);
+                      void* y, float* part, bool persist, cudaStream_t st) {
+  const int64_t rtiles = (w->n + kRowsPerBlock - 1) / kRowsPerBlock;
   const int64_t s = splits_of(w->n, w->k);
   const int64_t tiles = (w->k + kTile - 1) / kTile;
   const int64_t span = (tiles + s - 1) / s * kTile;
+  int64_t gx = rtiles;
+  if (persist && w->sms > 0) {
+    const int64_t slots = hi(int64_t(1), int64_t(w->sms) * kMinBlocks<MT> / s);
+    const int64_t per = (rtiles + slots - 1) / slots;  // row tiles a block
+    gx = (rtiles + per - 1) / per;
+  }
   auto* const kernel = &wo_stream_kernel<F, Z, MT>;  // commas: not in a macro
   for (int64_t r0 = 0; r0 < m; r0 += int64_t(kMaxGridY) * MT) {
     const int64_t groups = (m - r0 + MT - 1) / MT;
     const unsigned gy = unsigned(lo(int64_t(kMaxGridY), groups));
-    QL_LAUNCH(kernel, dim3(gx, gy, unsigned(s)), dim3(kThreads), 0, st, *w, dt,
-              x, r0, m, span, part, y);
+    QL_LAUNCH(kernel, dim3(unsigned(gx), gy, unsigned(s)), dim3(kThreads), 0,
+              st, *w, dt, x, r0, m, span, part, y);
   }
   if (s > 1) {
     const int64_t blocks = (m * w->n + kThreads - 1) / kThreads;
@@ -558,18 +636,18 @@ void launch_stream_mt(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
 // The smallest instantiation that holds m rows (at most kMaxRows a block).
 template <int F, bool Z>
 void launch_stream(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
-                   void* y, float* part, cudaStream_t st) {
+                   void* y, float* part, bool persist, cudaStream_t st) {
   static_assert(kMaxRows == 2 * kStageRows, "two passes at most");
   if (m <= 1)
-    launch_stream_mt<F, Z, 1>(w, dt, x, m, y, part, st);
+    launch_stream_mt<F, Z, 1>(w, dt, x, m, y, part, persist, st);
   else if (m <= 2)
-    launch_stream_mt<F, Z, 2>(w, dt, x, m, y, part, st);
+    launch_stream_mt<F, Z, 2>(w, dt, x, m, y, part, persist, st);
   else if (m <= 4)
-    launch_stream_mt<F, Z, 4>(w, dt, x, m, y, part, st);
+    launch_stream_mt<F, Z, 4>(w, dt, x, m, y, part, persist, st);
   else if (m <= 8)
-    launch_stream_mt<F, Z, 8>(w, dt, x, m, y, part, st);
+    launch_stream_mt<F, Z, 8>(w, dt, x, m, y, part, persist, st);
   else
-    launch_stream_mt<F, Z, kMaxRows>(w, dt, x, m, y, part, st);
+    launch_stream_mt<F, Z, kMaxRows>(w, dt, x, m, y, part, persist, st);
 }
 }  // namespace
 }  // namespace ql_cuda
@@ -589,21 +667,22 @@ void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,
   using namespace ql_cuda;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (kernel != QL__CUDA_WO_LEGACY) {
+    const bool pe = kernel != QL__CUDA_WO_TILED;
     switch (w->format) {
       case F_Q4G:
-        launch_stream<F_Q4G, true>(w, dt, x, m, y, scratch, st);
+        launch_stream<F_Q4G, true>(w, dt, x, m, y, scratch, pe, st);
         return;
       case F_Q8C:
-        launch_stream<F_Q8C, false>(w, dt, x, m, y, scratch, st);
+        launch_stream<F_Q8C, false>(w, dt, x, m, y, scratch, pe, st);
         return;
       case F_Q8B:
         if (w->zero != nullptr)
-          launch_stream<F_Q8B, true>(w, dt, x, m, y, scratch, st);
+          launch_stream<F_Q8B, true>(w, dt, x, m, y, scratch, pe, st);
         else
-          launch_stream<F_Q8B, false>(w, dt, x, m, y, scratch, st);
+          launch_stream<F_Q8B, false>(w, dt, x, m, y, scratch, pe, st);
         return;
       default:
-        launch_stream<F_F8R, false>(w, dt, x, m, y, scratch, st);
+        launch_stream<F_F8R, false>(w, dt, x, m, y, scratch, pe, st);
         return;
     }
   }

@@ -29,6 +29,9 @@ struct ql__cuda_wo {
   const void* scale; // [n, groups] in sdt
   const void* zero;  // [n, groups] in sdt, or NULL (q8c, f8r, symmetric q8b)
   const float* bias; // [n], or NULL
+  int sms;           // multiprocessors of the device the layout lives on,
+                     // which sizes the streaming kernel's persistent grid;
+                     // 0: unknown (one block per 16 rows of W)
 };
 
 // The kernels' view of a layout that the backend's repack made (its
@@ -42,12 +45,15 @@ const ql__cuda_wo* ql__cuda_packed_view(const void* packed, size_t* bytes);
 int64_t ql__cuda_row_bytes(int format, int64_t k);
 
 // The kernels of ql__cuda_linear_wo: the streaming one (the default: up to
-// 16 rows of x per pass over the weight) and the legacy one (one block row
-// per row of x), kept for comparison on a GPU. Both give the same bytes.
-enum { QL__CUDA_WO_STREAM = 0, QL__CUDA_WO_LEGACY = 1 };
+// 16 rows of x per pass over the weight, on a persistent grid sized by
+// ql__cuda_wo.sms), the same on one block per 16 rows of W (TILED), and
+// the legacy one (one block row per row of x), kept for comparison on a
+// GPU. All give the same bytes.
+enum { QL__CUDA_WO_STREAM = 0, QL__CUDA_WO_LEGACY = 1, QL__CUDA_WO_TILED = 2 };
 
-// The kernel that QL_CUDA_WO_KERNEL in the environment asks for ("legacy";
-// anything else, or unset: the streaming one), read once (backend.cpp).
+// The kernel that QL_CUDA_WO_KERNEL in the environment asks for ("legacy",
+// "tiled"; anything else, or unset: the streaming one), read once
+// (backend.cpp).
 int ql__cuda_wo_kernel(void);
 
 // y[m, n] = x[m, k]·dequant(W)ᵀ (+ bias) for every row of x with kernel

@@ -6,9 +6,10 @@
 //
 // Cases per shape (--shapes): linear_wo for q4g, q8c, q8b and f8r at each M
 // of --wo-m (1, 2, 4, 8, 16: decode), on the kernel QL_CUDA_WO_KERNEL
-// selects (ql__cuda_wo_kernel(): the streaming one unless "legacy"); linear_aq for q8c (W8A8) and q4g
-// (W4A8) on our tensor-core kernel, and for f8r on cuBLASLt's FP8 GEMM with
-// our epilogue (what the backend runs), at each M of --aq-m (the decode Ms
+// selects (ql__cuda_wo_kernel(): the persistent streaming one unless
+// "legacy" or "tiled"); linear_aq for q8c (W8A8) and q4g (W4A8) on our
+// tensor-core kernel, and for f8r on cuBLASLt's FP8 GEMM with our
+// epilogue (what the backend runs), at each M of --aq-m (the decode Ms
 // and 64, 128, 512, 2048: prefill); q8c on cuBLASLt's IMMA (linear_aq_lt,
 // the QL_CUDA_IMMA_MIN_ROWS path) and quantize_rows at the Ms of --aq-m
 // from 16 up. The AQ cases time the product alone, on rows that
@@ -1043,7 +1044,9 @@ int ql_bench_gpu(const char* device, int argc, char** argv) {
     printf("qlinear-bench: kernels on %s (%s, %s), %zu MiB; linear_wo: the "
            "%s kernel\n",
            desc.alias, desc.name, desc.model, desc.memory_bytes >> 20,
-           ql__cuda_wo_kernel() == QL__CUDA_WO_LEGACY ? "legacy" : "streaming");
+           ql__cuda_wo_kernel() == QL__CUDA_WO_LEGACY  ? "legacy"
+           : ql__cuda_wo_kernel() == QL__CUDA_WO_TILED ? "tiled streaming"
+                                                       : "persistent streaming");
   if (o.invariance || o.inv_only) inv_rc = check_invariance(&o, b);
   if (o.inv_only) return inv_rc;
 

@@ -1,6 +1,7 @@
-// test_cuda_wo.cpp - the two weight-only CUDA kernels of
-// kernels/cuda/linear_wo.cu (the streaming one and the legacy one), run on
-// the CPU under kernels/cuda/emu.h, give the same bytes.
+// test_cuda_wo.cpp - the weight-only CUDA kernels of
+// kernels/cuda/linear_wo.cu (the streaming one, on a persistent grid and on
+// one block per row tile, and the legacy one), run on the CPU under
+// kernels/cuda/emu.h, give the same bytes.
 //
 // Both promise one reduction order per output, fixed by (N, K, format):
 // the same lanes, the same chunks in the same order, the same butterfly, the
@@ -93,9 +94,14 @@ static void make(weight* wt, int format, int64_t n, int64_t k, uint32_t gs,
   w.bias = bias ? wt->bias.data() : nullptr;
 }
 
-// y of kernel for the m rows of x (dtype dt), as bytes.
-static std::vector<unsigned char> run(const ql__cuda_wo& w, int kernel, int dt,
-                                      const void* x, int64_t m) {
+// y of kernel for the m rows of x (dtype dt), as bytes, with the
+// streaming kernel's grid sized for sms multiprocessors (0: one block per
+// row tile, as on a device of unknown size).
+static std::vector<unsigned char> run(const ql__cuda_wo& w0, int kernel,
+                                      int dt, const void* x, int64_t m,
+                                      int sms = 0) {
+  ql__cuda_wo w = w0;
+  w.sms = sms;
   const size_t esz = dt == ql_cuda::DT_F32 ? 4 : 2;
   std::vector<unsigned char> y(size_t(m * w.n) * esz, 0xAB);
   std::vector<float> part(ql__cuda_linear_wo_scratch(&w, m) / sizeof(float) +
@@ -130,16 +136,20 @@ static void one(const char* name, int format, uint32_t gs, bool zero) {
       for (int64_t m : ms) {
         if (n * k > 100000 && m > 2) break;  // emulated time
         ++cases;
-        auto a = run(wt.w, QL__CUDA_WO_STREAM, dt, x.data(), m);
+        // Persistent grids of 1 and 2 blocks a row tile's worth of SMs
+        // (one SM: a block walks every row tile of the weight).
+        const int sms = int(1 + (cases % 3));
+        auto a = run(wt.w, QL__CUDA_WO_STREAM, dt, x.data(), m, sms);
         auto b = run(wt.w, QL__CUDA_WO_LEGACY, dt, x.data(), m);
-        if (a != b) {
+        auto c = run(wt.w, QL__CUDA_WO_TILED, dt, x.data(), m, 64);
+        if (a != b || c != b) {
           if (bad++ == 0)
             std::printf("     first: %s K=%lld N=%lld M=%lld dt=%d differ\n",
                         name, (long long)k, (long long)n, (long long)m, dt);
         }
         // the last row alone: its bytes in the batch
         auto r = run(wt.w, QL__CUDA_WO_STREAM, dt,
-                     x.data() + size_t((m - 1) * k) * esz, 1);
+                     x.data() + size_t((m - 1) * k) * esz, 1, 7);
         if (std::memcmp(r.data(), a.data() + size_t((m - 1) * n) * esz,
                         r.size()) != 0)
           ++badrow;
@@ -149,8 +159,8 @@ static void one(const char* name, int format, uint32_t gs, bool zero) {
   char what[160];
   std::snprintf(
       what, sizeof what,
-      "%s: streaming kernel = legacy kernel, bytes (%ld cases), a row "
-      "alone = in its batch",
+      "%s: streaming kernel (persistent, tiled) = legacy kernel, bytes "
+      "(%ld cases), a row alone = in its batch",
       name, cases);
   std::printf("%s %s\n", bad == 0 && badrow == 0 ? "ok  " : "FAIL", what);
   g_fail += bad != 0 || badrow != 0;
