@@ -427,7 +427,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
   const int rows = int(lo(int64_t(MT), m_all - m0));
   const int64_t kbeg = int64_t(blockIdx.z) * span;
   const int64_t kend = lo(w.k, kbeg + span);
-  const int64_t ktiles = (kend - kbeg + kTile - 1) / kTile;
+  // A split past K (the last of a ragged split-K may start past it) still
+  // takes one empty tile, so that it stores its zero partial sums as
+  // linear_wo_kernel does.
+  const int64_t ktiles = hi(int64_t(1), (kend - kbeg + kTile - 1) / kTile);
   const int64_t rtiles = (w.n + kRowsPerBlock - 1) / kRowsPerBlock;
   const int64_t mine =
       int64_t(blockIdx.x) < rtiles
@@ -457,31 +460,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
   float acc[MT / S][S][R];
   int64_t n[R];
   bool live[R];
-  for (int64_t t = 0; t < steps; ++t) {
+  // Step t with its codes, scales and zeros cv, cs, cz (a slot of the
+  // ring, read in place: moving a register whose load is still in flight
+  // would wait for it, and keep one load in flight rather than kDepth).
+  auto step = [&](int64_t t, const uint4 (&cv)[R][P], const float (&cs)[R][P],
+                  const float (&cz)[R][P]) {
     const int64_t q = t / ktiles, kt = t - q * ktiles;
     const int64_t k = kbeg + kt * kTile;
     const int kl = int(lo(int64_t(kTile), kend - k));
-    uint4 cv[R][P];
-    float cs[R][P], cz[R][P];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int i = 0; i < P; ++i) {
-        cv[r][i] = rv[0][r][i];
-        cs[r][i] = rs[0][r][i];
-        cz[r][i] = rz[0][r][i];
-      }
-#pragma unroll
-    for (int d = 0; d + 1 < D; ++d)
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int i = 0; i < P; ++i) {
-          rv[d][r][i] = rv[d + 1][r][i];
-          rs[d][r][i] = rs[d + 1][r][i];
-          rz[d][r][i] = rz[d + 1][r][i];
-        }
-    if (t + D < steps) fetch(t + D, rv[D - 1], rs[D - 1], rz[D - 1]);
     if (kt == 0) {  // a new row tile
       tile_rows<R>(w, int64_t(blockIdx.x) + q * gridDim.x, warp, n, live);
 #pragma unroll
@@ -532,7 +518,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
         }
       }
     }
-    if (kt + 1 < ktiles) continue;
+    if (kt + 1 < ktiles) return;
     // The row tile's sums, each through the same butterfly; the lane that
     // stores one is spread over the warp so that no lane stores them all.
 #pragma unroll
@@ -551,6 +537,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
               part[(int64_t(blockIdx.z) * m_all + mi) * w.n + n[r]] = sum;
           }
         }
+  };
+  // The ring of loads, unrolled so that each slot is a fixed set of
+  // registers: slot d serves steps d, d + D, d + 2D, ..., and is refilled
+  // with step t + D as soon as step t is done with it.
+  for (int64_t t0 = 0; t0 < steps; t0 += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      const int64_t t = t0 + d;
+      if (t >= steps) break;  // the same for the whole block
+      step(t, rv[d], rs[d], rz[d]);
+      if (t + D < steps) fetch(t + D, rv[d], rs[d], rz[d]);
+    }
   }
 }
 

@@ -104,21 +104,26 @@ static std::vector<unsigned char> run(const ql__cuda_wo& w0, int kernel,
   w.sms = sms;
   const size_t esz = dt == ql_cuda::DT_F32 ? 4 : 2;
   std::vector<unsigned char> y(size_t(m * w.n) * esz, 0xAB);
-  std::vector<float> part(ql__cuda_linear_wo_scratch(&w, m) / sizeof(float) +
-                          1);
+  // Scratch as the backend's arena leaves it: whatever an earlier call
+  // wrote, here NaN, so that a partial sum left unwritten shows.
+  std::vector<float> part(
+      ql__cuda_linear_wo_scratch(&w, m) / sizeof(float) + 1,
+      __builtin_nanf(""));
   ql__cuda_linear_wo(&w, kernel, dt, x, m, y.data(), part.data(), nullptr);
   return y;
 }
 
 // Shapes: ragged K, one tile, two tiles (one x tile of small batches, two
-// steps of loads), split K (N = 1, 40 at K = 5000: 2 splits), and K = 9000
+// steps of loads), split K (N = 1, 40 at K = 5000: 2 splits; N = 3 at
+// K = 8193: 4 splits of 3 tiles, the last one past K), and K = 9000
 // unsplit (N = 1024), which a one-row batch stages in two x tiles.
 struct shape {
   int64_t k, n;
 };
-static const shape g_shapes[] = {{16, 1},   {16, 40},   {77, 1},
-                                 {77, 40},  {1056, 1},  {1056, 40},
-                                 {5000, 1}, {5000, 40}, {9000, 1024}};
+static const shape g_shapes[] = {{16, 1},    {16, 40},   {77, 1},
+                                 {77, 40},   {1056, 1},  {1056, 40},
+                                 {5000, 1},  {5000, 40}, {9000, 1024},
+                                 {8193, 3}};
 
 static void one(const char* name, int format, uint32_t gs, bool zero) {
   static const int64_t ms[] = {1, 2, 3, 4, 7, 8, 9, 16, 17, 40};
