@@ -120,6 +120,9 @@ void same_bytes(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k,
   const char* impl = nullptr;
   CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xs, m, ys, &impl) ==
         0);
+  if (impl == nullptr || strcmp(impl, want_impl) != 0)
+    fprintf(stderr, "ran on %s, not %s\n", impl ? impl : "nothing",
+            want_impl);
   CHECK(impl != nullptr && strcmp(impl, want_impl) == 0);
   CHECK(ql_emu_cuda_host_copies() == 0);
   CHECK(b->host_register(reg, len) == 0);
@@ -218,6 +221,9 @@ void waits() {
 }  // namespace
 
 int main() {
+  // q8c batches of 16 rows and more on cuBLASLt's IMMA, whatever the
+  // environment of `make check` asks of the other tests.
+  setenv("QL_CUDA_IMMA_MIN_ROWS", "16", 1);
   in_child("registered x/y: WO q4g, M=1", nullptr, nullptr, [] {
     same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q4G, 1, 96, 128, "cuda.linear_wo");
   });
