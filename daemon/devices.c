@@ -187,6 +187,36 @@ void ql__devices_free(ql__server *s) {
   }
 }
 
+unsigned ql__devices_host_register(ql__server *s, void *p, size_t len,
+                                   const ql_backend **out, unsigned max) {
+  unsigned n = 0;
+  for (unsigned d = 0; d < s->n_dev && n < max; d++) {
+    const ql_backend *b = s->dev[d].b;
+    int seen = 0, rc;
+    if (b->host_register == NULL)
+      continue;
+    /* Once per backend (registration is for all its devices): at its
+     * first device. */
+    for (unsigned e = 0; e < d; e++)
+      seen |= s->dev[e].b == b;
+    if (seen)
+      continue;
+    if ((rc = b->host_register(p, len)) != 0) {
+      ql__debug("%s: host memory of %zu bytes not registered (%s); its "
+                "tensors are staged", b->name, len, ql_strerror(rc));
+      continue;
+    }
+    out[n++] = b;
+  }
+  return n;
+}
+
+void ql__devices_host_unregister(void *p, const ql_backend *const *bs,
+                                 unsigned n) {
+  for (unsigned i = 0; i < n; i++)
+    bs[i]->host_unregister(p);
+}
+
 ql__device *ql__device_find(ql__server *s, const char *name) {
   for (unsigned d = 0; d < s->n_dev; d++)
     if (strcmp(s->dev[d].name, name) == 0 ||

@@ -70,6 +70,21 @@ void ql__devices_close(struct ql__server *s);
 /* Frees the workers (closed or never started). Safe to call twice. */
 void ql__devices_free(struct ql__server *s);
 
+/*
+ * Registers host memory [p, p + len), mapped by the daemon, with every
+ * backend of the served devices that offers host_register (registry.h),
+ * so that their ops reach it by DMA, with no staging copy. The backends
+ * that accepted it are written to out[] (at most max); their count is
+ * returned. A refusal is logged at debug level and costs only speed.
+ */
+unsigned ql__devices_host_register(struct ql__server *s, void *p, size_t len,
+                                   const ql_backend **out, unsigned max);
+
+/* Undoes ql__devices_host_register() for the n backends it gave; called
+ * before the memory is unmapped, once no job uses it. */
+void ql__devices_host_unregister(void *p, const ql_backend *const *bs,
+                                 unsigned n);
+
 /* The device called name (its name or its alias), or NULL. */
 ql__device *ql__device_find(struct ql__server *s, const char *name);
 

@@ -90,6 +90,8 @@ void ql__region_ref(ql__region *r) { r->refs++; }
 void ql__region_unref(ql__region *r) {
   if (r == NULL || --r->refs > 0)
     return;
+  /* No job uses it any more: no DMA can be in flight. */
+  ql__devices_host_unregister(r->base, r->pinned, r->n_pinned);
   munmap(r->base, (size_t)r->size);
   free(r);
 }
@@ -170,6 +172,9 @@ static int region_create(ql__sessions *o, ql__session *ss, uint64_t size,
   r->size = size;
   r->base = base;
   r->refs = 1; /* the session's */
+  /* Pinned for the devices' DMA; where refused, tensors in it are staged. */
+  r->n_pinned = ql__devices_host_register(o->s, base, (size_t)size, r->pinned,
+                                          QL__REGION_BACKENDS);
   r->next = ss->regions;
   ss->regions = r;
   ss->n_regions++;

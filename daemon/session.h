@@ -34,6 +34,7 @@
 #define QL_SESSION_MAX_REGION_BYTES ((uint64_t)4 << 30) /* their sizes */
 #define QL_SESSION_MAX_WEIGHTS 1024   /* weights one session holds */
 #define QL_SESSION_MAX_UPLOADS 16     /* its uploads in progress */
+#define QL__REGION_BACKENDS 4         /* backends a region is pinned by */
 
 /* A shared-memory region: the daemon's mapping of a sealed memfd. */
 typedef struct ql__region {
@@ -42,6 +43,10 @@ typedef struct ql__region {
   uint8_t *base;  /* MAP_SHARED, read-write */
   int refs;       /* its session's (until destroyed) + one per job */
   struct ql__region *next; /* in its session's list */
+  /* Backends it is registered with (host_register), unregistered before
+   * it is unmapped. */
+  const ql_backend *pinned[QL__REGION_BACKENDS];
+  unsigned n_pinned;
 } ql__region;
 
 typedef struct ql__session ql__session;

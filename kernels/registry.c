@@ -102,6 +102,9 @@ int ql_backend_check(const ql_backend *b) {
         imports != (b->ipc_handle_bytes != 0))
       return QL_EINVAL;
   }
+  /* Host registration: both or neither. */
+  if ((b->host_register != NULL) != (b->host_unregister != NULL))
+    return QL_EINVAL;
   for (size_t i = 0; i < b->n_impls; i++) {
     const ql_kernel_impl *im = &b->impls[i];
     if (im->name == NULL || (unsigned)im->op >= QL_OP_COUNT)

@@ -238,6 +238,22 @@ typedef struct ql_backend {
   void (*ipc_event_close)(int ordinal, void *ev);
   int (*linear_dev_supports)(const ql_kernel_impl *im);
   int (*linear_dev)(const ql_kernel_impl *im, const ql_linear_dev_args *a);
+  /*
+   * Optional, together (NULL for a backend without them): host memory
+   * that the devices' copy engines reach directly. host_register(p, len)
+   * page-locks [p, p + len), memory the caller owns, has mapped read-write
+   * and keeps mapped; from then on the backend's linear ops read an x and
+   * write a y lying wholly inside it directly, without staging copies of
+   * their own. The memory stays the caller's. 0, or QL_EINVAL (p NULL,
+   * len 0, a range that overlaps one registered already), QL_ENOMEM,
+   * QL_EDEVICE (no device in service could do it), QL_ENOTSUP: a failure
+   * costs only speed, the ops then stage as before. host_unregister(p)
+   * undoes a successful host_register of the same p; the caller calls it
+   * before unmapping the memory, once no op in flight uses it. Callable
+   * from any thread.
+   */
+  int (*host_register)(void *p, size_t len);
+  void (*host_unregister)(void *p);
 } ql_backend;
 
 

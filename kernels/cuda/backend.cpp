@@ -40,6 +40,39 @@
 // process exported by CUDA IPC and ipc_open imported (DESIGN §7): then x is
 // read and y written where they are, with no staging copy.
 //
+// Host memory. host_register page-locks memory of the caller's (the
+// daemon's mapping of a session's region) with cudaHostRegister and keeps
+// the range in a small table; an x or y of a call that lies wholly inside
+// a registered range is copied by DMA straight from or into it, without
+// the staging buffer and its memcpy. The caller unregisters a range only
+// once no call uses it (the daemon: when the region's last job is done).
+//
+// One wait per call. A call enqueues everything at once: x in, the NaN/Inf
+// check (and AQ's quantization verdicts), the product, and the copies back
+// of the flag, the verdicts and y into pinned staging; then it waits once
+// and, only when x was finite, hands y over. So a call that fails with
+// QL_ENONFINITE leaves the caller's y untouched, as the reference does,
+// although its product ran on the device. Two cases wait twice: a y in
+// device memory (its product runs only after the check said yes, since
+// it would write the caller's memory), and a large registered y, which
+// is copied straight into place once the verdict is known, because that
+// second round trip (a DMA and one more wait, some 10 to 20 us) costs less
+// than a memcpy of kDirectYMin bytes or more out of staging.
+//
+// Waiting. QL_CUDA_WAIT, read once, says how a call waits for its stream:
+//   spin  polls cudaStreamQuery without sleeping: the least latency, a
+//         core busy for the whole kernel;
+//   host  enqueues a host function (cudaLaunchHostFunc) that posts the
+//         lane's semaphore, and sleeps on it in 1 ms slices, querying the
+//         stream between slices for sticky errors: no CPU while waiting,
+//         the runtime's callback latency on top;
+//   nap   polls, and after 64 polls naps 50 us between polls (the old way:
+//         with timer slack some 100 us late per wait);
+//   auto  (the default, also for an unknown value) spins for kSpinUs, which
+//         a decode GEMV often fits in, then waits as host does.
+// Every mode fails a launch that does not finish within the kernel
+// timeout (configure), and takes the device out of service for it.
+//
 // IPC. ipc_open maps an allocation with cudaIpcOpenMemHandle on the given
 // device and bounds it with the driver's cuMemGetAddressRange, reached
 // through cudaGetDriverEntryPointByVersion so that the daemon does not link
@@ -48,12 +81,15 @@
 // the host by polling, for at most the kernel timeout: a client whose
 // producer never finishes fails its own request (QL_ETIMEDOUT), where a
 // stream wait would have stalled the device for everyone.
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include <pthread.h>
+#include <sched.h>
+#include <semaphore.h>
 
 #include <atomic>
 
@@ -102,13 +138,19 @@ constexpr int kLanes = 3;  // the daemon's batches_in_flight at most
 
 struct device;
 
-// One call's stream and scratch; see the top of the file.
+// One call's stream and scratch; see the top of the file. The semaphore
+// and the counters of the host mode's wait belong to the lane, which lives
+// as long as the process: a host function that runs after its waiter gave
+// up (a timeout) still finds them.
 struct lane {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
   cudaStream_t stream = nullptr;  // made at first use
   arena dev;                      // device memory
   arena host;                     // pinned host memory
   device* g = nullptr;            // its device (set by enter)
+  sem_t done;                     // posted by on_done (made with stream)
+  std::atomic<uint64_t> fired{0}; // host functions that ran
+  uint64_t armed = 0;             // host functions enqueued
 };
 
 struct device {
@@ -163,26 +205,133 @@ int check(lane& l, cudaError_t e) { return check(*l.g, e); }
 // unless sticky).
 int check_launch(lane& l) { return check(*l.g, cudaGetLastError()); }
 
-// Waits for everything enqueued on lane d's stream, for at most the kernel
-// timeout. cudaStreamQuery is polled rather than cudaStreamSynchronize
-// called, because a kernel that never ends would block this thread for
-// good; polling lets the call fail and the device go out of service.
-int wait(lane& d) {
-  struct timespec t0, now, nap = {0, 50000};
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+// Milliseconds since t0 (CLOCK_MONOTONIC).
+uint64_t ms_since(const struct timespec& t0) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return uint64_t(now.tv_sec - t0.tv_sec) * 1000 +
+         uint64_t(now.tv_nsec / 1000000) - uint64_t(t0.tv_nsec / 1000000);
+}
+
+uint64_t us_since(const struct timespec& t0) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return uint64_t(now.tv_sec - t0.tv_sec) * 1000000 +
+         uint64_t(now.tv_nsec / 1000) - uint64_t(t0.tv_nsec / 1000);
+}
+
+// QL_CUDA_WAIT (see the top of the file), read once.
+enum { kWaitAuto, kWaitSpin, kWaitHost, kWaitNap };
+constexpr uint64_t kSpinUs = 20;  // auto: spin this long before sleeping
+std::atomic<int> g_wait{-1};
+
+int wait_mode() {
+  int v = g_wait.load();
+  if (v >= 0) return v;
+  const char* s = getenv("QL_CUDA_WAIT");
+  v = s == nullptr                ? kWaitAuto
+      : strcmp(s, "spin") == 0 ? kWaitSpin
+      : strcmp(s, "host") == 0 ? kWaitHost
+      : strcmp(s, "nap") == 0  ? kWaitNap
+                               : kWaitAuto;
+  g_wait.store(v);
+  return v;
+}
+
+// The device failed to finish within the kernel timeout.
+int timed_out(lane& d) {
+  char t[32];
+  snprintf(t, sizeof t, "%u", g_timeout_ms.load());
+  return fail(d, "a kernel did not finish within %s ms", t);
+}
+
+// Polls the stream until it is complete, for at most the kernel timeout
+// from t0, or (spin_us non-zero) at most spin_us: then 1 with *rc unset,
+// for the caller to wait on otherwise. nap: after 64 polls, 50 us between
+// polls.
+int poll(lane& d, const struct timespec& t0, uint64_t spin_us, bool nap,
+         int* rc) {
+  struct timespec nap_ts = {0, 50000};
   for (unsigned spin = 0;; spin++) {
     cudaError_t e = cudaStreamQuery(d.stream);
+    if (e == cudaSuccess) {
+      *rc = 0;
+      return 0;
+    }
+    if (e != cudaErrorNotReady) {
+      *rc = check(d, e);
+      return 0;
+    }
+    if (spin_us != 0 && us_since(t0) >= spin_us) return 1;
+    if (ms_since(t0) >= g_timeout_ms.load()) {
+      *rc = timed_out(d);
+      return 0;
+    }
+    if (nap && spin >= 64) nanosleep(&nap_ts, nullptr);
+  }
+}
+
+// The host function of the host mode: it may call no CUDA API, and may run
+// after its waiter gave up; it touches only the lane, which outlives it.
+void CUDART_CB on_done(void* p) {
+  lane* l = static_cast<lane*>(p);
+  l->fired.fetch_add(1, std::memory_order_release);
+  sem_post(&l->done);
+}
+
+// The host mode's wait: a host function after the work enqueued so far,
+// and the lane's semaphore slept on in 1 ms slices. Posts of host
+// functions whose waiters returned earlier (auto's spin saw the work done
+// first) are drained, and the count of those that ran, not the posts,
+// says when this one ran. Between slices the stream is queried: a sticky
+// error fails the call at once, and work complete ends the wait (the host
+// function ran, being part of it).
+int wait_host(lane& d, const struct timespec& t0) {
+  cudaError_t e = cudaLaunchHostFunc(d.stream, on_done, &d);
+  if (e != cudaSuccess) return check(d, e);
+  const uint64_t ticket = ++d.armed;
+  while (sem_trywait(&d.done) == 0) {
+  }
+  while (d.fired.load(std::memory_order_acquire) < ticket) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_nsec += 1000000;
+    if (dl.tv_nsec >= 1000000000) {
+      dl.tv_sec++;
+      dl.tv_nsec -= 1000000000;
+    }
+    if (sem_timedwait(&d.done, &dl) == 0) continue;
+    e = cudaStreamQuery(d.stream);
     if (e == cudaSuccess) return 0;
     if (e != cudaErrorNotReady) return check(d, e);
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    uint64_t ms = uint64_t(now.tv_sec - t0.tv_sec) * 1000 +
-                  uint64_t(now.tv_nsec / 1000000) - uint64_t(t0.tv_nsec / 1000000);
-    if (ms >= g_timeout_ms.load()) {
-      char t[32];
-      snprintf(t, sizeof t, "%u", g_timeout_ms.load());
-      return fail(d, "a kernel did not finish within %s ms", t);
-    }
-    if (spin >= 64) nanosleep(&nap, nullptr);
+    if (ms_since(t0) >= g_timeout_ms.load()) return timed_out(d);
+  }
+  // The host function ran after the work; an error of that work is sticky
+  // and shows here (not ready only means the function is returning).
+  e = cudaStreamQuery(d.stream);
+  return e == cudaSuccess || e == cudaErrorNotReady ? 0 : check(d, e);
+}
+
+// Waits for everything enqueued on lane d's stream, for at most the kernel
+// timeout, the way QL_CUDA_WAIT says. Never cudaStreamSynchronize: a
+// kernel that never ends would block this thread for good, where a
+// bounded wait lets the call fail and the device go out of service.
+int wait(lane& d) {
+  struct timespec t0;
+  int rc = 0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  switch (wait_mode()) {
+    case kWaitSpin:
+      (void)poll(d, t0, 0, false, &rc);
+      return rc;
+    case kWaitNap:
+      (void)poll(d, t0, 0, true, &rc);
+      return rc;
+    case kWaitHost:
+      return wait_host(d, t0);
+    default:
+      if (poll(d, t0, kSpinUs, false, &rc) == 0) return rc;
+      return wait_host(d, t0);
   }
 }
 
@@ -205,9 +354,14 @@ int enter(lane** out) {
   d->g = &g;
   if (g.failed.load())
     rc = QL_EDEVICE;
-  else if (d->stream == nullptr)
-    rc = check(g,
-               cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+  else if (d->stream == nullptr) {
+    // The semaphore first: a lane with a stream has one.
+    if (sem_init(&d->done, 0, 0) != 0)
+      rc = QL_ENOMEM;
+    else if ((rc = check(g, cudaStreamCreateWithFlags(
+                                &d->stream, cudaStreamNonBlocking))) != 0)
+      sem_destroy(&d->done);
+  }
   if (rc != 0) {
     pthread_mutex_unlock(&d->mu);
     return rc;
@@ -454,6 +608,124 @@ int configure(const ql_backend_config* c) {
   return 0;
 }
 
+// ---- host memory ----
+
+// Ranges of host_register, kept sorted by base: a call asks whether its x
+// or y lies inside one. A handful (a session's regions), so a plain array.
+struct host_range {
+  uintptr_t base;
+  size_t len;
+};
+pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+host_range* g_reg = nullptr;
+size_t g_nreg = 0, g_capreg = 0;
+
+// True when [p, p + n) lies inside one registered range.
+bool registered(const void* p, size_t n) {
+  const uintptr_t a = uintptr_t(p);
+  bool in = false;
+  pthread_mutex_lock(&g_reg_mu);
+  for (size_t i = 0; i < g_nreg && g_reg[i].base <= a && !in; i++)
+    in = a - g_reg[i].base < g_reg[i].len &&
+         n <= g_reg[i].len - (a - g_reg[i].base);
+  pthread_mutex_unlock(&g_reg_mu);
+  return in;
+}
+
+// Makes the first device in service current for the calling thread, for
+// the runtime calls that act on the process's memory rather than on one
+// device (registration is portable: every device's copy engines see it).
+// *cur gets the device that was current, for unbind(); the thread's ops
+// (t_ordinal) are not moved.
+int bind_any(int* cur) {
+  int n = 0;
+  *cur = -1;
+  if (cudaGetDeviceCount(&n) != cudaSuccess ||
+      cudaGetDevice(cur) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return QL_ENOTSUP;
+  }
+  for (int o = 0; o < n && o < kMaxDevices; o++)
+    if (!g_dev[o].failed.load() && cudaSetDevice(o) == cudaSuccess) return 0;
+  (void)cudaGetLastError();
+  return QL_EDEVICE;
+}
+
+void unbind(int cur) {
+  if (cur >= 0) (void)cudaSetDevice(cur);
+  (void)cudaGetLastError();
+}
+
+// Page-locks the caller's [p, p + len) for DMA (registry.h). A refusal of
+// the runtime is this call's and never takes a device out of service: the
+// ops then stage, and a device that really failed says so on its next op.
+int host_register(void* p, size_t len) {
+  const uintptr_t a = uintptr_t(p);
+  host_range* grown;
+  int rc = 0, cur = -1;
+  if (p == nullptr || len == 0 || len > UINTPTR_MAX - a) return QL_EINVAL;
+  pthread_mutex_lock(&g_reg_mu);
+  size_t at = 0;
+  while (at < g_nreg && g_reg[at].base < a) at++;
+  if ((at > 0 && a - g_reg[at - 1].base < g_reg[at - 1].len) ||
+      (at < g_nreg && g_reg[at].base - a < len)) {
+    rc = QL_EINVAL;
+    goto done;
+  }
+  if (g_nreg == g_capreg) {
+    size_t cap = g_capreg ? 2 * g_capreg : 16;
+    grown = static_cast<host_range*>(realloc(g_reg, cap * sizeof *g_reg));
+    if (grown == nullptr) {
+      rc = QL_ENOMEM;
+      goto done;
+    }
+    g_reg = grown;
+    g_capreg = cap;
+  }
+  if ((rc = bind_any(&cur)) != 0) goto done;
+  // Portable: pinned for every device's context, not only the current one.
+  // Not mapped: no kernel reads host memory, the copy engines do.
+  switch (cudaHostRegister(p, len, cudaHostRegisterPortable)) {
+    case cudaSuccess:
+      break;
+    case cudaErrorMemoryAllocation:
+      rc = QL_ENOMEM;
+      break;
+    case cudaErrorInvalidValue:
+    case cudaErrorHostMemoryAlreadyRegistered:
+      rc = QL_EINVAL;
+      break;
+    default:
+      rc = QL_EDEVICE;
+  }
+  unbind(cur);  // and the error is this call's, not a later op's
+  if (rc != 0) goto done;
+  memmove(g_reg + at + 1, g_reg + at, (g_nreg - at) * sizeof *g_reg);
+  g_reg[at].base = a;
+  g_reg[at].len = len;
+  g_nreg++;
+done:
+  pthread_mutex_unlock(&g_reg_mu);
+  return rc;
+}
+
+// Undoes host_register(p). Out of the table first, so no call starts a
+// DMA on it (the caller has none in flight); a failed device's answer
+// changes nothing.
+void host_unregister(void* p) {
+  pthread_mutex_lock(&g_reg_mu);
+  size_t i = 0;
+  while (i < g_nreg && g_reg[i].base != uintptr_t(p)) i++;
+  if (i < g_nreg) {
+    memmove(g_reg + i, g_reg + i + 1, (g_nreg - i - 1) * sizeof *g_reg);
+    g_nreg--;
+    int cur;
+    if (bind_any(&cur) == 0) (void)cudaHostUnregister(p);
+    unbind(cur);
+  }
+  pthread_mutex_unlock(&g_reg_mu);
+}
+
 // ---- the layout ----
 
 // A repacked weight: the kernels' view (dev, whose arrays point into mem,
@@ -645,7 +917,15 @@ struct call {
   unsigned char* hs;   // pinned staging for x, then y
   int64_t* hstatus;    // pinned copy of status
   int* hbad;           // pinned copy of bad
+  bool xreg, yreg;     // x, y in host memory of host_register
 };
+
+// A registered y of at least this many bytes is copied into place after
+// the verdict (a second DMA and wait, some 10 to 20 us) rather than
+// through staging in the one wait and memcpy'd (host memory copies at
+// roughly 10 GB/s, so 256 KiB take some 25 us). A decode's y (M = 1: N
+// elements) is far below it and keeps the one wait.
+constexpr size_t kDirectYMin = size_t(256) << 10;
 
 // Reserves and carves a call's memory: aq adds the AQ intermediates for
 // groups per row (0: no group sums), with rows of codes ldxq bytes apart;
@@ -680,19 +960,33 @@ int carve(lane* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
   c->hs = static_cast<unsigned char*>(take(d->host, hs));
   if (st) c->hstatus = static_cast<int64_t*>(take(d->host, st));
   c->hbad = static_cast<int*>(take(d->host, sizeof(int)));
+  c->xreg = !xdev && registered(a->x, xb);
+  c->yreg = !ydev && registered(a->y, yb);
   return 0;
 }
 
-// Copies x to the device through pinned staging (a real asynchronous DMA)
-// and fails the call with QL_ENONFINITE when it holds NaN or Inf, before
-// anything is computed (DESIGN §4), as the reference does.
-// x already in device memory (where) is checked where it is.
-int stage_x(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
-            unsigned where, const call* c) {
+// The verdict of quantize_rows, as run_qrows gives it: the first row in
+// order that the reference would refuse decides.
+int rows_verdict(const int64_t* st, int64_t m) {
+  for (int64_t r = 0; r < m; r++)
+    if (st[r] != 0) return (st[r] & 3) == 1 ? QL_ENONFINITE : QL_EINVAL;
+  return 0;
+}
+
+// Enqueues x's copy to the device (straight from a registered x, else
+// through pinned staging: a real asynchronous DMA either way), its NaN/Inf
+// check and the flag's copy back; nothing waits here. x already in device
+// memory (where) is checked where it is.
+int enqueue_x(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
+              unsigned where, const call* c) {
   int rc;
   if (!(where & QL_LINEAR_X_DEVICE)) {
-    memcpy(c->hs, a->x, xb);
-    if ((rc = check(*d, cudaMemcpyAsync(c->dx, c->hs, xb,
+    const void* src = a->x;
+    if (!c->xreg) {
+      memcpy(c->hs, a->x, xb);
+      src = c->hs;
+    }
+    if ((rc = check(*d, cudaMemcpyAsync(c->dx, src, xb,
                                         cudaMemcpyHostToDevice, d->stream))) !=
         0)
       return rc;
@@ -701,32 +995,60 @@ int stage_x(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
       0)
     return rc;
   ql__cuda_check_finite(int(a->dt), c->dx, int64_t(mk), c->bad, d->stream);
-  if ((rc = check_launch(*d)) != 0 ||
-      (rc = check(*d, cudaMemcpyAsync(c->hbad, c->bad, sizeof(int),
-                                      cudaMemcpyDeviceToHost, d->stream))) !=
-          0 ||
-      (rc = wait(*d)) != 0)
-    return rc;
-  return *c->hbad ? QL_ENONFINITE : 0;
+  if ((rc = check_launch(*d)) != 0) return rc;
+  return check(*d, cudaMemcpyAsync(c->hbad, c->bad, sizeof(int),
+                                   cudaMemcpyDeviceToHost, d->stream));
 }
 
-// After the launch of the product: y back to the caller (or, in device
-// memory, complete there).
-int fetch_y(lane* d, const ql_linear_args* a, size_t yb, unsigned where,
-            const call* c) {
+// The verdict on x once the stream has caught up: QL_ENONFINITE when it
+// holds NaN or Inf (DESIGN §4), before AQ's verdict per row (aq_rows rows
+// of c->hstatus; 0: WO), as the reference decides.
+int verdict(const ql_linear_args* a, const call* c, int64_t aq_rows) {
+  if (*c->hbad) return QL_ENONFINITE;
+  return aq_rows > 0 ? rows_verdict(c->hstatus, a->m) : 0;
+}
+
+// For a y in device memory, which the product would write at once: waits
+// for the verdict before the product is launched. Other calls settle it
+// in finish().
+int settle_early(lane* d, const ql_linear_args* a, unsigned where,
+                 const call* c, int64_t aq_rows) {
+  if (!(where & QL_LINEAR_Y_DEVICE)) return 0;
+  int rc = wait(*d);
+  return rc != 0 ? rc : verdict(a, c, aq_rows);
+}
+
+// After the launch of the product: the one wait of the call, the verdict,
+// and y back to the caller only when it stands (see the top of the file).
+// A y in device memory is complete there.
+int finish(lane* d, const ql_linear_args* a, size_t yb, unsigned where,
+           const call* c, int64_t aq_rows) {
   int rc;
-  if (where & QL_LINEAR_Y_DEVICE) {
-    if ((rc = check_launch(*d)) != 0) return rc;
-    return wait(*d);
-  }
-  if ((rc = check_launch(*d)) != 0 ||
+  if ((rc = check_launch(*d)) != 0) return rc;
+  if (where & QL_LINEAR_Y_DEVICE) return wait(*d);
+  const bool direct = c->yreg && yb >= kDirectYMin;
+  if (!direct &&
       (rc = check(*d, cudaMemcpyAsync(c->hs, c->dy, yb,
                                       cudaMemcpyDeviceToHost, d->stream))) !=
-          0 ||
-      (rc = wait(*d)) != 0)
+          0)
     return rc;
-  memcpy(a->y, c->hs, yb);
-  return 0;
+  if ((rc = wait(*d)) != 0 || (rc = verdict(a, c, aq_rows)) != 0) return rc;
+  if (!direct) {
+    memcpy(a->y, c->hs, yb);
+    return 0;
+  }
+  if ((rc = check(*d, cudaMemcpyAsync(a->y, c->dy, yb, cudaMemcpyDeviceToHost,
+                                      d->stream))) != 0)
+    return rc;
+  return wait(*d);
+}
+
+// After a call that failed (or gave up for a fallback) with work still
+// enqueued: the lane's next call must not reuse staging that a copy of
+// this one has yet to read. A device out of service has nothing to wait
+// for.
+void quiesce(lane* d) {
+  if (!d->g->failed.load()) (void)wait(*d);
 }
 
 // run_wo() with d entered.
@@ -740,21 +1062,23 @@ int wo_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
       (rc = carve(d, a, mk, xb, yb, false, 0,
                   ql__cuda_linear_wo_scratch(&p->dev, a->m), 0, where,
                   &c)) == 0 &&
-      (rc = stage_x(d, a, mk, xb, where, &c)) == 0) {
+      (rc = enqueue_x(d, a, mk, xb, where, &c)) == 0 &&
+      (rc = settle_early(d, a, where, &c, 0)) == 0) {
     ql__cuda_linear_wo(&p->dev, ql__cuda_wo_kernel(), int(a->dt), c.dx,
                        a->m, c.dy, c.part, d->stream);
-    rc = fetch_y(d, a, yb, where, &c);
+    rc = finish(d, a, yb, where, &c, 0);
   }
   free_packed(tmp);
   return rc;
 }
 
 // Waits on the host for the client's ready event, for at most the kernel
-// timeout (see the top of the file for why not cudaStreamWaitEvent).
+// timeout (see the top of the file for why not cudaStreamWaitEvent),
+// polling, yielding the CPU after the first 64 polls.
 // cudaErrorNotReady is no error; an event that cannot be queried is the
 // client's mistake (QL_EINVAL); a sticky error is the device's.
 int wait_ready(lane& d, void* ev) {
-  struct timespec t0, now, nap = {0, 50000};
+  struct timespec t0, now;
   if (ev == nullptr) return 0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (unsigned spin = 0;; spin++) {
@@ -769,7 +1093,9 @@ int wait_ready(lane& d, void* ev) {
     uint64_t ms = uint64_t(now.tv_sec - t0.tv_sec) * 1000 +
                   uint64_t(now.tv_nsec / 1000000) - uint64_t(t0.tv_nsec / 1000000);
     if (ms >= g_timeout_ms.load()) return QL_ETIMEDOUT;
-    if (spin >= 64) nanosleep(&nap, nullptr);
+    // The producer is another process's: give way to it, but no fixed
+    // nap, which would add its length (and the timer's slack) to the call.
+    if (spin >= 64) sched_yield();
   }
 }
 
@@ -788,8 +1114,9 @@ int run_wo_where(const ql_linear_args* a, unsigned where, void* ready) {
   int rc;
   if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
   if ((rc = enter(&d)) != 0) return rc;
-  if ((rc = wait_ready(*d, ready)) == 0)
-    rc = wo_on(d, a, mk, xb, yb, where);
+  if ((rc = wait_ready(*d, ready)) == 0 &&
+      (rc = wo_on(d, a, mk, xb, yb, where)) != 0)
+    quiesce(d);
   leave(d);
   return rc;
 }
@@ -819,14 +1146,6 @@ int aq_supports(const ql_kernel_impl* im, ql_format f, int64_t m, int64_t n,
   return f != QL_FORMAT_Q8C || k <= QL_AQ_Q8C_MAX_K;
 }
 
-// The verdict of quantize_rows, as run_qrows gives it: the first row in
-// order that the reference would refuse decides.
-int rows_verdict(const int64_t* st, int64_t m) {
-  for (int64_t r = 0; r < m; r++)
-    if (st[r] != 0) return (st[r] & 3) == 1 ? QL_ENONFINITE : QL_EINVAL;
-  return 0;
-}
-
 // run_aq() with d entered.
 int aq_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
           size_t yb, unsigned where) {
@@ -839,7 +1158,7 @@ int aq_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
   if ((rc = layout_of(a, &p, &tmp)) != 0 ||
       (rc = carve(d, a, mk, xb, yb, true, q4g ? a->w->groups : 0, 0,
                   size_t(a->w->k), where, &c)) != 0 ||
-      (rc = stage_x(d, a, mk, xb, where, &c)) != 0)
+      (rc = enqueue_x(d, a, mk, xb, where, &c)) != 0)
     goto done;
   if (c.xf != nullptr) {
     ql__cuda_widen_f32(int(a->dt), c.dx, int64_t(mk), c.xf, d->stream);
@@ -854,11 +1173,13 @@ int aq_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
       (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
                                       cudaMemcpyDeviceToHost, d->stream))) !=
           0 ||
-      (rc = wait(*d)) != 0 || (rc = rows_verdict(c.hstatus, a->m)) != 0)
+      (rc = settle_early(d, a, where, &c, a->m)) != 0)
     goto done;
+  // Rows the verdict will refuse give codes the product reads all the
+  // same; its result then never reaches the caller.
   ql__cuda_linear_aq(&p->dev, c.xq, c.sx, c.gsum, a->m, int(a->dt), c.dy,
                      d->stream);
-  rc = fetch_y(d, a, yb, where, &c);
+  rc = finish(d, a, yb, where, &c, a->m);
 done:
   free_packed(tmp);
   return rc;
@@ -874,8 +1195,9 @@ int run_aq_where(const ql_linear_args* a, unsigned where, void* ready) {
   if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
     return QL_ESHAPE;
   if ((rc = enter(&d)) != 0) return rc;
-  if ((rc = wait_ready(*d, ready)) == 0)
-    rc = aq_on(d, a, mk, xb, yb, where);
+  if ((rc = wait_ready(*d, ready)) == 0 &&
+      (rc = aq_on(d, a, mk, xb, yb, where)) != 0)
+    quiesce(d);
   leave(d);
   return rc;
 }
@@ -951,7 +1273,7 @@ int lt_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
   }
   // Host tensors only: linear_dev does not reach this implementation.
   if ((rc = carve(d, a, mk, xb, yb, true, 0, accb, size_t(kp), 0, &c)) != 0 ||
-      (rc = stage_x(d, a, mk, xb, 0, &c)) != 0)
+      (rc = enqueue_x(d, a, mk, xb, 0, &c)) != 0)
     goto done;
   if (c.xf != nullptr) {
     ql__cuda_widen_f32(int(a->dt), c.dx, int64_t(mk), c.xf, d->stream);
@@ -968,8 +1290,7 @@ int lt_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
   if ((rc = check_launch(*d)) != 0 ||
       (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
                                       cudaMemcpyDeviceToHost, d->stream))) !=
-          0 ||
-      (rc = wait(*d)) != 0 || (rc = rows_verdict(c.hstatus, a->m)) != 0)
+          0)
     goto done;
   // The handle's plan cache is not for two threads at once; the call only
   // enqueues, so the lanes wait on each other briefly.
@@ -995,7 +1316,7 @@ int lt_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
   if (rc != 0) goto done;
   ql__cuda_gemm_epilogue(&p->dev, c.part, i8, np, c.sx, a->m, int(a->dt),
                          c.dy, d->stream);
-  rc = fetch_y(d, a, yb, 0, &c);
+  rc = finish(d, a, yb, 0, &c, a->m);
 done:
   free_packed(tmp);
   return rc;
@@ -1026,6 +1347,7 @@ int run_lt(const ql_linear_args* a) {
     return lt_fallback(a);
   if ((rc = enter(&d)) != 0) return rc;
   rc = lt_on(d, a, mk, xb, yb, &fallback);
+  if (rc != 0 || fallback) quiesce(d);
   leave(d);
   if (rc == 0 && fallback) rc = lt_fallback(a);
   return rc;
@@ -1309,6 +1631,8 @@ ql_backend make_backend() {
   b.ipc_event_close = ipc_event_close;
   b.linear_dev_supports = linear_dev_supports;
   b.linear_dev = linear_dev;
+  b.host_register = host_register;
+  b.host_unregister = host_unregister;
   return b;
 }
 

@@ -35,6 +35,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <map>
 #include <mutex>
 #include <set>
@@ -116,8 +118,18 @@ struct IpcWire {
 };
 static_assert(sizeof(IpcWire) <= CUDA_IPC_HANDLE_SIZE, "IPC handle layout");
 
+// A host function waiting for its time (cudaLaunchHostFunc).
+struct HostCall {
+  cudaHostFn_t fn;
+  void* data;
+};
+
 struct State {
   std::mutex mu;
+  std::condition_variable host_cv;  // the host-function thread's
+  bool host_thread = false;         // started (in this process)
+  std::multimap<std::pair<uint64_t, long>, HostCall> host_q;  // (due, n)
+  long host_n = 0;                  // orders calls due at once
   bool configured = false;
   cudaError_t init_err = cudaSuccess;  // for every call, when set
   int ndev = 0;
@@ -128,6 +140,10 @@ struct State {
   Device dev[kMaxDevices];
   std::map<uintptr_t, Alloc> allocs;  // by base, own and imported
   std::map<uintptr_t, size_t> pinned;
+  std::map<uintptr_t, size_t> registered;  // cudaHostRegister'd ranges
+  long host_ever = 0;    // registrations ever made
+  long host_copies = 0;  // async copies to or from a registered range
+  const char* host_stats_path = nullptr;  // QL_EMU_CUDA_HOST_STATS
   std::set<ql_emu_stream*> streams;
   std::set<ql_emu_event*> events;
   uint64_t serial = 0;
@@ -148,8 +164,14 @@ State& S() {
 // by a thread that does not exist there.
 State* make_state() {
   State* s = new State;
+  // The child has no host-function thread, and its parent's pending calls
+  // are the parent's.
   pthread_atfork([] { S().mu.lock(); }, [] { S().mu.unlock(); },
-                 [] { S().mu.unlock(); });
+                 [] {
+                   S().host_thread = false;
+                   S().host_q.clear();
+                   S().mu.unlock();
+                 });
   return s;
 }
 
@@ -322,6 +344,8 @@ void configure(State& s) {
   s.hang_ms = hang;
   s.kernel_ms = kernel;
   s.stats_path = getenv("QL_EMU_CUDA_STATS");
+  s.host_stats_path = getenv("QL_EMU_CUDA_HOST_STATS");
+  s.host_copies = 0;
   for (Device& d : s.dev) d.total = s.mem;
   for (Device& d : s.dev) {
     d.cc_major = 9;
@@ -453,6 +477,33 @@ cudaError_t time_out(long ms) {
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
   return fail(cudaErrorLaunchTimeout);
+}
+
+// True when [p, p + n) lies in one range of cudaHostRegister.
+bool host_registered(const State& s, const void* p, size_t n) {
+  auto it = s.registered.upper_bound(uintptr_t(p));
+  if (it == s.registered.begin()) return false;
+  --it;
+  uintptr_t off = uintptr_t(p) - it->first;
+  return off < it->second && n <= it->second - off;
+}
+
+// True when [p, p + n) meets a range of the map (registered or pinned).
+bool overlaps(const std::map<uintptr_t, size_t>& m, uintptr_t p, size_t n) {
+  auto it = m.lower_bound(p);
+  if (it != m.end() && it->first - p < n) return true;
+  if (it == m.begin()) return false;
+  --it;
+  return p - it->first < it->second;
+}
+
+// QL_EMU_CUDA_HOST_STATS: "<live> <ever>" registrations.
+void write_host_stats(const State& s) {
+  if (s.host_stats_path == nullptr) return;
+  FILE* f = fopen(s.host_stats_path, "w");
+  if (f == nullptr) return;
+  fprintf(f, "%zu %ld\n", s.registered.size(), s.host_ever);
+  fclose(f);
 }
 
 size_t charge_of(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
@@ -659,6 +710,38 @@ extern "C" cudaError_t cudaFreeHost(void* ptr) {
                                             : cudaSuccess);
 }
 
+extern "C" cudaError_t cudaHostRegister(void* ptr, size_t size,
+                                        unsigned int flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  const unsigned known = cudaHostRegisterPortable | cudaHostRegisterMapped |
+                         cudaHostRegisterIoMemory | cudaHostRegisterReadOnly;
+  if (ptr == nullptr || size == 0 || (flags & ~known) != 0)
+    return fail(cudaErrorInvalidValue);
+  cudaError_t e = dev_ok(s, me().dev);
+  if (e != cudaSuccess) return fail(e);
+  if (overlaps(s.registered, uintptr_t(ptr), size) ||
+      overlaps(s.pinned, uintptr_t(ptr), size))
+    return fail(cudaErrorHostMemoryAlreadyRegistered);
+  s.registered[uintptr_t(ptr)] = size;
+  ++s.host_ever;
+  write_host_stats(s);
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaHostUnregister(void* ptr) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (s.registered.erase(uintptr_t(ptr)) == 0)
+    return fail(cudaErrorHostMemoryNotRegistered);
+  write_host_stats(s);
+  int d = me().dev;
+  return fail(d < s.ndev && s.dev[d].sticky ? cudaErrorIllegalAddress
+                                            : cudaSuccess);
+}
+
 extern "C" cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   Lock l;
   State& s = S();
@@ -738,6 +821,9 @@ extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
     cudaError_t e = dev_ok(s, d);
     if (e == cudaSuccess) e = copy_args(s, dst, src, count, kind);
     if (e != cudaSuccess) return fail(e);
+    if (count != 0 && (host_registered(s, src, count) ||
+                       host_registered(s, dst, count)))
+      ++s.host_copies;
     run = enqueue(s, stream, d);
   }
   if (run && count != 0) memmove(dst, src, count);
@@ -766,6 +852,63 @@ extern "C" cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
 }
 
 // ---------------------------------------------------- streams and events
+
+namespace {
+
+// The host-function thread: runs each queued call once it is due, in the
+// order of (due time, enqueue), without the lock.
+void* host_main(void*) {
+  State& s = S();
+  std::unique_lock<std::mutex> lk(s.mu);
+  for (;;) {
+    if (s.host_q.empty()) {
+      s.host_cv.wait(lk);
+      continue;
+    }
+    auto it = s.host_q.begin();
+    uint64_t now = mono_ns();
+    if (it->first.first > now) {
+      s.host_cv.wait_for(lk, std::chrono::nanoseconds(it->first.first - now));
+      continue;
+    }
+    HostCall c = it->second;
+    s.host_q.erase(it);
+    lk.unlock();
+    c.fn(c.data);
+    lk.lock();
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
+                                          void* userData) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (fn == nullptr) return fail(cudaErrorInvalidValue);
+  int d = stream_dev(s, stream);
+  if (d < 0) return fail(cudaErrorInvalidResourceHandle);
+  cudaError_t e = dev_ok(s, d);
+  if (e != cudaSuccess) return fail(e);
+  if (!s.host_thread) {
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &at, host_main, nullptr);
+    pthread_attr_destroy(&at);
+    if (rc != 0) return fail(cudaErrorMemoryAllocation);
+    s.host_thread = true;
+  }
+  // Behind a hang it never runs: the work before it never completes.
+  if (!enqueue(s, stream, d)) return cudaSuccess;
+  uint64_t due = stream != nullptr ? stream->ready_ns : 0;
+  s.host_q.emplace(std::make_pair(due, ++s.host_n), HostCall{fn, userData});
+  s.host_cv.notify_one();
+  return cudaSuccess;
+}
 
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
                                                  unsigned int flags) {
@@ -1321,6 +1464,16 @@ extern "C" long ql_emu_cuda_ipc_mapped_in(int pid, const void* devPtr) {
     if (strstr(line, want) != nullptr) ++n;
   fclose(f);
   return n;
+}
+
+extern "C" long ql_emu_cuda_host_ranges(void) {
+  Lock l;
+  return long(S().registered.size());
+}
+
+extern "C" long ql_emu_cuda_host_copies(void) {
+  Lock l;
+  return S().host_copies;
 }
 
 extern "C" long ql_emu_cuda_work(int dev) {

@@ -77,6 +77,10 @@ extern "C" {
   X(cudaErrorNotReady, 600, "device not ready")                               \
   X(cudaErrorIllegalAddress, 700, "an illegal memory access was encountered") \
   X(cudaErrorLaunchTimeout, 702, "the launch timed out and was terminated")   \
+  X(cudaErrorHostMemoryAlreadyRegistered, 712,                                \
+    "part or all of the requested memory range is already mapped")           \
+  X(cudaErrorHostMemoryNotRegistered, 713,                                    \
+    "pointer does not correspond to a registered memory region")             \
   X(cudaErrorLaunchFailure, 719, "unspecified launch failure")                \
   X(cudaErrorUnknown, 999, "unknown error")
 
@@ -164,6 +168,11 @@ enum cudaDeviceAttr {
 #define cudaHostAllocPortable 0x01
 #define cudaHostAllocMapped 0x02
 #define cudaHostAllocWriteCombined 0x04
+#define cudaHostRegisterDefault 0x00
+#define cudaHostRegisterPortable 0x01
+#define cudaHostRegisterMapped 0x02
+#define cudaHostRegisterIoMemory 0x04
+#define cudaHostRegisterReadOnly 0x08
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDefault 0x00
@@ -187,6 +196,14 @@ cudaError_t cudaFree(void* devPtr);
 cudaError_t cudaMallocHost(void** ptr, size_t size);
 cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags);
 cudaError_t cudaFreeHost(void* ptr);
+// Page-locks the caller's memory [ptr, ptr + size) (in the emulation: records
+// the range). A range that overlaps one registered already, or pinned
+// memory of cudaHostAlloc, is cudaErrorHostMemoryAlreadyRegistered, as the
+// driver says; cudaHostUnregister takes the ptr that was registered, else
+// cudaErrorHostMemoryNotRegistered. Neither needs a device in service more
+// than any call does: a sticky error of the current device is reported.
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags);
+cudaError_t cudaHostUnregister(void* ptr);
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
                        enum cudaMemcpyKind kind);
@@ -195,6 +212,16 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
                             cudaStream_t stream QL_EMU_DV(0));
 cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
                             cudaStream_t stream QL_EMU_DV(0));
+
+// cuda_runtime_api.h: a host function runs, on a thread of the runtime,
+// once the work enqueued before it on the stream is complete; it must not
+// call the runtime. In the emulation it runs on one helper thread, at once
+// or, under QL_EMU_CUDA_KERNEL_MS, once the stream's last launch is due;
+// behind a hang it never runs.
+#define CUDART_CB
+typedef void (*cudaHostFn_t)(void* userData);
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
+                               void* userData);
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
                                       unsigned int flags);
@@ -292,6 +319,14 @@ long ql_emu_cuda_ipc_maps(void);
 // included when pid is getpid(); -1 when devPtr is not in one of this
 // process's own allocations or the maps cannot be read.
 long ql_emu_cuda_ipc_mapped_in(int pid, const void* devPtr);
+
+// Host ranges registered now (cudaHostRegister), and cudaMemcpyAsync calls
+// whose host side lay in one, since the start or the last reset (ranges
+// stay registered across a reset). QL_EMU_CUDA_HOST_STATS=<path>: the
+// registered ranges and the registrations ever made, written there as
+// "<live> <ever>" whenever either changes, for a test in another process.
+long ql_emu_cuda_host_ranges(void);
+long ql_emu_cuda_host_copies(void);
 
 // Called by emu.h's launch with the launch's stream: counts it as work on
 // the stream's device and returns non-zero when the kernel is to run

@@ -917,6 +917,85 @@ START_TEST(batches_in_flight) {
 }
 END_TEST
 
+/* The host ranges registered in the daemon's runtime now and ever, as it
+ * wrote them to path (QL_EMU_CUDA_HOST_STATS); -1 when it wrote none. */
+static void host_ranges(const char *path, long *live, long *ever) {
+  FILE *f = fopen(path, "r");
+  *live = *ever = -1;
+  if (f == NULL)
+    return;
+  if (fscanf(f, "%ld %ld", live, ever) != 2)
+    *live = *ever = -1;
+  fclose(f);
+}
+
+/*
+ * Region tensors on a GPU: the daemon registers each region with the CUDA
+ * backend when it makes it and unregisters it when it is destroyed (the
+ * emulated runtime counts the ranges); x read from and y written into the
+ * region, weight-only and activation-quantized, are the in-process
+ * backend's bytes, and a NaN in x leaves the y slice as it was.
+ */
+START_TEST(regions_registered) {
+  enum { M = 3 };
+  td d;
+  char stats[64];
+  long live, ever;
+  snprintf(stats, sizeof stats, "/tmp/ql-emu-host-%d", (int)getpid());
+  unlink(stats);
+  setenv("QL_EMU_CUDA_HOST_STATS", stats, 1);
+  start(&d, "1", NULL, NULL);
+  unsetenv("QL_EMU_CUDA_HOST_STATS");
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  ql_weight_info info;
+  td_layer_make(&l, N, K, 41, 1);
+  ck_assert_int_eq(td_load(c, "w", &l, QL_FORMAT_Q4G, 32, 0, &info, NULL), 0);
+  ck_assert_int_eq(strncmp(info.devices, "cuda:GPU-", 9), 0);
+  ql_region *r = NULL;
+  ck_assert_int_eq(ql_region_create(c, 64 << 10, &r), 0);
+  host_ranges(stats, &live, &ever);
+  ck_assert_int_eq(live, 1);
+  ck_assert_int_eq(ever, 1);
+  float x[M * K], want[M * N];
+  uint64_t seed = 77;
+  td_randn(&seed, x, M * K, 1.0f);
+  unsigned char *base = r->data;
+  const size_t yoff = 32768;
+  memcpy(base, x, sizeof x);
+  ql_slice xs = {r, 0, sizeof x}, ys = {r, yoff, sizeof want};
+  const ql_path paths[] = {QL_PATH_WEIGHT_ONLY, QL_PATH_ACT_QUANT};
+  for (int i = 0; i < 2; i++) {
+    ql_linear_result res;
+    memset(base + yoff, 0, sizeof want);
+    ck_assert_int_eq(ql_linear_region(c, "w", paths[i], QL_DTYPE_F32, M, K,
+                                      &xs, N, &ys, NULL, &res),
+                     0);
+    ck_assert_int_eq(strncmp(res.impl, "cuda.", 5), 0);
+    expected_path(&l, QL_FORMAT_Q4G, 32, paths[i], x, M, want);
+    ck_assert_int_eq(memcmp(base + yoff, want, sizeof want), 0);
+  }
+  float nan_x[M * K];
+  memcpy(nan_x, x, sizeof x);
+  nan_x[K + 5] = 0.0f / 0.0f;
+  memcpy(base, nan_x, sizeof nan_x);
+  memset(base + yoff, 0x5a, sizeof want);
+  ck_assert_int_eq(ql_linear_region(c, "w", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32,
+                                    M, K, &xs, N, &ys, NULL, NULL),
+                   QL_ENONFINITE);
+  for (size_t i = 0; i < sizeof want; i++)
+    ck_assert_uint_eq(base[yoff + i], 0x5a);
+  ck_assert_int_eq(ql_region_destroy(c, r), 0);
+  host_ranges(stats, &live, &ever);
+  ck_assert_int_eq(live, 0);
+  ck_assert_int_eq(ever, 1);
+  unlink(stats);
+  td_layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* No driver: the CPU serves and the log says why, once; a daemon that
  * requires a GPU does not start. */
 START_TEST(no_driver) {
@@ -959,6 +1038,7 @@ int main(void) {
   tcase_add_test(tc, q8c_imma_default);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, batches_in_flight);
+  tcase_add_test(tc, regions_registered);
   tcase_add_test(tc, no_driver);
   suite_add_tcase(s, tc);
   return td_run_suite(s);

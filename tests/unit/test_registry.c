@@ -193,6 +193,11 @@ static int ev_open_(int o, const void *h, size_t len, void **ev) {
   return QL_EINVAL;
 }
 static void ev_close_(int o, void *ev) { (void)o, (void)ev; }
+static int host_register_(void *p, size_t len) {
+  (void)p, (void)len;
+  return 0;
+}
+static void host_unregister_(void *p) { (void)p; }
 static int dev_supports_(const ql_kernel_impl *im) {
   return im == &fake_impls[0];
 }
@@ -245,6 +250,14 @@ START_TEST(test_linear_dev) {
   b.ipc_event_open = ev_open_;
   b.ipc_event_close = ev_close_;
   ck_assert_int_eq(ql_backend_check(&b), 0);
+  /* Host registration: both ops or neither. */
+  b.host_register = host_register_;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  b.host_unregister = host_unregister_;
+  ck_assert_int_eq(ql_backend_check(&b), 0);
+  b.host_register = NULL;
+  ck_assert_int_eq(ql_backend_check(&b), QL_EINVAL);
+  b.host_unregister = NULL;
 
   ql_qweight w;
   memset(&w, 0, sizeof w);

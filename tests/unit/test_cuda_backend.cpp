@@ -1,0 +1,259 @@
+// test_cuda_backend.cpp - the CUDA backend's host side on the emulated
+// runtime (kernels/cuda/emu_runtime.h): host memory registered with
+// host_register is read and written by DMA with the bytes of staging; a
+// call refused for NaN/Inf leaves a registered y untouched; each wait mode
+// of QL_CUDA_WAIT completes a call and still fails a hung launch after
+// the kernel timeout.
+//
+// Each case runs in a child process: QL_CUDA_WAIT is read once per
+// process, and the emulated kernels run on fiber stacks (see
+// test_cuda_daemon.c on why a child leaves with _exit()).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "emu_runtime.h"
+#include "ql_kernels.h"
+#include "registry.h"
+
+namespace {
+
+int g_fail;
+
+#define CHECK(c)                                               \
+  do {                                                         \
+    if (!(c)) {                                                \
+      fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #c); \
+      _exit(1);                                                \
+    }                                                          \
+  } while (0)
+
+// Runs f in a child with the environment var=val (val NULL: unset);
+// counts a failure when it does not exit 0.
+template <typename F>
+void in_child(const char* name, const char* var, const char* val, F f) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (var != nullptr) {
+      if (val != nullptr)
+        setenv(var, val, 1);
+      else
+        unsetenv(var);
+    }
+    ql_emu_cuda_reset();
+    f();
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  bool ok = pid > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  printf("%s %s%s%s\n", ok ? "ok  " : "FAIL", name, var ? " " : "",
+         var == nullptr ? "" : val != nullptr ? val : "(unset)");
+  if (!ok) g_fail++;
+}
+
+const ql_backend* cuda() {
+  const ql_backend* b = ql_backend_find("cuda");
+  CHECK(b != nullptr && b->host_register != nullptr &&
+        b->host_unregister != nullptr);
+  return b;
+}
+
+// Page-aligned memory of the process's own, as the daemon's regions are.
+void* map(size_t n) {
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(p != MAP_FAILED);
+  return p;
+}
+
+uint64_t g_seed = 12345;
+float randn() {
+  g_seed = g_seed * 6364136223846793005ull + 1442695040888963407ull;
+  return float(int32_t(g_seed >> 33) % 2000) / 1000.0f;
+}
+
+struct layer {
+  ql_qweight* q = nullptr;
+  int64_t n, k;
+};
+
+layer make_layer(ql_format f, int64_t n, int64_t k) {
+  layer l;
+  l.n = n;
+  l.k = k;
+  float* w = static_cast<float*>(malloc(size_t(n * k) * sizeof(float)));
+  float* b = static_cast<float*>(malloc(size_t(n) * sizeof(float)));
+  CHECK(w != nullptr && b != nullptr);
+  for (int64_t i = 0; i < n * k; i++) w[i] = randn();
+  for (int64_t i = 0; i < n; i++) b[i] = randn();
+  ql_quant_params p = {f, 32, 0, ql_dtype(0)};
+  CHECK(ql_qweight_quantize(&p, n, k, QL_DTYPE_F32, w, b, &l.q) == 0);
+  free(w);
+  free(b);
+  return l;
+}
+
+// x and y staged (malloc'd, not registered) against x and y in registered
+// memory: the same status and bytes, and the registered call's copies go
+// straight to and from that memory (the runtime counts them).
+void same_bytes(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k,
+                const char* want_impl) {
+  const ql_backend* b = cuda();
+  layer l = make_layer(f, n, k);
+  const size_t xb = size_t(m * k) * sizeof(float),
+               yb = size_t(m * n) * sizeof(float);
+  float* xs = static_cast<float*>(malloc(xb));
+  float* ys = static_cast<float*>(malloc(yb));
+  const size_t len = ((xb + yb) | 4095) + 1;
+  unsigned char* reg = static_cast<unsigned char*>(map(len));
+  float* xr = reinterpret_cast<float*>(reg);
+  float* yr = reinterpret_cast<float*>(reg + xb);
+  CHECK(xs != nullptr && ys != nullptr);
+  for (int64_t i = 0; i < m * k; i++) xs[i] = xr[i] = randn();
+  const char* impl = nullptr;
+  CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xs, m, ys, &impl) ==
+        0);
+  if (impl == nullptr || strcmp(impl, want_impl) != 0)
+    fprintf(stderr, "ran on %s, not %s\n", impl ? impl : "nothing",
+            want_impl);
+  CHECK(impl != nullptr && strcmp(impl, want_impl) == 0);
+  CHECK(ql_emu_cuda_host_copies() == 0);
+  CHECK(b->host_register(reg, len) == 0);
+  CHECK(ql_emu_cuda_host_ranges() == 1);
+  // A second registration of the range, or of part of it, is refused.
+  CHECK(b->host_register(reg, len) == QL_EINVAL);
+  CHECK(b->host_register(reg + 64, 64) == QL_EINVAL);
+  CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xr, m, yr, &impl) ==
+        0);
+  CHECK(strcmp(impl, want_impl) == 0);
+  CHECK(memcmp(ys, yr, yb) == 0);
+  // x in; y out in the same wait (small) or after it (large): one each.
+  CHECK(ql_emu_cuda_host_copies() == 2 - (yb < (size_t(256) << 10)));
+  b->host_unregister(reg);
+  CHECK(ql_emu_cuda_host_ranges() == 0);
+  memset(yr, 0, yb);
+  CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xr, m, yr, &impl) ==
+        0);
+  CHECK(memcmp(ys, yr, yb) == 0);
+  CHECK(ql_emu_cuda_host_copies() == 2 - (yb < (size_t(256) << 10)));
+  munmap(reg, len);
+  free(xs);
+  free(ys);
+  ql_qweight_free(l.q);
+}
+
+// A NaN in a registered x: QL_ENONFINITE, and the registered y keeps every
+// byte it had, small (staged) or large (copied in place).
+void untouched(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k) {
+  const ql_backend* b = cuda();
+  layer l = make_layer(f, n, k);
+  const size_t xb = size_t(m * k) * sizeof(float),
+               yb = size_t(m * n) * sizeof(float);
+  const size_t len = ((xb + yb) | 4095) + 1;
+  unsigned char* reg = static_cast<unsigned char*>(map(len));
+  float* xr = reinterpret_cast<float*>(reg);
+  unsigned char* yr = reg + xb;
+  for (int64_t i = 0; i < m * k; i++) xr[i] = randn();
+  xr[(m - 1) * k + k / 2] = NAN;
+  memset(yr, 0xab, yb);
+  CHECK(b->host_register(reg, len) == 0);
+  CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xr, m, yr,
+                      nullptr) == QL_ENONFINITE);
+  for (size_t i = 0; i < yb; i++) CHECK(yr[i] == 0xab);
+  // The lane is sound afterwards: a finite x goes through.
+  xr[(m - 1) * k + k / 2] = 1.0f;
+  CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xr, m, yr,
+                      nullptr) == 0);
+  CHECK(yr[0] != 0xab || yr[1] != 0xab || yr[2] != 0xab || yr[3] != 0xab);
+  b->host_unregister(reg);
+  munmap(reg, len);
+  ql_qweight_free(l.q);
+}
+
+uint64_t now_ms() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+// The mode of QL_CUDA_WAIT completes a call whose kernels stay in flight
+// for a while (QL_EMU_CUDA_KERNEL_MS, past auto's spin), several times on
+// one lane; then a hung launch fails the call with QL_EDEVICE after the
+// kernel timeout, not before and not much later, and the device says why.
+void waits() {
+  const ql_backend* b = cuda();
+  layer l = make_layer(QL_FORMAT_Q4G, 32, 64);
+  float x[2 * 64], y[2 * 32], want[2 * 32];
+  for (float& v : x) v = randn();
+  CHECK(ql_run_linear(b, QL_OP_LINEAR_WO, l.q, nullptr, QL_DTYPE_F32, x, 2,
+                      want, nullptr) == 0);
+  for (int i = 0; i < 3; i++) {
+    memset(y, 0, sizeof y);
+    uint64_t t0 = now_ms();
+    CHECK(ql_run_linear(b, QL_OP_LINEAR_WO, l.q, nullptr, QL_DTYPE_F32, x, 2,
+                        y, nullptr) == 0);
+    CHECK(now_ms() - t0 >= 5);
+    CHECK(memcmp(y, want, sizeof y) == 0);
+  }
+  ql_backend_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.kernel_timeout_ms = 300;
+  CHECK(b->configure(&cfg) == 0);
+  ql_emu_cuda_inject(0, 0, QL_EMU_FAULT_HANG);
+  uint64_t t0 = now_ms();
+  CHECK(ql_run_linear(b, QL_OP_LINEAR_WO, l.q, nullptr, QL_DTYPE_F32, x, 2, y,
+                      nullptr) == QL_EDEVICE);
+  uint64_t took = now_ms() - t0;
+  CHECK(took >= 300 && took < 3000);
+  char why[160] = "";
+  CHECK(b->device_error(0, why, sizeof why) == QL_EDEVICE);
+  CHECK(strstr(why, "did not finish within 300 ms") != nullptr);
+  ql_qweight_free(l.q);
+}
+
+}  // namespace
+
+int main() {
+  // q8c batches of 16 rows and more on cuBLASLt's IMMA, whatever the
+  // environment of `make check` asks of the other tests.
+  setenv("QL_CUDA_IMMA_MIN_ROWS", "16", 1);
+  in_child("registered x/y: WO q4g, M=1", nullptr, nullptr, [] {
+    same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q4G, 1, 96, 128, "cuda.linear_wo");
+  });
+  in_child("registered x/y: WO q8c, large y", nullptr, nullptr, [] {
+    same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q8C, 520, 128, 32,
+               "cuda.linear_wo");
+  });
+  in_child("registered x/y: AQ q4g, M=3", nullptr, nullptr, [] {
+    same_bytes(QL_OP_LINEAR_AQ, QL_FORMAT_Q4G, 3, 96, 128, "cuda.linear_aq");
+  });
+  in_child("registered x/y: AQ q8c on cuBLASLt, large y", nullptr, nullptr,
+           [] {
+             same_bytes(QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, 520, 128, 32,
+                        "cuda.cublaslt.linear_aq");
+           });
+  in_child("non-finite x: WO, small y untouched", nullptr, nullptr,
+           [] { untouched(QL_OP_LINEAR_WO, QL_FORMAT_Q4G, 2, 64, 96); });
+  in_child("non-finite x: WO, large y untouched", nullptr, nullptr,
+           [] { untouched(QL_OP_LINEAR_WO, QL_FORMAT_Q8C, 520, 128, 32); });
+  in_child("non-finite x: AQ, small y untouched", nullptr, nullptr,
+           [] { untouched(QL_OP_LINEAR_AQ, QL_FORMAT_Q4G, 2, 64, 96); });
+  in_child("non-finite x: AQ on cuBLASLt, large y untouched", nullptr,
+           nullptr,
+           [] { untouched(QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, 520, 128, 32); });
+  setenv("QL_EMU_CUDA_KERNEL_MS", "5", 1);
+  const char* modes[] = {"spin", "host", "nap", "auto", nullptr};
+  for (const char* m : modes)
+    in_child("wait mode: completes, and a hang times out:", "QL_CUDA_WAIT", m,
+             waits);
+  unsetenv("QL_EMU_CUDA_KERNEL_MS");
+  if (g_fail) printf("%d failed\n", g_fail);
+  return g_fail ? 1 : 0;
+}
