@@ -464,6 +464,10 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline int __float2int_rn(float f) { return int(std::nearbyint(f)); }
+// Leading zero bits of x, 32 for 0 (CUDA Math API, __clz).
+inline int __clz(int x) {
+  return x == 0 ? 32 : __builtin_clz(unsigned(x));
+}
 // Byte permute (CUDA Math API, __byte_perm): byte i of the result is the
 // byte of the 8-byte value {y, x} (x in bytes 0-3) that the low three bits
 // of nibble i of s select.

@@ -78,12 +78,14 @@ __device__ __forceinline__ uint4 load_chunk(const uint8_t* qrow, int64_t kc) {
   return ql_ld128(qrow + (F == F_Q4G ? kc / 2 : kc));
 }
 
-// The group (q4g) or block (q8b) of value kc.
+// The group (q4g) or block (q8b) of value kc. Group sizes are powers of
+// two (ql_group_size_valid), so a shift, where a 64-bit division would cost
+// some 60 instructions a chunk.
 __device__ __forceinline__ int64_t group_of(const ql__cuda_wo& w, int64_t kc) {
 #ifdef QL_MUT_GROUP_INDEX  // mutation test: the next chunk's group
   return lo(w.groups - 1, (kc + 32) / int64_t(w.gs));
 #else
-  return kc / int64_t(w.gs);
+  return kc >> (31 - __clz(int(w.gs)));
 #endif
 }
 
@@ -439,33 +441,45 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
   const int64_t steps = mine * ktiles;  // the same for the whole block
   const bool keep_x = MT == S && kend - kbeg <= XT;
 
-  // The loads of step t: row tile blockIdx.x + (t / ktiles)·gridDim.x,
-  // K tile t % ktiles.
+  // Steps are numbered by (q, kt): row tile blockIdx.x + q·gridDim.x, K
+  // tile kt; both advance by counting, since a 64-bit division per step
+  // costs as many instructions as the step's arithmetic.
+  // next(): the step after (q, kt).
+  auto next = [&](int64_t& q, int64_t& kt) {
+    if (++kt == ktiles) {
+      kt = 0;
+      ++q;
+    }
+  };
+  // The loads of step (q, kt).
   uint4 rv[D][R][P];
   float rs[D][R][P], rz[D][R][P];
-  auto fetch = [&](int64_t t, uint4 (&v)[R][P], float (&s)[R][P],
+  auto fetch = [&](int64_t q, int64_t kt, uint4 (&v)[R][P], float (&s)[R][P],
                    float (&z)[R][P]) {
-    const int64_t q = t / ktiles;
-    const int64_t k = kbeg + (t - q * ktiles) * kTile;
+    const int64_t k = kbeg + kt * kTile;
     int64_t n[R];
     bool live[R];
     tile_rows<R>(w, int64_t(blockIdx.x) + q * gridDim.x, warp, n, live);
     fetch_tile<F, Z, R>(w, n, k, int(lo(int64_t(kTile), kend - k)), lane, v,
                         s, z);
   };
+  int64_t fq = 0, fkt = 0;  // the next step to fetch
 #pragma unroll
   for (int d = 0; d < D; ++d)
-    if (d < steps) fetch(d, rv[d], rs[d], rz[d]);
+    if (d < steps) {
+      fetch(fq, fkt, rv[d], rs[d], rz[d]);
+      next(fq, fkt);
+    }
 
   float acc[MT / S][S][R];
   int64_t n[R];
   bool live[R];
-  // Step t with its codes, scales and zeros cv, cs, cz (a slot of the
-  // ring, read in place: moving a register whose load is still in flight
-  // would wait for it, and keep one load in flight rather than kDepth).
-  auto step = [&](int64_t t, const uint4 (&cv)[R][P], const float (&cs)[R][P],
-                  const float (&cz)[R][P]) {
-    const int64_t q = t / ktiles, kt = t - q * ktiles;
+  // Step (q, kt) with its codes, scales and zeros cv, cs, cz (a slot of
+  // the ring, read in place: moving a register whose load is still in
+  // flight would wait for it, and keep one load in flight rather than
+  // kDepth).
+  auto step = [&](int64_t q, int64_t kt, const uint4 (&cv)[R][P],
+                  const float (&cs)[R][P], const float (&cz)[R][P]) {
     const int64_t k = kbeg + kt * kTile;
     const int kl = int(lo(int64_t(kTile), kend - k));
     if (kt == 0) {  // a new row tile
@@ -541,13 +555,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
   // The ring of loads, unrolled so that each slot is a fixed set of
   // registers: slot d serves steps d, d + D, d + 2D, ..., and is refilled
   // with step t + D as soon as step t is done with it.
+  int64_t sq = 0, skt = 0;  // the next step to compute
   for (int64_t t0 = 0; t0 < steps; t0 += D) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       const int64_t t = t0 + d;
       if (t >= steps) break;  // the same for the whole block
-      step(t, rv[d], rs[d], rz[d]);
-      if (t + D < steps) fetch(t + D, rv[d], rs[d], rz[d]);
+      step(sq, skt, rv[d], rs[d], rz[d]);
+      next(sq, skt);
+      if (t + D < steps) {
+        fetch(fq, fkt, rv[d], rs[d], rz[d]);
+        next(fq, fkt);
+      }
     }
   }
 }
