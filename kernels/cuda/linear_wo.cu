@@ -42,11 +42,14 @@
 //   with the codes kept in registers), with a 128-byte XOR swizzle so that
 //   the lanes' 16-byte reads of x are free of bank conflicts; when the
 //   block's span of K fits one stage, x is staged once for the whole call;
-// - a lane's codes (128-bit loads) and its chunks' scales and zeros run
-//   kDepth tiles of K ahead of the one it computes, across row tiles, for
-//   both of its rows: at one or two rows of x, 8 independent 128-bit loads
-//   in flight per lane (q4g: 4 tiles of one chunk a row; 8-bit codes: 2
-//   tiles of two), 64 KiB per SM at two blocks per SM;
+// - a lane takes two 16-byte chunks of each of its rows per step of K
+//   (1024 values of 8-bit codes, 2048 of q4g up to 4 rows of x); its
+//   codes (128-bit loads) and its chunks' scales and zeros run kDepth steps
+//   ahead of the one it computes, across row tiles: at up to 8 rows of x,
+//   8 independent 128-bit loads in flight per lane, 64 KiB per SM at two
+//   blocks per SM;
+// - no division in the loop: steps are counted, and a chunk's group is a
+//   shift (group sizes are powers of two);
 // - codes become floats without int-to-float conversions: a byte (or a
 //   nibble, after flipping the sign bit) is put into the mantissa of 2^23
 //   with a byte permute and 2^23 + bias is subtracted, exactly; e4m3 codes
@@ -225,9 +228,17 @@ constexpr int kStageS = MT < kStageRows ? MT : kStageRows;
 template <int MT>
 constexpr int kXTile = kStage / kStageS<MT>;
 
-// Chunks of a weight row that a lane takes per tile: 1 (q4g) or 2.
-template <int F>
-constexpr int kPerLane = kTile / kChunk<F> / 32;
+// Values of K per step of the streaming kernel: kTile, or two tiles for
+// q4g where the x stage holds them (MT <= 4), so that each lane takes two
+// chunks a step as with 8-bit codes, and a step's fixed costs (addresses,
+// scales, counting) weigh half as much per weight byte.
+template <int F, int MT>
+constexpr int kStepK = F == F_Q4G && MT <= 4 ? 2 * kTile : kTile;
+
+// Chunks of a weight row that a lane takes per step of tk values: 2 for
+// the streaming kernel.
+template <int F, int TK>
+constexpr int kPerLane = TK / kChunk<F> / 32;
 
 // Where value i of a staged x row lives. A lane reads its
 // chunk's x as 16-byte units, 128 (q4g) or 64 contiguous bytes per lane;
@@ -351,16 +362,15 @@ __device__ __forceinline__ void chunk_rows(const float (*xs)[XT], int c,
 // The codes, scale and zero of the chunks that this lane takes in the
 // tile at k0 (kt values of it are in range), for each of its R rows; zero
 // for a chunk past the range, which is then never used.
-template <int F, bool Z, int R>
+template <int F, bool Z, int R, int P>
 __device__ __forceinline__ void fetch_tile(const ql__cuda_wo& w,
                                            const int64_t (&n)[R], int64_t k0,
-                                           int kt, int lane,
-                                           uint4 (&v)[R][kPerLane<F>],
-                                           float (&s)[R][kPerLane<F>],
-                                           float (&z)[R][kPerLane<F>]) {
+                                           int kt, int lane, uint4 (&v)[R][P],
+                                           float (&s)[R][P],
+                                           float (&z)[R][P]) {
   constexpr int kE = kChunk<F>;
 #pragma unroll
-  for (int i = 0; i < kPerLane<F>; ++i) {
+  for (int i = 0; i < P; ++i) {
     const int c = lane + 32 * i;
     const int64_t kc = k0 + int64_t(c) * kE;
     const bool in = c * kE < kt;
@@ -379,12 +389,12 @@ __device__ __forceinline__ void fetch_tile(const ql__cuda_wo& w,
   }
 }
 
-// Tiles of codes and scales that a lane keeps in flight ahead of the one
+// Steps of codes and scales that a lane keeps in flight ahead of the one
 // it computes: the deeper, the more bytes each SM has requested from memory
 // at once (what a stream at HBM speed needs: bandwidth times latency, tens
-// of KiB per SM), at a cost in registers that only small batches can pay.
+// of KiB per SM), at a cost in registers that large batches cannot pay.
 template <int F, int MT>
-constexpr int kDepth = MT <= 2 ? (F == F_Q4G ? 4 : 2) : MT <= 8 ? 2 : 1;
+constexpr int kDepth = MT <= 8 ? 2 : 1;
 
 // Blocks per SM the register budget is cut for: two for one or two rows of
 // x (so that a persistent grid of two blocks per SM fits), one above.
@@ -407,7 +417,7 @@ __device__ __forceinline__ void tile_rows(const ql__cuda_wo& w, int64_t rt,
 
 // y rows [m0, m0 + MT) ∩ [0, m_all) for the row tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ... of W: the whole batch in one pass over the
-// weight. A block walks its row tiles and, in each, K in tiles of kTile
+// weight. A block walks its row tiles and, in each, K in steps of TK
 // values: one flat sequence of steps, whose loads run kDepth steps ahead
 // across row tiles, so that the stream never drains between them; x is
 // staged once for the whole call when the block's span of K fits one stage
@@ -419,10 +429,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
     wo_stream_kernel(ql__cuda_wo w, int dt, const void* __restrict__ x,
                      int64_t row0, int64_t m_all, int64_t span,
                      float* __restrict__ part, void* __restrict__ y) {
-  constexpr int R = kRowsPerWarp, P = kPerLane<F>, D = kDepth<F, MT>;
+  constexpr int TK = kStepK<F, MT>;  // values of K a step
+  constexpr int R = kRowsPerWarp, P = kPerLane<F, TK>, D = kDepth<F, MT>;
   constexpr int S = kStageS<MT>, XT = kXTile<MT>;  // staged rows, x tile
-  static_assert(MT % S == 0 && (MT == S || XT == kTile), "passes");
-  static_assert(XT % kTile == 0, "a stage holds whole tiles");
+  static_assert(MT % S == 0 && (MT == S || XT == TK), "passes");
+  static_assert(XT % TK == 0, "a stage holds whole steps");
   __shared__ __align__(16) float xs[S][XT];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t m0 = row0 + int64_t(blockIdx.y) * MT;
@@ -432,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
   // A split past K (the last of a ragged split-K may start past it) still
   // takes one empty tile, so that it stores its zero partial sums as
   // linear_wo_kernel does.
-  const int64_t ktiles = hi(int64_t(1), (kend - kbeg + kTile - 1) / kTile);
+  const int64_t ktiles = hi(int64_t(1), (kend - kbeg + TK - 1) / TK);
   const int64_t rtiles = (w.n + kRowsPerBlock - 1) / kRowsPerBlock;
   const int64_t mine =
       int64_t(blockIdx.x) < rtiles
@@ -456,12 +467,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
   float rs[D][R][P], rz[D][R][P];
   auto fetch = [&](int64_t q, int64_t kt, uint4 (&v)[R][P], float (&s)[R][P],
                    float (&z)[R][P]) {
-    const int64_t k = kbeg + kt * kTile;
+    const int64_t k = kbeg + kt * TK;
     int64_t n[R];
     bool live[R];
     tile_rows<R>(w, int64_t(blockIdx.x) + q * gridDim.x, warp, n, live);
-    fetch_tile<F, Z, R>(w, n, k, int(lo(int64_t(kTile), kend - k)), lane, v,
-                        s, z);
+    fetch_tile<F, Z, R, P>(w, n, k, int(lo(int64_t(TK), kend - k)), lane, v,
+                           s, z);
   };
   int64_t fq = 0, fkt = 0;  // the next step to fetch
 #pragma unroll
@@ -480,8 +491,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
   // kDepth).
   auto step = [&](int64_t q, int64_t kt, const uint4 (&cv)[R][P],
                   const float (&cs)[R][P], const float (&cz)[R][P]) {
-    const int64_t k = kbeg + kt * kTile;
-    const int kl = int(lo(int64_t(kTile), kend - k));
+    const int64_t k = kbeg + kt * TK;
+    const int kl = int(lo(int64_t(TK), kend - k));
     if (kt == 0) {  // a new row tile
       tile_rows<R>(w, int64_t(blockIdx.x) + q * gridDim.x, warp, n, live);
 #pragma unroll
@@ -492,9 +503,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
           for (int r = 0; r < R; ++r) acc[p][m][r] = 0.0f;
     }
     // The stage that holds tile kt: XT values from k0; this tile is k1
-    // values into it. MT > S (two passes of S rows) implies XT == kTile:
+    // values into it. MT > S (two passes of S rows) implies XT == TK:
     // k1 is always 0 there, and the tile is staged once per pass.
-    const int64_t k0 = kbeg + (kt * kTile) / XT * XT;
+    const int64_t k0 = kbeg + (kt * TK) / XT * XT;
     const int k1 = int(k - k0);
     const int xt = int(lo(int64_t(XT), kend - k0));
     // Staged: xt values and the rest of the last chunk (zeros); what lies
