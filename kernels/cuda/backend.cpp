@@ -507,8 +507,9 @@ long long imma_min_rows() {
 
 // QL_CUDA_WO_KERNEL: "legacy" runs linear_wo on the kernel with one block
 // row per row of x (QL__CUDA_WO_LEGACY) instead of the streaming one,
-// "tiled" the streaming one without its persistent grid, so that one GPU
-// run can time them all; the bytes are the same. Read once.
+// "tiled" the streaming one without its persistent grid, "wide" with one
+// step of loads in flight and three blocks per SM at one or two rows of x,
+// so that one GPU run can time them all; the bytes are the same. Read once.
 std::atomic<int> g_wo_kernel{-1};
 
 }  // namespace
@@ -520,6 +521,7 @@ int ql__cuda_wo_kernel(void) {
   v = s == nullptr                  ? QL__CUDA_WO_STREAM
       : strcmp(s, "legacy") == 0 ? QL__CUDA_WO_LEGACY
       : strcmp(s, "tiled") == 0  ? QL__CUDA_WO_TILED
+      : strcmp(s, "wide") == 0   ? QL__CUDA_WO_WIDE
                                  : QL__CUDA_WO_STREAM;
   g_wo_kernel.store(v);
   return v;

@@ -424,13 +424,13 @@ __device__ __forceinline__ void tile_rows(const ql__cuda_wo& w, int64_t rt,
 // (a decode batch at K <= 8192), else per stage of each row tile. Split-K
 // as linear_wo_kernel's, with the same partial sums. Z: the format has zero
 // points (q4g, asymmetric q8b).
-template <int F, bool Z, int MT>
-__global__ void __launch_bounds__(kThreads, kMinBlocks<MT>)
+template <int F, bool Z, int MT, int D, int B>
+__global__ void __launch_bounds__(kThreads, B)
     wo_stream_kernel(ql__cuda_wo w, int dt, const void* __restrict__ x,
                      int64_t row0, int64_t m_all, int64_t span,
                      float* __restrict__ part, void* __restrict__ y) {
   constexpr int TK = kStepK<F, MT>;  // values of K a step
-  constexpr int R = kRowsPerWarp, P = kPerLane<F, TK>, D = kDepth<F, MT>;
+  constexpr int R = kRowsPerWarp, P = kPerLane<F, TK>;
   constexpr int S = kStageS<MT>, XT = kXTile<MT>;  // staged rows, x tile
   static_assert(MT % S == 0 && (MT == S || XT == TK), "passes");
   static_assert(XT % TK == 0, "a stage holds whole steps");
@@ -628,13 +628,14 @@ void launch_wo(const ql__cuda_wo* w, int dt, const void* x, int64_t m, void* y,
   }
 }
 
-// The streaming kernel for MT rows of x per block: ceil(m / MT) block rows,
-// each reading the weight once. persist: a grid of about kMinBlocks<MT>
-// blocks per SM (w->sms of them; 0: unknown), each walking several row
+// The streaming kernel for MT rows of x per block (D steps in flight, B
+// blocks per SM): ceil(m / MT) block rows, each reading the weight once.
+// persist: a grid of about B blocks per SM (w->sms of them; 0: unknown), each walking several row
 // tiles, the same number for every block where it can, so that x is staged
 // and the load pipeline filled once per block rather than once per 16 rows
 // of W, with no tail wave; otherwise one block per row tile.
-template <int F, bool Z, int MT>
+template <int F, bool Z, int MT, int D = kDepth<F, MT>,
+          int B = kMinBlocks<MT>>
 void launch_stream_mt(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
                       void* y, float* part, bool persist, cudaStream_t st) {
   const int64_t rtiles = (w->n + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -643,11 +644,12 @@ void launch_stream_mt(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
   const int64_t span = (tiles + s - 1) / s * kTile;
   int64_t gx = rtiles;
   if (persist && w->sms > 0) {
-    const int64_t slots = hi(int64_t(1), int64_t(w->sms) * kMinBlocks<MT> / s);
+    const int64_t slots = hi(int64_t(1), int64_t(w->sms) * B / s);
     const int64_t per = (rtiles + slots - 1) / slots;  // row tiles a block
     gx = (rtiles + per - 1) / per;
   }
-  auto* const kernel = &wo_stream_kernel<F, Z, MT>;  // commas: not in a macro
+  auto* const kernel = &wo_stream_kernel<F, Z, MT, D, B>;  // commas: not
+                                                           // in a macro
   for (int64_t r0 = 0; r0 < m; r0 += int64_t(kMaxGridY) * MT) {
     const int64_t groups = (m - r0 + MT - 1) / MT;
     const unsigned gy = unsigned(lo(int64_t(kMaxGridY), groups));
@@ -662,12 +664,20 @@ void launch_stream_mt(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
 }
 
 // The smallest instantiation that holds m rows (at most kMaxRows a block).
+// wide: one or two rows of x with one step in flight and three blocks per
+// SM (fewer registers, more warps to hide the arithmetic's latency) in
+// place of two steps and two blocks.
 template <int F, bool Z>
 void launch_stream(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
-                   void* y, float* part, bool persist, cudaStream_t st) {
+                   void* y, float* part, bool persist, bool wide,
+                   cudaStream_t st) {
   static_assert(kMaxRows == 2 * kStageRows, "two passes at most");
-  if (m <= 1)
+  if (m <= 1 && wide)
+    launch_stream_mt<F, Z, 1, 1, 3>(w, dt, x, m, y, part, persist, st);
+  else if (m <= 1)
     launch_stream_mt<F, Z, 1>(w, dt, x, m, y, part, persist, st);
+  else if (m <= 2 && wide)
+    launch_stream_mt<F, Z, 2, 1, 3>(w, dt, x, m, y, part, persist, st);
   else if (m <= 2)
     launch_stream_mt<F, Z, 2>(w, dt, x, m, y, part, persist, st);
   else if (m <= 4)
@@ -696,21 +706,22 @@ void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   if (kernel != QL__CUDA_WO_LEGACY) {
     const bool pe = kernel != QL__CUDA_WO_TILED;
+    const bool wi = kernel == QL__CUDA_WO_WIDE;
     switch (w->format) {
       case F_Q4G:
-        launch_stream<F_Q4G, true>(w, dt, x, m, y, scratch, pe, st);
+        launch_stream<F_Q4G, true>(w, dt, x, m, y, scratch, pe, wi, st);
         return;
       case F_Q8C:
-        launch_stream<F_Q8C, false>(w, dt, x, m, y, scratch, pe, st);
+        launch_stream<F_Q8C, false>(w, dt, x, m, y, scratch, pe, wi, st);
         return;
       case F_Q8B:
         if (w->zero != nullptr)
-          launch_stream<F_Q8B, true>(w, dt, x, m, y, scratch, pe, st);
+          launch_stream<F_Q8B, true>(w, dt, x, m, y, scratch, pe, wi, st);
         else
-          launch_stream<F_Q8B, false>(w, dt, x, m, y, scratch, pe, st);
+          launch_stream<F_Q8B, false>(w, dt, x, m, y, scratch, pe, wi, st);
         return;
       default:
-        launch_stream<F_F8R, false>(w, dt, x, m, y, scratch, pe, st);
+        launch_stream<F_F8R, false>(w, dt, x, m, y, scratch, pe, wi, st);
         return;
     }
   }

@@ -49,10 +49,17 @@ int64_t ql__cuda_row_bytes(int format, int64_t k);
 // ql__cuda_wo.sms), the same on one block per 16 rows of W (TILED), and
 // the legacy one (one block row per row of x), kept for comparison on a
 // GPU. All give the same bytes.
-enum { QL__CUDA_WO_STREAM = 0, QL__CUDA_WO_LEGACY = 1, QL__CUDA_WO_TILED = 2 };
+// WIDE is the streaming one with one step of loads in flight and three
+// blocks per SM at one or two rows of x (two and two by default).
+enum {
+  QL__CUDA_WO_STREAM = 0,
+  QL__CUDA_WO_LEGACY = 1,
+  QL__CUDA_WO_TILED = 2,
+  QL__CUDA_WO_WIDE = 3
+};
 
 // The kernel that QL_CUDA_WO_KERNEL in the environment asks for ("legacy",
-// "tiled"; anything else, or unset: the streaming one), read once
+// "tiled", "wide"; anything else, or unset: the streaming one), read once
 // (backend.cpp).
 int ql__cuda_wo_kernel(void);
 

@@ -1046,6 +1046,7 @@ int ql_bench_gpu(const char* device, int argc, char** argv) {
            desc.alias, desc.name, desc.model, desc.memory_bytes >> 20,
            ql__cuda_wo_kernel() == QL__CUDA_WO_LEGACY  ? "legacy"
            : ql__cuda_wo_kernel() == QL__CUDA_WO_TILED ? "tiled streaming"
+           : ql__cuda_wo_kernel() == QL__CUDA_WO_WIDE  ? "wide streaming"
                                                        : "persistent streaming");
   if (o.invariance || o.inv_only) inv_rc = check_invariance(&o, b);
   if (o.inv_only) return inv_rc;

@@ -1,6 +1,6 @@
 // test_cuda_wo.cpp - the weight-only CUDA kernels of
 // kernels/cuda/linear_wo.cu (the streaming one, on a persistent grid and on
-// one block per row tile, and the legacy one), run on the CPU under
+// one block per row tile, its wide variant, and the legacy one), run on the CPU under
 // kernels/cuda/emu.h, give the same bytes.
 //
 // Both promise one reduction order per output, fixed by (N, K, format):
@@ -147,7 +147,8 @@ static void one(const char* name, int format, uint32_t gs, bool zero) {
         auto a = run(wt.w, QL__CUDA_WO_STREAM, dt, x.data(), m, sms);
         auto b = run(wt.w, QL__CUDA_WO_LEGACY, dt, x.data(), m);
         auto c = run(wt.w, QL__CUDA_WO_TILED, dt, x.data(), m, 64);
-        if (a != b || c != b) {
+        auto e = run(wt.w, QL__CUDA_WO_WIDE, dt, x.data(), m, sms);
+        if (a != b || c != b || e != b) {
           if (bad++ == 0)
             std::printf("     first: %s K=%lld N=%lld M=%lld dt=%d differ\n",
                         name, (long long)k, (long long)n, (long long)m, dt);
