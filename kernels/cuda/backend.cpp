@@ -820,10 +820,18 @@ int make_packed(const ql_qweight* w, packed** out) {
       }
   }
   if (w->bias != nullptr) memcpy(img + off_b, w->bias, b_bytes);
+  // cudaMemcpy from pageable memory may return before its DMA lands (CUDA
+  // Runtime API, "API synchronization behavior"); it is ordered only with
+  // the legacy default stream, and the lanes' streams are non-blocking, so
+  // a kernel launched at once could read the layout before it is there.
+  // Synchronizing the legacy stream waits for it.
   if ((rc = check(d, cudaMalloc(&p->mem, total))) != 0 ||
       (rc = check(d, cudaMemcpy(p->mem, img, total,
                                 cudaMemcpyHostToDevice))) != 0)
     goto fail;
+#ifndef QL_MUT_LAYOUT_NO_SYNC  // mutation test: the layout may land late
+  if ((rc = check(d, cudaStreamSynchronize(nullptr))) != 0) goto fail;
+#endif
   free(img);
   p->bytes = total;
   {

@@ -14,6 +14,15 @@
 // (CUDA C++ Programming Guide, "Default Stream" and "Implicit
 // Synchronization"); non-blocking streams only on their own.
 //
+// Late copies (QL_EMU_CUDA_LATE_COPY=1, or ql_emu_cuda_late_copies()): a
+// cudaMemcpy from pageable host memory to the device returns before its
+// bytes land, as CUDA allows ("the DMA to final destination may not have
+// completed", CUDA Runtime API, API synchronization behavior); they land
+// when the legacy default stream next does anything or is synchronized,
+// or the device is. Work on a non-blocking stream does not wait for them,
+// so a kernel there that reads the destination first sees what was there
+// before (a fresh allocation: zeros).
+//
 // Release calls (cudaFree, cudaFreeHost, cudaStreamDestroy,
 // cudaEventDestroy, cudaIpcCloseMemHandle) on a device with a sticky error
 // release and then report the error: a GPU's context and all its memory are
@@ -90,6 +99,8 @@ struct Device {
   int busy_streams = 0;  // streams with work in flight (since the reset)
   int max_busy = 0;      // the most at once, for QL_EMU_CUDA_STATS
   std::vector<Fault> pending;
+  // Late copies not landed yet, in order: destination and bytes.
+  std::vector<std::pair<void*, std::vector<unsigned char>>> late;
 };
 
 // A device allocation (memfd) or an imported one (a mapping of another
@@ -136,6 +147,7 @@ struct State {
   size_t mem = 0;
   long hang_ms = 0;
   long kernel_ms = 0;                 // QL_EMU_CUDA_KERNEL_MS
+  bool late = false;                  // QL_EMU_CUDA_LATE_COPY
   const char* stats_path = nullptr;   // QL_EMU_CUDA_STATS
   Device dev[kMaxDevices];
   std::map<uintptr_t, Alloc> allocs;  // by base, own and imported
@@ -325,6 +337,7 @@ void configure(State& s) {
     d.sticky = d.hung = d.oom = false;
     d.busy_streams = d.max_busy = 0;
     d.pending.clear();
+    d.late.clear();
   }
   for (ql_emu_stream* st : s.streams) st->busy = false;
   if ((v = getenv("QL_EMU_CUDA_DEVICES")) != nullptr &&
@@ -343,6 +356,8 @@ void configure(State& s) {
   s.mem = size_t(mem);
   s.hang_ms = hang;
   s.kernel_ms = kernel;
+  v = getenv("QL_EMU_CUDA_LATE_COPY");
+  s.late = v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
   s.stats_path = getenv("QL_EMU_CUDA_STATS");
   s.host_stats_path = getenv("QL_EMU_CUDA_HOST_STATS");
   s.host_copies = 0;
@@ -408,6 +423,12 @@ void deps_of(const State& s, cudaStream_t st, int d, long* out) {
   out[d] = s.dev[d].legacy;
 }
 
+// The late copies of device dv land, in order.
+void land(Device& dv) {
+  for (auto& c : dv.late) memmove(c.first, c.second.data(), c.second.size());
+  dv.late.clear();
+}
+
 uint64_t mono_ns() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -444,7 +465,10 @@ bool enqueue(State& s, cudaStream_t st, int d) {
       write_stats(s);
     }
   }
-  if (st == nullptr || (st->flags & cudaStreamNonBlocking) == 0) dv.legacy = n;
+  if (st == nullptr || (st->flags & cudaStreamNonBlocking) == 0) {
+    dv.legacy = n;
+    land(dv);  // work of the legacy stream, or ordered after it
+  }
   if (st != nullptr) st->last[d] = n;
   bool run = !(dv.hung && n > dv.hang_seq);
   trigger(dv);
@@ -609,7 +633,8 @@ extern "C" cudaError_t cudaDeviceSynchronize(void) {
     int d = me().dev;
     cudaError_t e = dev_ok(s, d);
     if (e != cudaSuccess) return fail(e);
-    const Device& dv = s.dev[d];
+    Device& dv = s.dev[d];
+    land(dv);
     if (!(dv.hung && dv.seq > dv.hang_seq)) return cudaSuccess;
     ms = s.hang_ms;
   }
@@ -662,6 +687,7 @@ extern "C" cudaError_t cudaFree(void* devPtr) {
   if (it == s.allocs.end() || it->second.imported)
     return fail(cudaErrorInvalidDevicePointer);
   Alloc a = it->second;
+  land(s.dev[a.dev]);  // cudaFree synchronizes the device
   s.allocs.erase(it);
   munmap(devPtr, a.size);
   close(a.fd);
@@ -796,11 +822,22 @@ extern "C" cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
     cudaError_t e = dev_ok(s, d);
     if (e == cudaSuccess) e = copy_args(s, dst, src, count, kind);
     if (e != cudaSuccess) return fail(e);
-    const Device& dv = s.dev[d];
+    Device& dv = s.dev[d];
     if (dv.hung && dv.legacy > dv.hang_seq) {
       ms = s.hang_ms;
     } else {
       ms = -1;
+      land(dv);  // the stream is synchronized before the copy starts
+      int dd = -1, sd = -1;
+      if (s.late && count != 0 && dev_range(s, dst, count, &dd) &&
+          !dev_range(s, src, count, &sd) &&
+          !overlaps(s.pinned, uintptr_t(src), count) &&
+          !overlaps(s.registered, uintptr_t(src), count)) {
+        const unsigned char* b = static_cast<const unsigned char*>(src);
+        s.dev[dd].late.emplace_back(dst,
+                                    std::vector<unsigned char>(b, b + count));
+        return cudaSuccess;
+      }
     }
   }
   if (ms >= 0) return time_out(ms);
@@ -960,6 +997,9 @@ cudaError_t stream_wait(cudaStream_t stream, Wait how) {
     if (d < 0) return fail(cudaErrorInvalidResourceHandle);
     long deps[kMaxDevices] = {};
     bool stuck;
+    if (d < s.ndev && (stream == nullptr ||
+                       (stream->flags & cudaStreamNonBlocking) == 0))
+      land(s.dev[d]);
     if (d < s.ndev) deps_of(s, stream, d, deps);
     cudaError_t e = dep_state(s, d, deps, &stuck);
     if (e != cudaSuccess) return fail(e);
@@ -1432,6 +1472,11 @@ extern "C" void ql_emu_cuda_reset(void) {
   State& s = S();
   s.epoch.fetch_add(1, std::memory_order_acq_rel);
   configure(s);
+}
+
+extern "C" void ql_emu_cuda_late_copies(int on) {
+  Lock l;
+  S().late = on != 0;
 }
 
 extern "C" long ql_emu_cuda_launches(int dev) {

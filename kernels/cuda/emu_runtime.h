@@ -306,6 +306,11 @@ void ql_emu_cuda_inject(int dev, long after, int kind);
 // counters cleared, every thread's last error cleared and current device
 // 0, and the environment read again.
 void ql_emu_cuda_reset(void);
+// Late copies on (QL_EMU_CUDA_LATE_COPY, read again by a reset) or off:
+// a cudaMemcpy from pageable host memory to the device lands only when the
+// legacy default stream next acts or the device is synchronized (see
+// emu_runtime.cpp).
+void ql_emu_cuda_late_copies(int on);
 // Kernel launches that ran on dev, and work items enqueued on it (run or
 // not), since the start or the last reset; -1 for a bad dev.
 long ql_emu_cuda_launches(int dev);

@@ -1,9 +1,12 @@
 // test_cuda_backend.cpp - the CUDA backend's host side on the emulated
 // runtime (kernels/cuda/emu_runtime.h): host memory registered with
 // host_register is read and written by DMA with the bytes of staging; a
-// call refused for NaN/Inf leaves a registered y untouched; each wait mode
-// of QL_CUDA_WAIT completes a call and still fails a hung launch after
-// the kernel timeout.
+// call refused for NaN/Inf leaves a registered y untouched; a layout made
+// for a call is on the device before the call's kernels read it, even
+// when the runtime's copies land late; each wait mode of QL_CUDA_WAIT
+// completes a call and still fails a hung launch after the kernel
+// timeout. Built again with QL_MUT_LAYOUT_NO_SYNC (mutant_layout_sync),
+// it must fail.
 //
 // Each case runs in a child process: QL_CUDA_WAIT is read once per
 // process, and the emulated kernels run on fiber stacks (see
@@ -177,6 +180,37 @@ void untouched(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k) {
   ql_qweight_free(l.q);
 }
 
+// With late copies on (the emulated runtime lets a cudaMemcpy from
+// pageable memory land after it returns, as CUDA may), a call whose layout
+// the backend makes just before its launch (no layout given) has the bytes
+// of the same call with copies landing at once: the backend waits for its
+// layout before a lane's stream reads it.
+void late_layout(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k) {
+  const ql_backend* b = cuda();
+  layer l = make_layer(f, n, k);
+  const size_t xb = size_t(m * k) * sizeof(float),
+               yb = size_t(m * n) * sizeof(float);
+  float* x = static_cast<float*>(malloc(xb));
+  float* y = static_cast<float*>(malloc(yb));
+  float* want = static_cast<float*>(malloc(yb));
+  CHECK(x != nullptr && y != nullptr && want != nullptr);
+  for (int64_t i = 0; i < m * k; i++) x[i] = randn();
+  ql_emu_cuda_late_copies(0);
+  CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, x, m, want,
+                      nullptr) == 0);
+  ql_emu_cuda_late_copies(1);
+  for (int i = 0; i < 3; i++) {
+    memset(y, 0xFF, yb);
+    CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, x, m, y,
+                        nullptr) == 0);
+    CHECK(memcmp(y, want, yb) == 0);
+  }
+  free(x);
+  free(y);
+  free(want);
+  ql_qweight_free(l.q);
+}
+
 uint64_t now_ms() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -248,6 +282,10 @@ int main() {
   in_child("non-finite x: AQ on cuBLASLt, large y untouched", nullptr,
            nullptr,
            [] { untouched(QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, 520, 128, 32); });
+  in_child("late layout copies: WO q8b asymmetric", nullptr, nullptr,
+           [] { late_layout(QL_OP_LINEAR_WO, QL_FORMAT_Q8B, 1, 65, 256); });
+  in_child("late layout copies: AQ q4g", nullptr, nullptr,
+           [] { late_layout(QL_OP_LINEAR_AQ, QL_FORMAT_Q4G, 3, 40, 128); });
   setenv("QL_EMU_CUDA_KERNEL_MS", "5", 1);
   const char* modes[] = {"spin", "host", "nap", "auto", nullptr};
   for (const char* m : modes)
