@@ -9,7 +9,9 @@
 // a static thread_local, one copy for the block that is running. With
 // QL_EMU_REVERSE=1 in the environment the fibers run in reverse order, which
 // exposes code that depends on an order a GPU does not promise (a missing
-// barrier). A block whose live threads all wait on different barriers is a
+// barrier); with QL_EMU_SHUFFLE=<seed> (not 0) the blocks of a launch run in
+// a random permutation, a block's first thread is random and each switch
+// goes to a random ready thread, the same for the same seed. A block whose live threads all wait on different barriers is a
 // deadlock and aborts with a message, as is a 128-bit load through
 // ql_ld128() from an address that is not 16-byte aligned (a GPU raises a
 // misaligned-address error there).
@@ -214,6 +216,7 @@ struct Worker {
   std::vector<Fiber> f;
   std::vector<Warp> w;
   int n = 0, live = 0, bar_arrived = 0, cur = 0, step = 1;
+  uint64_t rng = 0;  // QL_EMU_SHUFFLE: the random order's state; 0: off
   char* stacks = nullptr;
   size_t stack_sz = 0, stacks_len = 0;
   std::vector<unsigned char> dyn_smem_buf;
@@ -237,12 +240,21 @@ inline thread_local dim3 tBlockDim, tGridDim;
 
 // The current fiber stopped being READY: run the next READY fiber of the
 // block in the scheduling order, or go back to the launch when none is left.
+// The next number of the random order (xorshift64*).
+inline uint64_t next_random(Worker& W) {
+  W.rng ^= W.rng >> 12;
+  W.rng ^= W.rng << 25;
+  W.rng ^= W.rng >> 27;
+  return W.rng * 0x2545F4914F6CDD1Dull;
+}
 inline void switch_next() {
   Worker& W = *tw;
   Fiber* me = tcur;
   const bool dies = me->state == DONE;
+  // In the random order the search for a ready thread starts anywhere.
+  const int from = W.rng ? int(next_random(W) % unsigned(W.n)) : W.cur;
   for (int k = 1; k <= W.n; ++k) {
-    int j = (W.cur + W.step * k + W.n) % W.n;
+    int j = (from + W.step * k + W.n) % W.n;
     if (W.f[j].state == READY) {
       W.cur = j;
       tcur = &W.f[j];
@@ -336,7 +348,8 @@ inline void run_block(Worker& W) {
   }
   W.live = W.n;
   W.bar_arrived = 0;
-  W.cur = W.step > 0 ? 0 : W.n - 1;
+  W.cur = W.rng ? int(next_random(W) % unsigned(W.n))
+          : W.step > 0 ? 0 : W.n - 1;
   tcur = &W.f[W.cur];
   ctx_jump(W.main, W.f[W.cur].ctx);
   tcur = nullptr;
@@ -361,6 +374,12 @@ inline void prepare(Worker& W, int nthr, size_t smem) {
     W.w.assign((nthr + 31) / 32, Warp{});
   }
   W.step = env_size("QL_EMU_REVERSE", 0) ? -1 : 1;
+  // A fixed seed, so that a failure replays; the state never becomes 0.
+  const size_t seed = env_size("QL_EMU_SHUFFLE", 0);
+  if (seed == 0)
+    W.rng = 0;
+  else if (W.rng == 0)
+    W.rng = uint64_t(seed) * 0x9E3779B97F4A7C15ull | 1;
   W.dyn_smem_buf.assign(smem + 16, 0xCD);
   W.dyn_smem = reinterpret_cast<unsigned char*>(
       (uintptr_t(W.dyn_smem_buf.data()) + 15) & ~uintptr_t(15));
@@ -380,7 +399,17 @@ inline void run_grid(dim3 g, dim3 b, size_t smem, void (*body)(void*),
   prepare(W, nt, smem);
   W.body = body;
   W.body_arg = arg;
-  for (long i = 0; i < nb; ++i) {
+  // Blocks in order, or in a random permutation (Fisher-Yates).
+  std::vector<long> order;
+  if (W.rng) {
+    order.resize(size_t(nb));
+    for (long i = 0; i < nb; ++i) order[size_t(i)] = i;
+    for (long i = nb - 1; i > 0; --i)
+      std::swap(order[size_t(i)],
+                order[size_t(next_random(W) % uint64_t(i + 1))]);
+  }
+  for (long k = 0; k < nb; ++k) {
+    const long i = W.rng ? order[size_t(k)] : k;
     tBlockIdx = uint3{unsigned(i % g.x), unsigned((i / g.x) % g.y),
                       unsigned(i / (long(g.x) * g.y))};
     run_block(W);
