@@ -87,7 +87,14 @@ struct ql__transport {
   uid_count *uids;
   size_t buffered; /* partial frames and queued replies, all connections */
   uint64_t next_id;
-  ql__transport_stats stats;
+  struct {
+    uint64_t accepted;   /* connections accepted */
+    uint64_t refused;    /* closed at once: a cap was reached */
+    uint64_t malformed;  /* closed for a malformed stream */
+    uint64_t timed_out;  /* closed by frame_timeout_ms */
+    uint64_t overflowed; /* closed: reply or buffer bounds */
+    unsigned open;       /* connections open now */
+  } stats;
   uint8_t scratch[SCRATCH_BYTES];
 };
 
@@ -725,16 +732,20 @@ void ql__transport_stop(ql__transport *t) {
   }
 }
 
-void ql__transport_get_stats(const ql__transport *t,
-                             ql__transport_stats *st) {
-  *st = t->stats;
-}
-
 void ql__transport_close(ql__transport *t) {
   if (t == NULL || t->closing)
     return;
   ql__transport_stop(t);
   t->closing = 1;
+  if (t->stats.refused + t->stats.malformed + t->stats.timed_out +
+          t->stats.overflowed > 0)
+    ql__notice("%s: %llu connections; closed: %llu past a cap, %llu "
+               "malformed, %llu timed out, %llu past a buffer bound",
+               t->path, (unsigned long long)t->stats.accepted,
+               (unsigned long long)t->stats.refused,
+               (unsigned long long)t->stats.malformed,
+               (unsigned long long)t->stats.timed_out,
+               (unsigned long long)t->stats.overflowed);
   while (t->conns != NULL)
     conn_close(t->conns);
   while (t->uids != NULL) {

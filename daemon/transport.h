@@ -50,16 +50,6 @@ typedef struct ql__transport_limits {
                                  connections together */
 } ql__transport_limits;
 
-/* Counters of one listener (loop thread). */
-typedef struct ql__transport_stats {
-  uint64_t accepted;   /* connections accepted */
-  uint64_t refused;    /* closed at once: a cap was reached */
-  uint64_t malformed;  /* closed for a malformed stream */
-  uint64_t timed_out;  /* closed by frame_timeout_ms */
-  uint64_t overflowed; /* closed: reply or buffer bounds */
-  unsigned open;       /* connections open now */
-} ql__transport_stats;
-
 /*
  * Called on the loop thread for each message. body[0..len) is valid only
  * during the call. route says where the reply goes: the callee owns it and
@@ -98,11 +88,9 @@ void ql__transport_drop(void *route);
  * be sent. */
 void ql__transport_stop(ql__transport *t);
 
-/* The listener's counters. */
-void ql__transport_get_stats(const ql__transport *t, ql__transport_stats *st);
-
-/* Closes every connection and the listening socket and removes its file;
- * safe on NULL. Routes still held stay valid (their replies are dropped).
+/* Closes every connection and the listening socket and removes its file,
+ * and logs how many connections were refused or closed for cause; safe on
+ * NULL. Routes still held stay valid (their replies are dropped).
  * The memory is freed once libuv has closed the handles. */
 void ql__transport_close(ql__transport *t);
 
