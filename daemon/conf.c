@@ -106,6 +106,24 @@ static const ql__option options[] = {
      FIELD(max_message_bytes), .min = QL_ENVELOPE_BYTES + 4096,
      .max = 1u << 30, .def = "64M",
      .help = "larger messages are refused"},
+    {.name = "max_connections", .type = QL_OPT_UINT,
+     FIELD(max_connections), .min = 1, .max = 1u << 20, .def = "4096",
+     .help = "connections to the request and admin sockets, each, open at "
+             "once; a connection past it is closed at once"},
+    {.name = "max_connections_per_uid", .type = QL_OPT_UINT,
+     FIELD(max_connections_per_uid), .min = 1, .max = 1u << 20,
+     .def = "1024",
+     .help = "of those, connections of one user (the peer's uid)"},
+    {.name = "frame_timeout_ms", .type = QL_OPT_DURATION,
+     FIELD(frame_timeout_ms), .min = 1, .max = 3600000, .def = "30s",
+     .help = "a connection that leaves a message half sent, or a reply "
+             "unread, this long is closed"},
+    {.name = "max_buffered_bytes", .type = QL_OPT_SIZE,
+     FIELD(max_buffered_bytes), .min = 1, .max = (uint64_t)1 << 40,
+     .def = "1G",
+     .help = "bytes of messages half received and replies not yet read, "
+             "all connections of a socket together (at least two "
+             "messages); a connection that would pass it is closed"},
     {.name = "max_chunk_bytes", .type = QL_OPT_SIZE, FIELD(max_chunk_bytes),
      .min = 1024, .max = 1u << 30, .def = "4M",
      .help = "largest upload chunk; at most max_message_bytes - 4K"},

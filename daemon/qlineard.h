@@ -45,6 +45,11 @@ typedef struct ql__config_list {
 typedef struct ql__config {
   char socket_dir[PATH_MAX]; /* directory of qlineard.sock; created 0700 */
   size_t max_message_bytes;  /* larger messages are refused (NN_RCVMAXSIZE) */
+  uint32_t max_connections; /* per request socket, open at once */
+  uint32_t max_connections_per_uid; /* of one peer uid */
+  uint64_t frame_timeout_ms; /* a half-sent message or unread reply */
+  size_t max_buffered_bytes; /* half-received messages and unread replies
+                                of one socket's connections */
   size_t max_chunk_bytes;    /* largest LoadChunk payload */
   size_t max_upload_bytes;   /* all uploads in progress together */
   uint64_t upload_idle_ms;   /* an idle upload is dropped after this */

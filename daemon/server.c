@@ -85,7 +85,7 @@ static int prepare_admin_dir(const char *dir, char *made) {
 }
 
 /*
- * nanomsg fails to bind over an existing socket file. A file left by a
+ * A socket cannot be bound over an existing socket file. A file left by a
  * daemon that died is removed; one that still accepts connections belongs
  * to a running daemon, which is an error.
  */
@@ -237,6 +237,14 @@ static int open_store(ql__server *s) {
   return 0;
 }
 
+static void transport_limits(const ql__config *cfg, ql__transport_limits *l) {
+  l->max_msg = cfg->max_message_bytes;
+  l->max_conns = cfg->max_connections;
+  l->max_conns_per_uid = cfg->max_connections_per_uid;
+  l->frame_timeout_ms = cfg->frame_timeout_ms;
+  l->max_buffered = cfg->max_buffered_bytes;
+}
+
 /* Binds admin.sock in admin_dir, group- but not world-accessible. */
 static int open_admin(ql__server *s) {
   char dir[PATH_MAX], path[PATH_MAX];
@@ -256,8 +264,9 @@ static int open_admin(ql__server *s) {
       (rc = clear_stale_socket(path)) != 0)
     return rc;
   /* (ql__transport_open() logs why it failed) */
-  if ((rc = ql__transport_open(s->loop, s->admin_address,
-                               s->cfg.max_message_bytes,
+  ql__transport_limits lim;
+  transport_limits(&s->cfg, &lim);
+  if ((rc = ql__transport_open(s->loop, s->admin_address, &lim,
                                ql__handle_admin_message, s, &s->admin)) != 0)
     return rc;
   if (chmod(path, 0660) != 0)
@@ -270,7 +279,7 @@ static int open_admin(ql__server *s) {
  * The bounded drain: while work is in flight, wait; past the deadline,
  * jobs not yet started are answered QL_ESHUTDOWN instead of run (a kernel
  * already running, or a commit, still completes). Once nothing is in
- * flight, give nanomsg a moment to write the last replies (nn_close does
+ * flight, give the peers a moment to read the last replies (closing does
  * not linger) and stop.
  */
 static void on_drain(uv_timer_t *t) {
@@ -500,8 +509,10 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   /* The sweep timer must not keep the loop alive on its own. */
   uv_unref((uv_handle_t *)&s->sweep);
 
-  if ((rc = ql__transport_open(&loop, s->address, cfg->max_message_bytes,
-                               ql__handle_message, s, &s->transport)) != 0) {
+  ql__transport_limits lim;
+  transport_limits(cfg, &lim);
+  if ((rc = ql__transport_open(&loop, s->address, &lim, ql__handle_message,
+                               s, &s->transport)) != 0) {
     close_all(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
@@ -539,8 +550,8 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   status = 0;
 fail:
   /* A failed start leaves the runtime directory as it found it: the
-   * sockets are gone with their transports (nanomsg unlinks an ipc://
-   * socket it bound), and the directories it made, empty, go too. */
+   * sockets are gone with their transports (each removes the socket it
+   * bound), and the directories it made, empty, go too. */
   if (status != 0) {
     if (s->made_admin_dir[0] != '\0' && rmdir(s->made_admin_dir) != 0)
       ql__warn("cannot remove %s: %s", s->made_admin_dir, strerror(errno));
