@@ -4,6 +4,7 @@
  * the two writers (--print-config, --help).
  */
 #include "conf.h"
+#include "session.h" /* QL_SESSIONS_MAX */
 
 #include <assert.h>
 #include <errno.h>
@@ -114,6 +115,11 @@ static const ql__option options[] = {
      FIELD(max_connections_per_uid), .min = 1, .max = 1u << 20,
      .def = "1024",
      .help = "of those, connections of one user (the peer's uid)"},
+    {.name = "max_sessions_per_uid", .type = QL_OPT_UINT,
+     FIELD(max_sessions_per_uid), .min = 1, .max = QL_SESSIONS_MAX,
+     .def = "64",
+     .help = "sessions of one user (the peer's uid) open at once, of the "
+             "256 the daemon keeps; one past it is refused"},
     {.name = "frame_timeout_ms", .type = QL_OPT_DURATION,
      FIELD(frame_timeout_ms), .min = 1, .max = 3600000, .def = "30s",
      .help = "a connection that leaves a message half sent, or a reply "

@@ -47,6 +47,7 @@ typedef struct ql__config {
   size_t max_message_bytes;  /* larger messages are refused (NN_RCVMAXSIZE) */
   uint32_t max_connections; /* per request socket, open at once */
   uint32_t max_connections_per_uid; /* of one peer uid */
+  uint32_t max_sessions_per_uid; /* sessions of one peer uid */
   uint64_t frame_timeout_ms; /* a half-sent message or unread reply */
   size_t max_buffered_bytes; /* half-received messages and unread replies
                                 of one socket's connections */

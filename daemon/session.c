@@ -799,6 +799,18 @@ static void session_accept(ql__sessions *o, int fd) {
     close(fd);
     return;
   }
+  /* One user cannot take every session from the others. */
+  unsigned mine = 0;
+  for (const ql__session *it = o->list; it != NULL; it = it->next)
+    mine += it->uid == cred.uid;
+  if (mine >= o->s->cfg.max_sessions_per_uid) {
+    ql__warn("session from pid %ld refused: uid %lu has %u sessions open",
+             (long)cred.pid, (unsigned long)cred.uid, mine);
+    send_error(fd, 0, QL_EEXHAUSTED,
+               "too many sessions are open for this user");
+    close(fd);
+    return;
+  }
   ql__session *ss = calloc(1, sizeof *ss);
   if (ss == NULL ||
       getrandom(ss->token, sizeof ss->token, 0) != (ssize_t)sizeof ss->token) {

@@ -874,7 +874,8 @@ START_TEST(test_session_packets) {
   td_session_close(&raw);
 
   /* Too many sessions: the one over the limit is told so; closing one
-   * makes room. */
+   * makes room. Every session here is this process's uid, so the limit
+   * met is max_sessions_per_uid (64 by default), not the daemon's 256. */
   ql_client *c = td_connect(&d);
   ql_stats_info *st = stats(c);
   uint64_t open0 = st->sessions;
@@ -886,6 +887,7 @@ START_TEST(test_session_packets) {
     opened++;
   ck_assert_int_eq(rc, QL_EEXHAUSTED);
   ck_assert_int_ge(opened, 1);
+  ck_assert_uint_eq(open0 + (uint64_t)opened, 64);
   st = stats(c);
   ck_assert_uint_eq(st->sessions, open0 + (uint64_t)opened);
   ql_stats_free(st);

@@ -224,7 +224,8 @@ START_TEST(test_table_invariants) {
       "session_max_requests", "crossover_default_rows", "decode_max_rows",
       "cpu_level", "kernel_timeout_ms", "accel_budget_percent",
       "device_budget_bytes", "batches_in_flight", "max_connections",
-      "max_connections_per_uid", "frame_timeout_ms", "max_buffered_bytes"};
+      "max_connections_per_uid", "max_sessions_per_uid", "frame_timeout_ms",
+      "max_buffered_bytes"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
