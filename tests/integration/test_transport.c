@@ -659,6 +659,63 @@ END_TEST
 START_TEST(cap_total) { cap_test("--max-connections"); }
 END_TEST
 
+/* A connection to the session socket, not yet a session (nothing sent). */
+static int raw_session_connect(const td *d) {
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  ck_assert_uint_lt(strlen(d->session), sizeof sa.sun_path);
+  memcpy(sa.sun_path, d->session, strlen(d->session) + 1);
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(fd, 0);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* The session socket of a daemon out of descriptors: accepting sessions
+ * pauses (the log says so) while requests keep being served, and a
+ * session opens again once descriptors are back. */
+START_TEST(session_emfile) {
+  td d;
+  td_start(&d, NULL);
+  probe p;
+  probe_start(&d, &p);
+  int used = td_daemon_fds(&d);
+  struct rlimit old, low = {(rlim_t)used + 4, (rlim_t)used + 4};
+  ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, NULL, &old), 0);
+  low.rlim_max = old.rlim_max;
+  ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, &low, NULL), 0);
+  enum { N = 16 };
+  int fds[N];
+  for (int i = 0; i < N; i++)
+    fds[i] = raw_session_connect(&d); /* the backlog takes them */
+  td_session s;
+  ck_assert_int_ne(td_session_open(&d, &s), 0);
+  td_session_close(&s);
+  ck_assert(td_alive(&d));
+  probe_check(&d, &p, "a session socket out of descriptors");
+  for (int i = 0; i < N; i++)
+    if (fds[i] >= 0)
+      close(fds[i]);
+  ck_assert_int_eq(prlimit(d.pid, RLIMIT_NOFILE, &old, NULL), 0);
+  int rc = -1;
+  int64_t end = td_now_ms() + 5000;
+  while ((rc = td_session_open(&d, &s)) != 0 && td_now_ms() < end)
+    usleep(20000);
+  ck_assert_int_eq(rc, 0);
+  td_session_close(&s);
+  char *log = td_read_log(&d);
+  ck_assert_msg(strstr(log, "cannot accept sessions") != NULL,
+                "the daemon never ran out of descriptors for sessions");
+  free(log);
+  probe_end(&p);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* Thousands of connections at once are served, and a daemon out of
  * descriptors pauses accepting and recovers once connections close. */
 START_TEST(many_connections_and_emfile) {
@@ -740,6 +797,7 @@ int main(void) {
   tcase_add_test(tc, cap_per_uid);
   tcase_add_test(tc, cap_total);
   tcase_add_test(tc, many_connections_and_emfile);
+  tcase_add_test(tc, session_emfile);
   suite_add_tcase(s, tc);
   return tu_run_suite(s, CK_NORMAL);
 }
