@@ -348,10 +348,8 @@ Qlinear__V1__SessionResponse *td_session_call_fd(
   return r;
 }
 
-int td_session_open(const td *d, td_session *s) {
+int td_session_connect(const td *d) {
   struct sockaddr_un sa;
-  memset(s, 0, sizeof *s);
-  s->fd = -1;
   memset(&sa, 0, sizeof sa);
   sa.sun_family = AF_UNIX;
   ck_assert_uint_lt(strlen(d->session), sizeof sa.sun_path);
@@ -360,8 +358,17 @@ int td_session_open(const td *d, td_session *s) {
   ck_assert_int_ge(fd, 0);
   if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
     close(fd);
-    return QL_ECONNECT;
+    return -1;
   }
+  return fd;
+}
+
+int td_session_open(const td *d, td_session *s) {
+  memset(s, 0, sizeof *s);
+  s->fd = -1;
+  int fd = td_session_connect(d);
+  if (fd < 0)
+    return QL_ECONNECT;
   s->fd = fd;
   Qlinear__V1__SessionRequest req;
   Qlinear__V1__SessionOpenRequest op;

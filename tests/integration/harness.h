@@ -98,6 +98,9 @@ Qlinear__V1__Response *td_call_as(const td *d, const td_session *s,
  */
 int td_session_open(const td *d, td_session *s);
 
+/* A connection to <dir>/session.sock with nothing sent yet, or -1. */
+int td_session_connect(const td *d);
+
 /* Closes the session's socket (which ends it in the daemon). Safe twice. */
 void td_session_close(td_session *s);
 

@@ -27,6 +27,7 @@
 
 #include <check.h>
 
+#include "bystander.h"
 #include "harness.h"
 #include "ql_kernels.h"
 #include "qlinear/qlinear.h"
@@ -252,98 +253,6 @@ static uint64_t dir_hash(const char *dir) {
   }
   free(ents);
   return h;
-}
-
-/* ------------------------------------------------------- the bystander */
-
-/*
- * Another client process, served while the hostile inputs arrive: it
- * holds a weight of its own and runs Linear on it in a loop (both paths),
- * each reply checked against the reference, until stop is readable. It
- * reports "served bad errors" on out. Forked before this process touches
- * nanomsg.
- */
-typedef struct bystander {
-  pid_t pid;
-  int stop; /* write end: closing it stops the loop */
-  int out;  /* read end of the report */
-} bystander;
-
-static void bystander_main(const td *d, int stop, int out) {
-  td_layer l;
-  ql_qweight *q = NULL;
-  ql_client *c = NULL;
-  unsigned long served = 0, bad = 0, errors = 0;
-  td_layer_make(&l, 24, 96, 501, 1);
-  ql_quant_params p = {QL_FORMAT_Q4G, 32, 0, (ql_dtype)0};
-  if (ql_qweight_quantize(&p, 24, 96, QL_DTYPE_F32, l.w, l.b, &q) != 0 ||
-      ql_connect(d->address, NULL, &c) != 0 ||
-      load(c, "by/w", &l, QL_FORMAT_Q4G, 32, 0) != 0)
-    _exit(3);
-  float x[3 * 96], y[3 * 24], ref[3 * 24];
-  uint64_t seed = 9;
-  struct pollfd pf = {stop, POLLIN, 0};
-  while (poll(&pf, 1, 0) == 0) {
-    td_randn(&seed, x, 3 * 96, 1.0f);
-    for (int path = QL_PATH_WEIGHT_ONLY; path <= QL_PATH_ACT_QUANT; path++) {
-      int rc = ql_linear(c, "by/w", (ql_path)path, QL_DTYPE_F32, 3, 96, x,
-                         24, y, NULL);
-      if (rc != 0) {
-        errors++;
-        continue;
-      }
-      served++;
-      if ((path == QL_PATH_WEIGHT_ONLY
-               ? ql_linear_wo_ref(q, QL_DTYPE_F32, x, 3, ref)
-               : ql_linear_aq_ref(q, QL_DTYPE_F32, x, 3, ref)) != 0 ||
-          memcmp(y, ref, sizeof y) != 0)
-        bad++;
-    }
-  }
-  char msg[96];
-  int len = snprintf(msg, sizeof msg, "%lu %lu %lu", served, bad, errors);
-  _exit(write(out, msg, (size_t)len) == len ? 0 : 4);
-}
-
-static void bystander_start(const td *d, bystander *b) {
-  int st[2], out[2];
-  ck_assert_int_eq(pipe(st), 0);
-  ck_assert_int_eq(pipe(out), 0);
-  b->pid = fork();
-  ck_assert_int_ge(b->pid, 0);
-  if (b->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    /* Not the harness's session: that one is the parent's. */
-    close(d->sess.fd);
-    close(st[1]);
-    close(out[0]);
-    bystander_main(d, st[0], out[1]);
-  }
-  close(st[0]);
-  close(out[1]);
-  b->stop = st[1];
-  b->out = out[0];
-}
-
-/* Stops the bystander; it must have been served, always correctly. */
-static void bystander_end(bystander *b) {
-  char msg[96] = "";
-  unsigned long served = 0, bad = 0, errors = 0;
-  close(b->stop);
-  ssize_t n = read(b->out, msg, sizeof msg - 1);
-  close(b->out);
-  int wst;
-  ck_assert_int_eq(waitpid(b->pid, &wst, 0), b->pid);
-  ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
-                "the bystander failed (status %d)", wst);
-  ck_assert_int_gt(n, 0);
-  msg[n] = '\0';
-  ck_assert_int_eq(sscanf(msg, "%lu %lu %lu", &served, &bad, &errors), 3);
-  printf("bystander: %lu requests served, %lu wrong, %lu errors\n", served,
-         bad, errors);
-  ck_assert_uint_gt(served, 0);
-  ck_assert_uint_eq(bad, 0);
-  ck_assert_uint_eq(errors, 0);
 }
 
 /* --------------------------------------------------- request builders */
@@ -1335,8 +1244,8 @@ static void sweep_misc(const td *d) {
 START_TEST(every_field_hostile) {
   n_tried = 0;
   start();
-  bystander by;
-  bystander_start(&D, &by);
+  td_bystander by;
+  td_bystander_start(&D, &by);
   weights_make();
   uint64_t before_hash;
   char *before;
@@ -1383,7 +1292,7 @@ START_TEST(every_field_hostile) {
     ql_stats_free(st);
     ql_close(c);
   }
-  bystander_end(&by);
+  td_bystander_end(&by);
   free(before);
   weights_free();
   printf("hostile inputs tried: %u\n", n_tried);

@@ -29,6 +29,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "bystander.h"
 #include "harness.h"
 #include "ql_kernels.h"
 #include "qlinear/qlinear.h"
@@ -172,93 +173,6 @@ static void expect_rep_hello(int fd) {
   ck_assert_int_eq(memcmp(h, want, 8), 0);
 }
 
-/* ------------------------------------------------------- the bystander */
-
-/*
- * Another client process served throughout: it holds a weight of its own
- * and runs Linear on it in a loop (both paths), each result compared with
- * the reference, until stop is readable; it reports "served bad errors"
- * on out. Forked before this process touches nanomsg.
- */
-typedef struct bystander {
-  pid_t pid;
-  int stop, out;
-} bystander;
-
-static void bystander_main(const td *d, int stop, int out) {
-  td_layer l;
-  ql_qweight *q = NULL;
-  ql_client *c = NULL;
-  unsigned long served = 0, bad = 0, errors = 0;
-  td_layer_make(&l, 24, 96, 77, 1);
-  ql_quant_params p = {QL_FORMAT_Q4G, 32, 0, (ql_dtype)0};
-  if (ql_qweight_quantize(&p, 24, 96, QL_DTYPE_F32, l.w, l.b, &q) != 0 ||
-      ql_connect(d->address, NULL, &c) != 0 ||
-      td_load(c, "by/w", &l, QL_FORMAT_Q4G, 32, 0, NULL, NULL) != 0)
-    _exit(3);
-  float x[2 * 96], y[2 * 24], ref[2 * 24];
-  uint64_t seed = 5;
-  struct pollfd pf = {stop, POLLIN, 0};
-  while (poll(&pf, 1, 0) == 0) {
-    td_randn(&seed, x, 2 * 96, 1.0f);
-    for (int path = QL_PATH_WEIGHT_ONLY; path <= QL_PATH_ACT_QUANT; path++) {
-      if (ql_linear(c, "by/w", (ql_path)path, QL_DTYPE_F32, 2, 96, x, 24, y,
-                    NULL) != 0) {
-        errors++;
-        continue;
-      }
-      served++;
-      if ((path == QL_PATH_WEIGHT_ONLY
-               ? ql_linear_wo_ref(q, QL_DTYPE_F32, x, 2, ref)
-               : ql_linear_aq_ref(q, QL_DTYPE_F32, x, 2, ref)) != 0 ||
-          memcmp(y, ref, sizeof y) != 0)
-        bad++;
-    }
-  }
-  char msg[96];
-  int len = snprintf(msg, sizeof msg, "%lu %lu %lu", served, bad, errors);
-  _exit(write(out, msg, (size_t)len) == len ? 0 : 4);
-}
-
-static void bystander_start(const td *d, bystander *b) {
-  int st[2], out[2];
-  ck_assert_int_eq(pipe(st), 0);
-  ck_assert_int_eq(pipe(out), 0);
-  b->pid = fork();
-  ck_assert_int_ge(b->pid, 0);
-  if (b->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    close(d->sess.fd);
-    close(st[1]);
-    close(out[0]);
-    bystander_main(d, st[0], out[1]);
-  }
-  close(st[0]);
-  close(out[1]);
-  b->stop = st[1];
-  b->out = out[0];
-}
-
-static void bystander_end(bystander *b) {
-  char msg[96] = "";
-  unsigned long served = 0, bad = 0, errors = 0;
-  close(b->stop);
-  ssize_t n = read(b->out, msg, sizeof msg - 1);
-  close(b->out);
-  int wst;
-  ck_assert_int_eq(waitpid(b->pid, &wst, 0), b->pid);
-  ck_assert_msg(WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
-                "the bystander failed (status %d)", wst);
-  ck_assert_int_gt(n, 0);
-  msg[n] = '\0';
-  ck_assert_int_eq(sscanf(msg, "%lu %lu %lu", &served, &bad, &errors), 3);
-  printf("bystander: %lu requests served, %lu wrong, %lu errors\n", served,
-         bad, errors);
-  ck_assert_uint_gt(served, 0);
-  ck_assert_uint_eq(bad, 0);
-  ck_assert_uint_eq(errors, 0);
-}
-
 /* This process's own check between attacks: the same request gives the
  * same bytes as before any of them. */
 typedef struct probe {
@@ -393,8 +307,8 @@ static int log_count(const td *d, const char *why) {
 START_TEST(bad_frames) {
   td d;
   td_start(&d, SMALL_CAP);
-  bystander by;
-  bystander_start(&d, &by);
+  td_bystander by;
+  td_bystander_start(&d, &by);
   probe p;
   probe_start(&d, &p);
   bad b[32];
@@ -425,7 +339,7 @@ START_TEST(bad_frames) {
   ck_assert_int_eq(log_count(&d, "the payload ends inside its backtrace"),
                    2);
   probe_end(&p);
-  bystander_end(&by);
+  td_bystander_end(&by);
   ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -523,8 +437,8 @@ END_TEST
 START_TEST(unread_replies) {
   td d;
   td_start(&d, SMALL_CAP);
-  bystander by;
-  bystander_start(&d, &by);
+  td_bystander by;
+  td_bystander_start(&d, &by);
   probe p;
   probe_start(&d, &p);
   /* A weight whose every reply is 32 KiB of y. */
@@ -571,7 +485,7 @@ START_TEST(unread_replies) {
   probe_check(&d, &p, "unread replies");
   td_layer_free(&l);
   probe_end(&p);
-  bystander_end(&by);
+  td_bystander_end(&by);
   ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -659,22 +573,6 @@ END_TEST
 START_TEST(cap_total) { cap_test("--max-connections"); }
 END_TEST
 
-/* A connection to the session socket, not yet a session (nothing sent). */
-static int raw_session_connect(const td *d) {
-  struct sockaddr_un sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sun_family = AF_UNIX;
-  ck_assert_uint_lt(strlen(d->session), sizeof sa.sun_path);
-  memcpy(sa.sun_path, d->session, strlen(d->session) + 1);
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  ck_assert_int_ge(fd, 0);
-  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 /* The session socket of a daemon out of descriptors: accepting sessions
  * pauses (the log says so) while requests keep being served, and a
  * session opens again once descriptors are back. */
@@ -691,7 +589,7 @@ START_TEST(session_emfile) {
   enum { N = 16 };
   int fds[N];
   for (int i = 0; i < N; i++)
-    fds[i] = raw_session_connect(&d); /* the backlog takes them */
+    fds[i] = td_session_connect(&d); /* the backlog takes them */
   td_session s;
   ck_assert_int_ne(td_session_open(&d, &s), 0);
   td_session_close(&s);
