@@ -4,6 +4,7 @@
 
 #include "log.h"
 #include "reply.h"
+#include "route.h"
 
 void ql__reply_init(ql__reply *r, uint64_t request_id) {
   qlinear__v1__response__init(&r->resp);
@@ -30,7 +31,7 @@ void ql__reply_send(ql__server *s, void *route, ql__reply *r) {
               (unsigned long long)r->resp.request_id,
               ql_err_name(r->status.code), r->msg);
   }
-  ql__transport_reply(route, &r->resp, &s->counters.bytes_out);
+  ql__route_reply(route, &r->resp, &s->counters.bytes_out);
 }
 
 void ql__reply_set_error(ql__reply *r, int code, const char *fmt, ...) {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "route.h"
 #include "spframe.h"
 #include "transport.h"
 
@@ -100,6 +101,7 @@ struct ql__transport {
 
 /* A request's way back: its connection and its backtrace. */
 typedef struct route {
+  ql__route base; /* first: handlers see a ql__route */
   conn *c;
   size_t len;
   uint8_t bt[QL__SP_MAX_ROUTE];
@@ -355,6 +357,15 @@ void ql__transport_drop(void *rt) {
     route_free(rt);
 }
 
+static int route_reply(ql__route *rt, const ql__msg_response *resp,
+                       size_t *bytes_out) {
+  return ql__transport_reply(rt, resp, bytes_out);
+}
+
+static void route_drop(ql__route *rt) { ql__transport_drop(rt); }
+
+static const ql__route_ops route_ops = {route_reply, route_drop};
+
 /* -------------------------------------------------------------- input */
 
 /* Hands one message to the callback with a route holding c. */
@@ -366,6 +377,7 @@ static void deliver(conn *c, const ql__sp_msg *m) {
     ql__warn("request dropped: out of memory");
     return;
   }
+  rt->base.ops = &route_ops;
   rt->c = c;
   rt->len = m->route_len;
   memcpy(rt->bt, m->route, m->route_len);
