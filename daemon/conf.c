@@ -144,6 +144,12 @@ static const ql__option options[] = {
      .max = 604800000, .def = "0",
      .help = "a session with no request for this long is ended (a "
              "backstop: a session ends when its socket closes); 0: never"},
+    {.name = "ring_spin_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(ring_spin_us), .min = 0, .max = 100000, .def = "200",
+     .help = "the loop keeps polling a session's ring this long after its "
+             "last request or reply before it sleeps on the ring's "
+             "doorbell: a client sending one request after another finds "
+             "it awake; 0: sleep at once"},
     {.name = "max_queue", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(max_queue), .min = 1, .max = 1u << 20, .def = "1024",
      .help = "waiting requests per (weight, device, path) queue; a full "

@@ -793,12 +793,43 @@ size_t ql__handlers_in_flight(const ql__server *s) {
 }
 
 /*
- * Both sockets' requests. admin: from admin.sock, whose directory is the
+ * What a ring carries (fastpath.h): Linear and LinearMulti whose results
+ * go where the client can read them without a reply body (its regions or
+ * device memory); a completion slot carries no tensor data.
+ */
+static int ring_body(const ql__msg_request *m, char *err, size_t errlen) {
+  if (m->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR) {
+    const Qlinear__V1__LinearRequest *l = m->linear;
+    if (l->y_out == NULL && l->y_out_cuda == NULL && l->y_out_ze == NULL) {
+      snprintf(err, errlen, "linear: on the ring, y_out must name a region "
+               "or device slice (a completion carries no tensor data)");
+      return QL_EINVAL;
+    }
+    return 0;
+  }
+  if (m->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI) {
+    const Qlinear__V1__LinearMultiRequest *l = m->linear_multi;
+    if (l->n_y_out == 0 && l->n_y_out_cuda == 0 && l->n_y_out_ze == 0) {
+      snprintf(err, errlen, "linear_multi: on the ring, y_out must name "
+               "region or device slices (a completion carries no tensor "
+               "data)");
+      return QL_EINVAL;
+    }
+    return 0;
+  }
+  snprintf(err, errlen, "the ring carries linear and linear_multi requests "
+           "only; the rest goes to the request socket");
+  return QL_EPROTO;
+}
+
+/*
+ * Both sockets' requests, and a ring's (ring_ss: the ring's session, whose
+ * requests need no token). admin: from admin.sock, whose directory is the
  * access check (only the admin group may enter it); its requests carry no
  * session token and act for the admin socket as a whole.
  */
-static void handle(ql__server *s, int admin, const void *buf, size_t len,
-                   void *route) {
+static void handle(ql__server *s, int admin, ql__session *ring_ss,
+                   const void *buf, size_t len, void *route) {
   char err[256] = "";
   ql__request *req = NULL;
   s->counters.requests++;
@@ -815,8 +846,9 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
   const ql__msg_request *m = req->msg;
   /* Every body but Hello (discovery) runs in a session: its token comes
    * first, before anything else about the request is looked at. */
-  ql__session *ss = NULL;
-  if (!admin && m->body_case != QLINEAR__V1__REQUEST__BODY_HELLO &&
+  ql__session *ss = ring_ss;
+  if (ss == NULL && !admin &&
+      m->body_case != QLINEAR__V1__REQUEST__BODY_HELLO &&
       (ss = ql__session_find(s, m->session_token.data,
                              m->session_token.len)) == NULL) {
     ql__reply_error(s, route, m->request_id, QL_ESESSION,
@@ -847,6 +879,12 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
     refused = "linear requests go to the request socket, in a session";
   else if (!admin && m->body_case == QLINEAR__V1__REQUEST__BODY_RELOAD)
     refused = "reload_config goes through the admin socket";
+  if (ring_ss != NULL && refused == NULL && (rc = ring_body(m, err,
+                                                            sizeof err))) {
+    ql__reply_error(s, route, m->request_id, rc, err);
+    ql__request_free(req);
+    return;
+  }
   if (refused != NULL) {
     ql__reply_error(s, route, m->request_id, QL_EPERM, refused);
     ql__request_free(req);
@@ -987,10 +1025,15 @@ static void handle(ql__server *s, int admin, const void *buf, size_t len,
 }
 
 void ql__handle_message(void *arg, const void *buf, size_t len, void *route) {
-  handle(arg, 0, buf, len, route);
+  handle(arg, 0, NULL, buf, len, route);
 }
 
 void ql__handle_admin_message(void *arg, const void *buf, size_t len,
                               void *route) {
-  handle(arg, 1, buf, len, route);
+  handle(arg, 1, NULL, buf, len, route);
+}
+
+void ql__handle_ring_message(ql__server *s, ql__session *ss, const void *buf,
+                             size_t len, void *route) {
+  handle(s, 0, ss, buf, len, route);
 }

@@ -29,6 +29,12 @@ void ql__handle_message(void *arg, const void *body, size_t len, void *route);
 void ql__handle_admin_message(void *arg, const void *body, size_t len,
                               void *route);
 
+/* A request taken from session ss's ring (fastpath.h): handled as on the
+ * request socket, for that session, limited to what a ring carries. buf is
+ * valid only during the call; route is consumed. */
+void ql__handle_ring_message(ql__server *s, ql__session *ss, const void *buf,
+                             size_t len, void *route);
+
 /* Number of requests accepted and not yet answered (commits and linear
  * jobs), for the shutdown drain. */
 size_t ql__handlers_in_flight(const ql__server *s);

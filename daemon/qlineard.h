@@ -55,6 +55,8 @@ typedef struct ql__config {
   size_t max_upload_bytes;   /* all uploads in progress together */
   uint64_t upload_idle_ms;   /* an idle upload is dropped after this */
   uint64_t session_lease_ms; /* a session idle this long ends; 0: never */
+  uint32_t ring_spin_us;     /* a quiet ring is polled this long before
+                                the loop sleeps on its doorbell */
   size_t max_queue;          /* waiting requests per (weight, device,
                                 path) queue */
   uint32_t max_batch_rows;   /* rows of one launch */

@@ -17,10 +17,12 @@
 #include <openssl/crypto.h>
 
 #include "devices.h"
+#include "fastpath.h"
 #include "ipc.h"
 #include "log.h"
 #include "protocol.h"
 #include "linear.h"
+#include "ql_ring.h"
 #include "session.h"
 
 #define TOKEN_BUCKETS 256 /* indexed by the token's first byte */
@@ -61,6 +63,7 @@ struct ql__session {
   uint64_t uploads[QL_SESSION_MAX_UPLOADS]; /* uploads it began */
   size_t n_uploads;
   ql__ipc_table *ipc;    /* IPC imports (ipc.h), NULL until the first */
+  ql__fastpath *ring;    /* its ring (fastpath.h), or NULL */
   uint64_t last_ns;      /* its last request or session packet (lease) */
   ql__session *next;     /* every session */
   ql__session *tok_next; /* open sessions by token */
@@ -76,6 +79,7 @@ struct ql__sessions {
   size_t count;
   ql__session *by_token[TOKEN_BUCKETS];
   hold *holds[HOLD_BUCKETS];
+  ql__fastpaths *rings; /* every session's ring (fastpath.h) */
   uint64_t next_session_id, next_region_id;
   uint64_t regions, region_bytes; /* over every session */
   int closing_handles;            /* close callbacks still to come */
@@ -360,6 +364,7 @@ ql__session *ql__session_find(ql__server *s, const uint8_t *token,
 }
 
 static void session_end(ql__session *ss, const char *why);
+static void ring_destroy(ql__session *ss);
 
 void ql__sessions_expire(ql__server *s, uint64_t lease_ns) {
   ql__sessions *o = s->sessions;
@@ -384,6 +389,10 @@ void ql__sessions_counts(const ql__server *s, uint64_t *sessions,
   *regions = o ? o->regions : 0;
   *region_bytes = o ? o->region_bytes : 0;
 }
+
+void ql__session_end(ql__session *ss, const char *why) { session_end(ss, why); }
+
+void ql__session_touch(ql__session *ss) { ss->last_ns = ql__now_ns(); }
 
 static void on_session_closed(uv_handle_t *h) {
   ql__session *ss = h->data;
@@ -420,6 +429,8 @@ static void session_end(ql__session *ss, const char *why) {
     }
   }
   o->count--;
+  /* Its ring reads nothing more; replies still to come are dropped. */
+  ring_destroy(ss);
   /* Its waiting requests go first: their replies go nowhere now. */
   ql__linear_session_ended(s, ss->id);
   size_t nreg = ss->n_regions, nheld = ss->n_held;
@@ -450,8 +461,8 @@ static void session_end(ql__session *ss, const char *why) {
  * blocks: a client that does not read its replies until its socket buffer
  * is full has its session ended by the caller.
  */
-static int send_response(int sock, const ql__msg_session_response *resp,
-                         int fd) {
+static int send_response2(int sock, const ql__msg_session_response *resp,
+                          int fd, int fd2) {
   uint8_t buf[QL_SESSION_MSG_MAX];
   size_t len = qlinear__v1__session_response__get_packed_size(resp);
   if (len > sizeof buf)
@@ -461,26 +472,33 @@ static int send_response(int sock, const ql__msg_session_response *resp,
   struct msghdr mh;
   union {
     struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
+    char buf[CMSG_SPACE(2 * sizeof(int))];
   } ctl;
+  int fds[2] = {fd, fd2};
+  size_t nfd = fd < 0 ? 0 : fd2 < 0 ? 1 : 2;
   memset(&mh, 0, sizeof mh);
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
-  if (fd >= 0) {
+  if (nfd > 0) {
     memset(&ctl, 0, sizeof ctl);
     mh.msg_control = ctl.buf;
-    mh.msg_controllen = sizeof ctl.buf;
+    mh.msg_controllen = CMSG_SPACE(nfd * sizeof(int));
     struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    c->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, nfd * sizeof(int));
   }
   ssize_t n;
   do
     n = sendmsg(sock, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   return n == (ssize_t)len ? 0 : -1;
+}
+
+static int send_response(int sock, const ql__msg_session_response *resp,
+                         int fd) {
+  return send_response2(sock, resp, fd, -1);
 }
 
 /* A response with a status and no body. */
@@ -504,6 +522,44 @@ static void copy_printable(char *dst, size_t len, const char *src) {
     dst[i] = ch < 0x20 || ch >= 0x7f ? '?' : (char)ch;
   }
   dst[i] = '\0';
+}
+
+/* CreateRingRequest: one ring per session, its bytes counted with the
+ * session's regions. */
+static int ring_create(ql__session *ss, uint32_t entries, ql__fastpath **out,
+                       int *ring_fd, int *bell_fd, char *err, size_t errlen) {
+  ql__sessions *o = ss->owner;
+  if (ss->ring != NULL) {
+    snprintf(err, errlen, "create_ring: the session has a ring already");
+    return QL_EEXIST;
+  }
+  size_t size = ql__ring_size(entries ? entries : QL_RING_DEFAULT_ENTRIES);
+  if (size != 0 && size > QL_SESSION_MAX_REGION_BYTES - ss->region_bytes) {
+    snprintf(err, errlen, "create_ring: %zu more bytes exceed the session's "
+             "%llu bytes of regions (%llu in use)", size,
+             (unsigned long long)QL_SESSION_MAX_REGION_BYTES,
+             (unsigned long long)ss->region_bytes);
+    return QL_EEXHAUSTED;
+  }
+  int rc = ql__fastpath_create(o->rings, ss, entries, out, ring_fd, bell_fd,
+                               err, errlen);
+  if (rc != 0)
+    return rc;
+  ss->ring = *out;
+  ss->region_bytes += ql__fastpath_bytes(*out);
+  o->region_bytes += ql__fastpath_bytes(*out);
+  ql__debug("session %llu: ring of %u entries", (unsigned long long)ss->id,
+            entries ? entries : QL_RING_DEFAULT_ENTRIES);
+  return 0;
+}
+
+static void ring_destroy(ql__session *ss) {
+  if (ss->ring == NULL)
+    return;
+  ss->region_bytes -= ql__fastpath_bytes(ss->ring);
+  ss->owner->region_bytes -= ql__fastpath_bytes(ss->ring);
+  ql__fastpath_end(ss->ring);
+  ss->ring = NULL;
 }
 
 /*
@@ -555,7 +611,9 @@ static int session_packet(ql__session *ss, const uint8_t *buf, size_t len,
   Qlinear__V1__DestroyRegionResponse destroyed;
   Qlinear__V1__ImportZeIpcResponse imported;
   Qlinear__V1__ReleaseImportResponse released;
-  int rc, fd = -1;
+  Qlinear__V1__CreateRingResponse ringed;
+  int rc, fd = -1, fd2 = -1;
+  ql__fastpath *fp = NULL;
   ql__region *r = NULL;
   ql__ipc_mem *im = NULL;
 
@@ -667,6 +725,18 @@ static int session_packet(ql__session *ss, const uint8_t *buf, size_t len,
     resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_RELEASE_IMPORT;
     resp.release_import = &released;
     break;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_RING:
+    rc = ring_create(ss, m->create_ring->entries, &fp, &fd, &fd2, err,
+                     sizeof err);
+    if (rc != 0)
+      break;
+    qlinear__v1__create_ring_response__init(&ringed);
+    ringed.entries = m->create_ring->entries ? m->create_ring->entries
+                                             : QL_RING_DEFAULT_ENTRIES;
+    ringed.size = ql__fastpath_bytes(fp);
+    resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_CREATE_RING;
+    resp.create_ring = &ringed;
+    break;
   default: /* validate refused it */
     rc = QL_EPROTO;
     break;
@@ -682,14 +752,18 @@ reply:
     ql__debug("session %llu: %s: %s", (unsigned long long)ss->id,
               ql_err_name(rc), err);
   }
-  int sent = send_response(ss->fd, &resp, fd);
+  int sent = send_response2(ss->fd, &resp, fd, fd2);
   if (fd >= 0)
     close(fd); /* the mapping stays; the client has its own descriptor */
+  if (fd2 >= 0)
+    close(fd2);
   ql__session_request_free(req);
   if (sent != 0) {
     /* A region the client never received is of no use to it. */
     if (r != NULL)
       region_destroy(o, ss, r->id);
+    if (fp != NULL)
+      ring_destroy(ss);
     if (im != NULL)
       ql__ipc_release(ss->ipc, im->id);
     session_end(ss, "a reply could not be sent");
@@ -899,12 +973,18 @@ int ql__sessions_open(ql__server *s) {
   }
   o->s = s;
   o->fd = -1;
+  if (ql__fastpaths_open(s, &o->rings) != 0) {
+    ql__err("cannot open the session socket: out of memory");
+    free(o);
+    return QL_ENOMEM;
+  }
   memset(&sa, 0, sizeof sa);
   sa.sun_family = AF_UNIX;
   if (snprintf(o->path, sizeof o->path, "%s/session.sock",
                s->cfg.socket_dir) >= (int)sizeof sa.sun_path) {
     ql__err("session socket path too long: %s/session.sock",
             s->cfg.socket_dir);
+    ql__fastpaths_close(o->rings);
     free(o);
     return QL_EINVAL;
   }
@@ -932,6 +1012,7 @@ int ql__sessions_open(ql__server *s) {
     ql__err("cannot poll %s", o->path);
     unlink(o->path);
     o->closing_handles = 2;
+    ql__fastpaths_close(o->rings);
     uv_close((uv_handle_t *)&o->poll, on_listener_closed);
     uv_close((uv_handle_t *)&o->retry, on_listener_closed);
     return QL_EINTERNAL;
@@ -945,6 +1026,7 @@ fail:
     close(o->fd);
     unlink(o->path);
   }
+  ql__fastpaths_close(o->rings);
   free(o);
   return rc;
 }
@@ -955,6 +1037,8 @@ void ql__sessions_close(ql__server *s) {
     return;
   while (o->list != NULL)
     session_end(o->list, "the daemon is stopping");
+  ql__fastpaths_close(o->rings);
+  o->rings = NULL;
   /* Holds live only in sessions: none can be left. */
   s->sessions = NULL;
   unlink(o->path);

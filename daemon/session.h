@@ -76,6 +76,13 @@ ql__session *ql__session_find(ql__server *s, const uint8_t *token,
  * and the session of that number if it is still open, else NULL. */
 uint64_t ql__session_id(const ql__session *ss);
 
+/* Ends the session now, as if its client had closed its socket (why is
+ * logged). The session's memory stays valid until the loop's next turn. */
+void ql__session_end(ql__session *ss, const char *why);
+
+/* Records activity for the lease (a ring's requests). */
+void ql__session_touch(ql__session *ss);
+
 /* The peer's uid (SO_PEERCRED at accept). */
 uid_t ql__session_uid(const ql__session *ss);
 ql__session *ql__session_by_id(ql__server *s, uint64_t id);

@@ -1,0 +1,428 @@
+/* fastpath.c - see fastpath.h. */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fastpath.h"
+#include "handlers.h"
+#include "log.h"
+#include "ql_ring.h"
+#include "route.h"
+#include "session.h"
+
+/* Requests taken from one ring per pass, so that one busy client does not
+ * hold the loop. */
+#define BURST 32
+
+struct ql__fastpaths {
+  ql__server *s;
+  uv_idle_t spin;     /* active while any ring is hot */
+  ql__fastpath *hot;  /* rings polled on every turn of the loop */
+  size_t rings;       /* alive */
+};
+
+struct ql__fastpath {
+  ql__fastpaths *fps;
+  struct ql__session *ss; /* NULL once the session ended */
+  uint64_t session_id;
+  ql_ring ring;     /* our own view: geometry never read back */
+  int bell;         /* the eventfd the client writes */
+  uv_poll_t poll;   /* on bell */
+  int refs;         /* the session's, one per request in flight, the poll
+                       handle's until closed */
+  int dead;
+  uint32_t sq_head;  /* private: next request to take */
+  uint32_t cq_tail;  /* private: next completion slot */
+  uint32_t consumed; /* the client's cq_head as last accepted */
+  uint32_t in_flight; /* taken, not yet answered */
+  int want_room;     /* requests wait for completion room */
+  int is_hot;
+  uint64_t hot_until;
+  ql__fastpath *hot_next;
+  uint8_t buf[QL_RING_MSG_MAX]; /* the request being handled, copied out */
+};
+
+/* A ring request's route: its tag, and a reference to the ring. */
+typedef struct ring_route {
+  ql__route base;
+  ql__fastpath *fp;
+  uint64_t tag;
+} ring_route;
+
+static void fp_unref(ql__fastpath *fp) {
+  if (--fp->refs > 0)
+    return;
+  munmap(fp->ring.hdr, fp->ring.size);
+  free(fp);
+}
+
+static uint64_t spin_ns(const ql__fastpath *fp) {
+  return (uint64_t)fp->fps->s->cfg.ring_spin_us * 1000u;
+}
+
+static void on_spin(uv_idle_t *h);
+
+static void push_hot(ql__fastpath *fp);
+
+/* Keeps polling fp without sleeping until spin_ns from now. */
+static void make_hot(ql__fastpath *fp, uint64_t now) {
+  if (fp->dead)
+    return;
+  if (now + spin_ns(fp) > fp->hot_until)
+    fp->hot_until = now + spin_ns(fp);
+  push_hot(fp);
+}
+
+/* Takes fp off the hot list; one that on_spin holds in its own list is
+ * left there (on_spin skips dead rings). */
+static void unlink_hot(ql__fastpath *fp) {
+  for (ql__fastpath **pp = &fp->fps->hot; *pp; pp = &(*pp)->hot_next)
+    if (*pp == fp) {
+      *pp = fp->hot_next;
+      fp->is_hot = 0;
+      fp->hot_next = NULL;
+      return;
+    }
+}
+
+/* The client broke the ring's rules: its session ends (the ring with it). */
+static void violation(ql__fastpath *fp, const char *what) {
+  ql__warn("session %llu: ring: %s; ending the session",
+           (unsigned long long)fp->session_id, what);
+  if (fp->ss != NULL)
+    ql__session_end(fp->ss, "it broke the rules of its ring");
+}
+
+/* ------------------------------------------------------------ completions */
+
+/* Packs resp into the next completion slot. The room was reserved when
+ * the request was taken. */
+static int post(ql__fastpath *fp, uint64_t tag, const ql__msg_response *resp,
+                size_t *bytes_out) {
+  size_t len = qlinear__v1__response__get_packed_size(resp);
+  ql__msg_response small;
+  Qlinear__V1__Status st;
+  if (len > QL_RING_MSG_MAX) {
+    /* Only a body could be this large (a status message is bounded). */
+    qlinear__v1__response__init(&small);
+    qlinear__v1__status__init(&st);
+    small.request_id = resp->request_id;
+    small.status = &st;
+    st.code = QL_ETOOBIG;
+    st.message = "the reply does not fit a ring slot";
+    resp = &small;
+    len = qlinear__v1__response__get_packed_size(resp);
+  }
+  qlinear__v1__response__pack(resp, ql__ring_cq_msg(&fp->ring, fp->cq_tail));
+  if (ql__ring_cq_publish(&fp->ring, fp->cq_tail, tag, (uint32_t)len))
+    ql__ring_wake(&fp->ring);
+  fp->cq_tail++;
+  if (bytes_out != NULL)
+    *bytes_out += len;
+  return 0;
+}
+
+static int ring_reply(ql__route *rt_, const ql__msg_response *resp,
+                      size_t *bytes_out) {
+  ring_route *rt = (ring_route *)rt_;
+  ql__fastpath *fp = rt->fp;
+  int rc = QL_ESESSION;
+  fp->in_flight--;
+  if (!fp->dead) {
+    rc = post(fp, rt->tag, resp, bytes_out);
+    /* The client is likely to send its next request soon. */
+    make_hot(fp, ql__now_ns());
+  }
+  free(rt);
+  fp_unref(fp);
+  return rc;
+}
+
+static void ring_drop(ql__route *rt_) {
+  ring_route *rt = (ring_route *)rt_;
+  rt->fp->in_flight--;
+  fp_unref(rt->fp);
+  free(rt);
+}
+
+static const ql__route_ops ring_ops = {ring_reply, ring_drop};
+
+/* An answer without a route (none could be made): an error. */
+static void post_error(ql__fastpath *fp, uint64_t tag, int code,
+                       const char *msg) {
+  ql__msg_response resp;
+  Qlinear__V1__Status st;
+  qlinear__v1__response__init(&resp);
+  qlinear__v1__status__init(&st);
+  resp.status = &st;
+  st.code = code;
+  st.message = (char *)msg;
+  fp->fps->s->counters.errors++;
+  post(fp, tag, &resp, &fp->fps->s->counters.bytes_out);
+}
+
+/* ------------------------------------------------------------ requests */
+
+/*
+ * Takes and handles what the client published, up to BURST requests.
+ * Returns the number taken; a broken ring ends the session (fp->dead).
+ */
+static unsigned drain(ql__fastpath *fp) {
+  ql__server *s = fp->fps->s;
+  unsigned taken = 0;
+  fp->refs++; /* handling may end the session */
+  while (!fp->dead && taken < BURST) {
+    uint32_t avail, room;
+    if (ql__ring_sq_avail(&fp->ring, fp->sq_head, &avail) != 0) {
+      violation(fp, "its request index is out of range");
+      break;
+    }
+    if (avail == 0)
+      break;
+    if (ql__ring_cq_room(&fp->ring, fp->cq_tail, &fp->consumed, &room) != 0) {
+      violation(fp, "its completion index is out of range");
+      break;
+    }
+    if (fp->in_flight >= room) {
+      fp->want_room = 1;
+      break;
+    }
+    fp->want_room = 0;
+    uint64_t tag;
+    size_t len;
+    int rc = ql__ring_sq_copy(&fp->ring, fp->sq_head, &tag, fp->buf, &len);
+    ql__ring_sq_release(&fp->ring, ++fp->sq_head);
+    fp->in_flight++;
+    taken++;
+    if (rc != 0) {
+      s->counters.requests++;
+      post_error(fp, tag, rc, "the ring slot claims more bytes than a slot "
+                 "holds");
+      fp->in_flight--;
+      continue;
+    }
+    ring_route *rt = malloc(sizeof *rt);
+    if (rt == NULL) {
+      s->counters.requests++;
+      post_error(fp, tag, QL_ENOMEM, "out of memory");
+      fp->in_flight--;
+      continue;
+    }
+    rt->base.ops = &ring_ops;
+    rt->fp = fp;
+    rt->tag = tag;
+    fp->refs++;
+    ql__session_touch(fp->ss);
+    ql__handle_ring_message(s, fp->ss, fp->buf, len, rt);
+  }
+  fp_unref(fp);
+  return taken;
+}
+
+/* Puts fp on the hot list (it is polled on every turn of the loop). */
+static void push_hot(ql__fastpath *fp) {
+  ql__fastpaths *fps = fp->fps;
+  if (fp->is_hot || fp->dead)
+    return;
+  fp->is_hot = 1;
+  fp->hot_next = fps->hot;
+  fps->hot = fp;
+  if (!uv_is_active((uv_handle_t *)&fps->spin))
+    uv_idle_start(&fps->spin, on_spin);
+}
+
+/*
+ * The loop's turn while rings are hot: each is drained; one quiet for
+ * ring_spin_us is armed (its flags tell the client to ring) and left to
+ * its doorbell. The list is taken whole first; rings on it keep is_hot
+ * set (so that nothing links them elsewhere meanwhile) and a reference
+ * (so that a session ended meanwhile leaves them readable).
+ */
+static void on_spin(uv_idle_t *h) {
+  ql__fastpaths *fps = h->data;
+  uint64_t now = ql__now_ns();
+  ql__fastpath *list = fps->hot;
+  fps->hot = NULL;
+  int busy = 0;
+  for (ql__fastpath *fp = list; fp != NULL; fp = fp->hot_next)
+    fp->refs++;
+  while (list != NULL) {
+    ql__fastpath *fp = list;
+    list = fp->hot_next;
+    fp->hot_next = NULL;
+    fp->is_hot = 0;
+    if (!fp->dead) {
+      unsigned taken = drain(fp);
+      busy |= taken > 0;
+      if (taken > 0) {
+        make_hot(fp, now);
+      } else if (!fp->dead && now < fp->hot_until) {
+        push_hot(fp);
+      } else if (!fp->dead) {
+        /* Quiet: sleep on the doorbell. A ring waiting for completion
+         * room waits for the client to consume; new requests cannot be
+         * taken before that anyway. */
+        int moved = fp->want_room
+                        ? ql__ring_arm(&fp->ring, &fp->ring.hdr->blocked,
+                                       fp->sq_head, fp->consumed)
+                        : ql__ring_arm(&fp->ring, &fp->ring.hdr->idle,
+                                       fp->sq_head, fp->consumed);
+        if (moved)
+          make_hot(fp, now);
+      }
+    }
+    fp_unref(fp);
+  }
+  if (fps->hot == NULL)
+    uv_idle_stop(&fps->spin);
+  else if (!busy)
+    /* Nothing came this turn: the loop goes round again at once, but lets
+     * the kernels' threads and the clients have the CPU if they want it. */
+    sched_yield();
+}
+
+/* The doorbell rang. */
+static void on_bell(uv_poll_t *p, int status, int events) {
+  ql__fastpath *fp = p->data;
+  uint64_t v;
+  (void)events;
+  if (status < 0 || fp->dead)
+    return;
+  /* Clear it (it is non-blocking; a count of any size means "look"). */
+  while (read(fp->bell, &v, sizeof v) < 0 && errno == EINTR)
+    ;
+  make_hot(fp, ql__now_ns());
+  fp->refs++;
+  drain(fp);
+  fp_unref(fp);
+}
+
+/* ------------------------------------------------------------ life */
+
+int ql__fastpaths_open(ql__server *s, ql__fastpaths **out) {
+  ql__fastpaths *fps = calloc(1, sizeof *fps);
+  *out = NULL;
+  if (fps == NULL)
+    return QL_ENOMEM;
+  fps->s = s;
+  if (uv_idle_init(s->loop, &fps->spin) != 0) {
+    free(fps);
+    return QL_EINTERNAL;
+  }
+  fps->spin.data = fps;
+  *out = fps;
+  return 0;
+}
+
+static void on_fps_closed(uv_handle_t *h) { free(h->data); }
+
+void ql__fastpaths_close(ql__fastpaths *fps) {
+  if (fps == NULL)
+    return;
+  uv_close((uv_handle_t *)&fps->spin, on_fps_closed);
+}
+
+int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
+                        uint32_t entries, ql__fastpath **out, int *ring_fd,
+                        int *bell_fd, char *err, size_t errlen) {
+  int fd = -1, bell = -1, rc;
+  void *base = MAP_FAILED;
+  ql__fastpath *fp = NULL;
+  if (entries == 0)
+    entries = QL_RING_DEFAULT_ENTRIES;
+  size_t size = ql__ring_size(entries);
+  if (size == 0) {
+    snprintf(err, errlen, "create_ring: %u entries: a power of two from %u "
+             "to %u", entries, QL_RING_MIN_ENTRIES, QL_RING_MAX_ENTRIES);
+    return QL_EINVAL;
+  }
+  if ((fp = calloc(1, sizeof *fp)) == NULL) {
+    snprintf(err, errlen, "create_ring: out of memory");
+    return QL_ENOMEM;
+  }
+  fd = memfd_create("qlinear-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0 || ftruncate(fd, (off_t)size) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    rc = errno == EMFILE || errno == ENFILE ? QL_EEXHAUSTED
+         : errno == ENOMEM || errno == ENOSPC ? QL_ENOMEM
+                                              : QL_EIO;
+    snprintf(err, errlen, "create_ring: memfd: %s", strerror(errno));
+    goto fail;
+  }
+  base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    rc = QL_ENOMEM;
+    snprintf(err, errlen, "create_ring: cannot map it: %s", strerror(errno));
+    goto fail;
+  }
+  bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (bell < 0) {
+    rc = errno == EMFILE || errno == ENFILE ? QL_EEXHAUSTED : QL_EIO;
+    snprintf(err, errlen, "create_ring: eventfd: %s", strerror(errno));
+    goto fail;
+  }
+  ql__ring_format(base, entries, &fp->ring);
+  base = MAP_FAILED; /* fp->ring owns it now */
+  if (uv_poll_init(fps->s->loop, &fp->poll, bell) != 0) {
+    rc = QL_EINTERNAL;
+    snprintf(err, errlen, "create_ring: cannot poll the doorbell");
+    munmap(fp->ring.hdr, fp->ring.size);
+    goto fail;
+  }
+  fp->poll.data = fp;
+  fp->fps = fps;
+  fp->ss = ss;
+  fp->session_id = ql__session_id(ss);
+  fp->bell = bell;
+  fp->refs = 2; /* the session's and the poll handle's */
+  uv_poll_start(&fp->poll, UV_READABLE, on_bell);
+  fps->rings++;
+  *out = fp;
+  *ring_fd = fd;
+  /* The client writes a duplicate; ours stays open with the handle. */
+  if ((*bell_fd = fcntl(bell, F_DUPFD_CLOEXEC, 0)) < 0) {
+    close(fd);
+    ql__fastpath_end(fp);
+    snprintf(err, errlen, "create_ring: dup: %s", strerror(errno));
+    return QL_EEXHAUSTED;
+  }
+  /* The ring starts quiet: the client's first request rings. */
+  atomic_store(&fp->ring.hdr->idle, 1);
+  return 0;
+fail:
+  if (base != MAP_FAILED)
+    munmap(base, size);
+  if (fd >= 0)
+    close(fd);
+  if (bell >= 0)
+    close(bell);
+  free(fp);
+  return rc;
+}
+
+uint64_t ql__fastpath_bytes(const ql__fastpath *fp) { return fp->ring.size; }
+
+static void on_poll_closed(uv_handle_t *h) {
+  ql__fastpath *fp = h->data;
+  close(fp->bell);
+  fp_unref(fp);
+}
+
+void ql__fastpath_end(ql__fastpath *fp) {
+  if (fp == NULL || fp->dead)
+    return;
+  fp->dead = 1;
+  fp->ss = NULL;
+  fp->fps->rings--;
+  unlink_hot(fp);
+  uv_close((uv_handle_t *)&fp->poll, on_poll_closed);
+  fp_unref(fp); /* the session's */
+}

@@ -1,0 +1,66 @@
+/*
+ * fastpath.h - a session's shared-memory ring (proto/ql_ring.h): the
+ * daemon's reader of requests and writer of completions.
+ *
+ * A ring carries Linear and LinearMulti requests whose results go to the
+ * session's regions or device memory; each is handled exactly as on the
+ * request socket (handlers.h: the same decoding, checks, quotas, deadlines
+ * and scheduler), and its Response is packed into a completion slot
+ * instead of a socket. Everything here runs on the loop thread, which never
+ * blocks on the ring: it reads a ring when its doorbell (an eventfd the
+ * loop polls) rings, and keeps polling a ring that was busy within the
+ * last ring_spin_us without sleeping (a uv_idle handle), so that a client
+ * sending request after request never needs the doorbell. An idle daemon
+ * sleeps: rings cost nothing until used.
+ *
+ * The ring is untrusted memory: a client may write anything there at any
+ * time. A slot is copied out once and then decoded; a producer index out of
+ * range ends the session. The daemon takes a request only while the
+ * completion queue has room for it and every request it already took, so a
+ * client that stops consuming completions stalls its own ring and nothing
+ * else, and no reply is ever dropped for want of room.
+ */
+#ifndef QL_FASTPATH_H
+#define QL_FASTPATH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qlineard.h"
+
+struct ql__session;
+typedef struct ql__fastpaths ql__fastpaths;
+typedef struct ql__fastpath ql__fastpath;
+
+/* The daemon's set of rings and its spin handle; on success *out is the
+ * caller's, released by ql__fastpaths_close(). */
+int ql__fastpaths_open(ql__server *s, ql__fastpaths **out);
+
+/* Closes the spin handle once every ring ended (ql__fastpath_end); the
+ * memory is freed by libuv's close callback. Safe on NULL. */
+void ql__fastpaths_close(ql__fastpaths *fps);
+
+/*
+ * Makes a ring of entries slots per queue (0: QL_RING_DEFAULT_ENTRIES;
+ * else a power of two in [QL_RING_MIN_ENTRIES, QL_RING_MAX_ENTRIES]) for
+ * session ss. On success *ring_fd (the sealed memfd) and *bell_fd (the
+ * eventfd the client writes) are descriptors for the caller to pass to the
+ * client and then close, and *out is the session's until ql__fastpath_end.
+ * QL_EINVAL for a bad size, QL_ENOMEM / QL_EEXHAUSTED / QL_EIO from the
+ * system, with err set.
+ */
+int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
+                        uint32_t entries, ql__fastpath **out, int *ring_fd,
+                        int *bell_fd, char *err, size_t errlen);
+
+/* Bytes of its mapping (counted against the session's region bytes). */
+uint64_t ql__fastpath_bytes(const ql__fastpath *fp);
+
+/*
+ * The session ended: the ring reads nothing more, replies still to come
+ * are dropped, and it is unmapped once the last request that holds it has
+ * been answered. Safe on NULL.
+ */
+void ql__fastpath_end(ql__fastpath *fp);
+
+#endif /* QL_FASTPATH_H */
