@@ -42,6 +42,8 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "fastpath.h"
+#include "ql_ring.h"
 #include "qlinear.pb-c.h"
 #include "qlinear/qlinear.h"
 
@@ -80,6 +82,23 @@ typedef Qlinear__V1__Response__BodyCase BodyCase;
  * closed). */
 #define MAX_FDS 4
 
+/* Staging regions: where ql_linear() and ql_linear_multi() put tensors
+ * that are not in a region, so that the ring (which carries no tensor
+ * data) can serve them. One per call in flight, up to STAGE_SLOTS. */
+#define STAGE_SLOTS 8
+#define STAGE_MIN_BYTES ((size_t)256 << 10)
+#define STAGE_MAX_BYTES ((size_t)64 << 20)
+/* How long a caller of the ring spins before it sleeps (QLINEAR_RING_SPIN_US
+ * overrides). */
+#define RING_SPIN_US 50
+
+struct ql_client;
+typedef struct stage {
+  struct ql_client *c;
+  ql_region *reg; /* NULL: the slot is empty */
+  bool busy;      /* a call uses it (or a request abandoned on the ring) */
+} stage;
+
 /* A region and its place in its client's list. */
 typedef struct region_node {
   ql_region pub; /* first: the caller's ql_region * is this node */
@@ -104,6 +123,8 @@ struct ql_client {
   uint64_t sess_next_id; /* SessionRequest.request_id (sess_lock) */
   uint8_t token[TOKEN_BYTES];
   bool has_token;
+  ql__cring *ring;   /* the session's fast path, or NULL: messages only */
+  stage stages[STAGE_SLOTS]; /* (lock) */
   struct ql_client *all_prev, *all_next; /* every client (all_lock) */
 };
 
@@ -310,6 +331,29 @@ static int set_int_opt(int s, int level, int opt, int64_t v,
  * qlinear__v1__response__free_unpacked); on failure *out is NULL and
  * ql_errmsg() says why. req stays owned by the caller.
  */
+/*
+ * The checks every reply passes, whatever carried it: it answers req (a
+ * request the daemon could not decode is answered under id 0, since it
+ * could not read ours), its status is zero and its body is want.
+ */
+static int reply_check(const Request *req, const Response *resp,
+                       BodyCase want) {
+  if (resp->request_id != req->request_id &&
+      !(resp->request_id == 0 && resp->status != NULL &&
+        resp->status->code != 0))
+    return err_set(QL_EPROTO, "reply carries request id %llu, expected %llu",
+                   (unsigned long long)resp->request_id,
+                   (unsigned long long)req->request_id);
+  if (resp->status != NULL && resp->status->code != 0)
+    return status_error(resp->status);
+  if (resp->body_case != want || resp->hello == NULL)
+    /* Every body of the oneof is a message pointer, so checking one member
+     * of the union checks them all. */
+    return err_set(QL_EPROTO, "reply has body %d, expected %d",
+                   (int)resp->body_case, (int)want);
+  return 0;
+}
+
 static int call(ql_client *c, Request *req, BodyCase want, int timeout_ms,
                 Response **out) {
   void *msg = NULL, *buf = NULL;
@@ -395,28 +439,12 @@ static int call(ql_client *c, Request *req, BodyCase want, int timeout_ms,
     rv = err_set(QL_EPROTO, "cannot decode the daemon's reply (%d bytes)", n);
     goto fail;
   }
-  /* A request the daemon could not decode is answered under id 0 (it could
-   * not read ours); REQ already matched the reply to this request. */
-  if (resp->request_id != req->request_id &&
-      !(resp->request_id == 0 && resp->status != NULL &&
-        resp->status->code != 0)) {
-    rv = err_set(QL_EPROTO, "reply carries request id %llu, expected %llu",
-                 (unsigned long long)resp->request_id,
-                 (unsigned long long)req->request_id);
+  /* REQ already matched the reply to this request: the socket is clean. */
+  keep = resp->request_id == req->request_id ||
+         (resp->request_id == 0 && resp->status != NULL &&
+          resp->status->code != 0);
+  if ((rv = reply_check(req, resp, want)) != 0)
     goto fail;
-  }
-  keep = true;
-  if (resp->status != NULL && resp->status->code != 0) {
-    rv = status_error(resp->status);
-    goto fail;
-  }
-  if (resp->body_case != want || resp->hello == NULL) {
-    /* Every body of the oneof is a message pointer, so checking one member
-     * of the union checks them all. */
-    rv = err_set(QL_EPROTO, "reply has body %d, expected %d",
-                 (int)resp->body_case, (int)want);
-    goto fail;
-  }
   pool_put(c, s);
   *out = resp;
   return 0;
@@ -434,6 +462,147 @@ fail:
     else
       nn_close(s);
   }
+  return rv;
+}
+
+/* ------------------------------------------------------------ fast path */
+
+/*
+ * A staging region of at least need bytes, marked busy, or NULL (no slot
+ * free, or the daemon refused a region): the caller then uses the message
+ * path, so this never changes ql_errmsg().
+ */
+static stage *stage_take(ql_client *c, size_t need) {
+  stage *best = NULL, *empty = NULL, *victim = NULL;
+  ql_region *old = NULL, *reg = NULL;
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < STAGE_SLOTS; i++) {
+    stage *st = &c->stages[i];
+    if (st->reg == NULL) {
+      /* (busy with no region: another call is making one there) */
+      if (empty == NULL && !st->busy)
+        empty = st;
+    } else if (!st->busy && st->reg->size >= need &&
+               (best == NULL || st->reg->size < best->reg->size)) {
+      best = st;
+    } else if (!st->busy && victim == NULL) {
+      victim = st;
+    }
+  }
+  if (best != NULL) {
+    best->busy = true;
+    pthread_mutex_unlock(&c->lock);
+    return best;
+  }
+  /* A new one, in an empty slot or instead of a free one too small. */
+  stage *st = empty != NULL ? empty : victim;
+  if (st == NULL) {
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+  }
+  old = st->reg;
+  st->reg = NULL;
+  st->busy = true; /* reserved while the region is made */
+  pthread_mutex_unlock(&c->lock);
+  char saved[ERRBUF_SIZE];
+  memcpy(saved, errbuf, sizeof saved);
+  if (old != NULL)
+    ql_region_destroy(c, old);
+  size_t size = STAGE_MIN_BYTES;
+  while (size < need)
+    size *= 2;
+  int rv = ql_region_create(c, size, &reg);
+  memcpy(errbuf, saved, sizeof saved);
+  pthread_mutex_lock(&c->lock);
+  st->c = c;
+  st->reg = rv == 0 ? reg : NULL;
+  st->busy = rv == 0;
+  pthread_mutex_unlock(&c->lock);
+  return rv == 0 ? st : NULL;
+}
+
+static void stage_put(stage *st) {
+  if (st == NULL)
+    return;
+  pthread_mutex_lock(&st->c->lock);
+  st->busy = false;
+  pthread_mutex_unlock(&st->c->lock);
+}
+
+/* The ring's late callback: the reply of an abandoned request came, so
+ * nothing writes to its stage any more. */
+static void stage_late(void *arg) { stage_put(arg); }
+
+/* A stage a request may still write (it timed out on the message path,
+ * where no late reply is ever seen): never used again. */
+static void stage_poison(stage *st) {
+  pthread_mutex_lock(&st->c->lock);
+  ql_region *reg = st->reg;
+  st->reg = NULL;
+  st->busy = false;
+  pthread_mutex_unlock(&st->c->lock);
+  char saved[ERRBUF_SIZE];
+  memcpy(saved, errbuf, sizeof saved);
+  /* The daemon keeps its mapping while the request runs. */
+  ql_region_destroy(st->c, reg);
+  memcpy(errbuf, saved, sizeof saved);
+}
+
+/* Whether req can travel on the ring: a linear request whose results go
+ * to regions or device memory (a completion carries no tensor data). */
+static bool ring_carries(const Request *req) {
+  if (req->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR)
+    return req->linear->y_out != NULL || req->linear->y_out_cuda != NULL ||
+           req->linear->y_out_ze != NULL;
+  if (req->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI)
+    return req->linear_multi->n_y_out != 0 ||
+           req->linear_multi->n_y_out_cuda != 0 ||
+           req->linear_multi->n_y_out_ze != 0;
+  return false;
+}
+
+/*
+ * One request and its checked reply, on the session's ring when it can
+ * carry it, else over a request socket (call()). st is the staging region
+ * the request writes, or NULL. On success *out is the caller's, and so is
+ * st. On failure st is disposed of here: back in the pool, or kept by a
+ * request still in flight until its reply comes, or never used again.
+ */
+static int exchange(ql_client *c, Request *req, BodyCase want, int timeout_ms,
+                    stage *st, Response **out) {
+  int rv;
+  *out = NULL;
+  if (c->ring != NULL && ring_carries(req)) {
+    char why[256];
+    Response *resp = NULL;
+    req->request_id = request_id_new();
+    /* The ring is the session's: no token travels. */
+    req->session_token.data = NULL;
+    req->session_token.len = 0;
+    rv = ql__cring_call(c->ring, req, timeout_ms, c->sess_fd,
+                        st != NULL ? stage_late : NULL, st, &resp, why,
+                        sizeof why);
+    if (rv != QL__CRING_FALLBACK) {
+      if (rv != 0) {
+        /* A timed-out request keeps st until its reply: stage_late. */
+        if (rv != QL_ETIMEDOUT)
+          stage_put(st);
+        return err_set(rv, "%s", why);
+      }
+      if ((rv = reply_check(req, resp, want)) != 0) {
+        qlinear__v1__response__free_unpacked(resp, NULL);
+        stage_put(st);
+        return rv;
+      }
+      *out = resp;
+      return 0;
+    }
+  }
+  rv = call(c, req, want, timeout_ms, out);
+  if (rv == QL_ETIMEDOUT && st != NULL)
+    stage_poison(st);
+  else if (rv != 0)
+    stage_put(st);
   return rv;
 }
 
@@ -642,6 +811,7 @@ static void atfork_child(void) {
     c->sess_fd = -1;
     c->has_token = false;
     memset(c->token, 0, sizeof c->token);
+    ql__cring_disable(c->ring);
   }
   pthread_mutex_unlock(&all_lock);
 }
@@ -713,12 +883,12 @@ static int wait_fd(int fd, short events, int timeout_ms, int64_t deadline) {
   }
 }
 
-/* Closes every descriptor of the SCM_RIGHTS messages in mh except, when
- * keep is not NULL, the first, which is stored there (-1 if none). */
-static int take_fds(struct msghdr *mh, int *keep) {
-  int n = 0;
-  if (keep != NULL)
-    *keep = -1;
+/* Closes every descriptor of the SCM_RIGHTS messages in mh except the
+ * first nkeep, which are stored in keep[] (-1 where none came). */
+static int take_fds(struct msghdr *mh, int *keep, int nkeep) {
+  int n = 0, kept = 0;
+  for (int i = 0; i < nkeep; i++)
+    keep[i] = -1;
   for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm != NULL;
        cm = CMSG_NXTHDR(mh, cm)) {
     if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
@@ -727,14 +897,21 @@ static int take_fds(struct msghdr *mh, int *keep) {
     for (size_t i = 0; i < count; i++) {
       int fd;
       memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-      if (keep != NULL && *keep < 0)
-        *keep = fd;
+      if (kept < nkeep)
+        keep[kept++] = fd;
       else
         close(fd);
       n++;
     }
   }
   return n;
+}
+
+static void close_fds(int fd[2]) {
+  for (int i = 0; i < 2; i++)
+    if (fd[i] >= 0)
+      close(fd[i]);
+  fd[0] = fd[1] = -1;
 }
 
 /*
@@ -744,7 +921,7 @@ static int take_fds(struct msghdr *mh, int *keep) {
  */
 static int session_recv(ql_client *c, uint64_t id, int timeout_ms,
                         int64_t deadline, Qlinear__V1__SessionResponse **out,
-                        int *fd_out) {
+                        int fd_out[2]) {
   uint8_t buf[SESSION_MSG_MAX];
   union {
     struct cmsghdr align;
@@ -774,19 +951,17 @@ static int session_recv(ql_client *c, uint64_t id, int timeout_ms,
     }
     if (n < 0)
       return err_set(map_errno(errno), "session socket: %s", strerror(errno));
-    int fd = -1;
-    take_fds(&mh, &fd);
+    int fd[2];
+    take_fds(&mh, fd, 2);
     if (n == 0) {
-      if (fd >= 0)
-        close(fd);
+      close_fds(fd);
       return err_set(QL_ECONNECT, "the daemon closed the session");
     }
     Qlinear__V1__SessionResponse *r = NULL;
     if (!(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
       r = qlinear__v1__session_response__unpack(NULL, (size_t)n, buf);
     if (r == NULL) {
-      if (fd >= 0)
-        close(fd);
+      close_fds(fd);
       return err_set(QL_EPROTO, "cannot decode the daemon's session reply "
                                 "(%zd bytes)", n);
     }
@@ -797,11 +972,11 @@ static int session_recv(ql_client *c, uint64_t id, int timeout_ms,
                  r->status->code != 0);
     if (mine) {
       *out = r;
-      *fd_out = fd;
+      fd_out[0] = fd[0];
+      fd_out[1] = fd[1];
       return 0;
     }
-    if (fd >= 0)
-      close(fd);
+    close_fds(fd);
     qlinear__v1__session_response__free_unpacked(r, NULL);
   }
 }
@@ -813,16 +988,10 @@ static int session_recv(ql_client *c, uint64_t id, int timeout_ms,
  * fd_out is not NULL, *fd_out holds the descriptor that came with it (or
  * -1); a descriptor nobody asked for is closed.
  */
-static int session_call_fd(ql_client *c, Qlinear__V1__SessionRequest *req,
-                           Qlinear__V1__SessionResponse__BodyCase want,
-                           Qlinear__V1__SessionResponse **out, int *fd_out,
-                           int send_fd);
-
-static int session_call(ql_client *c, Qlinear__V1__SessionRequest *req,
-                        Qlinear__V1__SessionResponse__BodyCase want,
-                        Qlinear__V1__SessionResponse **out, int *fd_out) {
-  return session_call_fd(c, req, want, out, fd_out, -1);
-}
+static int session_exchange(ql_client *c, Qlinear__V1__SessionRequest *req,
+                            Qlinear__V1__SessionResponse__BodyCase want,
+                            Qlinear__V1__SessionResponse **out,
+                            int fd_out[2], int send_fd);
 
 /* session_call(), with send_fd (when >= 0) passed along with the request
  * as SCM_RIGHTS; the caller keeps its descriptor. */
@@ -830,14 +999,40 @@ static int session_call_fd(ql_client *c, Qlinear__V1__SessionRequest *req,
                            Qlinear__V1__SessionResponse__BodyCase want,
                            Qlinear__V1__SessionResponse **out, int *fd_out,
                            int send_fd) {
+  int fds[2];
+  int rv = session_exchange(c, req, want, out, fds, send_fd);
+  if (fd_out != NULL) {
+    *fd_out = fds[0];
+    fds[0] = -1;
+  }
+  close_fds(fds);
+  return rv;
+}
+
+static int session_call(ql_client *c, Qlinear__V1__SessionRequest *req,
+                        Qlinear__V1__SessionResponse__BodyCase want,
+                        Qlinear__V1__SessionResponse **out, int *fd_out) {
+  return session_call_fd(c, req, want, out, fd_out, -1);
+}
+
+/* The same, keeping the first two descriptors of the reply in fds[]. */
+static int session_call2(ql_client *c, Qlinear__V1__SessionRequest *req,
+                         Qlinear__V1__SessionResponse__BodyCase want,
+                         Qlinear__V1__SessionResponse **out, int fds[2]) {
+  return session_exchange(c, req, want, out, fds, -1);
+}
+
+static int session_exchange(ql_client *c, Qlinear__V1__SessionRequest *req,
+                            Qlinear__V1__SessionResponse__BodyCase want,
+                            Qlinear__V1__SessionResponse **out,
+                            int fd_out[2], int send_fd) {
   uint8_t buf[SESSION_MSG_MAX];
   Qlinear__V1__SessionResponse *r = NULL;
-  int fd = -1, rv;
+  int fd[2] = {-1, -1}, rv;
   int64_t deadline = c->timeout_ms >= 0 ? now_ms() + c->timeout_ms : 0;
 
   *out = NULL;
-  if (fd_out != NULL)
-    *fd_out = -1;
+  fd_out[0] = fd_out[1] = -1;
   pthread_mutex_lock(&c->sess_lock);
   if (c->sess_fd < 0) {
     rv = err_set(QL_ESESSION, "this client has no session (it was opened "
@@ -884,7 +1079,7 @@ static int session_call_fd(ql_client *c, Qlinear__V1__SessionRequest *req,
     /* The daemon may have said why before it closed the socket (too many
      * sessions): read that, else report the failed send. */
     int e = n < 0 ? errno : EIO;
-    if (session_recv(c, req->request_id, 0, now_ms() + 100, &r, &fd) == 0 &&
+    if (session_recv(c, req->request_id, 0, now_ms() + 100, &r, fd) == 0 &&
         r->status != NULL && r->status->code != 0) {
       rv = status_error(r->status);
       goto done;
@@ -893,7 +1088,7 @@ static int session_call_fd(ql_client *c, Qlinear__V1__SessionRequest *req,
     goto done;
   }
   if ((rv = session_recv(c, req->request_id, c->timeout_ms, deadline, &r,
-                         &fd)) != 0)
+                         fd)) != 0)
     goto done;
   if (r->status != NULL && r->status->code != 0) {
     rv = status_error(r->status);
@@ -907,15 +1102,13 @@ static int session_call_fd(ql_client *c, Qlinear__V1__SessionRequest *req,
   }
   *out = r;
   r = NULL;
-  if (fd_out != NULL) {
-    *fd_out = fd;
-    fd = -1;
-  }
+  fd_out[0] = fd[0];
+  fd_out[1] = fd[1];
+  fd[0] = fd[1] = -1;
   rv = 0;
 done:
   pthread_mutex_unlock(&c->sess_lock);
-  if (fd >= 0)
-    close(fd);
+  close_fds(fd);
   if (r != NULL)
     qlinear__v1__session_response__free_unpacked(r, NULL);
   return rv;
@@ -958,6 +1151,39 @@ static int session_open(ql_client *c) {
   c->has_token = true;
   qlinear__v1__session_response__free_unpacked(r, NULL);
   return 0;
+}
+
+/* Asks the daemon for the session's ring and maps it; on failure the
+ * client goes on without one (an older daemon, or no memory for it). */
+static void ring_open(ql_client *c) {
+  Qlinear__V1__SessionRequest req = QLINEAR__V1__SESSION_REQUEST__INIT;
+  Qlinear__V1__CreateRingRequest cr = QLINEAR__V1__CREATE_RING_REQUEST__INIT;
+  Qlinear__V1__SessionResponse *r = NULL;
+  int fds[2] = {-1, -1};
+  char saved[ERRBUF_SIZE];
+  memcpy(saved, errbuf, sizeof saved);
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_RING;
+  req.create_ring = &cr;
+  if (session_call2(c, &req, QLINEAR__V1__SESSION_RESPONSE__BODY_CREATE_RING,
+                    &r, fds) == 0 &&
+      fds[0] >= 0 && fds[1] >= 0) {
+    uint64_t spin = RING_SPIN_US;
+    const char *e = getenv("QLINEAR_RING_SPIN_US");
+    if (e != NULL && *e != '\0')
+      spin = strtoull(e, NULL, 10);
+    if (spin > 1000000)
+      spin = 1000000;
+    ql__cring_open(fds[0], fds[1], r->create_ring->size, spin * 1000u,
+                   &c->ring);
+    fds[0] = fds[1] = -1; /* taken over */
+  }
+  if (fds[0] >= 0)
+    close(fds[0]);
+  if (fds[1] >= 0)
+    close(fds[1]);
+  if (r != NULL)
+    qlinear__v1__session_response__free_unpacked(r, NULL);
+  memcpy(errbuf, saved, sizeof saved);
 }
 
 /* ------------------------------------------------------------ lifecycle */
@@ -1030,6 +1256,11 @@ QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
    * then session.sock is there too. The admin socket has no sessions. */
   if ((opts == NULL || !opts->admin) && (rv = session_open(c)) != 0)
     goto fail;
+  /* The fast path, unless refused here or in the environment. */
+  const char *env_ring = getenv("QLINEAR_RING");
+  if ((opts == NULL || (!opts->admin && !opts->no_ring)) &&
+      !(env_ring != NULL && strcmp(env_ring, "0") == 0))
+    ring_open(c);
   *out = c;
   return 0;
 
@@ -1042,6 +1273,7 @@ QL_EXPORT void ql_close(ql_client *c) {
   if (c == NULL)
     return;
   clients_remove(c);
+  ql__cring_free(c->ring);
   /* Closing the session socket ends the session in the daemon. */
   if (c->sess_fd >= 0)
     close(c->sess_fd);
@@ -1630,22 +1862,24 @@ static int check_linear_args(ql_client *c, const char *weight, ql_path path,
  * Sends a prepared Linear request and checks its reply: y must be [m, n]
  * in dtype, inline with ybytes bytes when neither ys nor yc is given
  * (copied to y), else naming exactly the region slice ys or the CUDA IPC
- * slice yc (its offset and length: the reply carries no handle).
+ * slice yc (its offset and length: the reply carries no handle). st, when
+ * not NULL, is the staging region ys lies in: on success y receives the
+ * result from there. st is consumed (exchange()).
  */
 static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
                        ql_dtype dtype, uint64_t m, uint64_t n,
                        uint64_t ybytes, const Qlinear__V1__RegionSlice *ys,
                        const Qlinear__V1__CudaIpcSlice *yc, void *y,
-                       ql_linear_result *res) {
+                       ql_linear_result *res, stage *st) {
   Request req = QLINEAR__V1__REQUEST__INIT;
   Response *resp = NULL;
   int rv;
 
   req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
   req.linear = lr;
-  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LINEAR, c->timeout_ms,
-                 &resp)) != 0)
-    goto fail;
+  if ((rv = exchange(c, &req, QLINEAR__V1__RESPONSE__BODY_LINEAR,
+                     c->timeout_ms, st, &resp)) != 0)
+    return rv;
 
   const Qlinear__V1__LinearResponse *lp = resp->linear;
   const Qlinear__V1__Tensor *yt = lp->y;
@@ -1714,6 +1948,8 @@ static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
   }
   if (ys == NULL && yc == NULL && lr->y_out_ze == NULL)
     memcpy(y, yt->inline_data.data, (size_t)ybytes);
+  if (st != NULL)
+    memcpy(y, (const uint8_t *)st->reg->data + ys->offset, (size_t)ybytes);
   if (res != NULL) {
     res->path = (ql_path)lp->path;
     copy_str(res->impl, sizeof res->impl, lp->impl);
@@ -1721,6 +1957,7 @@ static int linear_call(ql_client *c, Qlinear__V1__LinearRequest *lr,
   rv = 0;
 
 fail:
+  stage_put(st);
   if (resp != NULL)
     qlinear__v1__response__free_unpacked(resp, NULL);
   return rv;
@@ -1761,13 +1998,34 @@ QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
   xt.dtype = (Qlinear__V1__DType)dtype;
   xt.n_shape = 2;
   xt.shape = shape;
-  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
-  xt.inline_data.data = (uint8_t *)x; /* pack only reads it */
-  xt.inline_data.len = (size_t)xbytes;
   lr.weight = (char *)weight;
   lr.x = &xt;
   lr.path = (Qlinear__V1__Path)path;
-  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, NULL, y, res);
+  /* On the ring, x and y go through a staging region: one copy each way,
+   * which costs less than packing them into messages. */
+  uint64_t yoff = (xbytes + 63) & ~(uint64_t)63;
+  stage *st = c->ring != NULL && yoff + ybytes <= STAGE_MAX_BYTES
+                  ? stage_take(c, (size_t)(yoff + ybytes))
+                  : NULL;
+  if (st != NULL) {
+    Qlinear__V1__RegionSlice xs, ys;
+    memcpy(st->reg->data, x, (size_t)xbytes);
+    qlinear__v1__region_slice__init(&xs);
+    qlinear__v1__region_slice__init(&ys);
+    xs.region_id = ys.region_id = st->reg->id;
+    xs.offset = 0;
+    xs.length = xbytes;
+    ys.offset = yoff;
+    ys.length = ybytes;
+    xt.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+    xt.region = &xs;
+    lr.y_out = &ys;
+    return linear_call(c, &lr, dtype, m, n, ybytes, &ys, NULL, y, res, st);
+  }
+  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+  xt.inline_data.data = (uint8_t *)x; /* pack only reads it */
+  xt.inline_data.len = (size_t)xbytes;
+  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, NULL, y, res, NULL);
 }
 
 QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
@@ -1814,17 +2072,46 @@ QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
   xt.dtype = (Qlinear__V1__DType)dtype;
   xt.n_shape = 2;
   xt.shape = shape;
-  xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
-  xt.inline_data.data = (uint8_t *)x; /* pack only reads it */
-  xt.inline_data.len = (size_t)xbytes;
   lr.weights = (char **)weights; /* pack only reads them */
   lr.n_weights = count;
   lr.x = &xt;
   lr.path = (Qlinear__V1__Path)path;
   req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI;
   req.linear_multi = &lr;
-  if ((rv = call(c, &req, QLINEAR__V1__RESPONSE__BODY_LINEAR_MULTI,
-                 c->timeout_ms, &resp)) != 0)
+  /* On the ring, through a staging region (as ql_linear()): x, then each
+   * y at a 64-byte boundary. */
+  uint64_t yoff[QL_MULTI_MAX], end = (xbytes + 63) & ~(uint64_t)63;
+  for (size_t i = 0; i < count; i++) {
+    yoff[i] = end;
+    end = (end + ybytes[i] + 63) & ~(uint64_t)63;
+  }
+  stage *st = c->ring != NULL && end <= STAGE_MAX_BYTES
+                  ? stage_take(c, (size_t)end)
+                  : NULL;
+  Qlinear__V1__RegionSlice xs, ys[QL_MULTI_MAX], *pys[QL_MULTI_MAX];
+  if (st != NULL) {
+    memcpy(st->reg->data, x, (size_t)xbytes);
+    qlinear__v1__region_slice__init(&xs);
+    xs.region_id = st->reg->id;
+    xs.length = xbytes;
+    xt.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+    xt.region = &xs;
+    for (size_t i = 0; i < count; i++) {
+      qlinear__v1__region_slice__init(&ys[i]);
+      ys[i].region_id = st->reg->id;
+      ys[i].offset = yoff[i];
+      ys[i].length = ybytes[i];
+      pys[i] = &ys[i];
+    }
+    lr.y_out = pys;
+    lr.n_y_out = count;
+  } else {
+    xt.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+    xt.inline_data.data = (uint8_t *)x; /* pack only reads it */
+    xt.inline_data.len = (size_t)xbytes;
+  }
+  if ((rv = exchange(c, &req, QLINEAR__V1__RESPONSE__BODY_LINEAR_MULTI,
+                     c->timeout_ms, st, &resp)) != 0)
     return rv;
   const Qlinear__V1__LinearMultiResponse *mp = resp->linear_multi;
   if (mp->n_results != count) {
@@ -1836,10 +2123,18 @@ QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
   for (size_t i = 0; i < count; i++) {
     const Qlinear__V1__LinearResponse *lp = mp->results[i];
     const Qlinear__V1__Tensor *yt = lp ? lp->y : NULL;
+    bool where_asked =
+        st != NULL
+            ? yt != NULL && yt->data_case == QLINEAR__V1__TENSOR__DATA_REGION &&
+                  yt->region->region_id == ys[i].region_id &&
+                  yt->region->offset == ys[i].offset &&
+                  yt->region->length == ys[i].length
+            : yt != NULL &&
+                  yt->data_case == QLINEAR__V1__TENSOR__DATA_INLINE_DATA &&
+                  yt->inline_data.len == ybytes[i];
     if (yt == NULL || (int)yt->dtype != (int)dtype || yt->n_shape != 2 ||
-        yt->shape[0] != m || yt->shape[1] != n[i] ||
-        yt->data_case != QLINEAR__V1__TENSOR__DATA_INLINE_DATA ||
-        yt->inline_data.len != ybytes[i] || !ql_path_valid(lp->path)) {
+        yt->shape[0] != m || yt->shape[1] != n[i] || !where_asked ||
+        !ql_path_valid(lp->path)) {
       rv = err_set(QL_EPROTO, "result %zu is not a [%llu, %llu] y of the "
                               "request's data type", i,
                    (unsigned long long)m, (unsigned long long)n[i]);
@@ -1848,7 +2143,10 @@ QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
   }
   for (size_t i = 0; i < count; i++) {
     const Qlinear__V1__LinearResponse *lp = mp->results[i];
-    memcpy(y[i], lp->y->inline_data.data, (size_t)ybytes[i]);
+    memcpy(y[i],
+           st != NULL ? (const uint8_t *)st->reg->data + yoff[i]
+                      : lp->y->inline_data.data,
+           (size_t)ybytes[i]);
     if (res != NULL) {
       res[i].path = (ql_path)lp->path;
       copy_str(res[i].impl, sizeof res[i].impl, lp->impl);
@@ -1856,6 +2154,7 @@ QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
   }
   rv = 0;
 done:
+  stage_put(st);
   qlinear__v1__response__free_unpacked(resp, NULL);
   return rv;
 }
@@ -1952,7 +2251,7 @@ QL_EXPORT int ql_linear_region(ql_client *c, const char *weight, ql_path path,
   lr.path = (Qlinear__V1__Path)path;
   lr.y_out = y != NULL ? &ys : NULL;
   return linear_call(c, &lr, dtype, m, n, ybytes, lr.y_out, NULL, y_inline,
-                     res);
+                     res, NULL);
 }
 
 /* A CUDA slice into its message (out points into sl: no copy), after the
@@ -2059,7 +2358,7 @@ QL_EXPORT int ql_linear_cuda(ql_client *c, const char *weight, ql_path path,
   lr.path = (Qlinear__V1__Path)path;
   lr.y_out_cuda = y != NULL ? &ys : NULL;
   return linear_call(c, &lr, dtype, m, n, ybytes, NULL, lr.y_out_cuda,
-                     y_inline, res);
+                     y_inline, res, NULL);
 }
 
 /* ------------------------------------------------------ Level Zero IPC */
@@ -2175,7 +2474,8 @@ QL_EXPORT int ql_linear_ze(ql_client *c, const char *weight, ql_path path,
   lr.x = &xt;
   lr.path = (Qlinear__V1__Path)path;
   lr.y_out_ze = y != NULL ? &ys : NULL;
-  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, NULL, y_inline, res);
+  return linear_call(c, &lr, dtype, m, n, ybytes, NULL, NULL, y_inline, res,
+                     NULL);
 }
 
 /* ------------------------------------------------------------ regions */

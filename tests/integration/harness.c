@@ -473,6 +473,15 @@ ql_client *td_connect(const td *d) {
   return c;
 }
 
+ql_client *td_connect_messages(const td *d) {
+  ql_connect_opts o = {0};
+  ql_client *c = NULL;
+  o.no_ring = 1;
+  int rc = ql_connect(d->address, &o, &c);
+  ck_assert_msg(rc == 0, "connect: %s: %s", ql_strerror(rc), ql_errmsg());
+  return c;
+}
+
 ql_client *td_connect_admin(const td *d) {
   ql_connect_opts o = {0};
   ql_client *c = NULL;

@@ -161,6 +161,8 @@ int td_load_on(ql_client *c, const char *name, const td_layer *l,
 /* A libqlinear client of the daemon's request socket (with a session), or
  * of its admin socket; aborts the test when it cannot connect. */
 ql_client *td_connect(const td *d);
+/* A client without the ring: every request travels as a message. */
+ql_client *td_connect_messages(const td *d);
 ql_client *td_connect_admin(const td *d);
 
 /* Monotonic milliseconds. */

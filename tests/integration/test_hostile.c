@@ -1250,7 +1250,7 @@ START_TEST(every_field_hostile) {
   uint64_t before_hash;
   char *before;
   {
-    ql_client *c = td_connect(&D), *a = td_connect_admin(&D);
+    ql_client *c = td_connect_messages(&D), *a = td_connect_admin(&D);
     for (size_t i = 0; i < NW; i++) {
       int rc = load(W[i].persistent ? a : c, W[i].name, &W[i].l, W[i].f,
                     W[i].gs, W[i].persistent);

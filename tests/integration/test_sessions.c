@@ -394,7 +394,11 @@ static void kill9_child(const td *d, int ready) {
   td_layer_make(&common, 16, 64, 2, 1);
   td_layer_make(&big, 64, 1024, 3, 0);
   ql_region *r1 = NULL, *r2 = NULL;
-  if (ql_connect(d->address, NULL, &c) != 0 ||
+  /* Messages only: the regions counted below are exactly these two (a
+   * ring and staging regions would count too). */
+  ql_connect_opts o = {0};
+  o.no_ring = 1;
+  if (ql_connect(d->address, &o, &c) != 0 ||
       load(c, "kill/own", &own, NULL) != 0 ||
       load(c, "kill/shared", &common, NULL) != 0 ||
       ql_region_create(c, 1 << 20, &r1) != 0 ||
@@ -429,7 +433,7 @@ START_TEST(test_kill9) {
   ck_assert_msg(ok == 'y', "the client process failed to set up");
   close(p[0]);
 
-  ql_client *c = td_connect(&d);
+  ql_client *c = td_connect_messages(&d);
   td_layer common;
   td_layer_make(&common, 16, 64, 2, 1);
   int shared = -1;
@@ -953,7 +957,7 @@ START_TEST(test_zero_copy_equals_inline) {
   td d;
   static const char *const args[] = {"--max-message-bytes", "65536", NULL};
   td_start(&d, args);
-  ql_client *c = td_connect(&d);
+  ql_client *c = td_connect_messages(&d);
   td_layer l;
   td_layer_make(&l, 96, 320, 8, 1);
   ck_assert_int_eq(load_opts(c, "z/w", &l, QL_FORMAT_Q4G, 64, NULL, NULL,

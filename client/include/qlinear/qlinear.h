@@ -90,6 +90,14 @@ typedef struct ql_connect_opts {
    * ql_unload() of any weight and ql_reload_config() work there; regions
    * and ql_linear() do not (QL_ESESSION / QL_EPERM). */
   int admin;
+  /* 1: do not use the session's shared-memory ring (the fast path): every
+   * request travels as a message over the request socket. By default
+   * linear requests use the ring when the daemon offers one (tensors not
+   * in a region are staged through regions of the library's own), which
+   * cuts a round trip to a few microseconds above the kernel; the results
+   * are the same bytes either way. QLINEAR_RING=0 in the environment
+   * refuses it too. */
+  int no_ring;
 } ql_connect_opts;
 
 /* One device of the daemon, as Hello lists it. */

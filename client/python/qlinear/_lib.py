@@ -97,6 +97,7 @@ class ql_connect_opts(ctypes.Structure):
         ("timeout_ms", ctypes.c_int),
         ("client_name", ctypes.c_char_p),
         ("admin", ctypes.c_int),
+        ("no_ring", ctypes.c_int),
     ]
 
 
