@@ -2656,6 +2656,8 @@ QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
   b->s.regions = st->regions;
   b->s.region_bytes = st->region_bytes;
   b->s.persistent_weights = st->persistent_weights;
+  b->s.rings = st->rings;
+  b->s.ring_requests = st->ring_requests;
   b->s.n_devices_total = st->n_devices;
   for (size_t i = 0; i < st->n_devices && i < QL_MAX_DEVICES; i++) {
     const Qlinear__V1__DeviceStats *ds = st->devices[i];

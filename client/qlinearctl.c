@@ -878,6 +878,12 @@ static void print_prometheus(const ql_stats_info *s) {
   prom_head("qlinear_persistent_weights", "gauge",
             "Weights stored in the state directory.");
   printf("qlinear_persistent_weights %" PRIu64 "\n", s->persistent_weights);
+  prom_head("qlinear_rings", "gauge",
+            "Sessions with a ring (the shared-memory fast path).");
+  printf("qlinear_rings %" PRIu64 "\n", s->rings);
+  prom_head("qlinear_ring_requests_total", "counter",
+            "Requests received through rings.");
+  printf("qlinear_ring_requests_total %" PRIu64 "\n", s->ring_requests);
   prom_head("qlinear_device_weight_bytes", "gauge",
             "Bytes of weights resident on a device.");
   for (size_t i = 0; i < s->n_devices; i++) {
@@ -948,8 +954,9 @@ static void print_stats_table(const ql_stats_info *s) {
   printf("uptime        %" PRIu64 "d %02" PRIu64 ":%02" PRIu64 ":%02" PRIu64
          "\n",
          secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
-  printf("requests      %" PRIu64 " (%" PRIu64 " errors)\n", s->requests,
-         s->errors);
+  printf("requests      %" PRIu64 " (%" PRIu64 " errors; %" PRIu64
+         " through the rings of %" PRIu64 " sessions)\n",
+         s->requests, s->errors, s->ring_requests, s->rings);
   printf("traffic       %s in, %s out\n",
          human_bytes(s->bytes_in, b1, sizeof b1),
          human_bytes(s->bytes_out, b2, sizeof b2));

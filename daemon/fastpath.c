@@ -202,6 +202,7 @@ static unsigned drain(ql__fastpath *fp) {
     ql__ring_sq_release(&fp->ring, ++fp->sq_head);
     fp->in_flight++;
     taken++;
+    s->counters.ring_requests++;
     if (rc != 0) {
       s->counters.requests++;
       post_error(fp, tag, rc, "the ring slot claims more bytes than a slot "

@@ -1000,6 +1000,8 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
     stats.devices = devs;
     stats.n_devices = s->n_dev;
     stats.persistent_weights = s->persistent_count;
+    stats.rings = ql__sessions_rings(s);
+    stats.ring_requests = s->counters.ring_requests;
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
     r.resp.stats = &stats;
     break;

@@ -96,6 +96,7 @@ typedef struct ql__config {
 
 typedef struct ql__counters {
   uint64_t requests; /* requests received (decodable or not) */
+  uint64_t ring_requests; /* of them, through rings */
   uint64_t errors;   /* replies with a non-zero status */
   uint64_t bytes_in;
   uint64_t bytes_out;

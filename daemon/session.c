@@ -382,6 +382,14 @@ void ql__sessions_expire(ql__server *s, uint64_t lease_ns) {
   }
 }
 
+uint64_t ql__sessions_rings(const ql__server *s) {
+  uint64_t n = 0;
+  for (const ql__session *ss = s->sessions ? s->sessions->list : NULL;
+       ss != NULL; ss = ss->next)
+    n += ss->ring != NULL;
+  return n;
+}
+
 void ql__sessions_counts(const ql__server *s, uint64_t *sessions,
                          uint64_t *regions, uint64_t *region_bytes) {
   const ql__sessions *o = s->sessions;

@@ -130,6 +130,9 @@ void ql__session_upload_forget(ql__session *ss, uint64_t id);
  * than lease_ns. 0: no lease. */
 void ql__sessions_expire(ql__server *s, uint64_t lease_ns);
 
+/* Sessions with a ring, for Stats. */
+uint64_t ql__sessions_rings(const ql__server *s);
+
 /* Counts for Stats. */
 void ql__sessions_counts(const ql__server *s, uint64_t *sessions,
                          uint64_t *regions, uint64_t *region_bytes);

@@ -289,6 +289,9 @@ typedef struct ql_stats_info {
   size_t n_devices;             /* entries of devices[] */
   size_t n_devices_total;       /* devices the daemon reported */
   ql_device_memory devices[QL_MAX_DEVICES];
+  uint64_t rings;               /* sessions with a ring (the fast path) */
+  uint64_t ring_requests;       /* requests received through rings, of
+                                   all sessions (included in requests) */
 } ql_stats_info;
 
 /*

@@ -251,6 +251,8 @@ class ql_stats_info(ctypes.Structure):
         ("n_devices", ctypes.c_size_t),
         ("n_devices_total", ctypes.c_size_t),
         ("devices", ql_device_memory * QL_MAX_DEVICES),
+        ("rings", ctypes.c_uint64),
+        ("ring_requests", ctypes.c_uint64),
     ]
 
 

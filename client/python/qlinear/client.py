@@ -241,6 +241,8 @@ class HelloInfo:
     max_chunk_bytes: int
     devices: list
     n_devices_total: int
+    rings: int = 0
+    ring_requests: int = 0
 
 
 @dataclasses.dataclass
@@ -716,7 +718,8 @@ class Client:
                 devices=[DeviceMemory(_s(d.device), d.bytes_resident,
                                       d.budget_bytes)
                          for d in s.devices[:s.n_devices]],
-                n_devices_total=s.n_devices_total)
+                n_devices_total=s.n_devices_total, rings=s.rings,
+                ring_requests=s.ring_requests)
         finally:
             self._lib.ql_stats_free(p)
 
