@@ -274,12 +274,15 @@ Qlinear__V1__SessionResponse *td_session_call(
   return td_session_call_fd(s, req, -1, fd_out, timeout_ms);
 }
 
-Qlinear__V1__SessionResponse *td_session_call_fd(
-    td_session *s, Qlinear__V1__SessionRequest *req, int send_fd,
-    int *fd_out, int timeout_ms) {
+/* The exchange behind td_session_call_fd() and td_session_call_fds():
+ * keeps the first nkeep descriptors of the reply in keep[]. */
+static Qlinear__V1__SessionResponse *session_call_n(
+    td_session *s, Qlinear__V1__SessionRequest *req, int send_fd, int *keep,
+    int nkeep, int timeout_ms) {
   uint8_t buf[4096];
-  if (fd_out != NULL)
-    *fd_out = -1;
+  int kept = 0;
+  for (int i = 0; i < nkeep; i++)
+    keep[i] = -1;
   req->request_id = ++s->next_id;
   size_t len = qlinear__v1__session_request__get_packed_size(req);
   ck_assert_uint_le(len, sizeof buf);
@@ -334,8 +337,8 @@ Qlinear__V1__SessionResponse *td_session_call_fd(
     for (size_t i = 0; i < count; i++) {
       int fd;
       memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-      if (fd_out != NULL && *fd_out < 0)
-        *fd_out = fd;
+      if (kept < nkeep)
+        keep[kept++] = fd;
       else
         close(fd);
     }
@@ -346,6 +349,19 @@ Qlinear__V1__SessionResponse *td_session_call_fd(
       qlinear__v1__session_response__unpack(NULL, (size_t)n, buf);
   ck_assert_msg(r != NULL, "daemon sent an undecodable session reply");
   return r;
+}
+
+Qlinear__V1__SessionResponse *td_session_call_fd(
+    td_session *s, Qlinear__V1__SessionRequest *req, int send_fd,
+    int *fd_out, int timeout_ms) {
+  return session_call_n(s, req, send_fd, fd_out, fd_out != NULL ? 1 : 0,
+                        timeout_ms);
+}
+
+Qlinear__V1__SessionResponse *td_session_call_fds(
+    td_session *s, Qlinear__V1__SessionRequest *req, int fds[2],
+    int timeout_ms) {
+  return session_call_n(s, req, -1, fds, 2, timeout_ms);
 }
 
 int td_session_connect(const td *d) {

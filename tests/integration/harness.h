@@ -120,6 +120,12 @@ Qlinear__V1__SessionResponse *td_session_call_fd(
     td_session *s, Qlinear__V1__SessionRequest *req, int send_fd,
     int *fd_out, int timeout_ms);
 
+/* The same, keeping the first two descriptors of the reply in fds[] (-1
+ * where none came): CreateRing's ring and doorbell. */
+Qlinear__V1__SessionResponse *td_session_call_fds(
+    td_session *s, Qlinear__V1__SessionRequest *req, int fds[2],
+    int timeout_ms);
+
 /* CreateRegion on a raw session: returns the status code; on success *id
  * is the region's id and *fd its descriptor (the caller closes it). */
 int td_region_create(td_session *s, uint64_t size, uint64_t *id, int *fd);
