@@ -1,5 +1,7 @@
 /* worker.c - see worker.h. */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,9 @@ struct ql__worker {
   pthread_cond_t cv;
   ql__job *head, *tail; /* waiting jobs (mu) */
   size_t queued;        /* waiting jobs (mu) */
+  atomic_size_t posted; /* jobs submitted so far: what a spinning thread
+                           watches without the lock */
+  unsigned sleeping;    /* threads waiting on cv (mu) */
   ql__job *done_head, *done_tail; /* finished, not yet completed (mu) */
   int stop;             /* (mu) */
   size_t max_queue;
@@ -33,12 +38,43 @@ uint64_t ql__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/*
+ * With nothing queued, a thread first watches for a new job for
+ * SPIN_NS without the lock (decode requests come back to back, and a
+ * wake-up through the condition variable costs more than a small
+ * kernel), yielding the CPU to whoever wants it, then sleeps. Called and
+ * returns with mu held.
+ */
+#define SPIN_NS 50000u
+static void wait_for_work(ql__worker *w) {
+  size_t seen = atomic_load(&w->posted);
+  pthread_mutex_unlock(&w->mu);
+  uint64_t end = ql__now_ns() + SPIN_NS;
+  while (atomic_load_explicit(&w->posted, memory_order_relaxed) == seen &&
+         ql__now_ns() < end) {
+    cpu_relax();
+    sched_yield();
+  }
+  pthread_mutex_lock(&w->mu);
+  while (w->head == NULL && !w->stop) {
+    w->sleeping++;
+    pthread_cond_wait(&w->cv, &w->mu);
+    w->sleeping--;
+  }
+}
+
 static void *worker_main(void *arg) {
   ql__worker *w = arg;
   pthread_mutex_lock(&w->mu);
   for (;;) {
-    while (w->head == NULL && !w->stop)
-      pthread_cond_wait(&w->cv, &w->mu);
+    if (w->head == NULL && !w->stop)
+      wait_for_work(w);
     if (w->head == NULL)
       break; /* stop requested and the queue is drained */
     ql__job *job = w->head;
@@ -140,7 +176,10 @@ int ql__worker_submit(ql__worker *w, ql__job *job) {
       w->head = job;
     w->tail = job;
     w->queued++;
-    pthread_cond_signal(&w->cv);
+    atomic_fetch_add(&w->posted, 1);
+    /* A spinning thread takes it without a wake-up. */
+    if (w->sleeping > 0)
+      pthread_cond_signal(&w->cv);
   }
   pthread_mutex_unlock(&w->mu);
   if (rc == 0)
