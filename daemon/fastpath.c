@@ -386,15 +386,17 @@ int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
   fp->refs = 2; /* the session's and the poll handle's */
   uv_poll_start(&fp->poll, UV_READABLE, on_bell);
   fps->rings++;
-  *out = fp;
-  *ring_fd = fd;
   /* The client writes a duplicate; ours stays open with the handle. */
-  if ((*bell_fd = fcntl(bell, F_DUPFD_CLOEXEC, 0)) < 0) {
-    close(fd);
-    ql__fastpath_end(fp);
+  int dup = fcntl(bell, F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) {
     snprintf(err, errlen, "create_ring: dup: %s", strerror(errno));
+    close(fd);
+    ql__fastpath_end(fp); /* closes bell with the handle */
     return QL_EEXHAUSTED;
   }
+  *out = fp;
+  *ring_fd = fd;
+  *bell_fd = dup;
   /* The ring starts quiet: the client's first request rings. */
   atomic_store(&fp->ring.hdr->idle, 1);
   return 0;
