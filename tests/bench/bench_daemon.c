@@ -4,24 +4,36 @@
  *
  * It starts its own qlineard on a private socket directory, loads one
  * 4096x4096 q4g128 weight (random bf16 data, bf16 scales, quantized by the
- * daemon) and measures three cases:
+ * daemon) and measures each case on both of libqlinear's transports: the
+ * message path (nanomsg REQ/REP, a client connected with
+ * ql_connect_opts.no_ring) and the session's shared-memory ring (the
+ * default):
  *   overhead    at M = 1, 128 and 512: the round trip of ql_linear (x and y
- *               inline) and of ql_linear_region (x and y in regions) minus
- *               the same kernel called in this process (ql_dispatch on the
- *               cpu backend, reading the CPU backend's repacked layout of
- *               the same quantized weight, on the path the daemon reported),
- *               against a bare nanomsg REQ/REP echo of the same message
+ *               inline on the message path; staged through the library's
+ *               own regions on the ring) and of ql_linear_region (x and y
+ *               in regions), each on both transports, minus the same
+ *               kernel called in this process (ql_dispatch on the cpu
+ *               backend, reading the CPU backend's repacked layout of the
+ *               same quantized weight, on the path the daemon reported),
+ *               against a bare nanomsg REQ/REP echo of the message path's
  *               sizes, served by a thread of this process on another
- *               ipc:// address;
+ *               ipc:// address; and the message path's round trip over
+ *               the ring's;
  *   throughput  rows/s of 1, 2, 4 and 8 client processes, each with its
- *               own ql_connect(), sending M = 1 requests back to back on
- *               the one weight for --seconds; the ratio to one client;
+ *               own sessions, sending M = 1 requests back to back on the
+ *               one weight for --seconds, on each transport; the ratio to
+ *               one client, and ring over message path;
  *   decode_p99  one client process's M = 1 latency p99, alone and while
  *               another client process streams M = 512 prefill requests (x
  *               and y in regions, as a prefill client would send them) on
  *               the same weight; the ratio; and the prefill stream's rows/s
  *               alone and with the decode client, next to the in-process
- *               kernel's at M = 512.
+ *               kernel's at M = 512; on each transport (both clients use
+ *               the same one);
+ *   idle        the daemon's CPU time (utime + stime of /proc/PID/stat)
+ *               over about a second with nothing to do, first with no
+ *               ring, then with 16 more sessions each holding a ring that
+ *               served one request: what quiet rings cost the daemon.
  * The overhead case also gives the region round trip over (in-process
  * kernel + echo), the figure a lone prefill is judged by.
  * Every figure is a ratio of times measured in the same run, the median of
@@ -38,6 +50,7 @@
  * Output: a table for people, and one JSON object per case on a line that
  * starts with "{", as the kernel bench prints.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -65,11 +78,20 @@
 /* The weight: the shape and format the issues name (--shape, --format). */
 static int W_N = 4096, W_K = 4096;
 static ql_format W_FMT = QL_FORMAT_Q4G;
-#define W_GROUP 128
+/* The q4g group: 128, or (--shape with a K that 128 does not divide) the
+ * largest of 64 and 32 that divides K, or --group. */
+static int W_GROUP = 128;
 #define W_NAME "bench/weight"
 #define PREFILL_M 512
 #define MAX_CLIENTS 8
 #define MAX_PAIRS 64
+#define MAX_DAEMON_ARGS 32
+/* The idle case: rings opened, and the length of each CPU-time window. */
+#define IDLE_RINGS 16
+#define IDLE_WINDOW_S 1.0
+/* Longer than the daemon's longest ring_spin_us (100 ms), so that every
+ * ring has gone to sleep before the window starts. */
+#define IDLE_SETTLE_S 0.25
 /* Clients start together at a moment this far ahead of the command, so
  * that all of them have received it. */
 #define START_MARGIN_S 0.05
@@ -82,6 +104,11 @@ static const uint64_t ovh_ms[] = {1, 128, PREFILL_M};
 static const int tput_clients[] = {1, 2, 4, MAX_CLIENTS};
 #define N_TPUT (int)(sizeof tput_clients / sizeof tput_clients[0])
 
+/* libqlinear's two transports: a client connected with no_ring, and one
+ * with the session's ring. */
+enum { TR_MSG, TR_RING, N_TR };
+static const char *const tr_name[N_TR] = {"message", "ring"};
+
 /* ------------------------------------------------------------ options */
 
 typedef struct dopts {
@@ -91,6 +118,8 @@ typedef struct dopts {
   const char *daemon;
   const char *device; /* --device: where the weight goes; NULL: default */
   int json_only;
+  const char *daemon_args[MAX_DAEMON_ARGS]; /* --daemon-arg, in order */
+  int n_daemon_args;
 } dopts;
 
 /* Whether the in-process kernel (the CPU's) is timed: the weight is on
@@ -107,21 +136,34 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: qlinear-bench daemon [options]\n"
           "Starts its own qlineard, loads a 4096x4096 q4g128 weight and "
-          "measures per-call\noverhead (M = 1, 128, 512; inline and region "
-          "tensors) against a bare nanomsg\necho, rows/s of 1, 2, 4, 8 client "
-          "processes, and a decode client's p99 alone\nand under an M = 512 "
-          "prefill stream.\n"
+          "measures, on the\nmessage path (nanomsg REQ/REP) and on the "
+          "session's shared-memory ring:\nper-call overhead (M = 1, 128, 512; "
+          "inline and region tensors) against the\nin-process kernel and a "
+          "bare nanomsg echo, rows/s of 1, 2, 4, 8 client\nprocesses, a "
+          "decode client's p50/p99 alone and under an M = 512 prefill\n"
+          "stream, and the daemon's CPU use with 16 idle rings.\n"
           "  --seconds S   length of one throughput or latency sample "
           "(default 1);\n"
           "                per-call samples last S/4\n"
           "  --pairs P     interleaved pairs per figure (>= 5, default 7)\n"
           "  --daemon PATH qlineard to start (default: $QLINEARD, else "
           "./qlineard)\n"
+          "  --daemon-arg ARG\n"
+          "                one more argument for qlineard, after the "
+          "bench's own\n"
+          "                (repeat it: --daemon-arg --ring-spin-us "
+          "--daemon-arg 0)\n"
           "  --threads T   CPU threads of the daemon and of the in-process "
           "kernel\n"
           "                (QL_CPU_THREADS; default 2)\n"
-          "  --shape NxK   the weight's shape (default 4096x4096)\n"
-          "  --format F    q4g (group 128, default) or q8c\n"
+          "  --shape NxK   the weight's shape (default 4096x4096): N >= 16, "
+          "K a\n"
+          "                multiple of 32 (of the group for q4g), both up "
+          "to 65536\n"
+          "  --format F    q4g (default) or q8c\n"
+          "  --group G     q4g group: 32, 64, 128 or 256 dividing K "
+          "(default 128, or\n"
+          "                the largest of 64 and 32 that divides K)\n"
           "  --device D    load the weight on device D only (e.g. cuda:0); "
           "on a\n"
           "                device other than cpu the in-process kernel is "
@@ -129,11 +171,15 @@ static void usage(FILE *f) {
           "                'kernel' is then the daemon's mean job time\n"
           "  --quick       5 pairs of 0.05 s samples: a smoke test, not a "
           "measurement\n"
-          "  --json        JSON lines only\n");
+          "  --json        JSON lines only\n"
+          "The ring side waits as libqlinear does (QLINEAR_RING_SPIN_US "
+          "applies);\nQLINEAR_RING in the environment is ignored: each "
+          "client picks its transport.\n");
 }
 
 static int parse_opts(int argc, char **argv, dopts *o) {
   const char *env = getenv("QLINEARD");
+  long group = 0;
   memset(o, 0, sizeof *o);
   o->seconds = 1.0;
   o->pairs = 7;
@@ -168,13 +214,30 @@ static int parse_opts(int argc, char **argv, dopts *o) {
         return -1;
     } else if (strcmp(a, "--daemon") == 0) {
       o->daemon = v;
+    } else if (strcmp(a, "--daemon-arg") == 0) {
+      if (o->n_daemon_args == MAX_DAEMON_ARGS) {
+        fprintf(stderr, "qlinear-bench: at most %d --daemon-arg\n",
+                MAX_DAEMON_ARGS);
+        return -1;
+      }
+      o->daemon_args[o->n_daemon_args++] = v;
     } else if (strcmp(a, "--shape") == 0) {
       long n = strtol(v, &end, 10), k;
-      if (*end != 'x' || n < 16 || n > 65536)
+      if (*end != 'x' || n < 16 || n > 65536) {
+        fprintf(stderr,
+                "qlinear-bench: --shape %s: want NxK, N from 16 to "
+                "65536\n",
+                v);
         return -1;
+      }
       k = strtol(end + 1, &end, 10);
-      if (*end != '\0' || k < W_GROUP || k > 65536 || k % W_GROUP != 0)
+      if (*end != '\0' || k < 32 || k > 65536 || k % 32 != 0) {
+        fprintf(stderr,
+                "qlinear-bench: --shape %s: K must be a multiple of "
+                "32 from 32 to 65536\n",
+                v);
         return -1;
+      }
       W_N = (int)n;
       W_K = (int)k;
     } else if (strcmp(a, "--format") == 0) {
@@ -184,11 +247,29 @@ static int parse_opts(int argc, char **argv, dopts *o) {
         W_FMT = QL_FORMAT_Q8C;
       else
         return -1;
+    } else if (strcmp(a, "--group") == 0) {
+      group = strtol(v, &end, 10);
+      if (*end != '\0' ||
+          (group != 32 && group != 64 && group != 128 && group != 256)) {
+        fprintf(stderr, "qlinear-bench: --group %s: 32, 64, 128 or 256\n", v);
+        return -1;
+      }
     } else if (strcmp(a, "--device") == 0) {
       o->device = v;
     } else {
       return -1;
     }
+  }
+  /* The q4g group divides K: asked for, or the largest that does. */
+  if (group != 0) {
+    if (W_K % group != 0) {
+      fprintf(stderr, "qlinear-bench: --group %ld does not divide K = %d\n",
+              group, W_K);
+      return -1;
+    }
+    W_GROUP = (int)group;
+  } else {
+    W_GROUP = W_K % 128 == 0 ? 128 : W_K % 64 == 0 ? 64 : 32;
   }
   return 0;
 }
@@ -352,10 +433,15 @@ static int accepts(const char *path, int type) {
  * in R.log, and waits until both sockets accept. */
 static int daemon_start(const dopts *o) {
   char threads[16];
-  const char *argv[] = {o->daemon,     "--socket-dir", R.dir, "--log-level",
-                        "warning",     NULL};
+  const char *argv[6 + MAX_DAEMON_ARGS] = {o->daemon, "--socket-dir", R.dir,
+                                           "--log-level", "warning"};
   pid_t pid;
   int st;
+
+  /* --daemon-arg after the bench's own, so that they may override them. */
+  for (int i = 0; i < o->n_daemon_args; i++)
+    argv[5 + i] = o->daemon_args[i];
+  argv[5 + o->n_daemon_args] = NULL;
 
   if (access(o->daemon, X_OK) != 0) {
     fprintf(stderr,
@@ -404,11 +490,13 @@ static int daemon_start(const dopts *o) {
 
 enum { W_PREP = 1, W_DECODE, W_PREFILL };
 
-/* A command to a client process. W_PREP connects (once) and makes one
- * warm-up call of m rows; W_DECODE (M = 1, inline) and W_PREFILL (M =
- * PREFILL_M, regions) call back to back from t0 until t1. */
+/* A command to a client process. W_PREP connects (once: a session on each
+ * transport) and makes one warm-up call of m rows on each; W_DECODE (M =
+ * 1, ql_linear) and W_PREFILL (M = PREFILL_M, regions) call back to back
+ * on transport tr from t0 until t1. */
 typedef struct wcmd {
   int op;
+  int tr; /* TR_MSG or TR_RING */
   uint64_t m;
   double t0, t1; /* now_s() clock */
 } wcmd;
@@ -423,9 +511,9 @@ typedef struct wres {
 } wres;
 
 typedef struct wstate {
-  ql_client *c;
-  float *x, *y;       /* M = 1, inline */
-  ql_region *rx, *ry; /* M = PREFILL_M */
+  ql_client *c[N_TR];
+  float *x, *y;                   /* M = 1: inline (staged on the ring) */
+  ql_region *rx[N_TR], *ry[N_TR]; /* M = PREFILL_M, each session's own */
   double *lat;
   size_t nlat, cap;
 } wstate;
@@ -435,41 +523,55 @@ static void fill_x(float *x, size_t n) {
     x[i] = (float)gauss();
 }
 
-static int w_call(wstate *w, uint64_t m) {
+/* Connects a client on transport tr: no_ring for the message path. */
+static int connect_tr(int tr, ql_client **c) {
+  ql_connect_opts co = {.timeout_ms = CALL_TIMEOUT_MS,
+                        .client_name = "qlinear-bench",
+                        .no_ring = tr == TR_MSG};
+  return ql_connect(R.address, &co, c);
+}
+
+static int w_call(wstate *w, int tr, uint64_t m) {
   if (m == PREFILL_M) {
-    ql_slice xs = {w->rx, 0, w->rx->size}, ys = {w->ry, 0, w->ry->size};
-    return ql_linear_region(w->c, W_NAME, QL_PATH_AUTO, QL_DTYPE_F32, m, W_K,
-                            &xs, W_N, &ys, NULL, NULL);
+    ql_slice xs = {w->rx[tr], 0, w->rx[tr]->size},
+             ys = {w->ry[tr], 0, w->ry[tr]->size};
+    return ql_linear_region(w->c[tr], W_NAME, QL_PATH_AUTO, QL_DTYPE_F32, m,
+                            W_K, &xs, W_N, &ys, NULL, NULL);
   }
-  return ql_linear(w->c, W_NAME, QL_PATH_AUTO, QL_DTYPE_F32, 1, W_K, w->x, W_N,
-                   w->y, NULL);
+  return ql_linear(w->c[tr], W_NAME, QL_PATH_AUTO, QL_DTYPE_F32, 1, W_K, w->x,
+                   W_N, w->y, NULL);
 }
 
 static int w_prep(wstate *w, uint64_t m, wres *r) {
-  ql_connect_opts co = {.timeout_ms = CALL_TIMEOUT_MS,
-                       .client_name = "qlinear-bench"};
   int rc;
-  if (w->c == NULL && (rc = ql_connect(R.address, &co, &w->c)) != 0) {
-    snprintf(r->msg, sizeof r->msg, "connect: %s", ql_errmsg());
-    return rc;
-  }
-  if (m == PREFILL_M && w->rx == NULL) {
-    if ((rc = ql_region_create(w->c, PREFILL_M * W_K * sizeof(float),
-                               &w->rx)) != 0 ||
-        (rc = ql_region_create(w->c, PREFILL_M * W_N * sizeof(float),
-                               &w->ry)) != 0) {
-      snprintf(r->msg, sizeof r->msg, "region: %s", ql_errmsg());
-      return rc;
-    }
-    fill_x(w->rx->data, PREFILL_M * W_K);
-  } else if (m == 1 && w->x == NULL) {
+  if (m == 1 && w->x == NULL) {
     w->x = xalloc(W_K * sizeof(float));
     w->y = xalloc(W_N * sizeof(float));
     fill_x(w->x, W_K);
   }
-  if ((rc = w_call(w, m)) != 0)
-    snprintf(r->msg, sizeof r->msg, "warm-up: %s", ql_errmsg());
-  return rc;
+  for (int tr = 0; tr < N_TR; tr++) {
+    if (w->c[tr] == NULL && (rc = connect_tr(tr, &w->c[tr])) != 0) {
+      snprintf(r->msg, sizeof r->msg, "connect (%s): %s", tr_name[tr],
+               ql_errmsg());
+      return rc;
+    }
+    if (m == PREFILL_M && w->rx[tr] == NULL) {
+      if ((rc = ql_region_create(w->c[tr], PREFILL_M * W_K * sizeof(float),
+                                 &w->rx[tr])) != 0 ||
+          (rc = ql_region_create(w->c[tr], PREFILL_M * W_N * sizeof(float),
+                                 &w->ry[tr])) != 0) {
+        snprintf(r->msg, sizeof r->msg, "region: %s", ql_errmsg());
+        return rc;
+      }
+      fill_x(w->rx[tr]->data, PREFILL_M * W_K);
+    }
+    if ((rc = w_call(w, tr, m)) != 0) {
+      snprintf(r->msg, sizeof r->msg, "warm-up (%s): %s", tr_name[tr],
+               ql_errmsg());
+      return rc;
+    }
+  }
+  return 0;
 }
 
 static double pct(const double *sorted, size_t n, double q) {
@@ -494,7 +596,7 @@ static int w_run(wstate *w, const wcmd *c, wres *r) {
     double t0 = now_s(), t1;
     if (t0 >= c->t1)
       break;
-    if ((rc = w_call(w, c->m)) != 0) {
+    if ((rc = w_call(w, c->tr, c->m)) != 0) {
       snprintf(r->msg, sizeof r->msg, "linear: %s", ql_errmsg());
       break;
     }
@@ -538,7 +640,8 @@ static void worker_main(int fd) {
     if (send(fd, &r, sizeof r, MSG_NOSIGNAL) != (ssize_t)sizeof r)
       break;
   }
-  ql_close(w.c); /* destroys the regions too */
+  for (int tr = 0; tr < N_TR; tr++)
+    ql_close(w.c[tr]); /* destroys the regions too */
   free(w.x);
   free(w.y);
   free(w.lat);
@@ -866,8 +969,19 @@ static int weight_counters(ql_client *c, wcount *out) {
   return 0;
 }
 
-/* The five things a pair of the overhead case times. */
-enum { T_INLINE, T_REGION, T_KERNEL, T_ECHO_INLINE, T_ECHO_REGION, T_COUNT };
+/* The things a pair of the overhead case times: ql_linear and
+ * ql_linear_region on each transport, the in-process kernel, and the echo
+ * of the message path's sizes. */
+enum {
+  T_INLINE,      /* message path, x and y inline */
+  T_REGION,      /* message path, x and y in regions */
+  T_RING_REGION, /* ring, x and y in regions */
+  T_RING_INLINE, /* ring, ql_linear: staged through the library's regions */
+  T_KERNEL,
+  T_ECHO_INLINE,
+  T_ECHO_REGION,
+  T_COUNT
+};
 
 /* Index j of pair p's order: rotated by p, reversed on odd pairs, so that
  * no one of them always runs first or right after another. */
@@ -892,11 +1006,13 @@ static const char *path_name(ql_path p) {
 
 typedef struct ovh_env {
   const dopts *o;
-  ql_client *c;
+  ql_client *c;  /* message path (no_ring) */
+  ql_client *cr; /* the ring */
   const wset *ws;
-  ql_region *rx, *ry;
+  ql_region *rx, *ry;   /* c's */
+  ql_region *rrx, *rry; /* cr's */
   const float *x; /* PREFILL_M rows; a case uses the first m */
-  float *y, *yk;
+  float *y, *yr, *yk; /* message inline, ring inline, in-process */
   int echo_req;
   const uint8_t *payload;
   struct ovh_out *out;
@@ -912,45 +1028,70 @@ static void noop_run(void *ctx, long i) {
   (void)i;
 }
 
+/* One line of the overhead table: a round trip, its overhead with spread,
+ * and (message path) its echo and overhead/echo. */
+static void print_rt_row(const char *name, stat3 rt, stat3 ovh,
+                         const stat3 *echo, const stat3 *ovh_echo) {
+  printf("  %-15s %9.1f %9.1f [%8.1f-%8.1f]", name, rt.med * 1e6, ovh.med * 1e6,
+         ovh.min * 1e6, ovh.max * 1e6);
+  if (echo != NULL)
+    printf(" %9.1f  %5.2f [%5.2f-%5.2f]", echo->med * 1e6, ovh_echo->med,
+           ovh_echo->min, ovh_echo->max);
+  printf("\n");
+}
+
 static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   const dopts *o = e->o;
-  rt_ctx ri, rr;
+  rt_ctx rt[4]; /* T_INLINE .. T_RING_INLINE */
   echo_ctx ei, er;
   lin_ctx kc;
   timed T[T_COUNT];
   double t[T_COUNT][MAX_PAIRS], oi[MAX_PAIRS], orr[MAX_PAIRS];
+  double ogr[MAX_PAIRS], ogi[MAX_PAIRS], r_gr[MAX_PAIRS], i_gi[MAX_PAIRS];
+  double gi_gr[MAX_PAIRS];
   double ri_e[MAX_PAIRS], rr_e[MAX_PAIRS], i_r[MAX_PAIRS], r_ke[MAX_PAIRS];
   stat3 s[T_COUNT], s_oi, s_or, s_rie, s_rre, s_ir, s_rke;
+  stat3 s_ogr, s_ogi, s_rgr, s_igi, s_gigr;
   size_t ybytes = m * W_N * sizeof(float);
   const ql_kernel_impl *im;
   wcount w0, w1;
   double jobs;
-  int same, rc, P = o->pairs;
+  int same, rc, P = o->pairs, failed = 0;
+  /* The y each round trip writes. */
+  const void *yout[4] = {e->y, e->ry->data, e->rry->data, e->yr};
 
-  memset(&ri, 0, sizeof ri);
-  ri.c = e->c;
-  ri.m = m;
-  ri.x = e->x;
-  ri.y = e->y;
-  rr = ri;
-  rr.region = 1;
-  rr.xs = (ql_slice){e->rx, 0, m * W_K * sizeof(float)};
-  rr.ys = (ql_slice){e->ry, 0, ybytes};
+  memset(rt, 0, sizeof rt);
+  for (int j = T_INLINE; j <= T_RING_INLINE; j++) {
+    rt_ctx *r = &rt[j];
+    int ring = j == T_RING_REGION || j == T_RING_INLINE;
+    r->c = ring ? e->cr : e->c;
+    r->m = m;
+    r->region = j == T_REGION || j == T_RING_REGION;
+    r->x = e->x;
+    r->y = j == T_RING_INLINE ? e->yr : e->y;
+    r->xs = (ql_slice){ring ? e->rrx : e->rx, 0, m * W_K * sizeof(float)};
+    r->ys = (ql_slice){ring ? e->rry : e->ry, 0, ybytes};
+  }
   memcpy(e->rx->data, e->x, m * W_K * sizeof(float));
+  memcpy(e->rrx->data, e->x, m * W_K * sizeof(float));
 
   /* One call of each: the path the daemon chose decides the in-process
-   * kernel, and all three results must be the same bytes (the kernels are
-   * batch-invariant and the weight is the same quantized weight). */
-  if (rt_call(&ri, &ri.res) != 0 || rt_call(&rr, &rr.res) != 0) {
-    fprintf(stderr, "qlinear-bench: %s\n", ri.rc ? ri.msg : rr.msg);
-    return -1;
-  }
+   * kernel, and all the results must be the same bytes (the kernels are
+   * batch-invariant and the weight is the same quantized weight, whichever
+   * way the request travelled). */
+  for (int j = T_INLINE; j <= T_RING_INLINE; j++)
+    if (rt_call(&rt[j], &rt[j].res) != 0) {
+      fprintf(stderr, "qlinear-bench: %s: %s\n",
+              j < T_RING_REGION ? "message path" : "ring", rt[j].msg);
+      return -1;
+    }
   im = NULL;
   same = 1;
   if (in_process(o)) {
     im = ql_dispatch(ql_backend_find("cpu"),
-                     ri.res.path == QL_PATH_ACT_QUANT ? QL_OP_LINEAR_AQ
-                                                      : QL_OP_LINEAR_WO,
+                     rt[T_INLINE].res.path == QL_PATH_ACT_QUANT
+                         ? QL_OP_LINEAR_AQ
+                         : QL_OP_LINEAR_WO,
                      W_FMT, QL_DTYPE_F32, (int64_t)m, W_N, W_K);
     if (im == NULL) {
       fprintf(stderr, "qlinear-bench: no cpu kernel for M = %llu\n",
@@ -959,26 +1100,29 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
     }
     kc = (lin_ctx){im, e->ws, e->x, (int64_t)m, e->yk, 0};
     lin_run(&kc, 0);
-    same = memcmp(e->y, e->yk, ybytes) == 0 &&
-           memcmp(e->ry->data, e->yk, ybytes) == 0;
+    for (int j = T_INLINE; j <= T_RING_INLINE; j++)
+      same &= memcmp(yout[j], e->yk, ybytes) == 0;
     if (!same)
       fprintf(stderr,
               "qlinear-bench: warning: M = %llu: the daemon's y differs from "
               "the in-process kernel's\n",
               (unsigned long long)m);
   } else {
-    /* On another device only the daemon times the kernel: the inline and
-     * region results must agree with each other. */
-    same = memcmp(e->y, e->ry->data, ybytes) == 0;
+    /* On another device only the daemon times the kernel: the four results
+     * must agree with each other. */
+    for (int j = T_REGION; j <= T_RING_INLINE; j++)
+      same &= memcmp(yout[T_INLINE], yout[j], ybytes) == 0;
   }
 
   ei = (echo_ctx){e->echo_req, 0, 0, e->payload, 0};
   er = ei;
-  msg_sizes(&ri, e->rx, e->ry, &ei.req_bytes, &ei.resp_bytes);
-  msg_sizes(&rr, e->rx, e->ry, &er.req_bytes, &er.resp_bytes);
+  msg_sizes(&rt[T_INLINE], e->rx, e->ry, &ei.req_bytes, &ei.resp_bytes);
+  msg_sizes(&rt[T_REGION], e->rx, e->ry, &er.req_bytes, &er.resp_bytes);
 
-  T[T_INLINE] = (timed){"inline", rt_run, &ri, 0, 0};
-  T[T_REGION] = (timed){"region", rt_run, &rr, 0, 0};
+  T[T_INLINE] = (timed){"inline", rt_run, &rt[T_INLINE], 0, 0};
+  T[T_REGION] = (timed){"region", rt_run, &rt[T_REGION], 0, 0};
+  T[T_RING_REGION] = (timed){"ring_region", rt_run, &rt[T_RING_REGION], 0, 0};
+  T[T_RING_INLINE] = (timed){"ring_inline", rt_run, &rt[T_RING_INLINE], 0, 0};
   T[T_KERNEL] = in_process(o) ? (timed){"kernel", lin_run, &kc, 0, 0}
                                : (timed){"kernel", noop_run, NULL, 0, 0};
   T[T_ECHO_INLINE] = (timed){"echo_inline", echo_run, &ei, 0, 0};
@@ -991,17 +1135,20 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   }
   for (int j = 0; j < T_COUNT; j++)
     calibrate(&T[j], o->seconds / 4);
-  for (int p = 0; p < P && ri.rc == 0 && rr.rc == 0 && ei.rc == 0 &&
-                  er.rc == 0;
-       p++)
+  for (int p = 0; p < P && !failed; p++)
     for (int j = 0; j < T_COUNT; j++) {
       int k = order(p, j, T_COUNT);
       t[k][p] = sample(&T[k]);
+      for (int i = T_INLINE; i <= T_RING_INLINE; i++)
+        failed |= rt[i].rc != 0;
+      failed |= ei.rc != 0 || er.rc != 0;
     }
-  if (ri.rc != 0 || rr.rc != 0) {
-    fprintf(stderr, "qlinear-bench: %s\n", ri.rc ? ri.msg : rr.msg);
-    return -1;
-  }
+  for (int j = T_INLINE; j <= T_RING_INLINE; j++)
+    if (rt[j].rc != 0) {
+      fprintf(stderr, "qlinear-bench: %s: %s\n",
+              j < T_RING_REGION ? "message path" : "ring", rt[j].msg);
+      return -1;
+    }
   if (ei.rc != 0 || er.rc != 0) {
     fprintf(stderr, "qlinear-bench: echo: %s\n",
             nn_strerror(ei.rc ? ei.rc : er.rc));
@@ -1018,59 +1165,73 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   for (int p = 0; p < P; p++) {
     oi[p] = t[T_INLINE][p] - t[T_KERNEL][p];
     orr[p] = t[T_REGION][p] - t[T_KERNEL][p];
+    ogr[p] = t[T_RING_REGION][p] - t[T_KERNEL][p];
+    ogi[p] = t[T_RING_INLINE][p] - t[T_KERNEL][p];
     ri_e[p] = oi[p] / t[T_ECHO_INLINE][p];
     rr_e[p] = orr[p] / t[T_ECHO_REGION][p];
     i_r[p] = t[T_INLINE][p] / t[T_REGION][p];
     r_ke[p] = t[T_REGION][p] / (t[T_KERNEL][p] + t[T_ECHO_REGION][p]);
+    r_gr[p] = t[T_REGION][p] / t[T_RING_REGION][p];
+    i_gi[p] = t[T_INLINE][p] / t[T_RING_INLINE][p];
+    gi_gr[p] = t[T_RING_INLINE][p] / t[T_RING_REGION][p];
   }
   for (int j = 0; j < T_COUNT; j++)
     s[j] = stats_copy(t[j], P);
   s_oi = stats_copy(oi, P);
   s_or = stats_copy(orr, P);
+  s_ogr = stats_copy(ogr, P);
+  s_ogi = stats_copy(ogi, P);
   s_rie = stats_copy(ri_e, P);
   s_rre = stats_copy(rr_e, P);
   s_ir = stats_copy(i_r, P);
   s_rke = stats_copy(r_ke, P);
+  s_rgr = stats_copy(r_gr, P);
+  s_igi = stats_copy(i_gi, P);
+  s_gigr = stats_copy(gi_gr, P);
   if (m == PREFILL_M)
     e->out->prefill_kernel_s = s[T_KERNEL].med;
 
   if (!o->json_only) {
     if (header)
-      printf("\nper-call overhead = round trip - in-process kernel; echo = "
-             "bare nanomsg REQ/REP\nof the same message sizes; (daemon) = its "
-             "mean job time; times in us (medians),\nratios median "
-             "[min-max]\n"
-             "%-26s | %-47s | %-47s |\n"
-             "%4s %-3s %8s %8s | %8s %8s %8s %-20s | %8s %8s %8s %-20s | "
-             "%s\n",
-             "", "inline tensors (ql_linear)",
-             "region tensors (ql_linear_region)", "M", "pth", "kernel",
-             "(daemon)", "rt",
-             "overhead", "echo", "overhead/echo", "rt", "overhead", "echo",
-             "overhead/echo", "rt inline/region");
-    printf("%4llu %-3s %8.1f %8.1f | %8.1f %8.1f %8.1f %5.2f [%5.2f-%5.2f]  | "
-           "%8.1f %8.1f %8.1f %5.2f [%5.2f-%5.2f]  | %.2f [%.2f-%.2f]%s\n",
-           (unsigned long long)m, path_name(ri.res.path), s[T_KERNEL].med * 1e6,
+      printf("\nper-call round trip (rt) and overhead = rt - in-process "
+             "kernel, us (medians,\noverhead with its [min-max]); echo = "
+             "bare nanomsg REQ/REP of the message\npath's sizes; ring inline "
+             "= ql_linear staged through the library's regions;\nratios "
+             "median [min-max] over the pairs\n");
+    printf("\nM = %llu, path %s: in-process kernel %.1f us, the daemon's mean "
+           "job %.1f us%s\n"
+           "  %-15s %9s %9s %-19s %9s  %s\n",
+           (unsigned long long)m, path_name(rt[T_INLINE].res.path),
+           s[T_KERNEL].med * 1e6,
            (double)(w1.kernel_ns - w0.kernel_ns) / jobs * 1e-3,
-           s[T_INLINE].med * 1e6, s_oi.med * 1e6, s[T_ECHO_INLINE].med * 1e6,
-           s_rie.med, s_rie.min, s_rie.max, s[T_REGION].med * 1e6,
-           s_or.med * 1e6, s[T_ECHO_REGION].med * 1e6, s_rre.med, s_rre.min,
-           s_rre.max, s_ir.med, s_ir.min, s_ir.max,
-           same ? "" : "  (y differs!)");
-    printf("%4s     region rt / (kernel + echo): %.2f [%.2f-%.2f]\n", "",
+           same ? "" : "  (y differs!)", "", "rt", "overhead", "", "echo",
+           "overhead/echo");
+    print_rt_row("message inline", s[T_INLINE], s_oi, &s[T_ECHO_INLINE],
+                 &s_rie);
+    print_rt_row("message region", s[T_REGION], s_or, &s[T_ECHO_REGION],
+                 &s_rre);
+    print_rt_row("ring region", s[T_RING_REGION], s_ogr, NULL, NULL);
+    print_rt_row("ring inline", s[T_RING_INLINE], s_ogi, NULL, NULL);
+    printf("  rt message / ring: region %.2f [%.2f-%.2f], inline %.2f "
+           "[%.2f-%.2f]\n",
+           s_rgr.med, s_rgr.min, s_rgr.max, s_igi.med, s_igi.min, s_igi.max);
+    printf("  rt inline / region: message %.2f [%.2f-%.2f], ring %.2f "
+           "[%.2f-%.2f]; message region rt / (kernel + echo): %.2f "
+           "[%.2f-%.2f]\n",
+           s_ir.med, s_ir.min, s_ir.max, s_gigr.med, s_gigr.min, s_gigr.max,
            s_rke.med, s_rke.min, s_rke.max);
   }
   printf("{\"bench\":\"daemon\",\"case\":\"overhead\",\"n\":%d,\"k\":%d,"
          "\"format\":\"%s\",\"group_size\":%d,\"scale_dtype\":\"bf16\","
          "\"m\":%llu,\"path\":\"%s\",\"impl\":\"%s\",\"daemon_impl\":\"%s\","
-         "\"threads\":%d,\"pairs\":%d,\"sample_s\":%.4f,\"same_bytes\":%s,"
-         "\"req_bytes\":%zu,\"resp_bytes\":%zu,\"region_req_bytes\":%zu,"
-         "\"region_resp_bytes\":%zu",
+         "\"ring_impl\":\"%s\",\"threads\":%d,\"pairs\":%d,\"sample_s\":%.4f,"
+         "\"same_bytes\":%s,\"req_bytes\":%zu,\"resp_bytes\":%zu,"
+         "\"region_req_bytes\":%zu,\"region_resp_bytes\":%zu",
          W_N, W_K, fmt_name(), W_GROUP, (unsigned long long)m,
-         path_name(ri.res.path),
-         im ? im->name : "daemon", ri.res.impl, o->threads, P, o->seconds / 4,
-         same ? "true" : "false", ei.req_bytes, ei.resp_bytes, er.req_bytes,
-         er.resp_bytes);
+         path_name(rt[T_INLINE].res.path), im ? im->name : "daemon",
+         rt[T_INLINE].res.impl, rt[T_RING_REGION].res.impl, o->threads, P,
+         o->seconds / 4, same ? "true" : "false", ei.req_bytes, ei.resp_bytes,
+         er.req_bytes, er.resp_bytes);
   print_ns(stdout, "kernel_ns", s[T_KERNEL]);
   printf(",\"daemon_kernel_ns_mean\":%.0f,\"daemon_queue_ns_mean\":%.0f",
          (double)(w1.kernel_ns - w0.kernel_ns) / jobs,
@@ -1085,6 +1246,13 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
   print_stat(stdout, "region_overhead_vs_echo", s_rre);
   print_stat(stdout, "inline_vs_region", s_ir);
   print_stat(stdout, "region_vs_kernel_echo", s_rke);
+  print_ns(stdout, "ring_region_rt_ns", s[T_RING_REGION]);
+  print_ns(stdout, "ring_region_overhead_ns", s_ogr);
+  print_ns(stdout, "ring_inline_rt_ns", s[T_RING_INLINE]);
+  print_ns(stdout, "ring_inline_overhead_ns", s_ogi);
+  print_stat(stdout, "region_vs_ring_region", s_rgr);
+  print_stat(stdout, "inline_vs_ring_inline", s_igi);
+  print_stat(stdout, "ring_inline_vs_ring_region", s_gigr);
   printf("}\n");
   fflush(stdout);
   return 0;
@@ -1092,49 +1260,71 @@ static int overhead_case(const ovh_env *e, uint64_t m, int header) {
 
 /* ------------------------------------------------------- throughput */
 
+static void print_rate(FILE *f, const char *name, stat3 s) {
+  fprintf(f, ",\"%s\":{\"median\":%.1f,\"min\":%.1f,\"max\":%.1f}", name, s.med,
+          s.min, s.max);
+}
+
 static int throughput(const dopts *o) {
-  double rate[N_TPUT][MAX_PAIRS], ratio[N_TPUT][MAX_PAIRS];
+  double rate[N_TR][N_TPUT][MAX_PAIRS], ratio[N_TR][N_TPUT][MAX_PAIRS];
+  double vs_msg[N_TPUT][MAX_PAIRS];
   int P = o->pairs;
 
+  /* A pair: every client count on each transport, 2 x N_TPUT samples. */
   for (int p = 0; p < P; p++)
-    for (int j = 0; j < N_TPUT; j++) {
-      int ci = order(p, j, N_TPUT), nc = tput_clients[ci];
+    for (int j = 0; j < N_TR * N_TPUT; j++) {
+      int k = order(p, j, N_TR * N_TPUT), tr = k / N_TPUT, ci = k % N_TPUT;
+      int nc = tput_clients[ci];
       wcmd cmd[MAX_CLIENTS];
       wres res[MAX_CLIENTS];
       uint64_t rows = 0;
       double t0 = now_s() + START_MARGIN_S;
       for (int i = 0; i < nc; i++)
-        cmd[i] = (wcmd){W_DECODE, 1, t0, t0 + o->seconds};
+        cmd[i] = (wcmd){
+            .op = W_DECODE, .tr = tr, .m = 1, .t0 = t0, .t1 = t0 + o->seconds};
       if (workers_run(nc, cmd, res) != 0)
         return -1;
       for (int i = 0; i < nc; i++)
         rows += res[i].rows;
-      rate[ci][p] = (double)rows / o->seconds;
+      rate[tr][ci][p] = (double)rows / o->seconds;
     }
   for (int ci = 0; ci < N_TPUT; ci++) {
-    stat3 sr, sx;
+    stat3 sr[N_TR], sx[N_TR], sv;
+    for (int tr = 0; tr < N_TR; tr++) {
+      for (int p = 0; p < P; p++)
+        ratio[tr][ci][p] = rate[tr][ci][p] / rate[tr][0][p];
+      sr[tr] = stats_copy(rate[tr][ci], P);
+      sx[tr] = stats_copy(ratio[tr][ci], P);
+    }
     for (int p = 0; p < P; p++)
-      ratio[ci][p] = rate[ci][p] / rate[0][p];
-    sr = stats_copy(rate[ci], P);
-    sx = stats_copy(ratio[ci], P);
+      vs_msg[ci][p] = rate[TR_RING][ci][p] / rate[TR_MSG][ci][p];
+    sv = stats_copy(vs_msg[ci], P);
     if (!o->json_only) {
       if (ci == 0)
-        printf("\nthroughput: client processes sending M = 1 requests back "
-               "to back, %.2f s samples\n%7s %-28s %s\n",
-               o->seconds, "clients", "rows/s median [min-max]",
-               "x 1 client [min-max]");
-      printf("%7d %8.0f [%7.0f-%7.0f]   %5.2f [%.2f-%.2f]\n", tput_clients[ci],
-             sr.med, sr.min, sr.max, sx.med, sx.min, sx.max);
+        printf("\nthroughput: client processes sending M = 1 requests "
+               "(ql_linear) back to back,\n%.2f s samples; rows/s median "
+               "[min-max], x 1 client median [min-max]\n"
+               "%7s | %-26s %-17s | %-26s %-17s | %s\n",
+               o->seconds, "clients", "message path rows/s", "x 1 client",
+               "ring rows/s", "x 1 client", "ring / message");
+      printf("%7d | %8.0f [%7.0f-%7.0f] %5.2f [%4.2f-%4.2f] | "
+             "%8.0f [%7.0f-%7.0f] %5.2f [%4.2f-%4.2f] | %.2f [%.2f-%.2f]\n",
+             tput_clients[ci], sr[TR_MSG].med, sr[TR_MSG].min, sr[TR_MSG].max,
+             sx[TR_MSG].med, sx[TR_MSG].min, sx[TR_MSG].max, sr[TR_RING].med,
+             sr[TR_RING].min, sr[TR_RING].max, sx[TR_RING].med, sx[TR_RING].min,
+             sx[TR_RING].max, sv.med, sv.min, sv.max);
     }
+    /* rows_per_s and vs_1_client: the message path, as before the ring. */
     printf("{\"bench\":\"daemon\",\"case\":\"throughput\",\"n\":%d,\"k\":%d,"
            "\"format\":\"%s\",\"group_size\":%d,\"m\":1,\"clients\":%d,"
            "\"threads\":%d,\"pairs\":%d,\"seconds\":%.4f",
            W_N, W_K, fmt_name(), W_GROUP, tput_clients[ci], o->threads, P,
            o->seconds);
-    fprintf(stdout, ",\"rows_per_s\":{\"median\":%.1f,\"min\":%.1f,"
-                    "\"max\":%.1f}",
-            sr.med, sr.min, sr.max);
-    print_stat(stdout, "vs_1_client", sx);
+    print_rate(stdout, "rows_per_s", sr[TR_MSG]);
+    print_stat(stdout, "vs_1_client", sx[TR_MSG]);
+    print_rate(stdout, "ring_rows_per_s", sr[TR_RING]);
+    print_stat(stdout, "ring_vs_1_client", sx[TR_RING]);
+    print_stat(stdout, "ring_vs_message", sv);
     printf("}\n");
   }
   fflush(stdout);
@@ -1144,83 +1334,299 @@ static int throughput(const dopts *o) {
 /* ---------------------------------------------------- decode latency */
 
 static int decode_latency(const dopts *o, const ovh_out *oo) {
-  double p50[2][MAX_PAIRS], p99[2][MAX_PAIRS], calls[2][MAX_PAIRS];
-  double pf_rate[2][MAX_PAIRS], ratio[MAX_PAIRS], pf_ratio[MAX_PAIRS];
-  stat3 s50[2], s99[2], sc[2], sr, spf[2], spr;
+  /* [transport][0: alone, 1: with the prefill stream] */
+  double p50[N_TR][2][MAX_PAIRS], p99[N_TR][2][MAX_PAIRS];
+  double calls[N_TR][2][MAX_PAIRS];
+  /* [transport][0: with decode, 1: alone] */
+  double pf_rate[N_TR][2][MAX_PAIRS];
+  double ratio[N_TR][MAX_PAIRS], pf_ratio[N_TR][MAX_PAIRS];
+  double p50_vs[2][MAX_PAIRS], p99_vs[2][MAX_PAIRS];
+  stat3 s50[N_TR][2], s99[N_TR][2], sc[N_TR][2], sr[N_TR], spf[N_TR][2];
+  stat3 spr[N_TR], s50v[2], s99v[2];
   int P = o->pairs;
 
-  /* Triple p: the decode client alone (k = 0), with the prefill stream
-   * (k = 1), and the prefill stream alone (k = 2), in an order that
-   * rotates. */
+  /* Pair p: on each transport, the decode client alone (k = 0), with the
+   * prefill stream (k = 1), and the prefill stream alone (k = 2), six
+   * samples in an order that rotates. */
   for (int p = 0; p < P; p++)
-    for (int j = 0; j < 3; j++) {
-      int k = order(p, j, 3);
+    for (int j = 0; j < 3 * N_TR; j++) {
+      int q = order(p, j, 3 * N_TR), tr = q / 3, k = q % 3;
       wcmd cmd[2];
       wres res[2];
       double t0 = now_s() + START_MARGIN_S;
-      cmd[0] = (wcmd){k < 2 ? W_DECODE : 0, 1, t0, t0 + o->seconds};
-      cmd[1] = (wcmd){k ? W_PREFILL : 0, PREFILL_M, t0, t0 + o->seconds};
+      cmd[0] = (wcmd){.op = k < 2 ? W_DECODE : 0,
+                      .tr = tr,
+                      .m = 1,
+                      .t0 = t0,
+                      .t1 = t0 + o->seconds};
+      cmd[1] = (wcmd){.op = k ? W_PREFILL : 0,
+                      .tr = tr,
+                      .m = PREFILL_M,
+                      .t0 = t0,
+                      .t1 = t0 + o->seconds};
       if (workers_run(2, cmd, res) != 0)
         return -1;
       if (k < 2) {
-        p50[k][p] = res[0].p50;
-        p99[k][p] = res[0].p99;
-        calls[k][p] = (double)res[0].calls;
+        p50[tr][k][p] = res[0].p50;
+        p99[tr][k][p] = res[0].p99;
+        calls[tr][k][p] = (double)res[0].calls;
       }
       if (k)
-        pf_rate[k - 1][p] = (double)res[1].rows / o->seconds;
+        pf_rate[tr][k - 1][p] = (double)res[1].rows / o->seconds;
     }
-  for (int p = 0; p < P; p++) {
-    ratio[p] = p99[1][p] / p99[0][p];
-    pf_ratio[p] = pf_rate[0][p] / pf_rate[1][p];
+  for (int tr = 0; tr < N_TR; tr++) {
+    for (int p = 0; p < P; p++) {
+      ratio[tr][p] = p99[tr][1][p] / p99[tr][0][p];
+      pf_ratio[tr][p] = pf_rate[tr][0][p] / pf_rate[tr][1][p];
+    }
+    for (int k = 0; k < 2; k++) {
+      s50[tr][k] = stats_copy(p50[tr][k], P);
+      s99[tr][k] = stats_copy(p99[tr][k], P);
+      sc[tr][k] = stats_copy(calls[tr][k], P);
+      spf[tr][k] = stats_copy(pf_rate[tr][k], P);
+    }
+    sr[tr] = stats_copy(ratio[tr], P);
+    spr[tr] = stats_copy(pf_ratio[tr], P);
   }
+  /* The message path's latency over the ring's, within each pair. */
   for (int k = 0; k < 2; k++) {
-    s50[k] = stats_copy(p50[k], P);
-    s99[k] = stats_copy(p99[k], P);
-    sc[k] = stats_copy(calls[k], P);
-    spf[k] = stats_copy(pf_rate[k], P);
+    for (int p = 0; p < P; p++) {
+      p50_vs[k][p] = p50[TR_MSG][k][p] / p50[TR_RING][k][p];
+      p99_vs[k][p] = p99[TR_MSG][k][p] / p99[TR_RING][k][p];
+    }
+    s50v[k] = stats_copy(p50_vs[k], P);
+    s99v[k] = stats_copy(p99_vs[k], P);
   }
-  sr = stats_copy(ratio, P);
-  spr = stats_copy(pf_ratio, P);
   /* The in-process kernel's rows/s at the same M, for comparison. */
   double kernel_rate =
       oo->prefill_kernel_s > 0 ? PREFILL_M / oo->prefill_kernel_s : 0;
   if (!o->json_only) {
     printf("\ndecode latency: one client process's M = 1 requests, alone and "
            "while another\nstreams M = %d prefill requests (regions) on the "
-           "same weight; %.2f s samples, us\n%-14s %8s %-26s %s\n",
+           "same weight, both on the\nsame transport; %.2f s samples, us\n"
+           "%-22s %8s %-26s %s\n",
            PREFILL_M, o->seconds, "", "p50", "p99 median [min-max]",
            "calls/sample");
-    for (int k = 0; k < 2; k++)
-      printf("%-14s %8.1f %8.1f [%7.1f-%7.1f]   %.0f\n",
-             k ? "with prefill" : "alone", s50[k].med * 1e6, s99[k].med * 1e6,
-             s99[k].min * 1e6, s99[k].max * 1e6, sc[k].med);
-    printf("p99 with prefill / alone: %.2f [%.2f-%.2f]\n", sr.med, sr.min,
-           sr.max);
-    printf("prefill rows/s: alone %.0f [%.0f-%.0f], with decode %.0f "
-           "[%.0f-%.0f] (with/alone %.2f [%.2f-%.2f]); in-process kernel at "
-           "M = %d: %.0f\n",
-           spf[1].med, spf[1].min, spf[1].max, spf[0].med, spf[0].min,
-           spf[0].max, spr.med, spr.min, spr.max, PREFILL_M, kernel_rate);
+    for (int tr = 0; tr < N_TR; tr++)
+      for (int k = 0; k < 2; k++)
+        printf("%-7s %-14s %8.1f %8.1f [%7.1f-%7.1f]   %.0f\n", tr_name[tr],
+               k ? "with prefill" : "alone", s50[tr][k].med * 1e6,
+               s99[tr][k].med * 1e6, s99[tr][k].min * 1e6, s99[tr][k].max * 1e6,
+               sc[tr][k].med);
+    for (int tr = 0; tr < N_TR; tr++)
+      printf("%-7s p99 with prefill / alone: %.2f [%.2f-%.2f]\n", tr_name[tr],
+             sr[tr].med, sr[tr].min, sr[tr].max);
+    printf("message / ring: p50 alone %.2f [%.2f-%.2f], with prefill %.2f "
+           "[%.2f-%.2f];\n                p99 alone %.2f [%.2f-%.2f], with "
+           "prefill %.2f [%.2f-%.2f]\n",
+           s50v[0].med, s50v[0].min, s50v[0].max, s50v[1].med, s50v[1].min,
+           s50v[1].max, s99v[0].med, s99v[0].min, s99v[0].max, s99v[1].med,
+           s99v[1].min, s99v[1].max);
+    for (int tr = 0; tr < N_TR; tr++)
+      printf("%-7s prefill rows/s: alone %.0f [%.0f-%.0f], with decode %.0f "
+             "[%.0f-%.0f] (with/alone %.2f [%.2f-%.2f])\n",
+             tr_name[tr], spf[tr][1].med, spf[tr][1].min, spf[tr][1].max,
+             spf[tr][0].med, spf[tr][0].min, spf[tr][0].max, spr[tr].med,
+             spr[tr].min, spr[tr].max);
+    printf("in-process kernel at M = %d: %.0f rows/s\n", PREFILL_M,
+           kernel_rate);
   }
+  /* The fields without a prefix: the message path, as before the ring. */
   printf("{\"bench\":\"daemon\",\"case\":\"decode_p99\",\"n\":%d,\"k\":%d,"
          "\"format\":\"%s\",\"group_size\":%d,\"m\":1,\"prefill_m\":%d,"
          "\"threads\":%d,\"pairs\":%d,\"seconds\":%.4f",
          W_N, W_K, fmt_name(), W_GROUP, PREFILL_M, o->threads, P,
          o->seconds);
-  print_ns(stdout, "alone_p50_ns", s50[0]);
-  print_ns(stdout, "alone_p99_ns", s99[0]);
-  print_ns(stdout, "prefill_p50_ns", s50[1]);
-  print_ns(stdout, "prefill_p99_ns", s99[1]);
-  print_stat(stdout, "p99_vs_alone", sr);
-  printf(",\"alone_calls\":%.0f,\"prefill_calls\":%.0f,"
-         "\"prefill_rows_per_s\":%.1f,\"prefill_alone_rows_per_s\":%.1f,"
-         "\"kernel_rows_per_s\":%.1f",
-         sc[0].med, sc[1].med, spf[0].med, spf[1].med, kernel_rate);
-  print_stat(stdout, "prefill_with_vs_alone", spr);
+  for (int tr = 0; tr < N_TR; tr++) {
+    const char *pre = tr == TR_RING ? "ring_" : "";
+    char key[64];
+#define KEY(name) (snprintf(key, sizeof key, "%s%s", pre, name), key)
+    print_ns(stdout, KEY("alone_p50_ns"), s50[tr][0]);
+    print_ns(stdout, KEY("alone_p99_ns"), s99[tr][0]);
+    print_ns(stdout, KEY("prefill_p50_ns"), s50[tr][1]);
+    print_ns(stdout, KEY("prefill_p99_ns"), s99[tr][1]);
+    print_stat(stdout, KEY("p99_vs_alone"), sr[tr]);
+    printf(",\"%s\":%.0f", KEY("alone_calls"), sc[tr][0].med);
+    printf(",\"%s\":%.0f", KEY("prefill_calls"), sc[tr][1].med);
+    printf(",\"%s\":%.1f", KEY("prefill_rows_per_s"), spf[tr][0].med);
+    printf(",\"%s\":%.1f", KEY("prefill_alone_rows_per_s"), spf[tr][1].med);
+    if (tr == TR_MSG)
+      printf(",\"kernel_rows_per_s\":%.1f", kernel_rate);
+    print_stat(stdout, KEY("prefill_with_vs_alone"), spr[tr]);
+#undef KEY
+  }
+  print_stat(stdout, "alone_p50_message_vs_ring", s50v[0]);
+  print_stat(stdout, "alone_p99_message_vs_ring", s99v[0]);
+  print_stat(stdout, "prefill_p50_message_vs_ring", s50v[1]);
+  print_stat(stdout, "prefill_p99_message_vs_ring", s99v[1]);
   printf("}\n");
   fflush(stdout);
   return 0;
+}
+
+/* --------------------------------------------------------------- idle */
+
+/* The daemon's CPU time so far: utime + stime of /proc/PID/stat (every
+ * thread, in clock ticks) as seconds, and (*ns, -1 where it cannot be
+ * read) the sum of its threads' schedstat run times, finer grained.
+ * -1 if the stat file cannot be read. */
+static double daemon_cpu_s(double *ns) {
+  char path[64], buf[1024];
+  FILE *f;
+  size_t n;
+  unsigned long long ut = 0, st = 0;
+  const char *p;
+  DIR *d;
+  struct dirent *de;
+
+  *ns = -1;
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)R.daemon);
+  if ((f = fopen(path, "r")) == NULL)
+    return -1;
+  n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* Fields 14 and 15; the command name (field 2) may hold spaces, so
+   * count from its closing parenthesis: field 3 comes next. */
+  if ((p = strrchr(buf, ')')) == NULL ||
+      sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+             &ut, &st) != 2)
+    return -1;
+  snprintf(path, sizeof path, "/proc/%ld/task", (long)R.daemon);
+  if ((d = opendir(path)) != NULL) {
+    double sum = 0;
+    int ok = 1;
+    while ((de = readdir(d)) != NULL) {
+      char tpath[128];
+      unsigned long long run;
+      if (de->d_name[0] == '.' || strlen(de->d_name) > 20)
+        continue;
+      if (snprintf(tpath, sizeof tpath, "/proc/%ld/task/%.20s/schedstat",
+                   (long)R.daemon, de->d_name) >= (int)sizeof tpath)
+        continue;
+      if ((f = fopen(tpath, "r")) == NULL) {
+        ok = 0;
+        continue;
+      }
+      if (fscanf(f, "%llu", &run) == 1)
+        sum += (double)run;
+      else
+        ok = 0;
+      fclose(f);
+    }
+    closedir(d);
+    if (ok)
+      *ns = sum;
+  }
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* What the idle case found: the daemon's CPU use in percent of one core
+ * over each window (-1: not measured), from /proc/PID/stat and from the
+ * threads' schedstat. */
+typedef struct idle_out {
+  int done;
+  int rings;          /* sessions with a ring opened for the window */
+  double window_s[2]; /* 0: no ring, 1: IDLE_RINGS rings */
+  double pct[2], pct_sched[2];
+  uint64_t ring_bytes; /* the daemon's region bytes the rings added */
+} idle_out;
+
+/* One window: sleeps IDLE_WINDOW_S and measures the daemon meanwhile. */
+static void idle_window(idle_out *io, int w) {
+  double ns0, ns1, c0, c1, t0, t1;
+  c0 = daemon_cpu_s(&ns0);
+  t0 = now_s();
+  sleep_s(IDLE_WINDOW_S);
+  c1 = daemon_cpu_s(&ns1);
+  t1 = now_s();
+  io->window_s[w] = t1 - t0;
+  io->pct[w] = c0 >= 0 && c1 >= 0 ? 100 * (c1 - c0) / (t1 - t0) : -1;
+  io->pct_sched[w] =
+      ns0 >= 0 && ns1 >= 0 ? 100 * (ns1 - ns0) * 1e-9 / (t1 - t0) : -1;
+}
+
+/*
+ * With no ring in the daemon (c is a message-path client), a window; then
+ * IDLE_RINGS more sessions, each with its ring (made at ql_connect: the
+ * daemon's region bytes grow by the rings alone) and one ql_linear sent
+ * through it, and another window once every ring had time to go to sleep.
+ */
+static int idle_cost(ql_client *c, idle_out *io) {
+  ql_client *cl[IDLE_RINGS] = {0};
+  ql_stats_info *st = NULL;
+  uint64_t bytes0 = 0, regions0 = 0;
+  float *x = xalloc(W_K * sizeof *x), *y = xalloc(W_N * sizeof *y);
+  int rc, rv = -1;
+
+  memset(io, 0, sizeof *io);
+  fill_x(x, W_K);
+  sleep_s(IDLE_SETTLE_S);
+  idle_window(io, 0);
+  if ((rc = ql_stats(c, &st)) != 0)
+    goto fail;
+  bytes0 = st->region_bytes;
+  regions0 = st->regions;
+  ql_stats_free(st);
+  st = NULL;
+  for (int i = 0; i < IDLE_RINGS; i++)
+    if ((rc = connect_tr(TR_RING, &cl[i])) != 0)
+      goto fail;
+  if ((rc = ql_stats(c, &st)) != 0)
+    goto fail;
+  if (st->regions == regions0 && st->region_bytes > bytes0)
+    io->ring_bytes = st->region_bytes - bytes0;
+  ql_stats_free(st);
+  st = NULL;
+  if (io->ring_bytes == 0) {
+    fprintf(stderr, "qlinear-bench: the daemon made no ring for the idle "
+                    "case's sessions\n");
+    goto out;
+  }
+  for (int i = 0; i < IDLE_RINGS; i++)
+    if ((rc = ql_linear(cl[i], W_NAME, QL_PATH_AUTO, QL_DTYPE_F32, 1, W_K, x,
+                        W_N, y, NULL)) != 0)
+      goto fail;
+  io->rings = IDLE_RINGS;
+  sleep_s(IDLE_SETTLE_S);
+  idle_window(io, 1);
+  io->done = 1;
+  rv = 0;
+  goto out;
+fail:
+  fprintf(stderr, "qlinear-bench: idle: %s: %s\n", ql_strerror(rc),
+          ql_errmsg());
+out:
+  for (int i = 0; i < IDLE_RINGS; i++)
+    ql_close(cl[i]);
+  free(x);
+  free(y);
+  return rv;
+}
+
+static void idle_report(const dopts *o, const idle_out *io) {
+  if (!o->json_only) {
+    printf("\nidle: the daemon's CPU use, %% of one core, over %.2f s "
+           "windows (/proc/PID/stat\nutime + stime; threads' schedstat in "
+           "parentheses)\n"
+           "  no ring                            %6.2f (%6.3f)\n"
+           "  %2d sessions with an idle ring       %6.2f (%6.3f)   "
+           "(ring memory %.1f KiB each)\n",
+           IDLE_WINDOW_S, io->pct[0], io->pct_sched[0], io->rings, io->pct[1],
+           io->pct_sched[1],
+           io->rings ? (double)io->ring_bytes / io->rings / 1024 : 0);
+  }
+  printf("{\"bench\":\"daemon\",\"case\":\"idle\",\"n\":%d,\"k\":%d,"
+         "\"format\":\"%s\",\"group_size\":%d,\"threads\":%d,"
+         "\"ring_sessions\":%d,\"ring_bytes\":%llu,\"clk_tck\":%ld,"
+         "\"window_s\":%.3f,\"no_ring_window_s\":%.3f,"
+         "\"cpu_pct\":%.3f,\"cpu_pct_schedstat\":%.4f,"
+         "\"no_ring_cpu_pct\":%.3f,\"no_ring_cpu_pct_schedstat\":%.4f}\n",
+         W_N, W_K, fmt_name(), W_GROUP, o->threads, io->rings,
+         (unsigned long long)io->ring_bytes, sysconf(_SC_CLK_TCK),
+         io->window_s[1], io->window_s[0], io->pct[1], io->pct_sched[1],
+         io->pct[0], io->pct_sched[0]);
+  fflush(stdout);
 }
 
 /* ------------------------------------------------------------- main */
@@ -1257,18 +1663,19 @@ static int wset_from_bf16(const uint16_t *wb, wset *ws) {
 
 int bench_daemon(int argc, char **argv) {
   dopts o;
-  ql_client *c = NULL;
-  ql_connect_opts co = {.timeout_ms = CALL_TIMEOUT_MS,
-                       .client_name = "qlinear-bench"};
+  ql_client *c = NULL, *cr = NULL; /* message path, ring */
   ql_hello_info hi;
   ql_load_desc ld;
-  ql_region *rx = NULL, *ry = NULL;
+  ql_region *rx = NULL, *ry = NULL, *rrx = NULL, *rry = NULL;
+  ql_stats_info *st = NULL;
+  uint64_t bytes0;
   wset ws;
   ovh_out oo = {0};
+  idle_out io = {0};
   echo_srv es;
   int echo_req = -1, have_ws = 0, rc, rv = 1;
   uint16_t *wb = NULL;
-  float *tmp = NULL, *x = NULL, *y = NULL, *yk = NULL;
+  float *tmp = NULL, *x = NULL, *y = NULL, *yr = NULL, *yk = NULL;
   uint8_t *payload = NULL;
   char tbuf[16];
   const char *tmpdir;
@@ -1285,6 +1692,8 @@ int bench_daemon(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  /* Each client says which transport it uses (no_ring). */
+  unsetenv("QLINEAR_RING");
   /* The in-process kernel runs on as many threads as the daemon's. */
   snprintf(tbuf, sizeof tbuf, "%d", o.threads);
   setenv("QL_CPU_THREADS", tbuf, 1);
@@ -1320,8 +1729,7 @@ int bench_daemon(int argc, char **argv) {
   if (workers_fork(MAX_CLIENTS) != 0)
     goto fail;
 
-  if ((rc = ql_connect(R.address, &co, &c)) != 0 ||
-      (rc = ql_hello(c, &hi)) != 0) {
+  if ((rc = connect_tr(TR_MSG, &c)) != 0 || (rc = ql_hello(c, &hi)) != 0) {
     fprintf(stderr, "qlinear-bench: connect: %s: %s\n", ql_strerror(rc),
             ql_errmsg());
     goto fail;
@@ -1377,6 +1785,12 @@ int bench_daemon(int argc, char **argv) {
            o.device ? o.device : "the default devices", o.threads,
            ql__cpu_level_name(ql__cpu_level_get()), o.pairs, o.seconds,
            o.seconds / 4);
+    if (o.n_daemon_args > 0) {
+      printf("qlineard arguments added:");
+      for (int i = 0; i < o.n_daemon_args; i++)
+        printf(" %s", o.daemon_args[i]);
+      printf("\n");
+    }
     if (wi.crossover_rows == UINT32_MAX)
       printf("crossover: AUTO never runs activation-quantized (%s)\n",
              wi.crossover_measured ? "measured" : "not measured");
@@ -1386,9 +1800,34 @@ int bench_daemon(int argc, char **argv) {
              wi.crossover_measured ? "measured" : "not measured yet");
   }
 
-  /* 1. Per-call overhead. */
+  /* 0. Idle rings, while nothing else runs in the daemon; reported
+   * last. */
+  if (idle_cost(c, &io) != 0)
+    goto fail;
+
+  /* 1. Per-call overhead: c on the message path, cr on its ring (which
+   * ql_connect made: the daemon's region bytes grow with no region). */
+  if ((rc = ql_stats(c, &st)) != 0) {
+    fprintf(stderr, "qlinear-bench: stats: %s\n", ql_strerror(rc));
+    goto fail;
+  }
+  bytes0 = st->region_bytes;
+  ql_stats_free(st);
+  if ((rc = connect_tr(TR_RING, &cr)) != 0 || (rc = ql_stats(c, &st)) != 0) {
+    fprintf(stderr, "qlinear-bench: connect (ring): %s: %s\n", ql_strerror(rc),
+            ql_errmsg());
+    goto fail;
+  }
+  rc = st->region_bytes > bytes0;
+  ql_stats_free(st);
+  if (!rc) {
+    fprintf(stderr, "qlinear-bench: the daemon made no ring for the ring "
+                    "client's session\n");
+    goto fail;
+  }
   x = xalloc((size_t)PREFILL_M * W_K * sizeof *x);
   y = xalloc((size_t)PREFILL_M * W_N * sizeof *y);
+  yr = xalloc((size_t)PREFILL_M * W_N * sizeof *yr);
   yk = xalloc((size_t)PREFILL_M * W_N * sizeof *yk);
   fill_x(x, (size_t)PREFILL_M * W_K);
   /* The echo's messages: the largest is M = 512's inline x or y plus its
@@ -1400,7 +1839,11 @@ int bench_daemon(int argc, char **argv) {
   if ((rc = ql_region_create(c, (size_t)PREFILL_M * W_K * sizeof(float),
                              &rx)) != 0 ||
       (rc = ql_region_create(c, (size_t)PREFILL_M * W_N * sizeof(float),
-                             &ry)) != 0) {
+                             &ry)) != 0 ||
+      (rc = ql_region_create(cr, (size_t)PREFILL_M * W_K * sizeof(float),
+                             &rrx)) != 0 ||
+      (rc = ql_region_create(cr, (size_t)PREFILL_M * W_N * sizeof(float),
+                             &rry)) != 0) {
     fprintf(stderr, "qlinear-bench: region: %s: %s\n", ql_strerror(rc),
             ql_errmsg());
     goto fail;
@@ -1408,7 +1851,8 @@ int bench_daemon(int argc, char **argv) {
   if (echo_start(&es, payload, &echo_req) != 0)
     goto fail;
   {
-    ovh_env env = {&o, c, &ws, rx, ry, x, y, yk, echo_req, payload, &oo};
+    ovh_env env = {&o, c, cr, &ws, rx,       ry,      rrx, rry,
+                   x,  y, yr, yk,  echo_req, payload, &oo};
     for (int i = 0; i < N_OVH; i++)
       if (overhead_case(&env, ovh_ms[i], i == 0) != 0)
         goto fail;
@@ -1419,6 +1863,9 @@ int bench_daemon(int argc, char **argv) {
   ql_region_destroy(c, rx);
   ql_region_destroy(c, ry);
   rx = ry = NULL;
+  ql_close(cr); /* its regions too */
+  cr = NULL;
+  rrx = rry = NULL;
 
   /* 2 and 3. The clients: connected, warmed up, then timed. This
    * process's session keeps holding the weight. */
@@ -1426,7 +1873,7 @@ int bench_daemon(int argc, char **argv) {
     wcmd cmd[MAX_CLIENTS];
     wres res[MAX_CLIENTS];
     for (int i = 0; i < MAX_CLIENTS; i++)
-      cmd[i] = (wcmd){W_PREP, 1, 0, 0};
+      cmd[i] = (wcmd){.op = W_PREP, .m = 1};
     if (workers_run(MAX_CLIENTS, cmd, res) != 0)
       goto fail;
     cmd[0].op = 0;
@@ -1436,6 +1883,7 @@ int bench_daemon(int argc, char **argv) {
   }
   if (throughput(&o) != 0 || decode_latency(&o, &oo) != 0)
     goto fail;
+  idle_report(&o, &io);
   rv = 0;
 
 fail:
@@ -1445,12 +1893,14 @@ fail:
     ql_region_destroy(c, ry);
     ql_close(c);
   }
+  ql_close(cr);
   if (have_ws)
     wset_free(&ws);
   free(wb);
   free(tmp);
   free(x);
   free(y);
+  free(yr);
   free(yk);
   free(payload);
   if (run_cleanup(rv != 0) != 0)
