@@ -39,6 +39,10 @@ struct ql__cring {
   ql_ring r;
   int bell;
   uint64_t spin_ns;
+  /* Recent round trips (a moving average): a caller spins only when a
+   * reply usually comes within spin_ns; a longer kernel is waited for
+   * asleep, leaving the CPU to the daemon's threads. */
+  _Atomic int64_t rt_ema_ns;
   pthread_mutex_t lock; /* guards everything below */
   uint32_t sq_tail, cq_head; /* our producer and consumer indices */
   uint64_t gen;              /* makes tags unique */
@@ -236,7 +240,8 @@ int ql__cring_call(ql__cring *r, const Qlinear__V1__Request *req,
     ring_bell(r);
 
   uint64_t start = now_ns();
-  uint64_t spin_until = start + r->spin_ns;
+  int64_t ema = atomic_load_explicit(&r->rt_ema_ns, memory_order_relaxed);
+  uint64_t spin_until = start + (ema <= (int64_t)r->spin_ns ? r->spin_ns : 0);
   uint64_t deadline = timeout_ms < 0 ? UINT64_MAX
                                      : start + (uint64_t)timeout_ms * 1000000u;
   int rv = 0;
@@ -295,14 +300,18 @@ int ql__cring_call(ql__cring *r, const Qlinear__V1__Request *req,
       goto abandon;
     }
   }
-  *out = qlinear__v1__response__unpack(NULL, w->len, w->msg);
+  int64_t rt = (int64_t)(now_ns() - start);
+  atomic_store_explicit(&r->rt_ema_ns, ema + (rt - ema) / 8,
+                        memory_order_relaxed);
+  uint32_t got = w->len;
+  *out = qlinear__v1__response__unpack(NULL, got, w->msg);
   pthread_mutex_lock(&r->lock);
   w->state = W_FREE;
   w->tag = 0;
   pthread_mutex_unlock(&r->lock);
   if (*out == NULL)
     return fail(why, whylen, QL_EPROTO, "cannot decode the daemon's reply "
-                "(%u bytes)", (unsigned)len);
+                "(%u bytes)", (unsigned)got);
   return 0;
 
 abandon:

@@ -46,6 +46,13 @@ struct ql__fastpath {
   int want_room;     /* requests wait for completion room */
   int is_hot;
   uint64_t hot_until;
+  /* How long the client takes to send its next request after a reply
+   * (a moving average): the loop spins after a reply only when that is
+   * shorter than ring_spin_us, so a client that computes between its
+   * requests does not have the daemon spin against it. */
+  uint64_t last_reply_ns;
+  int64_t gap_ema_ns;
+  int gap_open; /* a reply was posted and no request taken since */
   ql__fastpath *hot_next;
   uint8_t buf[QL_RING_MSG_MAX]; /* the request being handled, copied out */
 };
@@ -78,6 +85,9 @@ static void make_hot(ql__fastpath *fp, uint64_t now) {
     return;
   if (now + spin_ns(fp) > fp->hot_until)
     fp->hot_until = now + spin_ns(fp);
+  /* Polled: the client need not ring. */
+  if (!fp->is_hot)
+    atomic_store(&fp->ring.hdr->idle, 0);
   push_hot(fp);
 }
 
@@ -138,8 +148,12 @@ static int ring_reply(ql__route *rt_, const ql__msg_response *resp,
   fp->in_flight--;
   if (!fp->dead) {
     rc = post(fp, rt->tag, resp, bytes_out);
-    /* The client is likely to send its next request soon. */
-    make_hot(fp, ql__now_ns());
+    uint64_t now = ql__now_ns();
+    fp->last_reply_ns = now;
+    fp->gap_open = 1;
+    /* A client that sends its next request soon finds the loop awake. */
+    if (fp->gap_ema_ns <= (int64_t)spin_ns(fp))
+      make_hot(fp, now);
   }
   free(rt);
   fp_unref(fp);
@@ -198,6 +212,11 @@ static unsigned drain(ql__fastpath *fp) {
     fp->want_room = 0;
     uint64_t tag;
     size_t len;
+    if (fp->gap_open) {
+      int64_t gap = (int64_t)(ql__now_ns() - fp->last_reply_ns);
+      fp->gap_ema_ns += (gap - fp->gap_ema_ns) / 8;
+      fp->gap_open = 0;
+    }
     int rc = ql__ring_sq_copy(&fp->ring, fp->sq_head, &tag, fp->buf, &len);
     ql__ring_sq_release(&fp->ring, ++fp->sq_head);
     fp->in_flight++;
@@ -226,6 +245,23 @@ static unsigned drain(ql__fastpath *fp) {
   }
   fp_unref(fp);
   return taken;
+}
+
+/*
+ * A ring the loop stops polling: its flag tells the client to ring the
+ * doorbell (a ring waiting for completion room waits for the client to
+ * consume; new requests cannot be taken before that anyway). When the
+ * client published something meanwhile, the ring is polled once more on
+ * the next turn instead.
+ */
+static void settle(ql__fastpath *fp) {
+  int moved = fp->want_room
+                  ? ql__ring_arm(&fp->ring, &fp->ring.hdr->blocked,
+                                 fp->sq_head, fp->consumed)
+                  : ql__ring_arm(&fp->ring, &fp->ring.hdr->idle, fp->sq_head,
+                                 fp->consumed);
+  if (moved)
+    push_hot(fp);
 }
 
 /* Puts fp on the hot list (it is polled on every turn of the loop). */
@@ -261,24 +297,13 @@ static void on_spin(uv_idle_t *h) {
     fp->hot_next = NULL;
     fp->is_hot = 0;
     if (!fp->dead) {
-      unsigned taken = drain(fp);
-      busy |= taken > 0;
-      if (taken > 0) {
-        make_hot(fp, now);
-      } else if (!fp->dead && now < fp->hot_until) {
+      /* Taking requests does not keep the loop spinning: their kernels
+       * run meanwhile, and the reply is what starts the next wait. */
+      busy |= drain(fp) > 0;
+      if (!fp->dead && now < fp->hot_until)
         push_hot(fp);
-      } else if (!fp->dead) {
-        /* Quiet: sleep on the doorbell. A ring waiting for completion
-         * room waits for the client to consume; new requests cannot be
-         * taken before that anyway. */
-        int moved = fp->want_room
-                        ? ql__ring_arm(&fp->ring, &fp->ring.hdr->blocked,
-                                       fp->sq_head, fp->consumed)
-                        : ql__ring_arm(&fp->ring, &fp->ring.hdr->idle,
-                                       fp->sq_head, fp->consumed);
-        if (moved)
-          make_hot(fp, now);
-      }
+      else if (!fp->dead)
+        settle(fp);
     }
     fp_unref(fp);
   }
@@ -300,9 +325,11 @@ static void on_bell(uv_poll_t *p, int status, int events) {
   /* Clear it (it is non-blocking; a count of any size means "look"). */
   while (read(fp->bell, &v, sizeof v) < 0 && errno == EINTR)
     ;
-  make_hot(fp, ql__now_ns());
   fp->refs++;
   drain(fp);
+  /* Not polled: the flags must say so again. */
+  if (!fp->dead && !fp->is_hot)
+    settle(fp);
   fp_unref(fp);
 }
 
