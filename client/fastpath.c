@@ -39,9 +39,8 @@ struct ql__cring {
   ql_ring r;
   int bell;
   uint64_t spin_ns;
-  /* Recent round trips (a moving average): a caller spins only when a
-   * reply usually comes within spin_ns; a longer kernel is waited for
-   * asleep, leaving the CPU to the daemon's threads. */
+  /* Recent round trips (a moving average): a caller spins around the
+   * time its reply usually comes, asleep before (ql__cring_call). */
   _Atomic int64_t rt_ema_ns;
   pthread_mutex_t lock; /* guards everything below */
   uint32_t sq_tail, cq_head; /* our producer and consumer indices */
@@ -239,9 +238,18 @@ int ql__cring_call(ql__cring *r, const Qlinear__V1__Request *req,
   if (bell)
     ring_bell(r);
 
+  /* Spin where the reply is expected: from the start when replies
+   * usually come within spin_ns; else asleep until shortly before the
+   * usual round trip (the futex returns at once if it comes earlier;
+   * the margin covers the kernel's timer slack), then spinning past it. */
   uint64_t start = now_ns();
   int64_t ema = atomic_load_explicit(&r->rt_ema_ns, memory_order_relaxed);
-  uint64_t spin_until = start + (ema <= (int64_t)r->spin_ns ? r->spin_ns : 0);
+  uint64_t spin_from = start, spin_until = start + r->spin_ns;
+  if (ema > (int64_t)r->spin_ns) {
+    uint64_t lead = 2 * r->spin_ns;
+    spin_from = start + ((uint64_t)ema > lead ? (uint64_t)ema - lead : 0);
+    spin_until = start + (uint64_t)ema + r->spin_ns;
+  }
   uint64_t deadline = timeout_ms < 0 ? UINT64_MAX
                                      : start + (uint64_t)timeout_ms * 1000000u;
   int rv = 0;
@@ -272,6 +280,15 @@ int ql__cring_call(ql__cring *r, const Qlinear__V1__Request *req,
       continue;
     }
     uint64_t now = now_ns();
+    if (now < spin_from) {
+      ql__ring_wait(&r->r, tail, spin_from - now < ALIVE_CHECK_NS
+                                     ? spin_from - now
+                                     : ALIVE_CHECK_NS);
+      continue;
+    }
+    if (now < spin_until && spin_from > start &&
+        !atomic_load_explicit(&r->r.hdr->spin_hint, memory_order_relaxed))
+      spin_until = now; /* the daemon's kernel takes every CPU: sleep */
     if (now < spin_until) {
       /* Polite: where the daemon's threads (or other clients) want this
        * CPU, they get it; on an idle machine this returns at once. */

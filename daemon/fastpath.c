@@ -3,7 +3,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +42,11 @@ struct ql__fastpath {
                        handle's until closed */
   int dead;
   uint32_t sq_head;  /* private: next request to take */
-  uint32_t cq_tail;  /* private: next completion slot */
+  /* Completions are posted by the loop and, for replies that go early,
+   * by device workers: cq_mu orders them. cq_tail is written under it;
+   * the loop reads it without. */
+  pthread_mutex_t cq_mu;
+  _Atomic uint32_t cq_tail; /* private: next completion slot */
   uint32_t consumed; /* the client's cq_head as last accepted */
   uint32_t in_flight; /* taken, not yet answered */
   int want_room;     /* requests wait for completion room */
@@ -53,6 +59,10 @@ struct ql__fastpath {
   uint64_t last_reply_ns;
   int64_t gap_ema_ns;
   int gap_open; /* a reply was posted and no request taken since */
+  /* How long its requests take from taken to answered (a moving
+   * average): the loop keeps polling while one runs only if that is
+   * short; a long kernel is left to run without the loop beside it. */
+  int64_t serve_ema_ns;
   ql__fastpath *hot_next;
   uint8_t buf[QL_RING_MSG_MAX]; /* the request being handled, copied out */
 };
@@ -62,12 +72,16 @@ typedef struct ring_route {
   ql__route base;
   ql__fastpath *fp;
   uint64_t tag;
+  uint64_t taken_ns; /* when the loop took it */
+  uint64_t early_ns; /* when a worker posted its reply (early) */
+  size_t early_len;  /* and its bytes */
 } ring_route;
 
 static void fp_unref(ql__fastpath *fp) {
   if (--fp->refs > 0)
     return;
   munmap(fp->ring.hdr, fp->ring.size);
+  pthread_mutex_destroy(&fp->cq_mu);
   free(fp);
 }
 
@@ -113,10 +127,10 @@ static void violation(ql__fastpath *fp, const char *what) {
 
 /* ------------------------------------------------------------ completions */
 
-/* Packs resp into the next completion slot. The room was reserved when
- * the request was taken. */
-static int post(ql__fastpath *fp, uint64_t tag, const ql__msg_response *resp,
-                size_t *bytes_out) {
+/* Packs resp into the next completion slot; any thread. The room was
+ * reserved when the request was taken. Returns the bytes written. */
+static size_t post(ql__fastpath *fp, uint64_t tag,
+                   const ql__msg_response *resp) {
   size_t len = qlinear__v1__response__get_packed_size(resp);
   ql__msg_response small;
   Qlinear__V1__Status st;
@@ -131,13 +145,26 @@ static int post(ql__fastpath *fp, uint64_t tag, const ql__msg_response *resp,
     resp = &small;
     len = qlinear__v1__response__get_packed_size(resp);
   }
-  qlinear__v1__response__pack(resp, ql__ring_cq_msg(&fp->ring, fp->cq_tail));
-  if (ql__ring_cq_publish(&fp->ring, fp->cq_tail, tag, (uint32_t)len))
+  pthread_mutex_lock(&fp->cq_mu);
+  uint32_t tail = atomic_load(&fp->cq_tail);
+  qlinear__v1__response__pack(resp, ql__ring_cq_msg(&fp->ring, tail));
+  int wake = ql__ring_cq_publish(&fp->ring, tail, tag, (uint32_t)len);
+  atomic_store(&fp->cq_tail, tail + 1);
+  pthread_mutex_unlock(&fp->cq_mu);
+  if (wake)
     ql__ring_wake(&fp->ring);
-  fp->cq_tail++;
-  if (bytes_out != NULL)
-    *bytes_out += len;
-  return 0;
+  return len;
+}
+
+/* After a reply was posted (loop thread): the gap to the client's next
+ * request starts, and the loop polls for it if that is usually short. */
+static void replied(ql__fastpath *fp, uint64_t taken, uint64_t at) {
+  int64_t serve = (int64_t)(at - taken);
+  fp->serve_ema_ns += (serve - fp->serve_ema_ns) / 8;
+  fp->last_reply_ns = at;
+  fp->gap_open = 1;
+  if (fp->gap_ema_ns <= (int64_t)spin_ns(fp))
+    make_hot(fp, ql__now_ns());
 }
 
 static int ring_reply(ql__route *rt_, const ql__msg_response *resp,
@@ -147,17 +174,37 @@ static int ring_reply(ql__route *rt_, const ql__msg_response *resp,
   int rc = QL_ESESSION;
   fp->in_flight--;
   if (!fp->dead) {
-    rc = post(fp, rt->tag, resp, bytes_out);
-    uint64_t now = ql__now_ns();
-    fp->last_reply_ns = now;
-    fp->gap_open = 1;
-    /* A client that sends its next request soon finds the loop awake. */
-    if (fp->gap_ema_ns <= (int64_t)spin_ns(fp))
-      make_hot(fp, now);
+    size_t len = post(fp, rt->tag, resp);
+    if (bytes_out != NULL)
+      *bytes_out += len;
+    rc = 0;
+    replied(fp, rt->taken_ns, ql__now_ns());
   }
   free(rt);
   fp_unref(fp);
   return rc;
+}
+
+/* A worker's reply, the moment its kernel is done. The ring and its
+ * mapping stay while the route holds its reference; a ring whose session
+ * ended meanwhile gets a completion nobody reads. */
+static int ring_early(ql__route *rt_, const ql__msg_response *resp) {
+  ring_route *rt = (ring_route *)rt_;
+  rt->early_len = post(rt->fp, rt->tag, resp);
+  rt->early_ns = ql__now_ns();
+  return 1;
+}
+
+static void ring_done(ql__route *rt_, size_t *bytes_out) {
+  ring_route *rt = (ring_route *)rt_;
+  ql__fastpath *fp = rt->fp;
+  fp->in_flight--;
+  if (bytes_out != NULL)
+    *bytes_out += rt->early_len;
+  if (!fp->dead)
+    replied(fp, rt->taken_ns, rt->early_ns);
+  free(rt);
+  fp_unref(fp);
 }
 
 static void ring_drop(ql__route *rt_) {
@@ -167,7 +214,14 @@ static void ring_drop(ql__route *rt_) {
   free(rt);
 }
 
-static const ql__route_ops ring_ops = {ring_reply, ring_drop};
+static void ring_dispatched(ql__route *rt_, int spare) {
+  ring_route *rt = (ring_route *)rt_;
+  atomic_store_explicit(&rt->fp->ring.hdr->spin_hint, (uint32_t)spare,
+                        memory_order_relaxed);
+}
+
+static const ql__route_ops ring_ops = {ring_reply, ring_drop, ring_early,
+                                       ring_done, ring_dispatched};
 
 /* An answer without a route (none could be made): an error. */
 static void post_error(ql__fastpath *fp, uint64_t tag, int code,
@@ -180,7 +234,7 @@ static void post_error(ql__fastpath *fp, uint64_t tag, int code,
   st.code = code;
   st.message = (char *)msg;
   fp->fps->s->counters.errors++;
-  post(fp, tag, &resp, &fp->fps->s->counters.bytes_out);
+  fp->fps->s->counters.bytes_out += post(fp, tag, &resp);
 }
 
 /* ------------------------------------------------------------ requests */
@@ -201,7 +255,14 @@ static unsigned drain(ql__fastpath *fp) {
     }
     if (avail == 0)
       break;
-    if (ql__ring_cq_room(&fp->ring, fp->cq_tail, &fp->consumed, &room) != 0) {
+    /* Under cq_mu: a worker's completion published (and consumed by the
+     * client) after a look at cq_tail would make a consistent cq_head
+     * look past it. */
+    pthread_mutex_lock(&fp->cq_mu);
+    int bad = ql__ring_cq_room(&fp->ring, atomic_load(&fp->cq_tail),
+                               &fp->consumed, &room);
+    pthread_mutex_unlock(&fp->cq_mu);
+    if (bad != 0) {
       violation(fp, "its completion index is out of range");
       break;
     }
@@ -239,6 +300,7 @@ static unsigned drain(ql__fastpath *fp) {
     rt->base.ops = &ring_ops;
     rt->fp = fp;
     rt->tag = tag;
+    rt->taken_ns = ql__now_ns();
     fp->refs++;
     ql__session_touch(fp->ss);
     ql__handle_ring_message(s, fp->ss, fp->buf, len, rt);
@@ -300,7 +362,12 @@ static void on_spin(uv_idle_t *h) {
       /* Taking requests does not keep the loop spinning: their kernels
        * run meanwhile, and the reply is what starts the next wait. */
       busy |= drain(fp) > 0;
-      if (!fp->dead && now < fp->hot_until)
+      /* With a request running, what comes next is its reply, which the
+       * worker's completion wakes the loop for: unless its requests are
+       * usually served within the spin window, the ring sleeps on its
+       * doorbell meanwhile (a client with more to send rings it). */
+      if (!fp->dead && now < fp->hot_until &&
+          (fp->in_flight == 0 || fp->serve_ema_ns <= (int64_t)spin_ns(fp)))
         push_hot(fp);
       else if (!fp->dead)
         settle(fp);
@@ -406,6 +473,7 @@ int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
     goto fail;
   }
   fp->poll.data = fp;
+  pthread_mutex_init(&fp->cq_mu, NULL);
   fp->fps = fps;
   fp->ss = ss;
   fp->session_id = ql__session_id(ss);

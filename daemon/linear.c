@@ -1,7 +1,9 @@
 /* linear.c - see linear.h. */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "calibrate.h"
 #include "devices.h"
@@ -9,6 +11,7 @@
 #include "linear.h"
 #include "log.h"
 #include "registry.h"
+#include "route.h"
 #include "scheduler.h"
 #include "session.h"
 #include "xover.h"
@@ -57,6 +60,7 @@ typedef struct lin_req {
   ql_dtype dt;
   ql_path path;
   int rc;           /* the first error of a batch it was in */
+  int early;        /* its reply went from the worker (route.h early) */
   const char *impl; /* of its last launch (static) */
   uint64_t first_ns; /* when its first rows started (0: not yet) */
 } lin_req;
@@ -79,6 +83,7 @@ struct ql__linear_state {
   uv_timer_t retry;    /* max_queue_delay_us: ask the scheduler again */
   uv_timer_t expire;   /* answers expired requests while the worker is busy */
   int timers;
+  int cpu_saturated; /* the CPU device has a thread for every CPU */
 };
 
 static lin_req *of(ql__sched_req *sr) {
@@ -122,6 +127,21 @@ static void on_expire(uv_timer_t *t) {
   answer_list(s, out);
 }
 
+/* Whether the CPU device's kernels use every CPU this process may run on
+ * (cpu_threads, else QL_CPU_THREADS, else one thread per CPU, as the
+ * backend decides): a client spinning beside such a launch slows it. */
+static int cpu_saturated(const ql__server *s) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    cpus = CPU_COUNT(&set);
+  long threads = s->cfg.cpu_threads;
+  const char *e = getenv("QL_CPU_THREADS");
+  if (threads == 0 && e != NULL && *e != '\0')
+    threads = strtol(e, NULL, 10);
+  return threads <= 0 || threads >= cpus;
+}
+
 int ql__linear_open(ql__server *s) {
   struct ql__linear_state *l = calloc(1, sizeof *l);
   if (l == NULL)
@@ -136,7 +156,8 @@ int ql__linear_open(ql__server *s) {
   uv_timer_init(s->loop, &l->expire);
   l->retry.data = l->expire.data = s;
   l->timers = 1;
-    s->lin = l;
+  l->cpu_saturated = cpu_saturated(s);
+  s->lin = l;
   ql__weight_store_set_free_hook(s->weights, on_weight_freed, s);
   return 0;
 }
@@ -352,14 +373,62 @@ static void part_done(ql__server *s, lin_req *j, int rc) {
 }
 
 /* Answers one request and frees it. */
-static void answer(ql__server *s, lin_req *j) {
-  ql__reply r;
+/* The bodies a Linear reply points to. */
+typedef struct linear_body {
   Qlinear__V1__LinearResponse out;
   Qlinear__V1__Tensor y;
   Qlinear__V1__RegionSlice yslice;
   Qlinear__V1__CudaIpcSlice ycuda;
   Qlinear__V1__ZeIpcSlice yze;
-  uint64_t shape[2] = {j->sr.rows, (uint64_t)j->w->q->n};
+  uint64_t shape[2];
+} linear_body;
+
+/*
+ * Makes r the reply to Linear request j, which ended with rc and ran impl;
+ * its bodies live in b. Touches nothing but j's request and result, so
+ * that a worker can build it too (the early reply of batch_run).
+ */
+static void linear_reply(const lin_req *j, int rc, const char *impl,
+                         ql__reply *r, linear_body *b) {
+  ql__reply_init(r, j->req->msg->request_id);
+  if (rc != 0) {
+    ql__reply_set_error(r, rc, "linear: %s", error_text(rc));
+    return;
+  }
+  b->shape[0] = j->sr.rows;
+  b->shape[1] = (uint64_t)j->w->q->n;
+  qlinear__v1__linear_response__init(&b->out);
+  qlinear__v1__tensor__init(&b->y);
+  b->y.dtype = (Qlinear__V1__DType)j->dt;
+  b->y.shape = b->shape;
+  b->y.n_shape = 2;
+  if (j->yr != NULL) {
+    /* The result is where the client asked for it: name that slice. */
+    const Qlinear__V1__RegionSlice *want = j->req->msg->linear->y_out;
+    qlinear__v1__region_slice__init(&b->yslice);
+    b->yslice.region_id = want->region_id;
+    b->yslice.offset = want->offset;
+    b->yslice.length = want->length;
+    b->y.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+    b->y.region = &b->yslice;
+  } else if (j->ym != NULL) {
+    device_y(&b->y, j->req->msg->linear->y_out_cuda,
+             j->req->msg->linear->y_out_ze, &b->ycuda, &b->yze);
+  } else {
+    b->y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
+    b->y.inline_data.data = j->y;
+    b->y.inline_data.len = j->y_bytes;
+  }
+  b->out.y = &b->y;
+  b->out.path = (Qlinear__V1__Path)j->path;
+  b->out.impl = (char *)(impl ? impl : "");
+  r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_LINEAR;
+  r->resp.linear = &b->out;
+}
+
+static void answer(ql__server *s, lin_req *j) {
+  ql__reply r;
+  linear_body b;
   int rc = j->sr.status != 0 ? j->sr.status : j->rc;
   s->queued_bytes -= j->cost;
   if (--s->lin->in_flight == 0)
@@ -368,44 +437,18 @@ static void answer(ql__server *s, lin_req *j) {
     part_done(s, j, rc);
     return;
   }
-  ql__reply_init(&r, j->req->msg->request_id);
-  if (rc != 0) {
-    ql__reply_set_error(&r, rc, "linear: %s", error_text(rc));
-  } else {
-    qlinear__v1__linear_response__init(&out);
-    qlinear__v1__tensor__init(&y);
-    y.dtype = (Qlinear__V1__DType)j->dt;
-    y.shape = shape;
-    y.n_shape = 2;
-    if (j->yr != NULL) {
-      /* The result is where the client asked for it: name that slice. */
-      const Qlinear__V1__RegionSlice *want = j->req->msg->linear->y_out;
-      qlinear__v1__region_slice__init(&yslice);
-      yslice.region_id = want->region_id;
-      yslice.offset = want->offset;
-      yslice.length = want->length;
-      y.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
-      y.region = &yslice;
-    } else if (j->ym != NULL) {
-      device_y(&y, j->req->msg->linear->y_out_cuda,
-               j->req->msg->linear->y_out_ze, &ycuda, &yze);
-    } else {
-      y.data_case = QLINEAR__V1__TENSOR__DATA_INLINE_DATA;
-      y.inline_data.data = j->y;
-      y.inline_data.len = j->y_bytes;
-    }
-    out.y = &y;
-    out.path = (Qlinear__V1__Path)j->path;
-    out.impl = (char *)(j->impl ? j->impl : "");
-    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_LINEAR;
-    r.resp.linear = &out;
+  linear_reply(j, rc, j->impl, &r, &b);
+  if (rc == 0) {
     ql__weight_stats *st = &j->w->stats[j->sr.on_device];
     st->requests++;
     st->rows += j->sr.rows;
     if (j->impl != NULL)
       st->impl = j->impl;
   }
-  ql__reply_send(s, j->route, &r);
+  if (j->early)
+    ql__route_done(j->route, &s->counters.bytes_out);
+  else
+    ql__reply_send(s, j->route, &r);
   ql__weight_unref(j->w);
   /* A region destroyed (or whose session ended) while this waited is
    * unmapped here, by its last reference. */
@@ -480,8 +523,34 @@ static int run_rows(const ql__device *d, const ql__weight *w, ql_path path,
  * finds NaN or Inf is run again slice by slice, so only the request that
  * holds it fails.
  */
+static void batch_compute(batch_job *bj);
+
+/*
+ * Worker thread: the batch, then the replies of the requests it completed
+ * whose routes take a reply from here (a ring: its client reads the
+ * result now, without waiting for the loop to wake). Only a Linear
+ * request wholly in this launch and answered with success qualifies; the
+ * loop still does everything else when the batch is done (stats,
+ * references), and sends every other reply.
+ */
 static void batch_run(ql__job *job) {
   batch_job *bj = (batch_job *)job;
+  batch_compute(bj);
+  for (uint32_t i = 0; i < bj->b.n; i++) {
+    const ql__sched_slice *sl = &bj->b.slice[i];
+    lin_req *j = of(sl->req);
+    int rc = bj->rc != 0 ? bj->rc : bj->slice_rc[i];
+    if (rc != 0 || j->parent != NULL || sl->offset != 0 ||
+        sl->rows != j->sr.rows || j->rc != 0)
+      continue;
+    ql__reply r;
+    linear_body b;
+    linear_reply(j, 0, bj->impl, &r, &b);
+    j->early = ql__route_early(j->route, &r.resp);
+  }
+}
+
+static void batch_compute(batch_job *bj) {
   ql__server *s = bj->s;
   const ql__device *d = bj->d;
   ql__sched_batch *b = &bj->b;
@@ -657,6 +726,13 @@ static void pump_device(ql__server *s, ql__device *d) {
     }
     if (d->failed)
       bj->rc = QL_EDEVICE;
+    /* A client waiting on its ring may spin unless this launch takes
+     * every CPU (the CPU device with a thread per CPU). */
+    int spare = !d->host || !s->lin->cpu_saturated;
+    for (uint32_t i = 0; i < bj->b.n; i++) {
+      lin_req *j = of(bj->b.slice[i].req);
+      ql__route_dispatched(j->parent ? j->parent->route : j->route, spare);
+    }
     bj->job.run = batch_run;
     bj->job.done = batch_done;
     int rc = ql__worker_submit(d->worker, &bj->job);

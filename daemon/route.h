@@ -20,6 +20,15 @@ typedef struct ql__route_ops {
                size_t *bytes_out);
   /* Frees the route without replying. */
   void (*drop)(ql__route *rt);
+  /* Optional (NULL: not offered). Sends the reply now, from any thread
+   * (a device worker, the moment its kernel is done), and returns 1; the
+   * loop then consumes the route with done() instead of reply(). */
+  int (*early)(ql__route *rt, const ql__msg_response *resp);
+  /* Consumes a route whose reply early() sent (loop thread). */
+  void (*done)(ql__route *rt, size_t *bytes_out);
+  /* Optional: the request starts on a device that leaves CPUs free
+   * (spare 1) or uses them all (0); a client may wait accordingly. */
+  void (*dispatched)(ql__route *rt, int spare);
 } ql__route_ops;
 
 struct ql__route {
@@ -29,6 +38,22 @@ struct ql__route {
 static inline int ql__route_reply(void *rt, const ql__msg_response *resp,
                                   size_t *bytes_out) {
   return ((ql__route *)rt)->ops->reply(rt, resp, bytes_out);
+}
+
+/* 1 if the reply went now through early(), else 0 (send it later). */
+static inline int ql__route_early(void *rt, const ql__msg_response *resp) {
+  const ql__route_ops *ops = ((ql__route *)rt)->ops;
+  return ops->early != NULL && ops->early(rt, resp);
+}
+
+static inline void ql__route_done(void *rt, size_t *bytes_out) {
+  ((ql__route *)rt)->ops->done(rt, bytes_out);
+}
+
+static inline void ql__route_dispatched(void *rt, int spare) {
+  const ql__route_ops *ops = ((ql__route *)rt)->ops;
+  if (ops->dispatched != NULL)
+    ops->dispatched(rt, spare);
 }
 
 static inline void ql__route_drop(void *rt) {

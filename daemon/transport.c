@@ -364,7 +364,8 @@ static int route_reply(ql__route *rt, const ql__msg_response *resp,
 
 static void route_drop(ql__route *rt) { ql__transport_drop(rt); }
 
-static const ql__route_ops route_ops = {route_reply, route_drop};
+static const ql__route_ops route_ops = {route_reply, route_drop, NULL, NULL,
+                                        NULL};
 
 /* -------------------------------------------------------------- input */
 

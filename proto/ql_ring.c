@@ -52,6 +52,7 @@ void ql__ring_format(void *mem, uint32_t entries, ql_ring *r) {
   atomic_store(&h->cq_tail, 0);
   atomic_store(&h->idle, 0);
   atomic_store(&h->blocked, 0);
+  atomic_store(&h->spin_hint, 1);
 }
 
 int ql__ring_attach(void *mem, size_t size, ql_ring *r) {

@@ -79,7 +79,11 @@ typedef struct ql_ring_hdr {
   _Atomic uint32_t idle;    /* 1: the daemon sleeps; ring after posting */
   _Atomic uint32_t blocked; /* 1: the daemon waits for CQ room; ring after
                                consuming */
-  uint8_t pad2[64 - 16];
+  _Atomic uint32_t spin_hint; /* 1: the device running the latest request
+                                 leaves CPUs free, so a client may spin
+                                 while it waits; 0: it uses them all
+                                 (the CPU device): sleep instead */
+  uint8_t pad2[64 - 20];
 } ql_ring_hdr;
 
 /* One slot. */
