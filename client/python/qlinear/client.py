@@ -241,8 +241,6 @@ class HelloInfo:
     max_chunk_bytes: int
     devices: list
     n_devices_total: int
-    rings: int = 0
-    ring_requests: int = 0
 
 
 @dataclasses.dataclass
@@ -322,6 +320,8 @@ class Stats:
     persistent_weights: int
     devices: list
     n_devices_total: int
+    rings: int = 0          # sessions with a ring (the fast path)
+    ring_requests: int = 0  # requests received through rings
 
 
 def _s(chars):
