@@ -793,6 +793,68 @@ size_t ql__handlers_in_flight(const ql__server *s) {
 }
 
 /*
+ * Answers a Stats request (ql__linear_when_settled's callback: every
+ * launch answered so far is accounted). Consumes req and route.
+ */
+static void stats_reply(ql__server *s, ql__request *req, void *route) {
+  ql__reply r;
+  Qlinear__V1__DeviceStats dev_stats[QL__MAX_DEVICES];
+  Qlinear__V1__DeviceStats *devs[QL__MAX_DEVICES];
+  Qlinear__V1__StatsResponse stats;
+  stats_ctx sc = {s, NULL, NULL, NULL, 0};
+  ql__reply_init(&r, req->msg->request_id);
+  do {
+    size_t n = ql__weight_store_count(s->weights);
+    size_t entries = n * s->n_dev + 1; /* (weight, device) pairs at most */
+    sc.st = calloc(entries, sizeof *sc.st);
+    sc.ptrs = calloc(entries, sizeof *sc.ptrs);
+    sc.hist = calloc(entries, sizeof *sc.hist);
+    if (sc.st == NULL || sc.ptrs == NULL || sc.hist == NULL) {
+      ql__reply_set_error(&r, QL_ENOMEM, "stats: out of memory");
+      break;
+    }
+    ql__weight_store_foreach(s->weights, stats_one, &sc);
+    qlinear__v1__stats_response__init(&stats);
+    stats.uptime_ns = ql__now_ns() - s->start_ns;
+    stats.requests = s->counters.requests;
+    stats.errors = s->counters.errors;
+    stats.bytes_in = s->counters.bytes_in;
+    stats.bytes_out = s->counters.bytes_out;
+    stats.weights = n;
+    stats.uploads_in_progress = ql__uploads_count(s->uploads);
+    stats.per_weight = sc.ptrs;
+    stats.n_per_weight = sc.n;
+    ql__sessions_counts(s, &stats.sessions, &stats.regions,
+                        &stats.region_bytes);
+    for (unsigned d = 0; d < s->n_dev; d++) {
+      Qlinear__V1__DeviceStats *ds = &dev_stats[d];
+      qlinear__v1__device_stats__init(ds);
+      ds->device = (char *)s->dev[d].name;
+      /* The host's share is the canonical arrays and host layouts of
+       * every weight; an accelerator's, its own layouts. */
+      ds->bytes_resident =
+          s->dev[d].host ? ql__weight_store_bytes(s->weights)
+                         : ql__weight_store_device_bytes(s->weights, d);
+      ds->budget_bytes = s->dev[d].host ? ql__weight_store_budget(s->weights)
+                                        : s->dev[d].budget;
+      devs[d] = ds;
+    }
+    stats.devices = devs;
+    stats.n_devices = s->n_dev;
+    stats.persistent_weights = s->persistent_count;
+    stats.rings = ql__sessions_rings(s);
+    stats.ring_requests = s->counters.ring_requests;
+    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
+    r.resp.stats = &stats;
+  } while (0);
+  ql__reply_send(s, route, &r);
+  free(sc.st);
+  free(sc.ptrs);
+  free(sc.hist);
+  ql__request_free(req);
+}
+
+/*
  * What a ring carries (fastpath.h): Linear and LinearMulti whose results
  * go where the client can read them without a reply body (its regions or
  * device memory); a completion slot carries no tensor data.
@@ -905,12 +967,8 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
   } body;
   info_buf hold_info;
   char report[1024];
-  Qlinear__V1__DeviceStats dev_stats[QL__MAX_DEVICES];
-  Qlinear__V1__DeviceStats *devs[QL__MAX_DEVICES];
   Qlinear__V1__ListWeightsResponse list;
-  Qlinear__V1__StatsResponse stats;
   list_ctx lc = {s, NULL, NULL, 0};
-  stats_ctx sc = {s, NULL, NULL, NULL, 0};
 
   switch (m->body_case) {
   case QLINEAR__V1__REQUEST__BODY_HELLO:
@@ -961,51 +1019,11 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
     if (ql__linear_submit_multi(s, ss, req, route, &r))
       return; /* the job owns req and route now */
     break;
-  case QLINEAR__V1__REQUEST__BODY_STATS: {
-    size_t n = ql__weight_store_count(s->weights);
-    size_t entries = n * s->n_dev + 1; /* (weight, device) pairs at most */
-    sc.st = calloc(entries, sizeof *sc.st);
-    sc.ptrs = calloc(entries, sizeof *sc.ptrs);
-    sc.hist = calloc(entries, sizeof *sc.hist);
-    if (sc.st == NULL || sc.ptrs == NULL || sc.hist == NULL) {
-      ql__reply_set_error(&r, QL_ENOMEM, "stats: out of memory");
-      break;
-    }
-    ql__weight_store_foreach(s->weights, stats_one, &sc);
-    qlinear__v1__stats_response__init(&stats);
-    stats.uptime_ns = ql__now_ns() - s->start_ns;
-    stats.requests = s->counters.requests;
-    stats.errors = s->counters.errors;
-    stats.bytes_in = s->counters.bytes_in;
-    stats.bytes_out = s->counters.bytes_out;
-    stats.weights = n;
-    stats.uploads_in_progress = ql__uploads_count(s->uploads);
-    stats.per_weight = sc.ptrs;
-    stats.n_per_weight = sc.n;
-    ql__sessions_counts(s, &stats.sessions, &stats.regions,
-                        &stats.region_bytes);
-    for (unsigned d = 0; d < s->n_dev; d++) {
-      Qlinear__V1__DeviceStats *ds = &dev_stats[d];
-      qlinear__v1__device_stats__init(ds);
-      ds->device = (char *)s->dev[d].name;
-      /* The host's share is the canonical arrays and host layouts of
-       * every weight; an accelerator's, its own layouts. */
-      ds->bytes_resident =
-          s->dev[d].host ? ql__weight_store_bytes(s->weights)
-                         : ql__weight_store_device_bytes(s->weights, d);
-      ds->budget_bytes = s->dev[d].host ? ql__weight_store_budget(s->weights)
-                                        : s->dev[d].budget;
-      devs[d] = ds;
-    }
-    stats.devices = devs;
-    stats.n_devices = s->n_dev;
-    stats.persistent_weights = s->persistent_count;
-    stats.rings = ql__sessions_rings(s);
-    stats.ring_requests = s->counters.ring_requests;
-    r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
-    r.resp.stats = &stats;
-    break;
-  }
+  case QLINEAR__V1__REQUEST__BODY_STATS:
+    /* After the loop has accounted every launch whose reply a worker
+     * sent itself: what a client was answered is in what it reads. */
+    ql__linear_when_settled(s, stats_reply, req, route);
+    return; /* the reply owns req and route now */
   case QLINEAR__V1__REQUEST__BODY_RELOAD:
     ql__server_reload(s, report, sizeof report);
     qlinear__v1__reload_config_response__init(&body.reload);
@@ -1020,9 +1038,6 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
   ql__reply_send(s, route, &r);
   free(lc.bufs);
   free(lc.ptrs);
-  free(sc.st);
-  free(sc.ptrs);
-  free(sc.hist);
   ql__request_free(req);
 }
 

@@ -1,5 +1,6 @@
 /* linear.c - see linear.h. */
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -84,7 +85,18 @@ struct ql__linear_state {
   uv_timer_t expire;   /* answers expired requests while the worker is busy */
   int timers;
   int cpu_saturated; /* the CPU device has a thread for every CPU */
+  /* Replies sent by workers (early) whose launch the loop has not
+   * accounted yet, and what waits for that count to reach 0. */
+  atomic_uint early_pending;
+  struct settle_wait *waiting;
 };
+
+typedef struct settle_wait {
+  ql__settled_cb cb;
+  ql__request *req;
+  void *route;
+  struct settle_wait *next;
+} settle_wait;
 
 static lin_req *of(ql__sched_req *sr) {
   return (lin_req *)((char *)sr - offsetof(lin_req, sr));
@@ -119,6 +131,41 @@ static void pump(ql__server *s);
 static void on_retry(uv_timer_t *t) { pump(t->data); }
 
 static void answer_list(ql__server *s, ql__sched_req *list);
+
+/* Runs what waited for the early replies to be accounted (in order). */
+static void run_settled(ql__server *s) {
+  settle_wait *w = s->lin->waiting;
+  s->lin->waiting = NULL;
+  /* Oldest first: the list is pushed at its head. */
+  settle_wait *rev = NULL;
+  while (w != NULL) {
+    settle_wait *next = w->next;
+    w->next = rev;
+    rev = w;
+    w = next;
+  }
+  while (rev != NULL) {
+    settle_wait *next = rev->next;
+    rev->cb(s, rev->req, rev->route);
+    free(rev);
+    rev = next;
+  }
+}
+
+void ql__linear_when_settled(ql__server *s, ql__settled_cb cb,
+                             ql__request *req, void *route) {
+  settle_wait *w;
+  if (s->lin == NULL || atomic_load(&s->lin->early_pending) == 0 ||
+      (w = malloc(sizeof *w)) == NULL) {
+    cb(s, req, route);
+    return;
+  }
+  w->cb = cb;
+  w->req = req;
+  w->route = route;
+  w->next = s->lin->waiting;
+  s->lin->waiting = w;
+}
 
 static void on_expire(uv_timer_t *t) {
   ql__server *s = t->data;
@@ -179,6 +226,14 @@ void ql__linear_close_timers(ql__server *s) {
 void ql__linear_close(ql__server *s) {
   if (s->lin == NULL)
     return;
+  /* (The workers are closed: nothing is pending; this is a backstop.) */
+  while (s->lin->waiting != NULL) {
+    settle_wait *w = s->lin->waiting;
+    s->lin->waiting = w->next;
+    ql__route_drop(w->route);
+    ql__request_free(w->req);
+    free(w);
+  }
   ql__sched_free(s->lin->sched);
   free(s->lin);
   s->lin = NULL;
@@ -438,17 +493,21 @@ static void answer(ql__server *s, lin_req *j) {
     return;
   }
   linear_reply(j, rc, j->impl, &r, &b);
-  if (rc == 0) {
+  if (rc == 0 && !j->early) { /* (an early reply was counted then) */
     ql__weight_stats *st = &j->w->stats[j->sr.on_device];
     st->requests++;
     st->rows += j->sr.rows;
     if (j->impl != NULL)
       st->impl = j->impl;
   }
-  if (j->early)
+  if (j->early) {
     ql__route_done(j->route, &s->counters.bytes_out);
-  else
+    /* Called from batch_done, after the launch was accounted. */
+    if (atomic_fetch_sub(&s->lin->early_pending, 1) == 1)
+      run_settled(s);
+  } else {
     ql__reply_send(s, j->route, &r);
+  }
   ql__weight_unref(j->w);
   /* A region destroyed (or whose session ended) while this waited is
    * unmapped here, by its last reference. */
@@ -535,6 +594,7 @@ static void batch_compute(batch_job *bj);
  */
 static void batch_run(ql__job *job) {
   batch_job *bj = (batch_job *)job;
+  int any = 0;
   batch_compute(bj);
   for (uint32_t i = 0; i < bj->b.n; i++) {
     const ql__sched_slice *sl = &bj->b.slice[i];
@@ -543,10 +603,31 @@ static void batch_run(ql__job *job) {
     if (rc != 0 || j->parent != NULL || sl->offset != 0 ||
         sl->rows != j->sr.rows || j->rc != 0)
       continue;
+    if (!ql__route_has_early(j->route))
+      continue;
+    /* Counted first: the client may ask for Stats the moment it has the
+     * reply. */
+    ql__weight_stats *st = &j->w->stats[bj->d->index];
+    st->requests++;
+    st->rows += j->sr.rows;
+    if (bj->impl != NULL)
+      st->impl = bj->impl;
     ql__reply r;
     linear_body b;
     linear_reply(j, 0, bj->impl, &r, &b);
+    atomic_fetch_add(&bj->s->lin->early_pending, 1);
     j->early = ql__route_early(j->route, &r.resp);
+    if (!j->early)
+      atomic_fetch_sub(&bj->s->lin->early_pending, 1);
+    any |= j->early;
+  }
+  /* Fault injection: a worker descheduled between its early replies and
+   * handing the job back, so that clients act on them first. */
+  if (any && bj->s->test_early_delay_ms > 0) {
+    struct timespec ts = {(time_t)(bj->s->test_early_delay_ms / 1000),
+                          (long)(bj->s->test_early_delay_ms % 1000) *
+                              1000000L};
+    nanosleep(&ts, NULL);
   }
 }
 

@@ -48,6 +48,18 @@ int ql__linear_submit(ql__server *s, struct ql__session *ss,
 int ql__linear_submit_multi(ql__server *s, struct ql__session *ss,
                             ql__request *req, void *route, ql__reply *r);
 
+/*
+ * Calls cb(s, req, route) once every launch whose reply a device worker
+ * sent itself (route.h, early) has been accounted by the loop: at once
+ * when none is pending, else after the last of them. A Stats request
+ * waits so: a client reads its own replies in the counters. cb owns req
+ * and route; requests still waiting at shutdown are dropped unanswered
+ * (ql__linear_close_timers).
+ */
+typedef void (*ql__settled_cb)(ql__server *s, ql__request *req, void *route);
+void ql__linear_when_settled(ql__server *s, ql__settled_cb cb,
+                             ql__request *req, void *route);
+
 /* Linear requests accepted and not yet answered. */
 size_t ql__linear_in_flight(const ql__server *s);
 

@@ -141,6 +141,9 @@ typedef struct ql__server {
   int quiet_ticks;        /* drain ticks with nothing in flight */
   uint64_t test_delay_ms; /* QL_TEST_KERNEL_DELAY_MS: tests only, every
                              linear job sleeps this long first */
+  uint64_t test_early_delay_ms; /* QL_TEST_EARLY_DELAY_MS: tests only, a
+                                   job that replied early sleeps this long
+                                   before the loop hears of it */
   ql__counters counters;
 } ql__server;
 

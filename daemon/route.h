@@ -40,6 +40,11 @@ static inline int ql__route_reply(void *rt, const ql__msg_response *resp,
   return ((ql__route *)rt)->ops->reply(rt, resp, bytes_out);
 }
 
+/* Whether the route takes a reply through early(). */
+static inline int ql__route_has_early(const void *rt) {
+  return ((const ql__route *)rt)->ops->early != NULL;
+}
+
 /* 1 if the reply went now through early(), else 0 (send it later). */
 static inline int ql__route_early(void *rt, const ql__msg_response *resp) {
   const ql__route_ops *ops = ((ql__route *)rt)->ops;

@@ -429,6 +429,15 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     ql__warn("QL_TEST_KERNEL_DELAY_MS: every linear job sleeps %llu ms",
              (unsigned long long)s->test_delay_ms);
   }
+  const char *early = getenv("QL_TEST_EARLY_DELAY_MS");
+  if (early != NULL) {
+    s->test_early_delay_ms = strtoull(early, NULL, 10);
+    if (s->test_early_delay_ms > 60000)
+      s->test_early_delay_ms = 60000;
+    ql__warn("QL_TEST_EARLY_DELAY_MS: a job that replied early sleeps %llu "
+             "ms before the loop hears of it",
+             (unsigned long long)s->test_early_delay_ms);
+  }
   ql__log_set_level(cfg->log_level);
   signal(SIGPIPE, SIG_IGN);
   /* libcrypto's one-time set-up (it reads its config file) here, in this

@@ -19,14 +19,18 @@
 
 /* Counters of one weight on one device. */
 typedef struct ql__weight_stats {
-  uint64_t requests;   /* linear requests answered */
-  uint64_t rows;       /* activation rows computed */
+  /* Atomic: a device worker that replies to a request itself (route.h,
+   * early) counts it before the reply goes, so that a Stats request the
+   * client sends after its reply always includes it. */
+  _Atomic uint64_t requests; /* linear requests answered */
+  _Atomic uint64_t rows;     /* activation rows computed */
   uint64_t batches;    /* kernel launches */
   uint64_t wo_batches; /* launches on the weight-only path */
   uint64_t aq_batches; /* launches on the activation-quantized path */
   uint64_t queue_ns;   /* time spent waiting for the worker */
   uint64_t kernel_ns;  /* time spent in kernels */
-  const char *impl;    /* implementation of the last launch (static) */
+  const char *_Atomic impl; /* implementation of the last launch
+                               (static) */
 } ql__weight_stats;
 
 /* A weight's layout on one device, made at load by that device's repack

@@ -948,7 +948,7 @@ END_TEST
 /* Ring requests count as the session's activity for the lease. */
 START_TEST(test_lease) {
   td d;
-  static const char *const args[] = {"--session-lease-ms", "300", NULL};
+  static const char *const args[] = {"--session-lease-ms", "1000", NULL};
   td_start(&d, args);
   ql_client *c = td_connect(&d);
   td_layer l;
@@ -956,20 +956,52 @@ START_TEST(test_lease) {
   ck_assert_int_eq(load(c, "fp/l", &l, QL_FORMAT_Q8C, 0), 0);
   float x[64] = {0}, y[16];
   uint64_t r0 = ring_requests(c);
-  int64_t end = td_now_ms() + 1500;
+  int64_t end = td_now_ms() + 3500;
   int n = 0;
   while (td_now_ms() < end) {
     ck_assert_int_eq(ql_linear(c, "fp/l", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32,
                                1, 64, x, 16, y, NULL),
                      0);
     n++;
-    usleep(50 * 1000);
+    usleep(100 * 1000);
   }
   ck_assert_uint_ge(ring_requests(c) - r0, (uint64_t)n);
   td_layer_free(&l);
   ql_close(c);
   /* The harness's own raw session has sent nothing: the lease ended it,
    * which td_stop() does not mind. */
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* A reply on the ring may reach the client before the loop has
+ * accounted its launch (a device worker sends it): Stats asked for after
+ * it still counts it, and its launch. */
+START_TEST(test_stats_after_reply) {
+  td d;
+  /* Each worker hands its job back 20 ms after its early reply. */
+  setenv("QL_TEST_EARLY_DELAY_MS", "20", 1);
+  td_start(&d, NULL);
+  unsetenv("QL_TEST_EARLY_DELAY_MS");
+  ql_client *c = td_connect(&d), *m = td_connect_messages(&d);
+  td_layer l;
+  td_layer_make(&l, 16, 64, 97, 0);
+  ck_assert_int_eq(load(c, "fp/st", &l, QL_FORMAT_Q8C, 0), 0);
+  float x[64] = {0}, y[16];
+  for (uint64_t i = 1; i <= 40; i++) {
+    ck_assert_int_eq(ql_linear(c, "fp/st", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32,
+                               1, 64, x, 16, y, NULL),
+                     0);
+    ql_stats_info *st = stats(i % 2 ? c : m);
+    ck_assert_uint_eq(st->n_per_weight, 1);
+    ck_assert_uint_eq(st->per_weight[0].requests, i);
+    ck_assert_uint_eq(st->per_weight[0].rows, i);
+    ck_assert_uint_eq(st->per_weight[0].batches, i);
+    ql_stats_free(st);
+  }
+  td_layer_free(&l);
+  ql_close(c);
+  ql_close(m);
   ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -1047,6 +1079,7 @@ int main(void) {
   tcase_add_test(tc, test_idle_rings_sleep);
   tcase_add_test(tc, test_lease);
   tcase_add_test(tc, test_refused);
+  tcase_add_test(tc, test_stats_after_reply);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
