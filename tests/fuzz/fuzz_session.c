@@ -81,7 +81,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_REGION &&
       req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION &&
       req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC &&
-      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_RELEASE_IMPORT)
+      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_RELEASE_IMPORT &&
+      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_RING)
     __builtin_trap();
   /* A valid import carries a whole handle and names a device. */
   if (rc == 0 &&
