@@ -256,16 +256,15 @@ int ql__cring_call(ql__cring *r, const Qlinear__V1__Request *req,
   for (;;) {
     uint32_t tail = atomic_load_explicit(&r->r.hdr->cq_tail,
                                          memory_order_acquire);
+    uint32_t head = atomic_load_explicit(&r->r.hdr->cq_head,
+                                         memory_order_acquire);
     /* Another thread may have reaped ours: every completion up to tail is
      * reaped when cq_head reaches it, and the reaper marked its waiter
      * before it published cq_head. If ours comes after tail was read, the
      * futex below does not sleep (cq_tail moved). */
-    if (tail == atomic_load_explicit(&r->r.hdr->cq_head,
-                                     memory_order_acquire) &&
-        atomic_load(&w->state) == W_DONE)
+    if (tail == head && atomic_load(&w->state) == W_DONE)
       break;
-    if (tail != atomic_load_explicit(&r->r.hdr->cq_head,
-                                     memory_order_acquire)) {
+    if (tail != head) {
       pthread_mutex_lock(&r->lock);
       reap(r);
       int st = w->state, broken = r->broken;
@@ -333,16 +332,11 @@ int ql__cring_call(ql__cring *r, const Qlinear__V1__Request *req,
 
 abandon:
   pthread_mutex_lock(&r->lock);
-  if (w->state == W_DONE) {
-    /* It came after all; its result is there but the caller gave up. */
-    if (late != NULL)
-      late(late_arg);
-    w->state = W_FREE;
-    w->tag = 0;
-  } else if (r->broken) {
-    /* No reply will come through this ring: the daemon's end of the
-     * session finishes the request or drops it, and either way the
-     * caller's memory is its own again once the session is gone. */
+  if (w->state == W_DONE || r->broken) {
+    /* Its reply came after all (the caller gave up on it), or none will
+     * come through this ring: the daemon's end of the session finishes
+     * the request or drops it, and either way the caller's memory is its
+     * own again once the session is gone. */
     if (late != NULL)
       late(late_arg);
     w->state = W_FREE;

@@ -28,7 +28,6 @@ struct ql__fastpaths {
   ql__server *s;
   uv_idle_t spin;     /* active while any ring is hot */
   ql__fastpath *hot;  /* rings polled on every turn of the loop */
-  size_t rings;       /* alive */
 };
 
 struct ql__fastpath {
@@ -480,7 +479,6 @@ int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
   fp->bell = bell;
   fp->refs = 2; /* the session's and the poll handle's */
   uv_poll_start(&fp->poll, UV_READABLE, on_bell);
-  fps->rings++;
   /* The client writes a duplicate; ours stays open with the handle. */
   int dup = fcntl(bell, F_DUPFD_CLOEXEC, 0);
   if (dup < 0) {
@@ -519,7 +517,6 @@ void ql__fastpath_end(ql__fastpath *fp) {
     return;
   fp->dead = 1;
   fp->ss = NULL;
-  fp->fps->rings--;
   unlink_hot(fp);
   uv_close((uv_handle_t *)&fp->poll, on_poll_closed);
   fp_unref(fp); /* the session's */

@@ -175,18 +175,16 @@ static void on_expire(uv_timer_t *t) {
 }
 
 /* Whether the CPU device's kernels use every CPU this process may run on
- * (cpu_threads, else QL_CPU_THREADS, else one thread per CPU, as the
- * backend decides): a client spinning beside such a launch slows it. */
+ * (its backend says how many threads it runs): a client spinning beside
+ * such a launch slows it. */
 static int cpu_saturated(const ql__server *s) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
     cpus = CPU_COUNT(&set);
-  long threads = s->cfg.cpu_threads;
-  const char *e = getenv("QL_CPU_THREADS");
-  if (threads == 0 && e != NULL && *e != '\0')
-    threads = strtol(e, NULL, 10);
-  return threads <= 0 || threads >= cpus;
+  const ql_backend *b = s->cpu_backend;
+  return b == NULL || b->host_threads == NULL ||
+         (long)b->host_threads() >= cpus;
 }
 
 int ql__linear_open(ql__server *s) {

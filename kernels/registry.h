@@ -170,6 +170,9 @@ typedef struct ql_backend {
    * range or unknown), QL_ENOTSUP (a level the machine lacks, or too late:
    * its threads exist). */
   int (*configure)(const struct ql_backend_config *c);
+  /* Optional: the host threads one launch of the host device uses, as
+   * configured (the CPU backend's pool); NULL for accelerators. */
+  unsigned (*host_threads)(void);
   /*
    * Devices. A backend without device_count has one device, the host,
    * named after the backend ("cpu"), whose memory is the host's.

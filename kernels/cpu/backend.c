@@ -651,9 +651,12 @@ static int configure(const ql_backend_config *c) {
   return rc != 0 ? rc : ql__cpu_set_threads(c->threads);
 }
 
+static unsigned host_threads(void) { return (unsigned)ql__cpu_threads(); }
+
 const ql_backend ql__backend_cpu = {
     .name = "cpu",
     .impls = impls,
     .n_impls = sizeof impls / sizeof impls[0],
     .configure = configure,
+    .host_threads = host_threads,
 };
