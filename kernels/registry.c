@@ -150,8 +150,45 @@ int ql_run_linear(const ql_backend *b, ql_op op, const ql_qweight *w,
       (op != QL_OP_LINEAR_WO && op != QL_OP_LINEAR_AQ))
     return QL_ENOTSUP;
   ql_linear_args a = {w, im == ql_generic_impl(op) ? NULL : packed, dt, x, m,
-                      y};
+                      y, NULL};
   return im->fn.linear(&a);
+}
+
+int ql_run_linear_part(const ql_backend *b, ql_op op, const ql_qweight *w,
+                       const void *packed, ql_dtype dt, const void *x,
+                       int64_t m, void *y, ql_linear_part *part,
+                       const char **impl) {
+  const ql_kernel_impl *im = ql_dispatch(b, op, w->format, dt, m, w->n, w->k);
+  int rc;
+  if (impl != NULL)
+    *impl = im != NULL ? im->name : NULL;
+  if (im == NULL || (op != QL_OP_LINEAR_WO && op != QL_OP_LINEAR_AQ)) {
+    rc = QL_ENOTSUP;
+    goto fail;
+  }
+  if (part == NULL || !im->parts) {
+    if (part != NULL && part->state != NULL) {
+      /* Only an implementation with parts stops. */
+      rc = QL_EINVAL;
+      goto fail;
+    }
+    ql_linear_args a = {w, im == ql_generic_impl(op) ? NULL : packed, dt, x, m,
+                        y, NULL};
+    rc = im->fn.linear(&a);
+    if (rc != 0)
+      goto fail;
+    if (part != NULL)
+      part->done = 1;
+    return 0;
+  }
+  ql_linear_args a = {w, packed, dt, x, m, y, part};
+  return im->fn.linear(&a);
+fail:
+  if (part != NULL && part->state != NULL) {
+    part->state_free(part->state);
+    part->state = NULL;
+  }
+  return rc;
 }
 
 const ql_kernel_impl *ql_dispatch_dev(const ql_backend *b, ql_op op,

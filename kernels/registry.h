@@ -35,6 +35,39 @@ typedef enum ql_op {
   QL_OP_COUNT
 } ql_op;
 
+/*
+ * A launch in parts (ql_linear_args.part), for an implementation whose
+ * parts flag is set: the call computes y in pieces of its own choosing,
+ * asks stop() between pieces and returns early when it says so, keeping
+ * its place in state; the next call with the same part, x, y and weight
+ * goes on from there. Each output element is computed exactly as in one
+ * whole call (the kernels keep a fixed reduction order), so a launch's
+ * bytes do not depend on where it stopped. The daemon stops a long
+ * prefill launch this way when decode work arrives and resumes it after,
+ * instead of cutting it into row chunks that each read the whole weight
+ * again.
+ */
+typedef struct ql_linear_part {
+  /* In, may be NULL (never stop): non-zero asks the call to return at its
+   * next piece boundary. Called from any of the call's threads, several
+   * at once; each thread computes a piece before it first asks, so every
+   * call gets on. */
+  int (*stop)(void *ctx);
+  void *ctx;
+  /* In: the most host threads this call may use (the CPU backend's
+   * pool), so that others keep a CPU; 0: as many as it would use. */
+  unsigned threads;
+  /* Out: 1 when the launch is done (y is whole), 0 when it stopped. */
+  int done;
+  /* In/out: the launch's place and what its first call prepared (x
+   * converted or quantized), kept for the next call. NULL at the first
+   * call; set by a call that stops and cleared by the one that finishes
+   * or fails. Owned by the caller in between: one that gives the launch
+   * up frees it with state_free(state). */
+  void *state;
+  void (*state_free)(void *state);
+} ql_linear_part;
+
 /* Arguments of QL_OP_LINEAR_WO and QL_OP_LINEAR_AQ: y[M,N] = x[M,K]·Wᵀ+b. */
 typedef struct ql_linear_args {
   const ql_qweight *w; /* canonical weight */
@@ -46,6 +79,9 @@ typedef struct ql_linear_args {
   const void *x;       /* [m, w->k] */
   int64_t m;
   void *y;             /* [m, w->n] */
+  ql_linear_part *part; /* NULL: the whole launch in one call; else see
+                           ql_linear_part (only an implementation whose
+                           parts flag is set reads it) */
 } ql_linear_args;
 
 /* Bits of ql_linear_dev_args.where. */
@@ -134,6 +170,10 @@ struct ql_kernel_impl {
   int (*image)(const void *packed, const void **data, size_t *len);
   int (*adopt)(const ql_qweight *w, const void *data, size_t len,
                void **packed, size_t *packed_bytes);
+  /* QL_OP_LINEAR_*: 1 when fn.linear honours ql_linear_args.part (the
+   * launch can stop early and go on later); 0: it ignores part and runs
+   * whole (ql_run_linear_part then says so). */
+  int parts;
 };
 
 /* What ql_backend.configure takes; a zero field is the backend's default. */
@@ -257,6 +297,10 @@ typedef struct ql_backend {
    */
   int (*host_register)(void *p, size_t len);
   void (*host_unregister)(void *p);
+  /* 1 when its own linear implementations (not the generic ones) honour
+   * ql_linear_args.part: a long launch on its devices can stop for more
+   * urgent work and go on later. */
+  int linear_parts;
 } ql_backend;
 
 
@@ -309,6 +353,16 @@ const ql_kernel_impl *ql_dispatch(const ql_backend *b, ql_op op, ql_format f,
 int ql_run_linear(const ql_backend *b, ql_op op, const ql_qweight *w,
                   const void *packed, ql_dtype dt, const void *x, int64_t m,
                   void *y, const char **impl);
+
+/*
+ * ql_run_linear() as one call of a launch in parts (ql_linear_part): with
+ * an implementation that cannot stop, the whole launch runs in this call
+ * (part->done 1). On failure part->state is NULL (freed).
+ */
+int ql_run_linear_part(const ql_backend *b, ql_op op, const ql_qweight *w,
+                       const void *packed, ql_dtype dt, const void *x,
+                       int64_t m, void *y, ql_linear_part *part,
+                       const char **impl);
 
 /*
  * The implementation of op that ql_dispatch() chooses, when b can run it

@@ -16,6 +16,7 @@
  */
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,27 +91,6 @@ static int layout(const ql_linear_args *a, const ql__cpu_packed **p,
   return rc;
 }
 
-/* x as f32: x itself for f32 activations, else a widened copy in *buf.
- * QL_ENONFINITE when check is set and any value is NaN or Inf. */
-static int widen_x(const ql_linear_args *a, int check, const float **xf,
-                   float **buf) {
-  size_t n = (size_t)a->m * (size_t)a->w->k;
-  *buf = NULL;
-  if (a->dt == QL_DTYPE_F32) {
-    *xf = a->x;
-  } else {
-    if ((*buf = malloc(n * sizeof(float))) == NULL)
-      return QL_ENOMEM;
-    ql_to_f32(a->dt, a->x, *buf, n);
-    *xf = *buf;
-  }
-  if (check)
-    for (size_t i = 0; i < n; i++)
-      if (!isfinite((*xf)[i]))
-        return QL_ENONFINITE;
-  return 0;
-}
-
 /*
  * One linear call split over the pool as a grid of tparts x mparts: part
  * p computes the tiles [tiles·i/tparts, tiles·(i+1)/tparts) for the rows
@@ -118,6 +98,13 @@ static int widen_x(const ql_linear_args *a, int check, const float **xf,
  * split only when there are fewer tiles than parts (a narrow layer with a
  * large batch); the split changes which thread computes an output, never
  * how (cpu.h).
+ *
+ * A launch in parts (ql_linear_part) is split differently: into pieces of
+ * rb rows x tb tiles, numbered row block first (each row block's x stays
+ * in cache while its pieces pass over the weight, as the kernels' own row
+ * chunks do), which the threads claim in order from a shared counter. A
+ * claimed piece is always finished, so when the threads stop claiming the
+ * pieces [0, counter) are done: the launch goes on from there next time.
  */
 typedef struct lin_job {
   const ql__cpu_kernels *kt;
@@ -131,19 +118,19 @@ typedef struct lin_job {
   const float *bias;
   float *y;
   int tparts;
+  /* A launch in parts. */
+  ql_linear_part *part;
+  ql_dtype dt;  /* y's dtype: pieces store their own columns */
+  void *yout;   /* y itself, when y above is an f32 buffer */
+  int64_t rb, tb, ntb, pieces;
+  atomic_llong next; /* the next piece to claim */
 } lin_job;
 
-static void lin_part(void *ctx, int part, int parts) {
-  const lin_job *j = ctx;
+/* The kernel of j's op over tiles [t0, t1) for rows [r0, r1). */
+static void lin_block(const lin_job *j, int64_t r0, int64_t r1, int64_t t0,
+                      int64_t t1) {
   const ql__cpu_packed *p = j->p;
-  int tparts = j->tparts, mparts = parts / tparts;
-  int ti = part % tparts, mi = part / tparts;
-  int64_t t0 = p->tiles * ti / tparts, t1 = p->tiles * (ti + 1) / tparts;
-  int64_t r0 = j->m * mi / mparts, r1 = j->m * (mi + 1) / mparts;
-  assert(parts % tparts == 0);
   float *y = j->y + (size_t)r0 * (size_t)p->n;
-  if (t0 >= t1 || r0 >= r1)
-    return;
   if (j->aq) {
     ql__cpu_xq xq = j->xq;
     size_t kr = (size_t)r0 * (size_t)xq.kp, gr = (size_t)r0 * (size_t)j->ng;
@@ -186,6 +173,49 @@ static void lin_part(void *ctx, int part, int parts) {
   }
 }
 
+static void lin_part(void *ctx, int part, int parts) {
+  const lin_job *j = ctx;
+  const ql__cpu_packed *p = j->p;
+  int tparts = j->tparts, mparts = parts / tparts;
+  int ti = part % tparts, mi = part / tparts;
+  int64_t t0 = p->tiles * ti / tparts, t1 = p->tiles * (ti + 1) / tparts;
+  int64_t r0 = j->m * mi / mparts, r1 = j->m * (mi + 1) / mparts;
+  assert(parts % tparts == 0);
+  if (t0 < t1 && r0 < r1)
+    lin_block(j, r0, r1, t0, t1);
+}
+
+/* A launch in parts: claims pieces until they run out or the caller asks
+ * it to stop (after its first piece, so that every call gets on). */
+static void lin_piece(void *ctx, int part, int parts) {
+  lin_job *j = ctx;
+  const ql__cpu_packed *p = j->p;
+  ql_linear_part *lp = j->part;
+  size_t esz = ql_dtype_size(j->dt);
+  (void)part, (void)parts;
+  for (int first = 1;; first = 0) {
+    if (!first && lp->stop != NULL && lp->stop(lp->ctx))
+      return;
+    int64_t c = atomic_fetch_add(&j->next, 1);
+    if (c >= j->pieces)
+      return;
+    int64_t r0 = c / j->ntb * j->rb, t0 = c % j->ntb * j->tb;
+    int64_t r1 = r0 + j->rb < j->m ? r0 + j->rb : j->m;
+    int64_t t1 = t0 + j->tb < p->tiles ? t0 + j->tb : p->tiles;
+    lin_block(j, r0, r1, t0, t1);
+    if (j->yout != NULL) {
+      int64_t c0 = t0 * QL_CPU_TILE, c1 = t1 * QL_CPU_TILE;
+      if (c1 > p->n)
+        c1 = p->n;
+      for (int64_t r = r0; r < r1; r++) {
+        size_t at = (size_t)r * (size_t)p->n + (size_t)c0;
+        ql_from_f32(j->dt, j->y + at, (char *)j->yout + at * esz,
+                    (size_t)(c1 - c0));
+      }
+    }
+  }
+}
+
 /* Runs the job on as many pool threads as the work is worth, then stores
  * y (already there for f32 outputs). Tiles are split first; what is left
  * of the threads splits the rows. */
@@ -205,46 +235,160 @@ static void lin_run(lin_job *j, const ql_linear_args *a) {
     ql_from_f32(a->dt, j->y, a->y, (size_t)j->m * (size_t)a->w->n);
 }
 
-static int run_wo(ql__cpu_level level, const ql_linear_args *a) {
-  const ql__cpu_packed *p;
-  ql__cpu_packed *tmp = NULL;
-  float *xbuf = NULL, *ybuf = NULL, *xs = NULL;
+/* Multiply-adds of one piece of a launch in parts: about 100 µs of one
+ * thread at the SIMD levels, small against a prefill launch and large
+ * against the pool's wake-up and a claim. */
+#define PIECE_MACS ((int64_t)1 << 23)
+/* x bytes of one piece's row block: the kernels' own row chunk (an L2's
+ * share). */
+#define PIECE_X_BYTES ((int64_t)384 << 10)
+
+/* Sizes the pieces of j's launch in parts (lin_piece). */
+static void piece_plan(lin_job *j) {
+  const ql__cpu_packed *p = j->p;
+  int64_t row_bytes = j->aq ? j->xq.kp : p->k * (int64_t)sizeof(float);
+  int64_t rb = PIECE_X_BYTES / (row_bytes > 0 ? row_bytes : 1) / 12 * 12;
+  /* Fewer rows where one 4-tile pass over them would be a long piece. */
+  int64_t rb_time = PIECE_MACS / (4 * QL_CPU_TILE * p->k) / 12 * 12;
+  if (rb > rb_time)
+    rb = rb_time;
+  if (rb < 12)
+    rb = 12;
+  if (rb > j->m)
+    rb = j->m;
+  int64_t per_tile = rb * QL_CPU_TILE * p->k, tb = PIECE_MACS / per_tile;
+  tb = tb < 4 ? 4 : tb / 4 * 4; /* the kernels' 4-tile passes */
+  if (tb > p->tiles)
+    tb = p->tiles;
+  j->rb = rb;
+  j->tb = tb;
+  j->ntb = (p->tiles + tb - 1) / tb;
+  j->pieces = (j->m + rb - 1) / rb * j->ntb;
+}
+
+/*
+ * What a linear call prepares before its kernels run (x widened to f32
+ * and checked, or quantized; the f32 buffer of a 16-bit y; the layout when
+ * the caller had none) and its job. The rows are prepared independently,
+ * in parts over the pool; a launch in parts keeps all of it between its
+ * calls (ql_linear_part.state) and prepares its rows in pieces that stop
+ * as its kernel pieces do, so that no call runs long before it can stop.
+ */
+typedef struct prep {
   lin_job j;
-  size_t esz;
+  int aq;
+  ql_dtype dt;
+  const void *x;       /* the caller's x (first call) */
+  int64_t m, k, kp;
+  ql__cpu_packed *tmp; /* a layout built for this launch */
+  const float *xf;     /* x as f32: the caller's or xbuf */
+  float *xbuf;         /* x widened to f32 */
+  float *ybuf;         /* y in f32 for a 16-bit dtype */
+  float *xs;           /* WO q4g: group sums of x */
+  int8_t *xq;          /* int8 AQ */
+  float *sx, *gsumf;
+  int32_t *gsum8;
+  uint8_t *xc;         /* f8r AQ */
+  float *xe;
+  /* A launch in parts: rows prepared in pieces of prep_rows, claimed in
+   * order; the first error found fails the launch. */
+  int64_t prep_rows, prep_pieces;
+  atomic_llong prep_next;
+  atomic_int prep_rc;
+  int rc[256]; /* a whole call: per part (the pool has at most 256) */
+} prep;
+
+static void prep_free(void *v) {
+  prep *st = v;
+  if (st == NULL)
+    return;
+  ql__cpu_packed_free(st->tmp);
+  free(st->xbuf);
+  free(st->ybuf);
+  free(st->xs);
+  free(st->xq);
+  free(st->sx);
+  free(st->gsumf);
+  free(st->gsum8);
+  free(st->xc);
+  free(st->xe);
+  free(st);
+}
+
+/*
+ * Allocates what the call of a (already checked) needs and fills the
+ * job but for the rows, which prep_rows() prepares. q8b has no AQ path
+ * (QL_ENOTSUP, as the generic op), q8c AQ a bound on K (QL_ESHAPE).
+ */
+static int prep_alloc(ql__cpu_level level, int aq, const ql_linear_args *a,
+                      prep *st) {
+  const ql__cpu_packed *p;
+  int64_t m = a->m, k = a->w->k, kb, ng;
+  size_t mkp, xe_bytes;
   int rc;
 
-  if ((rc = linear_args(a, &esz)) != 0)
+  if (aq && a->w->format == QL_FORMAT_Q8B)
+    return QL_ENOTSUP;
+  if (aq && a->w->format == QL_FORMAT_Q8C && k > QL_AQ_Q8C_MAX_K)
+    return QL_ESHAPE;
+  st->aq = aq;
+  st->dt = a->dt;
+  st->x = a->x;
+  st->m = m;
+  st->k = k;
+  kb = a->w->format == QL_FORMAT_Q4G ? QL_CPU_Q4G_KB : QL_CPU_Q8C_KB;
+  st->kp = (k + kb - 1) / kb * kb;
+  if (!mul_size((size_t)m, (size_t)st->kp, &mkp) ||
+      !mul_size(mkp, sizeof(float), &xe_bytes))
+    return QL_ESHAPE;
+  if ((rc = layout(a, &p, &st->tmp)) != 0)
     return rc;
-  memset(&j, 0, sizeof j);
-  if ((rc = widen_x(a, 1, &j.x, &xbuf)) != 0)
-    goto out;
-  if ((rc = layout(a, &p, &tmp)) != 0)
-    goto out;
+  st->j.kt = kernels(level);
+  st->j.p = p;
+  st->j.aq = aq;
+  st->j.m = m;
+  st->j.bias = a->w->bias;
   rc = QL_ENOMEM;
-  if (a->dt != QL_DTYPE_F32 &&
-      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) == NULL)
-    goto out;
-  if (p->format == QL_FORMAT_Q4G) {
-    /* m·G <= m·K: no overflow once linear_args() passed */
-    if ((xs = malloc((size_t)a->m * (size_t)p->groups * sizeof(float))) ==
-        NULL)
-      goto out;
-    ql_q4g_group_sums(j.x, a->m, p->k, p->gs, xs);
+  if (a->dt == QL_DTYPE_F32) {
+    st->xf = a->x;
+    st->j.y = a->y;
+  } else {
+    /* linear_args() bounded m·k and m·n floats */
+    if ((st->xbuf = malloc((size_t)m * (size_t)k * sizeof(float))) == NULL ||
+        (st->ybuf = malloc((size_t)m * (size_t)a->w->n * sizeof(float))) ==
+            NULL)
+      return rc;
+    st->xf = st->xbuf;
+    st->j.y = st->ybuf;
   }
-  rc = 0;
-  j.xs = xs;
-  j.kt = kernels(level);
-  j.p = p;
-  j.m = a->m;
-  j.bias = a->w->bias;
-  j.y = a->dt == QL_DTYPE_F32 ? a->y : ybuf;
-  lin_run(&j, a);
-out:
-  ql__cpu_packed_free(tmp);
-  free(xbuf);
-  free(ybuf);
-  free(xs);
-  return rc;
+  if (!aq) {
+    st->j.x = st->xf;
+    if (p->format == QL_FORMAT_Q4G) {
+      if ((st->xs = malloc((size_t)m * (size_t)p->groups * sizeof(float))) ==
+          NULL)
+        return rc;
+      st->j.xs = st->xs;
+    }
+    return 0;
+  }
+  if ((st->sx = malloc((size_t)m * sizeof(float))) == NULL)
+    return rc;
+  if (p->format == QL_FORMAT_F8R) {
+    if ((st->xc = malloc(mkp)) == NULL || (st->xe = malloc(xe_bytes)) == NULL)
+      return rc;
+    st->j.xq = (ql__cpu_xq){NULL, m, st->kp, st->sx, NULL, NULL, st->xc,
+                            st->xe};
+    return 0;
+  }
+  ng = p->format == QL_FORMAT_Q4G ? p->groups : 1;
+  if ((st->xq = malloc(mkp)) == NULL ||
+      (st->gsum8 = malloc((size_t)m * (size_t)ng * sizeof(int32_t))) == NULL ||
+      (st->gsumf = malloc((size_t)m * (size_t)ng * sizeof(float))) == NULL)
+    return rc;
+  st->j.xq = (ql__cpu_xq){st->xq, m, st->kp, st->sx, st->gsum8, st->gsumf,
+                          NULL, NULL};
+  st->j.ng = ng;
+  return 0;
 }
 
 /* Quantizes the rows [r0, r1) of xf [m][k], src data widened, into xq
@@ -282,30 +426,81 @@ static int quantize_x(const ql__cpu_kernels *kt, const ql__cpu_packed *p,
   return 0;
 }
 
-/* The int8 activation rows of one call, quantized in parts over the pool
- * (rows are independent; each part records the error of its first bad
- * row, and the call returns that of the lowest row, as the reference
- * does). */
-typedef struct i8q_job {
-  const ql__cpu_kernels *kt;
-  const ql__cpu_packed *p;
-  ql_dtype src;
-  const float *xf;
-  int64_t m, kp;
-  int8_t *xq;
-  float *sx, *gsumf;
-  int32_t *gsum8;
-  int rc[256]; /* per part; the pool has at most 256 threads */
-} i8q_job;
-
-static void i8q_part(void *ctx, int part, int parts) {
-  i8q_job *j = ctx;
-  j->rc[part] = quantize_x(j->kt, j->p, j->src, j->xf, j->m * part / parts,
-                           j->m * (part + 1) / parts, j->xq, j->kp, j->sx,
-                           j->gsum8, j->gsumf);
+/*
+ * Prepares the rows [r0, r1): widened to f32 when x is 16-bit; for WO
+ * checked finite (QL_ENONFINITE) with q4g's group sums; for AQ quantized
+ * with the bit-exact int8 or e4m3 rule (ql_kernels.h), which fails NaN and
+ * Inf the same way. Rows are independent, so any split gives the same
+ * bytes.
+ */
+static int prep_rows(prep *st, int64_t r0, int64_t r1) {
+  const ql__cpu_packed *p = st->j.p;
+  const ql__cpu_kernels *kt = st->j.kt;
+  size_t k = (size_t)st->k, kp = (size_t)st->kp, rows = (size_t)(r1 - r0);
+  const float *xf = st->xf;
+  if (st->xbuf != NULL)
+    ql_to_f32(st->dt,
+              (const char *)st->x + (size_t)r0 * k * ql_dtype_size(st->dt),
+              st->xbuf + (size_t)r0 * k, rows * k);
+  if (!st->aq) {
+    for (size_t i = (size_t)r0 * k; i < (size_t)r1 * k; i++)
+      if (!isfinite(xf[i]))
+        return QL_ENONFINITE;
+    if (p->format == QL_FORMAT_Q4G)
+      ql_q4g_group_sums(xf + (size_t)r0 * k, r1 - r0, p->k, p->gs,
+                        st->xs + (size_t)r0 * (size_t)p->groups);
+    return 0;
+  }
+  if (p->format != QL_FORMAT_F8R)
+    return quantize_x(kt, p, st->dt, xf, r0, r1, st->xq, st->kp, st->sx,
+                      st->gsum8, st->gsumf);
+  for (int64_t r = r0; r < r1; r++) {
+    uint8_t *c = st->xc + (size_t)r * kp;
+    float *e = st->xe + (size_t)r * kp;
+    int rc = kt->quant_row_e4m3(st->dt, xf + (size_t)r * k, (int64_t)k, c, e,
+                                st->sx + r);
+    if (rc != 0)
+      return rc;
+    memset(c + k, 0, kp - k);
+    memset(e + k, 0, (kp - k) * sizeof(float));
+  }
+  return 0;
 }
 
-/* Parts worth using to quantize m rows of k values. */
+/* A whole call's rows, in fixed parts over the pool; each part records
+ * the error of its first bad row, and the call returns that of the lowest
+ * part, as the reference does. */
+static void prep_part(void *ctx, int part, int parts) {
+  prep *st = ctx;
+  st->rc[part] = prep_rows(st, st->m * part / parts,
+                           st->m * (part + 1) / parts);
+}
+
+/* A launch in parts: claims pieces of rows until they run out, one fails,
+ * or the caller asks it to stop (after its first piece). */
+static void prep_piece(void *ctx, int part, int parts) {
+  prep *st = ctx;
+  ql_linear_part *lp = st->j.part;
+  (void)part, (void)parts;
+  for (int first = 1;; first = 0) {
+    if (atomic_load(&st->prep_rc) != 0 ||
+        (!first && lp->stop != NULL && lp->stop(lp->ctx)))
+      return;
+    int64_t c = atomic_fetch_add(&st->prep_next, 1);
+    if (c >= st->prep_pieces)
+      return;
+    int64_t r0 = c * st->prep_rows;
+    int64_t r1 = r0 + st->prep_rows < st->m ? r0 + st->prep_rows : st->m;
+    int rc = prep_rows(st, r0, r1), none = 0;
+    if (rc != 0)
+      atomic_compare_exchange_strong(&st->prep_rc, &none, rc);
+  }
+}
+
+/* Values of x prepared in one piece of rows: tens of microseconds. */
+#define PREP_PIECE_VALUES ((int64_t)1 << 16)
+
+/* Parts worth using to prepare m rows of k values. */
 static int xq_parts(int64_t m, int64_t k) {
   int parts = (double)m * (double)k < (double)PARALLEL_MIN_XVALS
                   ? 1
@@ -313,175 +508,91 @@ static int xq_parts(int64_t m, int64_t k) {
   return (int64_t)parts > m ? (int)m : parts;
 }
 
-/* The f8r activation rows of one call, quantized in parts over the pool
- * (rows are independent; each part records the error of its first bad
- * row, and the call returns that of the lowest row, as the reference
- * does). */
-typedef struct f8q_job {
-  const ql__cpu_kernels *kt;
-  ql_dtype src;
-  const float *xf;
-  int64_t m, k, kp;
-  uint8_t *xc;
-  float *xe, *sx;
-  int rc[256]; /* per part; the pool has at most 256 threads */
-} f8q_job;
+/*
+ * QL_OP_LINEAR_WO (aq 0) and QL_OP_LINEAR_AQ (aq 1) at a level: the
+ * argument checks, the rows prepared, then the kernels over the pool;
+ * whole, or (a->part) in pieces that stop when asked, the launch keeping
+ * what it prepared between its calls.
+ */
+static int run_linear(ql__cpu_level level, int aq, const ql_linear_args *a) {
+  ql_linear_part *part = a->part;
+  prep *st = part != NULL ? part->state : NULL;
+  int threads, rc;
+  size_t esz;
 
-static void f8q_part(void *ctx, int part, int parts) {
-  f8q_job *j = ctx;
-  int64_t r0 = j->m * part / parts, r1 = j->m * (part + 1) / parts;
-  j->rc[part] = 0;
-  for (int64_t r = r0; r < r1; r++) {
-    uint8_t *c = j->xc + (size_t)r * (size_t)j->kp;
-    float *e = j->xe + (size_t)r * (size_t)j->kp;
-    int rc = j->kt->quant_row_e4m3(j->src, j->xf + (size_t)r * (size_t)j->k,
-                                   j->k, c, e, j->sx + r);
-    if (rc != 0) {
-      j->rc[part] = rc;
-      return;
+  if (st == NULL) {
+    if ((rc = linear_args(a, &esz)) != 0)
+      return rc;
+    if ((st = calloc(1, sizeof *st)) == NULL)
+      return QL_ENOMEM;
+    if ((rc = prep_alloc(level, aq, a, st)) != 0)
+      goto fail;
+    if (part != NULL) {
+      st->j.part = part;
+      st->j.dt = a->dt;
+      st->j.yout = a->dt == QL_DTYPE_F32 ? NULL : a->y;
+      piece_plan(&st->j);
+      atomic_init(&st->j.next, 0);
+      st->prep_rows = PREP_PIECE_VALUES / st->k > 1 ? PREP_PIECE_VALUES / st->k
+                                                    : 1;
+      st->prep_pieces = (st->m + st->prep_rows - 1) / st->prep_rows;
+      atomic_init(&st->prep_next, 0);
+      atomic_init(&st->prep_rc, 0);
     }
-    memset(c + j->k, 0, (size_t)(j->kp - j->k));
-    memset(e + j->k, 0, (size_t)(j->kp - j->k) * sizeof(float));
   }
+  threads = xq_parts(st->m, st->k);
+  if (part != NULL && part->threads != 0 && (unsigned)threads > part->threads)
+    threads = (int)part->threads;
+  if (part == NULL) {
+    ql__cpu_parallel(prep_part, st, threads);
+    for (int i = 0; i < threads; i++)
+      if ((rc = st->rc[i]) != 0)
+        goto fail;
+    lin_run(&st->j, a);
+    prep_free(st);
+    return 0;
+  }
+  if (atomic_load(&st->prep_next) < st->prep_pieces) {
+    ql__cpu_parallel(prep_piece, st, threads);
+    if ((rc = atomic_load(&st->prep_rc)) != 0)
+      goto fail;
+    if (atomic_load(&st->prep_next) < st->prep_pieces)
+      goto stopped;
+    /* x is prepared: for AQ its f32 copy is not read again. */
+    if (aq) {
+      free(st->xbuf);
+      st->xbuf = NULL;
+    }
+  }
+  double macs = (double)a->m * (double)a->w->n * (double)a->w->k;
+  threads = macs < (double)PARALLEL_MIN_MACS ? 1 : ql__cpu_threads();
+  if (part->threads != 0 && (unsigned)threads > part->threads)
+    threads = (int)part->threads;
+  ql__cpu_parallel(lin_piece, &st->j, threads);
+  if (atomic_load(&st->j.next) < st->j.pieces)
+    goto stopped;
+  part->state = NULL;
+  part->done = 1;
+  prep_free(st);
+  return 0;
+stopped:
+  part->state = st;
+  part->state_free = prep_free;
+  part->done = 0;
+  return 0;
+fail:
+  prep_free(st);
+  if (part != NULL)
+    part->state = NULL;
+  return rc;
 }
 
-/*
- * The f8r AQ path: the rows of xf quantized with the bit-exact e4m3 rule
- * of ql_quantize_rows_e4m3_src (the level's quant_row_e4m3) into the
- * codes and their values ×2^119 that the kernels read (ql__cpu_xq), then
- * the kernels over the pool.
- */
-static int run_aq_f8r(const ql__cpu_kernels *kt, const ql_linear_args *a,
-                      const ql__cpu_packed *p, const float *xf, float *y) {
-  int64_t k = a->w->k, kp = (k + QL_CPU_Q8C_KB - 1) / QL_CPU_Q8C_KB *
-                                QL_CPU_Q8C_KB;
-  size_t mkp = (size_t)a->m * (size_t)kp, xe_bytes;
-  f8q_job *q = NULL;
-  lin_job j;
-  int rc = QL_ESHAPE, parts;
-
-  if (!mul_size(mkp, sizeof(float), &xe_bytes))
-    return rc;
-  rc = QL_ENOMEM;
-  if ((q = calloc(1, sizeof *q)) == NULL || (q->xc = malloc(mkp)) == NULL ||
-      (q->xe = malloc(xe_bytes)) == NULL ||
-      (q->sx = malloc((size_t)a->m * sizeof(float))) == NULL)
-    goto out;
-  q->kt = kt;
-  q->src = a->dt;
-  q->xf = xf;
-  q->m = a->m;
-  q->k = k;
-  q->kp = kp;
-  parts = xq_parts(a->m, k);
-  ql__cpu_parallel(f8q_part, q, parts);
-  for (int i = 0; i < parts; i++)
-    if ((rc = q->rc[i]) != 0)
-      goto out;
-  memset(&j, 0, sizeof j);
-  j.kt = kt;
-  j.p = p;
-  j.aq = 1;
-  j.m = a->m;
-  j.xq = (ql__cpu_xq){NULL, a->m, kp, q->sx, NULL, NULL, q->xc, q->xe};
-  j.bias = a->w->bias;
-  j.y = y;
-  lin_run(&j, a);
-  rc = 0;
-out:
-  if (q != NULL) {
-    free(q->xc);
-    free(q->xe);
-    free(q->sx);
-  }
-  free(q);
-  return rc;
+static int run_wo(ql__cpu_level level, const ql_linear_args *a) {
+  return run_linear(level, 0, a);
 }
 
 static int run_aq(ql__cpu_level level, const ql_linear_args *a) {
-  const ql__cpu_packed *p;
-  ql__cpu_packed *tmp = NULL;
-  float *xbuf = NULL, *ybuf = NULL, *sx = NULL, *gsumf = NULL;
-  int8_t *xq = NULL;
-  int32_t *gsum8 = NULL;
-  const float *xf;
-  int64_t kb, kp, ng;
-  size_t esz, xq_bytes;
-  i8q_job *q = NULL;
-  lin_job j;
-  int rc, parts;
-
-  if ((rc = linear_args(a, &esz)) != 0)
-    return rc;
-  if (a->w->format == QL_FORMAT_Q8B) /* weight-only, as the generic op */
-    return QL_ENOTSUP;
-  if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
-    return QL_ESHAPE;
-  memset(&j, 0, sizeof j);
-  j.kt = kernels(level);
-  if (a->w->format == QL_FORMAT_F8R) {
-    if ((rc = widen_x(a, 0, &xf, &xbuf)) != 0)
-      goto out;
-    if ((rc = layout(a, &p, &tmp)) != 0)
-      goto out;
-    rc = QL_ENOMEM;
-    if (a->dt != QL_DTYPE_F32 &&
-        (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) ==
-            NULL)
-      goto out;
-    rc = run_aq_f8r(j.kt, a, p, xf, a->dt == QL_DTYPE_F32 ? a->y : ybuf);
-    goto out;
-  }
-  kb = a->w->format == QL_FORMAT_Q4G ? QL_CPU_Q4G_KB : QL_CPU_Q8C_KB;
-  kp = (a->w->k + kb - 1) / kb * kb;
-  ng = a->w->format == QL_FORMAT_Q4G ? a->w->groups : 1;
-  rc = QL_ESHAPE;
-  if (!mul_size((size_t)a->m, (size_t)kp, &xq_bytes))
-    goto out;
-  if ((rc = widen_x(a, 0, &xf, &xbuf)) != 0)
-    goto out;
-  if ((rc = layout(a, &p, &tmp)) != 0)
-    goto out;
-  rc = QL_ENOMEM;
-  if ((xq = malloc(xq_bytes)) == NULL ||
-      (sx = malloc((size_t)a->m * sizeof(float))) == NULL ||
-      (gsum8 = malloc((size_t)a->m * (size_t)ng * sizeof(int32_t))) == NULL ||
-      (gsumf = malloc((size_t)a->m * (size_t)ng * sizeof(float))) == NULL)
-    goto out;
-  if ((q = calloc(1, sizeof *q)) == NULL)
-    goto out;
-  *q = (i8q_job){.kt = j.kt, .p = p, .src = a->dt, .xf = xf, .m = a->m,
-                 .kp = kp, .xq = xq, .sx = sx, .gsumf = gsumf, .gsum8 = gsum8};
-  parts = xq_parts(a->m, a->w->k);
-  ql__cpu_parallel(i8q_part, q, parts);
-  for (int i = 0; i < parts; i++)
-    if ((rc = q->rc[i]) != 0)
-      goto out;
-  free(xbuf);
-  xbuf = NULL;
-  rc = QL_ENOMEM;
-  if (a->dt != QL_DTYPE_F32 &&
-      (ybuf = malloc((size_t)a->m * (size_t)a->w->n * sizeof(float))) == NULL)
-    goto out;
-  j.p = p;
-  j.aq = 1;
-  j.m = a->m;
-  j.xq = (ql__cpu_xq){xq, a->m, kp, sx, gsum8, gsumf, NULL, NULL};
-  j.ng = ng;
-  j.bias = a->w->bias;
-  j.y = a->dt == QL_DTYPE_F32 ? a->y : ybuf;
-  lin_run(&j, a);
-  rc = 0;
-out:
-  ql__cpu_packed_free(tmp);
-  free(xbuf);
-  free(ybuf);
-  free(xq);
-  free(sx);
-  free(gsum8);
-  free(gsumf);
-  free(q);
-  return rc;
+  return run_linear(level, 1, a);
 }
 
 /* QL_OP_QUANTIZE_ROWS with QL_QROWS_E4M3 and f32 rows: the level's
@@ -606,7 +717,7 @@ LEVEL_FUNCS(QL_CPU_LEVEL_C, c)
 #define IMPL_LIN(nm, o, fm, sup, f)                                            \
   {                                                                            \
     .name = nm, .op = o, .formats = fm, .dtypes = QL_ALL_DTYPES,               \
-    .supports = sup, .fn = {.linear = f}                                       \
+    .supports = sup, .fn = {.linear = f}, .parts = 1                           \
   }
 #define IMPL_WO(nm, sup, f) IMPL_LIN(nm, QL_OP_LINEAR_WO, FMTS_WO, sup, f)
 #define IMPL_AQ(nm, sup, f) IMPL_LIN(nm, QL_OP_LINEAR_AQ, FMTS_AQ, sup, f)
@@ -659,4 +770,5 @@ const ql_backend ql__backend_cpu = {
     .n_impls = sizeof impls / sizeof impls[0],
     .configure = configure,
     .host_threads = host_threads,
+    .linear_parts = 1,
 };

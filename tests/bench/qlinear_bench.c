@@ -445,7 +445,8 @@ void lin_run(void *ctx, long i) {
   ql_linear_args a = {
       c->ws->q,     c->ref ? NULL : c->ws->pk[i % c->ws->ncopies],
       QL_DTYPE_F32, c->x,
-      c->m,         c->y};
+      c->m,         c->y,
+      NULL};
   int rc = c->im->fn.linear(&a);
   if (rc != 0) {
     fprintf(stderr, "qlinear-bench: %s returned %d\n", c->im->name, rc);

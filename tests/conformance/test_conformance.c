@@ -2094,7 +2094,7 @@ typedef struct fake {
 #define FMT_I8 (QL_FMT_BIT(QL_FORMAT_Q4G) | QL_FMT_BIT(QL_FORMAT_Q8C))
 #define FMT_AQ (FMT_I8 | QL_FMT_BIT(QL_FORMAT_F8R))
 #define WO_IMPL(nm, fn_, dts)                                                  \
-  {nm, QL_OP_LINEAR_WO, FMT_ALL, dts, NULL, {.linear = fn_}, NULL, NULL, NULL, NULL}
+  {nm, QL_OP_LINEAR_WO, FMT_ALL, dts, NULL, {.linear = fn_}, NULL, NULL, NULL, NULL, 0}
 
 static const fake fakes[] = {
     {"skips quantization (unquantized W)",
@@ -2120,26 +2120,26 @@ static const fake fakes[] = {
      R_BOUND | R_BATCH},
     {"AQ without activation quantization",
      {{"fake.aq_as_wo", QL_OP_LINEAR_AQ, FMT_AQ, QL_ALL_DTYPES, NULL,
-       {.linear = fake_aq_as_wo}, NULL, NULL, NULL, NULL}},
+       {.linear = fake_aq_as_wo}, NULL, NULL, NULL, NULL, 0}},
      R_BOUND, 0},
     {"int8 rows rounded half away from zero",
      {{"fake.qrows_round_away", QL_OP_QUANTIZE_ROWS, FMT_I8, QL_ALL_DTYPES,
-       NULL, {.quantize_rows = fake_qrows_round_away}, NULL, NULL, NULL, NULL}},
+       NULL, {.quantize_rows = fake_qrows_round_away}, NULL, NULL, NULL, NULL, 0}},
      R_BYTES, 0},
     {"e4m3 ties rounded away from zero",
      {{"fake.qrows_e4m3_away", QL_OP_QUANTIZE_ROWS,
        QL_FMT_BIT(QL_FORMAT_F8R), QL_ALL_DTYPES, NULL,
-       {.quantize_rows = fake_qrows_e4m3_away}, NULL, NULL, NULL, NULL}},
+       {.quantize_rows = fake_qrows_e4m3_away}, NULL, NULL, NULL, NULL, 0}},
      R_BYTES, 0},
     {"control: 4 partial sums on its own layout, declines K < 64",
      {{"ctrl.wo_4acc", QL_OP_LINEAR_WO, FMT_ALL, QL_ALL_DTYPES,
-       ctrl_supports_k64, {.linear = ctrl_wo_4acc}, NULL, NULL, NULL, NULL},
+       ctrl_supports_k64, {.linear = ctrl_wo_4acc}, NULL, NULL, NULL, NULL, 0},
       {"ctrl.repack", QL_OP_REPACK, FMT_ALL, QL_ALL_DTYPES, NULL,
-       {.repack = ctrl_repack}, ctrl_free_packed, NULL, NULL, NULL}},
+       {.repack = ctrl_repack}, ctrl_free_packed, NULL, NULL, NULL, 0}},
      0, 0},
     {"control: W4A8 in the VNNI form (u = q+8, min = zero-8*scale)",
      {{"ctrl.aq_q4g_vnni", QL_OP_LINEAR_AQ, QL_FMT_BIT(QL_FORMAT_Q4G),
-       QL_ALL_DTYPES, NULL, {.linear = ctrl_aq_q4g_vnni}, NULL, NULL, NULL, NULL}},
+       QL_ALL_DTYPES, NULL, {.linear = ctrl_aq_q4g_vnni}, NULL, NULL, NULL, NULL, 0}},
      0, 0},
 };
 #define NFAKE ((int)(sizeof fakes / sizeof fakes[0]))

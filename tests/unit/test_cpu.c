@@ -11,6 +11,7 @@
  * QL_CPU_LEVEL / QL_CPU_THREADS before its first call into the backend.
  * main() must not call into the backend.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +111,7 @@ static const char *same_as_generic(const ql_qweight *q, ql_op op, ql_dtype dt,
           im->name);
   ck_assert_int_eq(rp->fn.repack(&ra), 0);
   memset(y, 0xFF, bytes);
-  ql_linear_args a = {q, ra.packed, dt, x, m, y};
+  ql_linear_args a = {q, ra.packed, dt, x, m, y, NULL};
   int rc = im->fn.linear(&a);
   REQUIRE(rc == 0, "%s: %s returned %d", ctx, im->name, rc);
   rc = op == QL_OP_LINEAR_WO ? ql_linear_wo_ref(q, dt, x, m, want)
@@ -430,7 +431,7 @@ START_TEST(test_repack_f8r_nan) {
   ck_assert_int_eq(ql__cpu_pack(q, &p), QL_ENONFINITE);
   const ql_kernel_impl *im =
       ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_F8R, QL_DTYPE_F32, 1, 3, 40);
-  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 1, y};
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 1, y, NULL};
   ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
   q->qdata[77] = 0x7E; /* 448 */
   ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
@@ -544,7 +545,7 @@ START_TEST(test_packed_null_and_mismatch) {
     ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
     const ql_kernel_impl *im =
         ql_dispatch(cpu(), op, QL_FORMAT_Q8C, QL_DTYPE_F32, 3, 40, 96);
-    ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 3, y};
+    ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 3, y, NULL};
     ck_assert_int_eq(im->fn.linear(&a), 0);
     ck_assert_int_eq(aq ? ql_linear_aq_ref(q, QL_DTYPE_F32, x, 3, want)
                         : ql_linear_wo_ref(q, QL_DTYPE_F32, x, 3, want),
@@ -565,7 +566,7 @@ START_TEST(test_packed_null_and_mismatch) {
   x = make_x(4, QL_DTYPE_F32, 3, 96);
   const ql_kernel_impl *im =
       ql_dispatch(cpu(), QL_OP_LINEAR_WO, QL_FORMAT_Q8B, QL_DTYPE_F32, 3, 40, 96);
-  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 3, y};
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 3, y, NULL};
   ck_assert_int_eq(im->fn.linear(&a), 0);
   ck_assert_int_eq(ql_linear_wo_ref(q, QL_DTYPE_F32, x, 3, want), 0);
   ck_assert(memcmp(y, want, sizeof y) == 0);
@@ -599,7 +600,7 @@ START_TEST(test_nonfinite) {
                         QL_DTYPE_F32, 2, 16, 64);
         if (aq && fs[fi] == QL_FORMAT_Q8B)
           continue;
-        ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y};
+        ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y, NULL};
         ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
       }
     }
@@ -616,7 +617,7 @@ START_TEST(test_nonfinite) {
   for (int i = 0; i < 4; i++) {
     float keep = x[rows[i] * 300 + 7];
     x[rows[i] * 300 + 7] = i % 2 ? INFINITY : NAN;
-    ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 40, y};
+    ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 40, y, NULL};
     ck_assert_int_eq(im->fn.linear(&a), QL_ENONFINITE);
     x[rows[i] * 300 + 7] = keep;
   }
@@ -698,7 +699,7 @@ START_TEST(test_aq_q8c_max_k_wrap) {
   const ql_kernel_impl *im =
       ql_dispatch(cpu(), QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, QL_DTYPE_F32, m, n, k);
   ck_assert_ptr_nonnull(im);
-  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, m, y};
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, m, y, NULL};
   ck_assert_int_eq(im->fn.linear(&a), 0);
   ck_assert_int_eq(ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, want), 0);
   ck_assert(memcmp(y, want, sizeof y) == 0);
@@ -928,6 +929,156 @@ START_TEST(test_level_set) {
 }
 END_TEST
 
+/* A stop() that says yes from the first time it is asked, counting. */
+static int stop_always(void *ctx) {
+  __atomic_add_fetch((int *)ctx, 1, __ATOMIC_RELAXED);
+  return 1;
+}
+
+/*
+ * One launch in parts (ql_linear_part) with stop, run call after call
+ * until it is done: returns the calls it took, and requires y to hold the
+ * bytes of one whole call (want).
+ */
+static int run_in_parts(const ql_kernel_impl *im, const ql_qweight *q,
+                        const void *packed, ql_dtype dt, const void *x,
+                        int64_t m, const unsigned char *want, size_t bytes,
+                        int (*stop)(void *), const char *ctx) {
+  unsigned char *y = tu_xmalloc(bytes);
+  int asked = 0, calls = 0;
+  ql_linear_part part = {stop, &asked, 0, 0, NULL, NULL};
+  memset(y, 0xFF, bytes);
+  ql_linear_args a = {q, packed, dt, x, m, y, &part};
+  do {
+    int rc = im->fn.linear(&a);
+    REQUIRE(rc == 0, "%s: call %d returned %d", ctx, calls, rc);
+    calls++;
+    REQUIRE(part.done == (part.state == NULL), "%s: done %d, state %p", ctx,
+            part.done, part.state);
+    REQUIRE(calls < 100000, "%s: no end", ctx);
+  } while (!part.done);
+  REQUIRE(memcmp(y, want, bytes) == 0, "%s: %d calls: not the bytes of one",
+          ctx, calls);
+  free(y);
+  return calls;
+}
+
+/*
+ * A launch in parts gives the bytes of one whole call wherever it stops,
+ * at every thread count: asked to stop at every piece it takes many calls
+ * (each thread does a piece before it asks), never asked it takes one.
+ * Shapes with several row blocks and tile blocks, a ragged last tile, and
+ * a narrow layer with few tiles; 16-bit activations store their pieces
+ * themselves.
+ */
+START_TEST(test_parts_same_bytes) {
+  static const char *const nt[] = {"1", "2", "3"};
+  static const ql_format fs[4] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C, QL_FORMAT_Q8B,
+                                  QL_FORMAT_F8R};
+  static const struct {
+    int64_t n, k, m;
+  } shapes[] = {{509, 4096, 200}, {1024, 1000, 57}, {20, 2000, 300}};
+  setenv("QL_CPU_THREADS", nt[_i], 1);
+  int threads = atoi(nt[_i]);
+  const ql_kernel_impl *rp =
+      ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q8C, QL_DTYPE_F32, 0, 1, 1);
+  char ctx[128];
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int fi = 0; fi < 4; fi++) {
+      int64_t n = shapes[si].n, k = shapes[si].k, m = shapes[si].m;
+      ql_qweight *q = make_weight_a(31 + (uint64_t)fi, fs[fi], 128, fi == 2,
+                                    QL_DTYPE_BF16, n, k, fi & 1);
+      ql_repack_args ra = {q, NULL, 0};
+      ck_assert_int_eq(rp->fn.repack(&ra), 0);
+      for (int aq = 0; aq < 2; aq++)
+        for (int di = 0; di < 2; di++) {
+          ql_dtype dt = di ? QL_DTYPE_BF16 : QL_DTYPE_F32;
+          ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
+          if (aq && fs[fi] == QL_FORMAT_Q8B)
+            continue;
+          const ql_kernel_impl *im = ql_dispatch(cpu(), op, q->format, dt, m,
+                                                 n, k);
+          ck_assert_int_eq(im->parts, 1);
+          size_t bytes = (size_t)(m * n) * ql_dtype_size(dt);
+          unsigned char *want = tu_xmalloc(bytes);
+          void *x = make_x(5 + (uint64_t)si, dt, m, k);
+          ql_linear_args a = {q, ra.packed, dt, x, m, want, NULL};
+          ck_assert_int_eq(im->fn.linear(&a), 0);
+          snprintf(ctx, sizeof ctx, "%s %s %s N=%lld K=%lld M=%lld T=%d",
+                   fmt_name(q), aq ? "AQ" : "WO", tu_dtype_name(dt),
+                   (long long)n, (long long)k, (long long)m, threads);
+          int many = run_in_parts(im, q, ra.packed, dt, x, m, want, bytes,
+                                  stop_always, ctx);
+          int one = run_in_parts(im, q, ra.packed, dt, x, m, want, bytes, NULL,
+                                 ctx);
+          ck_assert_int_eq(one, 1);
+          /* The first shape has 3 row blocks of 4-tile pieces: dozens. */
+          if (si == 0)
+            REQUIRE(many >= 8, "%s: only %d calls", ctx, many);
+          free(x);
+          free(want);
+        }
+      rp->free_packed(ra.packed);
+      ql_qweight_free(q);
+    }
+}
+END_TEST
+
+/* A launch given up after a call that stopped is freed with its
+ * state_free (the leak checker sees the rest); a launch whose x holds NaN
+ * fails at its first call with no state; a generic implementation, which
+ * has no parts, runs whole through ql_run_linear_part. */
+START_TEST(test_parts_give_up_and_errors) {
+  ql_qweight *q = make_weight(3, QL_FORMAT_Q8C, 0, QL_DTYPE_F32, 512, 4096, 1);
+  const ql_kernel_impl *rp =
+      ql_dispatch(cpu(), QL_OP_REPACK, QL_FORMAT_Q8C, QL_DTYPE_F32, 0, 1, 1);
+  ql_repack_args ra = {q, NULL, 0};
+  ck_assert_int_eq(rp->fn.repack(&ra), 0);
+  int64_t m = 200;
+  float *x = make_x(8, QL_DTYPE_F32, m, 4096);
+  float *y = tu_xmalloc((size_t)(m * 512) * sizeof(float));
+  float *want = tu_xmalloc((size_t)(m * 512) * sizeof(float));
+  for (int aq = 0; aq < 2; aq++) {
+    int asked = 0;
+    ql_linear_part part = {stop_always, &asked, 0, 0, NULL, NULL};
+    const char *impl = NULL;
+    ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
+    ck_assert_int_eq(ql_run_linear_part(cpu(), op, q, ra.packed, QL_DTYPE_F32,
+                                        x, m, y, &part, &impl),
+                     0);
+    ck_assert_int_eq(part.done, 0);
+    ck_assert_ptr_nonnull(part.state);
+    ck_assert_int_gt(asked, 0);
+    part.state_free(part.state);
+
+    /* NaN: QL_ENONFINITE at once, nothing kept. */
+    x[5 * 4096 + 7] = NAN;
+    part = (ql_linear_part){stop_always, &asked, 0, 0, NULL, NULL};
+    ck_assert_int_eq(ql_run_linear_part(cpu(), op, q, ra.packed, QL_DTYPE_F32,
+                                        x, m, y, &part, &impl),
+                     QL_ENONFINITE);
+    ck_assert_ptr_null(part.state);
+    x[5 * 4096 + 7] = 0.5f;
+  }
+  /* No backend: the generic op, whole, done at once. */
+  int asked = 0;
+  ql_linear_part part = {stop_always, &asked, 0, 0, NULL, NULL};
+  const char *impl = NULL;
+  ck_assert_int_eq(ql_run_linear_part(NULL, QL_OP_LINEAR_WO, q, NULL,
+                                      QL_DTYPE_F32, x, 3, y, &part, &impl),
+                   0);
+  ck_assert_int_eq(part.done, 1);
+  ck_assert_int_eq(asked, 0);
+  ck_assert_int_eq(ql_linear_wo_ref(q, QL_DTYPE_F32, x, 3, want), 0);
+  ck_assert_int_eq(memcmp(y, want, (size_t)(3 * 512) * sizeof(float)), 0);
+  rp->free_packed(ra.packed);
+  ql_qweight_free(q);
+  free(x);
+  free(y);
+  free(want);
+}
+END_TEST
+
 static Suite *cpu_suite(void) {
   Suite *s = suite_create("cpu");
   TCase *tc = tcase_create("levels");
@@ -948,6 +1099,8 @@ static Suite *cpu_suite(void) {
   tcase_add_test(tc, test_pool_parts);
   tcase_add_test(tc, test_pool_fork);
   tcase_add_test(tc, test_pool_concurrent_callers);
+  tcase_add_loop_test(tc, test_parts_same_bytes, 0, 3);
+  tcase_add_test(tc, test_parts_give_up_and_errors);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("layout");

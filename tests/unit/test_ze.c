@@ -191,7 +191,7 @@ static void same_bytes(ql_op op, const ql_qweight *q, ql_dtype dt, int64_t m,
   ck_assert_int_eq(rp->fn.repack(&ra), 0);
   ck_assert(ra.packed != NULL && ra.packed_bytes > 0);
   {
-    ql_linear_args a = {q, ra.packed, dt, x, m, y};
+    ql_linear_args a = {q, ra.packed, dt, x, m, y, NULL};
     ck_assert_int_eq(im->fn.linear(&a), 0);
   }
   ck_assert_int_eq(op == QL_OP_LINEAR_AQ ? ql_linear_aq_ref(q, dt, x, m, y2)
@@ -233,7 +233,7 @@ START_TEST(test_linear_args) {
   ql_repack_args ra = {.w = q};
   const ql_kernel_impl *rp = impl(QL_OP_REPACK), *wo = impl(QL_OP_LINEAR_WO),
                        *aq = impl(QL_OP_LINEAR_AQ);
-  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y};
+  ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, 2, y, NULL};
 
   ck_assert_int_eq(rp->fn.repack(&ra), 0);
   ck_assert_int_eq(wo->fn.linear(&a), 0); /* no layout: one for the call */
@@ -258,7 +258,7 @@ START_TEST(test_linear_args) {
   x[70] = 0.0f;
   {
     /* q8b is weight-only */
-    ql_linear_args b = {q8b, NULL, QL_DTYPE_F32, x, 2, y};
+    ql_linear_args b = {q8b, NULL, QL_DTYPE_F32, x, 2, y, NULL};
     ck_assert_int_eq(aq->fn.linear(&b), QL_ENOTSUP);
     ck_assert_int_eq(wo->fn.linear(&b), 0);
   }
