@@ -30,6 +30,8 @@
 /* Spin iterations before sleeping (each a pause of ~10-40 ns, plus the
  * load): tens of microseconds. */
 #define POOL_SPIN 4000
+/* Spin iterations between two sched_yield() calls while idle. */
+#define POOL_YIELD_EVERY 64
 
 typedef struct pool {
   pthread_mutex_t call_mu; /* one parallel call at a time */
@@ -131,7 +133,11 @@ static void *worker_main(void *arg) {
     while ((g = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen &&
            spins < POOL_SPIN) {
       cpu_relax();
-      spins++;
+      /* Now and then the CPU goes to whoever wants it: the daemon's loop
+       * thread, with the next job to give out, must not wait for this
+       * spin on a host whose pool takes every CPU. */
+      if (++spins % POOL_YIELD_EVERY == 0)
+        sched_yield();
     }
     if (g == seen) {
       pthread_mutex_lock(&P.mu);
