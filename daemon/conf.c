@@ -173,9 +173,9 @@ static const ql__option options[] = {
     {.name = "prefill_chunk_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(prefill_chunk_us), .min = 0, .max = 10000000, .def = "1000",
      .help = "while decode work is about on a device of one lane, a "
-             "prefill launch takes the most rows whose measured time fits "
-             "this many microseconds, so decode waits about that long at "
-             "most; 0: prefill runs whole"},
+             "prefill launch stops for it (the CPU) or takes the most rows "
+             "whose measured time fits this many microseconds, so decode "
+             "waits about that long at most; 0: prefill runs whole"},
     {.name = "max_queue_delay_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(max_queue_delay_us), .min = 0, .max = 1000000, .def = "0",
      .help = "a batch smaller than max_batch_rows may wait this long for "

@@ -1,6 +1,7 @@
 /* linear.c - see linear.h. */
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -26,7 +27,10 @@
  * The scheduler orders two classes of work: decode (its WEIGHT_ONLY class:
  * runs first, never cut) and prefill (its ACT_QUANT class: after decode
  * work, whole, or in chunks of at most prefill_chunk_us of launch time
- * while decode work is about). A request's class is its size,
+ * while decode work is about). On a device whose launches stop (the CPU)
+ * a prefill launch runs in parts instead: it stops for decode work when
+ * the scheduler says (ql__sched_yield_ns), waits on the device's stopped
+ * list while the decode batches run, and goes on from where it stopped. A request's class is its size,
  * decode up to decode_max_rows, whatever path its kernels take; the path
  * is in the queue key, so one launch never mixes paths or dtypes.
  */
@@ -76,6 +80,17 @@ typedef struct batch_job {
   int slice_rc[BATCH_SLICES];
   int rc;
   const char *impl;
+  /* A prefill launch on a device whose kernels stop (ql_backend.
+   * linear_parts) runs in calls: each stops once it has run yield_ns
+   * (set by the loop when decode work waits; 0: run on) and the batch
+   * waits on the device's stopped list until the decode work has run. */
+  int in_parts;
+  ql_linear_part part;
+  _Atomic uint64_t yield_ns;
+  uint64_t call_ns;   /* worker: when the current call began */
+  uint64_t kernel_ns; /* the earlier calls' time */
+  uint8_t *xbuf, *ybuf; /* several slices: x gathered, y until scattered */
+  struct batch_job *next; /* in a device's stopped or in-parts list */
 } batch_job;
 
 struct ql__linear_state {
@@ -89,6 +104,10 @@ struct ql__linear_state {
    * accounted yet, and what waits for that count to reach 0. */
   atomic_uint early_pending;
   struct settle_wait *waiting;
+  /* Per device: its batches in parts on the worker, and those stopped
+   * for decode work (oldest first), to go on with when it has run. */
+  batch_job *in_parts[QL__MAX_DEVICES];
+  batch_job *stopped[QL__MAX_DEVICES];
 };
 
 typedef struct settle_wait {
@@ -102,6 +121,15 @@ static lin_req *of(ql__sched_req *sr) {
   return (lin_req *)((char *)sr - offsetof(lin_req, sr));
 }
 
+/* Frees a batch job and what a launch in parts keeps. */
+static void batch_free(batch_job *bj) {
+  if (bj->part.state != NULL)
+    bj->part.state_free(bj->part.state);
+  free(bj->xbuf);
+  free(bj->ybuf);
+  free(bj);
+}
+
 static ql__sched_config sched_config(const ql__server *s) {
   const ql__config *c = &s->cfg;
   ql__sched_config sc;
@@ -113,8 +141,10 @@ static ql__sched_config sched_config(const ql__server *s) {
   sc.max_queue = c->max_queue;
   sc.session_quota = c->session_max_requests;
   sc.n_devices = s->n_dev;
-  for (unsigned d = 0; d < s->n_dev && d < QL_SCHED_MAX_DEVICES; d++)
+  for (unsigned d = 0; d < s->n_dev && d < QL_SCHED_MAX_DEVICES; d++) {
     sc.lanes[d] = s->dev[d].lanes;
+    sc.stops[d] = s->dev[d].b != NULL && s->dev[d].b->linear_parts;
+  }
   return sc;
 }
 
@@ -232,6 +262,12 @@ void ql__linear_close(ql__server *s) {
     ql__request_free(w->req);
     free(w);
   }
+  for (unsigned d = 0; d < QL__MAX_DEVICES; d++)
+    while (s->lin->stopped[d] != NULL) {
+      batch_job *bj = s->lin->stopped[d];
+      s->lin->stopped[d] = bj->next;
+      batch_free(bj);
+    }
   ql__sched_free(s->lin->sched);
   free(s->lin);
   s->lin = NULL;
@@ -552,7 +588,7 @@ static int run_dev(const ql__device *d, const lin_req *j, uint32_t off,
                    uint32_t rows, const char **impl) {
   ql_linear_dev_args da = {
       {j->w->q, j->w->lay[d->index].packed, j->dt, j->x + (size_t)off * j->x_row,
-       rows, j->y + (size_t)off * j->y_row},
+       rows, j->y + (size_t)off * j->y_row, NULL},
       j->where,
       j->ready};
   return ql_run_linear_dev(d->b,
@@ -594,6 +630,8 @@ static void batch_run(ql__job *job) {
   batch_job *bj = (batch_job *)job;
   int any = 0;
   batch_compute(bj);
+  if (bj->in_parts && bj->rc == 0 && !bj->part.done)
+    return; /* stopped: no row is final yet */
   for (uint32_t i = 0; i < bj->b.n; i++) {
     const ql__sched_slice *sl = &bj->b.slice[i];
     lin_req *j = of(sl->req);
@@ -626,6 +664,90 @@ static void batch_run(ql__job *job) {
                           (long)(bj->s->test_early_delay_ms % 1000) *
                               1000000L};
     nanosleep(&ts, NULL);
+  }
+}
+
+/* The stop() of a launch in parts: once the call has run as long as the
+ * loop allows (yield_ns, 0 while no decode work waits). Any pool thread. */
+static int batch_stop(void *ctx) {
+  batch_job *bj = ctx;
+  if (bj->s->test_piece_delay_us > 0) {
+    struct timespec ts = {(time_t)(bj->s->test_piece_delay_us / 1000000),
+                          (long)(bj->s->test_piece_delay_us % 1000000) *
+                              1000L};
+    nanosleep(&ts, NULL);
+  }
+  uint64_t y = atomic_load_explicit(&bj->yield_ns, memory_order_relaxed);
+  return y != 0 && ql__now_ns() - bj->call_ns >= y;
+}
+
+/*
+ * Worker thread: one call of a launch in parts (the device's kernels stop
+ * when batch_stop says). One slice runs in place; several are gathered
+ * into bj->xbuf at the first call and scattered from bj->ybuf after the
+ * last. A launch that finds NaN or Inf (while it prepares x, before any
+ * of y is written) runs the slices one by one, whole, as batch_compute
+ * does, so only the request that holds it fails.
+ */
+static void batch_compute_parts(batch_job *bj) {
+  const ql__device *d = bj->d;
+  ql__sched_batch *b = &bj->b;
+  lin_req *first = of(b->slice[0].req);
+  const ql__weight *w = first->w;
+  ql_op op = first->path == QL_PATH_WEIGHT_ONLY ? QL_OP_LINEAR_WO
+                                                : QL_OP_LINEAR_AQ;
+  size_t xr = first->x_row, yr = first->y_row;
+  const void *x;
+  void *y;
+
+  bj->part.stop = batch_stop;
+  bj->part.ctx = bj;
+  bj->call_ns = ql__now_ns();
+  if (b->n == 1) {
+    x = first->x + (size_t)b->slice[0].offset * xr;
+    y = first->y + (size_t)b->slice[0].offset * yr;
+  } else {
+    if (bj->xbuf == NULL) {
+      bj->xbuf = malloc((size_t)b->rows * xr);
+      bj->ybuf = malloc((size_t)b->rows * yr);
+      if (bj->xbuf == NULL || bj->ybuf == NULL) {
+        bj->rc = QL_ENOMEM;
+        return;
+      }
+      size_t at = 0;
+      for (uint32_t i = 0; i < b->n; i++) {
+        const ql__sched_slice *sl = &b->slice[i];
+        memcpy(bj->xbuf + at * xr, of(sl->req)->x + (size_t)sl->offset * xr,
+               (size_t)sl->rows * xr);
+        at += sl->rows;
+      }
+    }
+    x = bj->xbuf;
+    y = bj->ybuf;
+  }
+  bj->rc = ql_run_linear_part(d->b, op, w->q, w->lay[d->index].packed,
+                              first->dt, x, b->rows, y, &bj->part, &bj->impl);
+  if (bj->rc == QL_ENONFINITE && b->n > 1) {
+    bj->rc = 0;
+    bj->part.done = 1;
+    for (uint32_t i = 0; i < b->n; i++) {
+      const ql__sched_slice *sl = &b->slice[i];
+      lin_req *j = of(sl->req);
+      bj->slice_rc[i] =
+          run_rows(d, w, first->path, first->dt,
+                   j->x + (size_t)sl->offset * xr, sl->rows,
+                   j->y + (size_t)sl->offset * yr, &bj->impl);
+    }
+    return;
+  }
+  if (bj->rc != 0 || !bj->part.done || b->n == 1)
+    return;
+  size_t at = 0;
+  for (uint32_t i = 0; i < b->n; i++) {
+    const ql__sched_slice *sl = &b->slice[i];
+    memcpy(of(sl->req)->y + (size_t)sl->offset * yr, bj->ybuf + at * yr,
+           (size_t)sl->rows * yr);
+    at += sl->rows;
   }
 }
 
@@ -664,6 +786,10 @@ static void batch_compute(batch_job *bj) {
   for (uint32_t i = 0; i < b->n; i++) {
     const lin_req *j = of(b->slice[i].req);
     per_slice |= j->where != 0 || j->ready != NULL;
+  }
+  if (bj->in_parts) {
+    batch_compute_parts(bj);
+    return;
   }
   if (per_slice) {
     for (uint32_t i = 0; i < b->n; i++) {
@@ -737,6 +863,25 @@ static void batch_done(ql__job *job) {
   ql__weight *w = of(b->slice[0].req)->w;
   ql__weight_stats *st = &w->stats[d->index];
   int device_rc = bj->rc == QL_EDEVICE ? bj->rc : 0;
+  uint64_t kernel_ns = bj->kernel_ns + (job->end_ns - job->start_ns);
+  if (bj->in_parts) {
+    batch_job **pp = &s->lin->in_parts[d->index];
+    while (*pp != bj)
+      pp = &(*pp)->next;
+    *pp = bj->next;
+    bj->next = NULL;
+    if (bj->rc == 0 && !bj->part.done) {
+      /* Stopped for decode work: it goes on once that has run. */
+      bj->kernel_ns = kernel_ns;
+      pp = &s->lin->stopped[d->index];
+      while (*pp != NULL)
+        pp = &(*pp)->next;
+      *pp = bj;
+      d->busy--;
+      pump(s);
+      return;
+    }
+  }
   for (uint32_t i = 0; i < b->n; i++) {
     lin_req *j = of(b->slice[i].req);
     int rc = bj->rc != 0 ? bj->rc : bj->slice_rc[i];
@@ -753,13 +898,72 @@ static void batch_done(ql__job *job) {
     st->wo_batches++;
   else
     st->aq_batches++;
-  st->kernel_ns += job->end_ns - job->start_ns;
-  ql__sched_complete(s->lin->sched, b, bj->rc == 0 ? job->end_ns - job->start_ns
-                                                   : 0, &finished);
+  st->kernel_ns += kernel_ns;
+  ql__sched_complete(s->lin->sched, b, bj->rc == 0 ? kernel_ns : 0, &finished);
   d->busy--;
-  free(bj);
+  batch_free(bj);
   answer_list(s, finished);
   pump(s);
+}
+
+/* Hands job bj to d's worker; on failure (only after close) its rows are
+ * handed back failed. */
+static void batch_submit(ql__server *s, ql__device *d, batch_job *bj) {
+  /* While decode work is about, a launch in parts leaves a CPU to the
+   * loop, the decode clients and the decode launch's own start: on a host
+   * whose pool takes every CPU, they would otherwise wait for the
+   * kernel's threads to be preempted. */
+  if (bj->in_parts) {
+    unsigned t = d->b->host_threads != NULL ? d->b->host_threads() : 0;
+    bj->part.threads =
+        t > 1 && ql__sched_decode_active(s->lin->sched, d->index,
+                                         ql__now_ns())
+            ? t - 1
+            : 0;
+  }
+  bj->job.run = batch_run;
+  bj->job.done = batch_done;
+  int rc = ql__worker_submit(d->worker, &bj->job);
+  if (rc != 0) {
+    ql__sched_req *finished = NULL;
+    bj->rc = rc;
+    for (uint32_t i = 0; i < bj->b.n; i++)
+      if (of(bj->b.slice[i].req)->rc == 0)
+        of(bj->b.slice[i].req)->rc = rc;
+    ql__sched_complete(s->lin->sched, &bj->b, 0, &finished);
+    batch_free(bj);
+    answer_list(s, finished);
+    return;
+  }
+  d->busy++;
+  if (bj->in_parts) {
+    bj->next = s->lin->in_parts[d->index];
+    s->lin->in_parts[d->index] = bj;
+  }
+}
+
+/* While decode work waits on d and every lane is busy, asks its launches
+ * in parts to stop once they have run as long as the scheduler allows. */
+static void ask_to_stop(ql__server *s, ql__device *d) {
+  batch_job *bj = s->lin->in_parts[d->index];
+  if (bj == NULL)
+    return;
+  uint64_t y = ql__sched_yield_ns(s->lin->sched, d->index, ql__now_ns());
+  for (; y != 0 && bj != NULL; bj = bj->next) {
+    uint64_t none = 0;
+    atomic_compare_exchange_strong(&bj->yield_ns, &none, y);
+  }
+}
+
+/* Asks the scheduler again at retry_ns (a queue held back by
+ * max_queue_delay_us), unless the timer fires sooner already. */
+static void arm_retry(struct ql__linear_state *l, uint64_t now,
+                      uint64_t retry_ns) {
+  if (retry_ns > now &&
+      (!uv_is_active((uv_handle_t *)&l->retry) ||
+       uv_timer_get_due_in(&l->retry) > (retry_ns - now + 999999) / 1000000))
+    uv_timer_start(&l->retry, on_retry, (retry_ns - now + 999999) / 1000000,
+                   0);
 }
 
 /*
@@ -769,7 +973,7 @@ static void batch_done(ql__job *job) {
  * out of service still go to its worker, which answers them QL_EDEVICE
  * without running anything: its queue drains in order.
  */
-static void pump_device(ql__server *s, ql__device *d) {
+static void pump_lanes(ql__server *s, ql__device *d) {
   struct ql__linear_state *l = s->lin;
   while (d->busy < d->lanes) {
     batch_job *bj = calloc(1, sizeof *bj);
@@ -782,17 +986,26 @@ static void pump_device(ql__server *s, ql__device *d) {
     bj->d = d;
     bj->b.slice = bj->slice;
     bj->b.cap = BATCH_SLICES;
+    /* A stopped launch goes on once no decode work is due. */
+    bj->b.decode_only = l->stopped[d->index] != NULL;
     uint64_t now = ql__now_ns();
     ql__sched_next(l->sched, d->index, now, &bj->b);
     answer_list(s, bj->b.expired);
     bj->b.expired = NULL;
+    if (bj->b.n == 0 && bj->b.decode_only) {
+      arm_retry(l, now, bj->b.retry_ns);
+      free(bj);
+      bj = l->stopped[d->index];
+      l->stopped[d->index] = bj->next;
+      bj->next = NULL;
+      atomic_store(&bj->yield_ns, 0);
+      if (d->failed)
+        bj->rc = QL_EDEVICE;
+      batch_submit(s, d, bj);
+      continue;
+    }
     if (bj->b.n == 0) {
-      if (bj->b.retry_ns > now &&
-          (!uv_is_active((uv_handle_t *)&l->retry) ||
-           uv_timer_get_due_in(&l->retry) >
-               (bj->b.retry_ns - now + 999999) / 1000000))
-        uv_timer_start(&l->retry, on_retry,
-                       (bj->b.retry_ns - now + 999999) / 1000000, 0);
+      arm_retry(l, now, bj->b.retry_ns);
       free(bj);
       return;
     }
@@ -808,27 +1021,27 @@ static void pump_device(ql__server *s, ql__device *d) {
     /* A client waiting on its ring may spin unless this launch takes
      * every CPU (the CPU device with a thread per CPU). */
     int spare = !d->host || !s->lin->cpu_saturated;
+    /* Prefill on a device whose kernels stop runs in parts, unless a
+     * request's tensors are device memory (run slice by slice). */
+    bj->in_parts = d->b->linear_parts && bj->b.path == QL_PATH_ACT_QUANT;
     for (uint32_t i = 0; i < bj->b.n; i++) {
       lin_req *j = of(bj->b.slice[i].req);
       ql__route_dispatched(j->parent ? j->parent->route : j->route, spare);
+      if (j->where != 0 || j->ready != NULL)
+        bj->in_parts = 0;
     }
-    bj->job.run = batch_run;
-    bj->job.done = batch_done;
-    int rc = ql__worker_submit(d->worker, &bj->job);
-    if (rc != 0) {
-      /* Only after close: hand the rows back as failed. */
-      ql__sched_req *finished = NULL;
-      bj->rc = rc;
-      for (uint32_t i = 0; i < bj->b.n; i++)
-        if (of(bj->b.slice[i].req)->rc == 0)
-          of(bj->b.slice[i].req)->rc = rc;
-      ql__sched_complete(l->sched, &bj->b, 0, &finished);
-      free(bj);
-      answer_list(s, finished);
-      continue;
-    }
-    d->busy++;
+    batch_submit(s, d, bj);
   }
+}
+
+/*
+ * Gives device d's worker batches while it has a lane free: decode work
+ * before a stopped launch, and that before new prefill. Then, with every
+ * lane busy, asks a launch in parts to stop for the decode work waiting.
+ */
+static void pump_device(ql__server *s, ql__device *d) {
+  pump_lanes(s, d);
+  ask_to_stop(s, d);
 }
 
 static void pump(ql__server *s) {

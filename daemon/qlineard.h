@@ -144,6 +144,10 @@ typedef struct ql__server {
   uint64_t test_early_delay_ms; /* QL_TEST_EARLY_DELAY_MS: tests only, a
                                    job that replied early sleeps this long
                                    before the loop hears of it */
+  uint64_t test_piece_delay_us; /* QL_TEST_PIECE_DELAY_US: tests only, a
+                                   launch in parts sleeps this long each
+                                   time it asks whether to stop, so that
+                                   it lasts long enough to be stopped */
   ql__counters counters;
 } ql__server;
 

@@ -312,7 +312,7 @@ static uint32_t prefill_rows(const ql__sched *s, const queue *q,
   const device *dv = &s->dev[q->slot->device];
   unsigned lanes = s->cfg.lanes[q->slot->device];
   if (s->cfg.prefill_chunk_us == 0 || lanes > 1 ||
-      !decode_active(dv, now_ns))
+      s->cfg.stops[q->slot->device] || !decode_active(dv, now_ns))
     return cap;
   uint64_t budget = s->cfg.prefill_chunk_us * 1000u;
   if (launch_ns(q, cap) <= budget)
@@ -692,7 +692,7 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
   uint64_t retry = 0;
   const struct device *dv = &s->dev[device];
   unsigned lanes = s->cfg.lanes[device];
-  for (int c = 0; c < NCLASS && best == NULL; c++) {
+  for (int c = 0; c < (b->decode_only ? AQ : NCLASS) && best == NULL; c++) {
     /* A device of several lanes keeps one free for decode while decode
      * work is about: prefill waits for a running prefill to end rather
      * than take it. */
@@ -715,6 +715,34 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
   }
   fill(s, best, now_ns, b);
   return 0;
+}
+
+uint64_t ql__sched_yield_ns(const ql__sched *s, unsigned device,
+                            uint64_t now_ns) {
+  if (device >= s->cfg.n_devices || !s->cfg.stops[device] ||
+      s->cfg.prefill_chunk_us == 0)
+    return 0;
+  /* The due decode queue that next() would take: oldest head first. */
+  const queue *best = NULL;
+  for (const queue *q = s->dev[device].active[WO]; q != NULL;
+       q = q->act_next)
+    if (due_at(s, q) <= now_ns &&
+        (best == NULL || q->head->seq < best->head->seq))
+      best = q;
+  if (best == NULL)
+    return 0;
+  /* Half the decode launch: with the piece running when asked and the
+   * hand-over, its wait stays below its own time. */
+  uint32_t cap = batch_cap(s, WO);
+  uint64_t est =
+      launch_ns(best, best->rows < cap ? (uint32_t)best->rows : cap) / 2;
+  uint64_t budget = s->cfg.prefill_chunk_us * 1000u;
+  return est < 1 ? 1 : est < budget ? est : budget;
+}
+
+int ql__sched_decode_active(const ql__sched *s, unsigned device,
+                            uint64_t now_ns) {
+  return device < s->cfg.n_devices && decode_active(&s->dev[device], now_ns);
 }
 
 /* ------------------------------------------------------------- complete */

@@ -47,6 +47,13 @@
  * part of a launch and overlap between a device's workers; it only has to
  * rank devices, not predict latencies.
  *
+ * On a device whose launches can stop and go on (cfg.stops: the CPU),
+ * prefill is never cut into row chunks: it runs whole, and the caller
+ * stops it at a piece boundary when decode work arrives
+ * (ql__sched_yield_ns), runs the decode batches (ql__sched_batch.
+ * decode_only) and then goes on with it. The rows stay dispatched
+ * meanwhile: for the scheduler the launch is still running.
+ *
  * Launch-time model (for sizing prefill chunks): each queue also keeps a
  * curve of launch time against rows, one point per power of two of rows,
  * seeded by ql__sched_set_curve() (the daemon's crossover calibration
@@ -115,6 +122,12 @@ typedef struct ql__sched_config {
    * Its backlog of queued and running work is divided by this when
    * estimating a new request's completion. */
   unsigned lanes[QL_SCHED_MAX_DEVICES];
+  /* Non-zero when device d's prefill launches can stop at a piece
+   * boundary and go on later (ql_backend.linear_parts): there prefill
+   * runs whole, and the caller stops a running one for decode work when
+   * ql__sched_yield_ns() says, instead of the scheduler cutting it into
+   * row chunks that each read the whole weight again. */
+  unsigned char stops[QL_SCHED_MAX_DEVICES];
   /* Estimated kernel time per row of a queue that has no measurement;
    * 0 = QL_SCHED_DEFAULT_NS_PER_ROW. */
   uint64_t default_ns_per_row;
@@ -170,6 +183,8 @@ typedef struct ql__sched_batch {
   ql__sched_slice *slice; /* room for cap slices (cap >= max_batch_rows
                              never limits a batch) */
   uint32_t cap;
+  int decode_only; /* take decode (WEIGHT_ONLY class) work only: the
+                      caller has a stopped prefill launch to go on with */
 
   /* Out: set by ql__sched_next(). */
   uint32_t n;         /* slices; 0 = nothing to run now */
@@ -258,6 +273,28 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *req, uint64_t now_ns);
  */
 int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
                    ql__sched_batch *b);
+
+/*
+ * On a device whose prefill launches stop (cfg.stops), how long the
+ * running prefill launch may go on, from the start of its current call,
+ * before it stops for the decode work due on device at now_ns (the queue
+ * next() would take): half the estimated time of that decode launch (its
+ * queue's curve), at most prefill_chunk_us. With the piece running when
+ * it is asked and the hand-over, a decode request then waits behind
+ * prefill less than its own launch takes (its latency stays within about
+ * twice its time alone), and prefill goes on between decode launches
+ * without reading the weight again for them. 0 when no decode work is
+ * due there, on a device that does not stop, or when prefill_chunk_us is
+ * 0 (prefill is never stopped).
+ */
+uint64_t ql__sched_yield_ns(const ql__sched *s, unsigned device,
+                            uint64_t now_ns);
+
+/* Whether decode work is about on device at now_ns: waiting, running, or
+ * submitted within QL_SCHED_DECODE_WINDOW_NS (a stream of decode requests
+ * leaves gaps between them). */
+int ql__sched_decode_active(const ql__sched *s, unsigned device,
+                            uint64_t now_ns);
 
 /*
  * Records that b's launch ran, taking kernel_ns (measured by the caller;

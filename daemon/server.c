@@ -438,6 +438,15 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
              "ms before the loop hears of it",
              (unsigned long long)s->test_early_delay_ms);
   }
+  const char *piece = getenv("QL_TEST_PIECE_DELAY_US");
+  if (piece != NULL) {
+    s->test_piece_delay_us = strtoull(piece, NULL, 10);
+    if (s->test_piece_delay_us > 1000000)
+      s->test_piece_delay_us = 1000000;
+    ql__warn("QL_TEST_PIECE_DELAY_US: a launch in parts sleeps %llu us "
+             "between its pieces",
+             (unsigned long long)s->test_piece_delay_us);
+  }
   ql__log_set_level(cfg->log_level);
   signal(SIGPIPE, SIG_IGN);
   /* libcrypto's one-time set-up (it reads its config file) here, in this

@@ -432,6 +432,57 @@ START_TEST(prefill_chunks_let_decode_through) {
 }
 END_TEST
 
+/*
+ * On the CPU, whose launches stop at a piece boundary and go on later, a
+ * long prefill runs as one launch: a decode request sent while it runs is
+ * answered before it ends (the launch stops for it), and both answers are
+ * exactly the reference's. QL_TEST_PIECE_DELAY_US makes each piece of the
+ * prefill last, so that it is still running when the decode request comes,
+ * whatever this machine's speed.
+ */
+START_TEST(prefill_stops_for_decode) {
+  td d;
+  make_weight();
+  const char *args[] = {"--cpu-threads", "1", "--max-batch-rows", "2048",
+                        NULL};
+  setenv("QL_TEST_PIECE_DELAY_US", "3000", 1);
+  start(&d, NULL, args);
+  unsetenv("QL_TEST_PIECE_DELAY_US");
+  ql_client *c = td_connect(&d);
+  load(c);
+  call pre, dec;
+  /* 2048 rows: dozens of pieces (row blocks of at most 252 rows x 4-tile
+   * passes, and 16 pieces of rows to quantize first). */
+  call_init(&pre, c, 2048, 11);
+  call_init(&dec, c, 1, 12);
+  pthread_t tp, td_;
+  ck_assert_int_eq(pthread_create(&tp, NULL, call_run, &pre), 0);
+  usleep(40 * 1000);
+  ck_assert_int_eq(pthread_create(&td_, NULL, call_run, &dec), 0);
+  pthread_join(td_, NULL);
+  pthread_join(tp, NULL);
+  ck_assert_int_eq(pre.rc, 0);
+  ck_assert_int_eq(dec.rc, 0);
+  ck_assert_msg(dec.done_ms < pre.done_ms,
+                "the decode request waited for the whole prefill");
+  void *ref = reference(pre.x, 2048, QL_DTYPE_F32);
+  ck_assert_mem_eq(pre.y, ref, 2048 * N * sizeof(float));
+  free(ref);
+  ref = reference(dec.x, 1, QL_DTYPE_F32);
+  ck_assert_mem_eq(dec.y, ref, N * sizeof(float));
+  free(ref);
+  /* One prefill launch (stopped and gone on with, never cut into chunks)
+   * and one decode launch. */
+  ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, aq_batches)), 1);
+  ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, wo_batches)), 1);
+  ck_assert_uint_eq(weight_stat(c, offsetof(ql_weight_stats, requests)), 2);
+  call_free(&pre);
+  call_free(&dec);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* NaN in one coalesced request fails that request only. */
 START_TEST(nonfinite_fails_only_its_request) {
   td d;
@@ -592,6 +643,7 @@ int main(void) {
   tcase_add_test(tc, backpressure);
   tcase_add_test(tc, deadlines);
   tcase_add_test(tc, prefill_chunks_let_decode_through);
+  tcase_add_test(tc, prefill_stops_for_decode);
   tcase_add_test(tc, nonfinite_fails_only_its_request);
   tcase_add_test(tc, linear_multi);
   suite_add_tcase(s, tc);

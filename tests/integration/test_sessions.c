@@ -1081,9 +1081,11 @@ static void *bg_raw_run(void *p) {
 
 START_TEST(test_destroy_in_flight) {
   td d;
-  /* The blocker must run as one launch, not in chunks. */
+  /* The blocker must run as one launch, not in chunks, and not stop for
+   * the decode requests queued behind it. */
   static const char *const args[] = {"--prefill-chunk-rows", "1048576",
-                                     "--max-batch-rows", "1048576", NULL};
+                                     "--max-batch-rows", "1048576",
+                                     "--prefill-chunk-us", "0", NULL};
   td_start(&d, args);
   ql_client *c = td_connect(&d);
   const uint64_t k = 4096, n = 1024;

@@ -1188,6 +1188,104 @@ static uint32_t run_one(ql__sched *s, uint64_t now, uint64_t ns,
 }
 
 /*
+ * A device whose launches stop (cfg.stops, the CPU): prefill is never cut
+ * into row chunks, decode about or not; while a prefill launch runs,
+ * ql__sched_yield_ns() says how long it may go on before it stops for the
+ * decode work that is due: half that decode launch's estimated time (its
+ * queue's curve), at most prefill_chunk_us, 0 when none is due, on a
+ * device that does not stop, or with prefill_chunk_us 0. A decode_only
+ * next() takes decode work and leaves prefill waiting.
+ */
+START_TEST(test_prefill_stops) {
+  ql__sched_config c = cfg_default();
+  c.max_batch_rows = 1024;
+  c.prefill_chunk_us = 500;
+  c.max_queue_delay_us = 100;
+  c.n_devices = 2;
+  c.stops[0] = 1;
+  ql__sched *s = mk(&c);
+  static const uint32_t m[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  uint64_t ns[10];
+  for (int i = 0; i < 10; i++)
+    ns[i] = (100 + 2 * (uint64_t)m[i]) * US;
+  for (unsigned dev = 0; dev < 2; dev++) {
+    ck_assert_int_eq(ql__sched_set_curve(s, &W1, dev, m, ns, 10), 0);
+    ck_assert_int_eq(ql__sched_set_curve(s, &W2, dev, m, ns, 10), 0);
+  }
+  uint64_t t = 1000 * US;
+  ql__sched_req d0, p, p2, d, d2, *fin;
+  ql__sched_batch b, pb;
+  ql__sched_slice sl[8], psl[8];
+
+  /* Decode about (it just ran): still one whole prefill launch. */
+  rq(&d0, &W2, WO, 1, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &d0, t), 0);
+  ck_assert_int_eq(ql__sched_decode_active(s, 0, t), 1);
+  ck_assert_uint_eq(run_one(s, t + 200 * US, 102 * US, &fin), 1);
+  ck_assert_ptr_eq(fin, &d0);
+  rq(&p, &W1, AQ, 512, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p, t), 0);
+  bt(&pb, psl, 8);
+  ck_assert_int_eq(ql__sched_next(s, 0, t + 200 * US, &pb), 0);
+  ck_assert_uint_eq(pb.rows, 512);
+  /* Nothing due: run on. */
+  ck_assert_uint_eq(ql__sched_yield_ns(s, 0, t + 200 * US), 0);
+
+  /* A decode of 2 rows arrives; it is held by max_queue_delay_us until
+   * t + 400 us, and only then asks the prefill to stop: after half its
+   * estimated 104 us. */
+  rq(&d, &W2, WO, 2, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &d, t + 300 * US), 0);
+  ck_assert_uint_eq(ql__sched_yield_ns(s, 0, t + 350 * US), 0);
+  ck_assert_uint_eq(ql__sched_yield_ns(s, 0, t + 400 * US), 52 * US);
+  /* Other devices: nothing is due there; a device that does not stop is
+   * never asked. */
+  ck_assert_uint_eq(ql__sched_yield_ns(s, 1, t + 400 * US), 0);
+  ck_assert_uint_eq(ql__sched_yield_ns(s, 7, t + 400 * US), 0);
+
+  /* The prefill stopped; the device takes decode work only: the decode,
+   * not the second prefill waiting, nor the rows of the first. */
+  rq(&p2, &W1, AQ, 64, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &p2, t + 410 * US), 0);
+  bt(&b, sl, 8);
+  b.decode_only = 1;
+  ck_assert_int_eq(ql__sched_next(s, 0, t + 450 * US, &b), 0);
+  ck_assert_uint_eq(b.n, 1);
+  ck_assert_ptr_eq(b.slice[0].req, &d);
+  ql__sched_complete(s, &b, 104 * US, &fin);
+  ck_assert_ptr_eq(fin, &d);
+  bt(&b, sl, 8);
+  b.decode_only = 1;
+  ck_assert_int_eq(ql__sched_next(s, 0, t + 560 * US, &b), 0);
+  ck_assert_uint_eq(b.n, 0);
+  ck_assert_uint_eq(ql__sched_yield_ns(s, 0, t + 560 * US), 0);
+  /* The stopped launch goes on and completes, whole. */
+  ql__sched_complete(s, &pb, 1200 * US, &fin);
+  ck_assert_ptr_eq(fin, &p);
+  ck_assert_int_eq(p.status, 0);
+
+  /* A long decode: the wait is capped by prefill_chunk_us. */
+  rq(&d2, &W2, WO, 1000, 2);
+  ck_assert_int_eq(ql__sched_submit(s, &d2, t + 2000 * US), 0);
+  ck_assert_uint_eq(ql__sched_yield_ns(s, 0, t + 2100 * US), 500 * US);
+  /* prefill_chunk_us 0: never stopped. */
+  c.prefill_chunk_us = 0;
+  ck_assert_int_eq(ql__sched_configure(s, &c), 0);
+  ck_assert_uint_eq(ql__sched_yield_ns(s, 0, t + 2100 * US), 0);
+  ck_assert_uint_eq(run_one(s, t + 2100 * US, 2100 * US, &fin), 1000);
+  ck_assert_ptr_eq(fin, &d2);
+  ck_assert_uint_eq(run_one(s, t + 4000 * US, 228 * US, &fin), 64);
+  ck_assert_ptr_eq(fin, &p2);
+  /* Long after the last decode, it is no longer about. */
+  ck_assert_int_eq(
+      ql__sched_decode_active(s, 0, t + 4000 * US + QL_SCHED_DECODE_WINDOW_NS),
+      0);
+  ck_assert_int_eq(ql__sched_decode_active(s, 9, t), 0);
+  ql__sched_free(s);
+}
+END_TEST
+
+/*
  * A launch costs 100 us plus 2 us a row (the curve, as the calibration
  * gives it): with a 500 us budget a chunk is 200 rows. A lone prefill
  * runs whole; with decode about it runs in chunks of 200 rows, a decode
@@ -1801,6 +1899,7 @@ int main(void) {
   tcase_add_test(tc, test_wo_before_aq);
   tcase_add_test(tc, test_prefill_chunks);
   tcase_add_test(tc, test_prefill_by_time);
+  tcase_add_test(tc, test_prefill_stops);
   tcase_add_test(tc, test_prefill_follows_costs);
   tcase_add_test(tc, test_prefill_lanes);
   tcase_add_test(tc, test_fairness);
