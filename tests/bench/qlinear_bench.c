@@ -438,6 +438,156 @@ static void read_run(void *ctx, long i) {
   ql__cpu_parallel(read_part, r, ql__cpu_threads());
 }
 
+/* ------------------------------------------------------ the peak loops */
+
+/*
+ * In-run compute peaks with the same threads: independent VNNI int8 dot
+ * products (vpdpbusd: 4 multiply-adds per 32-bit lane) and independent
+ * f32 FMAs, at the widest register the kernels' level has, with 12
+ * accumulators to cover the instructions' latency on two ports. The AQ
+ * kernels are held to the first, the WO kernels to the second, in
+ * multiply-adds per second. No peak where the level has no such
+ * instruction (VNNI below avx2vnni, FMA at the C level).
+ */
+#define PEAK_ACC 12
+#define PEAK_ITERS (1L << 17) /* a call of about a millisecond: the pool's wake-up is noise */
+
+typedef struct peak_ctx {
+  int fma;               /* 1: f32 FMA, 0: VNNI */
+  ql__cpu_level level;
+  volatile uint64_t sink;
+} peak_ctx;
+
+#if defined(__x86_64__)
+/* Twelve named accumulators, so that they live in registers: OP(acc) is
+ * one step of one chain. */
+#define PEAK_STEP(OP)                                                          \
+  do {                                                                         \
+    a0 = OP(a0), a1 = OP(a1), a2 = OP(a2), a3 = OP(a3), a4 = OP(a4),           \
+    a5 = OP(a5), a6 = OP(a6), a7 = OP(a7), a8 = OP(a8), a9 = OP(a9),           \
+    a10 = OP(a10), a11 = OP(a11);                                              \
+  } while (0)
+
+__attribute__((target("avx512f,avx512vnni"))) static uint64_t
+vnni512(long iters) {
+  __m512i b = _mm512_set1_epi32(0x01020304), c = _mm512_set1_epi32(0x01010101);
+  __m512i a0 = _mm512_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0,
+          a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+#define OP(x) _mm512_dpbusd_epi32(x, b, c)
+  for (long i = 0; i < iters; i++)
+    PEAK_STEP(OP);
+#undef OP
+  a0 = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1),
+                                         _mm512_add_epi32(a2, a3)),
+                        _mm512_add_epi32(_mm512_add_epi32(a4, a5),
+                                         _mm512_add_epi32(a6, a7)));
+  a0 = _mm512_add_epi32(a0, _mm512_add_epi32(_mm512_add_epi32(a8, a9),
+                                             _mm512_add_epi32(a10, a11)));
+  return (uint64_t)(uint32_t)_mm512_reduce_add_epi32(a0);
+}
+
+__attribute__((target("avx2,avxvnni"))) static uint64_t vnni256(long iters) {
+  __m256i b = _mm256_set1_epi32(0x01020304), c = _mm256_set1_epi32(0x01010101);
+  __m256i a0 = _mm256_set1_epi32(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0,
+          a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+#define OP(x) _mm256_dpbusd_avx_epi32(x, b, c)
+  for (long i = 0; i < iters; i++)
+    PEAK_STEP(OP);
+#undef OP
+  a0 = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1),
+                                         _mm256_add_epi32(a2, a3)),
+                        _mm256_add_epi32(_mm256_add_epi32(a4, a5),
+                                         _mm256_add_epi32(a6, a7)));
+  a0 = _mm256_add_epi32(a0, _mm256_add_epi32(_mm256_add_epi32(a8, a9),
+                                             _mm256_add_epi32(a10, a11)));
+  uint32_t v[8];
+  _mm256_storeu_si256((__m256i *)v, a0);
+  return v[0] + v[7];
+}
+
+/* a·1 + 0 keeps each accumulator finite, and the compiler may not fold it
+ * (it is not the identity for -0). */
+__attribute__((target("avx512f"))) static uint64_t fma512(long iters) {
+  volatile float one = 1.0f, zero = 0.0f;
+  __m512 b = _mm512_set1_ps(one), c = _mm512_set1_ps(zero);
+  __m512 a0 = _mm512_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0,
+         a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+#define OP(x) _mm512_fmadd_ps(x, b, c)
+  for (long i = 0; i < iters; i++)
+    PEAK_STEP(OP);
+#undef OP
+  a0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                     _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+  a0 = _mm512_add_ps(a0, _mm512_add_ps(_mm512_add_ps(a8, a9),
+                                       _mm512_add_ps(a10, a11)));
+  return (uint64_t)_mm512_reduce_add_ps(a0);
+}
+
+__attribute__((target("avx2,fma"))) static uint64_t fma256(long iters) {
+  volatile float one = 1.0f, zero = 0.0f;
+  __m256 b = _mm256_set1_ps(one), c = _mm256_set1_ps(zero);
+  __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0,
+         a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+#define OP(x) _mm256_fmadd_ps(x, b, c)
+  for (long i = 0; i < iters; i++)
+    PEAK_STEP(OP);
+#undef OP
+  a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                     _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_add_ps(a8, a9),
+                                       _mm256_add_ps(a10, a11)));
+  float v[8];
+  _mm256_storeu_ps(v, a0);
+  return (uint64_t)(v[0] + v[7]);
+}
+#endif
+
+/* Multiply-adds of one peak call on one thread at level l; 0: no peak. */
+static double peak_macs(int fma, ql__cpu_level l) {
+  double per = fma ? (l >= QL_CPU_LEVEL_AVX512 ? 16 : l >= QL_CPU_LEVEL_AVX2 ? 8 : 0)
+                   : (l >= QL_CPU_LEVEL_AVX512 ? 64 : l >= QL_CPU_LEVEL_AVX2_VNNI ? 32 : 0);
+  return per * PEAK_ACC * (double)PEAK_ITERS;
+}
+
+static void peak_part(void *ctx, int part, int parts) {
+  peak_ctx *c = ctx;
+  uint64_t s = 0;
+  (void)part, (void)parts;
+#if defined(__x86_64__)
+  if (c->fma && c->level >= QL_CPU_LEVEL_AVX512)
+    s = fma512(PEAK_ITERS);
+  else if (c->fma && c->level >= QL_CPU_LEVEL_AVX2)
+    s = fma256(PEAK_ITERS);
+  else if (!c->fma && c->level >= QL_CPU_LEVEL_AVX512)
+    s = vnni512(PEAK_ITERS);
+  else if (!c->fma && c->level >= QL_CPU_LEVEL_AVX2_VNNI)
+    s = vnni256(PEAK_ITERS);
+#endif
+  c->sink += s;
+}
+
+static void peak_run(void *ctx, long i) {
+  (void)i;
+  ql__cpu_parallel(peak_part, ctx, ql__cpu_threads());
+}
+
+/* The peak in multiply-adds per second over every pool thread: the
+ * median of P samples (0 when the level has none). */
+static double peak_rate(int fma, int pairs, double min_s) {
+  ql__cpu_level l = ql__cpu_level_get();
+  double per = peak_macs(fma, l), t[64];
+  if (per == 0)
+    return 0;
+  peak_ctx c = {fma, l, 0};
+  timed pk = {fma ? "fma" : "vnni", peak_run, &c, 0, 0};
+  if (pairs > 64)
+    pairs = 64;
+  calibrate(&pk, min_s);
+  for (int p = 0; p < pairs; p++)
+    t[p] = sample(&pk);
+  return per * ql__cpu_threads() / stats(t, pairs).med;
+}
+
 /* ------------------------------------------------------------- cases */
 
 void lin_run(void *ctx, long i) {
@@ -605,8 +755,16 @@ void print_stat(FILE *f, const char *name, stat3 s) {
   print_num(f, "max", s.max, "}");
 }
 
+/* What a case reports beside its baselines: the run's peaks, and the time
+ * of M = 1 of the same (shape, format, path) when it ran first (0: not). */
+typedef struct run_ref {
+  double vnni, fma; /* multiply-adds per second; 0: none */
+  double t_m1;      /* seconds */
+} run_ref;
+
 static void run_case(const opts *o, const bfmt *bf, const wset *ws,
-                     const wset *q8c, int aq, int64_t m, int header) {
+                     const wset *q8c, int aq, int64_t m, int header,
+                     run_ref *rr) {
   const ql_backend *cpu = ql_backend_find("cpu");
   ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
   int64_t n = ws->q->n, k = ws->q->k;
@@ -700,16 +858,32 @@ static void run_case(const opts *o, const bfmt *bf, const wset *ws,
   else
     snprintf(fmt, sizeof fmt, "%s", bf->name);
   t_base = figs[0].t_base;
+  if (m == 1)
+    rr->t_m1 = t_ours;
+  /* Against the compute peak the path's kernels are held to, and the
+   * cost of M rows against one. */
+  double peak = aq ? rr->vnni : rr->fma;
+  double x_peak = peak > 0 ? (double)m * (double)n * (double)k / t_ours / peak
+                           : 0;
+  double vs_m1 = m > 1 && rr->t_m1 > 0 ? t_ours / rr->t_m1 : 0;
   if (!o->json_only) {
     if (header) {
-      printf("\n%-11s %-13s %-3s %4s %9s %7s %-20s", "shape", "format", "pth",
-             "M", "ms", "GB/s", "x read [min-max]");
+      printf("\n%-11s %-13s %-3s %4s %9s %7s %-20s %6s %6s", "shape", "format",
+             "pth", "M", "ms", "GB/s", "x read [min-max]", "x peak", "/ M=1");
       printf(" | speed-up, baseline time / ours, median [min-max]\n");
     }
     printf("%5lldx%-5lld %-13s %-3s %4lld %9.3f %7.2f %5.3f [%.3f-%.3f]",
            (long long)n, (long long)k, fmt, aq ? "AQ" : "WO", (long long)m,
            t_ours * 1e3, (double)ws->wbytes / t_ours * 1e-9, figs[0].r.med,
            figs[0].r.min, figs[0].r.max);
+    if (x_peak > 0)
+      printf(" %6.3f", x_peak);
+    else
+      printf(" %6s", "-");
+    if (vs_m1 > 0)
+      printf(" %6.2f", vs_m1);
+    else
+      printf(" %6s", "-");
     for (int i = 1; i < nfig; i++)
       printf(" | %s %.2f [%.2f-%.2f]", figs[i].name, figs[i].r.med,
              figs[i].r.min, figs[i].r.max);
@@ -729,6 +903,11 @@ static void run_case(const opts *o, const bfmt *bf, const wset *ws,
          ql__cpu_level_name(ql__cpu_level_get()), im->name, ws->wbytes,
          ws->ncopies, o->pairs, t_ours * 1e3,
          (double)ws->wbytes / t_ours * 1e-9, (double)rc.bytes / t_base * 1e-9);
+  if (x_peak > 0)
+    printf(",\"%s_peak_macs\":%.4g,\"vs_peak\":%.4f", aq ? "vnni" : "fma",
+           peak, x_peak);
+  if (vs_m1 > 0)
+    printf(",\"vs_m1\":%.4f", vs_m1);
   print_stat(stdout, "vs_read", figs[0].r);
   for (int i = 1; i < nfig; i++) {
     char key[40];
@@ -848,6 +1027,17 @@ int main(int argc, char **argv) {
     printf("x read = our weight bytes/s / the read loop's; the other figures "
            "= baseline time / our time (>1: ours is faster)\n");
   }
+  run_ref rr = {peak_rate(0, o.pairs, o.min_sample_s),
+                peak_rate(1, o.pairs, o.min_sample_s), 0};
+  if (!o.json_only)
+    printf("peaks (same threads): VNNI int8 %.1f G multiply-adds/s, f32 FMA "
+           "%.1f G/s; x peak = our multiply-adds/s / the AQ path's (VNNI) "
+           "or the WO path's (FMA) peak; / M=1 = time / the time at M = 1\n",
+           rr.vnni * 1e-9, rr.fma * 1e-9);
+  printf("{\"bench\":\"peaks\",\"threads\":%d,\"level\":\"%s\","
+         "\"vnni_macs\":%.4g,\"fma_macs\":%.4g}\n",
+         ql__cpu_threads(), ql__cpu_level_name(ql__cpu_level_get()), rr.vnni,
+         rr.fma);
   for (int s = 0; s < o.nshape; s++) {
     wset w8;
     int have8 = 0, header = 1;
@@ -877,8 +1067,9 @@ int main(int argc, char **argv) {
           continue;
         if (aq && bf->f == QL_FORMAT_Q8B)
           continue; /* weight-only */
+        rr.t_m1 = 0;
         for (int mi = 0; mi < o.nm; mi++) {
-          run_case(&o, bf, ws, have8 ? &w8 : NULL, aq, o.ms[mi], header);
+          run_case(&o, bf, ws, have8 ? &w8 : NULL, aq, o.ms[mi], header, &rr);
           header = 0;
         }
       }
