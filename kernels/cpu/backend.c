@@ -520,6 +520,17 @@ static int run_linear(ql__cpu_level level, int aq, const ql_linear_args *a) {
   int threads, rc;
   size_t esz;
 
+  /* A launch of a few pieces a thread runs whole: it ends about as soon
+   * as it could stop, and pieces that few would not share out evenly. */
+  if (part != NULL && st == NULL &&
+      (double)a->m * (double)a->w->n * (double)a->w->k <
+          (double)PIECE_MACS * 4 * ql__cpu_threads()) {
+    ql_linear_args whole = *a;
+    whole.part = NULL;
+    rc = run_linear(level, aq, &whole);
+    part->done = rc == 0;
+    return rc;
+  }
   if (st == NULL) {
     if ((rc = linear_args(a, &esz)) != 0)
       return rc;
