@@ -631,71 +631,18 @@ INL void aq_q8c_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
 }
 
 /*
- * The large-M block of q8c AQ: 4 tiles x 6 rows, 24 accumulators written
- * out as variables (in an array GCC copies them between registers on every
- * step). Each broadcast of x feeds 4 vpdpbusd: broadcasts take the same
- * vector pipes as the dot products on Zen 4/5, so fewer per product is
- * what brings the block close to the VNNI peak. (A broadcast folded
- * into vpdpbusd, {1to16}, costs a load per product instead: slower.)
- */
-#define Q8_ACC(r)                                                              \
-  __m512i c0##r = _mm512_setzero_si512(), c1##r = c0##r, c2##r = c0##r,        \
-          c3##r = c0##r;
-#define Q8_ROW(r)                                                              \
-  xv = bcast32(xb + (r)*ld);                                                   \
-  c0##r = dpbusd_r(c0##r, w0, xv);                                             \
-  c1##r = dpbusd_r(c1##r, w1, xv);                                             \
-  c2##r = dpbusd_r(c2##r, w2, xv);                                             \
-  c3##r = dpbusd_r(c3##r, w3, xv);
-
-INL void aq_q8c_4x6(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
-                    int64_t t, const float *bias, float *y) {
-  const size_t tbytes = p->tile_bytes;
-  const uint8_t *d0 = p->data + (size_t)t * tbytes + QL_CPU_BLOCK;
-  const int8_t *x0 = xq->xq + (size_t)m0 * (size_t)xq->kp;
-  const size_t ld = (size_t)xq->kp;
-  const int64_t nb = xq->kp / QL_CPU_Q8C_KB;
-  Q8_ACC(0)
-  Q8_ACC(1) Q8_ACC(2) Q8_ACC(3) Q8_ACC(4)
-      Q8_ACC(5) for (int64_t b = 0; b < nb; b++) {
-    const uint8_t *d = d0 + (size_t)b * QL_CPU_BLOCK;
-    __m512i w0 = _mm512_load_si512((const void *)d);
-    __m512i w1 = _mm512_load_si512((const void *)(d + tbytes));
-    __m512i w2 = _mm512_load_si512((const void *)(d + 2 * tbytes));
-    __m512i w3 = _mm512_load_si512((const void *)(d + 3 * tbytes));
-    const int8_t *xb = x0 + b * QL_CPU_Q8C_KB;
-    __m512i xv;
-    Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) Q8_ROW(5)
-  }
-  __m512i acc[4][6] = {{c00, c01, c02, c03, c04, c05},
-                       {c10, c11, c12, c13, c14, c15},
-                       {c20, c21, c22, c23, c24, c25},
-                       {c30, c31, c32, c33, c34, c35}};
-  UNROLL
-  for (int a = 0; a < 4; a++) {
-    __m512 s =
-        _mm512_load_ps((const void *)(p->data + (size_t)(t + a) * tbytes));
-    UNROLL
-    for (int r = 0; r < 6; r++) {
-      __m512i ai =
-          _mm512_sub_epi32(acc[a][r], _mm512_set1_epi32(xq->gsum8[m0 + r]));
-      __m512 sxw = _mm512_mul_ps(_mm512_set1_ps(xq->sx[m0 + r]), s);
-      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(ai), sxw);
-      store_row(p, t + a, v, bias, y + (size_t)(m0 + r) * (size_t)p->n);
-    }
-  }
-}
-#undef Q8_ACC
-#undef Q8_ROW
-
-/*
- * The blocks of q8c AQ of 3 to 5 rows: 4 tiles x R rows (R a constant at
- * each call), written as aq_q8c_4x6 with the rows past R dead code, so
- * that a batch of 3 to 16 rows passes over the tiles in blocks of 3 to 6
- * rows, never of 1 or 2. The first pass over a tile group (pf) prefetches
- * its 4 streams, because a batch of a few rows (decode) is still bound by
- * the weight's read from memory; the passes after it find the group in
- * cache, where prefetches would only take load slots.
+ * The blocks of q8c AQ from 3 rows up: 4 tiles x R rows (R = 3..6, a
+ * constant at each call), 4R accumulators written out as variables (in an
+ * array GCC copies them between registers on every step); the rows past R
+ * are dead code. Each broadcast of x feeds 4 vpdpbusd: broadcasts take the
+ * same vector pipes as the dot products on Zen 4/5, so fewer per product
+ * is what brings the block close to the VNNI peak. (A broadcast folded
+ * into vpdpbusd, {1to16}, costs a load per product instead: slower.) A
+ * batch of 3 to 16 rows passes over the tiles in blocks of 3 to 6 rows,
+ * never of 1 or 2. The first pass over a tile group (pf) prefetches its 4
+ * streams, because a batch of a few rows (decode) is still bound by the
+ * weight's read from memory; the passes after it find the group in cache,
+ * where prefetches would only take load slots.
  */
 #define Q8_ACC(r)                                                              \
   __m512i c0##r = _mm512_setzero_si512(), c1##r = c0##r, c2##r = c0##r,        \
@@ -1073,8 +1020,11 @@ static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
           case 11:
             aq_q8c_4xr(p, xq, m0, 5, 1, t, bias, y);
             break;
+          case 12:
+            aq_q8c_4xr(p, xq, m0, 6, 0, t, bias, y);
+            break;
           default:
-            aq_q8c_4x6(p, xq, m0, t, bias, y);
+            aq_q8c_4xr(p, xq, m0, 6, 1, t, bias, y);
             break;
           }
         } else {
