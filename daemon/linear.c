@@ -30,9 +30,10 @@
  * while decode work is about). On a device whose launches stop (the CPU)
  * a prefill launch runs in parts instead: it stops for decode work when
  * the scheduler says (ql__sched_yield_ns), waits on the device's stopped
- * list while the decode batches run, and goes on from where it stopped. A request's class is its size,
- * decode up to decode_max_rows, whatever path its kernels take; the path
- * is in the queue key, so one launch never mixes paths or dtypes.
+ * list while the decode batches run, and goes on from where it stopped.
+ * A request's class is its size, decode up to decode_max_rows, whatever
+ * path its kernels take; the path is in the queue key, so one launch
+ * never mixes paths or dtypes.
  */
 static int key_index(ql_dtype dt, ql_path path) {
   return (int)(dt & 3) * 2 + (path == QL_PATH_ACT_QUANT);

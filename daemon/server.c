@@ -407,6 +407,19 @@ static void close_all(ql__server *s) {
   ql__linear_close_timers(s);
 }
 
+/* A test hook's value from the environment variable name (0 when unset),
+ * at most max, said in the log with what it does. */
+static uint64_t test_hook(const char *name, uint64_t max, const char *what) {
+  const char *v = getenv(name);
+  if (v == NULL)
+    return 0;
+  uint64_t n = strtoull(v, NULL, 10);
+  if (n > max)
+    n = max;
+  ql__warn("%s=%llu: %s", name, (unsigned long long)n, what);
+  return n;
+}
+
 int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   int rc, status = 1;
   ql__server *s = calloc(1, sizeof *s);
@@ -420,33 +433,16 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   s->argv = argv;
   s->loop = &loop;
   s->start_ns = ql__now_ns();
-  /* A test hook, from the environment so no configuration can set it. */
-  const char *delay = getenv("QL_TEST_KERNEL_DELAY_MS");
-  if (delay != NULL) {
-    s->test_delay_ms = strtoull(delay, NULL, 10);
-    if (s->test_delay_ms > 60000)
-      s->test_delay_ms = 60000;
-    ql__warn("QL_TEST_KERNEL_DELAY_MS: every linear job sleeps %llu ms",
-             (unsigned long long)s->test_delay_ms);
-  }
-  const char *early = getenv("QL_TEST_EARLY_DELAY_MS");
-  if (early != NULL) {
-    s->test_early_delay_ms = strtoull(early, NULL, 10);
-    if (s->test_early_delay_ms > 60000)
-      s->test_early_delay_ms = 60000;
-    ql__warn("QL_TEST_EARLY_DELAY_MS: a job that replied early sleeps %llu "
-             "ms before the loop hears of it",
-             (unsigned long long)s->test_early_delay_ms);
-  }
-  const char *piece = getenv("QL_TEST_PIECE_DELAY_US");
-  if (piece != NULL) {
-    s->test_piece_delay_us = strtoull(piece, NULL, 10);
-    if (s->test_piece_delay_us > 1000000)
-      s->test_piece_delay_us = 1000000;
-    ql__warn("QL_TEST_PIECE_DELAY_US: a launch in parts sleeps %llu us "
-             "between its pieces",
-             (unsigned long long)s->test_piece_delay_us);
-  }
+  /* Test hooks, from the environment so no configuration can set them. */
+  s->test_delay_ms = test_hook("QL_TEST_KERNEL_DELAY_MS", 60000,
+                               "every linear job sleeps that many ms");
+  s->test_early_delay_ms =
+      test_hook("QL_TEST_EARLY_DELAY_MS", 60000,
+                "a job that replied early sleeps that many ms before the "
+                "loop hears of it");
+  s->test_piece_delay_us =
+      test_hook("QL_TEST_PIECE_DELAY_US", 1000000,
+                "a launch in parts sleeps that many us between its pieces");
   ql__log_set_level(cfg->log_level);
   signal(SIGPIPE, SIG_IGN);
   /* libcrypto's one-time set-up (it reads its config file) here, in this
