@@ -668,6 +668,44 @@ static void batch_run(ql__job *job) {
   }
 }
 
+/* Copies the x rows of b's slices, laid end to end, into buf. */
+static void gather_x(const ql__sched_batch *b, uint8_t *buf, size_t xr) {
+  size_t at = 0;
+  for (uint32_t i = 0; i < b->n; i++) {
+    const ql__sched_slice *sl = &b->slice[i];
+    memcpy(buf + at * xr, of(sl->req)->x + (size_t)sl->offset * xr,
+           (size_t)sl->rows * xr);
+    at += sl->rows;
+  }
+}
+
+/* Copies the y rows of b's launch in buf back to its slices' requests. */
+static void scatter_y(const ql__sched_batch *b, const uint8_t *buf,
+                      size_t yr) {
+  size_t at = 0;
+  for (uint32_t i = 0; i < b->n; i++) {
+    const ql__sched_slice *sl = &b->slice[i];
+    memcpy(of(sl->req)->y + (size_t)sl->offset * yr, buf + at * yr,
+           (size_t)sl->rows * yr);
+    at += sl->rows;
+  }
+}
+
+/* Worker thread: b's host-memory slices one by one, each where its
+ * request has x and y, after a launch of all of them found NaN or Inf:
+ * only the request that holds it fails. */
+static void run_slices(batch_job *bj) {
+  const ql__sched_batch *b = &bj->b;
+  for (uint32_t i = 0; i < b->n; i++) {
+    const ql__sched_slice *sl = &b->slice[i];
+    lin_req *j = of(sl->req);
+    bj->slice_rc[i] = run_rows(bj->d, j->w, j->path, j->dt,
+                               j->x + (size_t)sl->offset * j->x_row, sl->rows,
+                               j->y + (size_t)sl->offset * j->y_row,
+                               &bj->impl);
+  }
+}
+
 /* The stop() of a launch in parts: once the call has run as long as the
  * loop allows (yield_ns, 0 while no decode work waits). Any pool thread. */
 static int batch_stop(void *ctx) {
@@ -715,13 +753,7 @@ static void batch_compute_parts(batch_job *bj) {
         bj->rc = QL_ENOMEM;
         return;
       }
-      size_t at = 0;
-      for (uint32_t i = 0; i < b->n; i++) {
-        const ql__sched_slice *sl = &b->slice[i];
-        memcpy(bj->xbuf + at * xr, of(sl->req)->x + (size_t)sl->offset * xr,
-               (size_t)sl->rows * xr);
-        at += sl->rows;
-      }
+      gather_x(b, bj->xbuf, xr);
     }
     x = bj->xbuf;
     y = bj->ybuf;
@@ -731,25 +763,11 @@ static void batch_compute_parts(batch_job *bj) {
   if (bj->rc == QL_ENONFINITE && b->n > 1) {
     bj->rc = 0;
     bj->part.done = 1;
-    for (uint32_t i = 0; i < b->n; i++) {
-      const ql__sched_slice *sl = &b->slice[i];
-      lin_req *j = of(sl->req);
-      bj->slice_rc[i] =
-          run_rows(d, w, first->path, first->dt,
-                   j->x + (size_t)sl->offset * xr, sl->rows,
-                   j->y + (size_t)sl->offset * yr, &bj->impl);
-    }
+    run_slices(bj);
     return;
   }
-  if (bj->rc != 0 || !bj->part.done || b->n == 1)
-    return;
-  size_t at = 0;
-  for (uint32_t i = 0; i < b->n; i++) {
-    const ql__sched_slice *sl = &b->slice[i];
-    memcpy(of(sl->req)->y + (size_t)sl->offset * yr, bj->ybuf + at * yr,
-           (size_t)sl->rows * yr);
-    at += sl->rows;
-  }
+  if (bj->rc == 0 && bj->part.done && b->n > 1)
+    scatter_y(b, bj->ybuf, yr);
 }
 
 static void batch_compute(batch_job *bj) {
@@ -822,33 +840,13 @@ static void batch_compute(batch_job *bj) {
     bj->rc = QL_ENOMEM;
     goto done;
   }
-  size_t at = 0;
-  for (uint32_t i = 0; i < b->n; i++) {
-    const ql__sched_slice *sl = &b->slice[i];
-    memcpy(xbuf + at * xr, of(sl->req)->x + (size_t)sl->offset * xr,
-           (size_t)sl->rows * xr);
-    at += sl->rows;
-  }
+  gather_x(b, xbuf, xr);
   bj->rc = run_rows(d, w, first->path, dt, xbuf, b->rows, ybuf, &bj->impl);
   if (bj->rc == QL_ENONFINITE) {
     bj->rc = 0;
-    for (uint32_t i = 0; i < b->n; i++) {
-      const ql__sched_slice *sl = &b->slice[i];
-      lin_req *j = of(sl->req);
-      bj->slice_rc[i] =
-          run_rows(d, w, first->path, dt, j->x + (size_t)sl->offset * xr,
-                   sl->rows, j->y + (size_t)sl->offset * yr, &bj->impl);
-    }
-    goto done;
-  }
-  if (bj->rc != 0)
-    goto done;
-  at = 0;
-  for (uint32_t i = 0; i < b->n; i++) {
-    const ql__sched_slice *sl = &b->slice[i];
-    memcpy(of(sl->req)->y + (size_t)sl->offset * yr, ybuf + at * yr,
-           (size_t)sl->rows * yr);
-    at += sl->rows;
+    run_slices(bj);
+  } else if (bj->rc == 0) {
+    scatter_y(b, ybuf, yr);
   }
 done:
   free(xbuf);

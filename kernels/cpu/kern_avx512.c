@@ -1001,32 +1001,21 @@ static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
         int64_t left = mend - m0;
         int mb = left <= 6 ? (int)left : left < 9 ? (int)left - 3 : 6;
         if (tb == 4 && mb >= 3) {
+          /* R and pf as constants: one inlined block per pair. */
+#define Q8_CASES(r)                                                            \
+  case 2 * (r):                                                                \
+    aq_q8c_4xr(p, xq, m0, (r), 0, t, bias, y);                                 \
+    break;                                                                     \
+  case 2 * (r) + 1:                                                            \
+    aq_q8c_4xr(p, xq, m0, (r), 1, t, bias, y);                                 \
+    break;
           switch (mb * 2 + (m0 == mc)) {
-          case 6:
-            aq_q8c_4xr(p, xq, m0, 3, 0, t, bias, y);
-            break;
-          case 7:
-            aq_q8c_4xr(p, xq, m0, 3, 1, t, bias, y);
-            break;
-          case 8:
-            aq_q8c_4xr(p, xq, m0, 4, 0, t, bias, y);
-            break;
-          case 9:
-            aq_q8c_4xr(p, xq, m0, 4, 1, t, bias, y);
-            break;
-          case 10:
-            aq_q8c_4xr(p, xq, m0, 5, 0, t, bias, y);
-            break;
-          case 11:
-            aq_q8c_4xr(p, xq, m0, 5, 1, t, bias, y);
-            break;
-          case 12:
-            aq_q8c_4xr(p, xq, m0, 6, 0, t, bias, y);
-            break;
-          default:
-            aq_q8c_4xr(p, xq, m0, 6, 1, t, bias, y);
-            break;
+            Q8_CASES(3)
+            Q8_CASES(4)
+            Q8_CASES(5)
+            Q8_CASES(6)
           }
+#undef Q8_CASES
         } else {
           if (mb > 4)
             mb = 4;
