@@ -88,6 +88,9 @@ struct dim3 {
   constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1)
       : x(x_), y(y_), z(z_) {}
 };
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
@@ -100,6 +103,8 @@ struct alignas(16) float4 {
 // Weak: a program that links the kernels but not the runtime (the
 // emulator's own test) runs every launch.
 extern "C" int ql__emu_cuda_launch(cudaStream_t) __attribute__((weak));
+extern "C" int ql__emu_cuda_access(cudaStream_t, const void*, size_t)
+    __attribute__((weak));
 
 #define __global__
 #define __device__

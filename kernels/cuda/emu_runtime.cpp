@@ -55,6 +55,9 @@
 namespace {
 
 constexpr int kMaxDevices = 8;
+// cudaDeviceGetStreamPriorityRange's answer on sm_90 (an H100 and an H200
+// both report 0 and -5): lower numbers are greater priorities.
+constexpr int kLeastPriority = 0, kGreatestPriority = -5;
 constexpr size_t kAlign = 256;  // what cudaMalloc guarantees at least
 constexpr uint32_t kIpcMagic = 0x51454d49;  // "IMEQ" in memory
 constexpr uint32_t kIpcEventMagic = 0x51454556;  // "VEEQ" in memory
@@ -66,6 +69,7 @@ constexpr uint32_t kIpcEventMagic = 0x51454556;  // "VEEQ" in memory
 struct ql_emu_stream {
   int dev;
   unsigned flags;
+  int priority;       // cudaStreamCreateWithPriority's, clamped; 0 default
   long last[kMaxDevices];
   bool busy;          // work enqueued that no query has seen complete
   uint64_t ready_ns;  // QL_EMU_CUDA_KERNEL_MS: not complete before this
@@ -93,6 +97,7 @@ struct Device {
                       // events hold these numbers)
   long seq_base = 0;  // seq at the last reset, for ql_emu_cuda_work
   long launches = 0;  // since the last reset
+  long hi_launches = 0;  // of them, on streams of a priority above 0
   long legacy = 0;    // the legacy default stream's dependency
   bool sticky = false, hung = false, oom = false;
   long hang_seq = 0;  // items after this one do not run when hung
@@ -153,8 +158,10 @@ struct State {
   std::map<uintptr_t, Alloc> allocs;  // by base, own and imported
   std::map<uintptr_t, size_t> pinned;
   std::map<uintptr_t, size_t> registered;  // cudaHostRegister'd ranges
+  std::set<uintptr_t> mapped;  // bases of those registered Mapped
   long host_ever = 0;    // registrations ever made
   long host_copies = 0;  // async copies to or from a registered range
+  long dma_copies = 0;   // async copies with a side in host memory
   const char* host_stats_path = nullptr;  // QL_EMU_CUDA_HOST_STATS
   std::set<ql_emu_stream*> streams;
   std::set<ql_emu_event*> events;
@@ -334,6 +341,7 @@ void configure(State& s) {
   for (Device& d : s.dev) {
     d.seq_base = d.seq;
     d.launches = 0;
+    d.hi_launches = 0;
     d.sticky = d.hung = d.oom = false;
     d.busy_streams = d.max_busy = 0;
     d.pending.clear();
@@ -361,6 +369,7 @@ void configure(State& s) {
   s.stats_path = getenv("QL_EMU_CUDA_STATS");
   s.host_stats_path = getenv("QL_EMU_CUDA_HOST_STATS");
   s.host_copies = 0;
+  s.dma_copies = 0;
   for (Device& d : s.dev) d.total = s.mem;
   for (Device& d : s.dev) {
     d.cc_major = 9;
@@ -510,6 +519,22 @@ bool host_registered(const State& s, const void* p, size_t n) {
   --it;
   uintptr_t off = uintptr_t(p) - it->first;
   return off < it->second && n <= it->second - off;
+}
+
+// True when a kernel may touch [p, p + n) of host memory: it lies in one
+// allocation of cudaHostAlloc (under unified addressing, which every
+// 64-bit platform of CUDA 13 has, pinned memory is mapped at its host
+// address) or in one range registered with cudaHostRegisterMapped.
+bool host_mapped(const State& s, const void* p, size_t n) {
+  const uintptr_t a = uintptr_t(p);
+  for (const auto* m : {&s.pinned, &s.registered}) {
+    auto it = m->upper_bound(a);
+    if (it == m->begin()) continue;
+    --it;
+    if (a - it->first < it->second && n <= it->second - (a - it->first))
+      return m == &s.pinned || s.mapped.count(it->first) != 0;
+  }
+  return false;
 }
 
 // True when [p, p + n) meets a range of the map (registered or pinned).
@@ -751,6 +776,7 @@ extern "C" cudaError_t cudaHostRegister(void* ptr, size_t size,
       overlaps(s.pinned, uintptr_t(ptr), size))
     return fail(cudaErrorHostMemoryAlreadyRegistered);
   s.registered[uintptr_t(ptr)] = size;
+  if (flags & cudaHostRegisterMapped) s.mapped.insert(uintptr_t(ptr));
   ++s.host_ever;
   write_host_stats(s);
   return cudaSuccess;
@@ -762,6 +788,7 @@ extern "C" cudaError_t cudaHostUnregister(void* ptr) {
   if (s.init_err != cudaSuccess) return fail(s.init_err);
   if (s.registered.erase(uintptr_t(ptr)) == 0)
     return fail(cudaErrorHostMemoryNotRegistered);
+  s.mapped.erase(uintptr_t(ptr));
   write_host_stats(s);
   int d = me().dev;
   return fail(d < s.ndev && s.dev[d].sticky ? cudaErrorIllegalAddress
@@ -861,6 +888,10 @@ extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
     if (count != 0 && (host_registered(s, src, count) ||
                        host_registered(s, dst, count)))
       ++s.host_copies;
+    int dd = -1;
+    if (count != 0 &&
+        (!dev_range(s, src, count, &dd) || !dev_range(s, dst, count, &dd)))
+      ++s.dma_copies;
     run = enqueue(s, stream, d);
   }
   if (run && count != 0) memmove(dst, src, count);
@@ -947,8 +978,9 @@ extern "C" cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
   return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
-                                                 unsigned int flags) {
+extern "C" cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream,
+                                                    unsigned int flags,
+                                                    int priority) {
   Lock l;
   State& s = S();
   if (s.init_err != cudaSuccess) return fail(s.init_err);
@@ -957,9 +989,38 @@ extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
   int d = me().dev;
   cudaError_t e = dev_ok(s, d);
   if (e != cudaSuccess) return fail(e);
-  ql_emu_stream* st = new ql_emu_stream{d, flags, {}, false, 0};
+  // Clamped into the range, as the runtime does.
+  if (priority > kLeastPriority) priority = kLeastPriority;
+  if (priority < kGreatestPriority) priority = kGreatestPriority;
+  ql_emu_stream* st = new ql_emu_stream{d, flags, priority, {}, false, 0};
   s.streams.insert(st);
   *pStream = st;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
+                                                 unsigned int flags) {
+  return cudaStreamCreateWithPriority(pStream, flags, 0);
+}
+
+extern "C" cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority,
+                                                        int* greatestPriority) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (leastPriority != nullptr) *leastPriority = kLeastPriority;
+  if (greatestPriority != nullptr) *greatestPriority = kGreatestPriority;
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost,
+                                                unsigned int flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return fail(s.init_err);
+  if (pDevice == nullptr || flags != 0 || !host_mapped(s, pHost, 1))
+    return fail(cudaErrorInvalidValue);
+  *pDevice = pHost;
   return cudaSuccess;
 }
 
@@ -1453,7 +1514,19 @@ extern "C" int ql__emu_cuda_launch(cudaStream_t stream) {
   if (stream != nullptr && s.kernel_ms > 0)
     stream->ready_ns = mono_ns() + uint64_t(s.kernel_ms) * 1000000u;
   ++s.dev[d].launches;
+  if (stream != nullptr && stream->priority < 0) ++s.dev[d].hi_launches;
   return 1;
+}
+
+extern "C" int ql__emu_cuda_access(cudaStream_t stream, const void* p,
+                                   size_t n) {
+  Lock l;
+  State& s = S();
+  int dd = -1;
+  if (n == 0 || dev_range(s, p, n, &dd) || host_mapped(s, p, n)) return 1;
+  int d = s.init_err != cudaSuccess ? -1 : stream_dev(s, stream);
+  if (d >= 0) s.dev[d].sticky = true;  // what the GPU's MMU makes of it
+  return 0;
 }
 
 extern "C" void ql_emu_cuda_inject(int dev, long after, int kind) {
@@ -1483,6 +1556,17 @@ extern "C" long ql_emu_cuda_launches(int dev) {
   if (dev < 0 || dev >= kMaxDevices) return -1;
   Lock l;
   return S().dev[dev].launches;
+}
+
+extern "C" long ql_emu_cuda_priority_launches(int dev) {
+  if (dev < 0 || dev >= kMaxDevices) return -1;
+  Lock l;
+  return S().dev[dev].hi_launches;
+}
+
+extern "C" long ql_emu_cuda_dma_copies(void) {
+  Lock l;
+  return S().dma_copies;
 }
 
 extern "C" long ql_emu_cuda_ipc_maps(void) {

@@ -204,6 +204,13 @@ cudaError_t cudaFreeHost(void* ptr);
 // than any call does: a sticky error of the current device is reported.
 cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags);
 cudaError_t cudaHostUnregister(void* ptr);
+// The device address of mapped host memory: memory of cudaHostAlloc (all
+// of it mapped under unified addressing) or a range registered with
+// cudaHostRegisterMapped; flags must be 0. Here, as on a GPU that can use
+// host pointers for registered memory, it is pHost itself. Other memory is
+// cudaErrorInvalidValue.
+cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost,
+                                     unsigned int flags);
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
                        enum cudaMemcpyKind kind);
@@ -225,6 +232,14 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream,
                                       unsigned int flags);
+// Priorities: lower is greater, clamped into the range the device reports
+// (0 and -5 here, as sm_90 reports them). A GPU's block scheduler starts
+// waiting blocks of a greater-priority stream first; the emulation runs
+// work at enqueue and only counts launches on such streams.
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* pStream,
+                                         unsigned int flags, int priority);
+cudaError_t cudaDeviceGetStreamPriorityRange(int* leastPriority,
+                                             int* greatestPriority);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamQuery(cudaStream_t stream);
@@ -332,12 +347,23 @@ long ql_emu_cuda_ipc_mapped_in(int pid, const void* devPtr);
 // "<live> <ever>" whenever either changes, for a test in another process.
 long ql_emu_cuda_host_ranges(void);
 long ql_emu_cuda_host_copies(void);
+// cudaMemcpyAsync calls with a side in host memory (a copy engine's work
+// on a GPU), since the start or the last reset.
+long ql_emu_cuda_dma_copies(void);
+// Kernel launches on dev on streams of a priority greater than the
+// default, since the start or the last reset; -1 for a bad dev.
+long ql_emu_cuda_priority_launches(int dev);
 
 // Called by emu.h's launch with the launch's stream: counts it as work on
 // the stream's device and returns non-zero when the kernel is to run
 // (zero on a failed or hung device, the error recorded for
 // cudaGetLastError). Programs that link no runtime run every launch.
 int ql__emu_cuda_launch(cudaStream_t stream);
+// Called by an emulated kernel's launcher for memory the kernel will touch
+// that may be host memory: 1 when [p, p + n) is device memory or mapped
+// host memory (cudaHostGetDevicePointer's); else the stream's device takes
+// a sticky error, as a GPU faults on an address it does not map, and 0.
+int ql__emu_cuda_access(cudaStream_t stream, const void* p, size_t n);
 
 #undef QL_EMU_DV
 #ifdef __cplusplus

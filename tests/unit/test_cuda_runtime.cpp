@@ -9,6 +9,7 @@
 // Plain main(); one line per check, exit status 1 on any failure. Each
 // section sets the environment it needs and calls ql_emu_cuda_reset().
 #include <signal.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -881,6 +882,69 @@ static void test_threads() {
       "4 threads on 2 devices: no error, every byte freed, every item counted");
 }
 
+// Mapped host memory (cudaHostGetDevicePointer and what a kernel may
+// touch), stream priorities, and the copy-engine counter.
+static void test_mapped_priority() {
+  setup("1");
+  void *pinned = nullptr, *dev = nullptr, *dp = nullptr;
+  cudaMallocHost(&pinned, 4096);
+  cudaMalloc(&dev, 4096);
+  void* reg = mmap(nullptr, 8192, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* plain = std::malloc(64);
+  check(cudaHostGetDevicePointer(&dp, pinned, 0) == cudaSuccess &&
+            dp == pinned &&
+            cudaHostGetDevicePointer(&dp, static_cast<char*>(pinned) + 100,
+                                     0) == cudaSuccess,
+        "pinned memory is mapped at its host address");
+  check(cudaHostGetDevicePointer(&dp, plain, 0) == cudaErrorInvalidValue &&
+            cudaHostGetDevicePointer(&dp, pinned, 1) == cudaErrorInvalidValue,
+        "pageable memory, or flags, have no device address");
+  check(cudaHostRegister(reg, 4096, cudaHostRegisterPortable) ==
+                cudaSuccess &&
+            cudaHostGetDevicePointer(&dp, reg, 0) == cudaErrorInvalidValue &&
+            cudaHostUnregister(reg) == cudaSuccess &&
+            cudaHostRegister(reg, 4096, cudaHostRegisterMapped) ==
+                cudaSuccess &&
+            cudaHostGetDevicePointer(&dp, static_cast<char*>(reg) + 8, 0) ==
+                cudaSuccess &&
+            dp == static_cast<char*>(reg) + 8,
+        "a registered range has a device address only when mapped");
+  cudaStream_t lo, hi;
+  int least = 1, greatest = 1;
+  check(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess &&
+            least == 0 && greatest == -5 &&
+            cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, -100) ==
+                cudaSuccess &&
+            cudaStreamCreateWithFlags(&lo, cudaStreamNonBlocking) ==
+                cudaSuccess,
+        "priorities 0 (least) to -5, clamped");
+  const long l0 = ql_emu_cuda_launches(0), h0 = ql_emu_cuda_priority_launches(0);
+  QL_LAUNCH(fill, dim3(1), dim3(4), 0, lo, static_cast<int*>(dev), 1);
+  QL_LAUNCH(fill, dim3(1), dim3(4), 0, hi, static_cast<int*>(dev), 2);
+  check(ql_emu_cuda_launches(0) == l0 + 2 &&
+            ql_emu_cuda_priority_launches(0) == h0 + 1,
+        "launches on a stream of a greater priority are counted");
+  const long c0 = ql_emu_cuda_dma_copies();
+  cudaMemcpyAsync(dev, pinned, 64, cudaMemcpyHostToDevice, lo);
+  cudaMemcpyAsync(static_cast<char*>(dev) + 64, dev, 64,
+                  cudaMemcpyDeviceToDevice, lo);
+  cudaMemcpyAsync(reg, dev, 64, cudaMemcpyDeviceToHost, lo);
+  check(ql_emu_cuda_dma_copies() == c0 + 2,
+        "copies with a host side count as copy-engine work");
+  check(ql__emu_cuda_access(lo, dev, 4096) == 1 &&
+            ql__emu_cuda_access(lo, pinned, 4096) == 1 &&
+            ql__emu_cuda_access(lo, reg, 4096) == 1 &&
+            cudaStreamSynchronize(lo) == cudaSuccess,
+        "a kernel may touch device, pinned and mapped memory");
+  check(ql__emu_cuda_access(lo, reg, 4097) == 0 &&
+            cudaStreamSynchronize(lo) == cudaErrorIllegalAddress,
+        "touching memory the GPU does not map is a sticky error");
+  std::free(plain);
+  munmap(reg, 8192);
+  setup("1");
+}
+
 int main() {
   test_errors();
   test_devices();
@@ -898,6 +962,7 @@ int main() {
   test_nodriver();
   test_ipc();
   test_threads();
+  test_mapped_priority();
   std::printf("%s\n", g_fail ? "FAILED" : "all passed");
   return g_fail ? 1 : 0;
 }
