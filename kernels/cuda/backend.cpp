@@ -14,7 +14,8 @@
 // another CUDA_VISIBLE_DEVICES); names carry the GPU's UUID, which does
 // not. device_bind() makes a device current for the calling thread
 // (cudaSetDevice); the ops and repack act on the current device. Each
-// device has kLanes lanes, each with its own stream and scratch arenas
+// device has kLanes lanes, each with its own streams (one of the greatest
+// priority for decode-sized calls, one of the default) and scratch arenas
 // (device memory for x, y and intermediate arrays, pinned host memory for
 // staging), grown on demand and guarded by the lane's mutex. A call takes
 // the first free lane (lane 0 blocking when all are taken), so the
@@ -46,6 +47,10 @@
 // a registered range is copied by DMA straight from or into it, without
 // the staging buffer and its memcpy. The caller unregisters a range only
 // once no call uses it (the daemon: when the region's last job is done).
+// Ranges are registered mapped, and a call's copies of up to
+// QL_CUDA_SM_COPY_MAX bytes (default 1 MiB) run as a kernel through the
+// mapped addresses of pinned staging and registered ranges, not on a copy
+// engine, where they would queue behind another lane's prefill (move()).
 //
 // One wait per call. A call enqueues everything at once: x in, the NaN/Inf
 // check (and AQ's quantization verdicts), the product, and the copies back
@@ -149,7 +154,9 @@ struct device;
 // up (a timeout) still finds them.
 struct lane {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  cudaStream_t stream = nullptr;  // made at first use
+  cudaStream_t stream = nullptr;  // the current call's: lo or hi
+  cudaStream_t lo = nullptr;      // the default priority (made at first use)
+  cudaStream_t hi = nullptr;      // the greatest priority (made with lo)
   arena dev;                      // device memory
   arena host;                     // pinned host memory
   device* g = nullptr;            // its device (set by enter)
@@ -345,12 +352,19 @@ int wait(lane& d) {
   }
 }
 
+// Calls of at most this many rows (decode batches) run on the lane's
+// stream of the greatest priority: when a prefill launch of another lane
+// fills the GPU, the block scheduler starts the decode kernel's blocks as
+// soon as SMs free up instead of after every waiting block of the prefill.
+constexpr int64_t kDecodeRows = 16;
+
 // A lane of the current device of this thread, locked and ready for a
-// call: its stream exists and the device has not failed. The first free
+// call of m rows: its streams exist, the call's is chosen (kDecodeRows),
+// and the device has not failed. The first free
 // lane, so that concurrent callers run concurrently; lane 0, waited for,
 // when every lane is taken. On success the caller runs its call and then
 // leave()s.
-int enter(lane** out) {
+int enter(lane** out, int64_t m) {
   int o = t_ordinal, rc = 0;
   if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
   device& g = g_dev[o];
@@ -364,19 +378,32 @@ int enter(lane** out) {
   d->g = &g;
   if (g.failed.load())
     rc = QL_EDEVICE;
-  else if (d->stream == nullptr) {
-    // The semaphore first: a lane with a stream has one.
+  else if (d->lo == nullptr) {
+    // The semaphore first: a lane with streams has one.
+    int least = 0, greatest = 0;
     if (sem_init(&d->done, 0, 0) != 0)
       rc = QL_ENOMEM;
-    else if ((rc = check(g, cudaStreamCreateWithFlags(
-                                &d->stream, cudaStreamNonBlocking))) != 0)
+    else if ((rc = check(g, cudaDeviceGetStreamPriorityRange(
+                                &least, &greatest))) != 0 ||
+             (rc = check(g, cudaStreamCreateWithPriority(
+                                &d->hi, cudaStreamNonBlocking, greatest))) !=
+                 0)
       sem_destroy(&d->done);
+    else if ((rc = check(g, cudaStreamCreateWithFlags(
+                                &d->lo, cudaStreamNonBlocking))) != 0) {
+      (void)cudaStreamDestroy(d->hi);
+      d->hi = nullptr;
+      sem_destroy(&d->done);
+    }
   }
   if (rc != 0) {
     pthread_mutex_unlock(&d->mu);
     return rc;
   }
   d->dev.used = d->host.used = 0;
+  // The lane's previous call has completed (or quiesced): its other stream
+  // holds nothing this call could overtake.
+  d->stream = m <= kDecodeRows ? d->hi : d->lo;
   *out = d;
   return 0;
 }
@@ -627,19 +654,25 @@ int configure(const ql_backend_config* c) {
 struct host_range {
   uintptr_t base;
   size_t len;
+  uintptr_t dev;  // its device address (mapped), or 0: DMA only
 };
 pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER;
 host_range* g_reg = nullptr;
 size_t g_nreg = 0, g_capreg = 0;
 
-// True when [p, p + n) lies inside one registered range.
-bool registered(const void* p, size_t n) {
+// True when [p, p + n) lies inside one registered range; *dev then gets
+// its device address, or NULL where the range is not mapped.
+bool registered(const void* p, size_t n, void** dev) {
   const uintptr_t a = uintptr_t(p);
   bool in = false;
+  *dev = nullptr;
   pthread_mutex_lock(&g_reg_mu);
-  for (size_t i = 0; i < g_nreg && g_reg[i].base <= a && !in; i++)
+  for (size_t i = 0; i < g_nreg && g_reg[i].base <= a && !in; i++) {
     in = a - g_reg[i].base < g_reg[i].len &&
          n <= g_reg[i].len - (a - g_reg[i].base);
+    if (in && g_reg[i].dev != 0)
+      *dev = reinterpret_cast<void*>(g_reg[i].dev + (a - g_reg[i].base));
+  }
   pthread_mutex_unlock(&g_reg_mu);
   return in;
 }
@@ -673,6 +706,7 @@ void unbind(int cur) {
 // ops then stage, and a device that really failed says so on its next op.
 int host_register(void* p, size_t len) {
   const uintptr_t a = uintptr_t(p);
+  uintptr_t dev = 0;
   host_range* grown;
   int rc = 0, cur = -1;
   if (p == nullptr || len == 0 || len > UINTPTR_MAX - a) return QL_EINVAL;
@@ -696,8 +730,10 @@ int host_register(void* p, size_t len) {
   }
   if ((rc = bind_any(&cur)) != 0) goto done;
   // Portable: pinned for every device's context, not only the current one.
-  // Not mapped: no kernel reads host memory, the copy engines do.
-  switch (cudaHostRegister(p, len, cudaHostRegisterPortable)) {
+  // Mapped: the small copies of a call run as kernels (move()). Under
+  // unified addressing the device address is the same for every device.
+  switch (cudaHostRegister(p, len,
+                           cudaHostRegisterPortable | cudaHostRegisterMapped)) {
     case cudaSuccess:
       break;
     case cudaErrorMemoryAllocation:
@@ -710,11 +746,18 @@ int host_register(void* p, size_t len) {
     default:
       rc = QL_EDEVICE;
   }
+  if (rc == 0) {
+    void* dp = nullptr;
+    // No device address: the range is still pinned, for DMA.
+    dev = cudaHostGetDevicePointer(&dp, p, 0) == cudaSuccess ? uintptr_t(dp)
+                                                              : 0;
+  }
   unbind(cur);  // and the error is this call's, not a later op's
   if (rc != 0) goto done;
   memmove(g_reg + at + 1, g_reg + at, (g_nreg - at) * sizeof *g_reg);
   g_reg[at].base = a;
   g_reg[at].len = len;
+  g_reg[at].dev = dev;
   g_nreg++;
 done:
   pthread_mutex_unlock(&g_reg_mu);
@@ -938,6 +981,8 @@ struct call {
   int64_t* hstatus;    // pinned copy of status
   int* hbad;           // pinned copy of bad
   bool xreg, yreg;     // x, y in host memory of host_register
+  void* xmap;          // the device address of a registered x, or NULL
+  void* ymap;          // the device address of a registered y, or NULL
 };
 
 // A registered y of at least this many bytes is copied into place after
@@ -980,9 +1025,46 @@ int carve(lane* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
   c->hs = static_cast<unsigned char*>(take(d->host, hs));
   if (st) c->hstatus = static_cast<int64_t*>(take(d->host, st));
   c->hbad = static_cast<int*>(take(d->host, sizeof(int)));
-  c->xreg = !xdev && registered(a->x, xb);
-  c->yreg = !ydev && registered(a->y, yb);
+  c->xreg = !xdev && registered(a->x, xb, &c->xmap);
+  c->yreg = !ydev && registered(a->y, yb, &c->ymap);
   return 0;
+}
+
+// QL_CUDA_SM_COPY_MAX (bytes), read once: the largest copy of a call
+// between host and device memory that runs as a kernel (move()); 0: every
+// copy by DMA. Default 1 MiB: a decode batch's x and y (16 rows of 16384
+// f32 values), not a prefill's.
+constexpr size_t kSmCopyDefault = size_t(1) << 20;
+std::atomic<long long> g_sm_copy_max{-1};
+
+size_t sm_copy_max() {
+  long long v = g_sm_copy_max.load();
+  if (v >= 0) return size_t(v);
+  const char* e = getenv("QL_CUDA_SM_COPY_MAX");
+  char* end = nullptr;
+  v = e == nullptr ? -1 : strtoll(e, &end, 10);
+  if (e == nullptr || end == e || *end != '\0' || v < 0)
+    v = (long long)kSmCopyDefault;
+  g_sm_copy_max.store(v);
+  return size_t(v);
+}
+
+// Enqueues a copy of n bytes from src to dst, one side host memory, on
+// d's stream. Small ones run as a kernel (ql__cuda_copy) where both ends
+// have a device address (kdst, ksrc: device memory, pinned staging, or
+// the mapped address of a registered range; NULL: none): the copy engines
+// take the copies of all streams in the order they were queued, so a
+// decode call's few kilobytes would otherwise wait behind a prefill's
+// tens of megabytes going over PCIe on another lane (measured on an H100
+// through the daemon: decode p99 630 us under a prefill stream, 110 us
+// alone). Large ones, and any without device addresses, go by DMA.
+int move(lane& d, void* dst, void* kdst, const void* src, const void* ksrc,
+         size_t n, cudaMemcpyKind kind) {
+  if (n != 0 && n <= sm_copy_max() && kdst != nullptr && ksrc != nullptr) {
+    ql__cuda_copy(kdst, ksrc, n, d.stream);
+    return check_launch(d);
+  }
+  return check(d, cudaMemcpyAsync(dst, src, n, kind, d.stream));
 }
 
 // The verdict of quantize_rows, as run_qrows gives it: the first row in
@@ -1002,13 +1084,13 @@ int enqueue_x(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
   int rc;
   if (!(where & QL_LINEAR_X_DEVICE)) {
     const void* src = a->x;
+    const void* ksrc = c->xmap;
     if (!c->xreg) {
       memcpy(c->hs, a->x, xb);
-      src = c->hs;
+      src = ksrc = c->hs;  // pinned: mapped at its own address
     }
-    if ((rc = check(*d, cudaMemcpyAsync(c->dx, src, xb,
-                                        cudaMemcpyHostToDevice, d->stream))) !=
-        0)
+    if ((rc = move(*d, c->dx, c->dx, src, ksrc, xb,
+                   cudaMemcpyHostToDevice)) != 0)
       return rc;
   }
   if ((rc = check(*d, cudaMemsetAsync(c->bad, 0, sizeof(int), d->stream))) !=
@@ -1016,8 +1098,8 @@ int enqueue_x(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
     return rc;
   ql__cuda_check_finite(int(a->dt), c->dx, int64_t(mk), c->bad, d->stream);
   if ((rc = check_launch(*d)) != 0) return rc;
-  return check(*d, cudaMemcpyAsync(c->hbad, c->bad, sizeof(int),
-                                   cudaMemcpyDeviceToHost, d->stream));
+  return move(*d, c->hbad, c->hbad, c->bad, c->bad, sizeof(int),
+              cudaMemcpyDeviceToHost);
 }
 
 // The verdict on x once the stream has caught up: QL_ENONFINITE when it
@@ -1047,18 +1129,16 @@ int finish(lane* d, const ql_linear_args* a, size_t yb, unsigned where,
   if ((rc = check_launch(*d)) != 0) return rc;
   if (where & QL_LINEAR_Y_DEVICE) return wait(*d);
   const bool direct = c->yreg && yb >= kDirectYMin;
-  if (!direct &&
-      (rc = check(*d, cudaMemcpyAsync(c->hs, c->dy, yb,
-                                      cudaMemcpyDeviceToHost, d->stream))) !=
-          0)
+  if (!direct && (rc = move(*d, c->hs, c->hs, c->dy, c->dy, yb,
+                            cudaMemcpyDeviceToHost)) != 0)
     return rc;
   if ((rc = wait(*d)) != 0 || (rc = verdict(a, c, aq_rows)) != 0) return rc;
   if (!direct) {
     memcpy(a->y, c->hs, yb);
     return 0;
   }
-  if ((rc = check(*d, cudaMemcpyAsync(a->y, c->dy, yb, cudaMemcpyDeviceToHost,
-                                      d->stream))) != 0)
+  if ((rc = move(*d, a->y, c->ymap, c->dy, c->dy, yb,
+                 cudaMemcpyDeviceToHost)) != 0)
     return rc;
   return wait(*d);
 }
@@ -1133,7 +1213,7 @@ int run_wo_where(const ql_linear_args* a, unsigned where, void* ready) {
   size_t mk, xb, yb;
   int rc;
   if ((rc = linear_args(a, &mk, &xb, &yb)) != 0) return rc;
-  if ((rc = enter(&d)) != 0) return rc;
+  if ((rc = enter(&d, a->m)) != 0) return rc;
   if ((rc = wait_ready(*d, ready)) == 0 &&
       (rc = wo_on(d, a, mk, xb, yb, where)) != 0)
     quiesce(d);
@@ -1190,9 +1270,8 @@ int aq_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
       a->w->k, q4g ? int64_t(a->w->group_size) : a->w->k, c.xq, a->w->k,
       c.sx, c.gsum, c.status, d->stream);
   if ((rc = check_launch(*d)) != 0 ||
-      (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
-                                      cudaMemcpyDeviceToHost, d->stream))) !=
-          0 ||
+      (rc = move(*d, c.hstatus, c.hstatus, c.status, c.status, stb,
+                 cudaMemcpyDeviceToHost)) != 0 ||
       (rc = settle_early(d, a, where, &c, a->m)) != 0)
     goto done;
   // Rows the verdict will refuse give codes the product reads all the
@@ -1214,7 +1293,7 @@ int run_aq_where(const ql_linear_args* a, unsigned where, void* ready) {
     return QL_ENOTSUP;
   if (a->w->format == QL_FORMAT_Q8C && a->w->k > QL_AQ_Q8C_MAX_K)
     return QL_ESHAPE;
-  if ((rc = enter(&d)) != 0) return rc;
+  if ((rc = enter(&d, a->m)) != 0) return rc;
   if ((rc = wait_ready(*d, ready)) == 0 &&
       (rc = aq_on(d, a, mk, xb, yb, where)) != 0)
     quiesce(d);
@@ -1308,9 +1387,8 @@ int lt_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
       c.xf != nullptr ? c.xf : static_cast<const float*>(c.dx), a->m,
       a->w->k, a->w->k, c.xq, kp, c.sx, nullptr, c.status, d->stream);
   if ((rc = check_launch(*d)) != 0 ||
-      (rc = check(*d, cudaMemcpyAsync(c.hstatus, c.status, stb,
-                                      cudaMemcpyDeviceToHost, d->stream))) !=
-          0)
+      (rc = move(*d, c.hstatus, c.hstatus, c.status, c.status, stb,
+                 cudaMemcpyDeviceToHost)) != 0)
     goto done;
   // The handle's plan cache is not for two threads at once; the call only
   // enqueues, so the lanes wait on each other briefly.
@@ -1365,7 +1443,7 @@ int run_lt(const ql_linear_args* a) {
   if (ql__blaslt_load(nullptr) != 0 ||
       (o >= 0 && o < kMaxDevices && !g_dev[o].failed.load() && !lt_ready(o)))
     return lt_fallback(a);
-  if ((rc = enter(&d)) != 0) return rc;
+  if ((rc = enter(&d, a->m)) != 0) return rc;
   rc = lt_on(d, a, mk, xb, yb, &fallback);
   if (rc != 0 || fallback) quiesce(d);
   leave(d);
@@ -1458,7 +1536,7 @@ int run_qrows(const ql_qrows_args* a) {
   ql_dtype src;
   int rc;
   if ((rc = qrows_args(a, &src, &groups)) != 0) return rc;
-  if ((rc = enter(&d)) != 0) return rc;
+  if ((rc = enter(&d, a->m)) != 0) return rc;
   rc = qrows_on(d, a, src, groups);
   leave(d);
   return rc;

@@ -57,6 +57,9 @@
 // The legacy kernel (linear_wo_kernel<F>) has one warp per output row, 8
 // rows a block and one block row per row of x (grid.y = M), so it reads the
 // weight M times and x from shared memory with bank conflicts.
+//
+// Two small kernels of every call live here too: the NaN/Inf check of x
+// and the copy by SMs between device and mapped host memory.
 #include "common.cuh"
 #include "ql_cuda.h"
 
@@ -593,6 +596,25 @@ __global__ void __launch_bounds__(kThreads)
     if (!(fabsf(load_f32(dt, x, i)) <= 3.402823466e+38f)) *bad = 1;
 }
 
+// dst[0, n) = src[0, n), bytes, by the SMs: the small copies of a call
+// between device memory and mapped host memory (backend.cpp's move()).
+// 16-byte units where both ends are 16-byte aligned, else bytes; each
+// byte is written once, so the order of the threads does not matter.
+__global__ void __launch_bounds__(kThreads)
+    copy_kernel(unsigned char* __restrict__ dst,
+                const unsigned char* __restrict__ src, int64_t n) {
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x, tail = 0;
+  if (((uintptr_t(dst) | uintptr_t(src)) & 15) == 0) {
+    const int64_t units = n / 16;
+    for (int64_t u = i; u < units; u += stride)
+      reinterpret_cast<uint4*>(dst)[u] =
+          reinterpret_cast<const uint4*>(src)[u];
+    tail = units * 16;
+  }
+  for (i += tail; i < n; i += stride) dst[i] = src[i];
+}
+
 // Splits of K for a weight of n rows and k columns: enough warps in
 // flight when N is small (a decode GEMV of a narrow layer would otherwise
 // leave most of a GPU idle), each split at least two tiles, so that the
@@ -739,6 +761,25 @@ void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,
       launch_wo<F_F8R>(w, dt, x, m, y, scratch, st);
       break;
   }
+}
+
+void ql__cuda_copy(void* dst, const void* src, size_t n, void* stream) {
+  using namespace ql_cuda;
+  if (n == 0) return;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+#if QL_EMU
+  // Host memory the GPU does not map faults there: the emulated runtime
+  // makes the device's error sticky, and the launch below then fails.
+  if (ql__emu_cuda_access != nullptr) {
+    (void)ql__emu_cuda_access(st, dst, n);
+    (void)ql__emu_cuda_access(st, src, n);
+  }
+#endif
+  const int64_t units = (int64_t(n) + 15) / 16;
+  const int64_t blocks = lo(int64_t(128), (units + kThreads - 1) / kThreads);
+  QL_LAUNCH(copy_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, st,
+            static_cast<unsigned char*>(dst),
+            static_cast<const unsigned char*>(src), int64_t(n));
 }
 
 void ql__cuda_check_finite(int dt, const void* x, int64_t n, int* bad,

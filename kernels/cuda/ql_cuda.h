@@ -77,6 +77,12 @@ void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,
 // sums of split-K, which narrow weights use (0 when they do not split).
 size_t ql__cuda_linear_wo_scratch(const ql__cuda_wo* w, int64_t m);
 
+// dst[0, n) = src[0, n) by a kernel on stream: each side is device memory
+// or mapped host memory (pinned memory of cudaHostAlloc, or the device
+// address of a range registered with cudaHostRegisterMapped). Enqueued;
+// nothing to wait for.
+void ql__cuda_copy(void* dst, const void* src, size_t n, void* stream);
+
 // Sets *bad (device int) to non-zero when one of the n f32/f16/bf16
 // values of x (dtype dt) is NaN or ±Inf; *bad must be 0 before.
 void ql__cuda_check_finite(int dt, const void* x, int64_t n, int* bad,

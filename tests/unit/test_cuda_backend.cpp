@@ -1,7 +1,12 @@
 // test_cuda_backend.cpp - the CUDA backend's host side on the emulated
 // runtime (kernels/cuda/emu_runtime.h): host memory registered with
-// host_register is read and written by DMA with the bytes of staging; a
-// call refused for NaN/Inf leaves a registered y untouched; a layout made
+// host_register is read and written in place with the bytes of staging,
+// by a kernel through its mapped address up to QL_CUDA_SM_COPY_MAX bytes
+// and by DMA past it (or with the variable 0), so that a call of a decode
+// batch makes no copy-engine work at all, and runs on the lane's stream of
+// the greatest priority; a kernel that touches host memory the GPU does
+// not map faults the device; a call refused for NaN/Inf leaves a
+// registered y untouched; a layout made
 // for a call is on the device before the call's kernels read it, even
 // when the runtime's copies land late; each wait mode of QL_CUDA_WAIT
 // completes a call and still fails a hung launch after the kernel
@@ -21,6 +26,7 @@
 #include <unistd.h>
 
 #include "emu_runtime.h"
+#include "ql_cuda.h"
 #include "ql_kernels.h"
 #include "registry.h"
 
@@ -103,12 +109,38 @@ layer make_layer(ql_format f, int64_t n, int64_t k) {
   return l;
 }
 
+// Whether this process copies through kernels (QL_CUDA_SM_COPY_MAX unset:
+// up to 1 MiB, more than any case here moves) or by DMA only ("0").
+bool sm_copies() {
+  const char* v = getenv("QL_CUDA_SM_COPY_MAX");
+  return v == nullptr || strcmp(v, "0") != 0;
+}
+
+// Counters of the emulated runtime around one call.
+struct counts {
+  long dma, host, launches, hi;
+  static counts now() {
+    return {ql_emu_cuda_dma_copies(), ql_emu_cuda_host_copies(),
+            ql_emu_cuda_launches(0), ql_emu_cuda_priority_launches(0)};
+  }
+};
+
+// The launches of a call since c0 ran on the stream of the greatest
+// priority exactly when it has at most 16 rows (a decode batch).
+void check_stream(const counts& c0, int64_t m) {
+  const counts c1 = counts::now();
+  CHECK(c1.launches > c0.launches);
+  CHECK(c1.hi - c0.hi == (m <= 16 ? c1.launches - c0.launches : 0));
+}
+
 // x and y staged (malloc'd, not registered) against x and y in registered
-// memory: the same status and bytes, and the registered call's copies go
+// memory: the same status and bytes. With kernel copies, neither call
+// makes copy-engine work; by DMA, the registered call's copies go
 // straight to and from that memory (the runtime counts them).
 void same_bytes(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k,
                 const char* want_impl) {
   const ql_backend* b = cuda();
+  const bool sm = sm_copies();
   layer l = make_layer(f, n, k);
   const size_t xb = size_t(m * k) * sizeof(float),
                yb = size_t(m * n) * sizeof(float);
@@ -121,34 +153,76 @@ void same_bytes(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k,
   CHECK(xs != nullptr && ys != nullptr);
   for (int64_t i = 0; i < m * k; i++) xs[i] = xr[i] = randn();
   const char* impl = nullptr;
+  counts c0 = counts::now();
   CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xs, m, ys, &impl) ==
         0);
   if (impl == nullptr || strcmp(impl, want_impl) != 0)
     fprintf(stderr, "ran on %s, not %s\n", impl ? impl : "nothing",
             want_impl);
   CHECK(impl != nullptr && strcmp(impl, want_impl) == 0);
+  check_stream(c0, m);
   CHECK(ql_emu_cuda_host_copies() == 0);
+  // Staged: x in, the flag (and AQ's verdicts) and y out.
+  if (sm)
+    CHECK(ql_emu_cuda_dma_copies() == c0.dma);
+  else
+    CHECK(ql_emu_cuda_dma_copies() - c0.dma >= 3);
   CHECK(b->host_register(reg, len) == 0);
   CHECK(ql_emu_cuda_host_ranges() == 1);
   // A second registration of the range, or of part of it, is refused.
   CHECK(b->host_register(reg, len) == QL_EINVAL);
   CHECK(b->host_register(reg + 64, 64) == QL_EINVAL);
+  c0 = counts::now();
   CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xr, m, yr, &impl) ==
         0);
   CHECK(strcmp(impl, want_impl) == 0);
   CHECK(memcmp(ys, yr, yb) == 0);
-  // x in; y out in the same wait (small) or after it (large): one each.
-  CHECK(ql_emu_cuda_host_copies() == 2 - (yb < (size_t(256) << 10)));
+  check_stream(c0, m);
+  // By DMA, x in; y out in the same wait (small) or after it (large): one
+  // each.
+  const long want = sm ? 0 : 2 - (yb < (size_t(256) << 10));
+  CHECK(ql_emu_cuda_host_copies() == want);
+  if (sm) CHECK(ql_emu_cuda_dma_copies() == c0.dma);
   b->host_unregister(reg);
   CHECK(ql_emu_cuda_host_ranges() == 0);
   memset(yr, 0, yb);
   CHECK(ql_run_linear(b, op, l.q, nullptr, QL_DTYPE_F32, xr, m, yr, &impl) ==
         0);
   CHECK(memcmp(ys, yr, yb) == 0);
-  CHECK(ql_emu_cuda_host_copies() == 2 - (yb < (size_t(256) << 10)));
+  CHECK(ql_emu_cuda_host_copies() == want);
   munmap(reg, len);
   free(xs);
   free(ys);
+  ql_qweight_free(l.q);
+}
+
+// A kernel copy to host memory that the GPU does not map (neither pinned
+// nor registered as mapped) faults the device, as on a GPU; one to pinned
+// memory copies the bytes.
+void unmapped_faults() {
+  const ql_backend* b = cuda();
+  layer l = make_layer(QL_FORMAT_Q4G, 32, 64);
+  float x[64], y[32];
+  for (float& v : x) v = randn();
+  CHECK(ql_run_linear(b, QL_OP_LINEAR_WO, l.q, nullptr, QL_DTYPE_F32, x, 1, y,
+                      nullptr) == 0);
+  cudaStream_t st;
+  CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  void *pinned = nullptr, *dev = nullptr;
+  CHECK(cudaMallocHost(&pinned, 4096) == cudaSuccess);
+  CHECK(cudaMalloc(&dev, 4096) == cudaSuccess);
+  memset(pinned, 0x5a, 4096);
+  ql__cuda_copy(dev, pinned, 4096, st);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  memset(pinned, 0, 4096);
+  ql__cuda_copy(pinned, dev, 4093, st);
+  CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+  const unsigned char* pb = static_cast<const unsigned char*>(pinned);
+  CHECK(pb[0] == 0x5a && pb[4092] == 0x5a && pb[4093] == 0);
+  ql__cuda_copy(dev, x, sizeof x, st);  // x: the stack, not mapped
+  CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+  CHECK(ql_run_linear(b, QL_OP_LINEAR_WO, l.q, nullptr, QL_DTYPE_F32, x, 1, y,
+                      nullptr) == QL_EDEVICE);
   ql_qweight_free(l.q);
 }
 
@@ -258,21 +332,29 @@ int main() {
   // q8c batches of 16 rows and more on cuBLASLt's IMMA, whatever the
   // environment of `make check` asks of the other tests.
   setenv("QL_CUDA_IMMA_MIN_ROWS", "16", 1);
-  in_child("registered x/y: WO q4g, M=1", nullptr, nullptr, [] {
-    same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q4G, 1, 96, 128, "cuda.linear_wo");
-  });
-  in_child("registered x/y: WO q8c, large y", nullptr, nullptr, [] {
-    same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q8C, 520, 128, 32,
-               "cuda.linear_wo");
-  });
-  in_child("registered x/y: AQ q4g, M=3", nullptr, nullptr, [] {
-    same_bytes(QL_OP_LINEAR_AQ, QL_FORMAT_Q4G, 3, 96, 128, "cuda.linear_aq");
-  });
-  in_child("registered x/y: AQ q8c on cuBLASLt, large y", nullptr, nullptr,
-           [] {
-             same_bytes(QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, 520, 128, 32,
-                        "cuda.cublaslt.linear_aq");
-           });
+  // Copies by kernel (the default), then by DMA only.
+  const char* copies[] = {nullptr, "0"};
+  for (const char* c : copies) {
+    const char* v = "QL_CUDA_SM_COPY_MAX";
+    in_child("registered x/y: WO q4g, M=1", v, c, [] {
+      same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q4G, 1, 96, 128,
+                 "cuda.linear_wo");
+    });
+    in_child("registered x/y: WO q8c, large y", v, c, [] {
+      same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q8C, 520, 128, 32,
+                 "cuda.linear_wo");
+    });
+    in_child("registered x/y: AQ q4g, M=3", v, c, [] {
+      same_bytes(QL_OP_LINEAR_AQ, QL_FORMAT_Q4G, 3, 96, 128,
+                 "cuda.linear_aq");
+    });
+    in_child("registered x/y: AQ q8c on cuBLASLt, large y", v, c, [] {
+      same_bytes(QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, 520, 128, 32,
+                 "cuda.cublaslt.linear_aq");
+    });
+  }
+  in_child("a kernel copy to unmapped host memory faults", nullptr, nullptr,
+           unmapped_faults);
   in_child("non-finite x: WO, small y untouched", nullptr, nullptr,
            [] { untouched(QL_OP_LINEAR_WO, QL_FORMAT_Q4G, 2, 64, 96); });
   in_child("non-finite x: WO, large y untouched", nullptr, nullptr,
