@@ -22,7 +22,9 @@
 // multiplies, and the ranges are added at the end in warp order through
 // shared memory. That split is what keeps loads in flight for a decode
 // batch: one 16-channel tile per warp would give N = 4096 only 256 warps,
-// two per SM of an H100. (256 threads is also the block of the other
+// two per SM of an H100. Within its range a warp keeps a ring of kDepth
+// slabs of codes in registers, each refilled as soon as it is multiplied,
+// so that the next slabs are always on their way from memory. (256 threads is also the block of the other
 // kernels of a call, so the emulator keeps one set of fiber stacks.)
 //
 // K order. Integer sums are exact, so inside a unit the k order is free,
@@ -66,6 +68,26 @@ constexpr int kTileN = 16;  // channels per block: the mma's 16 rows
 template <int F, int S>
 constexpr int kWords = (F == F_Q4G ? S / 8 : S / 4) / 4;
 
+// Slabs whose codes a lane has in flight, and whether a block walks
+// several channel tiles (a persistent grid) with the ring running on
+// across them. q8c: four slabs (128 bytes a lane, 64 KiB per SM at two
+// blocks per SM), persistent; measured on an H100 against one slab ahead
+// and one block per tile (qlinear-bench --device, 14336x4096): M = 1
+// 28.2 us against 30.9, M = 8 36.7 against 40.1, M = 16 51.0 against
+// 52.6. q4g: two slabs, one block per tile, as before: its group scales
+// and zeros are loaded when a group ends, not in the ring, and with the
+// deeper ring's registers (two blocks per SM, not three) those loads
+// stalled it: M = 1 28.7 us against 24.4.
+template <int F, int S>
+constexpr int kDepth = F == F_Q4G ? 2 : 4;
+template <int F>
+constexpr bool kPersistent = F == F_Q8C;
+// Blocks per SM the registers must allow: three for q4g with one token
+// tile (at most 85 registers), as before the ring, so that more warps
+// cover those loads; two otherwise (two token tiles of q4g spill at 85).
+template <int F, int MT>
+constexpr int kMinBlocks = F == F_Q4G && MT == 1 ? 3 : 2;
+
 // The x window of one warp: 8·MT token rows of kCols(MT) k values, each
 // row padded by 16 bytes (it shifts the rows across the banks).
 template <int MT>
@@ -107,175 +129,227 @@ __device__ __forceinline__ int64_t scale_group(const ql__cuda_wo& w,
 #endif
 }
 
-// One block: channels [16·blockIdx.x, +16) for tokens [m0, m0 + 8·MT),
+// One block: the channel tiles of 16 blockIdx.x, blockIdx.x + gridDim.x,
+// ... (kPersistent: a grid of about two blocks per SM where the layout
+// knows the SM count; else one block per tile) for tokens [m0, m0 + 8·MT),
 // m0 = row0 + 8·MT·blockIdx.y, of the m rows of xq. S is the slab (64 for
 // q8c; min(gs, 128) for q4g). Two blocks per SM: at most 128 registers,
 // which is also where ptxas stops trading spills for occupancy (with the
 // thread count alone it spilled the g32 kernel at 64 registers on sm_90),
 // and 2 × 43 KB of shared memory fits every target.
+//
+// A warp's ring of codes runs on across its block's tiles: the slot that
+// served the last slab p (mod kDepth) of a tile is refilled with slab p of
+// the next tile, which the next tile reads from that same slot, so the
+// loads never drain between tiles; and where the warp's range of K fits
+// one x window, x is staged once for all of them. One block per tile
+// pays both for every 16 channels (see kDepth for what that costs).
 template <int F, int S, int MT>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kMinBlocks<F, MT>)
     linear_aq_kernel(ql__cuda_wo w, const int8_t* __restrict__ xq,
                      const float* __restrict__ sx,
                      const int32_t* __restrict__ gsum, int64_t m,
                      int64_t row0, int dt, void* __restrict__ y) {
   static_assert(MT <= kWarps, "one warp reduces each token tile");
   static_assert(kCols<MT> % S == 0, "a slab never straddles a window");
-  constexpr int W = kWords<F, S>, kLdx = kLd<MT>, kC = kCols<MT>;
+  constexpr int W = kWords<F, S>, kLdx = kLd<MT>, kC = kCols<MT>,
+                P = kDepth<F, S>;
   __shared__ __align__(16) uint8_t xs_all[kWarps][8 * MT * kLdx];
   __shared__ uint32_t red[kWarps][MT][4][32];  // f32 (q4g) or int32 bits
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t k = w.k;
+  const int64_t k = w.k, tiles = (w.n + kTileN - 1) / kTileN;
   const int64_t m0 = row0 + int64_t(blockIdx.y) * 8 * MT;
-  const int64_t na = int64_t(blockIdx.x) * kTileN + g, nb = na + 8;
-  const bool lva = na < w.n, lvb = nb < w.n;
-  const uint8_t* qa = w.q + (lva ? na : 0) * w.ldq;
-  const uint8_t* qb = w.q + (lvb ? nb : 0) * w.ldq;
   // Token tiles with at least one row: the same in every lane, so the
   // warp-collective mma is skipped for a dead tile by the whole warp.
   const int live = int(lo(int64_t(MT), (m - m0 + 7) / 8));
   uint8_t* xs = xs_all[warp];
 
-  // This warp's range of K, in whole units, fixed by K alone.
+  // This warp's range of K, in whole units, fixed by K alone, and its
+  // slabs (the same count in every tile).
   const int64_t unit = F == F_Q4G ? int64_t(w.gs) : S;
   const int64_t units = (k + unit - 1) / unit;
   const int64_t kw0 = units * warp / kWarps * unit;
   const int64_t kw1 = lo(units * (warp + 1) / kWarps * unit, k);
+  const int64_t ns = kw1 > kw0 ? (kw1 - kw0 + S - 1) / S : 0;
 
-  // This lane's S/4 values of rows na and nb in the slab at s (zeros past
-  // the warp's range, past N or past the row's padded end).
-  auto codes = [&](int64_t s, uint32_t(&ca)[W], uint32_t(&cb)[W]) {
+  // This lane's S/4 values of rows g and g+8 of tile ti in the slab at s
+  // (zeros past the last tile, past the warp's range, past N or past the
+  // row's padded end).
+  auto codes = [&](int64_t ti, int64_t s, uint32_t(&ca)[W],
+                   uint32_t(&cb)[W]) {
+    const int64_t na = ti * kTileN + g, nb = na + 8;
     const int64_t off = F == F_Q4G ? s / 2 + (S / 8) * t : s + 16 * t;
-    const bool in = s < kw1 && off < w.ldq;
-    load_codes<W>(qa + off, in && lva, ca);
-    load_codes<W>(qb + off, in && lvb, cb);
+    const bool in = ti < tiles && s < kw1 && off < w.ldq;
+    const bool va = in && na < w.n, vb = in && nb < w.n;
+    load_codes<W>(w.q + (va ? na : 0) * w.ldq + off, va, ca);
+    load_codes<W>(w.q + (vb ? nb : 0) * w.ldq + off, vb, cb);
   };
 
-  int d[MT][4] = {};
-  float acc[MT][4] = {};
-  uint32_t ca[W], cb[W];
-  codes(kw0, ca, cb);
+  // The ring: slot p holds the slab that the tile's p-th step (mod P)
+  // multiplies next.
+  uint32_t ca[P][W], cb[P][W];
+  int64_t ti = blockIdx.x;
+#pragma unroll
+  for (int p = 0; p < P; ++p) codes(ti, kw0 + p * S, ca[p], cb[p]);
+  // Rows of xq are k bytes apart from an aligned base: 8-value loads when
+  // k keeps them 8-byte aligned.
+  const bool x8 = (k & 7) == 0;
+  const bool once = kw1 - kw0 <= kC;  // the range fits one window
+  bool staged = false;
   int64_t c0 = kw0;
-  for (int64_t s0 = kw0; s0 < kw1; s0 += S) {
-    // The next slab's codes are requested before this one is used, so a
-    // warp always has a load in flight while it multiplies.
-    uint32_t pa[W], pb[W];
-    codes(s0 + S, pa, pb);
-
-    if ((s0 - kw0) % kC == 0) {
-      // Stage x [m0, m0 + 8·live) × [s0, s0 + kC) into the window, zero
-      // past K and past m, 8 values per step in the fragment order above.
-      c0 = s0;
-      __syncwarp();  // every lane is done with the previous window
-      for (int e = lane; e < 8 * live * (kC / 8); e += 32) {
-        const int r = e / (kC / 8), c = e % (kC / 8);
-        const int64_t row = m0 + r, k8 = c0 + 8 * c;
-        uint32_t v0 = 0, v1 = 0;
-        if (row < m) {
-          const int8_t* src = xq + row * k;
+  for (; ti < tiles; ti += gridDim.x) {
+    const int64_t na = ti * kTileN + g, nb = na + 8;
+    const bool lva = na < w.n, lvb = nb < w.n;
+    int d[MT][4] = {};
+    float acc[MT][4] = {};
+    for (int64_t j0 = 0; j0 < ns; j0 += P) {
 #pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const uint32_t b = k8 + i < k ? uint8_t(src[k8 + i]) : 0u;
-            if (F == F_Q4G)  // evens, then odds: the nibble order
-              (i & 1 ? v1 : v0) |= b << (8 * (i >> 1));
-            else
-              (i < 4 ? v0 : v1) |= b << (8 * (i & 3));
+      for (int p = 0; p < P; ++p) {
+        const int64_t j = j0 + p;
+        if (j >= ns) break;  // the same in every lane
+        const int64_t s0 = kw0 + j * S;
+
+        if ((s0 - kw0) % kC == 0 && !(once && staged)) {
+          // Stage x [m0, m0 + 8·live) × [s0, s0 + kC) into the window,
+          // zero past K and past m, 8 values per step in the fragment
+          // order above.
+          c0 = s0;
+          staged = true;
+          __syncwarp();  // every lane is done with the previous window
+          for (int e = lane; e < 8 * live * (kC / 8); e += 32) {
+            const int r = e / (kC / 8), c = e % (kC / 8);
+            const int64_t row = m0 + r, k8 = c0 + 8 * c;
+            uint32_t v0 = 0, v1 = 0;
+            if (row < m && x8 && k8 + 8 <= k) {
+              const uint2 v =
+                  *reinterpret_cast<const uint2*>(xq + row * k + k8);
+              if (F == F_Q4G) {  // evens, then odds: the nibble order
+                v0 = __byte_perm(v.x, v.y, 0x6420);
+                v1 = __byte_perm(v.x, v.y, 0x7531);
+              } else {
+                v0 = v.x, v1 = v.y;
+              }
+            } else if (row < m) {
+              const int8_t* src = xq + row * k;
+#pragma unroll
+              for (int i = 0; i < 8; ++i) {
+                const uint32_t b = k8 + i < k ? uint8_t(src[k8 + i]) : 0u;
+                if (F == F_Q4G)
+                  (i & 1 ? v1 : v0) |= b << (8 * (i >> 1));
+                else
+                  (i < 4 ? v0 : v1) |= b << (8 * (i & 3));
+              }
+            }
+            uint32_t* dst =
+                reinterpret_cast<uint32_t*>(xs + r * kLdx + 8 * c);
+            dst[0] = v0;
+            dst[1] = v1;
+          }
+          __syncwarp();  // the window is complete before any lane reads it
+        }
+
+        const uint8_t* xl = xs + (s0 - c0) + (S / 4) * t;
+#pragma unroll
+        for (int jj = 0; jj < S / 32; ++jj) {
+          uint32_t a[4];
+          if constexpr (F == F_Q4G) {
+            a[0] = sext4(ca[p][jj] & 0x0F0F0F0Fu);  // even k: low nibbles
+            a[1] = sext4(cb[p][jj] & 0x0F0F0F0Fu);
+            a[2] = sext4((ca[p][jj] >> 4) & 0x0F0F0F0Fu);  // odd k: high
+            a[3] = sext4((cb[p][jj] >> 4) & 0x0F0F0F0Fu);
+          } else {
+            a[0] = ca[p][2 * jj], a[1] = cb[p][2 * jj];
+            a[2] = ca[p][2 * jj + 1], a[3] = cb[p][2 * jj + 1];
+          }
+#pragma unroll
+          for (int tm = 0; tm < MT; ++tm)
+            if (tm < live) {
+              const uint32_t* xb = reinterpret_cast<const uint32_t*>(
+                  xl + (8 * tm + g) * kLdx + 8 * jj);
+              const uint32_t b[2] = {xb[0], xb[1]};
+              ql_mma_m16n8k32_s8(d[tm], a, b, d[tm]);
+            }
+        }
+        // The slot is free: the slab it serves next goes in flight, P
+        // further in this tile or slab p of the block's next tile (a
+        // block that is not persistent has no next tile: no code, no
+        // registers for it).
+        if (j + P < ns)
+          codes(ti, s0 + P * S, ca[p], cb[p]);
+        else if constexpr (kPersistent<F>)
+          codes(ti + gridDim.x, kw0 + p * S, ca[p], cb[p]);
+
+        if constexpr (F == F_Q4G) {
+          // The group ends here (or K does): its int32 sums into f32.
+          if ((s0 + S) % int64_t(w.gs) == 0 || s0 + S >= kw1) {
+            const int64_t gi = s0 / int64_t(w.gs), gw = scale_group(w, gi);
+            float sa = 0.0f, za = 0.0f, sb = 0.0f, zb = 0.0f;
+            if (lva) {
+              sa = load_f32(w.sdt, w.scale, na * w.groups + gw);
+              za = load_f32(w.sdt, w.zero, na * w.groups + gw);
+            }
+            if (lvb) {
+              sb = load_f32(w.sdt, w.scale, nb * w.groups + gw);
+              zb = load_f32(w.sdt, w.zero, nb * w.groups + gw);
+            }
+#pragma unroll
+            for (int tm = 0; tm < MT; ++tm) {
+              const int64_t r0 = m0 + 8 * tm + 2 * t;  // columns 2t, 2t+1
+              const float x0 =
+                  r0 < m ? float(gsum[r0 * w.groups + gi]) : 0.0f;
+              const float x1 =
+                  r0 + 1 < m ? float(gsum[(r0 + 1) * w.groups + gi]) : 0.0f;
+              const float s4[4] = {sa, sa, sb, sb}, z4[4] = {za, za, zb, zb};
+              const float g4[4] = {x0, x1, x0, x1};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                acc[tm][i] =
+                    __fadd_rn(acc[tm][i], __fmul_rn(s4[i], float(d[tm][i])));
+                acc[tm][i] = __fadd_rn(acc[tm][i], __fmul_rn(z4[i], g4[i]));
+                d[tm][i] = 0;
+              }
+            }
           }
         }
-        uint32_t* dst = reinterpret_cast<uint32_t*>(xs + r * kLdx + 8 * c);
-        dst[0] = v0;
-        dst[1] = v1;
-      }
-      __syncwarp();  // the window is complete before any lane reads it
-    }
-
-    const uint8_t* xl = xs + (s0 - c0) + (S / 4) * t;
-#pragma unroll
-    for (int j = 0; j < S / 32; ++j) {
-      uint32_t a[4];
-      if constexpr (F == F_Q4G) {
-        a[0] = sext4(ca[j] & 0x0F0F0F0Fu);  // even k: low nibbles
-        a[1] = sext4(cb[j] & 0x0F0F0F0Fu);
-        a[2] = sext4((ca[j] >> 4) & 0x0F0F0F0Fu);  // odd k: high nibbles
-        a[3] = sext4((cb[j] >> 4) & 0x0F0F0F0Fu);
-      } else {
-        a[0] = ca[2 * j], a[1] = cb[2 * j];
-        a[2] = ca[2 * j + 1], a[3] = cb[2 * j + 1];
-      }
-#pragma unroll
-      for (int tm = 0; tm < MT; ++tm)
-        if (tm < live) {
-          const uint32_t* xb = reinterpret_cast<const uint32_t*>(
-              xl + (8 * tm + g) * kLdx + 8 * j);
-          const uint32_t b[2] = {xb[0], xb[1]};
-          ql_mma_m16n8k32_s8(d[tm], a, b, d[tm]);
-        }
-    }
-
-    if constexpr (F == F_Q4G) {
-      // The group ends here (or K does): its int32 sums into f32.
-      if ((s0 + S) % int64_t(w.gs) == 0 || s0 + S >= kw1) {
-        const int64_t gi = s0 / int64_t(w.gs), gw = scale_group(w, gi);
-        float sa = 0.0f, za = 0.0f, sb = 0.0f, zb = 0.0f;
-        if (lva) {
-          sa = load_f32(w.sdt, w.scale, na * w.groups + gw);
-          za = load_f32(w.sdt, w.zero, na * w.groups + gw);
-        }
-        if (lvb) {
-          sb = load_f32(w.sdt, w.scale, nb * w.groups + gw);
-          zb = load_f32(w.sdt, w.zero, nb * w.groups + gw);
-        }
-#pragma unroll
-        for (int tm = 0; tm < MT; ++tm) {
-          const int64_t r0 = m0 + 8 * tm + 2 * t;  // columns 2t, 2t+1
-          const float x0 = r0 < m ? float(gsum[r0 * w.groups + gi]) : 0.0f;
-          const float x1 =
-              r0 + 1 < m ? float(gsum[(r0 + 1) * w.groups + gi]) : 0.0f;
-          const float s4[4] = {sa, sa, sb, sb}, z4[4] = {za, za, zb, zb};
-          const float g4[4] = {x0, x1, x0, x1};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            acc[tm][i] =
-                __fadd_rn(acc[tm][i], __fmul_rn(s4[i], float(d[tm][i])));
-            acc[tm][i] = __fadd_rn(acc[tm][i], __fmul_rn(z4[i], g4[i]));
-            d[tm][i] = 0;
-          }
-        }
       }
     }
-#pragma unroll
-    for (int i = 0; i < W; ++i) ca[i] = pa[i], cb[i] = pb[i];
-  }
 
-  // The warps' partial sums, added in warp order by warp tm for tile tm.
+    // The warps' partial sums, added in warp order by warp tm for tile tm.
 #pragma unroll
-  for (int tm = 0; tm < MT; ++tm)
+    for (int tm = 0; tm < MT; ++tm)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      red[warp][tm][i][lane] =
-          F == F_Q4G ? __float_as_uint(acc[tm][i]) : uint32_t(d[tm][i]);
-  __syncthreads();
-  if (warp >= live) return;
-  const int tm = warp;
+      for (int i = 0; i < 4; ++i)
+        red[warp][tm][i][lane] =
+            F == F_Q4G ? __float_as_uint(acc[tm][i]) : uint32_t(d[tm][i]);
+    __syncthreads();
+    if (warp < live) {
+      const int tm = warp;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t n = i < 2 ? na : nb, row = m0 + 8 * tm + 2 * t + (i & 1);
-    if (n >= w.n || row >= m) continue;
-    float v;
-    if constexpr (F == F_Q4G) {
-      float s = __uint_as_float(red[0][tm][i][lane]);
-      for (int r = 1; r < kWarps; ++r)
-        s = __fadd_rn(s, __uint_as_float(red[r][tm][i][lane]));
-      v = __fmul_rn(sx[row], s);
-    } else {
-      int s = int(red[0][tm][i][lane]);
-      for (int r = 1; r < kWarps; ++r) s += int(red[r][tm][i][lane]);
-      v = __fmul_rn(float(s), __fmul_rn(sx[row], load_f32(w.sdt, w.scale, n)));
+      for (int i = 0; i < 4; ++i) {
+        const int64_t n = i < 2 ? na : nb,
+                      row = m0 + 8 * tm + 2 * t + (i & 1);
+        if (n >= w.n || row >= m) continue;
+        float v;
+        if constexpr (F == F_Q4G) {
+          float s = __uint_as_float(red[0][tm][i][lane]);
+          for (int r = 1; r < kWarps; ++r)
+            s = __fadd_rn(s, __uint_as_float(red[r][tm][i][lane]));
+          v = __fmul_rn(sx[row], s);
+        } else {
+          int s = int(red[0][tm][i][lane]);
+          for (int r = 1; r < kWarps; ++r) s += int(red[r][tm][i][lane]);
+          v = __fmul_rn(float(s),
+                        __fmul_rn(sx[row], load_f32(w.sdt, w.scale, n)));
+        }
+        if (w.bias != nullptr) v = __fadd_rn(v, w.bias[n]);
+        store_f32(dt, y, row * w.n + n, v);
+      }
     }
-    if (w.bias != nullptr) v = __fadd_rn(v, w.bias[n]);
-    store_f32(dt, y, row * w.n + n, v);
+    // The sums are read before the next tile's overwrite them (the same
+    // condition in the whole block).
+    if (ti + gridDim.x < tiles) __syncthreads();
   }
 }
 
@@ -321,7 +395,12 @@ void launch_aq(const ql__cuda_wo* w, const int8_t* xq, const float* sx,
                const int32_t* gsum, int64_t m, int dt, void* y,
                cudaStream_t st) {
   constexpr int64_t kRows = 8 * MT;
-  const unsigned gx = unsigned((w->n + kTileN - 1) / kTileN);
+  // Persistent (kPersistent): two blocks per SM (the kernel's bound)
+  // where the layout knows the SM count; else one block per tile.
+  const int64_t ntiles = (w->n + kTileN - 1) / kTileN;
+  const unsigned gx = unsigned(kPersistent<F> && w->sms > 0
+                                   ? lo(ntiles, int64_t(w->sms) * 2)
+                                   : ntiles);
   const int64_t tiles = (m + kRows - 1) / kRows;
   void (*kernel)(ql__cuda_wo, const int8_t*, const float*, const int32_t*,
                  int64_t, int64_t, int, void*) = linear_aq_kernel<F, S, MT>;

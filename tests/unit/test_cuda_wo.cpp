@@ -1,7 +1,8 @@
 // test_cuda_wo.cpp - the weight-only CUDA kernels of
 // kernels/cuda/linear_wo.cu (the streaming one, on a persistent grid and on
 // one block per row tile, its wide variant, and the legacy one), run on the CPU under
-// kernels/cuda/emu.h, give the same bytes.
+// kernels/cuda/emu.h, give the same bytes; so does the activation-quantized
+// kernel of linear_aq.cu on its persistent grid and on one block per tile.
 //
 // Both promise one reduction order per output, fixed by (N, K, format):
 // the same lanes, the same chunks in the same order, the same butterfly, the
@@ -172,7 +173,81 @@ static void one(const char* name, int format, uint32_t gs, bool zero) {
   g_fail += bad != 0 || badrow != 0;
 }
 
+// y of the activation-quantized kernel (linear_aq.cu) for m rows of codes
+// xq with row scales sx and group sums gsum, as bytes, on a grid sized for
+// sms multiprocessors (0: one block per channel tile).
+static std::vector<unsigned char> run_aq(const ql__cuda_wo& w0, int dt,
+                                         const int8_t* xq, const float* sx,
+                                         const int32_t* gsum, int64_t m,
+                                         int sms) {
+  ql__cuda_wo w = w0;
+  w.sms = sms;
+  const size_t esz = dt == ql_cuda::DT_F32 ? 4 : 2;
+  std::vector<unsigned char> y(size_t(m * w.n) * esz, 0xAB);
+  ql__cuda_linear_aq(&w, xq, sx, gsum, m, dt, y.data(), nullptr);
+  return y;
+}
+
+// The AQ kernel's persistent grid (q8c: its blocks walk several channel
+// tiles, the ring of codes running on across them) gives the bytes of one
+// block per tile, for q4g and q8c, K inside one x window per warp and past it
+// (restaged), tiles split unevenly among the blocks, and token tiles of
+// one and two; and a row alone gives its bytes in the batch.
+static void aq_grids(const char* name, int format, uint32_t gs) {
+  static const shape shapes[] = {{77, 40}, {256, 100}, {1056, 520},
+                                 {5000, 40}};
+  static const int64_t ms[] = {1, 3, 9, 17};
+  long cases = 0, bad = 0, badrow = 0;
+  for (const shape& sh : shapes) {
+    const int64_t k = sh.k, n = sh.n;
+    weight wt;
+    make(&wt, format, n, k, gs, format == Q4G, ql_cuda::DT_BF16, true);
+    const int64_t groups = wt.w.groups;
+    std::vector<int8_t> xq(size_t(17 * k));
+    std::vector<float> sx(17);
+    std::vector<int32_t> gsum(size_t(17 * groups), 0);
+    for (int64_t r = 0; r < 17; ++r) {
+      sx[size_t(r)] = (1.0f + unit()) * 0.01f;
+      for (int64_t i = 0; i < k; ++i) {
+        const int8_t v = int8_t(int(next() % 255) - 127);
+        xq[size_t(r * k + i)] = v;
+        gsum[size_t(r * groups + i / wt.w.gs)] += v;
+      }
+    }
+    for (int64_t m : ms) {
+      if (n * k > 100000 && m > 3) break;  // emulated time
+      const int dt = m & 1 ? int(ql_cuda::DT_F32) : int(ql_cuda::DT_BF16);
+      const size_t esz = dt == ql_cuda::DT_F32 ? 4 : 2;
+      auto want = run_aq(wt.w, dt, xq.data(), sx.data(), gsum.data(), m, 0);
+      for (int sms : {1, 2, 3}) {
+        ++cases;
+        auto got =
+            run_aq(wt.w, dt, xq.data(), sx.data(), gsum.data(), m, sms);
+        if (got != want && bad++ == 0)
+          std::printf("     first: %s K=%lld N=%lld M=%lld sms=%d differ\n",
+                      name, (long long)k, (long long)n, (long long)m, sms);
+      }
+      // the last row alone: its bytes in the batch
+      auto r = run_aq(wt.w, dt, xq.data() + (m - 1) * k, sx.data() + m - 1,
+                      gsum.data() + (m - 1) * groups, 1, 1);
+      if (std::memcmp(r.data(), want.data() + size_t((m - 1) * n) * esz,
+                      r.size()) != 0)
+        ++badrow;
+    }
+  }
+  char what[160];
+  std::snprintf(what, sizeof what,
+                "AQ %s: grids sized for 1, 2, 3 SMs = one block per tile, "
+                "bytes (%ld cases), a row alone = in its batch",
+                name, cases);
+  std::printf("%s %s\n", bad == 0 && badrow == 0 ? "ok  " : "FAIL", what);
+  g_fail += bad != 0 || badrow != 0;
+}
+
 int main() {
+  aq_grids("q4g g32", Q4G, 32);
+  aq_grids("q4g g128", Q4G, 128);
+  aq_grids("q8c", Q8C, 0);
   one("q4g g32", Q4G, 32, true);
   one("q4g g64", Q4G, 64, true);
   one("q4g g128", Q4G, 128, true);
