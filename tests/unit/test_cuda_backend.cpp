@@ -333,26 +333,27 @@ int main() {
   // environment of `make check` asks of the other tests.
   setenv("QL_CUDA_IMMA_MIN_ROWS", "16", 1);
   // Copies by kernel (the default), then by DMA only.
+  struct {
+    const char* name;
+    ql_op op;
+    ql_format f;
+    int64_t m, n, k;
+    const char* impl;
+  } const regs[] = {
+      {"registered x/y: WO q4g, M=1", QL_OP_LINEAR_WO, QL_FORMAT_Q4G, 1, 96,
+       128, "cuda.linear_wo"},
+      {"registered x/y: WO q8c, large y", QL_OP_LINEAR_WO, QL_FORMAT_Q8C, 520,
+       128, 32, "cuda.linear_wo"},
+      {"registered x/y: AQ q4g, M=3", QL_OP_LINEAR_AQ, QL_FORMAT_Q4G, 3, 96,
+       128, "cuda.linear_aq"},
+      {"registered x/y: AQ q8c on cuBLASLt, large y", QL_OP_LINEAR_AQ,
+       QL_FORMAT_Q8C, 520, 128, 32, "cuda.cublaslt.linear_aq"},
+  };
   const char* copies[] = {nullptr, "0"};
-  for (const char* c : copies) {
-    const char* v = "QL_CUDA_SM_COPY_MAX";
-    in_child("registered x/y: WO q4g, M=1", v, c, [] {
-      same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q4G, 1, 96, 128,
-                 "cuda.linear_wo");
-    });
-    in_child("registered x/y: WO q8c, large y", v, c, [] {
-      same_bytes(QL_OP_LINEAR_WO, QL_FORMAT_Q8C, 520, 128, 32,
-                 "cuda.linear_wo");
-    });
-    in_child("registered x/y: AQ q4g, M=3", v, c, [] {
-      same_bytes(QL_OP_LINEAR_AQ, QL_FORMAT_Q4G, 3, 96, 128,
-                 "cuda.linear_aq");
-    });
-    in_child("registered x/y: AQ q8c on cuBLASLt, large y", v, c, [] {
-      same_bytes(QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, 520, 128, 32,
-                 "cuda.cublaslt.linear_aq");
-    });
-  }
+  for (const char* c : copies)
+    for (const auto& r : regs)
+      in_child(r.name, "QL_CUDA_SM_COPY_MAX", c,
+               [&r] { same_bytes(r.op, r.f, r.m, r.n, r.k, r.impl); });
   in_child("a kernel copy to unmapped host memory faults", nullptr, nullptr,
            unmapped_faults);
   in_child("non-finite x: WO, small y untouched", nullptr, nullptr,
