@@ -925,8 +925,9 @@ static inline int64_t m_chunk(size_t row_bytes) {
  * the latency of the adds). DRIVE_W: with 4 tiles a pass takes up to W4
  * rows (the registers the block's sums need allow it: 4 for q8c, 3 for
  * q4g, whose group sums double them; 2 for the rest, DRIVE), never leaving
- * a lone row to a pass, and batches of 3 rows or more take 4 tiles too
- * (q4g at exactly 4 rows keeps 2 tiles x 4 rows, one decode per vector):
+ * a lone row to a pass, and batches of 3 rows or more take 4 tiles too,
+ * except one that fits a pass of 2 tiles x 4 rows but not one of 4 tiles
+ * (q4g at 4 rows: one decode per vector rather than two):
  * every broadcast of a value of x feeds 4 FMAs, one per tile. A WO pass
  * issues an FMA, a broadcast and a share of the decode per weight vector
  * and row, and the broadcasts, not the decode, held 2 tiles x 4 rows to
@@ -941,7 +942,7 @@ static inline int64_t m_chunk(size_t row_bytes) {
   for (int64_t mc = 0, mcn = m_chunk(ROWB); mc < m; mc += mcn) {               \
     int64_t mend = m - mc < mcn ? m : mc + mcn;                                \
     for (int64_t t = t0; t < t1;) {                                            \
-      int tb = m <= 2 || ((W4) > 2 && !((W4) == 3 && m == 4)) ? 4 : 2;         \
+      int tb = m <= 2 || ((W4) > 2 && (m <= (W4) || m > 4)) ? 4 : 2;           \
       if (t1 - t < tb)                                                         \
         tb = t1 - t >= 2 ? 2 : 1;                                              \
       for (int64_t m0 = mc; m0 < mend;) {                                      \

@@ -520,16 +520,22 @@ bool lt_ready(int o) {
 constexpr long long kImmaDefaultRows = 16;
 std::atomic<long long> g_imma_rows{-1};
 
-long long imma_min_rows() {
-  long long v = g_imma_rows.load();
+// A count of the environment variable name, read once into *cache (-1:
+// not yet): def when unset or not a whole non-negative number.
+long long env_count(const char* name, long long def,
+                    std::atomic<long long>* cache) {
+  long long v = cache->load();
   if (v >= 0) return v;
-  const char* s = getenv("QL_CUDA_IMMA_MIN_ROWS");
+  const char* s = getenv(name);
   char* end = nullptr;
-  v = s != nullptr ? strtoll(s, &end, 10) : kImmaDefaultRows;
-  if (s != nullptr && (end == s || *end != '\0' || v < 0))
-    v = kImmaDefaultRows;
-  g_imma_rows.store(v);
+  v = s != nullptr ? strtoll(s, &end, 10) : def;
+  if (s != nullptr && (end == s || *end != '\0' || v < 0)) v = def;
+  cache->store(v);
   return v;
+}
+
+long long imma_min_rows() {
+  return env_count("QL_CUDA_IMMA_MIN_ROWS", kImmaDefaultRows, &g_imma_rows);
 }
 
 // QL_CUDA_WO_KERNEL: "legacy" runs linear_wo on the kernel with one block
@@ -1038,15 +1044,8 @@ constexpr size_t kSmCopyDefault = size_t(1) << 20;
 std::atomic<long long> g_sm_copy_max{-1};
 
 size_t sm_copy_max() {
-  long long v = g_sm_copy_max.load();
-  if (v >= 0) return size_t(v);
-  const char* e = getenv("QL_CUDA_SM_COPY_MAX");
-  char* end = nullptr;
-  v = e == nullptr ? -1 : strtoll(e, &end, 10);
-  if (e == nullptr || end == e || *end != '\0' || v < 0)
-    v = (long long)kSmCopyDefault;
-  g_sm_copy_max.store(v);
-  return size_t(v);
+  return size_t(env_count("QL_CUDA_SM_COPY_MAX", (long long)kSmCopyDefault,
+                          &g_sm_copy_max));
 }
 
 // Enqueues a copy of n bytes from src to dst, one side host memory, on
