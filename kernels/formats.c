@@ -114,25 +114,28 @@ void ql_qweight_free(ql_qweight *w) {
 }
 
 /*
- * Rounds v to dt, stores it as element i of arr and returns the stored
- * value widened back to f32 in *stored: the quantizer and the dequantizer
- * must both see exactly what is stored. QL_ENONFINITE when the stored value
- * is not finite (an f16 overflow, or a parameter that overflowed in f32).
+ * Rounds v to rd, the dtype the scale is computed in (TorchAO rounds a
+ * bf16/f16 weight's scale to that dtype), stores it as element i of arr in
+ * st, the dtype it is kept in (rd's values are exact in st: st is rd or
+ * f32), and returns the stored value widened back to f32 in *stored: the
+ * quantizer and the dequantizer must both see exactly what is stored.
+ * QL_ENONFINITE when the value is not finite (an f16 overflow, or a
+ * parameter that overflowed in f32).
  */
-static int store_param(ql_dtype dt, void *arr, size_t i, float v,
+static int store_param(ql_dtype rd, ql_dtype st, void *arr, size_t i, float v,
                        float *stored) {
-  switch (dt) {
+  switch (rd) {
   case QL_DTYPE_F32:
-    ((float *)arr)[i] = v;
     break;
   case QL_DTYPE_F16:
-    ((uint16_t *)arr)[i] = ql_f32_to_f16(v);
+    v = ql_f16_to_f32(ql_f32_to_f16(v));
     break;
   case QL_DTYPE_BF16:
-    ((uint16_t *)arr)[i] = ql_f32_to_bf16(v);
+    v = ql_bf16_to_f32(ql_f32_to_bf16(v));
     break;
   }
-  *stored = ql_load_f32(dt, arr, i);
+  ql_from_f32(st, &v, (unsigned char *)arr + i * ql_dtype_size(st), 1);
+  *stored = ql_load_f32(st, arr, i);
   return isfinite(*stored) ? 0 : QL_ENONFINITE;
 }
 
@@ -172,7 +175,8 @@ static int asym_params(const float *x, size_t k0, size_t k1, float levels,
  * The division is a true division, not a reciprocal multiply, and round()
  * is half to even (rintf in the default rounding mode).
  */
-static int quantize_q4g_row(ql_qweight *w, size_t r, const float *x) {
+static int quantize_q4g_row(ql_qweight *w, ql_dtype rd, size_t r,
+                            const float *x) {
   size_t n = (size_t)w->n, k = (size_t)w->k, gs = w->group_size;
   size_t rowbytes = k / 2 + (k & 1);
   uint8_t *qd = w->qdata + r * rowbytes;
@@ -187,8 +191,8 @@ static int quantize_q4g_row(ql_qweight *w, size_t r, const float *x) {
     k1 = k - k0 < gs ? k : k0 + gs;
     if ((rc = asym_params(x, k0, k1, 15.0f, 8.0f, &mn, &scale, &zero)))
       return rc;
-    if ((rc = store_param(w->scale_dtype, w->scale, g * n + r, scale, &s_st)) ||
-        (rc = store_param(w->scale_dtype, w->zero, g * n + r, zero, &z_st)))
+    if ((rc = store_param(rd, w->scale_dtype, w->scale, g * n + r, scale, &s_st)) ||
+        (rc = store_param(rd, w->scale_dtype, w->zero, g * n + r, zero, &z_st)))
       return rc;
     for (i = k0; i < k1; i++) {
       float t = rintf((x[i] - mn) / scale);
@@ -203,22 +207,22 @@ static int quantize_q4g_row(ql_qweight *w, size_t r, const float *x) {
 /*
  * Symmetric int8 of x[k0..k1) (one q8c row or one symmetric q8b block) into
  * qd[k0..k1), its scale stored as element si. The q8c rule; mirrors TorchAO
- * Int8Tensor.from_hp
+ * 0.18 Int8Tensor.from_hp
  * (torchao/quantization/quantize_/workflows/int8/int8_tensor.py), which
  * calls _choose_qparams_affine (torchao/quantization/quant_primitives.py)
- * with MappingType.SYMMETRIC, int8 -128..127 and no eps, so
- * eps = torch.finfo(input.dtype).eps = FLT_EPSILON for an f32 input:
- *   scale = clamp(amax / ((127 - (-128)) / 2), min=eps).to(scale_dtype)
- * then quantize_affine: clamp(round(x * (1.0 / scale)), -128, 127) with the
- * already stored (rounded) scale and the reciprocal computed in f32.
- * TorchAO on a bf16/f16 weight divides in f32, rounds the scale to the
- * weight's dtype, clamps it there and widens it to f32 for the reciprocal
- * and the product. eps is exact in bf16 and f16, so clamping before or
- * after the rounding is the same: with scale_dtype = the weight's dtype
- * (the default) the stored scale and the codes are TorchAO's exactly.
+ * with MappingType.SYMMETRIC, int8 -128..127, eps = finfo(float32).eps for
+ * every input dtype and scale_dtype float32:
+ *   scale = clamp(amax / ((127 - (-128)) / 2), min=eps).to(float32)
+ * where amax and the quotient are tensors of the weight's dtype (for a
+ * bf16/f16 weight the f32 quotient rounded once to that dtype: rd here),
+ * then quantize_affine: clamp(round(x * (1.0 / scale)), -128, 127) with
+ * that f32 scale, the reciprocal and the product in f32. eps = 2^-23 is
+ * exact in bf16 and f16, so clamping before or after the rounding is the
+ * same. By default (rd = the weight's dtype, stored as f32) the stored
+ * scale and the codes are TorchAO's bytes.
  */
-static int quantize_i8_sym(const ql_qweight *w, const float *x, size_t k0,
-                           size_t k1, size_t si, int8_t *qd) {
+static int quantize_i8_sym(const ql_qweight *w, ql_dtype rd, const float *x,
+                           size_t k0, size_t k1, size_t si, int8_t *qd) {
   float amax = 0.0f, scale, s_st, inv;
   size_t i;
   int rc;
@@ -231,7 +235,7 @@ static int quantize_i8_sym(const ql_qweight *w, const float *x, size_t k0,
   scale = amax / 127.5f;
   if (scale < QL_I8_SCALE_EPS)
     scale = QL_I8_SCALE_EPS;
-  if ((rc = store_param(w->scale_dtype, w->scale, si, scale, &s_st)))
+  if ((rc = store_param(rd, w->scale_dtype, w->scale, si, scale, &s_st)))
     return rc;
   inv = 1.0f / s_st;
   for (i = k0; i < k1; i++) {
@@ -241,9 +245,10 @@ static int quantize_i8_sym(const ql_qweight *w, const float *x, size_t k0,
   return 0;
 }
 
-static int quantize_q8c_row(ql_qweight *w, size_t r, const float *x) {
+static int quantize_q8c_row(ql_qweight *w, ql_dtype rd, size_t r,
+                            const float *x) {
   size_t k = (size_t)w->k;
-  return quantize_i8_sym(w, x, 0, k, r, (int8_t *)w->qdata + r * k);
+  return quantize_i8_sym(w, rd, x, 0, k, r, (int8_t *)w->qdata + r * k);
 }
 
 /*
@@ -258,7 +263,8 @@ static int quantize_q8c_row(ql_qweight *w, size_t r, const float *x) {
  * with a true division by the unrounded f32 scale; scale and zero are
  * rounded to scale_dtype only when stored.
  */
-static int quantize_q8b_row(ql_qweight *w, size_t r, const float *x) {
+static int quantize_q8b_row(ql_qweight *w, ql_dtype rd, size_t r,
+                            const float *x) {
   size_t n = (size_t)w->n, k = (size_t)w->k, bs = w->group_size;
   int8_t *qd = (int8_t *)w->qdata + r * k;
   size_t b, i, k0, k1;
@@ -269,13 +275,13 @@ static int quantize_q8b_row(ql_qweight *w, size_t r, const float *x) {
 
     k1 = k - k0 < bs ? k : k0 + bs;
     if (!w->asymmetric) {
-      if ((rc = quantize_i8_sym(w, x, k0, k1, b * n + r, qd)))
+      if ((rc = quantize_i8_sym(w, rd, x, k0, k1, b * n + r, qd)))
         return rc;
       continue;
     }
     if ((rc = asym_params(x, k0, k1, 255.0f, 128.0f, &mn, &scale, &zero)) ||
-        (rc = store_param(w->scale_dtype, w->scale, b * n + r, scale, &s_st)) ||
-        (rc = store_param(w->scale_dtype, w->zero, b * n + r, zero, &z_st)))
+        (rc = store_param(rd, w->scale_dtype, w->scale, b * n + r, scale, &s_st)) ||
+        (rc = store_param(rd, w->scale_dtype, w->zero, b * n + r, zero, &z_st)))
       return rc;
     for (i = k0; i < k1; i++) {
       float t = rintf((x[i] - mn) / scale);
@@ -297,20 +303,22 @@ static int quantize_q8b_row(ql_qweight *w, size_t r, const float *x) {
  *   _quantize_affine_float8: (x.to(f32) / scale).clamp(-448, 448)
  *     .to(torch.float8_e4m3fn) - a true division, round to nearest even.
  * from_hp passes hp_value_lb=None by default, so TorchAO turns an all-zero
- * row into 0/0 = NaN; we clamp amax at QL_F8_AMAX_LB = 1e-12, the bound
- * its float8 QAT fake quantizer passes, so that row gives zeros (DESIGN §4).
+ * row into 0/0 = NaN; we clamp amax at QL_F8_AMAX_LB = 1e-12, the floor
+ * of TorchAO's float8 training (torchao/float8/float8_utils.py EPS), so
+ * that row gives zeros (DESIGN §4).
  * For every other f32 row this is bit-identical to TorchAO. On a bf16/f16
  * weight TorchAO divides in f32, rounds the scale to the weight's dtype
- * and returns it widened to f32; we divide in f32 and round when storing,
- * so with scale_dtype = the weight's dtype (the default) the scale and the
- * codes are TorchAO's (the division uses the stored scale, as TorchAO
- * divides by the scale it returns). Its 1e-12 bound is applied in that
+ * and returns it widened to f32; by default we do the same (rd = the
+ * weight's dtype, stored as f32), so the scale and the codes are TorchAO's
+ * bytes (the division uses the stored scale, as TorchAO divides by the
+ * scale it returns). Its 1e-12 bound is applied in that
  * dtype, bf16(1e-12) giving the same scale for every bf16 amax.
  * An f16 scale can underflow to 0 (amax <= 448·2^-25; TorchAO's bound is
  * 0 in f16, so it writes NaN and ±448 codes there): every x̂ of that row
  * is then 0 whatever q is, and q is written as 0 instead of x/0.
  */
-static int quantize_f8r_row(ql_qweight *w, size_t r, const float *x) {
+static int quantize_f8r_row(ql_qweight *w, ql_dtype rd, size_t r,
+                            const float *x) {
   size_t k = (size_t)w->k, i;
   uint8_t *qd = w->qdata + r * k;
   float amax = 0.0f, scale, s_st;
@@ -322,7 +330,7 @@ static int quantize_f8r_row(ql_qweight *w, size_t r, const float *x) {
       amax = a;
   }
   scale = fmaxf(amax, QL_F8_AMAX_LB) / QL_E4M3_MAX;
-  if ((rc = store_param(w->scale_dtype, w->scale, r, scale, &s_st)))
+  if ((rc = store_param(rd, w->scale_dtype, w->scale, r, scale, &s_st)))
     return rc;
   if (s_st == 0.0f) {
     memset(qd, 0, k);
@@ -350,7 +358,7 @@ int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
   size_t qb, sb, nk, src_bytes, row_bytes, bias_bytes, esz, r;
   ql_qweight *qw = NULL;
   float *row = NULL;
-  ql_dtype scale_dtype;
+  ql_dtype scale_dtype, rd;
   ql_format f;
   uint32_t gs;
   int64_t groups;
@@ -365,9 +373,14 @@ int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
     return QL_EDTYPE;
   f = p->format;
   gs = p->group_size;
-  scale_dtype = p->scale_dtype;
-  if ((int)scale_dtype == 0) /* the default: where TorchAO's values live */
-    scale_dtype = src_dtype;
+  /* rd: the dtype the scale is rounded to; scale_dtype: the one it is
+   * stored in (ql_quant_params). */
+  rd = scale_dtype = p->scale_dtype;
+  if ((int)scale_dtype == 0) {
+    rd = src_dtype;
+    scale_dtype = f == QL_FORMAT_Q8C || f == QL_FORMAT_F8R ? QL_DTYPE_F32
+                                                           : src_dtype;
+  }
   if ((rc = ql_qweight_sizes(f, gs, n, k, scale_dtype, &qb, &sb, &groups)))
     return rc;
   if (p->asymmetric != 0 && !(f == QL_FORMAT_Q8B && p->asymmetric == 1))
@@ -413,16 +426,16 @@ int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
       goto fail;
     switch (f) {
     case QL_FORMAT_Q4G:
-      rc = quantize_q4g_row(qw, r, row);
+      rc = quantize_q4g_row(qw, rd, r, row);
       break;
     case QL_FORMAT_Q8C:
-      rc = quantize_q8c_row(qw, r, row);
+      rc = quantize_q8c_row(qw, rd, r, row);
       break;
     case QL_FORMAT_Q8B:
-      rc = quantize_q8b_row(qw, r, row);
+      rc = quantize_q8b_row(qw, rd, r, row);
       break;
     case QL_FORMAT_F8R:
-      rc = quantize_f8r_row(qw, r, row);
+      rc = quantize_f8r_row(qw, rd, r, row);
       break;
     }
     if (rc != 0)

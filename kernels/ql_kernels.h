@@ -50,8 +50,10 @@ extern "C" {
  * term can be (-128)·(-128) = 2^14, so K·2^14 must stay below 2^31. */
 #define QL_AQ_Q8C_MAX_K ((int64_t)131071)
 
-/* f8r: the largest finite e4m3fn value, and the floor on a row's amax
- * (TorchAO's hp_value_lb as its float8 QAT passes it; see formats.c). */
+/* f8r: the largest finite e4m3fn value, and the floor on a row's amax: the
+ * amax floor of TorchAO's float8 training (torchao/float8/float8_utils.py
+ * EPS), passed as hp_value_lb; TorchAO 0.18's float8 quantize_ config
+ * applies none, so an all-zero row gets NaN codes there (formats.c). */
 #define QL_E4M3_MAX 448.0f
 #define QL_F8_AMAX_LB 1e-12f
 
@@ -87,6 +89,15 @@ typedef struct ql_qweight {
   void *backing;
 } ql_qweight;
 
+/*
+ * The version of ql_qweight_quantize()'s rules, announced by the daemon
+ * (Hello) so that a client naming a weight after its float content can
+ * tell weights quantized by other rules apart. 1: every default scale in
+ * the weight's dtype. 2: q8c and f8r scales of a bf16/f16 weight stored as
+ * f32 (TorchAO 0.18's bytes). Bump it whenever a default's bytes change.
+ */
+#define QL_QUANTIZER_VERSION 2
+
 /* How ql_qweight_quantize() quantizes. */
 typedef struct ql_quant_params {
   ql_format format;
@@ -94,17 +105,18 @@ typedef struct ql_quant_params {
                            ignored for q8c and f8r */
   int asymmetric;       /* q8b: 1 = asymmetric (float zero point), 0 =
                            symmetric; must be 0 for the other formats */
-  ql_dtype scale_dtype; /* dtype of the stored scale[] and zero[]; 0 = the
-                           default, the dtype of the source data, for every
-                           format. That is where TorchAO's values live:
-                           Int4Tensor stores scale.to(w.dtype), and
-                           Int8Tensor and Float8Tensor compute the scale in
-                           the weight's dtype and only then widen it to f32,
-                           so for a bf16/f16 weight the source dtype holds
-                           exactly TorchAO's values and gives its codes
-                           (but for f16 f8r rows with amax <= 448·2^-25,
-                           whose f16 scale is 0: TorchAO writes NaN and
-                           ±448 codes there, we write zeros) */
+  /* dtype of the stored scale[] and zero[]. 0, the default, gives
+   * TorchAO 0.18's bytes: for a bf16/f16 weight the scale is rounded to
+   * the weight's dtype, where TorchAO computes it, and stored as TorchAO
+   * stores it, in that dtype for q4g (Int4Tensor: scale.to(w.dtype)) and
+   * as f32 for q8c and f8r (Int8Tensor and Float8Tensor widen it); q8b,
+   * not a TorchAO format, keeps it in the weight's dtype. An explicit
+   * dtype both rounds and stores in that dtype (f32: the unrounded f32
+   * quotient, closer to the weight than TorchAO's and not its bytes).
+   * The codes always use the stored scale. (f16 f8r rows with amax <=
+   * 448·2^-25 get an f16 scale of 0: TorchAO writes NaN and ±448 codes
+   * there, we write zeros.) */
+  ql_dtype scale_dtype;
 } ql_quant_params;
 
 /* ---- scalar conversions (round to nearest even, NaN stays NaN) ---- */

@@ -178,6 +178,18 @@ def make_weight(n, k, seed):
     return w
 
 
+def make_wide_weight(k, seed):
+    """A [64, k] f32 weight for the *_wide cases: make_weight's adversarial
+    rows, then rows of Gaussian values whose magnitudes span 2^-6..2^6, so
+    that the bf16/f16 roundings of many different scales (and the codes
+    computed with them) are compared with TorchAO's."""
+    w = make_weight(64, k, seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    mag = torch.exp2(torch.rand(56, 1, generator=g) * 12.0 - 6.0)
+    w[8:] = w[8:] * mag
+    return w
+
+
 def make_activation(m, k, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g, dtype=torch.float32)
@@ -199,8 +211,9 @@ def make_activation(m, k, seed):
 def f16_tiny_rows(w, x, seed):
     """The f16 cases (f32 w and x, before the cast): the all-zero rows (w
     row 0, x row 1) become rows whose scales are f16 subnormals. TorchAO's
-    float8 rowwise path applies hp_value_lb=1e-12 in the input's dtype,
-    where it is 0 in f16, so an all-zero f16 row (any row with amax <=
+    float8 rowwise path applies hp_value_lb=1e-12 (when given) in the
+    input's dtype, where it is 0 in f16, so an all-zero f16 row (any row
+    with amax <=
     448·2^-25) gets scale 0 and NaN / ±448 codes; qlinear deliberately
     differs there (ql_quantize_rows_e4m3_src floors the scale at 2^-24,
     unit-tested), and the f32 and bf16 cases keep their all-zero rows. The
@@ -274,14 +287,16 @@ def unpack_s4(qdata, k):
     return torch.where(q >= 8, q - 16, q)
 
 
-def case_q4g(outdir, gs, src, k=K, seed=1):
-    name = "q4g_g%d_%s%s" % (gs, DTNAME[src], "" if k == K else "_k%d" % k)
+def case_q4g(outdir, gs, src, k=K, seed=1, wide=False):
+    name = "q4g_g%d_%s%s%s" % (gs, DTNAME[src], "" if k == K else "_k%d" % k,
+                               "_wide" if wide else "")
     c = Case(outdir, name)
-    w = make_weight(N, k, seed).to(src)
+    w = (make_wide_weight(k, seed) if wide else make_weight(N, k, seed)).to(src)
+    n = w.shape[0]
     x = make_activation(M, k, seed + 100).to(src)
     if k % gs == 0:
         # The config path, as a user runs it.
-        lin = torch.nn.Linear(k, N, bias=False, dtype=src)
+        lin = torch.nn.Linear(k, n, bias=False, dtype=src)
         lin.weight.data.copy_(w)
         quantize_(lin, Int4WeightOnlyConfig(group_size=gs,
                                             int4_packing_format="plain"))
@@ -296,9 +311,9 @@ def case_q4g(outdir, gs, src, k=K, seed=1):
     assert type(t).__name__ == "Int4Tensor", type(t)
     qdata, scale, zero = t.qdata, t.scale, t.zero_point
     g = (k + gs - 1) // gs
-    assert qdata.dtype == torch.int8 and tuple(qdata.shape) == (N, k // 2)
-    assert scale.dtype == src and tuple(scale.shape) == (g, N)
-    assert zero.dtype == src and tuple(zero.shape) == (g, N)
+    assert qdata.dtype == torch.int8 and tuple(qdata.shape) == (n, k // 2)
+    assert scale.dtype == src and tuple(scale.shape) == (g, n)
+    assert zero.dtype == src and tuple(zero.shape) == (g, n)
     # TorchAO's dequantization of this form: _int4_row_dequantize_zp in
     # torchao/prototype/gptq/api.py, (q + 8)·scale + (zero - 8·scale) in f32.
     q = unpack_s4(qdata, k).to(torch.int8)
@@ -319,7 +334,7 @@ def case_q4g(outdir, gs, src, k=K, seed=1):
     c.put("y_wo", y)
     c.kv("format", "q4g")
     c.kv("group_size", gs)
-    c.kv("n", N)
+    c.kv("n", n)
     c.kv("k", k)
     c.kv("m", M)
     c.kv("src_dtype", DTNAME[src])
@@ -434,10 +449,11 @@ def case_q4i(outdir, gs, src, seed=2):
 # ------------------------------------------------------------------ int8
 
 
-def case_q8c(outdir, src, seed=3):
-    name = "q8c_%s" % DTNAME[src]
+def case_q8c(outdir, src, seed=3, wide=False):
+    name = "q8c_%s%s" % (DTNAME[src], "_wide" if wide else "")
     c = Case(outdir, name)
-    w = make_weight(N, K, seed)
+    w = make_wide_weight(K, seed) if wide else make_weight(N, K, seed)
+    n = w.shape[0]
     x = make_activation(M, K, seed + 100)
     if src == torch.float16:
         f16_tiny_rows(w, x, seed + 200)
@@ -445,17 +461,17 @@ def case_q8c(outdir, src, seed=3):
     # Weight-only and dynamic-activation configs quantize the weight alike
     # (Int8Tensor.from_hp, choose_qparams_affine SYMMETRIC, eps = f32 eps,
     # then quantize_affine); the AQ one also carries the activation rule.
-    lin = torch.nn.Linear(K, N, bias=False, dtype=src)
+    lin = torch.nn.Linear(K, n, bias=False, dtype=src)
     lin.weight.data.copy_(w)
     quantize_(lin, Int8WeightOnlyConfig())
     wo = lin.weight
-    lin = torch.nn.Linear(K, N, bias=False, dtype=src)
+    lin = torch.nn.Linear(K, n, bias=False, dtype=src)
     lin.weight.data.copy_(w)
     quantize_(lin, Int8DynamicActivationInt8WeightConfig())
     t = lin.weight
     assert torch.equal(wo.qdata, t.qdata) and torch.equal(wo.scale, t.scale)
-    assert t.qdata.dtype == torch.int8 and tuple(t.qdata.shape) == (N, K)
-    assert t.scale.dtype == torch.float32 and tuple(t.scale.shape) == (N, 1)
+    assert t.qdata.dtype == torch.int8 and tuple(t.qdata.shape) == (n, K)
+    assert t.scale.dtype == torch.float32 and tuple(t.scale.shape) == (n, 1)
     assert not bool(t.zero_point.any())
     w_deq = t.dequantize(torch.float32)
     # The activation exactly as Int8Tensor's linear quantizes it.
@@ -476,7 +492,7 @@ def case_q8c(outdir, src, seed=3):
     c.put("y_aq", y_aq)
     c.kv("format", "q8c")
     c.kv("group_size", K)
-    c.kv("n", N)
+    c.kv("n", n)
     c.kv("k", K)
     c.kv("m", M)
     c.kv("src_dtype", DTNAME[src])
@@ -497,20 +513,26 @@ def case_q8c(outdir, src, seed=3):
 # ------------------------------------------------------------------ float8
 
 
-def case_f8r(outdir, src, seed=4):
+def case_f8r(outdir, src, seed=4, wide=False):
     """Float8Tensor.from_hp with PerRow (the PLAIN path of
     Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())), whose
     torch kernel choice is _choose_scale_float8 + _quantize_affine_float8.
     The config itself refuses to run without a float8-capable GPU
     (_check_hardware_support), so from_hp is called directly, for the
     weight as the config does and for the activation as the weight's
-    act_quant_kwargs would. Two variants: TorchAO's default (no lower bound
-    on amax: an all-zero row gives scale 0 and NaN codes) in *_nolb, and
-    hp_value_lb=1e-12 (the config's activation_value_lb) in the main
-    files."""
-    name = "f8r_%s" % DTNAME[src]
+    act_quant_kwargs would. Two variants. *_nolb: TorchAO 0.18's default.
+    The config quantizes the weight with no lower bound on amax (from_hp
+    without hp_value_lb) and its activation_value_lb defaults to None, so
+    an all-zero row gets scale 0 and NaN codes (0/0), and TorchAO's own
+    linear then gives NaN in that output column (or row, for an all-zero
+    activation row). The main files: hp_value_lb=1e-12, the amax floor of
+    TorchAO's float8 training (torchao/float8/float8_utils.py EPS), which
+    qlinear's quantizers apply (QL_F8_AMAX_LB) so that such a row gives
+    zeros; every other row is the same in both variants."""
+    name = "f8r_%s%s" % (DTNAME[src], "_wide" if wide else "")
     c = Case(outdir, name)
-    w = make_weight(N, K, seed)
+    w = make_wide_weight(K, seed) if wide else make_weight(N, K, seed)
+    n = w.shape[0]
     x = make_activation(M, K, seed + 100)
     if src == torch.float16:
         f16_tiny_rows(w, x, seed + 200)
@@ -519,9 +541,9 @@ def case_f8r(outdir, src, seed=4):
     t = Float8Tensor.from_hp(w, e4m3, PerRow(), hp_value_lb=1e-12)
     t0 = Float8Tensor.from_hp(w, e4m3, PerRow())
     for tt in (t, t0):
-        assert tt.qdata.dtype == e4m3 and tuple(tt.qdata.shape) == (N, K)
+        assert tt.qdata.dtype == e4m3 and tuple(tt.qdata.shape) == (n, K)
         assert tt.scale.dtype == torch.float32
-        assert tuple(tt.scale.shape) == (N, 1)
+        assert tuple(tt.scale.shape) == (n, 1)
     kw = QuantizeTensorToFloat8Kwargs(e4m3, PerRow(), hp_value_lb=1e-12)
     kw0 = QuantizeTensorToFloat8Kwargs(e4m3, PerRow())
     xa = _choose_quant_func_and_quantize_tensor(x, kw)
@@ -545,7 +567,7 @@ def case_f8r(outdir, src, seed=4):
     c.put("y_aq", y_aq)
     c.kv("format", "f8r")
     c.kv("group_size", K)
-    c.kv("n", N)
+    c.kv("n", n)
     c.kv("k", K)
     c.kv("m", M)
     c.kv("src_dtype", DTNAME[src])
@@ -561,7 +583,7 @@ def case_f8r(outdir, src, seed=4):
     c.kv("dequant_fn", "Float8Tensor.dequantize(torch.float32) "
          "(_dequantize_affine_float8)")
     c.kv("nolb_nan_weight_rows", ",".join(
-        str(i) for i in range(N) if bool(t0.qdata[i].float().isnan().any())))
+        str(i) for i in range(n) if bool(t0.qdata[i].float().isnan().any())))
     c.kv("nolb_nan_act_rows", ",".join(
         str(i) for i in range(M) if bool(xa0.qdata[i].float().isnan().any())))
     c.kv("cases", "wo,aq")
@@ -589,6 +611,12 @@ def main():
     # scales in f16 (see f16_tiny_rows for the all-zero rows).
     names.append(case_q8c(outdir, torch.float16))
     names.append(case_f8r(outdir, torch.float16))
+    names.append(case_q4g(outdir, 128, torch.float16))
+    # 64 rows of many magnitudes: bf16/f16 scales and codes in bulk.
+    for src in (torch.bfloat16, torch.float16):
+        names.append(case_q8c(outdir, src, seed=6, wide=True))
+        names.append(case_f8r(outdir, src, seed=7, wide=True))
+        names.append(case_q4g(outdir, 128, src, seed=8, wide=True))
     with open(os.path.join(outdir, "index.txt"), "w") as f:
         f.write("# cases written by tests/data/make_golden.py (TorchAO %s, "
                 "torch %s)\n" % (torchao.__version__, torch.__version__.split("+")[0]))

@@ -668,7 +668,7 @@ static unsigned f8r_at(const ql_qweight *q, int64_t r, int64_t i) {
  * rule on the block. Asymmetric blocks: the q4g rule with 255 steps and
  * offset 128. Returns Σ (x - x̂)² and adds Σ Δ²/12 to *sref.
  */
-static double check_q8b_row(const ql_qweight *q, const float *x,
+static double check_q8b_row(const ql_qweight *q, ql_dtype rd, const float *x,
                             const float *dq, int64_t r, double *sref) {
   int64_t n = q->n, k = q->k, bs = q->group_size, b, k0, i;
   const double u = 0x1p-24;
@@ -687,9 +687,9 @@ static double check_q8b_row(const ql_qweight *q, const float *x,
       s = (float)((double)amax / 127.5);
       if (s < FLT_EPSILON)
         s = FLT_EPSILON;
-      REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(q->scale_dtype, s)),
+      REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(rd, s)),
               "q8b scale r%lld b%lld: %a want %a", (long long)r, (long long)b,
-              (double)s_st, (double)narrow(q->scale_dtype, s));
+              (double)s_st, (double)narrow(rd, s));
       inv = (float)(1.0 / (double)s_st);
       for (i = k0; i < k1; i++) {
         double t = tu_rne((double)(float)((double)x[i] * (double)inv));
@@ -724,12 +724,12 @@ static double check_q8b_row(const ql_qweight *q, const float *x,
       s = (float)((double)rng / 255.0);
       z = (float)((double)mn + 128.0 * (double)s);
       z_st = ql_load_f32(q->scale_dtype, q->zero, si);
-      REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(q->scale_dtype, s)),
+      REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(rd, s)),
               "q8b scale r%lld b%lld: %a want %a", (long long)r, (long long)b,
-              (double)s_st, (double)narrow(q->scale_dtype, s));
-      REQUIRE(tu_f32_bits(z_st) == tu_f32_bits(narrow(q->scale_dtype, z)),
+              (double)s_st, (double)narrow(rd, s));
+      REQUIRE(tu_f32_bits(z_st) == tu_f32_bits(narrow(rd, z)),
               "q8b zero r%lld b%lld: %a want %a", (long long)r, (long long)b,
-              (double)z_st, (double)narrow(q->scale_dtype, z));
+              (double)z_st, (double)narrow(rd, z));
       for (i = k0; i < k1; i++) {
         float d = (float)((double)x[i] - (double)mn);
         double t = tu_rne((double)(float)((double)d / (double)s));
@@ -772,7 +772,7 @@ static double check_q8b_row(const ql_qweight *q, const float *x,
  * · scale in one f32 rounding. Returns Σ (x - x̂)² and adds Σ Δ²/12 to
  * *sref, Δ being the e4m3 step at x / scale times the scale.
  */
-static double check_f8r_row(const ql_qweight *q, const float *x,
+static double check_f8r_row(const ql_qweight *q, ql_dtype rd, const float *x,
                             const float *dq, int64_t r, double *sref) {
   int64_t k = q->k, i;
   const double u = 0x1p-24;
@@ -783,9 +783,9 @@ static double check_f8r_row(const ql_qweight *q, const float *x,
     amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
   s = (float)((double)(amax > 1e-12f ? amax : 1e-12f) / 448.0);
   s_st = ql_load_f32(q->scale_dtype, q->scale, (size_t)r);
-  REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(q->scale_dtype, s)),
+  REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(rd, s)),
           "f8r scale r%lld: %a want %a", (long long)r, (double)s_st,
-          (double)narrow(q->scale_dtype, s));
+          (double)narrow(rd, s));
   for (i = 0; i < k; i++) {
     unsigned got = f8r_at(q, r, i), want;
     float xh = dq[i];
@@ -826,9 +826,11 @@ static double check_f8r_row(const ql_qweight *q, const float *x,
  * spec (double arithmetic, hand-written round half to even), then checks
  * dequantize: exact formula, and |x - x̂| within the bound derived from the
  * unrounded and stored parameters. Returns Σ (x - x̂)² and, in *ref,
- * Σ Δ²/12 with Δ the stored step of each element.
+ * Σ Δ²/12 with Δ the stored step of each element. rd is the dtype the
+ * parameters were rounded to before being stored in q->scale_dtype.
  */
-static double check_weight(const ql_qweight *q, const float *w, double *ref) {
+static double check_weight_rd(const ql_qweight *q, const float *w,
+                              double *ref, ql_dtype rd) {
   int64_t n = q->n, k = q->k, r, i;
   float *dq = tu_xmalloc((size_t)(n * k) * sizeof(float));
   float *row = tu_xmalloc((size_t)k * sizeof(float));
@@ -876,12 +878,12 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
         z = (float)((double)mn + 8.0 * (double)s);
         s_st = ql_load_f32(q->scale_dtype, q->scale, (size_t)(g * n + r));
         z_st = ql_load_f32(q->scale_dtype, q->zero, (size_t)(g * n + r));
-        REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(q->scale_dtype, s)),
+        REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(rd, s)),
                 "q4g scale r%lld g%lld: %a want %a", (long long)r, (long long)g,
-                (double)s_st, (double)narrow(q->scale_dtype, s));
-        REQUIRE(tu_f32_bits(z_st) == tu_f32_bits(narrow(q->scale_dtype, z)),
+                (double)s_st, (double)narrow(rd, s));
+        REQUIRE(tu_f32_bits(z_st) == tu_f32_bits(narrow(rd, z)),
                 "q4g zero r%lld g%lld: %a want %a", (long long)r, (long long)g,
-                (double)z_st, (double)narrow(q->scale_dtype, z));
+                (double)z_st, (double)narrow(rd, z));
         for (i = k0; i < k1; i++) {
           float d = (float)((double)x[i] - (double)mn);
           double t = tu_rne((double)(float)((double)d / (double)s));
@@ -913,9 +915,9 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
         }
       }
     } else if (q->format == QL_FORMAT_Q8B) {
-      sse += check_q8b_row(q, x, dq + r * k, r, &sref);
+      sse += check_q8b_row(q, rd, x, dq + r * k, r, &sref);
     } else if (q->format == QL_FORMAT_F8R) {
-      sse += check_f8r_row(q, x, dq + r * k, r, &sref);
+      sse += check_f8r_row(q, rd, x, dq + r * k, r, &sref);
     } else {
       float amax = 0.0f, s, s_st, inv;
       for (i = 0; i < k; i++)
@@ -924,9 +926,9 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
       if (s < FLT_EPSILON)
         s = FLT_EPSILON;
       s_st = ql_load_f32(q->scale_dtype, q->scale, (size_t)r);
-      REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(q->scale_dtype, s)),
+      REQUIRE(tu_f32_bits(s_st) == tu_f32_bits(narrow(rd, s)),
               "q8c scale r%lld: %a want %a", (long long)r, (double)s_st,
-              (double)narrow(q->scale_dtype, s));
+              (double)narrow(rd, s));
       inv = (float)(1.0 / (double)s_st);
       for (i = 0; i < k; i++) {
         double t = tu_rne((double)(float)((double)x[i] * (double)inv));
@@ -957,6 +959,19 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
   if (ref)
     *ref = sref;
   return sse;
+}
+
+/* check_weight_rd() of a weight whose parameters were rounded to the
+ * dtype they are stored in (an explicit scale dtype, or the default where
+ * it stores the source dtype). */
+static double check_weight(const ql_qweight *q, const float *w, double *ref) {
+  return check_weight_rd(q, w, ref, q->scale_dtype);
+}
+
+/* The dtype ql_qweight_quantize() rounds the parameters to for source
+ * dtype src and requested scale dtype sdt (ql_quant_params). */
+static ql_dtype rounding_of(ql_dtype src, ql_dtype sdt) {
+  return (int)sdt == 0 ? src : sdt;
 }
 
 /* ---------------------------------------------------------------- formats */
@@ -1465,22 +1480,28 @@ START_TEST(test_zero_and_constant_rows) {
 }
 END_TEST
 
-/* The default scale dtype (0): the source dtype, for every format; the
- * same bytes as asking for it explicitly. */
+/*
+ * The default scale dtype (0): the scale rounded to the source dtype, and
+ * stored as TorchAO stores it: in the source dtype for q4g and q8b, as f32
+ * for q8c and f8r. Asking for the source dtype explicitly gives the same
+ * values and codes (stored in the source dtype); asking for f32 from a
+ * bf16/f16 source keeps the unrounded quotient, which differs somewhere.
+ */
 START_TEST(test_default_scale_dtype) {
   const cfg *c = &cfgs[_i];
   float w[3 * 70], wide[3 * 70];
   uint16_t w16[3 * 70];
   uint64_t rng = 21;
   size_t d, i;
+  int f32_store = c->f == QL_FORMAT_Q8C || c->f == QL_FORMAT_F8R;
 
   for (i = 0; i < 210; i++)
     w[i] = (float)tu_rng_gauss(&rng);
   for (d = 0; d < 3; d++) {
     ql_dtype src = all_dtypes[d];
-    ql_dtype want = src;
+    ql_dtype want = f32_store ? QL_DTYPE_F32 : src;
     const void *in = w;
-    ql_qweight *a = NULL, *b = NULL;
+    ql_qweight *a = NULL, *b = NULL, *e = NULL;
 
     if (src != QL_DTYPE_F32) {
       ql_from_f32(src, w, w16, 210);
@@ -1488,29 +1509,55 @@ START_TEST(test_default_scale_dtype) {
     }
     ql_to_f32(src, in, wide, 210);
     ck_assert_int_eq(quantize_c(c, 3, 70, src, in, NULL, (ql_dtype)0, &a), 0);
-    ck_assert_int_eq(quantize_c(c, 3, 70, src, in, NULL, want, &b), 0);
+    ck_assert_int_eq(quantize_c(c, 3, 70, src, in, NULL, src, &b), 0);
+    ck_assert_int_eq(quantize_c(c, 3, 70, src, in, NULL, QL_DTYPE_F32, &e), 0);
     REQUIRE(a->scale_dtype == want, "%s source: scale dtype %d",
             tu_dtype_name(src), (int)a->scale_dtype);
-    ck_assert(a->scale_bytes == b->scale_bytes &&
-              memcmp(a->scale, b->scale, a->scale_bytes) == 0);
+    ck_assert(b->scale_dtype == src);
+    size_t ns = a->scale_bytes / ql_dtype_size(a->scale_dtype);
+    ck_assert_uint_eq(ns * ql_dtype_size(src), b->scale_bytes);
+    for (i = 0; i < ns; i++) {
+      float va = ql_load_f32(a->scale_dtype, a->scale, i);
+      float vb = ql_load_f32(b->scale_dtype, b->scale, i);
+      REQUIRE(tu_f32_bits(va) == tu_f32_bits(vb),
+              "%s source: scale[%zu] %a by default, %a in the source dtype",
+              tu_dtype_name(src), i, (double)va, (double)vb);
+      if (a->zero) {
+        va = ql_load_f32(a->scale_dtype, a->zero, i);
+        vb = ql_load_f32(b->scale_dtype, b->zero, i);
+        ck_assert(tu_f32_bits(va) == tu_f32_bits(vb));
+      }
+    }
     ck_assert(memcmp(a->qdata, b->qdata, a->qdata_bytes) == 0);
     ck_assert((a->zero != NULL) == (b->zero != NULL));
-    if (a->zero)
-      ck_assert(memcmp(a->zero, b->zero, a->scale_bytes) == 0);
-    check_weight(a, wide, NULL);
+    if (src != QL_DTYPE_F32) {
+      /* an explicit f32 scale is the f32 quotient, not TorchAO's value */
+      size_t nd = 0;
+      ck_assert_int_eq(e->scale_dtype, QL_DTYPE_F32);
+      for (i = 0; i < ns; i++)
+        nd += tu_f32_bits(ql_load_f32(QL_DTYPE_F32, e->scale, i)) !=
+              tu_f32_bits(ql_load_f32(a->scale_dtype, a->scale, i));
+      REQUIRE(nd > 0, "%s source: an explicit f32 scale equals the default",
+              tu_dtype_name(src));
+      check_weight(e, wide, NULL);
+    } else {
+      ck_assert(memcmp(a->scale, e->scale, a->scale_bytes) == 0 &&
+                memcmp(a->qdata, e->qdata, a->qdata_bytes) == 0);
+    }
+    check_weight_rd(a, wide, NULL, rounding_of(src, (ql_dtype)0));
     ql_qweight_free(a);
     ql_qweight_free(b);
+    ql_qweight_free(e);
   }
 }
 END_TEST
 
 /*
- * f8r's default scale dtype is the source dtype, like the other formats':
- * TorchAO's Float8Tensor.from_hp computes a bf16/f16 weight's scale in
- * that dtype (_choose_scale_float8: max_abs / 448 rounded to it) and only
- * then widens it to f32. The expected scales and codes are what TorchAO
- * 0.18 gives for these rows (hp_value_lb=1e-12, torch 2.15, CPU), except
- * the last f16 row: amax 2^-20 makes the f16 scale 0, where TorchAO writes
+ * f8r's default scale: TorchAO's Float8Tensor.from_hp computes a bf16/f16
+ * weight's scale in that dtype (_choose_scale_float8: max_abs / 448
+ * rounded to it) and then widens it to f32, which is what it stores. The
+ * expected scales and codes are what TorchAO 0.18 gives for these rows
+ * (hp_value_lb=1e-12, torch 2.15, CPU), except the last f16 row: amax 2^-20 makes the f16 scale 0, where TorchAO writes
  * codes 0x7E and NaN (x / 0) and we write zeros.
  */
 START_TEST(test_f8r_default_scale_dtype) {
@@ -1545,18 +1592,18 @@ START_TEST(test_f8r_default_scale_dtype) {
     ck_assert_int_eq(
         quantize_args(QL_FORMAT_F8R, 0, 3, 4, src, w16, NULL, (ql_dtype)0, &a),
         0);
-    REQUIRE(a->scale_dtype == src, "%s: scale dtype %d", tu_dtype_name(src),
-            (int)a->scale_dtype);
-    ck_assert_uint_eq(a->scale_bytes, 3 * 2);
+    REQUIRE(a->scale_dtype == QL_DTYPE_F32, "%s: scale dtype %d",
+            tu_dtype_name(src), (int)a->scale_dtype);
+    ck_assert_uint_eq(a->scale_bytes, 3 * 4);
     for (i = 0; i < 3; i++)
-      REQUIRE(ql_load_f32(src, a->scale, i) == want[d].scale[i],
+      REQUIRE(tu_f32_bits(((const float *)a->scale)[i]) ==
+                  tu_f32_bits(want[d].scale[i]),
               "%s: scale[%zu] %a, want %a", tu_dtype_name(src), i,
-              (double)ql_load_f32(src, a->scale, i),
-              (double)want[d].scale[i]);
+              (double)((const float *)a->scale)[i], (double)want[d].scale[i]);
     for (i = 0; i < 12; i++)
       REQUIRE(a->qdata[i] == want[d].q[i], "%s: q[%zu] %02x, want %02x",
               tu_dtype_name(src), i, a->qdata[i], want[d].q[i]);
-    check_weight(a, wide, NULL);
+    check_weight_rd(a, wide, NULL, rounding_of(src, (ql_dtype)0));
 
     /* an f32 scale keeps the f32 quotient: other values, other codes */
     ck_assert_int_eq(quantize_args(QL_FORMAT_F8R, 0, 3, 4, src, w16, NULL,

@@ -4,8 +4,11 @@
  * meta.txt names the TorchAO function that made it).
  *
  * Four checks per case, each a loop test over the cases of index.txt:
- *   quantize  (a) ql_qweight_quantize() on the same f32/bf16 weight gives
- *                 TorchAO's qdata, scale and zero bit for bit;
+ *   quantize  (a) ql_qweight_quantize() on the same f32/bf16/f16 weight
+ *                 gives TorchAO's qdata, scale and zero bit for bit, with
+ *                 the default scale dtype in the dtype TorchAO stores
+ *                 them in, and the same weight as ql_qweight_import() of
+ *                 TorchAO's tensors (one digest, one resident copy);
  *   import    (b) ql_qweight_import() of TorchAO's packed tensors (canonical
  *                 and integer-zero-point forms) dequantizes to TorchAO's
  *                 dequantized weight: bit for bit, except q4g with f32
@@ -314,6 +317,7 @@ static void row_list(const char *s, int *mask, int64_t rows) {
 
 START_TEST(test_index) {
   int seen[4] = {0}, bf16 = 0, f32 = 0, aq16[2] = {0, 0};
+  int half[4][2] = {{0}}; /* [kind][f16?]: 16-bit weights TorchAO quantized */
 
   REQUIRE(index_error[0] == '\0', "golden vectors: %s", index_error);
   REQUIRE(ncases >= 8, "golden vectors: only %d cases in %s/index.txt",
@@ -324,6 +328,8 @@ START_TEST(test_index) {
     seen[c.kind]++;
     bf16 += c.src == QL_DTYPE_BF16;
     f32 += c.src == QL_DTYPE_F32;
+    if (c.src != QL_DTYPE_F32)
+      half[c.kind][c.src == QL_DTYPE_F16]++;
     if (strstr(get(&c.m, "cases"), "aq") != NULL &&
         c.src != QL_DTYPE_F32) /* activations TorchAO scaled in 16 bits */
       aq16[c.src == QL_DTYPE_F16]++;
@@ -336,6 +342,15 @@ START_TEST(test_index) {
           "golden vectors: a format is missing (q4g %d, q4g int %d, q8c %d, "
           "f8r %d)", seen[Q4G], seen[Q4I], seen[Q8C], seen[F8R]);
   REQUIRE(bf16 > 0 && f32 > 0, "golden vectors: no bf16 or no f32 input");
+  for (int kd = Q4G; kd <= F8R; kd++) {
+    if (kd == Q4I)
+      continue;
+    REQUIRE(half[kd][0] >= 2 && half[kd][1] >= 2,
+            "golden vectors: %s weights from bf16 %d, from f16 %d cases (a "
+            "small and a wide one of each wanted)",
+            kd == Q4G ? "q4g" : kd == Q8C ? "q8c" : "f8r", half[kd][0],
+            half[kd][1]);
+  }
   REQUIRE(aq16[0] >= 2 && aq16[1] >= 2,
           "golden vectors: AQ cases with bf16 %d, with f16 %d activations "
           "(q8c and f8r each wanted)", aq16[0], aq16[1]);
@@ -411,6 +426,61 @@ static size_t quantize_diff(const gcase *c, ql_dtype sdt, char *msg,
 }
 
 /*
+ * The default quantization of a case is TorchAO's weight byte for byte:
+ * the scale (and zero) arrays in the dtype TorchAO stores them in, with
+ * its bytes, and ql_qweight_import() of TorchAO's packed tensors gives the
+ * same weight: every field the daemon's digest covers (daemon/weights.c)
+ * is equal, so a load() and a load_packed() of it share one copy.
+ */
+static void same_weight_as_torchao(const gcase *c, const ql_qweight *w) {
+  ql_qweight *imp = NULL;
+  char err[256] = "";
+  arr s, z = {0};
+
+  load(c->name, "scale", &s);
+  REQUIRE(adt(&s, 0) == (int)w->scale_dtype, "%s: scales stored as %s, "
+          "TorchAO stores %s (meta: %s)", c->name,
+          tu_dtype_name(w->scale_dtype), tu_dtype_name((ql_dtype)adt(&s, 0)),
+          get(&c->m, "scale_dtype"));
+  REQUIRE(dtype_of(get(&c->m, "scale_dtype")) == w->scale_dtype,
+          "%s: meta.txt says scale_dtype=%s", c->name,
+          get(&c->m, "scale_dtype"));
+  REQUIRE(s.bytes == w->scale_bytes &&
+              memcmp(s.data, w->scale, s.bytes) == 0,
+          "%s: scale bytes differ from TorchAO's", c->name);
+  if (c->kind == Q4G) {
+    load(c->name, "zero", &z);
+    REQUIRE(z.bytes == w->scale_bytes && w->zero != NULL &&
+                memcmp(z.data, w->zero, z.bytes) == 0,
+            "%s: zero bytes differ from TorchAO's", c->name);
+    unload(&z);
+  }
+  unload(&s);
+
+  int rc = import_torchao(c, "", &imp, err, sizeof err);
+  REQUIRE(rc == 0, "%s: import (%d): %s", c->name, rc, err);
+  REQUIRE(imp->format == w->format && imp->group_size == w->group_size &&
+              imp->n == w->n && imp->k == w->k &&
+              imp->scale_dtype == w->scale_dtype &&
+              imp->asymmetric == w->asymmetric &&
+              (imp->zero == NULL) == (w->zero == NULL) &&
+              (imp->bias == NULL) == (w->bias == NULL),
+          "%s: imported: format %d gs %u scale %s; quantized: format %d gs "
+          "%u scale %s", c->name, (int)imp->format, imp->group_size,
+          tu_dtype_name(imp->scale_dtype), (int)w->format, w->group_size,
+          tu_dtype_name(w->scale_dtype));
+  REQUIRE(imp->qdata_bytes == w->qdata_bytes &&
+              memcmp(imp->qdata, w->qdata, w->qdata_bytes) == 0,
+          "%s: imported qdata differs from ours", c->name);
+  REQUIRE(imp->scale_bytes == w->scale_bytes &&
+              memcmp(imp->scale, w->scale, w->scale_bytes) == 0,
+          "%s: imported scale differs from ours", c->name);
+  REQUIRE(w->zero == NULL || memcmp(imp->zero, w->zero, w->scale_bytes) == 0,
+          "%s: imported zero differs from ours", c->name);
+  ql_qweight_free(imp);
+}
+
+/*
  * (a) Our quantizer on TorchAO's input gives TorchAO's bytes: first with
  * the scale dtype TorchAO computes in (the weight's own: Int4Tensor does
  * scale.to(w.dtype); choose_qparams_affine and _choose_scale_float8 divide
@@ -419,7 +489,7 @@ static size_t quantize_diff(const gcase *c, ql_dtype sdt, char *msg,
  */
 START_TEST(test_quantize) {
   gcase c;
-  ql_qweight *w = NULL;
+  ql_qweight *w = NULL, *wd = NULL;
   char msg[1024];
   size_t nd;
 
@@ -431,10 +501,12 @@ START_TEST(test_quantize) {
   nd = quantize_diff(&c, c.src, msg, sizeof msg, &w);
   REQUIRE(nd == 0, "%s: with %s scales, %zu values differ from TorchAO: %s",
           c.name, tu_dtype_name(c.src), nd, msg);
-  nd = quantize_diff(&c, (ql_dtype)0, msg, sizeof msg, NULL);
+  nd = quantize_diff(&c, (ql_dtype)0, msg, sizeof msg, &wd);
   REQUIRE(nd == 0, "%s: with the default scale dtype, %zu values differ "
           "from TorchAO (with %s scales none does): %s", c.name, nd,
           tu_dtype_name(c.src), msg);
+  same_weight_as_torchao(&c, wd);
+  ql_qweight_free(wd);
   float *os = tu_xmalloc((size_t)c.n * sizeof *os);
 
   /* f8r: TorchAO's default (no hp_value_lb) agrees except on the rows it
