@@ -762,6 +762,7 @@ static int do_hello(ql_client *c, ql_hello_info *out) {
   memcpy(info.instance_id, h->instance_id.data, QL_INSTANCE_ID_BYTES);
   info.max_message_bytes = h->max_message_bytes;
   info.max_chunk_bytes = h->max_chunk_bytes;
+  info.quantizer_version = h->quantizer_version ? h->quantizer_version : 1;
   info.n_devices_total = h->n_devices;
   for (size_t i = 0; i < h->n_devices && info.n_devices < QL_MAX_DEVICES;
        i++) {

@@ -59,7 +59,7 @@ static const char usage_text[] =
     "                         quantize; FMT is q4g32..q4g256, q8c, q8b32..q8b256\n"
     "                         (q8b32a.. asymmetric) or f8r; POLICY auto or\n"
     "                         weight-only; DTYPE of the scales bf16, f16 or\n"
-    "                         f32 (default: as TorchAO, the data's own dtype);\n"
+    "                         f32 (default: TorchAO's, byte for byte);\n"
     "                         --persistent (with --admin) stores it: it stays\n"
     "                         resident, across restarts, until an admin unload;\n"
     "                         LIST (names or aliases, comma-separated) places\n"
@@ -362,6 +362,7 @@ static int cmd_status(ctx *cx, int argc, char **argv) {
   printf("daemon        %s\n", h.daemon_version);
   printf("protocol      %" PRIu32 "\n", h.protocol_version);
   printf("instance      %s\n", id);
+  printf("quantizer     %" PRIu32 "\n", h.quantizer_version);
   printf("message cap   %s (%" PRIu64 " bytes)\n",
          human_bytes(h.max_message_bytes, b1, sizeof b1), h.max_message_bytes);
   if (h.max_chunk_bytes != 0)

@@ -99,6 +99,7 @@ static void on_hello(ql__server *s, const Qlinear__V1__HelloRequest *h,
   hr->instance_id.len = sizeof s->instance_id;
   hr->max_message_bytes = s->cfg.max_message_bytes;
   hr->max_chunk_bytes = s->cfg.max_chunk_bytes;
+  hr->quantizer_version = QL_QUANTIZER_VERSION;
   hr->devices = b->devs;
   hr->n_devices = s->n_dev;
   r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_HELLO;

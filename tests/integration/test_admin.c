@@ -19,6 +19,7 @@
 #include <check.h>
 
 #include "harness.h"
+#include "npy.h"
 #include "qlinear/qlinear.h"
 #include "testutil.h"
 
@@ -81,6 +82,19 @@ static int count_files(const char *dir, const char *needle) {
       n++;
   closedir(dd);
   return n;
+}
+
+/* Copies the file src to dst (created 0600). */
+static void copy_file(const char *src, const char *dst) {
+  char buf[4096];
+  size_t n;
+  FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+  ck_assert_msg(in != NULL && out != NULL, "copy %s to %s", src, dst);
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+    ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
+  ck_assert(!ferror(in));
+  fclose(in);
+  ck_assert_int_eq(fclose(out), 0);
 }
 
 static int resident(ql_client *c, const char *name, ql_weight_info *out) {
@@ -584,6 +598,113 @@ START_TEST(cpu_level_option) {
 }
 END_TEST
 
+/*
+ * A state directory written by the daemon before the quantizer's rules
+ * changed (version 1: q8c and f8r of a bf16 weight kept bf16 scales;
+ * tests/data/store_q1, made with `qlinearctl --admin load --bf16
+ * --persistent` at that version) loads unchanged: every weight under its
+ * name, digest and scale dtype. A load of the same bf16 weight by today's
+ * rules (f32 scales, TorchAO's bytes) is another weight, so it is refused
+ * under the old name instead of being taken for the stored one; q4g, whose
+ * bytes did not change, is shared. Both q8c weights hold the same values,
+ * so they compute the same y.
+ */
+START_TEST(store_from_quantizer_v1) {
+  static const struct {
+    const char *name, *digest16;
+    ql_format f;
+    uint32_t gs;
+    int scale_dtype, same_now;
+  } old[] = {
+      {"old/q8c", "04d680ba58427b7d", QL_FORMAT_Q8C, 0, QL_DTYPE_BF16, 0},
+      {"old/f8r", "b58b57f702d7497f", QL_FORMAT_F8R, 0, QL_DTYPE_BF16, 0},
+      {"old/q4g32", "770b49e6f54393f9", QL_FORMAT_Q4G, 32, QL_DTYPE_BF16, 1},
+      {"old/q8c_f32", "009cba490fb64f91", QL_FORMAT_Q8C, 0, QL_DTYPE_F32, 0},
+  };
+  const char *data = getenv("QL_TEST_DATA");
+  char st[256], src[700], dst[700], err[200], hex[17];
+  ck_assert_ptr_nonnull(data);
+  state_dir(st, sizeof st);
+  ck_assert_int_eq(mkdir(st, 0700), 0);
+  snprintf(src, sizeof src, "%s/store_q1", data);
+  DIR *dd = opendir(src);
+  struct dirent *e;
+  int copied = 0;
+  ck_assert_msg(dd != NULL, "no %s", src);
+  while ((e = readdir(dd)) != NULL) {
+    if (strstr(e->d_name, ".safetensors") == NULL)
+      continue;
+    snprintf(src, sizeof src, "%s/store_q1/%s", data, e->d_name);
+    snprintf(dst, sizeof dst, "%s/%s", st, e->d_name);
+    copy_file(src, dst);
+    copied++;
+  }
+  closedir(dd);
+  ck_assert_int_eq(copied, 4);
+
+  ql__npy w;
+  snprintf(src, sizeof src, "%s/store_q1/w_bf16.npy", data);
+  ck_assert_msg(ql__npy_load(src, &w, err, sizeof err) == 0, "%s", err);
+  ck_assert(w.type == QL__NPY_U16 && w.shape[0] == 8 && w.shape[1] == 64);
+
+  const char *args[] = {"--state-dir", st, NULL};
+  td d;
+  td_start(&d, args);
+  ql_client *u = td_connect(&d);
+  for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) {
+    ql_weight_info wi, now;
+    ql_load_desc ld;
+    char name[64];
+    int shared = -1, rc;
+    ck_assert_int_eq(resident(u, old[i].name, &wi), 0);
+    for (int b = 0; b < 8; b++)
+      snprintf(hex + 2 * b, 3, "%02x", wi.digest[b]);
+    ck_assert_str_eq(hex, old[i].digest16);
+    ck_assert_int_eq(wi.scale_dtype, old[i].scale_dtype);
+    ck_assert_int_eq(wi.persistent, 1);
+    if (old[i].scale_dtype == QL_DTYPE_F32)
+      continue; /* an f32 weight's bytes did not change */
+
+    memset(&ld, 0, sizeof ld);
+    ld.name = old[i].name;
+    ld.format = old[i].f;
+    ld.group_size = old[i].gs;
+    ld.n = 8;
+    ld.k = 64;
+    ld.dtype = QL_DTYPE_BF16;
+    ld.data = w.data;
+    rc = ql_load_float(u, &ld, &now, &shared);
+    if (old[i].same_now) {
+      ck_assert_int_eq(rc, 0);
+      ck_assert_int_eq(shared, 1);
+      continue;
+    }
+    ck_assert_msg(rc == QL_EEXIST, "%s: %s", old[i].name, ql_strerror(rc));
+    snprintf(name, sizeof name, "new/%s", old[i].name + 4);
+    ld.name = name;
+    ck_assert_int_eq(ql_load_float(u, &ld, &now, &shared), 0);
+    ck_assert_int_eq(shared, 0);
+    ck_assert_int_eq(now.scale_dtype, QL_DTYPE_F32);
+    ck_assert(memcmp(now.digest, wi.digest, QL_DIGEST_BYTES) != 0);
+
+    float x[3 * 64], ya[3 * 8], yb[3 * 8];
+    for (int j = 0; j < 3 * 64; j++)
+      x[j] = (float)((j * 37) % 19) / 8.0f - 1.0f;
+    ck_assert_int_eq(ql_linear(u, old[i].name, QL_PATH_WEIGHT_ONLY,
+                               QL_DTYPE_F32, 3, 64, x, 8, ya, NULL),
+                     0);
+    ck_assert_int_eq(ql_linear(u, name, QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 3,
+                               64, x, 8, yb, NULL),
+                     0);
+    ck_assert_msg(memcmp(ya, yb, sizeof ya) == 0, "%s: y differs", name);
+  }
+  ql_close(u);
+  ql__npy_free(&w);
+  ck_assert_int_eq(td_stop(&d), 0);
+  rm_state(st);
+}
+END_TEST
+
 /* A required device that is not there stops the start with a message; the
  * daemon never reports ready without it. */
 START_TEST(required_device_missing) {
@@ -631,6 +752,7 @@ int main(void) {
   tcase_add_test(tc, budget_overflow);
   tcase_add_test(tc, admin_unload_of_held_weight);
   tcase_add_test(tc, required_device_missing);
+  tcase_add_test(tc, store_from_quantizer_v1);
   tcase_add_test(tc, session_lease);
   tcase_add_test(tc, crossover_measured_and_cached);
   tcase_add_test(tc, cpu_level_option);

@@ -123,6 +123,12 @@ typedef struct ql_hello_info {
   size_t n_devices;
   size_t n_devices_total; /* devices the daemon announced */
   ql_device_info devices[QL_MAX_DEVICES];
+  /* The version of the rules by which the daemon quantizes float weights
+   * (ql_load_float() with the default scale dtype); a new version may give
+   * other bytes for the same float weight. A client that names weights
+   * after their float content puts it in the name (the Python binding's
+   * weight_name() does). 1 for a daemon that does not announce it. */
+  uint32_t quantizer_version;
 } ql_hello_info;
 
 /* Called by ql_load_float() on the calling thread, once with done = 0 before
@@ -146,8 +152,10 @@ typedef struct ql_load_desc {
   const void *bias;    /* [n] in dtype, or NULL for no bias; borrowed */
   ql_path policy;      /* the path of requests that leave theirs AUTO */
   /* dtype of the scale and zero arrays the daemon keeps: 0 means the
-   * format's default (the data's own dtype, as TorchAO does), else a
-   * ql_dtype. */
+   * default, TorchAO 0.18's bytes (for a bf16/f16 weight the scale is
+   * rounded to that dtype and kept as f32 for q8c and f8r, in that dtype
+   * for q4g and q8b); a ql_dtype rounds and keeps the scales in it (f32:
+   * the unrounded f32 quotient). */
   int scale_dtype;
   ql_progress_cb progress; /* optional, NULL for none */
   void *progress_arg;      /* passed to progress as is */

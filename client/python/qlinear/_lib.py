@@ -119,6 +119,7 @@ class ql_hello_info(ctypes.Structure):
         ("n_devices", ctypes.c_size_t),
         ("n_devices_total", ctypes.c_size_t),
         ("devices", ql_device_info * QL_MAX_DEVICES),
+        ("quantizer_version", ctypes.c_uint32),
     ]
 
 

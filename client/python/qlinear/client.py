@@ -241,6 +241,8 @@ class HelloInfo:
     max_chunk_bytes: int
     devices: list
     n_devices_total: int
+    # the version of the daemon's quantization rules (ql_hello_info)
+    quantizer_version: int = 1
 
 
 @dataclasses.dataclass
@@ -554,7 +556,8 @@ class Client:
             max_chunk_bytes=h.max_chunk_bytes,
             devices=[Device(_s(d.name), _s(d.kind), _s(d.alias))
                      for d in h.devices[:h.n_devices]],
-            n_devices_total=h.n_devices_total)
+            n_devices_total=h.n_devices_total,
+            quantizer_version=h.quantizer_version)
 
     def load(self, name, weight, bias=None, *, format="q4g128", dtype=None,
              policy="auto", scale_dtype=None, persistent=False,
@@ -562,8 +565,9 @@ class Client:
         """Uploads a float weight [n, k] (and bias [n]) for the daemon to
         quantize into ``format`` (ql_load_float()). ``dtype`` names the
         element type when the array's own does not ("bf16" for a uint16
-        array). ``scale_dtype`` ("f32", "f16", "bf16") overrides the
-        default of the data's dtype. ``progress(done, total)`` is called
+        array). ``scale_dtype`` ("f32", "f16", "bf16") rounds and stores
+        the scales in that dtype; the default (None) gives TorchAO 0.18's
+        bytes (README, Formats). ``progress(done, total)`` is called
         as chunks are acknowledged. ``devices`` (a list of device names
         or aliases, or one comma-separated string) places the weight on
         those devices only; None: every accelerator, or the CPU when there

@@ -63,17 +63,23 @@ def _host_bytes(t):
     return t.numpy()
 
 
-def weight_name(linear, format, module_name="", prefix=""):
+def weight_name(linear, format, module_name="", prefix="", *,
+                quantizer_version=1):
     """The daemon-side name of a linear layer's weight in ``format``:
     ``prefix`` + the module path + the format + 24 hex digits of a SHA-256
-    over the format, shape, dtype, weight and bias. Equal layers get equal
-    names, in any process, so the daemon shares them; different content
-    never collides on a name (which the daemon would refuse)."""
+    over the format, shape, dtype, weight and bias, and the version of the
+    daemon's quantization rules (``Client.hello().quantizer_version``; 1
+    adds nothing, so names from daemons of version 1 stay as they were).
+    Equal layers get equal names, in any process, so the daemon shares
+    them; different content never collides on a name (which the daemon
+    would refuse), and neither does a weight quantized by other rules (a
+    persistent one stored by an older daemon)."""
     w = linear.weight.detach().cpu()
     b = linear.bias.detach().cpu() if linear.bias is not None else None
     h = hashlib.sha256()
-    h.update(("%s|%s|%s|%s\n" % (format, tuple(w.shape), w.dtype,
-                                 b is not None)).encode())
+    rules = "" if quantizer_version == 1 else "|q%d" % quantizer_version
+    h.update(("%s|%s|%s|%s%s\n" % (format, tuple(w.shape), w.dtype,
+                                   b is not None, rules)).encode())
     h.update(memoryview(_host_bytes(w)).cast("B"))
     if b is not None:
         h.update(memoryview(_host_bytes(b.to(w.dtype))).cast("B"))
@@ -130,8 +136,8 @@ class QLinear(nn.Module):
         """Uploads ``linear``'s weight and bias (in their dtype; others than
         float32/16 and bfloat16 as float32) for the daemon to quantize into
         ``format``, and returns the QLinear that uses it. ``name`` defaults
-        to weight_name(linear, format, module_name, prefix), which names
-        the content: when a weight of that name and format is already
+        to weight_name(linear, format, module_name, prefix) with the
+        daemon's quantizer version, which names the content: when a weight of that name and format is already
         resident (another process of the same model loaded it), this
         session only holds it (Client.hold()) and nothing is sent."""
         w = linear.weight.detach().cpu()
@@ -140,7 +146,9 @@ class QLinear(nn.Module):
         b = linear.bias.detach().cpu().to(w.dtype) \
             if linear.bias is not None else None
         if name is None:
-            name = weight_name(linear, format, module_name, prefix)
+            hi = client.hello_info or client.hello()
+            name = weight_name(linear, format, module_name, prefix,
+                               quantizer_version=hi.quantizer_version)
         info = None
         if scale_dtype is None and policy == "auto":
             # weight_name() hashes the content and the format; the daemon's

@@ -26,6 +26,7 @@ def from_bf16(u):
 def test_hello(client):
     h = client.hello()
     assert h.protocol_version == 1
+    assert h.quantizer_version == 2
     assert h.max_message_bytes > 0
     assert len(h.instance_id) == 16
     assert any(d.kind == "cpu" for d in h.devices)
@@ -159,8 +160,11 @@ def test_dtypes(client, rng):
     with pytest.raises(qlinear.QLinearError) as e:
         client.linear("py/dt", x.astype(np.float64))
     assert e.value.code == qlinear.QL_EDTYPE
-    # A bf16 weight upload (uint16 bits) and its bf16 scales.
+    # A bf16 weight upload (uint16 bits): q8c keeps TorchAO's f32 scales,
+    # q4g its bf16 ones.
     info = client.load("py/dt16", bf16(w), dtype="bf16", format="q8c")
+    assert info.scale_dtype == "f32"
+    info = client.load("py/dt16/q4g", bf16(w), dtype="bf16", format="q4g32")
     assert info.scale_dtype == "bf16"
 
 

@@ -262,8 +262,8 @@ def test_half_models(client, dtype):
     ref = copy.deepcopy(model)
     model = model.to(dtype)
     sw = qt.swap_linears(model, client, format="q8c")
-    assert sw["head"].info.scale_dtype == {torch.float16: "f16",
-                                           torch.bfloat16: "bf16"}[dtype]
+    # q8c stores TorchAO's f32 scales, rounded to the weight's dtype
+    assert sw["head"].info.scale_dtype == "f32"
     x = inputs()
     # LayerNorm and softmax in f16 are not implemented on the CPU by every
     # torch: compare one layer, then the bf16 model end to end.
