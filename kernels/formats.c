@@ -311,8 +311,10 @@ static int quantize_q8b_row(ql_qweight *w, ql_dtype rd, size_t r,
  * and returns it widened to f32; by default we do the same (rd = the
  * weight's dtype, stored as f32), so the scale and the codes are TorchAO's
  * bytes (the division uses the stored scale, as TorchAO divides by the
- * scale it returns). Its 1e-12 bound is applied in that
- * dtype, bf16(1e-12) giving the same scale for every bf16 amax.
+ * scale it returns). TorchAO applies a 1e-12 bound (when given) in that
+ * dtype; we apply it in f32 before the rounding, which gives the same
+ * scale for every bf16 amax (bf16(1e-12) / 448 and 1e-12f / 448 round to
+ * the same bf16).
  * An f16 scale can underflow to 0 (amax <= 448·2^-25; TorchAO's bound is
  * 0 in f16, so it writes NaN and ±448 codes there): every x̂ of that row
  * is then 0 whatever q is, and q is written as 0 instead of x/0.

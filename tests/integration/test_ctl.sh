@@ -52,6 +52,7 @@ ctl="$QLINEARCTL"
 expect 0 "example data" -- python3 "$QL_SRCDIR/deploy/example-npy" "$work"
 expect 0 "status" -- "$ctl" status
 grep -q "cpu" "$dir/out" || bad "status does not list the cpu device"
+grep -q "^quantizer *2$" "$dir/out" || bad "status does not say quantizer 2: $(cat "$dir/out")"
 
 # The README's lines, as pasted: a persistent weight outlives qlinearctl's
 # own session until an admin unloads it.

@@ -191,6 +191,7 @@ START_TEST(test_hello) {
   ql_hello_info h, h2;
   ck_assert_int_eq(ql_hello(c, &h), 0);
   ck_assert_uint_eq(h.protocol_version, QL_PROTOCOL_VERSION);
+  ck_assert_uint_eq(h.quantizer_version, 2);
   ck_assert_uint_eq(h.max_message_bytes, 64u << 20);
   ck_assert_uint_ge(h.n_devices, 1);
   ck_assert_str_eq(h.devices[0].name, "cpu");

@@ -64,12 +64,13 @@ def _host_bytes(t):
 
 
 def weight_name(linear, format, module_name="", prefix="", *,
-                quantizer_version=1):
+                quantizer_version):
     """The daemon-side name of a linear layer's weight in ``format``:
     ``prefix`` + the module path + the format + 24 hex digits of a SHA-256
     over the format, shape, dtype, weight and bias, and the version of the
-    daemon's quantization rules (``Client.hello().quantizer_version``; 1
-    adds nothing, so names from daemons of version 1 stay as they were).
+    daemon's quantization rules: pass the daemon's own,
+    ``Client.hello().quantizer_version`` (1 adds nothing, so names from
+    daemons of version 1 stay as they were).
     Equal layers get equal names, in any process, so the daemon shares
     them; different content never collides on a name (which the daemon
     would refuse), and neither does a weight quantized by other rules (a
