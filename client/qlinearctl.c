@@ -73,13 +73,14 @@ static const char usage_text[] =
     "  stats [--prometheus]   request, batch and kernel counters\n"
     "  reload                 (with --admin) re-read the daemon's config\n"
     "  import FILE.safetensors|INDEX.json ... [--format FMT] [--match REGEX]\n"
-    "       [--prefix NAME/] [--policy POLICY] [--persist] [--devices LIST]\n"
-    "       [--dry-run]\n"
+    "       [--prefix NAME/] [--policy POLICY] [--scale-dtype DTYPE] [--persist]\n"
+    "       [--devices LIST] [--dry-run]\n"
     "                         import a checkpoint: every GPTQ, AWQ or TorchAO\n"
     "                         layer (converted exactly) and every 2-D float\n"
     "                         X.weight (quantized by the daemon to FMT,\n"
     "                         default q4g128; in a quantized checkpoint only\n"
-    "                         with --format), each with its X.bias, as\n"
+    "                         with --format, DTYPE of the scales as for\n"
+    "                         load), each with its X.bias, as\n"
     "                         weight NAME/X; REGEX (extended) selects X;\n"
     "                         --devices places them as load does;\n"
     "                         --dry-run lists them without a daemon;\n"
@@ -1520,7 +1521,7 @@ static void imp_packed_desc(const imp_layer *L, ql_packed_desc *d) {
 
 static int cmd_import(ctx *cx, int argc, char **argv) {
   enum { OPT_FORMAT = 256, OPT_MATCH, OPT_PREFIX, OPT_PERSIST, OPT_DEVICES,
-         OPT_DRY, OPT_POLICY };
+         OPT_DRY, OPT_POLICY, OPT_SCALE };
   static const struct option opts[] = {
       {"format", required_argument, NULL, OPT_FORMAT},
       {"match", required_argument, NULL, OPT_MATCH},
@@ -1530,13 +1531,14 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
       {"devices", required_argument, NULL, OPT_DEVICES},
       {"dry-run", no_argument, NULL, OPT_DRY},
       {"policy", required_argument, NULL, OPT_POLICY},
+      {"scale-dtype", required_argument, NULL, OPT_SCALE},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *fmt_arg = NULL, *match_arg = NULL, *prefix = "",
              *devices = NULL;
   ql_format ffmt = QL_FORMAT_Q4G;
   uint32_t fgroup = 128;
-  int fasym = 0, persist = 0, dry = 0, ch, rv = 0;
+  int fasym = 0, persist = 0, dry = 0, ch, rv = 0, sdt = 0;
   ql_path policy = QL_PATH_AUTO;
   regex_t re;
   int have_re = 0;
@@ -1576,11 +1578,16 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
         return usage_error("import: unknown policy '%s' (auto or "
                            "weight-only)", optarg);
       break;
+    case OPT_SCALE:
+      if (parse_dtype(optarg, &sdt) != 0)
+        return usage_error("import: --scale-dtype '%s' (bf16, f16 or f32)",
+                           optarg);
+      break;
     case 'h':
       puts("usage: qlinearctl import CHECKPOINT.safetensors|INDEX.json ...\n"
            "         [--format FMT] [--match REGEX] [--prefix NAME/]\n"
-           "         [--policy auto|weight-only] [--persist] "
-           "[--devices LIST] [--dry-run]");
+           "         [--policy auto|weight-only] [--scale-dtype DTYPE]\n"
+           "         [--persist] [--devices LIST] [--dry-run]");
       return 0;
     default:
       return bad_option("import", argv);
@@ -1676,6 +1683,7 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
       d.data = L->w->data;
       d.bias = L->bias != NULL ? L->bias->data : NULL;
       d.policy = policy;
+      d.scale_dtype = sdt;
       d.persistent = persist;
       d.devices = devices;
       d.progress = imp_draw;

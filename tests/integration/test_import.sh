@@ -77,6 +77,15 @@ expect 0 "sharded import" -- "$ctl" --admin import "$work/sharded/model.safetens
 has "$dir/out" "imported 1 of 1 tensors .* from 2 file" "sharded summary"
 expect 0 "sharded weight equals the single file's" -- "$ctl" load s/layers.0.proj "$work/w0.npy" --format q4g128 --bias "$work/b0.npy"
 has "$dir/out" "shared" "sharded import is the same weight"
+# --scale-dtype: the scales are rounded to and kept in that dtype, as load
+# keeps them; the default's weight (f32 scales) is another one.
+expect 0 "import with bf16 scales" -- "$ctl" --admin import "$work/model.safetensors" --prefix e/ --match 'proj$' --format q8c --scale-dtype bf16
+expect 1 "the default's scales are other content" -- "$ctl" load e/layers.0.proj "$work/w0.npy" --format q8c --bias "$work/b0.npy"
+has "$dir/err" "other content" "load with other scales refused"
+expect 0 "the same scale dtype is the same weight" -- "$ctl" load e/layers.0.proj "$work/w0.npy" --format q8c --bias "$work/b0.npy" --scale-dtype bf16
+has "$dir/out" "shared" "import --scale-dtype and load --scale-dtype share"
+expect 2 "bad scale dtype" -- "$ctl" import "$work/model.safetensors" --scale-dtype f64 --dry-run
+has "$dir/err" "scale-dtype" "bad scale dtype named"
 expect 1 "unknown device" -- "$ctl" --admin import "$work/model.safetensors" --prefix d/ --devices cuda:7
 has "$dir/err" "no device 'cuda:7'" "unknown device named"
 expect 1 "nothing matches" -- "$ctl" import "$work/model.safetensors" --match 'nope' --dry-run
