@@ -28,6 +28,7 @@
 
 #include <check.h>
 
+#include "golden_load.h"
 #include "harness.h"
 #include "ql_kernels.h"
 #include "qlinear/qlinear.h"
@@ -149,6 +150,9 @@ START_TEST(serves_on_gpus) {
   /* Each format on both GPUs: four requests on each weight and two
    * activation-quantized ones are counted. */
   ck_assert_uint_eq(td_serve_formats(&d, c, &h, &cuda), 4 * 4 + 2);
+  /* TorchAO's bf16/f16 weights, on both GPUs: the same weight loaded from
+   * floats or from TorchAO's tensors. */
+  ck_assert_int_eq(td_torchao_identity(c, NULL), 6);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
 }

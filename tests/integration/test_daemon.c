@@ -23,6 +23,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "golden_load.h"
 #include "harness.h"
 #include "ql_kernels.h"
 #include "import.h"
@@ -869,6 +870,13 @@ START_TEST(test_aq_large_k) {
 }
 END_TEST
 
+/* TorchAO's bf16/f16 weights on the CPU: loaded from floats or from
+ * TorchAO's own tensors, one weight (the GPU daemon tests run the same). */
+START_TEST(test_torchao_identity) {
+  ck_assert_int_eq(td_torchao_identity(C, NULL), 6);
+}
+END_TEST
+
 /* A weight uploaded in canonical packed form is the same weight as the
  * one the daemon quantized from floats: same digest, shared by name; a
  * mismatched array is refused with a message naming it. */
@@ -1034,6 +1042,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, test_linear_matches_reference);
+  tcase_add_test(tc, test_torchao_identity);
   tcase_add_test(tc, test_share_exists_unload);
   tcase_add_test(tc, test_bad_input);
   tcase_add_test(tc, test_concurrent_threads);

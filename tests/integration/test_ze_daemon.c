@@ -31,6 +31,7 @@
 #include <check.h>
 #include <level_zero/ze_api.h>
 
+#include "golden_load.h"
 #include "harness.h"
 #include "ql_kernels.h"
 #include "qlinear/qlinear.h"
@@ -240,6 +241,9 @@ START_TEST(serves_on_ze) {
 
   /* Each format on both devices; the NaN requests may count too. */
   ck_assert_uint_ge(td_serve_formats(&d, c, &h, &ze), 4 * 4 + 2);
+  /* TorchAO's bf16/f16 weights, on both devices: the same weight loaded
+   * from floats or from TorchAO's tensors. */
+  ck_assert_int_eq(td_torchao_identity(c, NULL), 6);
   ql_close(c);
   char *log = td_read_log(&d);
   /* Each device announced once, with its UUID; none left service. */
