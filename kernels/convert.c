@@ -203,3 +203,14 @@ float ql_load_f32(ql_dtype dt, const void *p, size_t i) {
   }
   return NAN;
 }
+
+float ql_round_to(ql_dtype dt, float v) {
+  switch (dt) {
+  case QL_DTYPE_F16:
+    return ql_f16_to_f32(ql_f32_to_f16(v));
+  case QL_DTYPE_BF16:
+    return ql_bf16_to_f32(ql_f32_to_bf16(v));
+  default:
+    return v;
+  }
+}

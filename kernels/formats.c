@@ -124,16 +124,7 @@ void ql_qweight_free(ql_qweight *w) {
  */
 static int store_param(ql_dtype rd, ql_dtype st, void *arr, size_t i, float v,
                        float *stored) {
-  switch (rd) {
-  case QL_DTYPE_F32:
-    break;
-  case QL_DTYPE_F16:
-    v = ql_f16_to_f32(ql_f32_to_f16(v));
-    break;
-  case QL_DTYPE_BF16:
-    v = ql_bf16_to_f32(ql_f32_to_bf16(v));
-    break;
-  }
+  v = ql_round_to(rd, v);
   ql_from_f32(st, &v, (unsigned char *)arr + i * ql_dtype_size(st), 1);
   *stored = ql_load_f32(st, arr, i);
   return isfinite(*stored) ? 0 : QL_ENONFINITE;

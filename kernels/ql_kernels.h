@@ -134,6 +134,9 @@ void ql_from_f32(ql_dtype dt, const float *src, void *dst, size_t n);
 /* Element i of a scale/zero array of dtype dt, as f32 (NaN for an invalid
  * dt). */
 float ql_load_f32(ql_dtype dt, const void *p, size_t i);
+/* v rounded to dtype dt (nearest even; f16 overflows to ±Inf) and widened
+ * back to f32; the identity for f32 (and an invalid dt). */
+float ql_round_to(ql_dtype dt, float v);
 
 /* float8 e4m3fn. Narrowing rounds to nearest, ties to even, and saturates:
  * every finite |f| >= 448 and ±Inf give ±448 (0x7E/0xFE); NaN gives 0x7F,

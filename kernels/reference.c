@@ -24,21 +24,6 @@ static int mul_size(size_t a, size_t b, size_t *out) {
 }
 
 /*
- * v rounded to src (nearest even) and widened back to f32: rnd_src of
- * ql_quantize_rows_i8_src's rule; the identity for f32.
- */
-static float rnd_src(ql_dtype src, float v) {
-  switch (src) {
-  case QL_DTYPE_F16:
-    return ql_f16_to_f32(ql_f32_to_f16(v));
-  case QL_DTYPE_BF16:
-    return ql_bf16_to_f32(ql_f32_to_bf16(v));
-  default:
-    return v;
-  }
-}
-
-/*
  * amax of a row of k values, checking each: QL_ENONFINITE for NaN or Inf,
  * QL_EINVAL for a value src cannot hold (x must be src data widened; this
  * also keeps every f16 scale finite).
@@ -51,7 +36,7 @@ static int row_amax(ql_dtype src, const float *x, size_t k, float *amax) {
     float a = fabsf(x[i]);
     if (!isfinite(a))
       return QL_ENONFINITE;
-    if (src != QL_DTYPE_F32 && rnd_src(src, x[i]) != x[i])
+    if (src != QL_DTYPE_F32 && ql_round_to(src, x[i]) != x[i])
       return QL_EINVAL;
     if (a > m)
       m = a;
@@ -76,7 +61,7 @@ static int quantize_row_i8(ql_dtype src, const float *x, size_t k, size_t gs,
 
   if ((rc = row_amax(src, x, k, &amax)))
     return rc;
-  scale = rnd_src(src, amax / 127.5f);
+  scale = ql_round_to(src, amax / 127.5f);
   if (scale < QL_I8_SCALE_EPS)
     scale = QL_I8_SCALE_EPS;
   inv = 1.0f / scale;
@@ -147,7 +132,7 @@ static int quantize_row_e4m3(ql_dtype src, const float *x, size_t k,
 
   if ((rc = row_amax(src, x, k, &amax)))
     return rc;
-  scale = rnd_src(src, fmaxf(amax, QL_F8_AMAX_LB) / QL_E4M3_MAX);
+  scale = ql_round_to(src, fmaxf(amax, QL_F8_AMAX_LB) / QL_E4M3_MAX);
   if (src == QL_DTYPE_F16 && scale < QL_F8_F16_SCALE_MIN)
     scale = QL_F8_F16_SCALE_MIN;
   for (i = 0; i < k; i++) {

@@ -272,11 +272,7 @@ extern const ql__cpu_kernels ql__cpu_kernels_avx512;
 /* rnd_src of the int8 rule (ql_kernels.h): v rounded to src and widened
  * back; the identity for f32. */
 static inline float ql__cpu_rnd_src(ql_dtype src, float v) {
-  if (src == QL_DTYPE_F16)
-    return ql_f16_to_f32(ql_f32_to_f16(v));
-  if (src == QL_DTYPE_BF16)
-    return ql_bf16_to_f32(ql_f32_to_bf16(v));
-  return v;
+  return ql_round_to(src, v);
 }
 
 /* The scale of an e4m3 row of amax amax (finite) in src: the scalar steps

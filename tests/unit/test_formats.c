@@ -968,12 +968,6 @@ static double check_weight(const ql_qweight *q, const float *w, double *ref) {
   return check_weight_rd(q, w, ref, q->scale_dtype);
 }
 
-/* The dtype ql_qweight_quantize() rounds the parameters to for source
- * dtype src and requested scale dtype sdt (ql_quant_params). */
-static ql_dtype rounding_of(ql_dtype src, ql_dtype sdt) {
-  return (int)sdt == 0 ? src : sdt;
-}
-
 /* ---------------------------------------------------------------- formats */
 
 START_TEST(test_q4g_pack_tiny) {
@@ -1544,7 +1538,7 @@ START_TEST(test_default_scale_dtype) {
       ck_assert(memcmp(a->scale, e->scale, a->scale_bytes) == 0 &&
                 memcmp(a->qdata, e->qdata, a->qdata_bytes) == 0);
     }
-    check_weight_rd(a, wide, NULL, rounding_of(src, (ql_dtype)0));
+    check_weight_rd(a, wide, NULL, src); /* rounded to the source dtype */
     ql_qweight_free(a);
     ql_qweight_free(b);
     ql_qweight_free(e);
@@ -1603,7 +1597,7 @@ START_TEST(test_f8r_default_scale_dtype) {
     for (i = 0; i < 12; i++)
       REQUIRE(a->qdata[i] == want[d].q[i], "%s: q[%zu] %02x, want %02x",
               tu_dtype_name(src), i, a->qdata[i], want[d].q[i]);
-    check_weight_rd(a, wide, NULL, rounding_of(src, (ql_dtype)0));
+    check_weight_rd(a, wide, NULL, src); /* rounded to the source dtype */
 
     /* an f32 scale keeps the f32 quotient: other values, other codes */
     ck_assert_int_eq(quantize_args(QL_FORMAT_F8R, 0, 3, 4, src, w16, NULL,
