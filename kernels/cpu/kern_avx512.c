@@ -880,12 +880,6 @@ static inline int64_t m_chunk(size_t row_bytes) {
 /* A call of blk with constant (tb, mb) for every pair the drivers use. */
 #define CASES(blk, ...)                                                        \
   switch (tb * 16 + mb) {                                                      \
-  case 0x44:                                                                   \
-    blk(__VA_ARGS__, 4, t, 4, bias, y);                                        \
-    break;                                                                     \
-  case 0x43:                                                                   \
-    blk(__VA_ARGS__, 3, t, 4, bias, y);                                        \
-    break;                                                                     \
   case 0x41:                                                                   \
     blk(__VA_ARGS__, 1, t, 4, bias, y);                                        \
     break;                                                                     \
@@ -924,8 +918,8 @@ static inline int64_t m_chunk(size_t row_bytes) {
  * over it. 1-2 rows take 4 tiles at a time (several independent sums hide
  * the latency of the adds). DRIVE_W: with 4 tiles a pass takes up to W4
  * rows (the registers the block's sums need allow it: 4 for q8c, 3 for
- * q4g, whose group sums double them; 2 for the rest, DRIVE), never leaving
- * a lone row to a pass, and batches of 3 rows or more take 4 tiles too,
+ * q4g, whose group sums double them; 2 for the rest, DRIVE), and where W4
+ * > 2 never a lone row to a pass; batches of 3 rows or more take 4 tiles too,
  * except one that fits a pass of 2 tiles x 4 rows but not one of 4 tiles
  * (q4g at 4 rows: one decode per vector rather than two):
  * every broadcast of a value of x feeds 4 FMAs, one per tile. A WO pass
@@ -946,11 +940,21 @@ static inline int64_t m_chunk(size_t row_bytes) {
       if (t1 - t < tb)                                                         \
         tb = t1 - t >= 2 ? 2 : 1;                                              \
       for (int64_t m0 = mc; m0 < mend;) {                                      \
-        int mb = mend - m0 < 4 ? (int)(mend - m0) : 4;                         \
-        /* 4 tiles take W4 rows, never leaving a lone row to a pass. */         \
-        if (tb == 4 && mb > (W4))                                              \
-          mb = mend - m0 == (W4) + 1 ? (W4) - 1 : (W4);                        \
-        CASES(blk, __VA_ARGS__)                                                \
+        int64_t left = mend - m0;                                              \
+        int mb = left < 4 ? (int)left : 4;                                     \
+        /* 4 tiles take W4 rows; past 2, never leaving a lone row. */          \
+        if (tb == 4 && left > (W4))                                            \
+          mb = (W4) > 2 && left == (W4) + 1 ? (W4) - 1 : (W4);                 \
+        /* 4 tiles x 3-4 rows only here (W4 > 2), not in CASES: the other    \
+         * drivers never run them. */                                          \
+        if ((W4) > 2 && tb == 4 && mb > 2) {                                   \
+          if ((W4) == 4 && mb == 4)                                            \
+            blk(__VA_ARGS__, 4, t, 4, bias, y);                                \
+          else                                                                 \
+            blk(__VA_ARGS__, 3, t, 4, bias, y);                                \
+        } else {                                                               \
+          CASES(blk, __VA_ARGS__)                                              \
+        }                                                                      \
         m0 += mb;                                                              \
       }                                                                        \
       t += tb;                                                                 \

@@ -160,7 +160,7 @@ struct lane {
   arena dev;                      // device memory
   arena host;                     // pinned host memory
   device* g = nullptr;            // its device (set by enter)
-  sem_t done;                     // posted by on_done (made with stream)
+  sem_t done;                     // posted by on_done (made with lo, hi)
   std::atomic<uint64_t> fired{0}; // host functions that ran
   uint64_t armed = 0;             // host functions enqueued
 };
