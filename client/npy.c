@@ -70,6 +70,24 @@ const char *ql__npy_type_descr(ql__npy_type type) {
   return NULL;
 }
 
+int ql__npy_adt(ql__npy_type type, int u8_is_f8) {
+  switch ((int)type) {
+  case QL__NPY_F32:
+    return QL_ADT_F32;
+  case QL__NPY_F16:
+    return QL_ADT_F16;
+  case QL__NPY_U16:
+    return QL_ADT_BF16;
+  case (int)QL__NPY_I8:
+    return QL_ADT_I8;
+  case (int)QL__NPY_U8:
+    return u8_is_f8 ? QL_ADT_F8E4M3 : QL_ADT_U8;
+  case (int)QL__NPY_I32:
+    return QL_ADT_I32;
+  }
+  return 0;
+}
+
 /* ------------------------------------------------------------ header */
 
 /* A cursor over the header text; errors name the offset within it. */

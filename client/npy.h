@@ -61,6 +61,10 @@ typedef struct ql__npy {
 size_t ql__npy_type_size(ql__npy_type type);
 /* The header's descr string of a type ("<f4"), or NULL. */
 const char *ql__npy_type_descr(ql__npy_type type);
+/* The packed-array type (QL_ADT_*) of an array of type: '<u2' taken as
+ * bf16, '|u1' as float8 e4m3 codes when u8_is_f8, else bytes; 0 for an
+ * unknown type. */
+int ql__npy_adt(ql__npy_type type, int u8_is_f8);
 
 /*
  * Parses the .npy file in buf[0..len). On success *out describes the array

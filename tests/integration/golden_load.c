@@ -8,25 +8,6 @@
 #include "golden_load.h"
 #include "npy.h"
 
-/* The packed-array type of a golden array: bf16 travels as '<u2' bits,
- * float8 codes as '|u1'. */
-static int adt_of(const ql__npy *a, int f8) {
-  switch ((int)a->type) {
-  case QL__NPY_F32:
-    return QL_ADT_F32;
-  case QL__NPY_F16:
-    return QL_ADT_F16;
-  case QL__NPY_U16:
-    return QL_ADT_BF16;
-  case (int)QL__NPY_I8:
-    return QL_ADT_I8;
-  case (int)QL__NPY_U8:
-    return f8 ? QL_ADT_F8E4M3 : QL_ADT_U8;
-  }
-  ck_abort_msg("golden array of npy type %d", (int)a->type);
-  return 0;
-}
-
 /* Array name of a golden case, loaded (any npy type); aborts if missing. */
 static void load_arr(const char *cas, const char *name, ql__npy *a) {
   const char *data = getenv("QL_TEST_DATA");
@@ -38,8 +19,10 @@ static void load_arr(const char *cas, const char *name, ql__npy *a) {
                 "%s: %s", path, err);
 }
 
+/* A golden array as a packed array: bf16 travels as '<u2' bits, float8
+ * codes as '|u1'. */
 static ql_packed_array packed(const ql__npy *a, int f8) {
-  ql_packed_array p = {a->data, adt_of(a, f8), a->ndim,
+  ql_packed_array p = {a->data, ql__npy_adt(a->type, f8), a->ndim,
                        {a->shape[0], a->ndim == 2 ? a->shape[1] : 0}};
   return p;
 }

@@ -134,19 +134,9 @@ static void unload(arr *a) {
 /* The ql_array_dtype of a golden array: '<u2' always holds bf16 here, and
  * '|u1' float8 codes where the caller says so. */
 static int adt(const arr *a, int u8_is_f8) {
-  switch ((int)a->npy.type) {
-  case QL__NPY_F32:
-    return QL_ADT_F32;
-  case QL__NPY_F16:
-    return QL_ADT_F16;
-  case QL__NPY_U16:
-    return QL_ADT_BF16;
-  }
-  if (a->npy.type == QL__NPY_I8)
-    return QL_ADT_I8;
-  if (a->npy.type == QL__NPY_U8)
-    return u8_is_f8 ? QL_ADT_F8E4M3 : QL_ADT_U8;
-  return QL_ADT_I32;
+  int t = ql__npy_adt(a->npy.type, u8_is_f8);
+  ck_assert_msg(t != 0, "golden array of npy type %d", (int)a->npy.type);
+  return t;
 }
 
 static ql_array as_array(const arr *a, int u8_is_f8) {
