@@ -1038,9 +1038,11 @@ int carve(lane* d, const ql_linear_args* a, size_t mk, size_t xb, size_t yb,
 
 // QL_CUDA_SM_COPY_MAX (bytes), read once: the largest copy of a call
 // between host and device memory that runs as a kernel (move()); 0: every
-// copy by DMA. Default 1 MiB: a decode batch's x and y (16 rows of 16384
-// f32 values), not a prefill's.
-constexpr size_t kSmCopyDefault = size_t(1) << 20;
+// copy by DMA. Default 1 MiB: a decode batch's x and y (kDecodeRows rows of
+// 16384 f32 values: the rows of enter()'s priority stream), not a
+// prefill's.
+constexpr size_t kSmCopyDefault = size_t(kDecodeRows) * 16384 * sizeof(float);
+static_assert(kSmCopyDefault == size_t(1) << 20, "1 MiB");
 std::atomic<long long> g_sm_copy_max{-1};
 
 size_t sm_copy_max() {
@@ -1064,6 +1066,12 @@ int move(lane& d, void* dst, void* kdst, const void* src, const void* ksrc,
     return check_launch(d);
   }
   return check(d, cudaMemcpyAsync(dst, src, n, kind, d.stream));
+}
+
+// move() between ends that are their own device addresses: device memory
+// and pinned staging.
+int move(lane& d, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  return move(d, dst, dst, src, src, n, kind);
 }
 
 // The verdict of quantize_rows, as run_qrows gives it: the first row in
@@ -1097,8 +1105,7 @@ int enqueue_x(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
     return rc;
   ql__cuda_check_finite(int(a->dt), c->dx, int64_t(mk), c->bad, d->stream);
   if ((rc = check_launch(*d)) != 0) return rc;
-  return move(*d, c->hbad, c->hbad, c->bad, c->bad, sizeof(int),
-              cudaMemcpyDeviceToHost);
+  return move(*d, c->hbad, c->bad, sizeof(int), cudaMemcpyDeviceToHost);
 }
 
 // The verdict on x once the stream has caught up: QL_ENONFINITE when it
@@ -1128,8 +1135,8 @@ int finish(lane* d, const ql_linear_args* a, size_t yb, unsigned where,
   if ((rc = check_launch(*d)) != 0) return rc;
   if (where & QL_LINEAR_Y_DEVICE) return wait(*d);
   const bool direct = c->yreg && yb >= kDirectYMin;
-  if (!direct && (rc = move(*d, c->hs, c->hs, c->dy, c->dy, yb,
-                            cudaMemcpyDeviceToHost)) != 0)
+  if (!direct &&
+      (rc = move(*d, c->hs, c->dy, yb, cudaMemcpyDeviceToHost)) != 0)
     return rc;
   if ((rc = wait(*d)) != 0 || (rc = verdict(a, c, aq_rows)) != 0) return rc;
   if (!direct) {
@@ -1269,8 +1276,8 @@ int aq_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
       a->w->k, q4g ? int64_t(a->w->group_size) : a->w->k, c.xq, a->w->k,
       c.sx, c.gsum, c.status, d->stream);
   if ((rc = check_launch(*d)) != 0 ||
-      (rc = move(*d, c.hstatus, c.hstatus, c.status, c.status, stb,
-                 cudaMemcpyDeviceToHost)) != 0 ||
+      (rc = move(*d, c.hstatus, c.status, stb, cudaMemcpyDeviceToHost)) !=
+          0 ||
       (rc = settle_early(d, a, where, &c, a->m)) != 0)
     goto done;
   // Rows the verdict will refuse give codes the product reads all the
@@ -1386,8 +1393,8 @@ int lt_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
       c.xf != nullptr ? c.xf : static_cast<const float*>(c.dx), a->m,
       a->w->k, a->w->k, c.xq, kp, c.sx, nullptr, c.status, d->stream);
   if ((rc = check_launch(*d)) != 0 ||
-      (rc = move(*d, c.hstatus, c.hstatus, c.status, c.status, stb,
-                 cudaMemcpyDeviceToHost)) != 0)
+      (rc = move(*d, c.hstatus, c.status, stb, cudaMemcpyDeviceToHost)) !=
+          0)
     goto done;
   // The handle's plan cache is not for two threads at once; the call only
   // enqueues, so the lanes wait on each other briefly.
@@ -1500,24 +1507,19 @@ int qrows_on(lane* d, const ql_qrows_args* a, ql_dtype src,
   int32_t* hg = gb ? static_cast<int32_t*>(take(d->host, gb)) : nullptr;
   int64_t* hst = static_cast<int64_t*>(take(d->host, stb));
   memcpy(hx, a->x, xb);
-  if ((rc = check(*d, cudaMemcpyAsync(dx, hx, xb, cudaMemcpyHostToDevice,
-                                      d->stream))) != 0)
-    return rc;
+  if ((rc = move(*d, dx, hx, xb, cudaMemcpyHostToDevice)) != 0) return rc;
   ql__cuda_quantize_rows(
       a->kind == QL_QROWS_I8 ? QL__CUDA_QROWS_I8 : QL__CUDA_QROWS_E4M3,
       int(src), dx, a->m, a->k,
       a->kind == QL_QROWS_I8 ? int64_t(a->gs) : a->k, dq, a->k, ds, dg, dst,
       d->stream);
+  // The results back as the product's copies go (move(): small ones by
+  // kernel, not behind another lane's copies on the copy engines).
   if ((rc = check_launch(*d)) != 0 ||
-      (rc = check(*d, cudaMemcpyAsync(hq, dq, qb, cudaMemcpyDeviceToHost,
-                                      d->stream))) != 0 ||
-      (rc = check(*d, cudaMemcpyAsync(hsx, ds, sb, cudaMemcpyDeviceToHost,
-                                      d->stream))) != 0 ||
-      (gb && (rc = check(*d, cudaMemcpyAsync(hg, dg, gb,
-                                             cudaMemcpyDeviceToHost,
-                                             d->stream))) != 0) ||
-      (rc = check(*d, cudaMemcpyAsync(hst, dst, stb, cudaMemcpyDeviceToHost,
-                                      d->stream))) != 0 ||
+      (rc = move(*d, hq, dq, qb, cudaMemcpyDeviceToHost)) != 0 ||
+      (rc = move(*d, hsx, ds, sb, cudaMemcpyDeviceToHost)) != 0 ||
+      (gb && (rc = move(*d, hg, dg, gb, cudaMemcpyDeviceToHost)) != 0) ||
+      (rc = move(*d, hst, dst, stb, cudaMemcpyDeviceToHost)) != 0 ||
       (rc = wait(*d)) != 0)
     return rc;
   // The first row in order that the reference would refuse decides, and in

@@ -512,13 +512,20 @@ cudaError_t time_out(long ms) {
   return fail(cudaErrorLaunchTimeout);
 }
 
+// The base of the range of m (base -> bytes: registered or pinned) that
+// holds all of [a, a + n), or 0 when none does.
+uintptr_t range_base(const std::map<uintptr_t, size_t>& m, uintptr_t a,
+                     size_t n) {
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return 0;
+  --it;
+  const uintptr_t off = a - it->first;
+  return off < it->second && n <= it->second - off ? it->first : 0;
+}
+
 // True when [p, p + n) lies in one range of cudaHostRegister.
 bool host_registered(const State& s, const void* p, size_t n) {
-  auto it = s.registered.upper_bound(uintptr_t(p));
-  if (it == s.registered.begin()) return false;
-  --it;
-  uintptr_t off = uintptr_t(p) - it->first;
-  return off < it->second && n <= it->second - off;
+  return range_base(s.registered, uintptr_t(p), n) != 0;
 }
 
 // True when a kernel may touch [p, p + n) of host memory: it lies in one
@@ -526,15 +533,9 @@ bool host_registered(const State& s, const void* p, size_t n) {
 // 64-bit platform of CUDA 13 has, pinned memory is mapped at its host
 // address) or in one range registered with cudaHostRegisterMapped.
 bool host_mapped(const State& s, const void* p, size_t n) {
-  const uintptr_t a = uintptr_t(p);
-  for (const auto* m : {&s.pinned, &s.registered}) {
-    auto it = m->upper_bound(a);
-    if (it == m->begin()) continue;
-    --it;
-    if (a - it->first < it->second && n <= it->second - (a - it->first))
-      return m == &s.pinned || s.mapped.count(it->first) != 0;
-  }
-  return false;
+  if (range_base(s.pinned, uintptr_t(p), n) != 0) return true;
+  const uintptr_t b = range_base(s.registered, uintptr_t(p), n);
+  return b != 0 && s.mapped.count(b) != 0;
 }
 
 // True when [p, p + n) meets a range of the map (registered or pinned).
@@ -1449,15 +1450,11 @@ extern "C" cudaError_t cudaPointerGetAttributes(
     attributes->devicePointer = const_cast<void*>(ptr);
     return cudaSuccess;
   }
-  auto it = s.pinned.upper_bound(uintptr_t(ptr));
-  if (it != s.pinned.begin()) {
-    --it;
-    if (uintptr_t(ptr) - it->first < it->second) {
-      attributes->type = cudaMemoryTypeHost;
-      attributes->device = me().dev;
-      attributes->hostPointer = const_cast<void*>(ptr);
-      attributes->devicePointer = const_cast<void*>(ptr);
-    }
+  if (range_base(s.pinned, uintptr_t(ptr), 1) != 0) {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->device = me().dev;
+    attributes->hostPointer = const_cast<void*>(ptr);
+    attributes->devicePointer = const_cast<void*>(ptr);
   }
   return cudaSuccess;
 }

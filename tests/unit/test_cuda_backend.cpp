@@ -196,6 +196,36 @@ void same_bytes(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k,
   ql_qweight_free(l.q);
 }
 
+// quantize_rows on the backend: the reference's bytes, and its copies go
+// as a linear call's do (move()): with kernel copies, none on the copy
+// engines; by DMA, x in and the four results out.
+void qrows_copies() {
+  const ql_backend* b = cuda();
+  const bool sm = sm_copies();
+  const int64_t m = 3, k = 160;
+  const uint32_t gs = 32;
+  const ql_kernel_impl* im =
+      ql_dispatch(b, QL_OP_QUANTIZE_ROWS, QL_FORMAT_Q8C, QL_DTYPE_F32, m, 1, k);
+  CHECK(im != nullptr && strncmp(im->name, "cuda.", 5) == 0);
+  float x[m * k], sx[m], sx_ref[m];
+  int8_t xq[m * k], xq_ref[m * k];
+  int32_t gsum[m * 5], gsum_ref[m * 5];
+  for (int64_t i = 0; i < m * k; i++) x[i] = randn();
+  CHECK(ql_quantize_rows_i8_src(QL_DTYPE_F32, x, m, k, gs, xq_ref, sx_ref,
+                                gsum_ref) == 0);
+  ql_qrows_args a = {QL_QROWS_I8, x, m, k, gs, xq, sx, gsum, QL_DTYPE_F32};
+  const counts c0 = counts::now();
+  CHECK(im->fn.quantize_rows(&a) == 0);
+  CHECK(memcmp(xq, xq_ref, sizeof xq) == 0);
+  CHECK(memcmp(sx, sx_ref, sizeof sx) == 0);
+  CHECK(memcmp(gsum, gsum_ref, sizeof gsum) == 0);
+  check_stream(c0, m);
+  if (sm)
+    CHECK(ql_emu_cuda_dma_copies() == c0.dma);
+  else
+    CHECK(ql_emu_cuda_dma_copies() - c0.dma == 5);
+}
+
 // A kernel copy to host memory that the GPU does not map (neither pinned
 // nor registered as mapped) faults the device, as on a GPU; one to pinned
 // memory copies the bytes.
@@ -350,10 +380,13 @@ int main() {
        QL_FORMAT_Q8C, 520, 128, 32, "cuda.cublaslt.linear_aq"},
   };
   const char* copies[] = {nullptr, "0"};
-  for (const char* c : copies)
+  for (const char* c : copies) {
     for (const auto& r : regs)
       in_child(r.name, "QL_CUDA_SM_COPY_MAX", c,
                [&r] { same_bytes(r.op, r.f, r.m, r.n, r.k, r.impl); });
+    in_child("quantize_rows: the reference's bytes, copies as linear's",
+             "QL_CUDA_SM_COPY_MAX", c, qrows_copies);
+  }
   in_child("a kernel copy to unmapped host memory faults", nullptr, nullptr,
            unmapped_faults);
   in_child("non-finite x: WO, small y untouched", nullptr, nullptr,
