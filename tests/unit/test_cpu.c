@@ -212,6 +212,43 @@ START_TEST(test_levels_match_generic) {
 }
 END_TEST
 
+/*
+ * Decode batches, every M from 1 to 25 at every level and thread count
+ * 1-2: K long enough for several K chunks with a short last one (q8c:
+ * 250 blocks; q4g: 8 groups of 128, 32 of 32), 9 whole tiles and a ragged
+ * tenth, so that a thread's tiles make groups of 4 and a remainder. The
+ * bytes are the generic op's, whether the rows go in whole-K passes or
+ * in passes over K chunks.
+ */
+START_TEST(test_decode_batches) {
+  static const struct {
+    ql_format f;
+    uint32_t gs;
+  } fmts[] = {{QL_FORMAT_Q4G, 128}, {QL_FORMAT_Q4G, 32}, {QL_FORMAT_Q8C, 0}};
+  const int64_t n = 9 * 16 + 5, k = 1000, mmax = 25;
+  char ctx[160];
+  setenv("QL_CPU_LEVEL", level_env[_i / 2], 1);
+  setenv("QL_CPU_THREADS", _i % 2 ? "2" : "1", 1);
+  for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
+    for (int di = 0; di < 2; di++) {
+      ql_dtype adt = di ? QL_DTYPE_BF16 : QL_DTYPE_F32;
+      ql_qweight *q = make_weight_a(400 + (uint64_t)fi, fmts[fi].f, fmts[fi].gs,
+                                    0, QL_DTYPE_BF16, n, k, di);
+      void *x = make_x(90 + (uint64_t)fi, adt, mmax, k);
+      for (int64_t m = 1; m <= mmax; m++)
+        for (int aq = 0; aq < 2; aq++) {
+          snprintf(ctx, sizeof ctx, "level %s threads %d %s gs=%u %s %s M=%lld",
+                   level_env[_i / 2], 1 + _i % 2, fmt_name(q), fmts[fi].gs,
+                   aq ? "AQ" : "WO", tu_dtype_name(adt), (long long)m);
+          same_as_generic(q, aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, adt, x,
+                          m, ctx);
+        }
+      free(x);
+      ql_qweight_free(q);
+    }
+}
+END_TEST
+
 /* The override lowers, never raises, and an unknown value is ignored. */
 START_TEST(test_level_unknown_ignored) {
   setenv("QL_CPU_LEVEL", "avx9000", 1);
@@ -1084,6 +1121,7 @@ static Suite *cpu_suite(void) {
   TCase *tc = tcase_create("levels");
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_levels_match_generic, 0, 4);
+  tcase_add_loop_test(tc, test_decode_batches, 0, 8);
   tcase_add_loop_test(tc, test_f8r_all_codes, 0, 4);
 #if defined(__x86_64__)
   tcase_add_loop_test(tc, test_f8r_daz, 0, 4);
