@@ -584,16 +584,18 @@ INL void aq_f8r_4x6(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
  * takes several passes of 4 tiles. In whole-K passes the first reads the
  * weight from memory and the others compute from cache after it: the
  * batch costs the read plus the other passes' compute. Over K chunks (q8c
- * Q8_KC blocks, 4 tiles x 12 KiB; q4g Q4_KC groups, 4 tiles x about
+ * Q8_KC blocks, 4 tiles x 24 KiB; q4g Q4_KC groups, 4 tiles x about
  * 17 KiB) every pass of a chunk prefetches the next chunk, so the stream
- * runs during all the passes' compute, and the passes after the first
- * find the chunk in L1/L2. The sums go to sv between chunks: q8c's int32
- * sums are exact and q4g's f32 sums still add the groups in order, so the
- * chunking changes no bit. On the 2-core Zen 5 VM, 4096x4096 M = 16: q8c
- * AQ from 0.68-0.75 to 0.81-0.86 of the read loop's speed, q4g from 0.40-0.44
- * to 0.45-0.52 (qlinear-bench, alternating builds).
+ * runs during all the passes' compute (a prefetch in the first pass only
+ * kept less of it going), and the passes after the first find the chunk
+ * in L1/L2. The sums go to sv between chunks: q8c's int32 sums are exact
+ * and q4g's f32 sums still add the groups in order, so the chunking
+ * changes no bit. On the 2-core Zen 5 VM, 4096x4096 M = 16 from memory:
+ * q8c AQ from 0.68-0.75 to 0.75-0.86 of the read loop's speed, q4g from
+ * 0.40-0.44 to 0.45-0.52; a weight held in L3 loses about 5% to the
+ * chunks' saved sums and prefetches (qlinear-bench, alternating builds).
  */
-#define Q8_KC 48
+#define Q8_KC 96
 #define Q4_KC 4
 #define KC_MAX_ROWS 24
 
