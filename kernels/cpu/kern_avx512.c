@@ -580,20 +580,21 @@ INL void aq_f8r_4x6(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
 #undef F8_STEP
 
 /*
- * Decode batches over K chunks. A batch of 7-24 rows (q8c; 5-24 for q4g)
- * takes several passes of 4 tiles. In whole-K passes the first reads the
- * weight from memory and the others compute from cache after it: the
- * batch costs the read plus the other passes' compute. Over K chunks (q8c
- * Q8_KC blocks, 4 tiles x 24 KiB; q4g Q4_KC groups, 4 tiles x about
- * 17 KiB) every pass of a chunk prefetches the next chunk, so the stream
- * runs during all the passes' compute (a prefetch in the first pass only
- * kept less of it going), and the passes after the first find the chunk
- * in L1/L2. The sums go to sv between chunks: q8c's int32 sums are exact
- * and q4g's f32 sums still add the groups in order, so the chunking
- * changes no bit. On the 2-core Zen 5 VM, 4096x4096 M = 16 from memory:
- * q8c AQ from 0.68-0.75 to 0.75-0.86 of the read loop's speed, q4g from
- * 0.40-0.44 to 0.45-0.52; a weight held in L3 loses about 5% to the
- * chunks' saved sums and prefetches (qlinear-bench, alternating builds).
+ * Decode batches over K chunks. A batch of 9-24 rows (q8c, passes of 3
+ * tiles x up to 8 rows; 5-24 for q4g, 4 tiles x up to 4) takes several
+ * passes. In whole-K passes the first reads the weight from memory and
+ * the others compute from cache after it: the batch costs the read plus
+ * the other passes' compute. Over K chunks (q8c Q8_KC blocks, 3 tiles x
+ * 24 KiB; q4g Q4_KC groups, 4 tiles x about 17 KiB) every pass of a
+ * chunk prefetches the next chunk, so the stream runs during all the
+ * passes' compute (a prefetch in the first pass only kept less of it
+ * going), and the passes after the first find the chunk in L1/L2. The
+ * sums go to sv between chunks: q8c's int32 sums are exact and q4g's f32
+ * sums still add the groups in order, so the chunking changes no bit. On
+ * the 2-core Zen 5 VM, 4096x4096 M = 16 from memory: q8c AQ from
+ * 0.68-0.75 to 0.78-0.88 of the read loop's speed, q4g from 0.40-0.44 to
+ * 0.45-0.52; a weight held in L3 loses up to 5% to the chunks' saved sums
+ * and prefetches (qlinear-bench, alternating builds).
  */
 #define Q8_KC 96
 #define Q4_KC 4
@@ -669,13 +670,15 @@ INL void aq_q8c_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
 #define Q8_ACC(r)                                                              \
   __m512i c0##r = z, c1##r = z, c2##r = z, c3##r = z;                          \
   if (b0 > 0 && R > (r)) {                                                     \
-    c0##r = sv[(r)], c1##r = sv[6 + (r)], c2##r = sv[12 + (r)],                \
-    c3##r = sv[18 + (r)];                                                      \
+    c0##r = sv[(r)], c1##r = sv[8 + (r)], c2##r = sv[16 + (r)];                \
+    if (TB > 3)                                                                \
+      c3##r = sv[24 + (r)];                                                    \
   }
 #define Q8_SAVE(r)                                                             \
   if (R > (r)) {                                                               \
-    sv[(r)] = c0##r, sv[6 + (r)] = c1##r, sv[12 + (r)] = c2##r,                \
-    sv[18 + (r)] = c3##r;                                                      \
+    sv[(r)] = c0##r, sv[8 + (r)] = c1##r, sv[16 + (r)] = c2##r;                \
+    if (TB > 3)                                                                \
+      sv[24 + (r)] = c3##r;                                                    \
   }
 #define Q8_ROW(r)                                                              \
   if (R > (r)) {                                                               \
@@ -683,51 +686,56 @@ INL void aq_q8c_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
     c0##r = dpbusd_r(c0##r, w0, xv);                                           \
     c1##r = dpbusd_r(c1##r, w1, xv);                                           \
     c2##r = dpbusd_r(c2##r, w2, xv);                                           \
-    c3##r = dpbusd_r(c3##r, w3, xv);                                           \
+    if (TB > 3)                                                                \
+      c3##r = dpbusd_r(c3##r, w3, xv);                                         \
+  }
+#define Q8_PF(a)                                                               \
+  if (TB > (a)) {                                                              \
+    if (pf == 1)                                                               \
+      PREFETCH(d + (a)*tbytes);                                                \
+    else if (pf == 2)                                                          \
+      PF_AT(d + (a)*tbytes, Q8_KC * QL_CPU_BLOCK);                             \
   }
 
-/* Blocks [b0, b1) of K; sums from sv when b0 > 0, into sv (4 tiles x 6
- * rows of vectors) when b1 is short of the end, else the epilogue. */
-INL void aq_q8c_4xr(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
-                    const int R, const int pf, int64_t t, int64_t b0,
-                    int64_t b1, __m512i *sv, const float *bias, float *y) {
+/* TB (3 or 4) tiles x R rows (TB 4: R <= 6; TB 3: R <= 8), blocks
+ * [b0, b1) of K; sums from sv when b0 > 0, into sv (4 tiles x 8 rows of
+ * vectors) when b1 is short of the end, else the epilogue. */
+INL void aq_q8c_txr(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+                    const int TB, const int R, const int pf, int64_t t,
+                    int64_t b0, int64_t b1, __m512i *sv, const float *bias,
+                    float *y) {
   const size_t tbytes = p->tile_bytes;
   const uint8_t *d0 = p->data + (size_t)t * tbytes + QL_CPU_BLOCK;
   const int8_t *x0 = xq->xq + (size_t)m0 * (size_t)xq->kp;
   const size_t ld = (size_t)xq->kp;
   const __m512i z = _mm512_setzero_si512();
-  Q8_ACC(0) Q8_ACC(1) Q8_ACC(2) Q8_ACC(3) Q8_ACC(4) Q8_ACC(5)
+  Q8_ACC(0) Q8_ACC(1) Q8_ACC(2) Q8_ACC(3) Q8_ACC(4) Q8_ACC(5) Q8_ACC(6)
+  Q8_ACC(7)
   for (int64_t b = b0; b < b1; b++) {
     const uint8_t *d = d0 + (size_t)b * QL_CPU_BLOCK;
     __m512i w0 = _mm512_load_si512((const void *)d);
     __m512i w1 = _mm512_load_si512((const void *)(d + tbytes));
     __m512i w2 = _mm512_load_si512((const void *)(d + 2 * tbytes));
-    __m512i w3 = _mm512_load_si512((const void *)(d + 3 * tbytes));
-    if (pf == 1) {
-      PREFETCH(d);
-      PREFETCH(d + tbytes);
-      PREFETCH(d + 2 * tbytes);
-      PREFETCH(d + 3 * tbytes);
-    } else if (pf == 2) {
-      PF_AT(d, Q8_KC * QL_CPU_BLOCK);
-      PF_AT(d + tbytes, Q8_KC * QL_CPU_BLOCK);
-      PF_AT(d + 2 * tbytes, Q8_KC * QL_CPU_BLOCK);
-      PF_AT(d + 3 * tbytes, Q8_KC * QL_CPU_BLOCK);
-    }
+    __m512i w3 = z;
+    if (TB > 3)
+      w3 = _mm512_load_si512((const void *)(d + 3 * tbytes));
+    Q8_PF(0) Q8_PF(1) Q8_PF(2) Q8_PF(3)
     const int8_t *xb = x0 + b * QL_CPU_Q8C_KB;
     __m512i xv;
-    Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) Q8_ROW(5)
+    Q8_ROW(0) Q8_ROW(1) Q8_ROW(2) Q8_ROW(3) Q8_ROW(4) Q8_ROW(5) Q8_ROW(6)
+    Q8_ROW(7)
   }
   if (b1 < xq->kp / QL_CPU_Q8C_KB) {
     Q8_SAVE(0) Q8_SAVE(1) Q8_SAVE(2) Q8_SAVE(3) Q8_SAVE(4) Q8_SAVE(5)
+    Q8_SAVE(6) Q8_SAVE(7)
     return;
   }
-  __m512i acc[4][6] = {{c00, c01, c02, c03, c04, c05},
-                       {c10, c11, c12, c13, c14, c15},
-                       {c20, c21, c22, c23, c24, c25},
-                       {c30, c31, c32, c33, c34, c35}};
+  __m512i acc[4][8] = {{c00, c01, c02, c03, c04, c05, c06, c07},
+                       {c10, c11, c12, c13, c14, c15, c16, c17},
+                       {c20, c21, c22, c23, c24, c25, c26, c27},
+                       {c30, c31, c32, c33, c34, c35, c36, c37}};
   UNROLL
-  for (int a = 0; a < 4; a++) {
+  for (int a = 0; a < TB; a++) {
     __m512 s =
         _mm512_load_ps((const void *)(p->data + (size_t)(t + a) * tbytes));
     UNROLL
@@ -743,6 +751,7 @@ INL void aq_q8c_4xr(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
 #undef Q8_ACC
 #undef Q8_SAVE
 #undef Q8_ROW
+#undef Q8_PF
 
 /* ------------------------------------------------------------ AQ q4g */
 
@@ -1117,30 +1126,33 @@ static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
             m0)
 }
 
-/* One pass of aq_q8c_4xr over mb (3..6) rows, R and pf as constants: one
- * inlined block per pair. */
-#define Q8_CASE(r)                                                             \
-  case 4 * (r):                                                                \
-    aq_q8c_4xr(p, xq, m0, (r), 0, t, b0, b1, sv, bias, y);                     \
-    break;                                                                     \
-  case 4 * (r) + 1:                                                            \
-    aq_q8c_4xr(p, xq, m0, (r), 1, t, b0, b1, sv, bias, y);                     \
-    break;                                                                     \
-  case 4 * (r) + 2:                                                            \
-    aq_q8c_4xr(p, xq, m0, (r), 2, t, b0, b1, sv, bias, y);                     \
+/* One pass of aq_q8c_txr, TB, R and pf as constants: one inlined block
+ * per triple; 4 tiles take 3-6 rows (pf 0-1), 3 tiles 4-8 (pf 1-2). */
+#define Q8_CASE(tb, r, pf)                                                     \
+  case ((tb)*16 + (r)) * 4 + (pf):                                             \
+    aq_q8c_txr(p, xq, m0, (tb), (r), (pf), t, b0, b1, sv, bias, y);            \
     break;
+#define Q8_CASES4(r) Q8_CASE(4, r, 0) Q8_CASE(4, r, 1)
+#define Q8_CASES3(r) Q8_CASE(3, r, 1) Q8_CASE(3, r, 2)
 
 INL void aq_q8c_pass(const ql__cpu_packed *p, const ql__cpu_xq *xq,
-                     int64_t m0, int mb, int pf, int64_t t, int64_t b0,
+                     int64_t m0, int tb, int mb, int pf, int64_t t, int64_t b0,
                      int64_t b1, __m512i *sv, const float *bias, float *y) {
-  switch (mb * 4 + pf) {
-    Q8_CASE(3)
-    Q8_CASE(4)
-    Q8_CASE(5)
-    Q8_CASE(6)
+  switch ((tb * 16 + mb) * 4 + pf) {
+    Q8_CASES4(3)
+    Q8_CASES4(4)
+    Q8_CASES4(5)
+    Q8_CASES4(6)
+    Q8_CASES3(4)
+    Q8_CASES3(5)
+    Q8_CASES3(6)
+    Q8_CASES3(7)
+    Q8_CASES3(8)
   }
 }
 #undef Q8_CASE
+#undef Q8_CASES4
+#undef Q8_CASES3
 
 /* Rows of a pass of 4 tiles: 3 to 6, never leaving 1-2 rows to a pass of
  * their own. */
@@ -1148,37 +1160,49 @@ static inline int q8_pass_rows(int64_t left) {
   return left <= 6 ? (int)left : left < 9 ? (int)left - 3 : 6;
 }
 
-
-/* q8c AQ has no per-group epilogue: passes of 4 tiles over blocks of 3 to
- * 6 rows (aq_q8c_4xr), 4 tiles x 1-2 rows (the GEMV blocks) for 1-2 rows;
- * rows in chunks whose x fits the L2 cache, as DRIVE; 7 to KC_MAX_ROWS
- * rows over K chunks. */
+/*
+ * q8c AQ has no per-group epilogue. 1-2 rows: 4 tiles x 1-2 rows (the
+ * GEMV blocks); 3-6 rows: one pass of 4 tiles; 7 to KC_MAX_ROWS rows:
+ * groups of 3 tiles, up to 8 rows a pass (24 sums, the most that leave
+ * registers for 3 weight vectors and x), so that 7-8 rows take one pass
+ * over the weight and 9-16 two, over K chunks when more than one; more
+ * rows: passes of 4 tiles x 3-6 rows, in chunks of rows whose x fits the
+ * L2 cache, as DRIVE. Tiles left over from the groups go 2 or 1 at a
+ * time.
+ */
 static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   const int64_t m = xq->m, nb = xq->kp / QL_CPU_Q8C_KB;
+  if (m > 6 && m <= KC_MAX_ROWS) {
+    const int np = (int)((m + 7) / 8);
+    __m512i sv[KC_MAX_ROWS / 8][32];
+    for (; t1 - t0 >= 3; t0 += 3) {
+      const int64_t t = t0;
+      if (np == 1) {
+        int64_t m0 = 0, b0 = 0, b1 = nb;
+        aq_q8c_pass(p, xq, m0, 3, (int)m, 1, t, b0, b1, NULL, bias, y);
+        continue;
+      }
+      for (int64_t b0 = 0; b0 < nb; b0 += Q8_KC) {
+        int64_t b1 = nb - b0 < Q8_KC ? nb : b0 + Q8_KC, m0 = 0;
+        for (int i = 0; i < np; i++) {
+          /* rows as even as the passes allow: 9 = 5 + 4, 16 = 8 + 8 */
+          int mb = (int)(m / np) + (i < m % np);
+          aq_q8c_pass(p, xq, m0, 3, mb, 2, t, b0, b1, sv[i], bias, y);
+          m0 += mb;
+        }
+      }
+    }
+  }
   for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp); mc < m; mc += mcn) {
     int64_t mend = m - mc < mcn ? m : mc + mcn;
     for (int64_t t = t0; t < t1;) {
       int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;
-      if (tb == 4 && mend - mc > 6 && mend - mc <= KC_MAX_ROWS) {
-        __m512i sv[KC_MAX_ROWS / 3][24];
-        for (int64_t b0 = 0; b0 < nb; b0 += Q8_KC) {
-          int64_t b1 = nb - b0 < Q8_KC ? nb : b0 + Q8_KC;
-          int i = 0;
-          for (int64_t m0 = mc; m0 < mend; i++) {
-            int mb = q8_pass_rows(mend - m0);
-            aq_q8c_pass(p, xq, m0, mb, 2, t, b0, b1, sv[i], bias, y);
-            m0 += mb;
-          }
-        }
-        t += tb;
-        continue;
-      }
       for (int64_t m0 = mc; m0 < mend;) {
-        int64_t left = mend - m0;
+        int64_t left = mend - m0, b0 = 0, b1 = nb;
         int mb = q8_pass_rows(left);
         if (tb == 4 && mb >= 3) {
-          aq_q8c_pass(p, xq, m0, mb, m0 == mc, t, 0, nb, NULL, bias, y);
+          aq_q8c_pass(p, xq, m0, 4, mb, m0 == mc, t, b0, b1, NULL, bias, y);
         } else {
           if (mb > 4)
             mb = 4;
