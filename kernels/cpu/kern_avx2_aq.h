@@ -65,10 +65,15 @@ AQ_INL __m256i AQ_NAME(bcast32)(const int8_t *p) {
   return _mm256_set1_epi32(v);
 }
 
-/* q8c: tb tiles (2·tb columns) x mb rows, all of K. */
+/* q8c: tb tiles (2·tb columns) x mb rows, blocks [b0, b1) of K: the
+ * sums start from sv (2 columns x 4 rows of vectors) when b0 > 0 and go
+ * back to it when b1 is short of the end (K chunks, below), else to the
+ * epilogue; pfd > 0 prefetches that far ahead in each tile's stream. */
 AQ_INL void AQ_NAME(aq_q8c_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
-                                int64_t m0, const int mb, int64_t t,
-                                const int tb, const float *bias, float *y) {
+                                int64_t b0, int64_t b1, __m256i *sv,
+                                size_t pfd, int64_t m0, const int mb,
+                                int64_t t, const int tb, const float *bias,
+                                float *y) {
   __m256i acc[4][4];
   const uint8_t *d[4];
   const int8_t *xr[4];
@@ -81,13 +86,19 @@ AQ_INL void AQ_NAME(aq_q8c_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
            (c & 1) * 32;
     UNROLL
     for (int r = 0; r < mb; r++)
-      acc[c][r] = _mm256_setzero_si256();
+      acc[c][r] = b0 > 0 ? sv[c * 4 + r] : _mm256_setzero_si256();
   }
   UNROLL
   for (int r = 0; r < mb; r++)
     xr[r] = xq->xq + (size_t)(m0 + r) * (size_t)xq->kp;
-  for (int64_t b = 0; b < nb; b++) {
+  for (int64_t b = b0; b < b1; b++) {
     AQ_NAME(ws) w[4];
+    if (pfd) {
+      UNROLL
+      for (int c = 0; c < nc; c += 2)
+        _mm_prefetch((const char *)(d[c] + (size_t)b * QL_CPU_BLOCK + pfd),
+                     _MM_HINT_T0);
+    }
     UNROLL
     for (int c = 0; c < nc; c++)
       w[c] = AQ_NAME(w_split)(_mm256_load_si256(
@@ -100,6 +111,14 @@ AQ_INL void AQ_NAME(aq_q8c_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
       for (int c = 0; c < nc; c++)
         acc[c][r] = AQ_NAME(dot)(acc[c][r], w[c], xs);
     }
+  }
+  if (sv != NULL && b1 < nb) {
+    UNROLL
+    for (int c = 0; c < nc; c++)
+      UNROLL
+    for (int r = 0; r < mb; r++)
+      sv[c * 4 + r] = acc[c][r];
+    return;
   }
   /* Σ x·u - 128·Σ x = Σ x·w (exact modulo 2^32, and it fits) */
   UNROLL
@@ -119,10 +138,13 @@ AQ_INL void AQ_NAME(aq_q8c_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
   }
 }
 
-/* q4g: per group the int32 sums, then the reference's f32 steps. */
+/* q4g: per group the int32 sums, then the reference's f32 steps; groups
+ * [g0, g1), the f32 sums kept in sv between K chunks as q8c's. */
 AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
-                                int64_t m0, const int mb, int64_t t,
-                                const int tb, const float *bias, float *y) {
+                                int64_t g0, int64_t g1, __m256 *sv,
+                                size_t pfd, int64_t m0, const int mb,
+                                int64_t t, const int tb, const float *bias,
+                                float *y) {
   __m256 facc[4][4];
   const uint8_t *tp[2];
   const int8_t *xr[4];
@@ -138,12 +160,12 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
   for (int c = 0; c < nc; c++)
     UNROLL
   for (int r = 0; r < mb; r++)
-    facc[c][r] = _mm256_setzero_ps();
+    facc[c][r] = g0 > 0 ? sv[c * 4 + r] : _mm256_setzero_ps();
   UNROLL
   for (int r = 0; r < mb; r++)
     xr[r] = xq->xq + (size_t)(m0 + r) * (size_t)xq->kp;
 
-  for (int64_t g = 0; g < G; g++) {
+  for (int64_t g = g0; g < g1; g++) {
     __m256i acc[4][4];
     const uint8_t *d[4];
     int64_t nb = ql__cpu_q4g_blocks(p, g), k0 = g * (int64_t)p->gs;
@@ -155,8 +177,19 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
       for (int r = 0; r < mb; r++)
         acc[c][r] = _mm256_setzero_si256();
     }
+    if (pfd) {
+      UNROLL
+      for (int c = 0; c < nc; c += 2)
+        _mm_prefetch((const char *)(d[c] - p->sz_bytes + pfd), _MM_HINT_T0);
+    }
     for (int64_t b = 0; b < nb; b++, k0 += QL_CPU_Q4G_KB) {
       AQ_NAME(ws) lo[4], hi[4];
+      if (pfd) {
+        UNROLL
+        for (int c = 0; c < nc; c += 2)
+          _mm_prefetch((const char *)(d[c] + (size_t)b * QL_CPU_BLOCK + pfd),
+                       _MM_HINT_T0);
+      }
       UNROLL
       for (int c = 0; c < nc; c++) {
         __m256i v = _mm256_load_si256(
@@ -193,6 +226,14 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
       }
     }
   }
+  if (sv != NULL && g1 < G) {
+    UNROLL
+    for (int c = 0; c < nc; c++)
+      UNROLL
+    for (int r = 0; r < mb; r++)
+      sv[c * 4 + r] = facc[c][r];
+    return;
+  }
   UNROLL
   for (int c = 0; c < nc; c++)
     UNROLL
@@ -203,18 +244,60 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
   }
 }
 
+/*
+ * A batch of 5 to AQ_KC_ROWS rows takes 2 or more passes of 1 tile x up
+ * to 4 rows over each tile: over K chunks of about 12 KiB (q8c 192
+ * blocks, q4g 12 groups), each pass prefetching the next chunk, so that
+ * the tile's stream from memory runs under every pass's compute and the
+ * passes after the first find the chunk in L1, as the AVX-512 level
+ * does (kern_avx512.c). The sums go to sv between chunks; no bit changes.
+ */
+#ifndef AQ_KC_ROWS /* once for both variants */
+#define AQ_KC_ROWS 24
+#define AQ_Q8C_KC 192
+#define AQ_Q4G_KC 12
+#endif
+
 static AQ_TGT void AQ_NAME(aq_q8c)(const ql__cpu_packed *p,
                                    const ql__cpu_xq *xq, int64_t t0, int64_t t1,
                                    const float *bias, float *y) {
-  const int64_t m = xq->m;
-  DRIVE(AQ_NAME(aq_q8c_blk), p, xq, m0)
+  const int64_t m = xq->m, nb = xq->kp / QL_CPU_Q8C_KB;
+  if (m > 4 && m <= AQ_KC_ROWS) {
+    __m256i sv[AQ_KC_ROWS / 4][8];
+    const size_t pfd = (size_t)AQ_Q8C_KC * QL_CPU_BLOCK;
+    for (int64_t t = t0; t < t1; t++)
+      for (int64_t b0 = 0; b0 < nb; b0 += AQ_Q8C_KC) {
+        int64_t b1 = nb - b0 < AQ_Q8C_KC ? nb : b0 + AQ_Q8C_KC;
+        for (int64_t m0 = 0, i = 0; m0 < m; m0 += 4, i++) {
+          __m256i *st = sv[i];
+          int tb = 1, mb = m - m0 < 4 ? (int)(m - m0) : 4;
+          CASES(AQ_NAME(aq_q8c_blk), p, xq, b0, b1, st, pfd, m0)
+        }
+      }
+    return;
+  }
+  DRIVE(AQ_NAME(aq_q8c_blk), p, xq, 0, nb, NULL, 0, m0)
 }
 
 static AQ_TGT void AQ_NAME(aq_q4g)(const ql__cpu_packed *p,
                                    const ql__cpu_xq *xq, int64_t t0, int64_t t1,
                                    const float *bias, float *y) {
-  const int64_t m = xq->m;
-  DRIVE(AQ_NAME(aq_q4g_blk), p, xq, m0)
+  const int64_t m = xq->m, G = p->groups;
+  if (m > 4 && m <= AQ_KC_ROWS) {
+    __m256 sv[AQ_KC_ROWS / 4][8];
+    const size_t pfd = (size_t)AQ_Q4G_KC * p->group_bytes;
+    for (int64_t t = t0; t < t1; t++)
+      for (int64_t g0 = 0; g0 < G; g0 += AQ_Q4G_KC) {
+        int64_t g1 = G - g0 < AQ_Q4G_KC ? G : g0 + AQ_Q4G_KC;
+        for (int64_t m0 = 0, i = 0; m0 < m; m0 += 4, i++) {
+          __m256 *st = sv[i];
+          int tb = 1, mb = m - m0 < 4 ? (int)(m - m0) : 4;
+          CASES(AQ_NAME(aq_q4g_blk), p, xq, g0, g1, st, pfd, m0)
+        }
+      }
+    return;
+  }
+  DRIVE(AQ_NAME(aq_q4g_blk), p, xq, 0, G, NULL, 0, m0)
 }
 
 #undef AQ_CAT2
