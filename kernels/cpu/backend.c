@@ -235,10 +235,19 @@ static void lin_run(lin_job *j, const ql_linear_args *a) {
     ql_from_f32(a->dt, j->y, a->y, (size_t)j->m * (size_t)a->w->n);
 }
 
-/* Multiply-adds of one piece of a launch in parts: about 100 µs of one
+/* Multiply-adds of one piece of a launch in parts: tens of µs of one
  * thread at the SIMD levels, small against a prefill launch and large
- * against the pool's wake-up and a claim. */
+ * against the pool's wake-up and a claim. AQ pieces take twice the WO's
+ * (its integer dot products run about 4x the multiply-adds of FMAs), so
+ * that their row blocks are 60 rows at K = 4096, not 24: a weight larger
+ * than the caches is read from memory once per row block, and a lone
+ * M = 512 request on a 14336x4096 q8c weight took 1.4x the in-process
+ * call for it (the daemon's job 51 ms against 35); now 1.09x (37 ms) on the
+ * 2-core Zen 5 VM (qlinear-bench daemon). A decode request waits for the
+ * pieces running when it comes: 2^25 (96 rows) gave 1.07x, but pieces of
+ * twice the length. */
 #define PIECE_MACS ((int64_t)1 << 23)
+#define PIECE_MACS_AQ ((int64_t)1 << 24)
 /* x bytes of one piece's row block: the kernels' own row chunk (an L2's
  * share). */
 #define PIECE_X_BYTES ((int64_t)384 << 10)
@@ -248,15 +257,16 @@ static void piece_plan(lin_job *j) {
   const ql__cpu_packed *p = j->p;
   int64_t row_bytes = j->aq ? j->xq.kp : p->k * (int64_t)sizeof(float);
   int64_t rb = PIECE_X_BYTES / (row_bytes > 0 ? row_bytes : 1) / 12 * 12;
+  const int64_t macs = j->aq ? PIECE_MACS_AQ : PIECE_MACS;
   /* Fewer rows where one 4-tile pass over them would be a long piece. */
-  int64_t rb_time = PIECE_MACS / (4 * QL_CPU_TILE * p->k) / 12 * 12;
+  int64_t rb_time = macs / (4 * QL_CPU_TILE * p->k) / 12 * 12;
   if (rb > rb_time)
     rb = rb_time;
   if (rb < 12)
     rb = 12;
   if (rb > j->m)
     rb = j->m;
-  int64_t per_tile = rb * QL_CPU_TILE * p->k, tb = PIECE_MACS / per_tile;
+  int64_t per_tile = rb * QL_CPU_TILE * p->k, tb = macs / per_tile;
   tb = tb < 4 ? 4 : tb / 4 * 4; /* the kernels' 4-tile passes */
   if (tb > p->tiles)
     tb = p->tiles;
@@ -524,7 +534,7 @@ static int run_linear(ql__cpu_level level, int aq, const ql_linear_args *a) {
    * as it could stop, and pieces that few would not share out evenly. */
   if (part != NULL && st == NULL &&
       (double)a->m * (double)a->w->n * (double)a->w->k <
-          (double)PIECE_MACS * 4 * ql__cpu_threads()) {
+          (double)(aq ? PIECE_MACS_AQ : PIECE_MACS) * 4 * ql__cpu_threads()) {
     ql_linear_args whole = *a;
     whole.part = NULL;
     rc = run_linear(level, aq, &whole);
