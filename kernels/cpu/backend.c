@@ -242,8 +242,8 @@ static void lin_run(lin_job *j, const ql_linear_args *a) {
  * that their row blocks are 60 rows at K = 4096, not 24: a weight larger
  * than the caches is read from memory once per row block, and a lone
  * M = 512 request on a 14336x4096 q8c weight took 1.4x the in-process
- * call for it (the daemon's job 51 ms against 35); now 1.09x (37 ms) on the
- * 2-core Zen 5 VM (qlinear-bench daemon). A decode request waits for the
+ * call for it (the daemon's job 51 ms against 35); now 37 ms against 34
+ * (1.09x) on the 2-core Zen 5 VM (qlinear-bench daemon). A decode request waits for the
  * pieces running when it comes: 2^25 (96 rows) gave 1.07x, but pieces of
  * twice the length. */
 #define PIECE_MACS ((int64_t)1 << 23)
@@ -267,7 +267,10 @@ static void piece_plan(lin_job *j) {
   if (rb > j->m)
     rb = j->m;
   int64_t per_tile = rb * QL_CPU_TILE * p->k, tb = macs / per_tile;
-  tb = tb < 4 ? 4 : tb / 4 * 4; /* the kernels' 4-tile passes */
+  /* the kernels' 4-tile passes (q8c AQ batches of 7-24 rows go 3 tiles
+   * at a time and leave a tile or two to the whole-K blocks: a little
+   * slower, the same bytes) */
+  tb = tb < 4 ? 4 : tb / 4 * 4;
   if (tb > p->tiles)
     tb = p->tiles;
   j->rb = rb;

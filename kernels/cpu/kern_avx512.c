@@ -519,7 +519,7 @@ INL void aq_f8r_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
 
 /*
  * The large-M block of f8r AQ: 4 tiles x 6 rows, 24 accumulators as
- * variables (see aq_q8c_4xr), each decoded weight vector feeding 6 FMAs
+ * variables (see aq_q8c_txr), each decoded weight vector feeding 6 FMAs
  * and each broadcast of x 4. Same operations per lane as aq_f8r_blk.
  */
 #define F8_ACC(r)                                                              \
@@ -585,10 +585,11 @@ INL void aq_f8r_4x6(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
  * passes. In whole-K passes the first reads the weight from memory and
  * the others compute from cache after it: the batch costs the read plus
  * the other passes' compute. Over K chunks (q8c Q8_KC blocks, 3 tiles x
- * 24 KiB; q4g Q4_KC groups, 4 tiles x about 17 KiB) every pass of a
- * chunk prefetches the next chunk, so the stream runs during all the
- * passes' compute (a prefetch in the first pass only kept less of it
- * going), and the passes after the first find the chunk in L1/L2. The
+ * 6 KiB; q4g Q4_KC groups, 4 tiles x about 4 KiB at group 128) every
+ * pass of 3-4 tiles prefetches the next chunk, so the stream runs during
+ * all the passes' compute (a prefetch in the first pass only kept less
+ * of it going), and the passes after the first find the chunk in L1/L2;
+ * q4g's passes of 1-3 left-over rows prefetch their own stream only. The
  * sums go to sv between chunks: q8c's int32 sums are exact and q4g's f32
  * sums still add the groups in order, so the chunking changes no bit. On
  * the 2-core Zen 5 VM, 4096x4096 M = 16 from memory: q8c AQ from
@@ -846,7 +847,7 @@ INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq,
 
 /*
  * The large-M block of q4g AQ: 4 tiles x 4 rows, the 16 int32 sums of a
- * group as variables (see aq_q8c_4xr), the f32 sums across groups in an
+ * group as variables (see aq_q8c_txr), the f32 sums across groups in an
  * array (touched once per group).
  */
 #define Q4_ACC(r)                                                              \
@@ -1088,7 +1089,7 @@ static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
   }
 
 
-/* q4g AQ: 4 tiles x 4 rows (aq_q4g_4x4) where 4 rows are left, 4 tiles x
+/* q4g AQ: 4 tiles x 4 rows (aq_q4g_whole) where 4 rows are left, 4 tiles x
  * 1-2 rows or 2 tiles x up to 4 otherwise (DRIVE_BIG); a batch of 5 to
  * KC_MAX_ROWS rows passes over each group of 4 tiles in chunks of Q4_KC
  * groups, 4 tiles x 1-4 rows a pass, the tiles left over as DRIVE_BIG. */

@@ -214,38 +214,48 @@ END_TEST
 
 /*
  * Decode batches, every M from 1 to 25 at every level and thread count
- * 1-2: K long enough for several K chunks with a short last one (q8c:
- * 250 blocks; q4g: 8 groups of 128, 32 of 32), 9 whole tiles and a ragged
- * tenth, so that a thread's tiles make groups of 4 and a remainder. The
- * bytes are the generic op's, whether the rows go in whole-K passes or
- * in passes over K chunks.
+ * 1-2: K long enough for several K chunks with a short last one (q8c: 275
+ * blocks; q4g: 9 groups of 128, 35 of 32); N of 10 tiles (one thread:
+ * groups of 3 or 4 and a ragged tile left over) and of 12 (the ragged
+ * tile inside the last group of 3 or 4). The bytes are the generic op's,
+ * whether the rows go in whole-K passes or in passes over K chunks, and
+ * the level asked for is the one that ran.
  */
 START_TEST(test_decode_batches) {
   static const struct {
     ql_format f;
     uint32_t gs;
   } fmts[] = {{QL_FORMAT_Q4G, 128}, {QL_FORMAT_Q4G, 32}, {QL_FORMAT_Q8C, 0}};
-  const int64_t n = 9 * 16 + 5, k = 1000, mmax = 25;
-  char ctx[160];
+  static const int64_t ns[] = {9 * 16 + 5, 11 * 16 + 5};
+  const int64_t k = 1100, mmax = 25;
+  char ctx[160], prefix[32];
   setenv("QL_CPU_LEVEL", level_env[_i / 2], 1);
   setenv("QL_CPU_THREADS", _i % 2 ? "2" : "1", 1);
-  for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
-    for (int di = 0; di < 2; di++) {
-      ql_dtype adt = di ? QL_DTYPE_BF16 : QL_DTYPE_F32;
-      ql_qweight *q = make_weight_a(400 + (uint64_t)fi, fmts[fi].f, fmts[fi].gs,
-                                    0, QL_DTYPE_BF16, n, k, di);
-      void *x = make_x(90 + (uint64_t)fi, adt, mmax, k);
-      for (int64_t m = 1; m <= mmax; m++)
-        for (int aq = 0; aq < 2; aq++) {
-          snprintf(ctx, sizeof ctx, "level %s threads %d %s gs=%u %s %s M=%lld",
-                   level_env[_i / 2], 1 + _i % 2, fmt_name(q), fmts[fi].gs,
-                   aq ? "AQ" : "WO", tu_dtype_name(adt), (long long)m);
-          same_as_generic(q, aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, adt, x,
-                          m, ctx);
-        }
-      free(x);
-      ql_qweight_free(q);
-    }
+  snprintf(prefix, sizeof prefix, "cpu.%s.",
+           ql__cpu_level_name(ql__cpu_level_capped((ql__cpu_level)(_i / 2))));
+  for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++)
+      for (int di = 0; di < 2; di++) {
+        ql_dtype adt = di ? QL_DTYPE_BF16 : QL_DTYPE_F32;
+        ql_qweight *q = make_weight_a(400 + (uint64_t)fi, fmts[fi].f,
+                                      fmts[fi].gs, 0, QL_DTYPE_BF16, ns[ni], k,
+                                      di);
+        void *x = make_x(90 + (uint64_t)fi, adt, mmax, k);
+        for (int64_t m = 1; m <= mmax; m++)
+          for (int aq = 0; aq < 2; aq++) {
+            snprintf(ctx, sizeof ctx,
+                     "level %s threads %d %s gs=%u %s %s N=%lld M=%lld",
+                     level_env[_i / 2], 1 + _i % 2, fmt_name(q), fmts[fi].gs,
+                     aq ? "AQ" : "WO", tu_dtype_name(adt), (long long)ns[ni],
+                     (long long)m);
+            const char *name = same_as_generic(
+                q, aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO, adt, x, m, ctx);
+            REQUIRE(strncmp(name, prefix, strlen(prefix)) == 0,
+                    "%s: %s ran, not %s", ctx, name, prefix);
+          }
+        free(x);
+        ql_qweight_free(q);
+      }
 }
 END_TEST
 
@@ -1014,7 +1024,7 @@ START_TEST(test_parts_same_bytes) {
                                   QL_FORMAT_F8R};
   static const struct {
     int64_t n, k, m;
-  } shapes[] = {{509, 4096, 200}, {1024, 1000, 57}, {20, 2000, 300}};
+  } shapes[] = {{509, 4096, 200}, {1024, 1000, 200}, {20, 2000, 300}};
   setenv("QL_CPU_THREADS", nt[_i], 1);
   int threads = atoi(nt[_i]);
   const ql_kernel_impl *rp =
