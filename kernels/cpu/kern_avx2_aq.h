@@ -256,6 +256,22 @@ AQ_INL void AQ_NAME(aq_q4g_blk)(const ql__cpu_packed *p, const ql__cpu_xq *xq,
 #define AQ_KC_ROWS 24
 #define AQ_Q8C_KC 192
 #define AQ_Q4G_KC 12
+/* Passes of 1 tile x up to 4 rows over each tile, K in chunks of KC of
+ * its n units (q8c blocks, q4g groups), the sums of pass i kept in sv[i]
+ * (vectors of type SVT) between chunks. */
+#define DRIVE_KC(blk, SVT, n, KC, pfd)                                         \
+  {                                                                            \
+    SVT sv[AQ_KC_ROWS / 4][8];                                                 \
+    for (int64_t t = t0; t < t1; t++)                                          \
+      for (int64_t u0 = 0; u0 < (n); u0 += (KC)) {                             \
+        int64_t u1 = (n) - u0 < (KC) ? (n) : u0 + (KC);                        \
+        for (int64_t m0 = 0, i = 0; m0 < m; m0 += 4, i++) {                    \
+          SVT *st = sv[i];                                                     \
+          int tb = 1, mb = m - m0 < 4 ? (int)(m - m0) : 4;                     \
+          CASES(blk, p, xq, u0, u1, st, pfd, m0)                               \
+        }                                                                      \
+      }                                                                        \
+  }
 #endif
 
 static AQ_TGT void AQ_NAME(aq_q8c)(const ql__cpu_packed *p,
@@ -263,17 +279,8 @@ static AQ_TGT void AQ_NAME(aq_q8c)(const ql__cpu_packed *p,
                                    const float *bias, float *y) {
   const int64_t m = xq->m, nb = xq->kp / QL_CPU_Q8C_KB;
   if (m > 4 && m <= AQ_KC_ROWS) {
-    __m256i sv[AQ_KC_ROWS / 4][8];
-    const size_t pfd = (size_t)AQ_Q8C_KC * QL_CPU_BLOCK;
-    for (int64_t t = t0; t < t1; t++)
-      for (int64_t b0 = 0; b0 < nb; b0 += AQ_Q8C_KC) {
-        int64_t b1 = nb - b0 < AQ_Q8C_KC ? nb : b0 + AQ_Q8C_KC;
-        for (int64_t m0 = 0, i = 0; m0 < m; m0 += 4, i++) {
-          __m256i *st = sv[i];
-          int tb = 1, mb = m - m0 < 4 ? (int)(m - m0) : 4;
-          CASES(AQ_NAME(aq_q8c_blk), p, xq, b0, b1, st, pfd, m0)
-        }
-      }
+    DRIVE_KC(AQ_NAME(aq_q8c_blk), __m256i, nb, AQ_Q8C_KC,
+             (size_t)AQ_Q8C_KC * QL_CPU_BLOCK)
     return;
   }
   DRIVE(AQ_NAME(aq_q8c_blk), p, xq, 0, nb, NULL, 0, m0)
@@ -284,17 +291,8 @@ static AQ_TGT void AQ_NAME(aq_q4g)(const ql__cpu_packed *p,
                                    const float *bias, float *y) {
   const int64_t m = xq->m, G = p->groups;
   if (m > 4 && m <= AQ_KC_ROWS) {
-    __m256 sv[AQ_KC_ROWS / 4][8];
-    const size_t pfd = (size_t)AQ_Q4G_KC * p->group_bytes;
-    for (int64_t t = t0; t < t1; t++)
-      for (int64_t g0 = 0; g0 < G; g0 += AQ_Q4G_KC) {
-        int64_t g1 = G - g0 < AQ_Q4G_KC ? G : g0 + AQ_Q4G_KC;
-        for (int64_t m0 = 0, i = 0; m0 < m; m0 += 4, i++) {
-          __m256 *st = sv[i];
-          int tb = 1, mb = m - m0 < 4 ? (int)(m - m0) : 4;
-          CASES(AQ_NAME(aq_q4g_blk), p, xq, g0, g1, st, pfd, m0)
-        }
-      }
+    DRIVE_KC(AQ_NAME(aq_q4g_blk), __m256, G, AQ_Q4G_KC,
+             (size_t)AQ_Q4G_KC * p->group_bytes)
     return;
   }
   DRIVE(AQ_NAME(aq_q4g_blk), p, xq, 0, G, NULL, 0, m0)
