@@ -248,6 +248,7 @@ static void lin_run(lin_job *j, const ql_linear_args *a) {
  * twice the length. */
 #define PIECE_MACS ((int64_t)1 << 23)
 #define PIECE_MACS_AQ ((int64_t)1 << 24)
+#define PIECE_MACS_OF(aq) ((aq) ? PIECE_MACS_AQ : PIECE_MACS)
 /* x bytes of one piece's row block: the kernels' own row chunk (an L2's
  * share). */
 #define PIECE_X_BYTES ((int64_t)384 << 10)
@@ -257,7 +258,7 @@ static void piece_plan(lin_job *j) {
   const ql__cpu_packed *p = j->p;
   int64_t row_bytes = j->aq ? j->xq.kp : p->k * (int64_t)sizeof(float);
   int64_t rb = PIECE_X_BYTES / (row_bytes > 0 ? row_bytes : 1) / 12 * 12;
-  const int64_t macs = j->aq ? PIECE_MACS_AQ : PIECE_MACS;
+  const int64_t macs = PIECE_MACS_OF(j->aq);
   /* Fewer rows where one 4-tile pass over them would be a long piece. */
   int64_t rb_time = macs / (4 * QL_CPU_TILE * p->k) / 12 * 12;
   if (rb > rb_time)
@@ -537,7 +538,7 @@ static int run_linear(ql__cpu_level level, int aq, const ql_linear_args *a) {
    * as it could stop, and pieces that few would not share out evenly. */
   if (part != NULL && st == NULL &&
       (double)a->m * (double)a->w->n * (double)a->w->k <
-          (double)(aq ? PIECE_MACS_AQ : PIECE_MACS) * 4 * ql__cpu_threads()) {
+          (double)PIECE_MACS_OF(aq) * 4 * ql__cpu_threads()) {
     ql_linear_args whole = *a;
     whole.part = NULL;
     rc = run_linear(level, aq, &whole);

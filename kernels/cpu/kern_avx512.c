@@ -1180,8 +1180,7 @@ static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
     for (; t1 - t0 >= 3; t0 += 3) {
       const int64_t t = t0;
       if (np == 1) {
-        int64_t m0 = 0, b0 = 0, b1 = nb;
-        aq_q8c_pass(p, xq, m0, 3, (int)m, 1, t, b0, b1, NULL, bias, y);
+        aq_q8c_pass(p, xq, 0, 3, (int)m, 1, t, 0, nb, NULL, bias, y);
         continue;
       }
       for (int64_t b0 = 0; b0 < nb; b0 += Q8_KC) {
@@ -1200,10 +1199,10 @@ static TGT void aq_q8c(const ql__cpu_packed *p, const ql__cpu_xq *xq,
     for (int64_t t = t0; t < t1;) {
       int tb = t1 - t >= 4 ? 4 : t1 - t >= 2 ? 2 : 1;
       for (int64_t m0 = mc; m0 < mend;) {
-        int64_t left = mend - m0, b0 = 0, b1 = nb;
+        int64_t left = mend - m0;
         int mb = q8_pass_rows(left);
         if (tb == 4 && mb >= 3) {
-          aq_q8c_pass(p, xq, m0, 4, mb, m0 == mc, t, b0, b1, NULL, bias, y);
+          aq_q8c_pass(p, xq, m0, 4, mb, m0 == mc, t, 0, nb, NULL, bias, y);
         } else {
           if (mb > 4)
             mb = 4;
