@@ -950,7 +950,7 @@ static void msg_sizes(const rt_ctx *r, const ql_region *rx,
 /* The daemon's own counters of the weight: requests, and the time they
  * spent running (kernel) and queued. 0 on success. */
 typedef struct wcount {
-  uint64_t requests, kernel_ns, queue_ns;
+  uint64_t requests, kernel_ns, queue_ns, rows, batches;
 } wcount;
 
 static int weight_counters(ql_client *c, wcount *out) {
@@ -964,6 +964,8 @@ static int weight_counters(ql_client *c, wcount *out) {
       out->requests += st->per_weight[i].requests;
       out->kernel_ns += st->per_weight[i].kernel_ns;
       out->queue_ns += st->per_weight[i].queue_ns;
+      out->rows += st->per_weight[i].rows;
+      out->batches += st->per_weight[i].batches;
     }
   ql_stats_free(st);
   return 0;
@@ -1265,9 +1267,16 @@ static void print_rate(FILE *f, const char *name, stat3 s) {
           s.min, s.max);
 }
 
-static int throughput(const dopts *o) {
+/*
+ * Rows/s of 1, 2, 4 and 8 clients on each transport. The daemon's counters,
+ * read through c around each sample, give the rows of a launch and the
+ * share of the sample its kernels ran: what a batch gained, and whether
+ * the kernel or the round trips around it held the rate.
+ */
+static int throughput(const dopts *o, ql_client *c) {
   double rate[N_TR][N_TPUT][MAX_PAIRS], ratio[N_TR][N_TPUT][MAX_PAIRS];
   double vs_msg[N_TPUT][MAX_PAIRS];
+  double per_launch[N_TR][N_TPUT][MAX_PAIRS], busy[N_TR][N_TPUT][MAX_PAIRS];
   int P = o->pairs;
 
   /* A pair: every client count on each transport, 2 x N_TPUT samples. */
@@ -1282,19 +1291,38 @@ static int throughput(const dopts *o) {
       for (int i = 0; i < nc; i++)
         cmd[i] = (wcmd){
             .op = W_DECODE, .tr = tr, .m = 1, .t0 = t0, .t1 = t0 + o->seconds};
+      wcount w0, w1;
+      int rc;
+      if ((rc = weight_counters(c, &w0)) != 0) {
+        fprintf(stderr, "qlinear-bench: stats: %s\n", ql_strerror(rc));
+        return -1;
+      }
       if (workers_run(nc, cmd, res) != 0)
         return -1;
+      if ((rc = weight_counters(c, &w1)) != 0) {
+        fprintf(stderr, "qlinear-bench: stats: %s\n", ql_strerror(rc));
+        return -1;
+      }
       for (int i = 0; i < nc; i++)
         rows += res[i].rows;
       rate[tr][ci][p] = (double)rows / o->seconds;
+      /* The counters also hold the warm-up calls around the timed span:
+       * the launch size is theirs too, the busy share is over the span. */
+      uint64_t nb = w1.batches - w0.batches;
+      per_launch[tr][ci][p] =
+          nb != 0 ? (double)(w1.rows - w0.rows) / (double)nb : 0;
+      busy[tr][ci][p] = (double)(w1.kernel_ns - w0.kernel_ns) * 1e-9 /
+                        o->seconds;
     }
   for (int ci = 0; ci < N_TPUT; ci++) {
-    stat3 sr[N_TR], sx[N_TR], sv;
+    stat3 sr[N_TR], sx[N_TR], sl[N_TR], sb[N_TR], sv;
     for (int tr = 0; tr < N_TR; tr++) {
       for (int p = 0; p < P; p++)
         ratio[tr][ci][p] = rate[tr][ci][p] / rate[tr][0][p];
       sr[tr] = stats_copy(rate[tr][ci], P);
       sx[tr] = stats_copy(ratio[tr][ci], P);
+      sl[tr] = stats_copy(per_launch[tr][ci], P);
+      sb[tr] = stats_copy(busy[tr][ci], P);
     }
     for (int p = 0; p < P; p++)
       vs_msg[ci][p] = rate[TR_RING][ci][p] / rate[TR_MSG][ci][p];
@@ -1325,7 +1353,23 @@ static int throughput(const dopts *o) {
     print_rate(stdout, "ring_rows_per_s", sr[TR_RING]);
     print_stat(stdout, "ring_vs_1_client", sx[TR_RING]);
     print_stat(stdout, "ring_vs_message", sv);
+    print_stat(stdout, "rows_per_launch", sl[TR_MSG]);
+    print_stat(stdout, "kernel_busy", sb[TR_MSG]);
+    print_stat(stdout, "ring_rows_per_launch", sl[TR_RING]);
+    print_stat(stdout, "ring_kernel_busy", sb[TR_RING]);
     printf("}\n");
+  }
+  if (!o->json_only) {
+    printf("rows a launch (message, ring), share of the time in kernels "
+           "(message, ring), medians:\n");
+    for (int ci = 0; ci < N_TPUT; ci++) {
+      stat3 a = stats_copy(per_launch[TR_MSG][ci], P);
+      stat3 b = stats_copy(per_launch[TR_RING][ci], P);
+      stat3 d = stats_copy(busy[TR_MSG][ci], P);
+      stat3 e = stats_copy(busy[TR_RING][ci], P);
+      printf("%7d | %5.2f %5.2f | %4.2f %4.2f\n", tput_clients[ci], a.med,
+             b.med, d.med, e.med);
+    }
   }
   fflush(stdout);
   return 0;
@@ -1881,7 +1925,7 @@ int bench_daemon(int argc, char **argv) {
     if (workers_run(2, cmd, res) != 0)
       goto fail;
   }
-  if (throughput(&o) != 0 || decode_latency(&o, &oo) != 0)
+  if (throughput(&o, c) != 0 || decode_latency(&o, &oo) != 0)
     goto fail;
   idle_report(&o, &io);
   rv = 0;
