@@ -1090,13 +1090,14 @@ static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
 
 
 /* q4g AQ: 4 tiles x 4 rows (aq_q4g_whole) where 4 rows are left, 4 tiles x
- * 1-2 rows or 2 tiles x up to 4 otherwise (DRIVE_BIG); a batch of 5 to
- * KC_MAX_ROWS rows passes over each group of 4 tiles in chunks of Q4_KC
- * groups, 4 tiles x 1-4 rows a pass, the tiles left over as DRIVE_BIG. */
+ * 1-2 rows or 2 tiles x up to 4 otherwise (DRIVE_BIG); a batch of 3 or of
+ * 5 to KC_MAX_ROWS rows passes over each group of 4 tiles in chunks of
+ * Q4_KC groups, 4 tiles x 1-4 rows a pass, the tiles left over as
+ * DRIVE_BIG (3 rows there would take two passes, 2 rows and 1). */
 static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   const int64_t m = xq->m, G = p->groups;
-  if (m > 4 && m <= KC_MAX_ROWS && t1 - t0 >= 4) {
+  if ((m == 3 || m > 4) && m <= KC_MAX_ROWS && t1 - t0 >= 4) {
     __m512 sv[(KC_MAX_ROWS + 3) / 4][16];
     const size_t pfd = (size_t)Q4_KC * p->group_bytes;
     int64_t t = t0;
