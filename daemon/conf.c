@@ -180,6 +180,12 @@ static const ql__option options[] = {
      FIELD(max_queue_delay_us), .min = 0, .max = 1000000, .def = "0",
      .help = "a batch smaller than max_batch_rows may wait this long for "
              "more requests; 0: never waits"},
+    {.name = "decode_hold_us", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(decode_hold_us), .min = 0, .max = 1000000, .def = "1000",
+     .help = "after a decode launch, the next one of that weight may wait "
+             "up to this long for the answered clients' next rows, while "
+             "the weight's launch times say one launch of them all saves "
+             "more than the wait; 0: never waits"},
     {.name = "max_queued_bytes", .type = QL_OPT_SIZE, .flags = QL_OPT_LIVE,
      FIELD(max_queued_bytes), .min = 1u << 20, .max = (uint64_t)1 << 44,
      .def = "1G", .help = "tensor bytes held by waiting requests"},

@@ -1,9 +1,11 @@
 /* linear.c - see linear.h. */
+#include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -97,7 +99,15 @@ typedef struct batch_job {
 struct ql__linear_state {
   ql__sched *sched;
   size_t in_flight;    /* accepted, not yet answered */
-  uv_timer_t retry;    /* max_queue_delay_us: ask the scheduler again */
+  uv_timer_t retry;    /* a held queue: ask the scheduler again */
+  /* The same at microsecond precision (libuv's timers count whole
+   * milliseconds, and a queue is held for tens or hundreds of µs): a
+   * timerfd the loop watches; -1 where none could be made (the uv timer
+   * alone then, rounded up to a millisecond). retry_at is its due time,
+   * 0 when disarmed. */
+  int retry_fd;
+  uv_poll_t retry_poll;
+  uint64_t retry_at;
   uv_timer_t expire;   /* answers expired requests while the worker is busy */
   int timers;
   int cpu_saturated; /* the CPU device has a thread for every CPU */
@@ -137,6 +147,7 @@ static ql__sched_config sched_config(const ql__server *s) {
   memset(&sc, 0, sizeof sc);
   sc.max_batch_rows = c->max_batch_rows;
   sc.max_queue_delay_us = c->max_queue_delay_us;
+  sc.decode_hold_us = c->decode_hold_us;
   sc.prefill_chunk_rows = c->prefill_chunk_rows;
   sc.prefill_chunk_us = c->prefill_chunk_us;
   sc.max_queue = c->max_queue;
@@ -160,6 +171,17 @@ static void on_weight_freed(ql__weight *w, void *arg) {
 static void pump(ql__server *s);
 
 static void on_retry(uv_timer_t *t) { pump(t->data); }
+
+static void on_retry_fd(uv_poll_t *p, int status, int events) {
+  ql__server *s = p->data;
+  uint64_t n;
+  (void)status, (void)events;
+  /* Non-blocking: EAGAIN when re-armed since it fired. */
+  while (read(s->lin->retry_fd, &n, sizeof n) < 0 && errno == EINTR)
+    ;
+  s->lin->retry_at = 0;
+  pump(s);
+}
 
 static void answer_list(ql__server *s, ql__sched_req *list);
 
@@ -222,6 +244,7 @@ int ql__linear_open(ql__server *s) {
   struct ql__linear_state *l = calloc(1, sizeof *l);
   if (l == NULL)
     return QL_ENOMEM;
+  l->retry_fd = -1;
   ql__sched_config sc = sched_config(s);
   int rc = ql__sched_create(&sc, &l->sched);
   if (rc != 0) {
@@ -232,6 +255,16 @@ int ql__linear_open(ql__server *s) {
   uv_timer_init(s->loop, &l->expire);
   l->retry.data = l->expire.data = s;
   l->timers = 1;
+  l->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (l->retry_fd >= 0 &&
+      uv_poll_init(s->loop, &l->retry_poll, l->retry_fd) == 0) {
+    l->retry_poll.data = s;
+    l->timers = 2;
+    uv_poll_start(&l->retry_poll, UV_READABLE, on_retry_fd);
+  } else if (l->retry_fd >= 0) {
+    close(l->retry_fd);
+    l->retry_fd = -1;
+  }
   l->cpu_saturated = cpu_saturated(s);
   s->lin = l;
   ql__weight_store_set_free_hook(s->weights, on_weight_freed, s);
@@ -248,6 +281,8 @@ void ql__linear_close_timers(ql__server *s) {
   if (s->lin != NULL && s->lin->timers) {
     uv_close((uv_handle_t *)&s->lin->retry, NULL);
     uv_close((uv_handle_t *)&s->lin->expire, NULL);
+    if (s->lin->timers == 2)
+      uv_close((uv_handle_t *)&s->lin->retry_poll, NULL);
     s->lin->timers = 0;
   }
 }
@@ -270,6 +305,8 @@ void ql__linear_close(ql__server *s) {
       batch_free(bj);
     }
   ql__sched_free(s->lin->sched);
+  if (s->lin->retry_fd >= 0)
+    close(s->lin->retry_fd); /* its poll handle was closed with the timers */
   free(s->lin);
   s->lin = NULL;
 }
@@ -955,9 +992,21 @@ static void ask_to_stop(ql__server *s, ql__device *d) {
 }
 
 /* Asks the scheduler again at retry_ns (a queue held back by
- * max_queue_delay_us), unless the timer fires sooner already. */
+ * max_queue_delay_us or decode_hold_us), unless the timer fires sooner already. */
 static void arm_retry(struct ql__linear_state *l, uint64_t now,
                       uint64_t retry_ns) {
+  if (l->retry_fd >= 0 && l->timers == 2) {
+    if (retry_ns <= now || (l->retry_at != 0 && l->retry_at <= retry_ns))
+      return;
+    /* ql__now_ns() is CLOCK_MONOTONIC: an absolute time on that clock. */
+    struct itimerspec it = {{0, 0},
+                            {(time_t)(retry_ns / 1000000000u),
+                             (long)(retry_ns % 1000000000u)}};
+    if (timerfd_settime(l->retry_fd, TFD_TIMER_ABSTIME, &it, NULL) == 0) {
+      l->retry_at = retry_ns;
+      return;
+    }
+  }
   if (retry_ns > now &&
       (!uv_is_active((uv_handle_t *)&l->retry) ||
        uv_timer_get_due_in(&l->retry) > (retry_ns - now + 999999) / 1000000))
@@ -968,7 +1017,7 @@ static void arm_retry(struct ql__linear_state *l, uint64_t now,
 /*
  * Gives device d's worker batches while it has a lane free. Expired
  * requests the scheduler hands back on the way are answered; a queue held
- * back by max_queue_delay_us sets the retry timer. The batches of a device
+ * back by max_queue_delay_us or decode_hold_us sets the retry timer. The batches of a device
  * out of service still go to its worker, which answers them QL_EDEVICE
  * without running anything: its queue drains in order.
  */

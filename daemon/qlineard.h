@@ -65,6 +65,8 @@ typedef struct ql__config {
   uint32_t prefill_chunk_us; /* a prefill launch's time budget while
                                 decode work is about; 0: none */
   uint64_t max_queue_delay_us; /* a small batch may wait this long */
+  uint64_t decode_hold_us; /* the most a decode launch waits for the rows
+                              of the one before to come back */
   size_t session_max_requests; /* requests of one session in the queues */
   size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */
   uint64_t drain_ms;         /* shutdown: queued work not started by then

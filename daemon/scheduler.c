@@ -38,6 +38,14 @@ struct ql__sched_queue {
    * it low, which only costs a scan. */
   uint64_t min_deadline;
   uint32_t running; /* batches dispatched, not yet completed */
+  /* The decode hold (decode_hold_us): the rows the next launch waits for
+   * (0: none); when next() first found the queue held, which the wait is
+   * counted from (0: not yet); holds still to skip since one ran out, and
+   * how many ran out in a row. */
+  uint32_t hold_rows;
+  uint64_t hold_from;
+  uint32_t hold_skip;
+  uint32_t hold_misses;
   /* Launch times: point b holds a launch of rows in [2^b, 2^(b+1)) (the
    * last point: that many or more), from the calibration or from launches
    * seen; rows 0 = no point. See launch_ns(). */
@@ -462,6 +470,7 @@ static int config_check(const ql__sched_config *cfg) {
   if (cfg == NULL || cfg->max_batch_rows == 0 || cfg->max_queue == 0 ||
       cfg->n_devices == 0 || cfg->n_devices > QL_SCHED_MAX_DEVICES ||
       cfg->max_queue_delay_us > QL_SCHED_MAX_DELAY_US ||
+      cfg->decode_hold_us > QL_SCHED_MAX_DELAY_US ||
       cfg->prefill_chunk_us > QL_SCHED_MAX_CHUNK_US)
     return QL_EINVAL;
   return 0;
@@ -610,13 +619,13 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
 /* ----------------------------------------------------------------- next */
 
 /*
- * When q's work may start: at once if a full batch waits, nothing is held,
+ * When q's work may start under max_queue_delay_us: at once if a full batch waits, nothing is held,
  * its head has started (the rest of a started request gains nothing from
  * waiting) or a waiting request's deadline falls within the hold (holding
  * it would turn a short wait into DEADLINE_EXCEEDED); else once its oldest
  * request has waited max_queue_delay_us.
  */
-static uint64_t due_at(const ql__sched *s, const queue *q) {
+static uint64_t delay_due(const ql__sched *s, const queue *q) {
   if (s->delay_ns == 0 || q->rows >= batch_cap(s, q->cls) ||
       q->head->dispatched != 0)
     return 0;
@@ -626,12 +635,56 @@ static uint64_t due_at(const ql__sched *s, const queue *q) {
   return release;
 }
 
+/*
+ * The end of q's decode hold counted from from, or 0 when none applies:
+ * its rows are all there, its head has started, or the launch of the r
+ * rows waiting plus that of the e rows to come would take no longer than
+ * one of r + e (the wait would be a pure loss). Else it lasts what one
+ * launch saves, up to decode_hold_us, and never past a waiting request's
+ * deadline.
+ */
+static uint64_t hold_due(const ql__sched *s, const queue *q, uint64_t from) {
+  if (q->hold_rows == 0 || q->rows >= q->hold_rows ||
+      q->head->dispatched != 0)
+    return 0;
+  uint32_t r = (uint32_t)q->rows, e = q->hold_rows - r;
+  uint64_t two = sat_add(launch_ns(q, r), launch_ns(q, e));
+  uint64_t one = launch_ns(q, r + e);
+  if (two <= one)
+    return 0;
+  uint64_t hold = two - one, cap = s->cfg.decode_hold_us * 1000u;
+  uint64_t release = sat_add(from, hold < cap ? hold : cap);
+  if (q->min_deadline != 0 && q->min_deadline <= release)
+    return 0;
+  return release;
+}
+
+/* When q's work may start (0: now), at now_ns: the later of the two holds. */
+static uint64_t due_at(const ql__sched *s, const queue *q, uint64_t now_ns) {
+  uint64_t d = delay_due(s, q);
+  uint64_t h = hold_due(s, q, q->hold_from != 0 ? q->hold_from : now_ns);
+  return d > h ? d : h;
+}
+
 /* Moves up to a batch of rows from the head of q into b. */
 static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
   device *dv = &s->dev[q->slot->device];
   ql__sched_stats *st = &q->slot->stats;
   uint32_t room =
       q->cls == AQ ? prefill_rows(s, q, now_ns) : batch_cap(s, q->cls);
+  /* A hold that ran its time out without its rows makes the next ones
+   * skip: the clients it waited for went elsewhere. */
+  if (q->hold_rows != 0) {
+    if (q->hold_from != 0 && q->rows < q->hold_rows) {
+      if (q->hold_misses < QL_SCHED_HOLD_MAX_MISSES)
+        q->hold_misses++;
+      q->hold_skip = 1u << q->hold_misses;
+    } else if (q->rows >= q->hold_rows) {
+      q->hold_misses = 0;
+    }
+    q->hold_rows = 0;
+    q->hold_from = 0;
+  }
   while (q->head != NULL && room > 0 && b->n < b->cap) {
     ql__sched_req *r = q->head;
     uint32_t left = r->rows - r->dispatched;
@@ -700,7 +753,10 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
         dv->running[AQ] + 1 >= lanes && decode_active(dv, now_ns))
       break;
     for (queue *q = dv->active[c]; q != NULL; q = q->act_next) {
-      uint64_t due = due_at(s, q);
+      uint64_t due = due_at(s, q, now_ns);
+      if (q->hold_rows != 0 && q->hold_from == 0 &&
+          hold_due(s, q, now_ns) > now_ns)
+        q->hold_from = now_ns; /* the hold's wait starts */
       if (due > now_ns) {
         if (retry == 0 || due < retry)
           retry = due;
@@ -726,7 +782,7 @@ uint64_t ql__sched_yield_ns(const ql__sched *s, unsigned device,
   const queue *best = NULL;
   for (const queue *q = s->dev[device].active[WO]; q != NULL;
        q = q->act_next)
-    if (due_at(s, q) <= now_ns &&
+    if (due_at(s, q, now_ns) <= now_ns &&
         (best == NULL || q->head->seq < best->head->seq))
       best = q;
   if (best == NULL)
@@ -775,15 +831,33 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
       q->measured = 1;
       curve_learn(q, b->rows, kernel_ns);
     }
+    uint64_t back = 0; /* rows of the requests answered now */
     for (uint32_t i = 0; i < b->n; i++) {
       ql__sched_req *r = b->slice[i].req;
       r->done += b->slice[i].rows;
       assert(r->done <= r->dispatched);
       if (is_finished(r)) {
-        if (r->status == 0)
-          st->requests++;
         session_release(s, r->session);
+        if (r->status == 0) {
+          st->requests++;
+          /* A session with a request in here still sent its next one
+           * already (a reply can leave before this runs): not waited for
+           * a second time. */
+          if (map_find(&s->sessions, r->session) == MAP_NONE)
+            back += r->rows;
+        }
         list_push(&done, r);
+      }
+    }
+    /* Their clients' next rows may be worth waiting for (decode_hold_us). */
+    if (q->cls == WO && s->cfg.decode_hold_us != 0 && back != 0) {
+      if (q->hold_skip > 0) {
+        q->hold_skip--;
+      } else {
+        uint64_t want = q->rows + back;
+        uint32_t cap = batch_cap(s, WO);
+        q->hold_rows = want < cap ? (uint32_t)want : cap;
+        q->hold_from = 0;
       }
     }
     b->queue = NULL;

@@ -80,8 +80,11 @@
 /* Estimates and measurements are clamped to this (about 16.8 ms a row), so
  * the sums of estimates cannot wrap in practice. */
 #define QL_SCHED_MAX_NS_PER_ROW ((uint64_t)1 << 24)
-/* The longest max_queue_delay_us accepted: one second. */
+/* The longest max_queue_delay_us and decode_hold_us accepted: one second. */
 #define QL_SCHED_MAX_DELAY_US 1000000u
+/* A decode hold that runs out makes the queue skip 2^misses holds, misses
+ * counting those in a row up to this (64 skipped). */
+#define QL_SCHED_HOLD_MAX_MISSES 6
 /* The largest prefill_chunk_us accepted: ten seconds. */
 #define QL_SCHED_MAX_CHUNK_US 10000000u
 /* Points of a queue's launch-time curve: rows 1, 2, 4 ... 2^13 and more. */
@@ -102,6 +105,16 @@ typedef struct ql__sched_config {
    * launch (never past a waiting request's deadline); 0 (the default)
    * never holds work back. */
   uint64_t max_queue_delay_us;
+  /* After a decode launch completes, its clients usually send their next
+   * rows at once: the queue's next launch may wait for as many rows as
+   * were queued then plus those the launch answered, while the queue's
+   * launch times (its curve) say that one launch of them all saves more
+   * than the wait costs (the launch of r rows plus that of the e others
+   * against one of r + e), and at most this long. A hold that runs out
+   * (the rows did not come back: the clients went on to another weight,
+   * or fewer of them remain) makes the queue's next holds skip, doubling,
+   * up to 64 completions. 0 = never hold. */
+  uint64_t decode_hold_us;
   /* The most rows of one ACT_QUANT (prefill) launch, always; 0 =
    * max_batch_rows. */
   uint32_t prefill_chunk_rows;
@@ -193,7 +206,7 @@ typedef struct ql__sched_batch {
   ql_path path;
   unsigned device;
   /* With n == 0: the time at which a queue held by max_queue_delay_us
-   * becomes due, so call again then (or when a request arrives); 0 when
+   * or decode_hold_us becomes due, so call again then (or when a request arrives); 0 when
    * the device has nothing waiting. */
   uint64_t retry_ns;
   /* Requests that reached their deadline before any of their rows ran:
@@ -261,7 +274,7 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *req, uint64_t now_ns);
  * Chooses the next launch for a free worker of device at now_ns and fills
  * b (see ql__sched_batch). First, requests of this device whose deadline
  * is due and none of whose rows has started are moved to b->expired. Then,
- * among the queues that are due (see max_queue_delay_us), WEIGHT_ONLY
+ * among the queues that are due (see max_queue_delay_us and decode_hold_us), WEIGHT_ONLY
  * queues go before ACT_QUANT ones and, within a class, the queue whose
  * oldest request is oldest goes first. Its requests are taken in FIFO
  * order up to max_batch_rows (for ACT_QUANT also prefill_chunk_rows and,

@@ -220,7 +220,7 @@ START_TEST(test_table_invariants) {
       "crossover_rows", "log_level", "state_dir", "admin_dir", "cpu_threads",
       "cpu_budget_bytes", "required_devices", "session_lease_ms",
       "max_batch_rows", "prefill_chunk_rows", "prefill_chunk_us",
-      "max_queue_delay_us",
+      "max_queue_delay_us", "decode_hold_us",
       "session_max_requests", "crossover_default_rows", "decode_max_rows",
       "cpu_level", "kernel_timeout_ms", "accel_budget_percent",
       "device_budget_bytes", "batches_in_flight", "max_connections",
@@ -1296,7 +1296,8 @@ START_TEST(test_live_set) {
                                "cpu_budget_bytes", "session_lease_ms",
                                "max_batch_rows", "prefill_chunk_rows",
                                "prefill_chunk_us",
-                               "max_queue_delay_us", "session_max_requests",
+                               "max_queue_delay_us", "decode_hold_us",
+                               "session_max_requests",
                                "crossover_default_rows", "decode_max_rows",
                                "accel_budget_percent", "device_budget_bytes",
                                "ring_spin_us"};

@@ -2,7 +2,8 @@
  * test_scheduler.c - the scheduler's policy (DESIGN §6) on a fake clock
  * (plain numbers) and fake devices: FIFO queues, coalescing with each
  * request getting its own rows back, decode before prefill, prefill in
- * chunks, oldest-first fairness, max_queue_delay_us, deadlines,
+ * chunks, oldest-first fairness, max_queue_delay_us, the decode hold,
+ * deadlines,
  * backpressure, removal by session and at shutdown, device choice, the
  * counters, and a randomized check of the invariants against a model.
  */
@@ -618,6 +619,181 @@ START_TEST(test_delay) {
   ck_assert_uint_eq(b.retry_ns, 810 * US);
   ck_assert_int_eq(ql__sched_next(s, 0, 810 * US, &b), 0);
   ck_assert_uint_eq(b.n, 1);
+  ql__sched_complete(s, &b, 0, &fin);
+  ql__sched_free(s);
+}
+END_TEST
+
+
+/* Submits one WO row of session sess for W1 at now. */
+static void sub1(ql__sched *s, ql__sched_req *r, uint64_t sess, uint64_t now) {
+  rq(r, &W1, WO, 1, sess);
+  ck_assert_int_eq(ql__sched_submit(s, r, now), 0);
+}
+
+/* next() at now: the rows it launched (0: held, retry_ns in *retry). */
+static uint32_t next_rows(ql__sched *s, uint64_t now, ql__sched_batch *b,
+                          ql__sched_slice *sl, uint64_t *retry) {
+  bt(b, sl, 8);
+  ck_assert_int_eq(ql__sched_next(s, 0, now, b), 0);
+  if (retry != NULL)
+    *retry = b->retry_ns;
+  return b->rows;
+}
+
+/* The hold next() should set at from with r rows waiting for e more. */
+static uint64_t hold_of(const ql__sched *s, uint32_t r, uint32_t e,
+                        uint64_t cap) {
+  uint64_t two = ql__sched_launch_ns(s, &W1, 0, WO, r) +
+                 ql__sched_launch_ns(s, &W1, 0, WO, e);
+  uint64_t one = ql__sched_launch_ns(s, &W1, 0, WO, r + e);
+  ck_assert_uint_gt(two, one);
+  return two - one < cap ? two - one : cap;
+}
+
+/*
+ * decode_hold_us: after a decode launch completes, the queue's next launch
+ * waits for the rows it answered to come back, as long as the curve says
+ * one launch of them all saves more than the wait, at most decode_hold_us
+ * and never past a deadline; a hold that runs out makes the next two
+ * skip; a session that sent its next request before the completion is not
+ * waited for twice; a curve in proportion to the rows, prefill and a zero
+ * decode_hold_us never hold.
+ */
+START_TEST(test_decode_hold) {
+  ql__sched_config c = cfg_default();
+  c.decode_hold_us = 1000;
+  ql__sched *s = mk(&c);
+  ql__sched_req r[16], *fin;
+  ql__sched_batch b;
+  ql__sched_slice sl[8];
+  uint64_t retry;
+  /* Memory-bound: 8 rows cost little more than 1. */
+  static const uint32_t m[] = {1, 8};
+  static const uint64_t ns[] = {500 * US, 600 * US};
+  ck_assert_int_eq(ql__sched_set_curve(s, &W1, 0, m, ns, 2), 0);
+
+  /* No launch yet: no hold. */
+  for (int i = 0; i < 4; i++)
+    sub1(s, &r[i], 1 + (uint64_t)i, 0);
+  ck_assert_uint_eq(next_rows(s, 1, &b, sl, NULL), 4);
+  ql__sched_complete(s, &b, 0, &fin); /* 0: the curve stays as set */
+  ck_assert_int_eq(list_len(fin), 4);
+
+  /* The four come back one by one: held from the first one's next() until
+   * the fourth arrives, the release fixed by when the hold began. */
+  sub1(s, &r[4], 1, 10 * US);
+  uint64_t h = hold_of(s, 1, 3, 1000 * US);
+  ck_assert_uint_eq(next_rows(s, 11 * US, &b, sl, &retry), 0);
+  ck_assert_uint_eq(retry, 11 * US + h);
+  sub1(s, &r[5], 2, 20 * US);
+  sub1(s, &r[6], 3, 30 * US);
+  ck_assert_uint_eq(next_rows(s, 31 * US, &b, sl, &retry), 0);
+  ck_assert_uint_eq(retry, 11 * US + hold_of(s, 3, 1, 1000 * US));
+  sub1(s, &r[7], 4, 40 * US);
+  ck_assert_uint_eq(next_rows(s, 41 * US, &b, sl, NULL), 4);
+  ql__sched_complete(s, &b, 0, &fin);
+  ck_assert_int_eq(list_len(fin), 4);
+
+  /* Only one comes back: the hold runs out and it goes alone. */
+  sub1(s, &r[8], 1, 100 * US);
+  ck_assert_uint_eq(next_rows(s, 100 * US, &b, sl, &retry), 0);
+  ck_assert_uint_eq(retry, 100 * US + h);
+  ck_assert_uint_eq(next_rows(s, retry - 1, &b, sl, NULL), 0);
+  ck_assert_uint_eq(next_rows(s, retry, &b, sl, NULL), 1);
+  ql__sched_complete(s, &b, 0, &fin);
+  /* So that completion and the next one hold nothing (2 skipped): two
+   * rows go out, one comes back first and goes alone. */
+  uint64_t t = 2000 * US;
+  sub1(s, &r[9], 1, t);
+  sub1(s, &r[10], 2, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
+  ql__sched_complete(s, &b, 0, &fin);
+  sub1(s, &r[9], 1, t + 10 * US);
+  ck_assert_uint_eq(next_rows(s, t + 10 * US, &b, sl, NULL), 1);
+  ql__sched_complete(s, &b, 0, &fin);
+  /* The ones after hold again. */
+  t += 1000 * US;
+  sub1(s, &r[9], 1, t);
+  sub1(s, &r[10], 2, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
+  ql__sched_complete(s, &b, 0, &fin);
+  sub1(s, &r[9], 1, t + 10 * US);
+  ck_assert_uint_eq(next_rows(s, t + 10 * US, &b, sl, &retry), 0);
+  ck_assert_uint_eq(retry, t + 10 * US + hold_of(s, 1, 1, 1000 * US));
+  sub1(s, &r[10], 2, t + 20 * US);
+  ck_assert_uint_eq(next_rows(s, t + 20 * US, &b, sl, NULL), 2);
+
+  /* Session 1 sends its next request before the launch completes (its
+   * reply went early): only session 2 is waited for. */
+  sub1(s, &r[11], 1, t + 30 * US);
+  ql__sched_complete(s, &b, 0, &fin);
+  ck_assert_int_eq(list_len(fin), 2);
+  ck_assert_uint_eq(next_rows(s, t + 40 * US, &b, sl, &retry), 0);
+  sub1(s, &r[12], 2, t + 50 * US);
+  ck_assert_uint_eq(next_rows(s, t + 50 * US, &b, sl, NULL), 2);
+  ql__sched_complete(s, &b, 0, &fin);
+
+  /* A deadline inside the hold: no hold. */
+  t += 1000 * US;
+  rq(&r[13], &W1, WO, 1, 1);
+  r[13].deadline_ns = t + 100 * US;
+  ck_assert_int_eq(ql__sched_submit(s, &r[13], t), 0);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 1);
+  ql__sched_complete(s, &b, 0, &fin);
+  /* (That completion holds for session 1 alone, which is here at once.) */
+  sub1(s, &r[14], 1, t + 10 * US);
+  sub1(s, &r[15], 2, t + 10 * US);
+  ck_assert_uint_eq(next_rows(s, t + 10 * US, &b, sl, NULL), 2);
+  ql__sched_complete(s, &b, 0, &fin);
+
+  /* decode_hold_us caps the hold. */
+  c.decode_hold_us = 100;
+  ck_assert_int_eq(ql__sched_configure(s, &c), 0);
+  t += 1000 * US;
+  sub1(s, &r[14], 1, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, &retry), 0);
+  ck_assert_uint_eq(retry, t + 100 * US);
+  sub1(s, &r[15], 2, t + 5 * US);
+  ck_assert_uint_eq(next_rows(s, t + 5 * US, &b, sl, NULL), 2);
+  ql__sched_complete(s, &b, 0, &fin);
+
+  /* 0: never. */
+  c.decode_hold_us = 0;
+  ck_assert_int_eq(ql__sched_configure(s, &c), 0);
+  sub1(s, &r[14], 1, t + 10 * US);
+  ck_assert_uint_eq(next_rows(s, t + 10 * US, &b, sl, NULL), 1);
+  ql__sched_complete(s, &b, 0, &fin);
+  c.decode_hold_us = QL_SCHED_MAX_DELAY_US + 1;
+  ck_assert_int_eq(ql__sched_configure(s, &c), QL_EINVAL);
+
+  /* Compute-bound, each row dearer than the one before: nothing to save
+   * by waiting. */
+  c.decode_hold_us = 1000;
+  ck_assert_int_eq(ql__sched_configure(s, &c), 0);
+  static const uint64_t lin[] = {100 * US, 1000 * US};
+  ck_assert_int_eq(ql__sched_set_curve(s, &W1, 0, m, lin, 2), 0);
+  t += 1000 * US;
+  sub1(s, &r[0], 1, t);
+  sub1(s, &r[1], 2, t);
+  sub1(s, &r[2], 3, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 3);
+  ql__sched_complete(s, &b, 0, &fin);
+  sub1(s, &r[0], 1, t + 10 * US);
+  ck_assert_uint_eq(next_rows(s, t + 10 * US, &b, sl, NULL), 1);
+  ql__sched_complete(s, &b, 0, &fin);
+
+  /* Prefill does not hold. */
+  rq(&r[3], &W2, AQ, 2, 1);
+  rq(&r[4], &W2, AQ, 2, 2);
+  ck_assert_int_eq(ql__sched_set_curve(s, &W2, 0, m, ns, 2), 0);
+  ck_assert_int_eq(ql__sched_submit(s, &r[3], t + 20 * US), 0);
+  ck_assert_int_eq(ql__sched_submit(s, &r[4], t + 20 * US), 0);
+  ck_assert_uint_eq(next_rows(s, t + 20 * US, &b, sl, NULL), 4);
+  ql__sched_complete(s, &b, 0, &fin);
+  rq(&r[3], &W2, AQ, 2, 1);
+  ck_assert_int_eq(ql__sched_submit(s, &r[3], t + 30 * US), 0);
+  ck_assert_uint_eq(next_rows(s, t + 30 * US, &b, sl, NULL), 2);
   ql__sched_complete(s, &b, 0, &fin);
   ql__sched_free(s);
 }
@@ -1663,7 +1839,7 @@ static void p_next(pstate *ps, uint64_t *rng) {
     int any = 0;
     for (int i = 0; i < ps->nm; i++)
       any |= waiting(&ps->m[i]) && ps->m[i].r.on_device == dev;
-    if (ps->c.max_queue_delay_us == 0)
+    if (ps->c.max_queue_delay_us == 0 && ps->c.decode_hold_us == 0)
       REQUIRE(!any, "nothing dispatched with work waiting");
     REQUIRE(any ? b->retry_ns > ps->now : b->retry_ns == 0, "retry_ns");
     return;
@@ -1678,7 +1854,7 @@ static void p_next(pstate *ps, uint64_t *rng) {
     if (waiting(q) && same_queue(q, first))
       REQUIRE(q->r.seq >= first->r.seq, "FIFO: %d waits, older", i);
   }
-  if (ps->c.max_queue_delay_us == 0) {
+  if (ps->c.max_queue_delay_us == 0 && ps->c.decode_hold_us == 0) {
     /* ... and, with nothing held, of its class on this device; decode
      * before prefill. */
     for (int i = 0; i < ps->nm; i++) {
@@ -1836,6 +2012,8 @@ static void run_property(uint64_t seed) {
   ps->c.session_quota = tu_rng_next(&rng) % 12;
   ps->c.n_devices = 1 + (unsigned)(tu_rng_next(&rng) % 3);
   ps->c.max_queue_delay_us = seed % 3 == 0 ? tu_rng_next(&rng) % 50 : 0;
+  /* Holds follow the curves the random completions teach. */
+  ps->c.decode_hold_us = seed % 3 == 1 ? tu_rng_next(&rng) % 50 : 0;
   ck_assert_int_eq(ql__sched_create(&ps->c, &ps->s), 0);
   for (int step = 0; step < 8000; step++) {
     ps->now += tu_rng_next(&rng) % (5 * US);
@@ -1905,6 +2083,7 @@ int main(void) {
   tcase_add_test(tc, test_fairness);
   tcase_add_test(tc, test_fairness_alternate);
   tcase_add_test(tc, test_delay);
+  tcase_add_test(tc, test_decode_hold);
   tcase_add_test(tc, test_deadlines);
   tcase_add_test(tc, test_exhausted);
   tcase_add_test(tc, test_remove_session);
