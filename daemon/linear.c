@@ -107,6 +107,7 @@ struct ql__linear_state {
    * 0 when disarmed. */
   int retry_fd;
   uv_poll_t retry_poll;
+  int retry_polled; /* retry_poll watches retry_fd */
   uint64_t retry_at;
   uv_timer_t expire;   /* answers expired requests while the worker is busy */
   int timers;
@@ -259,12 +260,18 @@ int ql__linear_open(ql__server *s) {
   if (l->retry_fd >= 0 &&
       uv_poll_init(s->loop, &l->retry_poll, l->retry_fd) == 0) {
     l->retry_poll.data = s;
-    l->timers = 2;
-    uv_poll_start(&l->retry_poll, UV_READABLE, on_retry_fd);
+    l->retry_polled = 1;
+    if (uv_poll_start(&l->retry_poll, UV_READABLE, on_retry_fd) != 0) {
+      /* Closed now (its fd with the state): the uv timer serves. */
+      uv_close((uv_handle_t *)&l->retry_poll, NULL);
+      l->retry_polled = 0;
+    }
   } else if (l->retry_fd >= 0) {
     close(l->retry_fd);
     l->retry_fd = -1;
   }
+  if (!l->retry_polled)
+    ql__warn("no timerfd: held queues are woken to the millisecond");
   l->cpu_saturated = cpu_saturated(s);
   s->lin = l;
   ql__weight_store_set_free_hook(s->weights, on_weight_freed, s);
@@ -281,8 +288,9 @@ void ql__linear_close_timers(ql__server *s) {
   if (s->lin != NULL && s->lin->timers) {
     uv_close((uv_handle_t *)&s->lin->retry, NULL);
     uv_close((uv_handle_t *)&s->lin->expire, NULL);
-    if (s->lin->timers == 2)
+    if (s->lin->retry_polled)
       uv_close((uv_handle_t *)&s->lin->retry_poll, NULL);
+    s->lin->retry_polled = 0;
     s->lin->timers = 0;
   }
 }
@@ -935,6 +943,7 @@ static void batch_done(ql__job *job) {
   else
     st->aq_batches++;
   st->kernel_ns += kernel_ns;
+  b->end_ns = bj->rc == 0 ? ql__now_ns() : 0; /* a failure holds nothing */
   ql__sched_complete(s->lin->sched, b, bj->rc == 0 ? kernel_ns : 0, &finished);
   d->busy--;
   batch_free(bj);
@@ -966,6 +975,7 @@ static void batch_submit(ql__server *s, ql__device *d, batch_job *bj) {
     for (uint32_t i = 0; i < bj->b.n; i++)
       if (of(bj->b.slice[i].req)->rc == 0)
         of(bj->b.slice[i].req)->rc = rc;
+    bj->b.end_ns = 0; /* nothing ran: no hold */
     ql__sched_complete(s->lin->sched, &bj->b, 0, &finished);
     batch_free(bj);
     answer_list(s, finished);
@@ -992,10 +1002,13 @@ static void ask_to_stop(ql__server *s, ql__device *d) {
 }
 
 /* Asks the scheduler again at retry_ns (a queue held back by
- * max_queue_delay_us or decode_hold_us), unless the timer fires sooner already. */
+ * max_queue_delay_us or decode_hold_us), unless the timer fires sooner
+ * already. */
 static void arm_retry(struct ql__linear_state *l, uint64_t now,
                       uint64_t retry_ns) {
-  if (l->retry_fd >= 0 && l->timers == 2) {
+  if (l->timers == 0)
+    return; /* closing */
+  if (l->retry_polled) {
     if (retry_ns <= now || (l->retry_at != 0 && l->retry_at <= retry_ns))
       return;
     /* ql__now_ns() is CLOCK_MONOTONIC: an absolute time on that clock. */
@@ -1017,9 +1030,10 @@ static void arm_retry(struct ql__linear_state *l, uint64_t now,
 /*
  * Gives device d's worker batches while it has a lane free. Expired
  * requests the scheduler hands back on the way are answered; a queue held
- * back by max_queue_delay_us or decode_hold_us sets the retry timer. The batches of a device
- * out of service still go to its worker, which answers them QL_EDEVICE
- * without running anything: its queue drains in order.
+ * back by max_queue_delay_us or decode_hold_us sets the retry timer. The
+ * batches of a device out of service still go to its worker, which
+ * answers them QL_EDEVICE without running anything: its queue drains in
+ * order.
  */
 static void pump_lanes(ql__server *s, ql__device *d) {
   struct ql__linear_state *l = s->lin;

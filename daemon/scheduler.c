@@ -39,10 +39,12 @@ struct ql__sched_queue {
   uint64_t min_deadline;
   uint32_t running; /* batches dispatched, not yet completed */
   /* The decode hold (decode_hold_us): the rows the next launch waits for
-   * (0: none); when next() first found the queue held, which the wait is
-   * counted from (0: not yet); holds still to skip since one ran out, and
-   * how many ran out in a row. */
+   * (0: none); the completion that set it; when the wait began, which it
+   * is counted from (the completion when rows were waiting then, else the
+   * first row back; 0: no row yet); holds still to skip since one ran
+   * out, and how many ran out in a row. */
   uint32_t hold_rows;
+  uint64_t hold_set;
   uint64_t hold_from;
   uint32_t hold_skip;
   uint32_t hold_misses;
@@ -608,8 +610,18 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
     activate(dv, q);
   q->rows += r->rows;
   dv->queued_cost += (uint64_t)r->rows * r->charge;
-  if (cls == WO)
+  if (cls == WO) {
     dv->decode_ns = now_ns;
+    /* The first row back after a completion that set a hold starts its
+     * wait; one later than a whole hold after it finds clients that do
+     * not decode in a loop on this weight: no hold then. */
+    if (q->hold_rows != 0 && q->hold_from == 0) {
+      if (now_ns <= sat_add(q->hold_set, s->cfg.decode_hold_us * 1000u))
+        q->hold_from = now_ns;
+      else
+        q->hold_rows = 0;
+    }
+  }
   if (r->deadline_ns != 0 &&
       (q->min_deadline == 0 || r->deadline_ns < q->min_deadline))
     q->min_deadline = r->deadline_ns;
@@ -619,11 +631,12 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
 /* ----------------------------------------------------------------- next */
 
 /*
- * When q's work may start under max_queue_delay_us: at once if a full batch waits, nothing is held,
- * its head has started (the rest of a started request gains nothing from
- * waiting) or a waiting request's deadline falls within the hold (holding
- * it would turn a short wait into DEADLINE_EXCEEDED); else once its oldest
- * request has waited max_queue_delay_us.
+ * When q's work may start under max_queue_delay_us: at once if a full
+ * batch waits, nothing is held, its head has started (the rest of a
+ * started request gains nothing from waiting) or a waiting request's
+ * deadline falls within the hold (holding it would turn a short wait into
+ * DEADLINE_EXCEEDED); else once its oldest request has waited
+ * max_queue_delay_us.
  */
 static uint64_t delay_due(const ql__sched *s, const queue *q) {
   if (s->delay_ns == 0 || q->rows >= batch_cap(s, q->cls) ||
@@ -636,33 +649,36 @@ static uint64_t delay_due(const ql__sched *s, const queue *q) {
 }
 
 /*
- * The end of q's decode hold counted from from, or 0 when none applies:
- * its rows are all there, its head has started, or the launch of the r
+ * The end of q's decode hold (from hold_from), or 0 when none applies:
+ * none is set or no row has come back yet, its rows are all there (up to
+ * a launch), its head has started, or the launch of the r
  * rows waiting plus that of the e rows to come would take no longer than
  * one of r + e (the wait would be a pure loss). Else it lasts what one
  * launch saves, up to decode_hold_us, and never past a waiting request's
  * deadline.
  */
-static uint64_t hold_due(const ql__sched *s, const queue *q, uint64_t from) {
-  if (q->hold_rows == 0 || q->rows >= q->hold_rows ||
+static uint64_t hold_due(const ql__sched *s, const queue *q) {
+  uint32_t want = q->hold_rows, most = batch_cap(s, WO);
+  if (want > most) /* max_batch_rows lowered since */
+    want = most;
+  if (want == 0 || q->hold_from == 0 || q->rows >= want ||
       q->head->dispatched != 0)
     return 0;
-  uint32_t r = (uint32_t)q->rows, e = q->hold_rows - r;
+  uint32_t r = (uint32_t)q->rows, e = want - r;
   uint64_t two = sat_add(launch_ns(q, r), launch_ns(q, e));
   uint64_t one = launch_ns(q, r + e);
   if (two <= one)
     return 0;
   uint64_t hold = two - one, cap = s->cfg.decode_hold_us * 1000u;
-  uint64_t release = sat_add(from, hold < cap ? hold : cap);
+  uint64_t release = sat_add(q->hold_from, hold < cap ? hold : cap);
   if (q->min_deadline != 0 && q->min_deadline <= release)
     return 0;
   return release;
 }
 
-/* When q's work may start (0: now), at now_ns: the later of the two holds. */
-static uint64_t due_at(const ql__sched *s, const queue *q, uint64_t now_ns) {
-  uint64_t d = delay_due(s, q);
-  uint64_t h = hold_due(s, q, q->hold_from != 0 ? q->hold_from : now_ns);
+/* When q's work may start (0: now): the later of the two holds. */
+static uint64_t due_at(const ql__sched *s, const queue *q) {
+  uint64_t d = delay_due(s, q), h = hold_due(s, q);
   return d > h ? d : h;
 }
 
@@ -673,9 +689,11 @@ static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
   uint32_t room =
       q->cls == AQ ? prefill_rows(s, q, now_ns) : batch_cap(s, q->cls);
   /* A hold that ran its time out without its rows makes the next ones
-   * skip: the clients it waited for went elsewhere. */
+   * skip: the clients it waited for went elsewhere. One that ended
+   * otherwise (a deadline, a new curve) says nothing either way. */
   if (q->hold_rows != 0) {
-    if (q->hold_from != 0 && q->rows < q->hold_rows) {
+    uint64_t release = hold_due(s, q);
+    if (release != 0 && now_ns >= release) {
       if (q->hold_misses < QL_SCHED_HOLD_MAX_MISSES)
         q->hold_misses++;
       q->hold_skip = 1u << q->hold_misses;
@@ -740,26 +758,30 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
   b->expired = expired.head;
 
   /* Decode first; oldest head first within a class; held queues only
-   * tell when to come back. */
+   * tell when to come back. A decode queue held for its rows to come back
+   * keeps prefill off the device meanwhile: decode goes first, and the
+   * hold lasts less than the launch it saves. */
   queue *best = NULL;
   uint64_t retry = 0;
+  int decode_held = 0;
   const struct device *dv = &s->dev[device];
   unsigned lanes = s->cfg.lanes[device];
   for (int c = 0; c < (b->decode_only ? AQ : NCLASS) && best == NULL; c++) {
     /* A device of several lanes keeps one free for decode while decode
      * work is about: prefill waits for a running prefill to end rather
      * than take it. */
-    if (c == AQ && lanes > 1 && s->cfg.prefill_chunk_us != 0 &&
-        dv->running[AQ] + 1 >= lanes && decode_active(dv, now_ns))
+    if (c == AQ && ((lanes > 1 && s->cfg.prefill_chunk_us != 0 &&
+                     dv->running[AQ] + 1 >= lanes &&
+                     decode_active(dv, now_ns)) ||
+                    decode_held))
       break;
     for (queue *q = dv->active[c]; q != NULL; q = q->act_next) {
-      uint64_t due = due_at(s, q, now_ns);
-      if (q->hold_rows != 0 && q->hold_from == 0 &&
-          hold_due(s, q, now_ns) > now_ns)
-        q->hold_from = now_ns; /* the hold's wait starts */
+      uint64_t due = due_at(s, q);
       if (due > now_ns) {
         if (retry == 0 || due < retry)
           retry = due;
+        if (c == WO && hold_due(s, q) > now_ns)
+          decode_held = 1;
       } else if (best == NULL || q->head->seq < best->head->seq) {
         best = q;
       }
@@ -778,11 +800,13 @@ uint64_t ql__sched_yield_ns(const ql__sched *s, unsigned device,
   if (device >= s->cfg.n_devices || !s->cfg.stops[device] ||
       s->cfg.prefill_chunk_us == 0)
     return 0;
-  /* The due decode queue that next() would take: oldest head first. */
+  /* The due decode queue that next() would take: oldest head first. The
+   * decode hold does not count here: while a launch runs, the rows it
+   * waits for gather anyway. */
   const queue *best = NULL;
   for (const queue *q = s->dev[device].active[WO]; q != NULL;
        q = q->act_next)
-    if (due_at(s, q, now_ns) <= now_ns &&
+    if (delay_due(s, q) <= now_ns &&
         (best == NULL || q->head->seq < best->head->seq))
       best = q;
   if (best == NULL)
@@ -840,24 +864,31 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
         session_release(s, r->session);
         if (r->status == 0) {
           st->requests++;
-          /* A session with a request in here still sent its next one
-           * already (a reply can leave before this runs): not waited for
-           * a second time. */
+          /* A session with a request still in the scheduler (its reply
+           * can leave before this runs, and its next request come) is not
+           * waited for. */
           if (map_find(&s->sessions, r->session) == MAP_NONE)
             back += r->rows;
         }
         list_push(&done, r);
       }
     }
-    /* Their clients' next rows may be worth waiting for (decode_hold_us). */
-    if (q->cls == WO && s->cfg.decode_hold_us != 0 && back != 0) {
-      if (q->hold_skip > 0) {
+    /* Their clients' next rows may be worth waiting for (decode_hold_us):
+     * the rows waiting now and those answered. Another batch of the queue
+     * completing while a hold waits adds its rows to it. */
+    if (q->cls == WO && s->cfg.decode_hold_us != 0 && back != 0 &&
+        b->end_ns != 0) {
+      uint32_t cap = batch_cap(s, WO);
+      if (q->hold_rows != 0) {
+        uint64_t want = (uint64_t)q->hold_rows + back;
+        q->hold_rows = want < cap ? (uint32_t)want : cap;
+      } else if (q->hold_skip > 0) {
         q->hold_skip--;
       } else {
         uint64_t want = q->rows + back;
-        uint32_t cap = batch_cap(s, WO);
         q->hold_rows = want < cap ? (uint32_t)want : cap;
-        q->hold_from = 0;
+        q->hold_set = b->end_ns;
+        q->hold_from = q->rows != 0 ? b->end_ns : 0;
       }
     }
     b->queue = NULL;

@@ -198,6 +198,10 @@ typedef struct ql__sched_batch {
   uint32_t cap;
   int decode_only; /* take decode (WEIGHT_ONLY class) work only: the
                       caller has a stopped prefill launch to go on with */
+  /* Set before ql__sched_complete(): when the launch ended, on the clock
+   * of now_ns; a decode hold (decode_hold_us) counts from it. 0 = not
+   * known: no hold follows the launch. */
+  uint64_t end_ns;
 
   /* Out: set by ql__sched_next(). */
   uint32_t n;         /* slices; 0 = nothing to run now */
@@ -206,8 +210,8 @@ typedef struct ql__sched_batch {
   ql_path path;
   unsigned device;
   /* With n == 0: the time at which a queue held by max_queue_delay_us
-   * or decode_hold_us becomes due, so call again then (or when a request arrives); 0 when
-   * the device has nothing waiting. */
+   * or decode_hold_us becomes due, so call again then (or when a request
+   * arrives); 0 when the device has nothing waiting. */
   uint64_t retry_ns;
   /* Requests that reached their deadline before any of their rows ran:
    * handed back with status QL_EDEADLINE, whatever n is. */
@@ -274,14 +278,16 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *req, uint64_t now_ns);
  * Chooses the next launch for a free worker of device at now_ns and fills
  * b (see ql__sched_batch). First, requests of this device whose deadline
  * is due and none of whose rows has started are moved to b->expired. Then,
- * among the queues that are due (see max_queue_delay_us and decode_hold_us), WEIGHT_ONLY
- * queues go before ACT_QUANT ones and, within a class, the queue whose
- * oldest request is oldest goes first. Its requests are taken in FIFO
- * order up to max_batch_rows (for ACT_QUANT also prefill_chunk_rows and,
- * while decode work is about, prefill_chunk_us) and b->cap slices; a
- * request that does not fit is split, its remaining rows staying at the
- * head of its queue. On a device of several lanes, while decode work is
- * about, no ACT_QUANT batch starts that would leave no lane free.
+ * among the queues that are due (see max_queue_delay_us and
+ * decode_hold_us), WEIGHT_ONLY queues go before ACT_QUANT ones (none of
+ * these while a WEIGHT_ONLY queue waits for its decode hold) and, within
+ * a class, the queue whose oldest request is oldest goes first. Its
+ * requests are taken in FIFO order up to max_batch_rows (for ACT_QUANT
+ * also prefill_chunk_rows and, while decode work is about,
+ * prefill_chunk_us) and b->cap slices; a request that does not fit is
+ * split, its remaining rows staying at the head of its queue. On a
+ * device of several lanes, while decode work is about, no ACT_QUANT batch
+ * starts that would leave no lane free.
  * Returns 0, or QL_EINVAL (no such device, no slice room) with b->n 0.
  */
 int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
