@@ -177,10 +177,12 @@ static void on_retry_fd(uv_poll_t *p, int status, int events) {
   ql__server *s = p->data;
   uint64_t n;
   (void)status, (void)events;
-  /* Non-blocking: EAGAIN when re-armed since it fired. */
-  while (read(s->lin->retry_fd, &n, sizeof n) < 0 && errno == EINTR)
+  /* Non-blocking: EAGAIN when re-armed since it fired (it stays armed). */
+  ssize_t got;
+  while ((got = read(s->lin->retry_fd, &n, sizeof n)) < 0 && errno == EINTR)
     ;
-  s->lin->retry_at = 0;
+  if (got == (ssize_t)sizeof n)
+    s->lin->retry_at = 0;
   pump(s);
 }
 
@@ -282,6 +284,8 @@ void ql__linear_configure(ql__server *s) {
   ql__sched_config sc = sched_config(s);
   if (s->lin != NULL && ql__sched_configure(s->lin->sched, &sc) != 0)
     ql__warn("the scheduler kept its configuration");
+  else if (s->lin != NULL)
+    pump(s); /* shorter holds: a held queue may be due now */
 }
 
 void ql__linear_close_timers(ql__server *s) {
@@ -943,7 +947,9 @@ static void batch_done(ql__job *job) {
   else
     st->aq_batches++;
   st->kernel_ns += kernel_ns;
-  b->end_ns = bj->rc == 0 ? ql__now_ns() : 0; /* a failure holds nothing */
+  /* The worker's end: replies may have left then (early), and the
+   * clients' next rows with them. A failure holds nothing. */
+  b->end_ns = bj->rc == 0 ? job->end_ns : 0;
   ql__sched_complete(s->lin->sched, b, bj->rc == 0 ? kernel_ns : 0, &finished);
   d->busy--;
   batch_free(bj);

@@ -614,12 +614,18 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
     dv->decode_ns = now_ns;
     /* The first row back after a completion that set a hold starts its
      * wait; one later than a whole hold after it finds clients that do
-     * not decode in a loop on this weight: no hold then. */
+     * not decode in a loop on this weight: no hold then. So does a row
+     * that finds the queue emptied (its rows removed) past the hold. */
+    uint64_t cap = s->cfg.decode_hold_us * 1000u;
     if (q->hold_rows != 0 && q->hold_from == 0) {
-      if (now_ns <= sat_add(q->hold_set, s->cfg.decode_hold_us * 1000u))
+      if (now_ns <= sat_add(q->hold_set, cap))
         q->hold_from = now_ns;
       else
         q->hold_rows = 0;
+    } else if (q->hold_rows != 0 && q->n == 1 &&
+               now_ns > sat_add(q->hold_from, cap)) {
+      q->hold_rows = 0;
+      q->hold_from = 0;
     }
   }
   if (r->deadline_ns != 0 &&
@@ -657,12 +663,17 @@ static uint64_t delay_due(const ql__sched *s, const queue *q) {
  * launch saves, up to decode_hold_us, and never past a waiting request's
  * deadline.
  */
+/* The rows q's decode hold waits for (0: none), within a launch (the cap
+ * may have been lowered since the hold was set). */
+static uint32_t hold_want(const ql__sched *s, const queue *q) {
+  uint32_t most = batch_cap(s, WO);
+  return q->hold_rows < most ? q->hold_rows : most;
+}
+
 static uint64_t hold_due(const ql__sched *s, const queue *q) {
-  uint32_t want = q->hold_rows, most = batch_cap(s, WO);
-  if (want > most) /* max_batch_rows lowered since */
-    want = most;
+  uint32_t want = hold_want(s, q);
   if (want == 0 || q->hold_from == 0 || q->rows >= want ||
-      q->head->dispatched != 0)
+      q->head->dispatched != 0 || s->cfg.decode_hold_us == 0)
     return 0;
   uint32_t r = (uint32_t)q->rows, e = want - r;
   uint64_t two = sat_add(launch_ns(q, r), launch_ns(q, e));
@@ -697,7 +708,7 @@ static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
       if (q->hold_misses < QL_SCHED_HOLD_MAX_MISSES)
         q->hold_misses++;
       q->hold_skip = 1u << q->hold_misses;
-    } else if (q->rows >= q->hold_rows) {
+    } else if (q->rows >= hold_want(s, q)) {
       q->hold_misses = 0;
     }
     q->hold_rows = 0;
@@ -773,10 +784,14 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
     if (c == AQ && ((lanes > 1 && s->cfg.prefill_chunk_us != 0 &&
                      dv->running[AQ] + 1 >= lanes &&
                      decode_active(dv, now_ns)) ||
-                    decode_held))
+                    (decode_held &&
+                     dv->running[WO] + dv->running[AQ] + 1 >= lanes)))
       break;
     for (queue *q = dv->active[c]; q != NULL; q = q->act_next) {
-      uint64_t due = due_at(s, q);
+      /* A stopped prefill gives way to decode work as yield_ns said:
+       * the decode hold does not apply then (the rows gathered while it
+       * ran). */
+      uint64_t due = b->decode_only ? delay_due(s, q) : due_at(s, q);
       if (due > now_ns) {
         if (retry == 0 || due < retry)
           retry = due;
@@ -879,11 +894,19 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
     if (q->cls == WO && s->cfg.decode_hold_us != 0 && back != 0 &&
         b->end_ns != 0) {
       uint32_t cap = batch_cap(s, WO);
-      if (q->hold_rows != 0) {
+      uint64_t hold = s->cfg.decode_hold_us * 1000u;
+      if (q->hold_rows != 0 && q->rows < hold_want(s, q) &&
+          (q->hold_from == 0 || b->end_ns < sat_add(q->hold_from, hold))) {
+        /* A hold still waiting (another lane's batch set it): it waits
+         * for these rows too. */
         uint64_t want = (uint64_t)q->hold_rows + back;
         q->hold_rows = want < cap ? (uint32_t)want : cap;
+        if (q->hold_from == 0)
+          q->hold_set = b->end_ns;
       } else if (q->hold_skip > 0) {
         q->hold_skip--;
+        q->hold_rows = 0;
+        q->hold_from = 0;
       } else {
         uint64_t want = q->rows + back;
         q->hold_rows = want < cap ? (uint32_t)want : cap;
@@ -891,6 +914,7 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
         q->hold_from = q->rows != 0 ? b->end_ns : 0;
       }
     }
+    b->end_ns = 0; /* a batch used again says its own */
     b->queue = NULL;
   }
   *finished = done.head;

@@ -198,9 +198,9 @@ typedef struct ql__sched_batch {
   uint32_t cap;
   int decode_only; /* take decode (WEIGHT_ONLY class) work only: the
                       caller has a stopped prefill launch to go on with */
-  /* Set before ql__sched_complete(): when the launch ended, on the clock
-   * of now_ns; a decode hold (decode_hold_us) counts from it. 0 = not
-   * known: no hold follows the launch. */
+  /* Set before ql__sched_complete() (which zeroes it): when the launch
+   * ended, on the clock of now_ns; a decode hold (decode_hold_us) counts
+   * from it. 0 = not known: no hold follows the launch. */
   uint64_t end_ns;
 
   /* Out: set by ql__sched_next(). */

@@ -776,12 +776,43 @@ START_TEST(test_decode_hold) {
   ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 1);
 
   /* A launch without an end time sets no hold. */
-  b.end_ns = 0;
+  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 1);
+  t += 2000 * US;
+  sub1(s, &r[0], 1, t);
+  sub1(s, &r[1], 2, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
   ql__sched_req *fin;
+  b.end_ns = 0;
   ql__sched_complete(s, &b, 0, &fin);
   sub1(s, &r[0], 1, t + 10 * US);
   ck_assert_uint_eq(next_rows(s, t + 10 * US, &b, sl, NULL), 1);
   ck_assert_int_eq(done_at(s, &b, t + 20 * US), 1);
+
+  /* A hold whose rows were taken away (their session ended) is gone for
+   * a row that comes later than a whole hold: no hold, and no miss. */
+  t += 2000 * US;
+  sub1(s, &r[0], 1, t);
+  sub1(s, &r[1], 2, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
+  sub1(s, &r[0], 1, t + 20 * US);
+  ck_assert_uint_eq(next_rows(s, t + 20 * US, &b, sl, NULL), 0);
+  ql__sched_remove_session(s, 1, QL_ESESSION, &fin);
+  ck_assert_int_eq(list_len(fin), 1);
+  sub1(s, &r[0], 3, t + 20 * US + cap + 1);
+  ck_assert_uint_eq(next_rows(s, t + 20 * US + cap + 1, &b, sl, NULL), 1);
+  ck_assert_int_eq(done_at(s, &b, t + 30 * US + cap), 1);
+  /* (The next completion holds as usual: no miss was counted.) */
+  t += 2000 * US;
+  sub1(s, &r[0], 1, t);
+  sub1(s, &r[1], 2, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
+  sub1(s, &r[0], 1, t + 20 * US);
+  ck_assert_uint_eq(next_rows(s, t + 20 * US, &b, sl, NULL), 0);
+  sub1(s, &r[1], 2, t + 30 * US);
+  ck_assert_uint_eq(next_rows(s, t + 30 * US, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 40 * US), 2);
 
   /* A deadline inside the hold: no hold. */
   t += 2000 * US;
@@ -810,12 +841,35 @@ START_TEST(test_decode_hold) {
   ck_assert_uint_eq(next_rows(s, t + 25 * US, &b, sl, NULL), 2);
   ck_assert_int_eq(done_at(s, &b, t + 30 * US), 2);
 
-  /* 0: never. */
+  /* 0: never, a hold set before included (and that is no miss). */
+  sub1(s, &r[0], 1, t + 40 * US);
+  sub1(s, &r[1], 2, t + 40 * US);
+  ck_assert_uint_eq(next_rows(s, t + 40 * US, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 50 * US), 2);
   c.decode_hold_us = 0;
   ck_assert_int_eq(ql__sched_configure(s, &c), 0);
-  sub1(s, &r[0], 1, t + 40 * US);
-  ck_assert_uint_eq(next_rows(s, t + 40 * US, &b, sl, NULL), 1);
-  ck_assert_int_eq(done_at(s, &b, t + 50 * US), 1);
+  sub1(s, &r[0], 1, t + 60 * US);
+  ck_assert_uint_eq(next_rows(s, t + 60 * US, &b, sl, NULL), 1);
+  ck_assert_int_eq(done_at(s, &b, t + 70 * US), 1);
+  sub1(s, &r[0], 1, t + 80 * US);
+  sub1(s, &r[1], 2, t + 80 * US);
+  ck_assert_uint_eq(next_rows(s, t + 80 * US, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 90 * US), 2);
+  sub1(s, &r[0], 1, t + 100 * US);
+  ck_assert_uint_eq(next_rows(s, t + 100 * US, &b, sl, NULL), 1);
+  ck_assert_int_eq(done_at(s, &b, t + 110 * US), 1);
+  c.decode_hold_us = 100;
+  ck_assert_int_eq(ql__sched_configure(s, &c), 0);
+  sub1(s, &r[0], 1, t + 120 * US);
+  sub1(s, &r[1], 2, t + 120 * US);
+  ck_assert_uint_eq(next_rows(s, t + 120 * US, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 130 * US), 2);
+  sub1(s, &r[0], 1, t + 140 * US);
+  ck_assert_uint_eq(next_rows(s, t + 140 * US, &b, sl, &retry), 0);
+  ck_assert_uint_eq(retry, t + 240 * US);
+  sub1(s, &r[1], 2, t + 150 * US);
+  ck_assert_uint_eq(next_rows(s, t + 150 * US, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 160 * US), 2);
   c.decode_hold_us = QL_SCHED_MAX_DELAY_US + 1;
   ck_assert_int_eq(ql__sched_configure(s, &c), QL_EINVAL);
 
@@ -861,14 +915,45 @@ START_TEST(test_decode_hold) {
   ck_assert_ptr_eq(pb.weight, &W2); /* the prefill runs */
   sub1(s, &r[0], 1, 30 * US);
   ck_assert_uint_gt(ql__sched_yield_ns(s, 0, 30 * US), 0);
-  pb.end_ns = 40 * US;
+  /* The prefill stopped for it: the decode work it stopped for runs. */
+  bt(&b, sl, 8);
+  b.decode_only = 1;
+  ck_assert_int_eq(ql__sched_next(s, 0, 40 * US, &b), 0);
+  ck_assert_uint_eq(b.rows, 1);
+  ck_assert_int_eq(done_at(s, &b, 50 * US), 1);
+  pb.end_ns = 60 * US;
   ql__sched_complete(s, &pb, 0, &fin);
-  /* The prefill stopped; the hold goes on from the first row back. */
-  ck_assert_uint_eq(next_rows(s, 40 * US, &b, sl, &retry), 0);
-  ck_assert_uint_eq(retry, 30 * US + hold_of(s, 1, 1, cap));
-  sub1(s, &r[1], 2, 45 * US);
-  ck_assert_uint_eq(next_rows(s, 45 * US, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, 50 * US), 2);
+  ql__sched_free(s);
+
+  /* Two lanes: a held decode queue leaves prefill a lane while another
+   * stays free; a batch completing while the other's hold waits adds its
+   * rows to it. */
+  c = cfg_default();
+  c.decode_hold_us = 1000;
+  c.lanes[0] = 2;
+  s = mk(&c);
+  ck_assert_int_eq(ql__sched_set_curve(s, &W1, 0, m, ns, 4), 0);
+  ql__sched_batch b2;
+  ql__sched_slice sl2[8];
+  sub1(s, &r[0], 1, 0);
+  sub1(s, &r[1], 2, 0);
+  ck_assert_uint_eq(next_rows(s, 0, &b, sl, NULL), 2);
+  sub1(s, &r[2], 3, 5 * US);
+  ck_assert_uint_eq(next_rows(s, 5 * US, &b2, sl2, NULL), 1);
+  ck_assert_int_eq(done_at(s, &b, 10 * US), 2); /* hold for 2 */
+  ck_assert_int_eq(done_at(s, &b2, 20 * US), 1); /* now for 3 */
+  sub1(s, &r[0], 1, 30 * US);
+  sub1(s, &r[1], 2, 30 * US);
+  ck_assert_uint_eq(next_rows(s, 30 * US, &b, sl, &retry), 0);
+  ck_assert_uint_eq(retry, 30 * US + hold_of(s, 2, 1, cap));
+  rq(&pf, &W2, AQ, 4, 9);
+  ck_assert_int_eq(ql__sched_submit(s, &pf, 35 * US), 0);
+  ck_assert_uint_eq(next_rows(s, 35 * US, &b2, sl2, NULL), 4);
+  ck_assert_ptr_eq(b2.weight, &W2);
+  sub1(s, &r[2], 3, 40 * US);
+  ck_assert_uint_eq(next_rows(s, 40 * US, &b, sl, NULL), 3);
+  ck_assert_int_eq(done_at(s, &b, 50 * US), 3);
+  ck_assert_int_eq(done_at(s, &b2, 60 * US), 1);
   ql__sched_free(s);
 }
 END_TEST
