@@ -649,6 +649,41 @@ static int done_at(ql__sched *s, ql__sched_batch *b, uint64_t t) {
   return list_len(fin);
 }
 
+/* Sessions 1 and 2 send a row each at t (r[0] and r[1]), launched
+ * together and done at t + 10 us: the next launch may hold for both. */
+static void two_out(ql__sched *s, ql__sched_req *r, uint64_t t) {
+  ql__sched_batch b;
+  ql__sched_slice sl[8];
+  sub1(s, &r[0], 1, t);
+  sub1(s, &r[1], 2, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
+}
+
+/* Session 1's row comes back at t and launches alone at once. */
+static void back_alone(ql__sched *s, ql__sched_req *r, uint64_t t) {
+  ql__sched_batch b;
+  ql__sched_slice sl[8];
+  sub1(s, &r[0], 1, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 1);
+  ck_assert_int_eq(done_at(s, &b, t + 5 * US), 1);
+}
+
+/* Session 1's row comes back at t and is held until release; session 2's
+ * comes 5 us later and both launch. */
+static void back_held(ql__sched *s, ql__sched_req *r, uint64_t t,
+                      uint64_t release) {
+  ql__sched_batch b;
+  ql__sched_slice sl[8];
+  uint64_t retry;
+  sub1(s, &r[0], 1, t);
+  ck_assert_uint_eq(next_rows(s, t, &b, sl, &retry), 0);
+  ck_assert_uint_eq(retry, release);
+  sub1(s, &r[1], 2, t + 5 * US);
+  ck_assert_uint_eq(next_rows(s, t + 5 * US, &b, sl, NULL), 2);
+  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
+}
+
 /* The hold with r rows waiting for e more, capped. */
 static uint64_t hold_of(const ql__sched *s, uint32_t r, uint32_t e,
                         uint64_t cap) {
@@ -767,10 +802,7 @@ START_TEST(test_decode_hold) {
   ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 1);
   ck_assert_int_eq(done_at(s, &b, t + 10 * US), 1);
   t += 10 * US + cap + 1;
-  sub1(s, &r[0], 1, t);
-  sub1(s, &r[1], 2, t);
-  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
+  two_out(s, r, t);
   t += 10 * US + cap + 1;
   sub1(s, &r[0], 1, t);
   ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 1);
@@ -791,10 +823,7 @@ START_TEST(test_decode_hold) {
   /* A hold whose rows were taken away (their session ended) is gone for
    * a row that comes later than a whole hold: no hold, and no miss. */
   t += 2000 * US;
-  sub1(s, &r[0], 1, t);
-  sub1(s, &r[1], 2, t);
-  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
+  two_out(s, r, t);
   sub1(s, &r[0], 1, t + 20 * US);
   ck_assert_uint_eq(next_rows(s, t + 20 * US, &b, sl, NULL), 0);
   ql__sched_remove_session(s, 1, QL_ESESSION, &fin);
@@ -804,10 +833,7 @@ START_TEST(test_decode_hold) {
   ck_assert_int_eq(done_at(s, &b, t + 30 * US + cap), 1);
   /* (The next completion holds as usual: no miss was counted.) */
   t += 2000 * US;
-  sub1(s, &r[0], 1, t);
-  sub1(s, &r[1], 2, t);
-  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
+  two_out(s, r, t);
   sub1(s, &r[0], 1, t + 20 * US);
   ck_assert_uint_eq(next_rows(s, t + 20 * US, &b, sl, NULL), 0);
   sub1(s, &r[1], 2, t + 30 * US);
@@ -816,10 +842,7 @@ START_TEST(test_decode_hold) {
 
   /* A deadline inside the hold: no hold. */
   t += 2000 * US;
-  sub1(s, &r[0], 1, t);
-  sub1(s, &r[1], 2, t);
-  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
+  two_out(s, r, t);
   rq(&r[0], &W1, WO, 1, 1);
   r[0].deadline_ns = t + 100 * US;
   ck_assert_int_eq(ql__sched_submit(s, &r[0], t + 20 * US), 0);
@@ -830,46 +853,20 @@ START_TEST(test_decode_hold) {
   c.decode_hold_us = 100;
   ck_assert_int_eq(ql__sched_configure(s, &c), 0);
   t += 2000 * US;
-  sub1(s, &r[0], 1, t);
-  sub1(s, &r[1], 2, t);
-  ck_assert_uint_eq(next_rows(s, t, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 10 * US), 2);
-  sub1(s, &r[0], 1, t + 20 * US);
-  ck_assert_uint_eq(next_rows(s, t + 20 * US, &b, sl, &retry), 0);
-  ck_assert_uint_eq(retry, t + 120 * US);
-  sub1(s, &r[1], 2, t + 25 * US);
-  ck_assert_uint_eq(next_rows(s, t + 25 * US, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 30 * US), 2);
+  two_out(s, r, t);
+  back_held(s, r, t + 20 * US, t + 120 * US);
 
   /* 0: never, a hold set before included (and that is no miss). */
-  sub1(s, &r[0], 1, t + 40 * US);
-  sub1(s, &r[1], 2, t + 40 * US);
-  ck_assert_uint_eq(next_rows(s, t + 40 * US, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 50 * US), 2);
+  two_out(s, r, t + 40 * US);
   c.decode_hold_us = 0;
   ck_assert_int_eq(ql__sched_configure(s, &c), 0);
-  sub1(s, &r[0], 1, t + 60 * US);
-  ck_assert_uint_eq(next_rows(s, t + 60 * US, &b, sl, NULL), 1);
-  ck_assert_int_eq(done_at(s, &b, t + 70 * US), 1);
-  sub1(s, &r[0], 1, t + 80 * US);
-  sub1(s, &r[1], 2, t + 80 * US);
-  ck_assert_uint_eq(next_rows(s, t + 80 * US, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 90 * US), 2);
-  sub1(s, &r[0], 1, t + 100 * US);
-  ck_assert_uint_eq(next_rows(s, t + 100 * US, &b, sl, NULL), 1);
-  ck_assert_int_eq(done_at(s, &b, t + 110 * US), 1);
+  back_alone(s, r, t + 60 * US);
+  two_out(s, r, t + 80 * US);
+  back_alone(s, r, t + 100 * US);
   c.decode_hold_us = 100;
   ck_assert_int_eq(ql__sched_configure(s, &c), 0);
-  sub1(s, &r[0], 1, t + 120 * US);
-  sub1(s, &r[1], 2, t + 120 * US);
-  ck_assert_uint_eq(next_rows(s, t + 120 * US, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 130 * US), 2);
-  sub1(s, &r[0], 1, t + 140 * US);
-  ck_assert_uint_eq(next_rows(s, t + 140 * US, &b, sl, &retry), 0);
-  ck_assert_uint_eq(retry, t + 240 * US);
-  sub1(s, &r[1], 2, t + 150 * US);
-  ck_assert_uint_eq(next_rows(s, t + 150 * US, &b, sl, NULL), 2);
-  ck_assert_int_eq(done_at(s, &b, t + 160 * US), 2);
+  two_out(s, r, t + 120 * US);
+  back_held(s, r, t + 140 * US, t + 240 * US);
   c.decode_hold_us = QL_SCHED_MAX_DELAY_US + 1;
   ck_assert_int_eq(ql__sched_configure(s, &c), QL_EINVAL);
 
