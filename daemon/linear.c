@@ -99,15 +99,12 @@ typedef struct batch_job {
 struct ql__linear_state {
   ql__sched *sched;
   size_t in_flight;    /* accepted, not yet answered */
-  uv_timer_t retry;    /* a held queue: ask the scheduler again */
-  /* The same at microsecond precision (libuv's timers count whole
-   * milliseconds, and a queue is held for tens or hundreds of µs): a
-   * timerfd the loop watches; -1 where none could be made (the uv timer
-   * alone then, rounded up to a millisecond). retry_at is its due time,
-   * 0 when disarmed. */
+  /* A held queue: ask the scheduler again. A timerfd the loop watches,
+   * not a uv timer: libuv's timers count whole milliseconds, and a queue
+   * is held for tens or hundreds of µs. retry_at is its due time, 0 when
+   * disarmed. */
   int retry_fd;
   uv_poll_t retry_poll;
-  int retry_polled; /* retry_poll watches retry_fd */
   uint64_t retry_at;
   uv_timer_t expire;   /* answers expired requests while the worker is busy */
   int timers;
@@ -171,9 +168,7 @@ static void on_weight_freed(ql__weight *w, void *arg) {
 
 static void pump(ql__server *s);
 
-static void on_retry(uv_timer_t *t) { pump(t->data); }
-
-static void on_retry_fd(uv_poll_t *p, int status, int events) {
+static void on_retry(uv_poll_t *p, int status, int events) {
   ql__server *s = p->data;
   uint64_t n;
   (void)status, (void)events;
@@ -247,33 +242,26 @@ int ql__linear_open(ql__server *s) {
   struct ql__linear_state *l = calloc(1, sizeof *l);
   if (l == NULL)
     return QL_ENOMEM;
-  l->retry_fd = -1;
-  ql__sched_config sc = sched_config(s);
-  int rc = ql__sched_create(&sc, &l->sched);
-  if (rc != 0) {
+  l->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (l->retry_fd < 0) {
+    int rc = errno == ENOMEM ? QL_ENOMEM : QL_EEXHAUSTED; /* out of fds */
     free(l);
     return rc;
   }
-  uv_timer_init(s->loop, &l->retry);
-  uv_timer_init(s->loop, &l->expire);
-  l->retry.data = l->expire.data = s;
-  l->timers = 1;
-  l->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-  if (l->retry_fd >= 0 &&
-      uv_poll_init(s->loop, &l->retry_poll, l->retry_fd) == 0) {
-    l->retry_poll.data = s;
-    l->retry_polled = 1;
-    if (uv_poll_start(&l->retry_poll, UV_READABLE, on_retry_fd) != 0) {
-      /* Closed now (its fd with the state): the uv timer serves. */
-      uv_close((uv_handle_t *)&l->retry_poll, NULL);
-      l->retry_polled = 0;
-    }
-  } else if (l->retry_fd >= 0) {
+  ql__sched_config sc = sched_config(s);
+  int rc = ql__sched_create(&sc, &l->sched);
+  if (rc != 0) {
     close(l->retry_fd);
-    l->retry_fd = -1;
+    free(l);
+    return rc;
   }
-  if (!l->retry_polled)
-    ql__warn("no timerfd: held queues are woken to the millisecond");
+  /* These cannot fail on a valid loop and a new fd (libuv checks the
+   * arguments and sets the fd non-blocking, which it is). */
+  uv_timer_init(s->loop, &l->expire);
+  uv_poll_init(s->loop, &l->retry_poll, l->retry_fd);
+  l->expire.data = l->retry_poll.data = s;
+  uv_poll_start(&l->retry_poll, UV_READABLE, on_retry);
+  l->timers = 1;
   l->cpu_saturated = cpu_saturated(s);
   s->lin = l;
   ql__weight_store_set_free_hook(s->weights, on_weight_freed, s);
@@ -290,11 +278,8 @@ void ql__linear_configure(ql__server *s) {
 
 void ql__linear_close_timers(ql__server *s) {
   if (s->lin != NULL && s->lin->timers) {
-    uv_close((uv_handle_t *)&s->lin->retry, NULL);
+    uv_close((uv_handle_t *)&s->lin->retry_poll, NULL);
     uv_close((uv_handle_t *)&s->lin->expire, NULL);
-    if (s->lin->retry_polled)
-      uv_close((uv_handle_t *)&s->lin->retry_poll, NULL);
-    s->lin->retry_polled = 0;
     s->lin->timers = 0;
   }
 }
@@ -302,6 +287,12 @@ void ql__linear_close_timers(ql__server *s) {
 void ql__linear_close(ql__server *s) {
   if (s->lin == NULL)
     return;
+  /* A start that failed after the scheduler opened left its timer handles
+   * open: closed, and their callbacks run, before they are freed. */
+  if (s->lin->timers) {
+    ql__linear_close_timers(s);
+    uv_run(s->loop, UV_RUN_NOWAIT);
+  }
   /* (The workers are closed: nothing is pending; this is a backstop.) */
   while (s->lin->waiting != NULL) {
     settle_wait *w = s->lin->waiting;
@@ -317,8 +308,7 @@ void ql__linear_close(ql__server *s) {
       batch_free(bj);
     }
   ql__sched_free(s->lin->sched);
-  if (s->lin->retry_fd >= 0)
-    close(s->lin->retry_fd); /* its poll handle was closed with the timers */
+  close(s->lin->retry_fd); /* its poll handle was closed with the timers */
   free(s->lin);
   s->lin = NULL;
 }
@@ -1012,25 +1002,17 @@ static void ask_to_stop(ql__server *s, ql__device *d) {
  * already. */
 static void arm_retry(struct ql__linear_state *l, uint64_t now,
                       uint64_t retry_ns) {
-  if (l->timers == 0)
-    return; /* closing */
-  if (l->retry_polled) {
-    if (retry_ns <= now || (l->retry_at != 0 && l->retry_at <= retry_ns))
-      return;
-    /* ql__now_ns() is CLOCK_MONOTONIC: an absolute time on that clock. */
-    struct itimerspec it = {{0, 0},
-                            {(time_t)(retry_ns / 1000000000u),
-                             (long)(retry_ns % 1000000000u)}};
-    if (timerfd_settime(l->retry_fd, TFD_TIMER_ABSTIME, &it, NULL) == 0) {
-      l->retry_at = retry_ns;
-      return;
-    }
-  }
-  if (retry_ns > now &&
-      (!uv_is_active((uv_handle_t *)&l->retry) ||
-       uv_timer_get_due_in(&l->retry) > (retry_ns - now + 999999) / 1000000))
-    uv_timer_start(&l->retry, on_retry, (retry_ns - now + 999999) / 1000000,
-                   0);
+  if (l->timers == 0 || retry_ns <= now ||
+      (l->retry_at != 0 && l->retry_at <= retry_ns))
+    return; /* closing, nothing held, or due sooner already */
+  /* ql__now_ns() is CLOCK_MONOTONIC: an absolute time on that clock. */
+  struct itimerspec it = {{0, 0},
+                          {(time_t)(retry_ns / 1000000000u),
+                           (long)(retry_ns % 1000000000u)}};
+  if (timerfd_settime(l->retry_fd, TFD_TIMER_ABSTIME, &it, NULL) == 0)
+    l->retry_at = retry_ns;
+  else /* only bad arguments fail it */
+    ql__warn("timerfd_settime: %s", strerror(errno));
 }
 
 /*

@@ -32,7 +32,9 @@ void ql__linear_close_timers(ql__server *s);
 
 /* Frees the scheduler; call once nothing is in flight (after the worker
  * closed) and after the weight store (weights tell it when they go). Safe
- * when ql__linear_open() failed or never ran. */
+ * when ql__linear_open() failed or never ran, and with the timers still
+ * open (a start that failed later): it closes them and runs the loop once
+ * for their callbacks. */
 void ql__linear_close(ql__server *s);
 
 /*

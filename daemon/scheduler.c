@@ -80,6 +80,7 @@ typedef struct device {
 struct ql__sched {
   ql__sched_config cfg;
   uint64_t delay_ns;
+  uint64_t hold_ns; /* decode_hold_us */
   device dev[QL_SCHED_MAX_DEVICES];
   map sessions; /* session id -> requests in the scheduler */
   uint64_t seq; /* submits so far */
@@ -484,6 +485,7 @@ static void config_apply(ql__sched *s, const ql__sched_config *cfg) {
       clamp_rate(cfg->default_ns_per_row ? cfg->default_ns_per_row
                                          : QL_SCHED_DEFAULT_NS_PER_ROW);
   s->delay_ns = cfg->max_queue_delay_us * 1000u;
+  s->hold_ns = cfg->decode_hold_us * 1000u;
 }
 
 int ql__sched_create(const ql__sched_config *cfg, ql__sched **out) {
@@ -616,14 +618,13 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
      * wait; one later than a whole hold after it finds clients that do
      * not decode in a loop on this weight: no hold then. So does a row
      * that finds the queue emptied (its rows removed) past the hold. */
-    uint64_t cap = s->cfg.decode_hold_us * 1000u;
     if (q->hold_rows != 0 && q->hold_from == 0) {
-      if (now_ns <= sat_add(q->hold_set, cap))
+      if (now_ns <= sat_add(q->hold_set, s->hold_ns))
         q->hold_from = now_ns;
       else
         q->hold_rows = 0;
     } else if (q->hold_rows != 0 && q->n == 1 &&
-               now_ns > sat_add(q->hold_from, cap)) {
+               now_ns > sat_add(q->hold_from, s->hold_ns)) {
       q->hold_rows = 0;
       q->hold_from = 0;
     }
@@ -654,43 +655,36 @@ static uint64_t delay_due(const ql__sched *s, const queue *q) {
   return release;
 }
 
+/* rows, but no more than a decode launch takes (max_batch_rows may have
+ * been lowered since a hold was set). */
+static uint32_t decode_rows(const ql__sched *s, uint64_t rows) {
+  uint32_t most = batch_cap(s, WO);
+  return rows < most ? (uint32_t)rows : most;
+}
+
 /*
  * The end of q's decode hold (from hold_from), or 0 when none applies:
  * none is set or no row has come back yet, its rows are all there (up to
- * a launch), its head has started, or the launch of the r
- * rows waiting plus that of the e rows to come would take no longer than
- * one of r + e (the wait would be a pure loss). Else it lasts what one
- * launch saves, up to decode_hold_us, and never past a waiting request's
- * deadline.
+ * a launch), its head has started, or the launch of the r rows waiting
+ * plus that of the e rows to come would take no longer than one of r + e
+ * (the wait would be a pure loss). Else it lasts what one launch saves,
+ * up to decode_hold_us, and never past a waiting request's deadline.
  */
-/* The rows q's decode hold waits for (0: none), within a launch (the cap
- * may have been lowered since the hold was set). */
-static uint32_t hold_want(const ql__sched *s, const queue *q) {
-  uint32_t most = batch_cap(s, WO);
-  return q->hold_rows < most ? q->hold_rows : most;
-}
-
 static uint64_t hold_due(const ql__sched *s, const queue *q) {
-  uint32_t want = hold_want(s, q);
+  uint32_t want = decode_rows(s, q->hold_rows);
   if (want == 0 || q->hold_from == 0 || q->rows >= want ||
-      q->head->dispatched != 0 || s->cfg.decode_hold_us == 0)
+      q->head->dispatched != 0 || s->hold_ns == 0)
     return 0;
   uint32_t r = (uint32_t)q->rows, e = want - r;
   uint64_t two = sat_add(launch_ns(q, r), launch_ns(q, e));
   uint64_t one = launch_ns(q, r + e);
   if (two <= one)
     return 0;
-  uint64_t hold = two - one, cap = s->cfg.decode_hold_us * 1000u;
-  uint64_t release = sat_add(q->hold_from, hold < cap ? hold : cap);
+  uint64_t hold = two - one < s->hold_ns ? two - one : s->hold_ns;
+  uint64_t release = sat_add(q->hold_from, hold);
   if (q->min_deadline != 0 && q->min_deadline <= release)
     return 0;
   return release;
-}
-
-/* When q's work may start (0: now): the later of the two holds. */
-static uint64_t due_at(const ql__sched *s, const queue *q) {
-  uint64_t d = delay_due(s, q), h = hold_due(s, q);
-  return d > h ? d : h;
 }
 
 /* Moves up to a batch of rows from the head of q into b. */
@@ -708,7 +702,7 @@ static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
       if (q->hold_misses < QL_SCHED_HOLD_MAX_MISSES)
         q->hold_misses++;
       q->hold_skip = 1u << q->hold_misses;
-    } else if (q->rows >= hold_want(s, q)) {
+    } else if (q->rows >= decode_rows(s, q->hold_rows)) {
       q->hold_misses = 0;
     }
     q->hold_rows = 0;
@@ -788,14 +782,17 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
                      dv->running[WO] + dv->running[AQ] + 1 >= lanes)))
       break;
     for (queue *q = dv->active[c]; q != NULL; q = q->act_next) {
-      /* A stopped prefill gives way to decode work as yield_ns said:
-       * the decode hold does not apply then (the rows gathered while it
-       * ran). */
-      uint64_t due = b->decode_only ? delay_due(s, q) : due_at(s, q);
+      /* The later of the two holds. A stopped prefill gives way to decode
+       * work as yield_ns said: the decode hold does not apply then (the
+       * rows gathered while it ran). */
+      uint64_t hold = b->decode_only ? 0 : hold_due(s, q);
+      uint64_t due = delay_due(s, q);
+      if (hold > due)
+        due = hold;
       if (due > now_ns) {
         if (retry == 0 || due < retry)
           retry = due;
-        if (c == WO && hold_due(s, q) > now_ns)
+        if (hold > now_ns)
           decode_held = 1;
       } else if (best == NULL || q->head->seq < best->head->seq) {
         best = q;
@@ -891,16 +888,13 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
     /* Their clients' next rows may be worth waiting for (decode_hold_us):
      * the rows waiting now and those answered. Another batch of the queue
      * completing while a hold waits adds its rows to it. */
-    if (q->cls == WO && s->cfg.decode_hold_us != 0 && back != 0 &&
-        b->end_ns != 0) {
-      uint32_t cap = batch_cap(s, WO);
-      uint64_t hold = s->cfg.decode_hold_us * 1000u;
-      if (q->hold_rows != 0 && q->rows < hold_want(s, q) &&
-          (q->hold_from == 0 || b->end_ns < sat_add(q->hold_from, hold))) {
+    if (q->cls == WO && s->hold_ns != 0 && back != 0 && b->end_ns != 0) {
+      if (q->hold_rows != 0 && q->rows < decode_rows(s, q->hold_rows) &&
+          (q->hold_from == 0 ||
+           b->end_ns < sat_add(q->hold_from, s->hold_ns))) {
         /* A hold still waiting (another lane's batch set it): it waits
          * for these rows too. */
-        uint64_t want = (uint64_t)q->hold_rows + back;
-        q->hold_rows = want < cap ? (uint32_t)want : cap;
+        q->hold_rows = decode_rows(s, (uint64_t)q->hold_rows + back);
         if (q->hold_from == 0)
           q->hold_set = b->end_ns;
       } else if (q->hold_skip > 0) {
@@ -908,8 +902,7 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
         q->hold_rows = 0;
         q->hold_from = 0;
       } else {
-        uint64_t want = q->rows + back;
-        q->hold_rows = want < cap ? (uint32_t)want : cap;
+        q->hold_rows = decode_rows(s, q->rows + back);
         q->hold_set = b->end_ns;
         q->hold_from = q->rows != 0 ? b->end_ns : 0;
       }

@@ -577,10 +577,6 @@ fail:
   ql__uploads_free(s->uploads);
   ql__calibrate_close(s);
   ql__weight_store_free(s->weights);
-  /* A start that failed after the scheduler opened left its timer
-   * handles open: closed (and their callbacks run) before it is freed. */
-  ql__linear_close_timers(s);
-  uv_run(&loop, UV_RUN_NOWAIT);
   ql__linear_close(s);
   ql__store_close(s->store);
   uv_run(&loop, UV_RUN_NOWAIT); /* runs close callbacks still pending */

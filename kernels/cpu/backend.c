@@ -243,9 +243,9 @@ static void lin_run(lin_job *j, const ql_linear_args *a) {
  * than the caches is read from memory once per row block, and a lone
  * M = 512 request on a 14336x4096 q8c weight took 1.4x the in-process
  * call for it (the daemon's job 51 ms against 35); now 37 ms against 34
- * (1.09x) on the 2-core Zen 5 VM (qlinear-bench daemon). A decode request waits for the
- * pieces running when it comes: 2^25 (96 rows) gave 1.07x, but pieces of
- * twice the length. */
+ * (1.09x) on the 2-core Zen 5 VM (qlinear-bench daemon). A decode request
+ * waits for the pieces running when it comes: 2^25 (96 rows) gave 1.07x,
+ * but pieces of twice the length. */
 #define PIECE_MACS ((int64_t)1 << 23)
 #define PIECE_MACS_AQ ((int64_t)1 << 24)
 #define PIECE_MACS_OF(aq) ((aq) ? PIECE_MACS_AQ : PIECE_MACS)

@@ -1277,6 +1277,7 @@ static int throughput(const dopts *o, ql_client *c) {
   double rate[N_TR][N_TPUT][MAX_PAIRS], ratio[N_TR][N_TPUT][MAX_PAIRS];
   double vs_msg[N_TPUT][MAX_PAIRS];
   double per_launch[N_TR][N_TPUT][MAX_PAIRS], busy[N_TR][N_TPUT][MAX_PAIRS];
+  stat3 launch_s[N_TPUT][N_TR], busy_s[N_TPUT][N_TR]; /* their medians */
   int P = o->pairs;
 
   /* A pair: every client count on each transport, 2 x N_TPUT samples. */
@@ -1315,7 +1316,7 @@ static int throughput(const dopts *o, ql_client *c) {
                         o->seconds;
     }
   for (int ci = 0; ci < N_TPUT; ci++) {
-    stat3 sr[N_TR], sx[N_TR], sl[N_TR], sb[N_TR], sv;
+    stat3 sr[N_TR], sx[N_TR], sv, *sl = launch_s[ci], *sb = busy_s[ci];
     for (int tr = 0; tr < N_TR; tr++) {
       for (int p = 0; p < P; p++)
         ratio[tr][ci][p] = rate[tr][ci][p] / rate[tr][0][p];
@@ -1362,14 +1363,10 @@ static int throughput(const dopts *o, ql_client *c) {
   if (!o->json_only) {
     printf("rows a launch (message, ring), share of the time in kernels "
            "(message, ring), medians:\n");
-    for (int ci = 0; ci < N_TPUT; ci++) {
-      stat3 a = stats_copy(per_launch[TR_MSG][ci], P);
-      stat3 b = stats_copy(per_launch[TR_RING][ci], P);
-      stat3 d = stats_copy(busy[TR_MSG][ci], P);
-      stat3 e = stats_copy(busy[TR_RING][ci], P);
-      printf("%7d | %5.2f %5.2f | %4.2f %4.2f\n", tput_clients[ci], a.med,
-             b.med, d.med, e.med);
-    }
+    for (int ci = 0; ci < N_TPUT; ci++)
+      printf("%7d | %5.2f %5.2f | %4.2f %4.2f\n", tput_clients[ci],
+             launch_s[ci][TR_MSG].med, launch_s[ci][TR_RING].med,
+             busy_s[ci][TR_MSG].med, busy_s[ci][TR_RING].med);
   }
   fflush(stdout);
   return 0;

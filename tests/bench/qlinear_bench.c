@@ -882,8 +882,8 @@ static void run_case(const opts *o, const bfmt *bf, const wset *ws,
   t_base = figs[0].t_base;
   if (m == 1)
     rr->t_m1 = t_ours;
-  /* The cost of M rows against one. */
   double x_peak = xpk.med;
+  /* The cost of M rows against one. */
   double vs_m1 = m > 1 && rr->t_m1 > 0 ? t_ours / rr->t_m1 : 0;
   if (!o->json_only) {
     if (header) {
