@@ -24,14 +24,25 @@
 // before (a fresh allocation: zeros).
 //
 // Release calls (cudaFree, cudaFreeHost, cudaStreamDestroy,
-// cudaEventDestroy, cudaIpcCloseMemHandle) on a device with a sticky error
-// release and then report the error: a GPU's context and all its memory are
-// gone then, and a process that exits after a fault must not look leaky to
-// the sanitizers. cudaFree does not wait for a hung device.
+// cudaEventDestroy, cudaIpcCloseMemHandle, cuMemUnmap, cuMemRelease) on a
+// device with a sticky error release and then report the error: a GPU's
+// context and all its memory are gone then, and a process that exits after
+// a fault must not look leaky to the sanitizers. cudaFree does not wait for
+// a hung device.
+//
+// Virtual memory management: a handle (cuMemCreate, or an import of an
+// exported descriptor) is a Phys, its memfd; a reservation is anonymous
+// PROT_NONE address space; a mapping is the memfd mapped over part of a
+// reservation (MAP_FIXED), entered in the allocation table like any device
+// memory, so that copies, cudaPointerGetAttributes and cuMemGetAddressRange
+// see it, with the protection cuMemSetAccess gave it. Unmapping puts
+// reservation space back. A handle's memory goes when it is released and
+// its last mapping unmapped.
 #include "emu_runtime.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -43,6 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -61,6 +73,10 @@ constexpr int kLeastPriority = 0, kGreatestPriority = -5;
 constexpr size_t kAlign = 256;  // what cudaMalloc guarantees at least
 constexpr uint32_t kIpcMagic = 0x51454d49;  // "IMEQ" in memory
 constexpr uint32_t kIpcEventMagic = 0x51454556;  // "VEEQ" in memory
+// The high half of every VMM handle, so that a small number or a pointer
+// is never taken for one.
+constexpr uint64_t kVmmTag = uint64_t(0x51564d4d) << 32;
+constexpr int kRW = PROT_READ | PROT_WRITE;
 
 }  // namespace
 
@@ -109,16 +125,33 @@ struct Device {
 };
 
 // A device allocation (memfd) or an imported one (a mapping of another
-// process's memfd, refcounted as CUDA does for a handle opened twice).
+// process's memfd, refcounted as CUDA does for a handle opened twice), or
+// a cuMemMap mapping (vmm: its handle; the Phys has the memfd).
 struct Alloc {
   size_t size;     // what the caller asked for; the mapping is this long
   size_t charged;  // accounted against the device (own allocations)
   int dev;
-  int fd;  // own: the memfd; imported: -1
+  int fd;  // own: the memfd; imported, mapping: -1
   uint64_t serial;
   bool imported;
   int refs;  // imported: opens not yet closed
   int pid;   // imported: the exporter
+  CUmemGenericAllocationHandle vmm;  // a mapping: its handle; else 0
+  int prot;  // what the memory may take: kRW but for a mapping
+};
+
+// A physical allocation of virtual memory management, by its handle: made
+// by cuMemCreate (charged to its device) or imported from a descriptor
+// (charged to the exporter's). It lives until the handle is released and no
+// mapping of it remains.
+struct Phys {
+  size_t size;
+  size_t charged;
+  int dev;
+  int fd;         // the memfd, or a dup of the imported descriptor
+  bool posix;     // may be exported as a descriptor
+  bool released;  // cuMemRelease'd: no longer a handle to the caller
+  int maps;       // mappings not yet unmapped
 };
 
 // What a cudaIpcMemHandle_t holds: enough for another process to find and
@@ -168,6 +201,12 @@ struct State {
   uint64_t serial = 0;
   uint64_t event_serial = 0;  // interprocess events made here
   long ipc_maps = 0;          // cudaIpcOpenMemHandle calls that mapped
+  size_t gran = 65536;        // QL_EMU_CUDA_VMM_GRANULARITY
+  size_t page = 4096;         // the host's page size
+  bool novmm = false;         // QL_EMU_CUDA_NOVMM
+  std::map<CUmemGenericAllocationHandle, Phys> phys;
+  uint64_t vmm_n = 0;         // handles ever made
+  std::map<uintptr_t, size_t> reserved;  // cuMemAddressReserve'd ranges
   std::atomic<unsigned> epoch{1};  // bumped by reset: thread states go stale
 };
 
@@ -332,7 +371,8 @@ bool parse_cc(State& s, const char* spec) {
 // and fail every call so that it cannot go unnoticed.
 void configure(State& s) {
   const char* bad = nullptr;
-  long ndev = 1, hang = 2000, mem = 1L << 30, kernel = 0;
+  long ndev = 1, hang = 2000, mem = 1L << 30, kernel = 0, gran = 65536;
+  const long page = sysconf(_SC_PAGESIZE);
   const char* v;
 
   s.configured = true;
@@ -360,7 +400,13 @@ void configure(State& s) {
   else if ((v = getenv("QL_EMU_CUDA_KERNEL_MS")) != nullptr &&
            !parse_long(v, 0, 60000, &kernel))
     bad = "QL_EMU_CUDA_KERNEL_MS";
+  // A power of two of whole pages: mappings land on page boundaries.
+  else if ((v = getenv("QL_EMU_CUDA_VMM_GRANULARITY")) != nullptr &&
+           (!parse_long(v, page, 1L << 30, &gran) || (gran & (gran - 1)) != 0))
+    bad = "QL_EMU_CUDA_VMM_GRANULARITY";
   s.ndev = int(ndev);
+  s.gran = size_t(gran);
+  s.page = size_t(page);
   s.mem = size_t(mem);
   s.hang_ms = hang;
   s.kernel_ms = kernel;
@@ -382,9 +428,13 @@ void configure(State& s) {
       !parse_faults(s, v))
     bad = "QL_EMU_CUDA_FAULT";
   if (bad != nullptr) {
-    fprintf(stderr, "ql_emu_cuda: %s: cannot parse \"%s\"\n", bad, v);
+    // The variable's value again: v has been reused since.
+    fprintf(stderr, "ql_emu_cuda: %s: cannot parse \"%s\"\n", bad,
+            getenv(bad));
     s.init_err = cudaErrorInitializationError;
   }
+  v = getenv("QL_EMU_CUDA_NOVMM");
+  s.novmm = v != nullptr && *v != '\0' && strcmp(v, "0") != 0;
   v = getenv("QL_EMU_CUDA_NODRIVER");
   if (v != nullptr && *v != '\0' && strcmp(v, "0") != 0)
     s.init_err = cudaErrorInsufficientDriver;
@@ -494,13 +544,35 @@ const Alloc* find(const State& s, uintptr_t p, uintptr_t* base) {
   return &it->second;
 }
 
-// True when [p, p + n) lies in one device allocation; *dev gets its device.
-bool dev_range(const State& s, const void* p, size_t n, int* dev) {
+// What [p, p + n) may take (PROT_* bits: the least of its parts) when it
+// lies in one device allocation, or in cuMemMap mappings back to back (one
+// range to a GPU, which maps pages, not allocations); -1 when it does not.
+// *dev gets the device of the first part.
+int dev_prot(const State& s, const void* p, size_t n, int* dev) {
   uintptr_t base;
   const Alloc* a = find(s, uintptr_t(p), &base);
-  if (a == nullptr || n > a->size - (uintptr_t(p) - base)) return false;
-  *dev = a->dev;
-  return true;
+  if (a == nullptr) return -1;
+  const int first = a->dev;
+  int prot = a->prot;
+  uintptr_t at = uintptr_t(p);
+  for (;;) {
+    const size_t room = a->size - (at - base);
+    if (n <= room) break;
+    auto it = s.allocs.find(base + a->size);
+    if (a->vmm == 0 || it == s.allocs.end() || it->second.vmm == 0) return -1;
+    n -= room;
+    at = base = it->first;
+    a = &it->second;
+    prot &= a->prot;
+  }
+  *dev = first;
+  return prot;
+}
+
+// True when [p, p + n) is device memory (see dev_prot); *dev gets its
+// device.
+bool dev_range(const State& s, const void* p, size_t n, int* dev) {
+  return dev_prot(s, p, n, dev) >= 0;
 }
 
 // Waits as long as a GPU watchdog would for work that never completes, then
@@ -558,6 +630,13 @@ void write_host_stats(const State& s) {
 
 size_t charge_of(size_t n) { return (n + kAlign - 1) & ~(kAlign - 1); }
 
+// True when charge more bytes (for size asked) fit device dv: what
+// cudaMalloc and cuMemCreate check, the injected OOM fault included.
+bool fits(const Device& dv, size_t size, size_t charge) {
+  return !dv.oom && charge >= size && charge <= dv.total &&
+         dv.used <= dv.total - charge;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------- devices
@@ -595,6 +674,36 @@ extern "C" cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop,
   return cudaSuccess;
 }
 
+namespace {
+
+// An attribute of a valid device by its number, the same in enum
+// cudaDeviceAttr and CUdevice_attribute; false for one not emulated.
+bool attribute(const State& s, int attr, int device, int* value) {
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      return true;
+    case cudaDevAttrMemoryClockRate:
+      *value = 2619000;  // kHz
+      return true;
+    case cudaDevAttrGlobalMemoryBusWidth:
+      *value = 5120;  // bits
+      return true;
+    case cudaDevAttrL2CacheSize:
+      *value = 1 << 20;
+      return true;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = s.dev[device].cc_major;
+      return true;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = s.dev[device].cc_minor;
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 extern "C" cudaError_t cudaDeviceGetAttribute(int* value,
                                               enum cudaDeviceAttr attr,
                                               int device) {
@@ -604,27 +713,9 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int* value,
   if (value == nullptr) return fail(cudaErrorInvalidValue);
   if (s.ndev == 0) return fail(cudaErrorNoDevice);
   if (device < 0 || device >= s.ndev) return fail(cudaErrorInvalidDevice);
-  switch (attr) {
-    case cudaDevAttrMultiProcessorCount:
-      *value = 132;
-      return cudaSuccess;
-    case cudaDevAttrMemoryClockRate:
-      *value = 2619000;  // kHz
-      return cudaSuccess;
-    case cudaDevAttrGlobalMemoryBusWidth:
-      *value = 5120;  // bits
-      return cudaSuccess;
-    case cudaDevAttrL2CacheSize:
-      *value = 1 << 20;
-      return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor:
-      *value = s.dev[device].cc_major;
-      return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor:
-      *value = s.dev[device].cc_minor;
-      return cudaSuccess;
-  }
-  return fail(cudaErrorInvalidValue);
+  if (!attribute(s, int(attr), device, value))
+    return fail(cudaErrorInvalidValue);
+  return cudaSuccess;
 }
 
 // Sets the device even when it has a sticky error, and reports that error
@@ -681,9 +772,7 @@ extern "C" cudaError_t cudaMalloc(void** devPtr, size_t size) {
   if (size == 0) return cudaSuccess;  // as CUDA: success, a null pointer
   Device& dv = s.dev[d];
   size_t charge = charge_of(size);
-  if (dv.oom || charge < size || charge > dv.total ||
-      dv.used > dv.total - charge)
-    return fail(cudaErrorMemoryAllocation);
+  if (!fits(dv, size, charge)) return fail(cudaErrorMemoryAllocation);
 
   uint64_t serial = ++s.serial;
   char name[64];
@@ -698,7 +787,8 @@ extern "C" cudaError_t cudaMalloc(void** devPtr, size_t size) {
     close(fd);
     return fail(cudaErrorMemoryAllocation);
   }
-  s.allocs[uintptr_t(p)] = Alloc{size, charge, d, fd, serial, false, 0, 0};
+  s.allocs[uintptr_t(p)] =
+      Alloc{size, charge, d, fd, serial, false, 0, 0, 0, kRW};
   dv.used += charge;
   *devPtr = p;
   return cudaSuccess;
@@ -710,7 +800,8 @@ extern "C" cudaError_t cudaFree(void* devPtr) {
   if (s.init_err != cudaSuccess) return fail(s.init_err);
   if (devPtr == nullptr) return cudaSuccess;
   auto it = s.allocs.find(uintptr_t(devPtr));
-  if (it == s.allocs.end() || it->second.imported)
+  // Imported memory and cuMemMap mappings are not cudaMalloc's to free.
+  if (it == s.allocs.end() || it->second.imported || it->second.vmm != 0)
     return fail(cudaErrorInvalidDevicePointer);
   Alloc a = it->second;
   land(s.dev[a.dev]);  // cudaFree synchronizes the device
@@ -812,26 +903,31 @@ extern "C" cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 
 namespace {
 
-// The checks of a copy: the device sides named by kind must lie within
-// device allocations (a GPU refuses a range it does not map), and none of
-// the devices involved may have a sticky error.
-cudaError_t copy_args(const State& s, void* dst, const void* src, size_t count,
-                      cudaMemcpyKind kind) {
+// The checks of a copy on device d: the device sides named by kind must
+// lie within device allocations (a GPU refuses a range it does not map),
+// and none of the devices involved may have a sticky error. A device side
+// the copy may not read, or write (a cuMemMap mapping without that
+// access), is a fault of the copy engine: d takes a sticky error.
+cudaError_t copy_args(State& s, int d, void* dst, const void* src,
+                      size_t count, cudaMemcpyKind kind) {
   if (unsigned(kind) > unsigned(cudaMemcpyDefault))
     return cudaErrorInvalidMemcpyDirection;
   if (count == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
   int dd = -1, sd = -1;
-  bool dst_dev = dev_range(s, dst, count, &dd),
-       src_dev = dev_range(s, src, count, &sd);
+  const int dp = dev_prot(s, dst, count, &dd), sp = dev_prot(s, src, count, &sd);
   if ((kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice) &&
-      !dst_dev)
+      dp < 0)
     return cudaErrorInvalidValue;
   if ((kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice) &&
-      !src_dev)
+      sp < 0)
     return cudaErrorInvalidValue;
   if ((dd >= 0 && s.dev[dd].sticky) || (sd >= 0 && s.dev[sd].sticky))
     return cudaErrorIllegalAddress;
+  if ((dp >= 0 && !(dp & PROT_WRITE)) || (sp >= 0 && !(sp & PROT_READ))) {
+    s.dev[d].sticky = true;
+    return cudaErrorIllegalAddress;
+  }
   return cudaSuccess;
 }
 
@@ -848,7 +944,7 @@ extern "C" cudaError_t cudaMemcpy(void* dst, const void* src, size_t count,
     if (s.init_err != cudaSuccess) return fail(s.init_err);
     int d = me().dev;
     cudaError_t e = dev_ok(s, d);
-    if (e == cudaSuccess) e = copy_args(s, dst, src, count, kind);
+    if (e == cudaSuccess) e = copy_args(s, d, dst, src, count, kind);
     if (e != cudaSuccess) return fail(e);
     Device& dv = s.dev[d];
     if (dv.hung && dv.legacy > dv.hang_seq) {
@@ -884,7 +980,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
     int d = stream_dev(s, stream);
     if (d < 0) return fail(cudaErrorInvalidResourceHandle);
     cudaError_t e = dev_ok(s, d);
-    if (e == cudaSuccess) e = copy_args(s, dst, src, count, kind);
+    if (e == cudaSuccess) e = copy_args(s, d, dst, src, count, kind);
     if (e != cudaSuccess) return fail(e);
     if (count != 0 && (host_registered(s, src, count) ||
                        host_registered(s, dst, count)))
@@ -906,13 +1002,18 @@ extern "C" cudaError_t cudaMemsetAsync(void* devPtr, int value, size_t count,
     Lock l;
     State& s = S();
     if (s.init_err != cudaSuccess) return fail(s.init_err);
-    int d = stream_dev(s, stream), pd = -1;
+    int d = stream_dev(s, stream), pd = -1, prot = kRW;
     if (d < 0) return fail(cudaErrorInvalidResourceHandle);
     cudaError_t e = dev_ok(s, d);
-    if (e == cudaSuccess && count != 0 && !dev_range(s, devPtr, count, &pd))
+    if (e == cudaSuccess && count != 0 &&
+        (prot = dev_prot(s, devPtr, count, &pd)) < 0)
       e = cudaErrorInvalidValue;
     if (e == cudaSuccess && pd >= 0 && s.dev[pd].sticky)
       e = cudaErrorIllegalAddress;
+    if (e == cudaSuccess && !(prot & PROT_WRITE)) {
+      s.dev[d].sticky = true;  // a write the mapping does not allow
+      e = cudaErrorIllegalAddress;
+    }
     if (e != cudaSuccess) return fail(e);
     run = enqueue(s, stream, d);
   }
@@ -1269,7 +1370,9 @@ extern "C" cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle,
   uintptr_t base;
   const Alloc* a =
       handle != nullptr ? find(s, uintptr_t(devPtr), &base) : nullptr;
-  if (a == nullptr || a->imported) return fail(cudaErrorInvalidValue);
+  // cuMemMap memory is shared through cuMemExportToShareableHandle.
+  if (a == nullptr || a->imported || a->vmm != 0)
+    return fail(cudaErrorInvalidValue);
   if (s.dev[a->dev].sticky) return fail(cudaErrorIllegalAddress);
   IpcWire w;
   memset(&w, 0, sizeof w);
@@ -1349,7 +1452,7 @@ extern "C" cudaError_t cudaIpcOpenMemHandle(void** devPtr,
   if ((e = ipc_map(w, &p)) != cudaSuccess) return fail(e);
   ++s.ipc_maps;
   s.allocs[uintptr_t(p)] =
-      Alloc{size_t(w.size), 0, d, -1, w.serial, true, 1, int(w.pid)};
+      Alloc{size_t(w.size), 0, d, -1, w.serial, true, 1, int(w.pid), 0, kRW};
   *devPtr = p;
   return cudaSuccess;
 }
@@ -1466,10 +1569,36 @@ extern "C" cudaError_t cudaGetDriverEntryPointByVersion(
   if (symbol == nullptr || funcPtr == nullptr || flags != cudaEnableDefault)
     return fail(cudaErrorInvalidValue);
   *funcPtr = nullptr;
+  // Each symbol with the CUDA version that introduced it.
+  static const struct {
+    const char* name;
+    unsigned since;
+    void* fn;
+  } kEntries[] = {
+      {"cuMemGetAddressRange", 3020,
+       reinterpret_cast<void*>(&cuMemGetAddressRange)},
+      {"cuDeviceGetAttribute", 2000,
+       reinterpret_cast<void*>(&cuDeviceGetAttribute)},
+      {"cuMemGetAllocationGranularity", 10020,
+       reinterpret_cast<void*>(&cuMemGetAllocationGranularity)},
+      {"cuMemCreate", 10020, reinterpret_cast<void*>(&cuMemCreate)},
+      {"cuMemRelease", 10020, reinterpret_cast<void*>(&cuMemRelease)},
+      {"cuMemAddressReserve", 10020,
+       reinterpret_cast<void*>(&cuMemAddressReserve)},
+      {"cuMemAddressFree", 10020, reinterpret_cast<void*>(&cuMemAddressFree)},
+      {"cuMemMap", 10020, reinterpret_cast<void*>(&cuMemMap)},
+      {"cuMemUnmap", 10020, reinterpret_cast<void*>(&cuMemUnmap)},
+      {"cuMemSetAccess", 10020, reinterpret_cast<void*>(&cuMemSetAccess)},
+      {"cuMemExportToShareableHandle", 10020,
+       reinterpret_cast<void*>(&cuMemExportToShareableHandle)},
+      {"cuMemImportFromShareableHandle", 10020,
+       reinterpret_cast<void*>(&cuMemImportFromShareableHandle)},
+  };
   cudaDriverEntryPointQueryResult r = cudaDriverEntryPointSymbolNotFound;
-  if (strcmp(symbol, "cuMemGetAddressRange") == 0) {
-    if (cudaVersion >= 3020) {
-      *funcPtr = reinterpret_cast<void*>(&cuMemGetAddressRange);
+  for (const auto& e : kEntries) {
+    if (strcmp(symbol, e.name) != 0) continue;
+    if (cudaVersion >= e.since) {
+      *funcPtr = e.fn;
       r = cudaDriverEntryPointSuccess;
     } else {
       r = cudaDriverEntryPointVersionNotSufficent;
@@ -1491,6 +1620,399 @@ extern "C" CUresult cuMemGetAddressRange(CUdeviceptr* pbase, size_t* psize,
   if (s.dev[a->dev].sticky) return CUDA_ERROR_ILLEGAL_ADDRESS;
   if (pbase != nullptr) *pbase = CUdeviceptr(base);
   if (psize != nullptr) *psize = a->size;
+  return CUDA_SUCCESS;
+}
+
+// ------------------------------------------ virtual memory management
+
+namespace {
+
+// What the calls that make something refuse first: no driver (or a
+// malformed configuration), no device, no VMM (QL_EMU_CUDA_NOVMM).
+CUresult vmm_ok(const State& s) {
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  if (s.ndev == 0) return CUDA_ERROR_NO_DEVICE;
+  if (s.novmm) return CUDA_ERROR_NOT_SUPPORTED;
+  return CUDA_SUCCESS;
+}
+
+// Properties this emulation makes memory for: pinned, on a device of this
+// process, exportable as a descriptor or not at all, and no Windows
+// metadata (cuda.h: "required to be zero" elsewhere). allocFlags are hints.
+CUresult prop_ok(const State& s, const CUmemAllocationProp* prop) {
+  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+       prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ||
+      prop->win32HandleMetaData != nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (prop->location.id < 0 || prop->location.id >= s.ndev)
+    return CUDA_ERROR_INVALID_DEVICE;
+  return CUDA_SUCCESS;
+}
+
+CUmemGenericAllocationHandle new_handle(State& s) {
+  return kVmmTag | (++s.vmm_n & 0xffffffffu);
+}
+
+// The memory of handle h, when h is a handle the caller may still use.
+Phys* live(State& s, CUmemGenericAllocationHandle h) {
+  auto it = s.phys.find(h);
+  return it == s.phys.end() || it->second.released ? nullptr : &it->second;
+}
+
+// Frees the memory of *it once nothing holds it any more.
+void drop(State& s, std::map<CUmemGenericAllocationHandle, Phys>::iterator it) {
+  const Phys& p = it->second;
+  if (!p.released || p.maps > 0) return;
+  close(p.fd);
+  s.dev[p.dev].used -= p.charged;
+  s.phys.erase(it);
+}
+
+// True when [p, p + n) meets an allocation or a mapping.
+bool mapped_in(const State& s, uintptr_t p, size_t n) {
+  auto it = s.allocs.lower_bound(p);
+  if (it != s.allocs.end() && it->first - p < n) return true;
+  if (it == s.allocs.begin()) return false;
+  --it;
+  return p - it->first < it->second.size;
+}
+
+using AllocIt = std::map<uintptr_t, Alloc>::iterator;
+
+// The mappings that make up [p, p + n) exactly, back to back, into *out;
+// false when the range is anything else (part of one, a gap, not VMM).
+bool whole_maps(State& s, uintptr_t p, size_t n, std::vector<AllocIt>* out) {
+  if (n == 0) return false;
+  for (size_t done = 0; done < n;) {
+    auto it = s.allocs.find(p + done);
+    if (it == s.allocs.end() || it->second.vmm == 0 ||
+        it->second.size > n - done)
+      return false;
+    out->push_back(it);
+    done += it->second.size;
+  }
+  return true;
+}
+
+// Puts reservation space back where the mapping *it was, and frees its
+// memory when that was the last hold on it. Late copies must have landed.
+void unmap(State& s, AllocIt it) {
+  void* at = reinterpret_cast<void*>(it->first);
+  const size_t size = it->second.size;
+  const CUmemGenericAllocationHandle h = it->second.vmm;
+  if (mmap(at, size, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
+           0) == MAP_FAILED)
+    munmap(at, size);  // a hole in the reservation, but the memfd let go
+  s.allocs.erase(it);
+  auto pi = s.phys.find(h);
+  --pi->second.maps;
+  drop(s, pi);
+}
+
+// Checks that fd is the memfd of a cuMemCreate allocation of this
+// emulation (by its name, "ql-emu-cuda-vmm:<pid>:<dev>:<serial>", and that
+// it is a sealable shmem file, which a pipe or a regular file is not), open
+// read-write as export hands it out; gives its device and size.
+CUresult vmm_fd(const State& s, int fd, int* dev, size_t* size) {
+  char path[64], got[160];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, got, sizeof got - 1);
+  if (n <= 0) return CUDA_ERROR_INVALID_VALUE;
+  got[n] = '\0';
+  int pid, d, end = 0;
+  unsigned long long serial;
+  struct stat sb;
+  if (sscanf(got, "/memfd:ql-emu-cuda-vmm:%d:%d:%llu (deleted)%n", &pid, &d,
+             &serial, &end) != 3 ||
+      end != int(n) || (fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR ||
+      fcntl(fd, F_GET_SEALS) < 0 || fstat(fd, &sb) != 0 ||
+      !S_ISREG(sb.st_mode) || sb.st_size <= 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  // Ordinals name the same emulated device in every process.
+  if (d < 0 || d >= s.ndev) return CUDA_ERROR_NOT_SUPPORTED;
+  if (s.dev[d].sticky) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  *dev = d;
+  *size = size_t(sb.st_size);
+  return CUDA_SUCCESS;
+}
+
+bool other_os_handle(CUmemAllocationHandleType t) {
+  return t == CU_MEM_HANDLE_TYPE_WIN32 || t == CU_MEM_HANDLE_TYPE_WIN32_KMT ||
+         t == CU_MEM_HANDLE_TYPE_FABRIC;
+}
+
+}  // namespace
+
+// Attributes need no context: a device with a sticky error answers too.
+extern "C" CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib,
+                                         CUdevice dev) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (s.ndev == 0) return CUDA_ERROR_NO_DEVICE;
+  if (dev < 0 || dev >= s.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *pi = s.novmm ? 0 : 1;
+      return CUDA_SUCCESS;
+    default:
+      return attribute(s, int(attrib), dev, pi) ? CUDA_SUCCESS
+                                                : CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// QL_EMU_CUDA_VMM_GRANULARITY for either option. A real H100 says 2 MiB
+// (both minimum and recommended); the default here is smaller so that
+// tests map many allocations cheaply.
+extern "C" CUresult cuMemGetAllocationGranularity(
+    size_t* granularity, const CUmemAllocationProp* prop,
+    CUmemAllocationGranularity_flags option) {
+  Lock l;
+  State& s = S();
+  CUresult r = vmm_ok(s);
+  if (r != CUDA_SUCCESS) return r;
+  if (granularity == nullptr || prop_ok(s, prop) != CUDA_SUCCESS ||
+      (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+       option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+    return CUDA_ERROR_INVALID_VALUE;
+  *granularity = s.gran;
+  return CUDA_SUCCESS;
+}
+
+// A memfd (as cudaMalloc's, but named "ql-emu-cuda-vmm:...", so that an
+// import can tell it from anything else), charged to its device as
+// cudaMalloc charges; not mapped anywhere yet.
+extern "C" CUresult cuMemCreate(CUmemGenericAllocationHandle* handle,
+                                size_t size, const CUmemAllocationProp* prop,
+                                unsigned long long flags) {
+  Lock l;
+  State& s = S();
+  CUresult r = vmm_ok(s);
+  if (r != CUDA_SUCCESS) return r;
+  if (handle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if ((r = prop_ok(s, prop)) != CUDA_SUCCESS) return r;
+  if (size == 0 || size % s.gran != 0) return CUDA_ERROR_INVALID_VALUE;
+  const int d = prop->location.id;
+  Device& dv = s.dev[d];
+  if (dv.sticky) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  const size_t charge = charge_of(size);
+  if (!fits(dv, size, charge)) return CUDA_ERROR_OUT_OF_MEMORY;
+  char name[64];
+  snprintf(name, sizeof name, "ql-emu-cuda-vmm:%d:%d:%llu", int(getpid()), d,
+           (unsigned long long)++s.serial);
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ftruncate(fd, off_t(size)) != 0) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const CUmemGenericAllocationHandle h = new_handle(s);
+  s.phys[h] = Phys{size,
+                   charge,
+                   d,
+                   fd,
+                   prop->requestedHandleTypes ==
+                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                   false,
+                   0};
+  dv.used += charge;
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+// Allowed while mapped (as in CUDA): the memory then goes with the last
+// unmap. The handle is gone at once.
+extern "C" CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  auto it = s.phys.find(handle);
+  if (it == s.phys.end() || it->second.released)
+    return CUDA_ERROR_INVALID_VALUE;
+  const int d = it->second.dev;
+  it->second.released = true;
+  drop(s, it);
+  return s.dev[d].sticky ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
+// Address space and nothing else: anonymous PROT_NONE memory that commits
+// nothing, over-reserved by the alignment and trimmed to it. The hint is
+// not followed (CUDA may ignore it too).
+extern "C" CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size,
+                                        size_t alignment, CUdeviceptr addr,
+                                        unsigned long long flags) {
+  Lock l;
+  State& s = S();
+  CUresult r = vmm_ok(s);
+  if (r != CUDA_SUCCESS) return r;
+  if (ptr == nullptr || size == 0 || size % s.gran != 0 ||
+      (alignment & (alignment - 1)) != 0 || addr % s.page != 0 || flags != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  const size_t align = std::max(alignment, s.gran);
+  if (size > SIZE_MAX - align) return CUDA_ERROR_OUT_OF_MEMORY;
+  const size_t span = size + align;
+  void* m = mmap(nullptr, span, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  const uintptr_t lo = uintptr_t(m), base = (lo + align - 1) & ~(align - 1);
+  if (base > lo) munmap(m, base - lo);
+  munmap(reinterpret_cast<void*>(base + size), lo + span - (base + size));
+  s.reserved[base] = size;
+  *ptr = CUdeviceptr(base);
+  return CUDA_SUCCESS;
+}
+
+// Only a whole reservation with nothing mapped in it: CUDA leaves freeing
+// one with mappings undefined, so it is refused here.
+extern "C" CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  auto it = s.reserved.find(uintptr_t(ptr));
+  if (it == s.reserved.end() || it->second != size ||
+      mapped_in(s, uintptr_t(ptr), size))
+    return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(uintptr_t(ptr)), size);
+  s.reserved.erase(it);
+  return CUDA_SUCCESS;
+}
+
+// The memfd over [ptr, ptr + size) of a reservation, from its start
+// (offset must be 0, as in CUDA 13), with no access until cuMemSetAccess.
+extern "C" CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                             CUmemGenericAllocationHandle handle,
+                             unsigned long long flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  const uintptr_t p = uintptr_t(ptr);
+  const Phys* ph = live(s, handle);
+  if (offset != 0 || flags != 0 || size == 0 || size % s.gran != 0 ||
+      p % s.gran != 0 || ph == nullptr || size > ph->size ||
+      range_base(s.reserved, p, size) == 0 || mapped_in(s, p, size))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (s.dev[ph->dev].sticky) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  void* at = reinterpret_cast<void*>(p);
+  if (mmap(at, size, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->fd, 0) ==
+      MAP_FAILED) {
+    // MAP_FIXED may have taken the reservation's pages away: put them back.
+    mmap(at, size, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  s.allocs[p] = Alloc{size, 0, ph->dev, -1, 0, false, 0, 0, handle, PROT_NONE};
+  s.phys[handle].maps++;
+  return CUDA_SUCCESS;
+}
+
+// Synchronous, as in CUDA: late copies land before the pages go.
+extern "C" CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  std::vector<AllocIt> maps;
+  if (!whole_maps(s, uintptr_t(ptr), size, &maps))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (Device& dv : s.dev) land(dv);
+  bool sticky = false;
+  for (AllocIt it : maps) {
+    sticky |= s.dev[it->second.dev].sticky;
+    unmap(s, it);
+  }
+  return sticky ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
+// One address space serves every device here, so the mappings get the
+// widest access any descriptor asks for. PROT_NONE is refused: access is
+// not revoked this way (unmap instead).
+extern "C" CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                                   const CUmemAccessDesc* desc, size_t count) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  int prot = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].location.id < 0 || desc[i].location.id >= s.ndev)
+      return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ)
+      prot |= PROT_READ;
+    else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      prot |= kRW;
+    else
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::vector<AllocIt> maps;
+  if (!whole_maps(s, uintptr_t(ptr), size, &maps))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (AllocIt it : maps)
+    if (s.dev[it->second.dev].sticky) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  for (Device& dv : s.dev) land(dv);  // none may land in a read-only page
+  for (AllocIt it : maps) {
+    if (mprotect(reinterpret_cast<void*>(it->first), it->second.size, prot) !=
+        0)
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    it->second.prot = prot;
+  }
+  return CUDA_SUCCESS;
+}
+
+// A dup of the memfd (close-on-exec), the caller's to close; another
+// process that gets it (SCM_RIGHTS, or inherited) imports it.
+extern "C" CUresult cuMemExportToShareableHandle(
+    void* shareableHandle, CUmemGenericAllocationHandle handle,
+    CUmemAllocationHandleType handleType, unsigned long long flags) {
+  Lock l;
+  State& s = S();
+  if (s.init_err != cudaSuccess) return CUDA_ERROR_NOT_INITIALIZED;
+  const Phys* ph = live(s, handle);
+  if (shareableHandle == nullptr || flags != 0 || ph == nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (other_os_handle(handleType)) return CUDA_ERROR_NOT_SUPPORTED;
+  if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !ph->posix)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (s.dev[ph->dev].sticky) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  int fd = fcntl(ph->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;  // out of descriptors
+  *static_cast<int*>(shareableHandle) = fd;
+  return CUDA_SUCCESS;
+}
+
+// A new handle to the memory behind the descriptor, holding a dup of it
+// (the caller keeps and closes its own). Not charged here: the memory is
+// the exporter's, on the device its memfd names.
+extern "C" CUresult cuMemImportFromShareableHandle(
+    CUmemGenericAllocationHandle* handle, void* osHandle,
+    CUmemAllocationHandleType shHandleType) {
+  Lock l;
+  State& s = S();
+  CUresult r = vmm_ok(s);
+  if (r != CUDA_SUCCESS) return r;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (other_os_handle(shHandleType)) return CUDA_ERROR_NOT_SUPPORTED;
+  const intptr_t raw = intptr_t(osHandle);
+  if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || raw < 0 ||
+      raw > INT_MAX)
+    return CUDA_ERROR_INVALID_VALUE;
+  int fd = fcntl(int(raw), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+  int d;
+  size_t size;
+  // Checked on the dup, which cannot change under us as the number can.
+  if ((r = vmm_fd(s, fd, &d, &size)) != CUDA_SUCCESS) {
+    close(fd);
+    return r;
+  }
+  const CUmemGenericAllocationHandle h = new_handle(s);
+  s.phys[h] = Phys{size, 0, d, fd, true, false, 0};
+  *handle = h;
   return CUDA_SUCCESS;
 }
 
@@ -1520,7 +2042,9 @@ extern "C" int ql__emu_cuda_access(cudaStream_t stream, const void* p,
   Lock l;
   State& s = S();
   int dd = -1;
-  if (n == 0 || dev_range(s, p, n, &dd) || host_mapped(s, p, n)) return 1;
+  // A read-only mapping passes: a kernel's write through it then faults
+  // (SIGSEGV), as the GPU's would. One without access fails here.
+  if (n == 0 || dev_prot(s, p, n, &dd) > 0 || host_mapped(s, p, n)) return 1;
   int d = s.init_err != cudaSuccess ? -1 : stream_dev(s, stream);
   if (d >= 0) s.dev[d].sticky = true;  // what the GPU's MMU makes of it
   return 0;
@@ -1572,15 +2096,26 @@ extern "C" long ql_emu_cuda_ipc_maps(void) {
 }
 
 extern "C" long ql_emu_cuda_ipc_mapped_in(int pid, const void* devPtr) {
-  char want[96], path[64], line[512];
+  char want[160], path[64], line[512];
   {
     Lock l;
     State& s = S();
     uintptr_t base;
     const Alloc* a = find(s, uintptr_t(devPtr), &base);
     if (a == nullptr || a->imported) return -1;
-    snprintf(want, sizeof want, "/memfd:ql-emu-cuda:%d:%d:%llu ",
-             int(getpid()), a->dev, (unsigned long long)a->serial);
+    if (a->vmm != 0) {
+      // The memfd's own name, whoever made it (" (deleted)" cut off).
+      char got[128];
+      snprintf(path, sizeof path, "/proc/self/fd/%d", s.phys.at(a->vmm).fd);
+      ssize_t n = readlink(path, got, sizeof got - 1);
+      if (n <= 0) return -1;
+      got[n] = '\0';
+      if (char* sp = strchr(got, ' ')) *sp = '\0';
+      snprintf(want, sizeof want, "%s ", got);
+    } else {
+      snprintf(want, sizeof want, "/memfd:ql-emu-cuda:%d:%d:%llu ",
+               int(getpid()), a->dev, (unsigned long long)a->serial);
+    }
   }
   snprintf(path, sizeof path, "/proc/%d/maps", pid);
   FILE* f = fopen(path, "re");
@@ -1590,6 +2125,11 @@ extern "C" long ql_emu_cuda_ipc_mapped_in(int pid, const void* devPtr) {
     if (strstr(line, want) != nullptr) ++n;
   fclose(f);
   return n;
+}
+
+extern "C" long ql_emu_cuda_vmm_live(void) {
+  Lock l;
+  return long(S().phys.size());
 }
 
 extern "C" long ql_emu_cuda_host_ranges(void) {

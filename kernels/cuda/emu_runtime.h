@@ -35,6 +35,17 @@
 //   device's most streams in flight at once (work enqueued that no query
 //   has seen complete yet), written there as "<dev> <max>" lines whenever
 //   it grows; a test reads how many batches ran at once on one GPU.
+// - Virtual memory management (cuMemCreate, cuMemMap, ...; reached through
+//   cudaGetDriverEntryPointByVersion): each physical allocation is a memfd
+//   named "ql-emu-cuda-vmm:<pid>:<dev>:<serial>", charged as cudaMalloc
+//   charges; a reservation is PROT_NONE address space, a mapping the memfd
+//   mapped there with the protection cuMemSetAccess gives it (none at
+//   first), so that a write through a read-only mapping faults (SIGSEGV).
+//   QL_EMU_CUDA_VMM_GRANULARITY: the granularity in bytes (default 65536;
+//   a power of two, at least the page size, at most 1 GiB; an H100
+//   reports 2 MiB). QL_EMU_CUDA_NOVMM=1: no device supports VMM (the
+//   attributes say 0, cuMemCreate and the other calls that make something
+//   say CUDA_ERROR_NOT_SUPPORTED), for callers' fallback paths.
 //
 // Every function is thread-safe.
 #ifndef QL_CUDA_EMU_RUNTIME_H
@@ -284,26 +295,183 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* event,
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes,
                                      const void* ptr);
 // The driver's entry points that this emulation has: cuMemGetAddressRange
-// (introduced as _v2 in CUDA 3.2, cudaVersion >= 3020); any other symbol
-// is cudaDriverEntryPointSymbolNotFound, *funcPtr NULL.
+// (introduced as _v2 in CUDA 3.2, cudaVersion >= 3020), cuDeviceGetAttribute
+// (>= 2000), and the virtual memory management calls below (CUDA 10.2,
+// >= 10020); an older cudaVersion is cudaDriverEntryPointVersionNotSufficent,
+// any other symbol cudaDriverEntryPointSymbolNotFound, *funcPtr NULL either
+// way.
 cudaError_t cudaGetDriverEntryPointByVersion(
     const char* symbol, void** funcPtr, unsigned int cudaVersion,
     unsigned long long flags,
     enum cudaDriverEntryPointQueryResult* driverStatus QL_EMU_DV(NULL));
 
-// ---- cuda.h (driver API): what bounds an imported allocation.
+// ---- cuda.h (driver API): what bounds an imported allocation, and
+// virtual memory management. The driver calls do not touch the runtime's
+// last error. Without a driver (or with a malformed configuration) each
+// says CUDA_ERROR_NOT_INITIALIZED; a device with a sticky error makes the
+// calls on its memory say CUDA_ERROR_ILLEGAL_ADDRESS (release calls release
+// first).
 typedef unsigned long long CUdeviceptr;
+typedef int CUdevice;
 typedef enum cudaError_enum {
   CUDA_SUCCESS = 0,
   CUDA_ERROR_INVALID_VALUE = 1,
+  CUDA_ERROR_OUT_OF_MEMORY = 2,
   CUDA_ERROR_NOT_INITIALIZED = 3,
+  CUDA_ERROR_NO_DEVICE = 100,
+  CUDA_ERROR_INVALID_DEVICE = 101,
   CUDA_ERROR_NOT_FOUND = 500,
-  CUDA_ERROR_ILLEGAL_ADDRESS = 700
+  CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+  CUDA_ERROR_NOT_SUPPORTED = 801
 } CUresult;
 // *pbase and *psize (either may be NULL) of the allocation, own or
-// imported, that holds dptr; CUDA_ERROR_NOT_FOUND when none does.
+// imported, that holds dptr (for virtual memory: the cuMemMap mapping);
+// CUDA_ERROR_NOT_FOUND when none does.
 CUresult cuMemGetAddressRange(CUdeviceptr* pbase, size_t* psize,
                               CUdeviceptr dptr);
+
+// cuda.h, enum CUdevice_attribute: those the emulation answers (the same
+// values as cudaDevAttr*); any other is CUDA_ERROR_INVALID_VALUE.
+typedef enum CUdevice_attribute_enum {
+  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+  CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36,
+  CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37,
+  CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+  CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+  CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103
+} CUdevice_attribute;
+// Bad ordinal: CUDA_ERROR_INVALID_DEVICE (no device at all:
+// CUDA_ERROR_NO_DEVICE). The two VMM attributes are 1, 0 under
+// QL_EMU_CUDA_NOVMM.
+CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib,
+                              CUdevice dev);
+
+// cuda.h: the types of virtual memory management.
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef enum CUmemAllocationHandleType_enum {
+  CU_MEM_HANDLE_TYPE_NONE = 0x0,
+  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+  CU_MEM_HANDLE_TYPE_WIN32 = 0x2,
+  CU_MEM_HANDLE_TYPE_WIN32_KMT = 0x4,
+  CU_MEM_HANDLE_TYPE_FABRIC = 0x8,
+  CU_MEM_HANDLE_TYPE_MAX = 0x7FFFFFFF
+} CUmemAllocationHandleType;
+typedef enum CUmemAccess_flags_enum {
+  CU_MEM_ACCESS_FLAGS_PROT_NONE = 0x0,
+  CU_MEM_ACCESS_FLAGS_PROT_READ = 0x1,
+  CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3,
+  CU_MEM_ACCESS_FLAGS_PROT_MAX = 0x7FFFFFFF
+} CUmemAccess_flags;
+typedef enum CUmemLocationType_enum {
+  CU_MEM_LOCATION_TYPE_INVALID = 0x0,
+  CU_MEM_LOCATION_TYPE_NONE = 0x0,
+  CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+  CU_MEM_LOCATION_TYPE_HOST = 0x2,
+  CU_MEM_LOCATION_TYPE_HOST_NUMA = 0x3,
+  CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 0x4,
+  CU_MEM_LOCATION_TYPE_MAX = 0x7FFFFFFF
+} CUmemLocationType;
+typedef enum CUmemAllocationType_enum {
+  CU_MEM_ALLOCATION_TYPE_INVALID = 0x0,
+  CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+  CU_MEM_ALLOCATION_TYPE_MANAGED = 0x2,
+  CU_MEM_ALLOCATION_TYPE_MAX = 0x7FFFFFFF
+} CUmemAllocationType;
+typedef enum CUmemAllocationGranularity_flags_enum {
+  CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
+  CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1
+} CUmemAllocationGranularity_flags;
+typedef struct CUmemLocation_st {
+  CUmemLocationType type;
+  int id;
+} CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+  CUmemAllocationType type;
+  CUmemAllocationHandleType requestedHandleTypes;
+  CUmemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemAccessDesc_st {
+  CUmemLocation location;
+  CUmemAccess_flags flags;
+} CUmemAccessDesc;
+
+// Virtual memory management (cuda.h, "Virtual Memory Management"). What
+// the emulation refuses, beyond a NULL output (CUDA_ERROR_INVALID_VALUE):
+// - cuMemGetAllocationGranularity: a prop other than PINNED on a DEVICE
+//   location of a valid ordinal, an unknown option: INVALID_VALUE. Both
+//   options give QL_EMU_CUDA_VMM_GRANULARITY.
+// - cuMemCreate: a prop as above (a bad ordinal: INVALID_DEVICE), other
+//   requestedHandleTypes than NONE or POSIX_FILE_DESCRIPTOR, a
+//   win32HandleMetaData, a size that is 0 or not a multiple of the
+//   granularity, flags: INVALID_VALUE; the device's memory short (as
+//   cudaMalloc, the injected OOM fault included): OUT_OF_MEMORY.
+// - cuMemRelease: a handle that is not live: INVALID_VALUE. The memory
+//   (and its charge) goes once the handle is released and no mapping of it
+//   remains.
+// - cuMemAddressReserve: size 0 or not a multiple of the granularity, an
+//   alignment not 0 or a power of two, an addr (a hint, not followed) not
+//   a multiple of the page size, flags: INVALID_VALUE. The reservation is
+//   aligned to the granularity at least.
+// - cuMemAddressFree: anything but a whole reservation, or one with a
+//   mapping left in it (CUDA leaves that undefined): INVALID_VALUE.
+// - cuMemMap: offset or flags not 0, a size that is 0, not a multiple of
+//   the granularity or more than the allocation's, a range not inside one
+//   reservation or meeting a mapping, a handle not live: INVALID_VALUE. The
+//   mapping has no access until cuMemSetAccess.
+// - cuMemSetAccess, cuMemUnmap: a range that is not whole mappings back to
+//   back: INVALID_VALUE. cuMemSetAccess: count 0, a location that is not a
+//   DEVICE, flags other than PROT_READ and PROT_READWRITE (access is not
+//   revoked this way: unmap instead): INVALID_VALUE; a bad ordinal:
+//   INVALID_DEVICE. The mapping gets the widest access asked for (one
+//   address space serves every device here).
+// - cuMemExportToShareableHandle: flags, a handle not live: INVALID_VALUE;
+//   a handle type other than POSIX_FILE_DESCRIPTOR: NOT_SUPPORTED; a handle
+//   made without requesting POSIX_FILE_DESCRIPTOR: INVALID_VALUE. Writes
+//   an int, a new descriptor (close-on-exec) that the caller owns.
+// - cuMemImportFromShareableHandle: osHandle is the descriptor, cast
+//   ((void*)(uintptr_t)fd); a type other than POSIX_FILE_DESCRIPTOR:
+//   NOT_SUPPORTED; a descriptor that is not an exported allocation of this
+//   emulation (a pipe, a file) or not open read-write: INVALID_VALUE; the
+//   allocation's device (its ordinal, named in the memfd: the same in every
+//   process here) absent in this process: NOT_SUPPORTED. The caller keeps
+//   its descriptor; the new handle is not charged here (the exporter's
+//   process pays), and is released with cuMemRelease.
+// Pointers into a mapping are device memory of the allocation's device to
+// the runtime calls (copies, cudaPointerGetAttributes; cudaFree refuses
+// them); a copy or memset that reads a mapping without access, or writes
+// one without PROT_READWRITE, faults as a GPU's copy engine does: the
+// device of the copy takes a sticky error (cudaErrorIllegalAddress).
+CUresult cuMemGetAllocationGranularity(size_t* granularity,
+                                       const CUmemAllocationProp* prop,
+                                       CUmemAllocationGranularity_flags option);
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                     const CUmemAllocationProp* prop, unsigned long long flags);
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle);
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                             CUdeviceptr addr, unsigned long long flags);
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size);
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                  CUmemGenericAllocationHandle handle,
+                  unsigned long long flags);
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
+                        const CUmemAccessDesc* desc, size_t count);
+CUresult cuMemExportToShareableHandle(void* shareableHandle,
+                                      CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType,
+                                      unsigned long long flags);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                        void* osHandle,
+                                        CUmemAllocationHandleType shHandleType);
 
 // ---- the emulation's own controls, for tests
 enum {
@@ -337,8 +505,12 @@ long ql_emu_cuda_ipc_maps(void);
 // Mappings of this process's allocation that holds devPtr in process
 // pid's address space (its /proc/<pid>/maps), the process's own mapping
 // included when pid is getpid(); -1 when devPtr is not in one of this
-// process's own allocations or the maps cannot be read.
+// process's own allocations or the maps cannot be read. For a cuMemMap
+// mapping (own memory or imported): the mappings of its memory.
 long ql_emu_cuda_ipc_mapped_in(int pid, const void* devPtr);
+// Physical allocations of virtual memory management that this process
+// holds (created or imported, not yet both released and unmapped).
+long ql_emu_cuda_vmm_live(void);
 
 // Host ranges registered now (cudaHostRegister), and cudaMemcpyAsync calls
 // whose host side lay in one, since the start or the last reset (ranges

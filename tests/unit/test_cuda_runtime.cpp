@@ -4,13 +4,20 @@
 // memory accounting, address ranges, the current device per thread,
 // streams and events, last errors, each injected fault (and that it hits
 // only its device), the missing driver, launches through QL_LAUNCH refused
-// on a failed device, and IPC with a forked process.
+// on a failed device, IPC with a forked process, and the driver's virtual
+// memory management (reached, as the backend reaches it, through
+// cudaGetDriverEntryPointByVersion): mappings, access, the memory charge,
+// and allocations exported as descriptors to forked processes.
 //
 // Plain main(); one line per check, exit status 1 on any failure. Each
 // section sets the environment it needs and calls ql_emu_cuda_reset().
+#include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <sys/mman.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -68,6 +75,18 @@ static void test_errors() {
             CUDA_ERROR_INVALID_VALUE == 1 && sizeof(cudaIpcMemHandle_t) == 64 &&
             sizeof(cudaUUID_t) == 16,
         "error values and handle sizes are those of CUDA 13");
+  check(CUDA_ERROR_OUT_OF_MEMORY == 2 && CUDA_ERROR_NO_DEVICE == 100 &&
+            CUDA_ERROR_INVALID_DEVICE == 101 &&
+            CUDA_ERROR_NOT_SUPPORTED == 801 &&
+            CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED == 102 &&
+            CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED ==
+                103 &&
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 1 &&
+            CU_MEM_ACCESS_FLAGS_PROT_READWRITE == 3 &&
+            sizeof(CUmemAllocationProp) == 32 &&
+            offsetof(CUmemAllocationProp, allocFlags) == 24 &&
+            sizeof(CUmemAccessDesc) == 12,
+        "driver API values and VMM struct layouts are those of CUDA 13");
   check(std::strcmp(cudaGetErrorName(cudaErrorIllegalAddress),
                     "cudaErrorIllegalAddress") == 0 &&
             std::strcmp(cudaGetErrorString(cudaErrorMemoryAllocation),
@@ -740,9 +759,10 @@ static void test_nodriver() {
         "QL_EMU_CUDA_NODRIVER=0: the driver is there");
 }
 
-// Runs f in a forked child; true when it exits with status 0.
+// Runs f in a forked child and returns its pid without waiting; the child
+// exits with status 1 when a check failed.
 template <class F>
-static bool in_child(F f) {
+static pid_t spawn(F f) {
   std::fflush(stdout);
   pid_t pid = fork();
   if (pid == 0) {
@@ -751,9 +771,21 @@ static bool in_child(F f) {
     std::fflush(stdout);
     _exit(g_fail ? 1 : 0);
   }
+  return pid;
+}
+
+// The status of child pid once it ends (-1 when there is none).
+static int reap(pid_t pid) {
   int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) < 0) return false;
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  if (pid < 0 || waitpid(pid, &st, 0) < 0) return -1;
+  return st;
+}
+
+// Runs f in a forked child; true when it exits with status 0.
+template <class F>
+static bool in_child(F f) {
+  int st = reap(spawn(f));
+  return st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
 
 static void test_ipc() {
@@ -839,6 +871,647 @@ static void test_ipc() {
       std::memcmp(a + 100, "from the child", 15) == 0 && a[99] == 99 * 7 % 256,
       "the parent sees what the child wrote through the handle");
   cudaFree(a);
+}
+
+// ------------------------------------------------ virtual memory management
+
+// The driver's calls, taken as the backend takes them (it never links
+// libcuda): through cudaGetDriverEntryPointByVersion. Every VMM check below
+// calls through these.
+static struct {
+  decltype(&cuDeviceGetAttribute) attr;
+  decltype(&cuMemGetAllocationGranularity) gran;
+  decltype(&cuMemCreate) create;
+  decltype(&cuMemRelease) release;
+  decltype(&cuMemAddressReserve) reserve;
+  decltype(&cuMemAddressFree) free;
+  decltype(&cuMemMap) map;
+  decltype(&cuMemUnmap) unmap;
+  decltype(&cuMemSetAccess) access;
+  decltype(&cuMemExportToShareableHandle) exp;
+  decltype(&cuMemImportFromShareableHandle) imp;
+  decltype(&cuMemGetAddressRange) range;
+} drv;
+
+template <class F>
+static bool entry(const char* name, unsigned version, F* out) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault,
+                                       &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess || p == nullptr)
+    return false;
+  *out = reinterpret_cast<F>(p);
+  return true;
+}
+
+static CUmemAllocationProp vmm_prop(int dev, bool posix) {
+  CUmemAllocationProp p;
+  std::memset(&p, 0, sizeof p);
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.requestedHandleTypes = posix ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                 : CU_MEM_HANDLE_TYPE_NONE;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  return p;
+}
+
+static CUresult set_access(CUdeviceptr p, size_t n, int dev,
+                           CUmemAccess_flags f) {
+  CUmemAccessDesc d;
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = dev;
+  d.flags = f;
+  return drv.access(p, n, &d, 1);
+}
+
+// Reserves size bytes, maps h over them with access f for dev; 0 when a
+// step fails.
+static CUdeviceptr map_new(CUmemGenericAllocationHandle h, size_t size, int dev,
+                           CUmemAccess_flags f) {
+  CUdeviceptr p = 0;
+  if (drv.reserve(&p, size, 0, 0, 0) != CUDA_SUCCESS) return 0;
+  if (drv.map(p, size, 0, h, 0) != CUDA_SUCCESS ||
+      set_access(p, size, dev, f) != CUDA_SUCCESS) {
+    drv.unmap(p, size);
+    drv.free(p, size);
+    return 0;
+  }
+  return p;
+}
+
+static size_t dev_free(int dev) {
+  size_t fr = 0, tot = 0;
+  int cur = 0;
+  cudaGetDevice(&cur);
+  cudaSetDevice(dev);
+  cudaMemGetInfo(&fr, &tot);
+  cudaSetDevice(cur);
+  return fr;
+}
+
+static void test_vmm_entry_points() {
+  setup("2");
+  bool all = entry("cuDeviceGetAttribute", 2000, &drv.attr) &&
+             entry("cuMemGetAllocationGranularity", 10020, &drv.gran) &&
+             entry("cuMemCreate", 10020, &drv.create) &&
+             entry("cuMemRelease", 10020, &drv.release) &&
+             entry("cuMemAddressReserve", 10020, &drv.reserve) &&
+             entry("cuMemAddressFree", 10020, &drv.free) &&
+             entry("cuMemMap", 10020, &drv.map) &&
+             entry("cuMemUnmap", 10020, &drv.unmap) &&
+             entry("cuMemSetAccess", 10020, &drv.access) &&
+             entry("cuMemExportToShareableHandle", 10020, &drv.exp) &&
+             entry("cuMemImportFromShareableHandle", 10020, &drv.imp) &&
+             entry("cuMemGetAddressRange", 3020, &drv.range);
+  check(all && drv.create == &cuMemCreate && drv.imp ==
+                   &cuMemImportFromShareableHandle,
+        "cudaGetDriverEntryPointByVersion hands out every VMM call");
+  void* p = &p;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSuccess;
+  check(cudaGetDriverEntryPointByVersion("cuMemCreate", &p, 10010, 0, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointVersionNotSufficent && p == nullptr &&
+            cudaGetDriverEntryPointByVersion("cuMemMap_v2", &p, 13000, 0,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSymbolNotFound && p == nullptr,
+        "before CUDA 10.2, or a symbol not emulated: no pointer");
+  if (!all) {
+    std::printf("FAIL no entry points: the VMM tests cannot run\n");
+    std::exit(1);
+  }
+  int v = -1;
+  check(drv.attr(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                 1) == CUDA_SUCCESS &&
+            v == 1 &&
+            drv.attr(&v,
+                     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                     0) == CUDA_SUCCESS &&
+            v == 1 &&
+            drv.attr(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 1) ==
+                CUDA_SUCCESS &&
+            v == 9,
+        "cuDeviceGetAttribute: VMM and descriptor export supported, sm 9");
+  check(drv.attr(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                 2) == CUDA_ERROR_INVALID_DEVICE &&
+            drv.attr(&v, CUdevice_attribute(12345), 0) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.attr(nullptr, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 0) ==
+                CUDA_ERROR_INVALID_VALUE,
+        "cuDeviceGetAttribute: a bad ordinal, an unknown attribute, NULL");
+
+  size_t g = 0, r = 0;
+  CUmemAllocationProp pr = vmm_prop(0, false);
+  check(drv.gran(&g, &pr, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS &&
+            drv.gran(&r, &pr, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) ==
+                CUDA_SUCCESS &&
+            g == 65536 && r == 65536,
+        "granularity: 64 KiB by default, minimum and recommended");
+  CUmemAllocationProp bad = pr;
+  bad.type = CU_MEM_ALLOCATION_TYPE_MANAGED;
+  check(drv.gran(&g, &bad, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.gran(&g, &pr, CUmemAllocationGranularity_flags(7)) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.gran(&g, nullptr, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+                CUDA_ERROR_INVALID_VALUE,
+        "granularity: managed memory, an unknown option, no prop refused");
+  setenv("QL_EMU_CUDA_VMM_GRANULARITY", "2097152", 1);
+  setup("1");
+  check(drv.gran(&g, &pr, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) ==
+                CUDA_SUCCESS &&
+            g == 2097152,
+        "QL_EMU_CUDA_VMM_GRANULARITY=2097152: an H100's 2 MiB");
+  for (const char* b : {"12345", "2048", "196608", "2g", ""}) {
+    std::fflush(stdout);
+    setenv("QL_EMU_CUDA_VMM_GRANULARITY", b, 1);
+    setup("1");
+    int n;
+    char what[96];
+    std::snprintf(what, sizeof what,
+                  "QL_EMU_CUDA_VMM_GRANULARITY=\"%s\": every call fails", b);
+    check(cudaGetDeviceCount(&n) == cudaErrorInitializationError &&
+              drv.gran(&g, &pr, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+                  CUDA_ERROR_NOT_INITIALIZED,
+          what);
+  }
+  unsetenv("QL_EMU_CUDA_VMM_GRANULARITY");
+
+  setenv("QL_EMU_CUDA_NOVMM", "1", 1);
+  setup("2");
+  CUmemGenericAllocationHandle h = 0;
+  CUdeviceptr a = 0;
+  int imp = -1;
+  check(drv.attr(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                 1) == CUDA_SUCCESS &&
+            v == 0 &&
+            drv.attr(&v,
+                     CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                     1) == CUDA_SUCCESS &&
+            v == 0,
+        "QL_EMU_CUDA_NOVMM=1: the attributes say unsupported");
+  check(drv.create(&h, 65536, &pr, 0) == CUDA_ERROR_NOT_SUPPORTED &&
+            drv.gran(&g, &pr, CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+                CUDA_ERROR_NOT_SUPPORTED &&
+            drv.reserve(&a, 65536, 0, 0, 0) == CUDA_ERROR_NOT_SUPPORTED &&
+            drv.imp(&h, reinterpret_cast<void*>(uintptr_t(imp)),
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+                CUDA_ERROR_NOT_SUPPORTED,
+        "QL_EMU_CUDA_NOVMM=1: create, granularity, reserve, import: "
+        "CUDA_ERROR_NOT_SUPPORTED");
+  unsetenv("QL_EMU_CUDA_NOVMM");
+  setup("1", nullptr, nullptr, nullptr, "1");
+  check(drv.create(&h, 65536, &pr, 0) == CUDA_ERROR_NOT_INITIALIZED &&
+            drv.attr(&v, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 0) ==
+                CUDA_ERROR_NOT_INITIALIZED &&
+            drv.release(h) == CUDA_ERROR_NOT_INITIALIZED &&
+            drv.unmap(a, 65536) == CUDA_ERROR_NOT_INITIALIZED,
+        "QL_EMU_CUDA_NODRIVER=1: the VMM calls fail not initialized");
+  setup("0");
+  check(drv.create(&h, 65536, &pr, 0) == CUDA_ERROR_NO_DEVICE &&
+            drv.attr(&v, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 0) ==
+                CUDA_ERROR_NO_DEVICE,
+        "no device: CUDA_ERROR_NO_DEVICE");
+}
+
+static void test_vmm_mappings() {
+  setup("2", "4194304");
+  const size_t G = 65536;
+  const size_t total = dev_free(1);
+  CUmemAllocationProp pr = vmm_prop(1, false);
+  CUmemGenericAllocationHandle h = 0, h2 = 0;
+  CUdeviceptr base = 0;
+  check(drv.create(&h, 2 * G, &pr, 0) == CUDA_SUCCESS && h != 0 &&
+            dev_free(1) == total - 2 * G && dev_free(0) == total &&
+            ql_emu_cuda_vmm_live() == 1,
+        "cuMemCreate: charged to its device (1), not the current one");
+  check(drv.reserve(&base, 4 * G, 0, 0, 0) == CUDA_SUCCESS && base != 0 &&
+            base % G == 0 && dev_free(1) == total - 2 * G,
+        "cuMemAddressReserve: aligned address space, charged nothing");
+  check(drv.map(base, 2 * G, 0, h, 0) == CUDA_SUCCESS,
+        "cuMemMap of the whole allocation at the reservation's start");
+  unsigned char* m = reinterpret_cast<unsigned char*>(uintptr_t(base));
+  CUdeviceptr rb = 0;
+  size_t rs = 0;
+  cudaPointerAttributes at;
+  check(drv.range(&rb, &rs, base + 2 * G - 1) == CUDA_SUCCESS && rb == base &&
+            rs == 2 * G &&
+            drv.range(&rb, &rs, base + 2 * G) == CUDA_ERROR_NOT_FOUND,
+        "cuMemGetAddressRange: the mapping, from an interior pointer; "
+        "nothing past it");
+  check(cudaPointerGetAttributes(&at, m + 100) == cudaSuccess &&
+            at.type == cudaMemoryTypeDevice && at.device == 1,
+        "cudaPointerGetAttributes: device memory of device 1");
+  check(ql__emu_cuda_access(nullptr, m, 64) == 0 &&
+            cudaStreamQuery(nullptr) == cudaErrorIllegalAddress,
+        "before cuMemSetAccess a kernel may not touch it (sticky error)");
+  ql_emu_cuda_reset();
+  std::vector<unsigned char> src(2 * G), back(2 * G, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = (unsigned char)(i * 13 + 1);
+  check(cudaMemcpy(m, src.data(), 64, cudaMemcpyHostToDevice) ==
+                cudaErrorIllegalAddress &&
+            cudaMalloc(&at.devicePointer, 16) == cudaErrorIllegalAddress,
+        "a copy into a mapping without access faults: a sticky error");
+  ql_emu_cuda_reset();
+  check(cudaMemcpy(back.data(), m, 64, cudaMemcpyDeviceToHost) ==
+                cudaErrorIllegalAddress &&
+            cudaMalloc(&at.devicePointer, 16) == cudaErrorIllegalAddress,
+        "so does a copy out of it");
+  ql_emu_cuda_reset();
+  check(set_access(base, 2 * G, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE) ==
+                CUDA_SUCCESS &&
+            cudaMemcpy(m, src.data(), 2 * G, cudaMemcpyHostToDevice) ==
+                cudaSuccess &&
+            cudaMemcpy(back.data(), m, 2 * G, cudaMemcpyDeviceToHost) ==
+                cudaSuccess &&
+            back == src && m[5] == src[5],
+        "read-write: H2D and D2H through the mapping round-trip the bytes");
+  check(cudaMemcpy(m + G, src.data(), 2 * G, cudaMemcpyHostToDevice) ==
+                cudaErrorInvalidValue &&
+            cudaMemsetAsync(m + 2 * G, 0, 16, nullptr) ==
+                cudaErrorInvalidValue,
+        "a copy past the mapping into the reservation: cudaErrorInvalidValue");
+  cudaGetLastError();
+  check(cudaFree(m) == cudaErrorInvalidDevicePointer && m[7] == src[7],
+        "cudaFree of a mapping is refused and leaves it mapped");
+  cudaIpcMemHandle_t ih;
+  check(cudaIpcGetMemHandle(&ih, m) == cudaErrorInvalidValue,
+        "cudaIpcGetMemHandle of a mapping: cudaErrorInvalidValue");
+  cudaGetLastError();
+
+  // A second allocation right behind the first: one range to copies and
+  // to cuMemSetAccess.
+  check(drv.create(&h2, G, &pr, 0) == CUDA_SUCCESS &&
+            drv.map(base + 2 * G, G, 0, h2, 0) == CUDA_SUCCESS &&
+            set_access(base, 3 * G, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE) ==
+                CUDA_SUCCESS &&
+            cudaMemcpy(m + G, src.data(), 2 * G, cudaMemcpyHostToDevice) ==
+                cudaSuccess &&
+            m[3 * G - 1] == src[2 * G - 1],
+        "two mappings back to back: access set and a copy across both");
+  check(set_access(base, 2 * G + 4096, 1, CU_MEM_ACCESS_FLAGS_PROT_READ) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            set_access(base, 4 * G, 1, CU_MEM_ACCESS_FLAGS_PROT_READ) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.unmap(base + G, G) == CUDA_ERROR_INVALID_VALUE,
+        "cuMemSetAccess, cuMemUnmap of part of a mapping, or past the "
+        "mapped ones: CUDA_ERROR_INVALID_VALUE");
+
+  // Read-only: reads work, a write faults the copy engine.
+  check(set_access(base, 2 * G, 0, CU_MEM_ACCESS_FLAGS_PROT_READ) ==
+                CUDA_SUCCESS &&
+            cudaMemcpy(back.data(), m, 64, cudaMemcpyDeviceToHost) ==
+                cudaSuccess &&
+            ql__emu_cuda_access(nullptr, m, 64) == 1,
+        "read-only (access given through device 0): copies out, kernels "
+        "read");
+  check(cudaMemcpy(m, src.data(), 64, cudaMemcpyHostToDevice) ==
+                cudaErrorIllegalAddress &&
+            cudaMemcpy(m + 2 * G, src.data(), 64, cudaMemcpyHostToDevice) ==
+                cudaErrorIllegalAddress,
+        "a copy into the read-only mapping: cudaErrorIllegalAddress, sticky "
+        "(the next copy, even to a writable one, is refused)");
+  ql_emu_cuda_reset();
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  check(cudaMemsetAsync(m + 16, 0, 16, st) == cudaErrorIllegalAddress &&
+            cudaStreamQuery(st) == cudaErrorIllegalAddress,
+        "a memset of the read-only mapping: a sticky error on its stream's "
+        "device");
+  cudaStreamDestroy(st);
+  ql_emu_cuda_reset();
+
+  // What is refused.
+  CUmemGenericAllocationHandle x = 0;
+  CUmemAllocationProp b = pr;
+  bool refused = drv.create(&x, 1000, &pr, 0) == CUDA_ERROR_INVALID_VALUE &&
+                 drv.create(&x, 0, &pr, 0) == CUDA_ERROR_INVALID_VALUE &&
+                 drv.create(&x, G, &pr, 1) == CUDA_ERROR_INVALID_VALUE &&
+                 drv.create(nullptr, G, &pr, 0) == CUDA_ERROR_INVALID_VALUE;
+  b.location.type = CU_MEM_LOCATION_TYPE_HOST;
+  refused &= drv.create(&x, G, &b, 0) == CUDA_ERROR_INVALID_VALUE;
+  b = pr;
+  b.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+  refused &= drv.create(&x, G, &b, 0) == CUDA_ERROR_INVALID_VALUE;
+  b = pr;
+  b.location.id = 2;
+  refused &= drv.create(&x, G, &b, 0) == CUDA_ERROR_INVALID_DEVICE;
+  check(refused && ql_emu_cuda_vmm_live() == 2,
+        "cuMemCreate refuses: a size not a multiple of the granularity, 0, "
+        "flags, NULL, a host location, other handle types, device 2 of 2");
+  CUdeviceptr r2 = 0;
+  int local = 0;
+  check(drv.reserve(&r2, 1000, 0, 0, 0) == CUDA_ERROR_INVALID_VALUE &&
+            drv.reserve(&r2, G, 3, 0, 0) == CUDA_ERROR_INVALID_VALUE &&
+            drv.reserve(&r2, G, 0, 0, 1) == CUDA_ERROR_INVALID_VALUE &&
+            drv.reserve(&r2, G, 1 << 22, 0, 0) == CUDA_SUCCESS &&
+            r2 % (1 << 22) == 0 && drv.free(r2, G) == CUDA_SUCCESS,
+        "cuMemAddressReserve: bad size, alignment, flags refused; a 4 MiB "
+        "alignment kept");
+  check(drv.release(12345) == CUDA_ERROR_INVALID_VALUE &&
+            drv.map(base + 3 * G, G, 0, 12345, 0) ==
+                CUDA_ERROR_INVALID_VALUE,
+        "an unknown handle: CUDA_ERROR_INVALID_VALUE");
+  check(drv.map(base, 2 * G, 0, h, 0) == CUDA_ERROR_INVALID_VALUE &&
+            drv.map(base + G, G, 0, h2, 0) == CUDA_ERROR_INVALID_VALUE &&
+            drv.map(base + 3 * G, G, 4096, h2, 0) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.map(base + 3 * G, 2 * G, 0, h, 0) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.map(base + 3 * G, G, 0, h2, 1) == CUDA_ERROR_INVALID_VALUE &&
+            drv.map(CUdeviceptr(uintptr_t(&local)) & ~CUdeviceptr(G - 1), G,
+                    0, h2, 0) == CUDA_ERROR_INVALID_VALUE,
+        "cuMemMap refuses: a mapped range (double map), an offset, a range "
+        "past the reservation, flags, memory outside any reservation");
+  check(drv.map(base + 3 * G, G, 0, h, 0) == CUDA_SUCCESS &&
+            drv.unmap(base + 3 * G, G) == CUDA_SUCCESS,
+        "cuMemMap of a prefix of an allocation (the same memory twice)");
+  check(drv.unmap(base + 3 * G, G) == CUDA_ERROR_INVALID_VALUE &&
+            drv.unmap(0, G) == CUDA_ERROR_INVALID_VALUE,
+        "cuMemUnmap of an unmapped range: CUDA_ERROR_INVALID_VALUE");
+  CUmemAccessDesc d2[2];
+  d2[0].location.type = d2[1].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d2[0].location.id = 0;
+  d2[1].location.id = 1;
+  d2[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READ;
+  d2[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  check(set_access(base, 2 * G, 1, CU_MEM_ACCESS_FLAGS_PROT_NONE) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            set_access(base, 2 * G, 2, CU_MEM_ACCESS_FLAGS_PROT_READ) ==
+                CUDA_ERROR_INVALID_DEVICE &&
+            drv.access(base, 2 * G, d2, 0) == CUDA_ERROR_INVALID_VALUE &&
+            drv.access(base, 2 * G, d2, 2) == CUDA_SUCCESS &&
+            cudaMemcpy(m, src.data(), 64, cudaMemcpyHostToDevice) ==
+                cudaSuccess,
+        "cuMemSetAccess: PROT_NONE, device 2, no descriptor refused; read "
+        "for one device and read-write for another is read-write");
+  check(drv.free(base, 4 * G) == CUDA_ERROR_INVALID_VALUE &&
+            drv.free(base, 2 * G) == CUDA_ERROR_INVALID_VALUE,
+        "cuMemAddressFree of a reservation with mappings, or of part of "
+        "one: CUDA_ERROR_INVALID_VALUE");
+
+  // The memory goes when the handle is released and the last mapping gone.
+  check(drv.release(h) == CUDA_SUCCESS && dev_free(1) == total - 3 * G &&
+            m[9] == src[9] && ql_emu_cuda_vmm_live() == 2,
+        "released while mapped: still charged, still readable");
+  check(drv.release(h) == CUDA_ERROR_INVALID_VALUE &&
+            drv.map(base + 3 * G, G, 0, h, 0) == CUDA_ERROR_INVALID_VALUE,
+        "a released handle cannot be released again or mapped");
+  check(drv.unmap(base, 2 * G) == CUDA_SUCCESS && dev_free(1) == total - G &&
+            ql_emu_cuda_vmm_live() == 1 &&
+            drv.range(&rb, &rs, base) == CUDA_ERROR_NOT_FOUND &&
+            cudaMemcpy(back.data(), m, 64, cudaMemcpyDeviceToHost) ==
+                cudaErrorInvalidValue,
+        "...and freed by the unmap: uncharged, no longer device memory");
+  cudaGetLastError();
+  check(drv.unmap(base + 2 * G, G) == CUDA_SUCCESS &&
+            dev_free(1) == total - G && drv.release(h2) == CUDA_SUCCESS &&
+            dev_free(1) == total && ql_emu_cuda_vmm_live() == 0,
+        "unmapped first: freed by the release");
+  check(drv.free(base, 4 * G) == CUDA_SUCCESS &&
+            drv.free(base, 4 * G) == CUDA_ERROR_INVALID_VALUE,
+        "cuMemAddressFree of the whole reservation, once");
+
+  // The charge is cudaMalloc's: the same memory and the same faults.
+  void* big = nullptr;
+  check(cudaSetDevice(1) == cudaSuccess &&
+            cudaMalloc(&big, total - G) == cudaSuccess &&
+            drv.create(&x, 2 * G, &pr, 0) == CUDA_ERROR_OUT_OF_MEMORY &&
+            drv.create(&x, G, &pr, 0) == CUDA_SUCCESS &&
+            cudaFree(big) == cudaSuccess && drv.release(x) == CUDA_SUCCESS,
+        "cuMemCreate and cudaMalloc share the device's memory");
+  cudaSetDevice(0);
+  ql_emu_cuda_inject(1, 0, QL_EMU_FAULT_OOM);
+  check(drv.create(&x, G, &pr, 0) == CUDA_ERROR_OUT_OF_MEMORY,
+        "the injected OOM fault: CUDA_ERROR_OUT_OF_MEMORY");
+  ql_emu_cuda_inject(1, 0, QL_EMU_FAULT_NONE);
+
+  // A sticky error: nothing new; release calls release, then report it.
+  CUdeviceptr sp = 0;
+  check(drv.create(&x, G, &pr, 0) == CUDA_SUCCESS &&
+            (sp = map_new(x, G, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)) != 0,
+        "an allocation mapped on device 1");
+  ql_emu_cuda_inject(1, 0, QL_EMU_FAULT_STICKY);
+  check(drv.create(&h, G, &pr, 0) == CUDA_ERROR_ILLEGAL_ADDRESS &&
+            set_access(sp, G, 1, CU_MEM_ACCESS_FLAGS_PROT_READ) ==
+                CUDA_ERROR_ILLEGAL_ADDRESS,
+        "sticky error on device 1: cuMemCreate, cuMemSetAccess refused");
+  check(drv.unmap(sp, G) == CUDA_ERROR_ILLEGAL_ADDRESS &&
+            drv.release(x) == CUDA_ERROR_ILLEGAL_ADDRESS &&
+            ql_emu_cuda_vmm_live() == 0 && drv.free(sp, G) == CUDA_SUCCESS,
+        "...cuMemUnmap and cuMemRelease release and report it");
+  setup("1");
+}
+
+static bool send_fd(int sock, int fd) {
+  char byte = 'f';
+  struct iovec iov = {&byte, 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  std::memset(&u, 0, sizeof u);
+  struct msghdr msg;
+  std::memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = u.buf;
+  msg.msg_controllen = sizeof u.buf;
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  return sendmsg(sock, &msg, 0) == 1;
+}
+
+// The descriptor sent over sock, or -1.
+static int recv_fd(int sock) {
+  char byte;
+  struct iovec iov = {&byte, 1};
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(sizeof(int))];
+  } u;
+  struct msghdr msg;
+  std::memset(&msg, 0, sizeof msg);
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = u.buf;
+  msg.msg_controllen = sizeof u.buf;
+  if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) return -1;
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return -1;
+  int fd;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return fd;
+}
+
+// Weights laid out by one process, exported as a descriptor, mapped
+// read-only by others: one that reads them, one that writes and dies.
+static void test_vmm_ipc() {
+  setup("2", "4194304");
+  const size_t G = 65536;
+  int sv[2];
+  check(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0,
+        "a socket pair for SCM_RIGHTS");
+  const pid_t parent = getpid();
+  // The reader starts before the allocation exists: what it has of it is
+  // the descriptor it receives.
+  pid_t reader = spawn([&] {
+    close(sv[0]);
+    const long live0 = ql_emu_cuda_vmm_live();
+    const size_t free0 = dev_free(1);
+    int fd = recv_fd(sv[1]);
+    close(sv[1]);
+    CUmemGenericAllocationHandle h = 0;
+    check(fd >= 0 &&
+              drv.imp(&h, reinterpret_cast<void*>(uintptr_t(fd)),
+                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+                  CUDA_SUCCESS &&
+              fcntl(fd, F_GETFD) >= 0 && close(fd) == 0 &&
+              ql_emu_cuda_vmm_live() == live0 + 1 && dev_free(1) == free0,
+          "reader: imports the received descriptor (kept its own, closed "
+          "here; not charged)");
+    CUdeviceptr p = map_new(h, 2 * G, 1, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    const unsigned char* u =
+        reinterpret_cast<const unsigned char*>(uintptr_t(p));
+    bool same = p != 0;
+    for (size_t i = 0; same && i < 2 * G; ++i)
+      same = u[i] == (unsigned char)(i * 7 + 3);
+    check(same, "reader: maps it read-only and reads the parent's bytes");
+    unsigned char b[64];
+    CUdeviceptr rb = 0;
+    size_t rs = 0;
+    cudaPointerAttributes at;
+    check(p != 0 &&
+              cudaMemcpy(b, u + 100, 64, cudaMemcpyDeviceToHost) ==
+                  cudaSuccess &&
+              b[0] == (unsigned char)(100 * 7 + 3) &&
+              drv.range(&rb, &rs, p + 5000) == CUDA_SUCCESS && rb == p &&
+              rs == 2 * G &&
+              cudaPointerGetAttributes(&at, u) == cudaSuccess &&
+              at.device == 1 && at.type == cudaMemoryTypeDevice,
+          "reader: a device-to-host copy, its range, its device (1, from "
+          "the memfd)");
+    check(ql_emu_cuda_ipc_mapped_in(getpid(), u) == 1 &&
+              ql_emu_cuda_ipc_mapped_in(int(parent), u) == 1,
+          "reader: the memory is mapped here and in the parent");
+    check(cudaMemcpy(const_cast<unsigned char*>(u), b, 64,
+                     cudaMemcpyHostToDevice) == cudaErrorIllegalAddress,
+          "reader: a copy into its read-only mapping faults (sticky)");
+    check(drv.unmap(p, 2 * G) == CUDA_SUCCESS &&
+              drv.release(h) == CUDA_SUCCESS &&
+              drv.free(p, 2 * G) == CUDA_SUCCESS &&
+              ql_emu_cuda_vmm_live() == live0,
+          "reader: unmaps, releases, frees");
+  });
+  close(sv[1]);
+
+  CUmemAllocationProp pr = vmm_prop(1, true), pn = vmm_prop(1, false);
+  CUmemGenericAllocationHandle h = 0, hn = 0;
+  CUdeviceptr p = 0;
+  int fd = -1, nfd = -1;
+  std::vector<unsigned char> w(2 * G);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = (unsigned char)(i * 7 + 3);
+  check(drv.create(&h, 2 * G, &pr, 0) == CUDA_SUCCESS &&
+            (p = map_new(h, 2 * G, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)) !=
+                0 &&
+            cudaMemcpy(reinterpret_cast<void*>(uintptr_t(p)), w.data(),
+                       2 * G, cudaMemcpyHostToDevice) == cudaSuccess,
+        "parent: lays out 128 KiB on device 1 through a mapping");
+  check(drv.exp(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+                CUDA_SUCCESS &&
+            fd >= 0 && (fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0,
+        "cuMemExportToShareableHandle: a new close-on-exec descriptor");
+  check(send_fd(sv[0], fd), "parent: sends it over SCM_RIGHTS");
+  close(sv[0]);
+
+  // The writer inherits the descriptor; its write through the read-only
+  // mapping must kill it with SIGSEGV, as a GPU's MMU faults it.
+  pid_t writer = fork();
+  if (writer == 0) {
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    CUmemGenericAllocationHandle hw = 0;
+    if (drv.imp(&hw, reinterpret_cast<void*>(uintptr_t(fd)),
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS)
+      _exit(3);
+    CUdeviceptr q = map_new(hw, 2 * G, 1, CU_MEM_ACCESS_FLAGS_PROT_READ);
+    volatile unsigned char* v =
+        reinterpret_cast<volatile unsigned char*>(uintptr_t(q));
+    if (q == 0 || v[1] != w[1]) _exit(4);
+    // Not a sanitizer's report: the plain signal.
+    signal(SIGSEGV, SIG_DFL);
+    v[1] = 0xEE;
+    _exit(5);
+  }
+  int wst = reap(writer), rst = reap(reader);
+  check(wst >= 0 && WIFSIGNALED(wst) && WTERMSIG(wst) == SIGSEGV,
+        "a child's write through its read-only mapping dies of SIGSEGV");
+  check(rst >= 0 && WIFEXITED(rst) && WEXITSTATUS(rst) == 0,
+        "the reader's checks passed");
+  const unsigned char* u = reinterpret_cast<const unsigned char*>(uintptr_t(p));
+  check(u[1] == w[1] && u[100] == w[100],
+        "the parent's bytes are unchanged by either child");
+
+  int pipefd[2];
+  CUmemGenericAllocationHandle x = 0;
+  FILE* tf = std::tmpfile();
+  check(pipe(pipefd) == 0 &&
+            drv.imp(&x, reinterpret_cast<void*>(uintptr_t(pipefd[0])),
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            tf != nullptr &&
+            drv.imp(&x, reinterpret_cast<void*>(uintptr_t(fileno(tf))),
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.imp(&x, reinterpret_cast<void*>(uintptr_t(12345)),
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.imp(&x, reinterpret_cast<void*>(uintptr_t(fd)),
+                    CU_MEM_HANDLE_TYPE_FABRIC) == CUDA_ERROR_NOT_SUPPORTED &&
+            fcntl(pipefd[0], F_GETFD) >= 0,
+        "import of a pipe, a regular file, a closed number: "
+        "CUDA_ERROR_INVALID_VALUE; a fabric handle: not supported");
+  close(pipefd[0]);
+  close(pipefd[1]);
+  if (tf != nullptr) std::fclose(tf);
+  check(drv.create(&hn, G, &pn, 0) == CUDA_SUCCESS &&
+            drv.exp(&nfd, hn, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.exp(&nfd, h, CU_MEM_HANDLE_TYPE_WIN32, 0) ==
+                CUDA_ERROR_NOT_SUPPORTED &&
+            drv.exp(&nfd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1) ==
+                CUDA_ERROR_INVALID_VALUE &&
+            drv.exp(&nfd, 12345, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0) == CUDA_ERROR_INVALID_VALUE &&
+            nfd == -1 && drv.release(hn) == CUDA_SUCCESS,
+        "export of a handle made without the descriptor request, as Win32, "
+        "with flags, of an unknown handle: refused");
+
+  // An import in the exporting process is a second handle to the memory.
+  const size_t before = dev_free(1);
+  CUmemGenericAllocationHandle self = 0;
+  CUdeviceptr q = 0;
+  check(drv.imp(&self, reinterpret_cast<void*>(uintptr_t(fd)),
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS &&
+            self != h && dev_free(1) == before &&
+            (q = map_new(self, 2 * G, 1, CU_MEM_ACCESS_FLAGS_PROT_READ)) !=
+                0 &&
+            reinterpret_cast<const unsigned char*>(uintptr_t(q))[77] ==
+                w[77],
+        "an import in the exporting process: a new handle, the same bytes, "
+        "no second charge");
+  close(fd);
+  check(drv.unmap(q, 2 * G) == CUDA_SUCCESS &&
+            drv.release(self) == CUDA_SUCCESS &&
+            drv.free(q, 2 * G) == CUDA_SUCCESS &&
+            drv.unmap(p, 2 * G) == CUDA_SUCCESS &&
+            drv.release(h) == CUDA_SUCCESS &&
+            drv.free(p, 2 * G) == CUDA_SUCCESS &&
+            ql_emu_cuda_vmm_live() == 0 && dev_free(1) == before + 2 * G,
+        "everything unmapped, released and freed");
 }
 
 // Several threads allocate, copy and free on two devices at once; the
@@ -961,6 +1634,9 @@ int main() {
   test_env_faults();
   test_nodriver();
   test_ipc();
+  test_vmm_entry_points();
+  test_vmm_mappings();
+  test_vmm_ipc();
   test_threads();
   test_mapped_priority();
   std::printf("%s\n", g_fail ? "FAILED" : "all passed");
