@@ -2479,6 +2479,73 @@ QL_EXPORT int ql_linear_ze(ql_client *c, const char *weight, ql_path path,
                      NULL);
 }
 
+/* ------------------------------------------------------------ mapped mode */
+
+QL_EXPORT int ql_map_weight(ql_client *c, const char *name,
+                            const char *device, ql_weight_map *out) {
+  Qlinear__V1__SessionRequest req = QLINEAR__V1__SESSION_REQUEST__INIT;
+  Qlinear__V1__MapWeightRequest mr = QLINEAR__V1__MAP_WEIGHT_REQUEST__INIT;
+  Qlinear__V1__SessionResponse *r = NULL;
+  const Qlinear__V1__MapWeightResponse *mw;
+  int fd = -1, rv;
+
+  err_clear();
+  if (out != NULL) {
+    memset(out, 0, sizeof *out);
+    out->fd = -1;
+  }
+  if (c == NULL || name == NULL || out == NULL)
+    return err_set(QL_EINVAL, "client, name or output is NULL");
+  mr.name = (char *)name;
+  mr.device = (char *)(device != NULL ? device : "");
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_MAP_WEIGHT;
+  req.map_weight = &mr;
+  if ((rv = session_call(c, &req,
+                         QLINEAR__V1__SESSION_RESPONSE__BODY_MAP_WEIGHT, &r,
+                         &fd)) != 0)
+    return rv;
+  mw = r->map_weight;
+  /* What the caller maps and reads at: an answer that does not add up is
+   * refused here rather than mapped. */
+  if (fd < 0 || mw->size == 0 || mw->layout == NULL || mw->device == NULL ||
+      strlen(mw->layout) >= sizeof out->layout ||
+      strlen(mw->device) >= sizeof out->device ||
+      mw->digest.len != QL_DIGEST_BYTES || mw->n == 0 || mw->k == 0 ||
+      mw->groups == 0 || mw->ldq == 0 || mw->q_offset >= mw->size ||
+      mw->scale_offset >= mw->size ||
+      (mw->has_zero && mw->zero_offset >= mw->size) ||
+      (mw->has_bias && mw->bias_offset >= mw->size)) {
+    rv = err_set(QL_EPROTO, "the daemon's layout of '%s' does not add up%s",
+                 name, fd < 0 ? " (no descriptor)" : "");
+    goto done;
+  }
+  out->fd = fd;
+  fd = -1;
+  out->size = mw->size;
+  snprintf(out->layout, sizeof out->layout, "%s", mw->layout);
+  snprintf(out->device, sizeof out->device, "%s", mw->device);
+  out->format = (ql_format)mw->format;
+  out->scale_dtype = (ql_dtype)mw->scale_dtype;
+  out->n = mw->n;
+  out->k = mw->k;
+  out->groups = mw->groups;
+  out->group_size = mw->group_size;
+  out->ldq = mw->ldq;
+  out->q_offset = mw->q_offset;
+  out->scale_offset = mw->scale_offset;
+  out->zero_offset = mw->has_zero ? mw->zero_offset : UINT64_MAX;
+  out->bias_offset = mw->has_bias ? mw->bias_offset : UINT64_MAX;
+  out->sms = mw->sms;
+  out->writable = mw->writable ? 1 : 0;
+  memcpy(out->digest, mw->digest.data, QL_DIGEST_BYTES);
+  rv = 0;
+done:
+  if (fd >= 0)
+    close(fd);
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  return rv;
+}
+
 /* ------------------------------------------------------------ regions */
 
 /* Tells the daemon to forget region id; best effort when cleaning up. */

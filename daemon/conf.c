@@ -42,6 +42,13 @@ static const ql__opt_name log_levels[] = {
     {"debug", QL_LOG_DEBUG},   {NULL, 0},
 };
 
+static const ql__opt_name mapped_modes[] = {
+    {"off", QL_MAPPED_OFF},
+    {"readonly", QL_MAPPED_READONLY},
+    {"writable", QL_MAPPED_WRITABLE},
+    {NULL, 0},
+};
+
 #define FIELD(f)                                                               \
   .offset = offsetof(ql__config, f), .size = sizeof(((ql__config *)0)->f)
 
@@ -201,6 +208,13 @@ static const ql__option options[] = {
     {.name = "drain_ms", .type = QL_OPT_DURATION, .flags = QL_OPT_LIVE,
      FIELD(drain_ms), .min = 0, .max = 3600000, .def = "30s",
      .help = "at shutdown, queued work not started by then is refused"},
+    {.name = "mapped_mode", .type = QL_OPT_ENUM, .flags = QL_OPT_LIVE,
+     FIELD(mapped_mode), .names = mapped_modes, .def = "readonly",
+     .help = "whether a session may map the layout of a weight it holds "
+             "into its own process (MapWeight): readonly, only where the "
+             "driver maps it read-only; writable, also read-write where "
+             "the driver cannot (the client could then change the weight "
+             "for everyone); off"},
     {.name = "log_level", .type = QL_OPT_ENUM, .flags = QL_OPT_LIVE,
      FIELD(log_level), .names = log_levels, .def = "info",
      .help = "lines less important than this are dropped"},

@@ -662,6 +662,8 @@ int ql__session_request_validate(const ql__msg_session_request *req,
     return 0;
   case QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_RING:
     return 0; /* the size is checked where the ring is made */
+  case QLINEAR__V1__SESSION_REQUEST__BODY_MAP_WEIGHT:
+    return check_name("map_weight", req->map_weight->name, err, errlen);
   default:
     seterr(err, errlen, "session request has no known body");
     return QL_EPROTO;

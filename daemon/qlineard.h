@@ -30,6 +30,13 @@ enum {
   QL_CPU_LEVEL_OPT_AVX512
 };
 
+/* mapped_mode values; names in conf.c. */
+enum {
+  QL_MAPPED_OFF,      /* MapWeight refused */
+  QL_MAPPED_READONLY, /* only where the driver maps a layout read-only */
+  QL_MAPPED_WRITABLE  /* read-write where the driver cannot do better */
+};
+
 /* A list option's value, e.g. required_devices = cpu,cuda:0: up to
  * QL_CONFIG_LIST_MAX distinct items, each a NUL-terminated name. */
 #define QL_CONFIG_LIST_MAX 16
@@ -75,6 +82,8 @@ typedef struct ql__config {
                                 0: measured per shape (calibrate.h) */
   uint32_t crossover_default_rows; /* until a shape's is measured */
   int log_level;             /* QL_LOG_* */
+  int mapped_mode;           /* QL_MAPPED_*: whether sessions may map
+                                weight layouts into their own process */
   char state_dir[PATH_MAX];  /* persistent weight store; "" = none */
   char admin_dir[PATH_MAX];  /* directory of admin.sock; "" =
                                 <socket_dir>/admin */

@@ -64,6 +64,9 @@ struct ql__session {
   size_t n_uploads;
   ql__ipc_table *ipc;    /* IPC imports (ipc.h), NULL until the first */
   ql__fastpath *ring;    /* its ring (fastpath.h), or NULL */
+  ql__weight **mapped;   /* weights it mapped (one reference each): their
+                            layouts stay until the session ends */
+  size_t n_mapped, cap_mapped;
   uint64_t last_ns;      /* its last request or session packet (lease) */
   ql__session *next;     /* every session */
   ql__session *tok_next; /* open sessions by token */
@@ -406,6 +409,7 @@ static void on_session_closed(uv_handle_t *h) {
   ql__session *ss = h->data;
   close(ss->fd);
   free(ss->held);
+  free(ss->mapped);
   free(ss);
 }
 
@@ -449,6 +453,10 @@ static void session_end(ql__session *ss, const char *why) {
     region_destroy(o, ss, ss->regions->id);
   while (ss->n_held > 0)
     hold_drop(s, ss->held[--ss->n_held]);
+  /* The client's mappings died with it (or will when it exits): the
+   * layouts it mapped may go now. */
+  while (ss->n_mapped > 0)
+    ql__weight_unref(ss->mapped[--ss->n_mapped]);
   for (size_t i = 0; i < ss->n_uploads; i++) {
     ql__upload *up = ql__uploads_get(s->uploads, ss->uploads[i]);
     if (up != NULL && !up->committing)
@@ -603,6 +611,130 @@ static int import_ze(ql__session *ss, const Qlinear__V1__ImportZeIpcRequest *m,
 }
 
 /*
+ * MapWeightRequest: exports the layout of a weight the session holds on
+ * one device (registry.h, export_layout) into *fd and out, and keeps a
+ * reference to the weight until the session ends, so that its layout
+ * outlives an unload or a replace for as long as the client may map it.
+ * A name held twice (its first weight left the store) maps the stored one.
+ */
+static int map_weight(ql__session *ss, const Qlinear__V1__MapWeightRequest *m,
+                      Qlinear__V1__MapWeightResponse *out, int *fd, char *err,
+                      size_t errlen) {
+  ql__server *s = ss->owner->s;
+  ql__weight *w = NULL;
+  ql__device *d = NULL;
+  ql_layout_export ex;
+  int rc;
+
+  *fd = -1;
+  if (s->cfg.mapped_mode == QL_MAPPED_OFF) {
+    snprintf(err, errlen, "map_weight: mapped_mode is off");
+    return QL_ENOTSUP;
+  }
+  for (size_t i = 0; i < ss->n_held; i++) {
+    ql__weight *h = ss->held[i]->w;
+    if (strcmp(h->name, m->name) == 0 && (w == NULL || h->in_store))
+      w = h;
+  }
+  if (w == NULL) {
+    snprintf(err, errlen, "map_weight: the session holds no weight '%.100s' "
+             "(load or hold it first)", m->name);
+    return QL_ENOTFOUND;
+  }
+  if (m->device != NULL && m->device[0] != '\0') {
+    if ((d = ql__device_find(s, m->device)) == NULL) {
+      snprintf(err, errlen, "map_weight: no device '%.64s'", m->device);
+      return QL_ENOTFOUND;
+    }
+    if (!(w->devices >> d->index & 1u)) {
+      snprintf(err, errlen, "map_weight: weight '%.100s' is not resident on "
+               "%s", w->name, d->alias);
+      return QL_ENOTFOUND;
+    }
+  } else {
+    for (unsigned i = 0; i < s->n_dev && d == NULL; i++)
+      if ((w->devices >> i & 1u) && s->dev[i].b->export_layout != NULL &&
+          w->lay[i].packed != NULL && !w->lay[i].host)
+        d = &s->dev[i];
+    if (d == NULL) {
+      snprintf(err, errlen, "map_weight: weight '%.100s' is on no device "
+               "whose layouts can be mapped (a GPU)", w->name);
+      return QL_ENOTSUP;
+    }
+  }
+  if (d->failed) {
+    snprintf(err, errlen, "map_weight: device %s is out of service",
+             d->alias);
+    return QL_EDEVICE;
+  }
+  if (d->b->export_layout == NULL || w->lay[d->index].packed == NULL ||
+      w->lay[d->index].host) {
+    snprintf(err, errlen, "map_weight: the layouts of %s cannot be mapped "
+             "by another process", d->alias);
+    return QL_ENOTSUP;
+  }
+  if (ss->n_mapped == ss->cap_mapped) {
+    if (ss->n_mapped >= QL_SESSION_MAX_WEIGHTS) {
+      snprintf(err, errlen, "map_weight: the session mapped %d weights "
+               "already", QL_SESSION_MAX_WEIGHTS);
+      return QL_EEXHAUSTED;
+    }
+    size_t cap = ss->cap_mapped ? 2 * ss->cap_mapped : 8;
+    ql__weight **a = realloc(ss->mapped, cap * sizeof *a);
+    if (a == NULL)
+      return QL_ENOMEM;
+    ss->mapped = a;
+    ss->cap_mapped = cap;
+  }
+  if ((rc = d->b->export_layout(w->lay[d->index].packed, &ex)) != 0) {
+    snprintf(err, errlen, "map_weight: '%.100s' on %s: %s%s", w->name,
+             d->alias, ql_strerror(rc),
+             rc == QL_ENOTSUP ? " (not made exportable: no VMM, or "
+                                "QL_CUDA_VMM=0)" : "");
+    return rc;
+  }
+  if (!ex.readonly && s->cfg.mapped_mode != QL_MAPPED_WRITABLE) {
+    close(ex.fd);
+    snprintf(err, errlen, "map_weight: the driver of %s cannot map a layout "
+             "read-only, and mapped_mode = readonly", d->alias);
+    return QL_ENOTSUP;
+  }
+  /* One reference per session and weight: mapping again adds none. */
+  size_t i = 0;
+  while (i < ss->n_mapped && ss->mapped[i] != w)
+    i++;
+  if (i == ss->n_mapped) {
+    ql__weight_ref(w);
+    ss->mapped[ss->n_mapped++] = w;
+  }
+  *fd = ex.fd;
+  out->layout = (char *)ex.layout;
+  out->device = d->name;
+  out->size = ex.size;
+  out->format = (uint32_t)w->q->format;
+  out->scale_dtype = (uint32_t)w->q->scale_dtype;
+  out->n = (uint64_t)w->q->n;
+  out->k = (uint64_t)w->q->k;
+  out->groups = (uint64_t)w->q->groups;
+  out->group_size = w->q->group_size;
+  out->ldq = (uint64_t)ex.ldq;
+  out->q_offset = ex.q_offset;
+  out->scale_offset = ex.scale_offset;
+  out->has_zero = ex.zero_offset != UINT64_MAX;
+  out->zero_offset = out->has_zero ? ex.zero_offset : 0;
+  out->has_bias = ex.bias_offset != UINT64_MAX;
+  out->bias_offset = out->has_bias ? ex.bias_offset : 0;
+  out->sms = ex.sms;
+  out->writable = !ex.readonly;
+  out->digest.data = w->digest;
+  out->digest.len = QL_DIGEST_BYTES;
+  ql__info("session %llu (pid %ld) maps weight %s on %s (%llu bytes%s)",
+           (unsigned long long)ss->id, (long)ss->pid, w->name, d->alias,
+           (unsigned long long)ex.size, ex.readonly ? ", read-only" : "");
+  return 0;
+}
+
+/*
  * Answers one packet; rfd is the descriptor it carried (SCM_RIGHTS) or -1,
  * taken over. Returns -1 when the session ended (its reply could not be
  * sent), else 0.
@@ -620,6 +752,7 @@ static int session_packet(ql__session *ss, const uint8_t *buf, size_t len,
   Qlinear__V1__ImportZeIpcResponse imported;
   Qlinear__V1__ReleaseImportResponse released;
   Qlinear__V1__CreateRingResponse ringed;
+  Qlinear__V1__MapWeightResponse mapped;
   int rc, fd = -1, fd2 = -1;
   ql__fastpath *fp = NULL;
   ql__region *r = NULL;
@@ -744,6 +877,14 @@ static int session_packet(ql__session *ss, const uint8_t *buf, size_t len,
     ringed.size = ql__fastpath_bytes(fp);
     resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_CREATE_RING;
     resp.create_ring = &ringed;
+    break;
+  case QLINEAR__V1__SESSION_REQUEST__BODY_MAP_WEIGHT:
+    qlinear__v1__map_weight_response__init(&mapped);
+    rc = map_weight(ss, m->map_weight, &mapped, &fd, err, sizeof err);
+    if (rc != 0)
+      break;
+    resp.body_case = QLINEAR__V1__SESSION_RESPONSE__BODY_MAP_WEIGHT;
+    resp.map_weight = &mapped;
     break;
   default: /* validate refused it */
     rc = QL_EPROTO;

@@ -200,6 +200,26 @@ typedef struct ql_device_desc {
                           empty */
 } ql_device_desc;
 
+/*
+ * A device layout handed to another process to map (mapped mode, DESIGN
+ * §7): the allocation that holds it, as a descriptor, and where the
+ * layout's arrays lie in it. Made by ql_backend.export_layout.
+ */
+typedef struct ql_layout_export {
+  int fd;             /* a new descriptor of the allocation; the caller
+                         owns it (and closes it once sent) */
+  uint64_t size;      /* bytes of the allocation: what the importer maps */
+  const char *layout; /* the layout's name ("cuda-1": ql_cuda.h), static */
+  int64_t ldq;        /* bytes between rows of codes */
+  uint64_t q_offset;  /* codes [n, ldq], from the allocation's start */
+  uint64_t scale_offset; /* scales [n, groups], in the weight's scale dtype */
+  uint64_t zero_offset;  /* zero points as scales, or UINT64_MAX: none */
+  uint64_t bias_offset;  /* bias [n] f32, or UINT64_MAX: none */
+  uint32_t sms;       /* multiprocessors of the device (the kernels' grid) */
+  int readonly;       /* 1: the driver maps it read-only for another
+                         process; 0: only read-write */
+} ql_layout_export;
+
 /* A backend: one kind of device and its implementations. */
 typedef struct ql_backend {
   const char *name; /* "cpu", "cuda", "ze" */
@@ -301,6 +321,16 @@ typedef struct ql_backend {
    * ql_linear_args.part: a long launch on its devices can stop for more
    * urgent work and go on later. */
   int linear_parts;
+  /*
+   * Optional (NULL: no mapped mode): exports the layout packed, made by
+   * this backend's repack, for another process to map read-only and run
+   * the same kernels on (ql_layout_export). Callable from the loop thread
+   * while the layout lives; the memory stays the layout's, and a mapping
+   * keeps it alive in the driver until the importer unmaps it. 0,
+   * QL_ENOTSUP (the layout was not made exportable: an old driver, or
+   * QL_CUDA_VMM=0), QL_EEXHAUSTED (out of descriptors), QL_EDEVICE.
+   */
+  int (*export_layout)(const void *packed, ql_layout_export *out);
 } ql_backend;
 
 

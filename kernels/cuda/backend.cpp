@@ -113,6 +113,7 @@
 #include "blaslt.h"
 #include "ql_cuda.h"
 #include "registry.h"
+#include "vmm.h"
 
 namespace {
 
@@ -174,6 +175,11 @@ struct device {
   std::atomic<int> lt_state{0};   // 0: not tried, 1: lt made, -1: failed
   std::atomic<int> cc{0};         // compute capability ·10 (89 = sm_89);
                                   // 0 until asked, -1 when unknown
+  std::atomic<int> vmm{0};        // layouts exportable (vmm.h): 1 yes,
+                                  // -1 no, 0 not asked yet
+  std::atomic<int> readonly{0};   // the driver maps them read-only for
+                                  // another process: 1 yes, -1 no, 0 not
+                                  // tried yet (the first export tries)
 };
 
 device g_dev[kMaxDevices];
@@ -790,12 +796,29 @@ void host_unregister(void* p) {
 // ---- the layout ----
 
 // A repacked weight: the kernels' view (dev, whose arrays point into mem,
-// one device allocation) and its size.
+// one device allocation) and its size. The allocation is exportable (vm,
+// vmm.h) where the driver can, for mapped mode; else a cudaMalloc.
 struct packed {
   ql__cuda_wo dev;
   void* mem;
-  size_t bytes;
+  size_t bytes;   // the allocation's: what the device's memory pays
+  ql__vmm_mem vm; // vm.size 0: mem came from cudaMalloc
 };
+
+// 1 when ordinal's layouts go through vmm.h (mapped mode can export
+// them), asked once per device. QL_CUDA_VMM=0 in the environment keeps
+// them on cudaMalloc (no mapped mode, no rounding to the granularity).
+bool use_vmm(int o) {
+  device& d = g_dev[o];
+  int v = d.vmm.load();
+  if (v == 0) {
+    const char* e = getenv("QL_CUDA_VMM");
+    v = (e != nullptr && strcmp(e, "0") == 0) || !ql__vmm_supported(o) ? -1
+                                                                       : 1;
+    d.vmm.store(v);
+  }
+  return v > 0;
+}
 
 // True when p was made from a weight of w's shape and parameters.
 bool packed_matches(const packed* p, const ql_qweight* w) {
@@ -811,8 +834,18 @@ void free_packed(void* pp) {
   if (p == nullptr) return;
   // cudaFree takes a pointer of any device (unified addressing); a failed
   // device's memory goes with its context, so an error here changes
-  // nothing.
-  (void)cudaFree(p->mem);
+  // nothing. The driver's unmap and release act on the current context:
+  // the layout's device is made current for them.
+  if (p->vm.size != 0) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
+    (void)cudaSetDevice(p->vm.ordinal);
+    ql__vmm_free(&p->vm);
+    if (cur >= 0) (void)cudaSetDevice(cur);
+    (void)cudaGetLastError();
+  } else {
+    (void)cudaFree(p->mem);
+  }
   free(p);
 }
 
@@ -874,15 +907,24 @@ int make_packed(const ql_qweight* w, packed** out) {
   // the legacy default stream, and the lanes' streams are non-blocking, so
   // a kernel launched at once could read the layout before it is there.
   // Synchronizing the legacy stream waits for it.
-  if ((rc = check(d, cudaMalloc(&p->mem, total))) != 0 ||
-      (rc = check(d, cudaMemcpy(p->mem, img, total,
+  // A layout the driver would not make exportable (any refusal but out of
+  // memory) is made with cudaMalloc instead: it serves as well, only not
+  // in mapped mode, and the runtime's answer says whether the device is
+  // still in service.
+  rc = use_vmm(o) ? ql__vmm_alloc(o, total, &p->vm) : QL_ENOTSUP;
+  if (rc == QL_ENOMEM) goto fail;
+  if (rc == 0)
+    p->mem = p->vm.base;
+  else if ((rc = check(d, cudaMalloc(&p->mem, total))) != 0)
+    goto fail;
+  if ((rc = check(d, cudaMemcpy(p->mem, img, total,
                                 cudaMemcpyHostToDevice))) != 0)
     goto fail;
 #ifndef QL_MUT_LAYOUT_NO_SYNC  // mutation test: the layout may land late
   if ((rc = check(d, cudaStreamSynchronize(nullptr))) != 0) goto fail;
 #endif
   free(img);
-  p->bytes = total;
+  p->bytes = p->vm.size != 0 ? p->vm.size : total;
   {
     unsigned char* mem = static_cast<unsigned char*>(p->mem);
     p->dev.format = int(w->format);
@@ -1543,6 +1585,51 @@ int run_qrows(const ql_qrows_args* a) {
   return rc;
 }
 
+// ---- mapped mode ----
+
+// Exports the layout for another process (registry.h). The first export
+// on a device tries a read-only second mapping of the allocation, so that
+// the daemon can say whether a client's mapping will be read-only.
+int export_layout(const void* pp, ql_layout_export* out) {
+  const packed* p = static_cast<const packed*>(pp);
+  int rc, cur = -1;
+  if (p == nullptr || out == nullptr) return QL_EINVAL;
+  memset(out, 0, sizeof *out);
+  out->fd = -1;
+  if (p->vm.size == 0) return QL_ENOTSUP;
+  const int o = p->vm.ordinal;
+  device& d = g_dev[o];
+  if (d.failed.load()) return QL_EDEVICE;
+  if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
+  if (cudaSetDevice(o) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return QL_EDEVICE;
+  }
+  if (d.readonly.load() == 0) {
+    int ro = ql__vmm_probe_readonly(&p->vm);
+    if (ro >= 0) d.readonly.store(ro > 0 ? 1 : -1);
+  }
+  rc = ql__vmm_export(&p->vm, &out->fd);
+  if (cur >= 0) (void)cudaSetDevice(cur);
+  (void)cudaGetLastError();
+  if (rc != 0) return rc;
+  const unsigned char* base = static_cast<const unsigned char*>(p->mem);
+  auto off = [base](const void* a) {
+    return a == nullptr ? UINT64_MAX
+                        : uint64_t(static_cast<const unsigned char*>(a) - base);
+  };
+  out->size = p->vm.size;
+  out->layout = "cuda-1";
+  out->ldq = p->dev.ldq;
+  out->q_offset = off(p->dev.q);
+  out->scale_offset = off(p->dev.scale);
+  out->zero_offset = off(p->dev.zero);
+  out->bias_offset = off(p->dev.bias);
+  out->sms = uint32_t(p->dev.sms > 0 ? p->dev.sms : 0);
+  out->readonly = d.readonly.load() > 0;
+  return 0;
+}
+
 // ---- IPC ----
 
 // The QL_E* code of a failed IPC import: the handle's fault (QL_EINVAL)
@@ -1732,6 +1819,7 @@ ql_backend make_backend() {
   b.linear_dev = linear_dev;
   b.host_register = host_register;
   b.host_unregister = host_unregister;
+  b.export_layout = export_layout;
   return b;
 }
 

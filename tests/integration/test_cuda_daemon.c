@@ -20,20 +20,25 @@
  * QL_CUDA_IMMA_MIN_ROWS rows with the same bytes.
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <check.h>
 
+#include "emu_runtime.h"
 #include "golden_load.h"
 #include "harness.h"
 #include "ql_kernels.h"
 #include "qlinear/qlinear.h"
+#include "qlinear/qlinear_mapped.h"
 #include "registry.h"
 #include "testutil.h"
+#include "vmm.h"
 
 #define N 48
 #define K 200 /* ragged: not a multiple of 16, 32 or the group */
@@ -1028,7 +1033,397 @@ START_TEST(no_driver) {
 }
 END_TEST
 
-int main(void) {
+
+/* ------------------------------------------------------------ mapped mode */
+
+/* Mappings in process pid of the VMM memory (the layouts) that process
+ * owner allocated on the emulated runtime (memfds named
+ * "ql-emu-cuda-vmm:<owner>:..."). */
+static int emu_mappings(pid_t pid, pid_t owner) {
+  char path[64], want[64], line[512];
+  int n = 0;
+  snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+  snprintf(want, sizeof want, "/memfd:ql-emu-cuda-vmm:%d:", (int)owner);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  while (fgets(line, sizeof line, f) != NULL)
+    n += strstr(line, want) != NULL;
+  fclose(f);
+  return n;
+}
+
+/* A write through a read-only mapping ends here. */
+#define SEGV_EXIT 42
+static void on_segv(int sig) {
+  (void)sig;
+  _exit(SEGV_EXIT);
+}
+
+/* What a mapping client process does (mapped_client()). */
+enum { MAP_RUN, MAP_RUN_TWICE, MAP_THEN_DIE, MAP_WRITE };
+
+/* One mapped launch of h on x (m rows), into out (m·N floats). */
+static int mapped_run(ql_mapped *h, const float *x, uint64_t m, float *out) {
+  void *dx = NULL, *dy = NULL;
+  size_t xb = m * K * sizeof(float), yb = m * N * sizeof(float);
+  int ok = cudaMalloc(&dx, xb) == cudaSuccess &&
+           cudaMalloc(&dy, yb) == cudaSuccess &&
+           cudaMemcpy(dx, x, xb, cudaMemcpyHostToDevice) == cudaSuccess &&
+           ql_linear_mapped(h, dx, dy, (int64_t)m, NULL) == 0 &&
+           cudaStreamSynchronize(NULL) == cudaSuccess &&
+           cudaMemcpy(out, dy, yb, cudaMemcpyDeviceToHost) == cudaSuccess;
+  (void)cudaFree(dx);
+  (void)cudaFree(dy);
+  return ok;
+}
+
+/*
+ * A client process of its own (this program run again, see main(): a
+ * forked copy could not use nanomsg, whose threads stay in the parent):
+ * connects to address, holds weight by name, maps it and computes y for
+ * m rows of x (td_randn from seed) with the mapped kernel, writing y to
+ * descriptor out. MAP_RUN_TWICE writes a byte to sync_w after its first
+ * run and reads one from sync_r before its second. MAP_WRITE maps the
+ * exported allocation read-only itself and writes through it, which must
+ * fault (the emulated runtime maps it PROT_READ, as the driver maps it
+ * for the GPU): exit status SEGV_EXIT. Leaves with _exit() (see
+ * expected_op()).
+ */
+static void mapped_client(const char *address, const char *weight, int what,
+                          uint64_t m, uint64_t seed, int out, int sync_r,
+                          int sync_w) {
+  ql_client *c = NULL;
+  ql_mapped *h = NULL;
+  float x[8 * K], y[16 * N];
+  int ok = 0;
+  if (m < 1 || m > 8)
+    _exit(2);
+  td_randn(&seed, x, m * K, 1.0f);
+  if (ql_connect(address, NULL, &c) != 0 ||
+      ql_hold(c, weight, NULL, NULL) != 0)
+    goto done;
+  if (what == MAP_WRITE) {
+    ql_weight_map wm;
+    ql__vmm_mem vm;
+    if (ql_map_weight(c, weight, NULL, &wm) != 0 || wm.writable ||
+        cudaSetDevice(0) != cudaSuccess ||
+        ql__vmm_import(0, wm.fd, (size_t)wm.size, 0, &vm) != 0)
+      goto done;
+    close(wm.fd);
+    /* Our own handler, so that a sanitizer's does not turn the fault into
+     * an ordinary exit. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_segv;
+    if (sigaction(SIGSEGV, &sa, NULL) != 0)
+      goto done;
+    ((volatile unsigned char *)vm.base)[wm.q_offset] = 1;
+    goto done; /* not reached when the mapping is read-only */
+  }
+  if (ql_mapped_open(c, weight, NULL, QL_DTYPE_F32, 8, &h) != 0 ||
+      !mapped_run(h, x, m, y))
+    goto done;
+  if (what == MAP_THEN_DIE)
+    raise(SIGKILL);
+  if (what == MAP_RUN_TWICE) {
+    char b = 1;
+    if (write(sync_w, &b, 1) != 1 || read(sync_r, &b, 1) != 1 ||
+        !mapped_run(h, x, m, y + m * N))
+      goto done;
+  }
+  size_t bytes = (what == MAP_RUN_TWICE ? 2 : 1) * m * N * sizeof(float);
+  ok = write(out, y, bytes) == (ssize_t)bytes;
+done:
+  ql_mapped_close(h);
+  ql_close(c);
+  _exit(ok ? 0 : 1);
+}
+
+/* A mapping client started by mc_start(). */
+typedef struct mc {
+  pid_t pid;
+  int out; /* a temporary file it writes y to */
+} mc;
+
+/* Starts mapped_client() in a new process (this program, run again);
+ * sync_r and sync_w may be -1. */
+static void mc_start(mc *p, const td *d, const char *weight, int what,
+                     uint64_t m, uint64_t seed, int sync_r, int sync_w) {
+  char tmpl[] = "/tmp/ql-mapped-XXXXXX";
+  p->out = mkstemp(tmpl);
+  ck_assert_int_ge(p->out, 0);
+  unlink(tmpl);
+  p->pid = fork();
+  ck_assert_int_ge(p->pid, 0);
+  if (p->pid == 0) {
+    char a[7][32];
+    snprintf(a[0], sizeof a[0], "%d", what);
+    snprintf(a[1], sizeof a[1], "%llu", (unsigned long long)m);
+    snprintf(a[2], sizeof a[2], "%llu", (unsigned long long)seed);
+    snprintf(a[3], sizeof a[3], "%d", p->out);
+    snprintf(a[4], sizeof a[4], "%d", sync_r);
+    snprintf(a[5], sizeof a[5], "%d", sync_w);
+    execl("/proc/self/exe", "test_cuda_daemon", "--mapped-client",
+          d->address, weight, a[0], a[1], a[2], a[3], a[4], a[5],
+          (char *)NULL);
+    _exit(127);
+  }
+}
+
+/* Waits for p; its wait status, and y (floats of it) when it wrote
+ * them. */
+static int mc_wait(mc *p, float *y, size_t floats) {
+  int status = 0;
+  ck_assert_int_eq(waitpid(p->pid, &status, 0), p->pid);
+  if (floats > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    ck_assert_int_eq(pread(p->out, y, floats * sizeof(float), 0),
+                     (ssize_t)(floats * sizeof(float)));
+  close(p->out);
+  return status;
+}
+
+/* One mapping client from start to end. */
+static int map_in_child(const td *d, const char *weight, int what,
+                        uint64_t m, uint64_t seed, float *y) {
+  mc p;
+  mc_start(&p, d, weight, what, m, seed, -1, -1);
+  return mc_wait(&p, y, what == MAP_RUN ? m * N : 0);
+}
+
+/*
+ * Two client processes map one weight of each format the daemon loaded
+ * and compute with the daemon's weight-only kernel on their own: the same
+ * bytes as the daemon's own launch (the request says weight-only), and
+ * the daemon's device memory is one copy whatever maps it.
+ */
+START_TEST(mapped_two_clients) {
+  static const struct {
+    ql_format f;
+    uint32_t gs;
+  } fmts[] = {{QL_FORMAT_Q4G, 64}, {QL_FORMAT_Q8C, 0}, {QL_FORMAT_Q8B, 32},
+              {QL_FORMAT_F8R, 0}};
+  td d;
+  const uint64_t m = 3;
+  float x[3 * K], y[3 * N], want[3 * N];
+  uint64_t seed = 77;
+  start(&d, "1", NULL, NULL);
+  ql_client *c = td_connect(&d);
+  td_randn(&seed, x, m * K, 1.0f); /* as the clients make it */
+  for (size_t i = 0; i < sizeof fmts / sizeof *fmts; i++) {
+    td_layer l;
+    char name[16];
+    snprintf(name, sizeof name, "map%zu", i);
+    td_layer_make(&l, N, K, 40 + i, i % 2 == 0);
+    ck_assert_int_eq(td_load_on(c, name, &l, fmts[i].f, fmts[i].gs, 0,
+                                "cuda:0", NULL, NULL), 0);
+    ck_assert_int_eq(linear_on(&d, name, "cuda:0", x, m, want, NULL, 0), 0);
+    ql_stats_info *st = NULL;
+    ck_assert_int_eq(ql_stats(c, &st), 0);
+    uint64_t resident = st->devices[0].bytes_resident;
+    ql_stats_free(st);
+    /* Two at once. */
+    mc p[2];
+    for (int k = 0; k < 2; k++)
+      mc_start(&p[k], &d, name, MAP_RUN, m, 77, -1, -1);
+    for (int k = 0; k < 2; k++) {
+      memset(y, 0, sizeof y);
+      int status = mc_wait(&p[k], y, m * N);
+      ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                    "mapped client %d of %s failed (%d)", k, name, status);
+      ck_assert_msg(memcmp(y, want, sizeof y) == 0,
+                    "mapped %s differs from the daemon's launch", name);
+    }
+    ck_assert_int_eq(ql_stats(c, &st), 0);
+    ck_assert_uint_eq(st->devices[0].bytes_resident, resident);
+    ql_stats_free(st);
+    td_layer_free(&l);
+  }
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * What is refused, with the daemon serving on: a weight the session does
+ * not hold, a device it is not on, the CPU's layout, mapped_mode = off;
+ * a write through a mapping kills the writer (read-only), not the daemon.
+ */
+START_TEST(mapped_refused) {
+  td d;
+  ql_weight_map wm;
+  float x[K], y[N], want[N];
+  uint64_t seed = 78;
+  td_layer l;
+  start(&d, "2", NULL, NULL);
+  ql_client *c = td_connect(&d), *other = td_connect(&d);
+  td_layer_make(&l, N, K, 50, 1);
+  td_randn(&seed, x, K, 1.0f);
+  ck_assert_int_eq(td_load_on(c, "g", &l, QL_FORMAT_Q4G, 64, 0, "cuda:0",
+                              NULL, NULL), 0);
+  ck_assert_int_eq(td_load_on(c, "h", &l, QL_FORMAT_Q8C, 0, 0, "cpu", NULL,
+                              NULL), 0);
+  /* Not held by this session: refused, however resident. */
+  ck_assert_int_eq(ql_map_weight(other, "g", NULL, &wm), QL_ENOTFOUND);
+  ck_assert_int_eq(wm.fd, -1);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "holds no weight 'g'"));
+  ck_assert_int_eq(ql_map_weight(c, "nope", NULL, &wm), QL_ENOTFOUND);
+  ck_assert_int_eq(ql_map_weight(c, "bad..name", NULL, &wm), QL_ENAME);
+  /* Held, but not on that device, or on none that exports. */
+  ck_assert_int_eq(ql_map_weight(c, "g", "cuda:1", &wm), QL_ENOTFOUND);
+  ck_assert_int_eq(ql_map_weight(c, "g", "cuda:7", &wm), QL_ENOTFOUND);
+  ck_assert_int_eq(ql_map_weight(c, "h", NULL, &wm), QL_ENOTSUP);
+  ck_assert_int_eq(ql_map_weight(c, "h", "cpu", &wm), QL_ENOTSUP);
+  /* Held: the layout, described. */
+  ck_assert_int_eq(ql_map_weight(c, "g", "cuda:0", &wm), 0);
+  ck_assert_int_ge(wm.fd, 0);
+  close(wm.fd);
+  ck_assert_str_eq(wm.layout, "cuda-1");
+  ck_assert_int_eq(strncmp(wm.device, "cuda:GPU-", 9), 0);
+  ck_assert_int_eq(wm.format, QL_FORMAT_Q4G);
+  ck_assert_uint_eq(wm.n, N);
+  ck_assert_uint_eq(wm.k, K);
+  ck_assert_uint_eq(wm.groups, (K + 63) / 64);
+  ck_assert_uint_eq(wm.ldq % 16, 0);
+  ck_assert_uint_ne(wm.zero_offset, UINT64_MAX);
+  ck_assert_uint_ne(wm.bias_offset, UINT64_MAX);
+  ck_assert_int_eq(wm.writable, 0);
+  ck_assert_uint_eq(wm.size % 65536, 0);
+  /* libqlinear-cuda's own checks. */
+  ql_mapped *h = NULL;
+  ck_assert_int_eq(ql_mapped_open(c, "g", NULL, QL_DTYPE_F32, 0, &h),
+                   QL_EINVAL);
+  ck_assert_int_eq(ql_mapped_open(c, "g", NULL, QL_DTYPE_F32,
+                                  QL_MAPPED_MAX_ROWS + 1, &h), QL_EINVAL);
+  ck_assert_int_eq(ql_mapped_open(c, "g", NULL, (ql_dtype)99, 1, &h),
+                   QL_EINVAL);
+  ck_assert_int_eq(ql_mapped_open(other, "g", NULL, QL_DTYPE_F32, 1, &h),
+                   QL_ENOTFOUND);
+  ck_assert_ptr_null(h);
+  ck_assert_int_eq(ql_linear_mapped(NULL, x, y, 1, NULL), QL_EINVAL);
+  /* A write through the mapping faults in the writer. */
+  int status = map_in_child(&d, "g", MAP_WRITE, 1, 78, NULL);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == SEGV_EXIT,
+                "a write through a read-only mapping did not fault (%d)",
+                status);
+  /* The daemon serves on, the weight unchanged. */
+  expected(&l, QL_FORMAT_Q4G, 64, x, 1, want);
+  ck_assert_int_eq(linear_on(&d, "g", "cuda:0", x, 1, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  ql_close(other);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  /* mapped_mode = off, and layouts made without export (QL_CUDA_VMM=0). */
+  const char *off[] = {"--mapped-mode", "off", NULL};
+  start(&d, "1", NULL, off);
+  c = td_connect(&d);
+  ck_assert_int_eq(td_load_on(c, "g", &l, QL_FORMAT_Q4G, 64, 0, "cuda:0",
+                              NULL, NULL), 0);
+  ck_assert_int_eq(ql_map_weight(c, "g", NULL, &wm), QL_ENOTSUP);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "mapped_mode is off"));
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  setenv("QL_CUDA_VMM", "0", 1);
+  start(&d, "1", NULL, NULL);
+  unsetenv("QL_CUDA_VMM");
+  c = td_connect(&d);
+  ck_assert_int_eq(td_load_on(c, "g", &l, QL_FORMAT_Q4G, 64, 0, "cuda:0",
+                              NULL, NULL), 0);
+  ck_assert_int_eq(ql_map_weight(c, "g", NULL, &wm), QL_ENOTSUP);
+  ck_assert_int_eq(linear_on(&d, "g", "cuda:0", x, 1, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, want, sizeof y), 0);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  td_layer_free(&l);
+}
+END_TEST
+
+/*
+ * The weight cannot change under a mapping: an admin unload and a new
+ * load under the same name leave the mapping computing with the old
+ * content, while the daemon serves the new one; the old layout is freed
+ * when the mapping client's session ends. A client killed with its
+ * mapping open frees nothing the daemon still needs.
+ */
+START_TEST(mapped_unload_and_kill) {
+  td d;
+  const uint64_t m = 2;
+  float x[2 * K], y[4 * N], old_y[2 * N], new_y[2 * N];
+  uint64_t seed = 79;
+  td_layer l1, l2;
+  start(&d, "1", NULL, NULL);
+  ql_client *c = td_connect(&d), *admin = td_connect_admin(&d);
+  td_layer_make(&l1, N, K, 60, 1);
+  td_layer_make(&l2, N, K, 61, 1);
+  td_randn(&seed, x, m * K, 1.0f);
+  /* Loaded through the admin socket, so that no session but the mapping
+   * client's holds it. */
+  ck_assert_int_eq(td_load_on(admin, "w", &l1, QL_FORMAT_Q8C, 0, 0,
+                              "cuda:0", NULL, NULL), 0);
+  ck_assert_int_eq(linear_on(&d, "w", "cuda:0", x, m, old_y, NULL, 0), 0);
+
+  /* A client that maps, runs, waits, and runs again. */
+  int to_child[2], from_child[2];
+  ck_assert_int_eq(pipe(to_child), 0);
+  ck_assert_int_eq(pipe(from_child), 0);
+  mc p;
+  mc_start(&p, &d, "w", MAP_RUN_TWICE, m, 79, to_child[0], from_child[1]);
+  char b;
+  ck_assert_int_eq(read(from_child[0], &b, 1), 1); /* first run done */
+  int before = emu_mappings(d.pid, d.pid);
+  ck_assert_int_eq(ql_unload(admin, "w"), 0);
+  /* Unloaded, but mapped: the layout stays. */
+  ck_assert_int_eq(emu_mappings(d.pid, d.pid), before);
+  ck_assert_int_eq(td_load_on(admin, "w", &l2, QL_FORMAT_Q8C, 0, 0,
+                              "cuda:0", NULL, NULL), 0);
+  ck_assert_int_eq(linear_on(&d, "w", "cuda:0", x, m, new_y, NULL, 0), 0);
+  ck_assert_int_ne(memcmp(new_y, old_y, sizeof old_y), 0);
+  int loaded = emu_mappings(d.pid, d.pid);
+  ck_assert_int_eq(loaded, before + 1);
+  ck_assert_int_eq(write(to_child[1], &b, 1), 1);
+  int status = mc_wait(&p, y, 2 * m * N);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                "the mapping client failed (%d)", status);
+  /* Both of its runs: the old content. */
+  ck_assert_int_eq(memcmp(y, old_y, sizeof old_y), 0);
+  ck_assert_int_eq(memcmp(y + m * N, old_y, sizeof old_y), 0);
+  /* Its session over, the old layout goes. */
+  int64_t until = td_now_ms() + TMO;
+  while (emu_mappings(d.pid, d.pid) != loaded - 1 && td_now_ms() < until)
+    usleep(10000);
+  ck_assert_int_eq(emu_mappings(d.pid, d.pid), loaded - 1);
+  for (int i = 0; i < 2; i++)
+    close(to_child[i]), close(from_child[i]);
+
+  /* Killed with its mapping open: the daemon keeps serving the weight,
+   * and the next client maps it as before. */
+  status = map_in_child(&d, "w", MAP_THEN_DIE, m, 79, NULL);
+  ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL,
+                "status %d", status);
+  ck_assert_int_eq(linear_on(&d, "w", "cuda:0", x, m, y, NULL, 0), 0);
+  ck_assert_int_eq(memcmp(y, new_y, sizeof new_y), 0);
+  status = map_in_child(&d, "w", MAP_RUN, m, 79, y);
+  ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d",
+                status);
+  ck_assert_int_eq(memcmp(y, new_y, sizeof new_y), 0);
+  char *log = td_read_log(&d);
+  ck_assert_int_ge(td_count(log, "maps weight w on cuda:0"), 3);
+  free(log);
+  td_layer_free(&l1);
+  td_layer_free(&l2);
+  ql_close(admin);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--mapped-client") == 0) {
+    if (argc != 10)
+      _exit(2); /* never the suite again */
+    mapped_client(argv[2], argv[3], atoi(argv[4]),
+                  strtoull(argv[5], NULL, 10), strtoull(argv[6], NULL, 10),
+                  atoi(argv[7]), atoi(argv[8]), atoi(argv[9]));
+  }
   Suite *s = suite_create("cuda_daemon");
   TCase *tc = tcase_create("cuda_daemon");
   tcase_set_timeout(tc, 300);
@@ -1044,6 +1439,9 @@ int main(void) {
   tcase_add_test(tc, batches_in_flight);
   tcase_add_test(tc, regions_registered);
   tcase_add_test(tc, no_driver);
+  tcase_add_test(tc, mapped_two_clients);
+  tcase_add_test(tc, mapped_refused);
+  tcase_add_test(tc, mapped_unload_and_kill);
   suite_add_tcase(s, tc);
   return td_run_suite(s);
 }

@@ -225,7 +225,7 @@ START_TEST(test_table_invariants) {
       "cpu_level", "kernel_timeout_ms", "accel_budget_percent",
       "device_budget_bytes", "batches_in_flight", "max_connections",
       "max_connections_per_uid", "max_sessions_per_uid", "frame_timeout_ms",
-      "max_buffered_bytes", "ring_spin_us"};
+      "max_buffered_bytes", "ring_spin_us", "mapped_mode"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
@@ -1300,7 +1300,7 @@ START_TEST(test_live_set) {
                                "session_max_requests",
                                "crossover_default_rows", "decode_max_rows",
                                "accel_budget_percent", "device_budget_bytes",
-                               "ring_spin_us"};
+                               "ring_spin_us", "mapped_mode"};
   size_t n, nlive = 0;
   const ql__option *t = ql__config_options(&n);
   for (size_t i = 0; i < n; i++)

@@ -605,6 +605,50 @@ QL_EXPORT int ql_region_create(ql_client *c, size_t size, ql_region **out);
  */
 QL_EXPORT int ql_region_destroy(ql_client *c, ql_region *r);
 
+/*
+ * What ql_map_weight() gives: the device allocation that holds a weight's
+ * layout, as a descriptor, and where the layout's arrays lie in it, for a
+ * client that runs the kernels on it in its own process (mapped mode).
+ * libqlinear-cuda does that (<qlinear/qlinear_mapped.h>); this is for
+ * those who do it themselves.
+ */
+typedef struct ql_weight_map {
+  int fd;               /* the allocation (CUDA: a POSIX descriptor for
+                           cuMemImportFromShareableHandle); the caller owns
+                           it and closes it once imported */
+  uint64_t size;        /* bytes of the allocation: map exactly this */
+  char layout[16];      /* the layout's name: "cuda-1" */
+  char device[QL_DEVICE_NAME_MAX]; /* its device ("cuda:GPU-<uuid>") */
+  ql_format format;
+  ql_dtype scale_dtype; /* of the scales and zero points */
+  uint64_t n, k;        /* out_features, in_features */
+  uint64_t groups;      /* scale groups per row (1 for q8c, f8r) */
+  uint32_t group_size;  /* elements per group */
+  uint64_t ldq;         /* bytes between rows of codes */
+  uint64_t q_offset;    /* codes [n, ldq], from the allocation's start */
+  uint64_t scale_offset; /* scales [n, groups] in scale_dtype */
+  uint64_t zero_offset; /* zero points, as scales; UINT64_MAX: none */
+  uint64_t bias_offset; /* bias [n] f32; UINT64_MAX: none */
+  uint32_t sms;         /* the device's multiprocessors (the grid) */
+  int writable;         /* 1: the driver cannot map it read-only and the
+                           daemon's admin allows read-write; 0: map it
+                           read-only */
+  uint8_t digest[QL_DIGEST_BYTES]; /* the weight's SHA-256 */
+} ql_weight_map;
+
+/*
+ * Asks the daemon for the layout of weight name on device (a name or
+ * alias; NULL or "": the weight's first device that can export one),
+ * for mapped mode. The session must hold the weight (it loaded it, or
+ * ql_hold()): QL_ENOTFOUND otherwise. The daemon keeps that layout
+ * resident until this client's session ends, even if the weight is
+ * unloaded or replaced meanwhile. QL_ENOTSUP where the device cannot
+ * export it (the CPU, an old driver) or the daemon's mapped_mode refuses.
+ * On success out->fd is the caller's.
+ */
+QL_EXPORT int ql_map_weight(ql_client *c, const char *name,
+                            const char *device, ql_weight_map *out);
+
 /* Fetches the daemon's counters. On success *out is owned by the caller and
  * freed with ql_stats_free(); on failure it is NULL. */
 QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out);

@@ -1,0 +1,220 @@
+// mapped.cpp - libqlinear-cuda: mapped mode (qlinear_mapped.h). The daemon
+// hands over its layout's allocation (ql_map_weight); this maps it into
+// the caller's context with vmm.h and launches the daemon's weight-only
+// kernel (ql_cuda.h) on the caller's stream.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef QL_CUDA_EMU
+#include "emu_runtime.h"
+#else
+#include <cuda_runtime_api.h>
+#endif
+
+#include "ql_cuda.h"
+#include "qlinear/qlinear.h"
+#include "qlinear/qlinear_mapped.h"
+#include "vmm.h"
+
+struct ql_mapped {
+  ql__vmm_mem vm;      // the mapping of the daemon's allocation
+  ql__cuda_wo view;    // the kernels' view of the layout inside it
+  int dt;              // ql_dtype of x and y
+  int64_t max_rows;
+  float* scratch;      // ql__cuda_linear_wo_scratch(view, max_rows) bytes
+  int ordinal;         // this process's number of the device
+};
+
+namespace {
+
+// The name the daemon gives a CUDA device, from its UUID (as nvidia-smi
+// prints it): "cuda:GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+void uuid_name(const cudaDeviceProp& p, char* out, size_t len) {
+  size_t at = size_t(snprintf(out, len, "cuda:GPU-"));
+  for (int i = 0; i < 16 && at < len; i++)
+    at += size_t(snprintf(out + at, len - at, "%s%02x",
+                          i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "",
+                          unsigned(static_cast<unsigned char>(
+                              p.uuid.bytes[i]))));
+}
+
+// This process's ordinal of the device the daemon calls name, or -1.
+int find_device(const char* name) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  for (int o = 0; o < n; o++) {
+    cudaDeviceProp p;
+    char buf[64];
+    if (cudaGetDeviceProperties(&p, o) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    uuid_name(p, buf, sizeof buf);
+    if (strcmp(buf, name) == 0) return o;
+  }
+  return -1;
+}
+
+bool fits(uint64_t off, uint64_t bytes, uint64_t size) {
+  return off <= size && bytes <= size - off && off % 16 == 0;
+}
+
+// True when the daemon's description of the layout lies inside its
+// allocation and is what the kernels can read: every array in bounds and
+// aligned, rows of codes at least as long as a row of K codes.
+bool layout_ok(const ql_weight_map& w) {
+  const size_t ssz = ql_dtype_size(int(w.scale_dtype));
+  if (strcmp(w.layout, "cuda-1") != 0 || ssz == 0 ||
+      !ql_format_valid(int(w.format)) || w.n > (uint64_t(1) << 31) ||
+      w.k > (uint64_t(1) << 31) || w.ldq % 16 != 0 ||
+      w.ldq < uint64_t(ql__cuda_row_bytes(int(w.format), int64_t(w.k))) ||
+      w.ldq > (uint64_t(1) << 32) || w.groups > w.k)
+    return false;
+  const uint64_t gs = w.group_size;
+  if (w.format == QL_FORMAT_Q4G || w.format == QL_FORMAT_Q8B) {
+    if (gs == 0 || w.groups != (w.k + gs - 1) / gs) return false;
+  } else if (w.groups != 1) {
+    return false;
+  }
+  const uint64_t sbytes = w.n * w.groups * ssz;
+  return fits(w.q_offset, w.n * w.ldq, w.size) &&
+         fits(w.scale_offset, sbytes, w.size) &&
+         (w.zero_offset == UINT64_MAX ||
+          fits(w.zero_offset, sbytes, w.size)) &&
+         (w.bias_offset == UINT64_MAX ||
+          fits(w.bias_offset, w.n * sizeof(float), w.size));
+}
+
+void free_mapped(ql_mapped* h) {
+  if (h == nullptr) return;
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
+  (void)cudaSetDevice(h->ordinal);
+  if (h->scratch != nullptr) (void)cudaFree(h->scratch);
+  ql__vmm_free(&h->vm);
+  if (cur >= 0) (void)cudaSetDevice(cur);
+  (void)cudaGetLastError();
+  free(h);
+}
+
+}  // namespace
+
+QL_EXPORT int ql_mapped_open(ql_client* c, const char* weight,
+                             const char* device, ql_dtype dt,
+                             int64_t max_rows, ql_mapped** out) {
+  ql_weight_map w;
+  ql_mapped* h = nullptr;
+  int rc, cur = -1, o;
+  size_t sb;
+
+  if (out != nullptr) *out = nullptr;
+  if (c == nullptr || weight == nullptr || out == nullptr || max_rows < 1 ||
+      max_rows > QL_MAPPED_MAX_ROWS ||
+      (dt != QL_DTYPE_F32 && dt != QL_DTYPE_F16 && dt != QL_DTYPE_BF16))
+    return QL_EINVAL;
+  if ((rc = ql_map_weight(c, weight, device, &w)) != 0) return rc;
+  if (strcmp(w.layout, "cuda-1") != 0) {
+    rc = QL_ENOTSUP;
+    goto fail;
+  }
+  if (!layout_ok(w)) {
+    rc = QL_EINVAL;
+    goto fail;
+  }
+  if ((o = find_device(w.device)) < 0) {
+    rc = QL_ENOTFOUND;
+    goto fail;
+  }
+  if ((h = static_cast<ql_mapped*>(calloc(1, sizeof *h))) == nullptr) {
+    rc = QL_ENOMEM;
+    goto fail;
+  }
+  h->ordinal = o;
+  if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
+  if (cudaSetDevice(o) != cudaSuccess) {
+    (void)cudaGetLastError();
+    rc = QL_EDEVICE;
+    goto fail;
+  }
+  // Read-only first; read-write only where the daemon says the driver
+  // cannot do better and its admin allows it.
+  rc = ql__vmm_import(o, w.fd, size_t(w.size), 0, &h->vm);
+  if (rc == QL_ENOTSUP && w.writable)
+    rc = ql__vmm_import(o, w.fd, size_t(w.size), 1, &h->vm);
+  if (rc != 0) goto fail;
+  {
+    unsigned char* base = static_cast<unsigned char*>(h->vm.base);
+    ql__cuda_wo& v = h->view;
+    v.format = int(w.format);
+    v.sdt = int(w.scale_dtype);
+    v.n = int64_t(w.n);
+    v.k = int64_t(w.k);
+    v.groups = int64_t(w.groups);
+    v.gs = w.group_size;
+    v.ldq = int64_t(w.ldq);
+    v.q = base + w.q_offset;
+    v.scale = base + w.scale_offset;
+    v.zero = w.zero_offset != UINT64_MAX ? base + w.zero_offset : nullptr;
+    v.bias = w.bias_offset != UINT64_MAX
+                 ? reinterpret_cast<const float*>(base + w.bias_offset)
+                 : nullptr;
+    // The daemon's count sizes the grid as it does for its own launches
+    // (the same device); 0 would also work.
+    v.sms = int(w.sms);
+  }
+  h->dt = int(dt);
+  h->max_rows = max_rows;
+  sb = ql__cuda_linear_wo_scratch(&h->view, max_rows);
+  if (sb > 0 && cudaMalloc(reinterpret_cast<void**>(&h->scratch), sb) !=
+                    cudaSuccess) {
+    (void)cudaGetLastError();
+    h->scratch = nullptr;
+    rc = QL_ENOMEM;
+    goto fail;
+  }
+  if (cur >= 0) (void)cudaSetDevice(cur);
+  close(w.fd);
+  *out = h;
+  return 0;
+fail:
+  free_mapped(h);
+  if (cur >= 0) (void)cudaSetDevice(cur);
+  (void)cudaGetLastError();
+  close(w.fd);
+  return rc;
+}
+
+QL_EXPORT int ql_linear_mapped(ql_mapped* h, const void* x, void* y,
+                               int64_t m, void* stream) {
+  int cur = -1;
+  if (h == nullptr || x == nullptr || y == nullptr || m < 1 ||
+      m > h->max_rows)
+    return QL_EINVAL;
+  // The stream is the caller's, of the weight's device: launch with that
+  // device current (cheap, and allowed while a graph is being captured).
+  if (cudaGetDevice(&cur) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return QL_EDEVICE;
+  }
+  if (cur != h->ordinal && cudaSetDevice(h->ordinal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return QL_EDEVICE;
+  }
+  ql__cuda_linear_wo(&h->view, QL__CUDA_WO_STREAM, h->dt, x, m, y,
+                     h->scratch, stream);
+  cudaError_t e = cudaGetLastError();
+  if (cur != h->ordinal) (void)cudaSetDevice(cur);
+  return e == cudaSuccess ? 0 : QL_EDEVICE;
+}
+
+QL_EXPORT void ql_mapped_shape(const ql_mapped* h, uint64_t* n, uint64_t* k) {
+  if (n != nullptr) *n = h != nullptr ? uint64_t(h->view.n) : 0;
+  if (k != nullptr) *k = h != nullptr ? uint64_t(h->view.k) : 0;
+}
+
+QL_EXPORT void ql_mapped_close(ql_mapped* h) { free_mapped(h); }
