@@ -405,3 +405,51 @@ def load(path=None):
         fn.argtypes = argtypes
     _loaded[where] = lib
     return lib
+
+
+# ------------------------------------------------------- libqlinear-cuda
+# Mapped mode (client/include/qlinear/qlinear_mapped.h): built only where
+# the CUDA toolkit is, beside libqlinear.
+_MAPPED_PROTOTYPES = {
+    "ql_mapped_open": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p,
+                                      ctypes.c_char_p, ctypes.c_int,
+                                      ctypes.c_int64,
+                                      ctypes.POINTER(ctypes.c_void_p)]),
+    "ql_linear_mapped": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_void_p]),
+    "ql_mapped_shape": (None, [ctypes.c_void_p,
+                               ctypes.POINTER(ctypes.c_uint64),
+                               ctypes.POINTER(ctypes.c_uint64)]),
+    "ql_mapped_close": (None, [ctypes.c_void_p]),
+}
+QL_MAPPED_MAX_ROWS = 4096
+
+
+def load_mapped(path=None):
+    """The libqlinear-cuda CDLL: QLINEAR_CUDA_LIB, else the file beside
+    libqlinear (``path`` as for load()), else the dynamic linker's search.
+    Raises OSError when it is not there (a build without CUDA)."""
+    env = os.environ.get("QLINEAR_CUDA_LIB")
+    where = env
+    if not where:
+        base = find_library(path)
+        cand = os.path.join(os.path.dirname(base),
+                            _LIB_NAME.replace("libqlinear", "libqlinear-cuda"))
+        where = cand if os.path.dirname(base) and os.path.exists(cand) \
+            else ctypes.util.find_library("qlinear-cuda")
+    if not where:
+        raise OSError("libqlinear-cuda not found (qlinear built without "
+                      "CUDA?): set QLINEAR_CUDA_LIB to its path")
+    key = ("mapped", where)
+    lib = _loaded.get(key)
+    if lib is not None:
+        return lib
+    load(path)  # libqlinear first: the one the client handles belong to
+    lib = ctypes.CDLL(where)
+    for name, (restype, argtypes) in _MAPPED_PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    _loaded[key] = lib
+    return lib

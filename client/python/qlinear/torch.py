@@ -20,6 +20,7 @@ IPC, which neither libqlinear nor the daemon offers yet, so they are refused
 with QL_ENOTSUP rather than silently copied.
 """
 
+import ctypes
 import hashlib
 import re
 import threading
@@ -129,18 +130,86 @@ class QLinear(nn.Module):
         self.path = path
         self.info = None
         self._group = None  # a _FusedGroup this module belongs to
+        self.mode = "call"
+        self._mapped = None  # ql_mapped * (libqlinear-cuda), mode "mapped"
+        self._mapped_lib = None
+        self._mapped_device = None
+        self._mapped_dtype = None
+        self._max_rows = 0
+
+    def map(self, device="cuda", dtype=torch.bfloat16, max_rows=64):
+        """Mapped mode: maps the daemon's layout of this weight on the CUDA
+        ``device`` into this process (libqlinear-cuda), after which
+        forward() runs qlinear's weight-only kernel here, on the current
+        torch stream, on CUDA tensors of ``dtype`` (capturable in a CUDA
+        graph: no synchronisation, no allocation but y). One launch takes
+        up to ``max_rows`` rows (more are cut into launches of that many).
+        The daemon must hold the weight on that GPU; one resident copy
+        serves every process that maps it."""
+        if self._mapped is not None:
+            raise _err("QL_EEXIST", "%s is mapped already" % self.weight_name)
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise _err("QL_EINVAL", "mapped mode needs a CUDA device")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        dt = _DTYPES.get(dtype)
+        if dt is None:
+            raise _err("QL_EDTYPE", "mapped mode takes float32, float16 or "
+                                    "bfloat16 activations")
+        if not 1 <= max_rows <= _lib.QL_MAPPED_MAX_ROWS:
+            raise _err("QL_EINVAL", "max_rows: 1 to %d"
+                       % _lib.QL_MAPPED_MAX_ROWS)
+        L = _lib.load_mapped()
+        # The daemon names a GPU by its UUID, as this process sees it.
+        name = "cuda:GPU-%s" % torch.cuda.get_device_properties(dev).uuid
+        torch.cuda.init()
+        h = ctypes.c_void_p()
+        codes = {"f32": _lib.QL_DTYPE_F32, "f16": _lib.QL_DTYPE_F16,
+                 "bf16": _lib.QL_DTYPE_BF16}
+        with torch.cuda.device(dev):
+            rv = L.ql_mapped_open(self.client._handle(),
+                                  self.weight_name.encode(), name.encode(),
+                                  codes[dt], max_rows, ctypes.byref(h))
+        if rv < 0:
+            # ql_errmsg() is libqlinear's, where ql_map_weight failed
+            raise QLinearError(rv, self.client._lib.ql_errmsg().decode(
+                errors="replace"))
+        self._mapped, self._mapped_lib = h.value, L
+        self._mapped_device, self._mapped_dtype = dev, dtype
+        self._max_rows = max_rows
+        self.mode = "mapped"
+        return self
+
+    def unmap(self):
+        """Undoes map(): synchronise the stream (and drop CUDA graphs that
+        captured this module) first."""
+        if self._mapped is not None:
+            self._mapped_lib.ql_mapped_close(self._mapped)
+            self._mapped = None
+            self.mode = "call"
+
+    def __del__(self):
+        try:
+            self.unmap()
+        except Exception:  # interpreter shutdown
+            pass
 
     @classmethod
     def from_linear(cls, linear, client, format="q4g128", *, name=None,
                     module_name="", prefix="", path="auto", policy="auto",
-                    scale_dtype=None):
+                    scale_dtype=None, mode="call", max_rows=64):
         """Uploads ``linear``'s weight and bias (in their dtype; others than
         float32/16 and bfloat16 as float32) for the daemon to quantize into
         ``format``, and returns the QLinear that uses it. ``name`` defaults
         to weight_name(linear, format, module_name, prefix) with the
         daemon's quantizer version, which names the content: when a weight of that name and format is already
         resident (another process of the same model loaded it), this
-        session only holds it (Client.hold()) and nothing is sent."""
+        session only holds it (Client.hold()) and nothing is sent.
+        ``mode="mapped"`` then maps it (map()) on the linear's CUDA device
+        for activations of its weight's dtype."""
+        if mode not in ("call", "mapped"):
+            raise _err("QL_EINVAL", "mode: 'call' or 'mapped'")
         w = linear.weight.detach().cpu()
         if w.dtype not in _DTYPES:
             w = w.float()
@@ -174,9 +243,26 @@ class QLinear(nn.Module):
         m = cls(client, name, linear.in_features, linear.out_features,
                 has_bias=b is not None, format=format, path=path)
         m.info = info
+        if mode == "mapped":
+            dt = linear.weight.dtype if linear.weight.dtype in _DTYPES \
+                else torch.float32
+            m.map(linear.weight.device, dt, max_rows)
         return m
 
     def _check_input(self, x):
+        if self._mapped is not None:
+            if x.device != self._mapped_device or \
+                    x.dtype != self._mapped_dtype:
+                raise _err("QL_EINVAL", "%s is mapped for %s on %s; input "
+                           "is %s on %s" % (self.weight_name,
+                                            self._mapped_dtype,
+                                            self._mapped_device, x.dtype,
+                                            x.device))
+            if x.dim() < 1 or x.shape[-1] != self.in_features:
+                raise _err("QL_ESHAPE", "input of shape %s; %s takes "
+                           "[..., %d]" % (tuple(x.shape), self.weight_name,
+                                          self.in_features))
+            return _DTYPES[x.dtype]
         if x.device.type != "cpu":
             raise _err("QL_ENOTSUP",
                        "%s tensor: only CPU tensors are served; CUDA tensors "
@@ -193,6 +279,8 @@ class QLinear(nn.Module):
 
     def forward(self, x):
         self._check_input(x)
+        if self._mapped is not None:
+            return self._run_mapped(x)
         if self._group is not None:
             return self._group.forward(self, x)
         return self._run(x)
@@ -208,6 +296,25 @@ class QLinear(nn.Module):
                                    self.in_features, x2.data_ptr(),
                                    self.out_features, y.data_ptr(),
                                    path=self.path)
+        return y
+
+    def _run_mapped(self, x):
+        """This layer on CUDA x in this process (mapped mode)."""
+        lead = tuple(x.shape[:-1])
+        x2 = x.detach().reshape(-1, self.in_features).contiguous()
+        y = torch.empty(lead + (self.out_features,), dtype=x.dtype,
+                        device=x.device)
+        rows, esz = x2.shape[0], x2.element_size()
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        xp, yp = x2.data_ptr(), y.data_ptr()
+        for r0 in range(0, rows, self._max_rows):
+            r = min(self._max_rows, rows - r0)
+            rv = self._mapped_lib.ql_linear_mapped(
+                self._mapped, xp + r0 * self.in_features * esz,
+                yp + r0 * self.out_features * esz, r, stream)
+            if rv < 0:
+                raise QLinearError(rv, "ql_linear_mapped failed (%s)"
+                                   % self.weight_name)
         return y
 
     def extra_repr(self):
@@ -310,7 +417,7 @@ def _filter_fn(filter):
 
 def swap_linears(model, client, format="q4g128", filter=None, *,
                  fuse="auto", prefix=None, path="auto", policy="auto",
-                 scale_dtype=None):
+                 scale_dtype=None, mode="call", max_rows=64):
     """Replaces the ``nn.Linear`` modules of ``model`` by QLinear modules
     served by ``client``'s daemon, in place; returns {module path: QLinear}.
 
@@ -323,8 +430,13 @@ def swap_linears(model, client, format="q4g128", filter=None, *,
     paths names the groups explicitly; None disables fusing. Members of a
     group must share in_features. ``prefix`` starts every weight name
     (default "torch/<model class>/"). A module used at several places of
-    the model is uploaded once and swapped everywhere.
+    the model is uploaded once and swapped everywhere. ``mode="mapped"``
+    (a CUDA model) maps each weight into this process (QLinear.map()):
+    the layers then run qlinear's kernels here, on the current stream,
+    capturable in CUDA graphs; nothing is fused then.
     """
+    if mode == "mapped":
+        fuse = None
     if isinstance(model, nn.Linear):
         raise _err("QL_EINVAL", "the model is itself an nn.Linear: use "
                                 "QLinear.from_linear()")
@@ -340,7 +452,8 @@ def swap_linears(model, client, format="q4g128", filter=None, *,
         if q is None:
             q = QLinear.from_linear(mod, client, format, module_name=name,
                                     prefix=prefix, path=path, policy=policy,
-                                    scale_dtype=scale_dtype)
+                                    scale_dtype=scale_dtype, mode=mode,
+                                    max_rows=max_rows)
             done[id(mod)] = q
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, q)
