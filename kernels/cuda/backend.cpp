@@ -802,6 +802,7 @@ struct packed {
   ql__cuda_wo dev;
   void* mem;
   size_t bytes;   // the allocation's: what the device's memory pays
+  size_t layout;  // the layout's own bytes, without the rounding
   ql__vmm_mem vm; // vm.size 0: mem came from cudaMalloc
 };
 
@@ -925,6 +926,7 @@ int make_packed(const ql_qweight* w, packed** out) {
 #endif
   free(img);
   p->bytes = p->vm.size != 0 ? p->vm.size : total;
+  p->layout = total;
   {
     unsigned char* mem = static_cast<unsigned char*>(p->mem);
     p->dev.format = int(w->format);
@@ -971,7 +973,7 @@ int repack(ql_repack_args* a) {
 const ql__cuda_wo* ql__cuda_packed_view(const void* pp, size_t* bytes) {
   const packed* p = static_cast<const packed*>(pp);
   if (p == nullptr) return nullptr;
-  if (bytes != nullptr) *bytes = p->bytes;
+  if (bytes != nullptr) *bytes = p->layout;
   return &p->dev;
 }
 

@@ -35,9 +35,10 @@ struct ql__cuda_wo {
 };
 
 // The kernels' view of a layout that the backend's repack made (its
-// ql_repack_args.packed) and, in *bytes (may be NULL), its size in device
-// memory: for callers that launch the kernels themselves (qlinear-bench on
-// a GPU). NULL for NULL.
+// ql_repack_args.packed) and, in *bytes (may be NULL), the layout's size
+// (what a kernel reads; the allocation around it may be larger, rounded to
+// the driver's granularity): for callers that launch the kernels
+// themselves (qlinear-bench on a GPU). NULL for NULL.
 const ql__cuda_wo* ql__cuda_packed_view(const void* packed, size_t* bytes);
 
 // Bytes of codes in one canonical row of a weight of format f (ceil(K/2)

@@ -61,11 +61,14 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <unistd.h>
+
 #include "blaslt.h"
 #include "ql_cuda.h"
 #include "ql_kernels.h"
 #include "registry.h"
 #include "stream_read.h"
+#include "vmm.h"
 
 extern "C" int ql_bench_gpu(const char* device, int argc, char** argv);
 
@@ -99,6 +102,7 @@ struct gopts {
   uint32_t gs = 128;
   bool json = false, graph = true, read = true;
   bool invariance = true, inv_only = false, quick = false;
+  bool mapped = false;  // --mapped: linear_wo_mapped cases too
   bool set_pairs = false, set_ms = false;
 };
 
@@ -126,6 +130,11 @@ void usage(FILE* f) {
           "  --invariance-only  the batch-invariance check alone\n"
           "  --inv-shapes NxK,... its shapes (default 4096x4096,512x14336)\n"
           "  --inv-m M,...      its Ms (default 1,16,17,64,512)\n"
+          "  --mapped           linear_wo also as a mapped-mode client runs "
+          "it:\n"
+          "                     on a read-only import of each exported "
+          "layout\n"
+          "                     (linear_wo_mapped, next to linear_wo)\n"
           "  --json             JSON lines only\n");
 }
 
@@ -195,6 +204,7 @@ bool parse(int argc, char** argv, gopts* o) {
     else if (strcmp(a, "--no-read") == 0) o->read = false;
     else if (strcmp(a, "--no-invariance") == 0) o->invariance = false;
     else if (strcmp(a, "--invariance-only") == 0) o->inv_only = true;
+    else if (strcmp(a, "--mapped") == 0) o->mapped = true;
     else if (v == nullptr) return false;
     else {
       i++;
@@ -645,6 +655,47 @@ int launch_wo(void* p, long i, cudaStream_t s) {
   return 0;
 }
 
+// The copies of w as a mapped-mode client sees them (qlinear_mapped.h):
+// each layout exported by the backend and imported again read-only, at a
+// second address of this process, the views rebased onto it.
+struct mapped_copies {
+  ql__vmm_mem vm[kMaxCopies] = {};
+  ql__cuda_wo v[kMaxCopies] = {};
+  wcopies w;  // its view[] points into v; pk[] stays empty
+  ~mapped_copies() {
+    for (int i = 0; i < kMaxCopies; i++) ql__vmm_free(&vm[i]);
+    w.n = 0;
+  }
+};
+
+// 0, or QL_ENOTSUP when the backend cannot export (no VMM), or an error.
+int map_copies(const ql_backend* b, int ordinal, const wcopies* w,
+               mapped_copies* mc) {
+  if (b->export_layout == nullptr) return QL_ENOTSUP;
+  for (int i = 0; i < w->n; i++) {
+    ql_layout_export ex;
+    int rc = b->export_layout(w->pk[i], &ex);
+    if (rc != 0) return rc;
+    rc = ql__vmm_import(ordinal, ex.fd, size_t(ex.size), !ex.readonly,
+                        &mc->vm[i]);
+    close(ex.fd);
+    if (rc != 0) return rc;
+    unsigned char* base = static_cast<unsigned char*>(mc->vm[i].base);
+    ql__cuda_wo& v = mc->v[i];
+    v = *w->view[i];
+    v.q = base + ex.q_offset;
+    v.scale = base + ex.scale_offset;
+    v.zero = ex.zero_offset != UINT64_MAX ? base + ex.zero_offset : nullptr;
+    v.bias = ex.bias_offset != UINT64_MAX
+                 ? reinterpret_cast<const float*>(base + ex.bias_offset)
+                 : nullptr;
+    mc->w.view[i] = &mc->v[i];
+  }
+  mc->w.n = w->n;
+  mc->w.bytes = w->bytes;
+  return 0;
+}
+
 struct aq_ctx {
   const wcopies* w;
   const int8_t* xq;
@@ -796,6 +847,22 @@ int run_shape(runner* r, rpool* pool, const ql_backend* b, int ordinal,
                   size_t(m * n) * 4, scratch, 0, w.n, true, launch_wo, &wc};
       wk.bytes = wk.layout_bytes + wk.x_bytes + wk.y_bytes + 2 * scratch;
       int rc = run_case(r, pool, &wk);
+      if (rc == 0 && o->mapped) {
+        // The same calls on the imported mappings, straight after.
+        mapped_copies mc;
+        int mrc = map_copies(b, ordinal, &w, &mc);
+        if (mrc != 0) {
+          fprintf(stderr, "qlinear-bench: %s %lldx%lld: no mapped case: "
+                  "%s\n", fm.name, (long long)n, (long long)k,
+                  ql_strerror(mrc));
+        } else {
+          wo_ctx mwc = {&mc.w, x, m, y, static_cast<float*>(sc)};
+          kcase mk = wk;
+          mk.kernel = "linear_wo_mapped";
+          mk.ctx = &mwc;
+          rc = run_case(r, pool, &mk);
+        }
+      }
       (void)cudaFree(sc);
       if (rc != 0) return 1;
     }

@@ -151,6 +151,34 @@ uuid=$(grep '^{"bench":"gpu",' "$out" | head -1 | sed 's/.*"device":"\([^"]*\)".
 [ "$(grep -c '"alias":"cuda:1"' "$tmp/uuid")" -eq 7 ] ||
   bad "--device $uuid: not 7 cases on cuda:1"
 
+# --mapped: each linear_wo case again on read-only imports of the exported
+# layouts (mapped mode), the same bytes per call; none without export
+# (QL_CUDA_VMM=0), which the bench says.
+"$QL_BENCH_CUDAEMU" --device cuda:0 --shapes 48x200 --gs 64 --wo-m 1,2 \
+  --aq-m 2 --formats q4g,q8b --mapped --no-invariance --pairs 5 --iters 1 \
+  --json >"$tmp/mapped" 2>&1 || bad "qlinear-bench --mapped failed"
+python3 - "$tmp/mapped" <<'PY' || bad "--mapped: $(cat "$tmp/mapped")"
+import json, sys
+cases = {}
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        c = json.loads(line)
+        cases[(c["kernel"], c["format"], c["m"])] = c
+for f in ("q4g", "q8b"):
+    for m in (1, 2):
+        a, b = cases[("linear_wo", f, m)], cases[("linear_wo_mapped", f, m)]
+        for key in ("layout_bytes", "bytes_per_call", "rot"):
+            assert a[key] == b[key], (f, m, key, a[key], b[key])
+        assert b["ns_per_call"] > 0
+PY
+QL_CUDA_VMM=0 "$QL_BENCH_CUDAEMU" --device cuda:0 --shapes 16x64 --gs 32 \
+  --wo-m 1 --aq-m 2 --formats q4g --mapped --no-invariance --pairs 5 \
+  --iters 1 --json >"$tmp/nomap" 2>&1 || bad "--mapped, QL_CUDA_VMM=0 failed"
+grep -q '"kernel":"linear_wo_mapped"' "$tmp/nomap" &&
+  bad "a mapped case without export"
+grep -q 'no mapped case: operation not supported' "$tmp/nomap" ||
+  bad "QL_CUDA_VMM=0: $(cat "$tmp/nomap")"
+
 # No such device: status 2, and the message names the devices.
 "$QL_BENCH_CUDAEMU" --device cuda:7 --shapes 16x64 >"$tmp/err" 2>&1
 rc=$?
