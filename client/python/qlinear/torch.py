@@ -151,8 +151,6 @@ class QLinear(nn.Module):
         dev = torch.device(device)
         if dev.type != "cuda":
             raise _err("QL_EINVAL", "mapped mode needs a CUDA device")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
         dt = _DTYPES.get(dtype)
         if dt is None:
             raise _err("QL_EDTYPE", "mapped mode takes float32, float16 or "
@@ -160,6 +158,8 @@ class QLinear(nn.Module):
         if not 1 <= max_rows <= _lib.QL_MAPPED_MAX_ROWS:
             raise _err("QL_EINVAL", "max_rows: 1 to %d"
                        % _lib.QL_MAPPED_MAX_ROWS)
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         L = _lib.load_mapped()
         # The daemon names a GPU by its UUID, as this process sees it.
         name = "cuda:GPU-%s" % torch.cuda.get_device_properties(dev).uuid

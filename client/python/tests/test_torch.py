@@ -308,6 +308,30 @@ def test_inputs(client, daemon):
     assert e.value.code == qlinear.QL_ENOTSUP
 
 
+def test_mapped_mode_refusals(client):
+    """Mapped mode's arguments are checked before anything is mapped; the
+    module stays usable through the daemon. (Mapping itself needs a GPU:
+    test_cuda_daemon covers it on the emulated runtime.)"""
+    torch.manual_seed(3)
+    lin = nn.Linear(64, 32)
+    with pytest.raises(qlinear.QLinearError) as e:
+        qt.QLinear.from_linear(lin, client, "q8c", mode="remote")
+    assert e.value.code == qlinear.QL_EINVAL
+    q = qt.QLinear.from_linear(lin, client, "q8c", path="wo")
+    for args, code in [(("cpu",), qlinear.QL_EINVAL),
+                       (("cuda", torch.float64), qlinear.QL_EDTYPE),
+                       (("cuda", torch.float32, 0), qlinear.QL_EINVAL),
+                       (("cuda", torch.float32, 4097), qlinear.QL_EINVAL)]:
+        with pytest.raises(qlinear.QLinearError) as e:
+            q.map(*args)
+        assert e.value.code == code, args
+    assert q.mode == "call" and q._mapped is None
+    q.unmap()  # not mapped: nothing to do
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        assert q(x).shape == (2, 32)
+
+
 def test_second_session_holds_without_upload(daemon, client):
     """A second process of the same model (here a second session) holds
     the resident weight by name: nothing is sent, and it computes the same
