@@ -82,7 +82,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_DESTROY_REGION &&
       req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_IMPORT_ZE_IPC &&
       req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_RELEASE_IMPORT &&
-      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_RING)
+      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_RING &&
+      req->msg->body_case != QLINEAR__V1__SESSION_REQUEST__BODY_MAP_WEIGHT)
+    __builtin_trap();
+  /* A valid MapWeight names a weight by a valid name. */
+  if (rc == 0 &&
+      req->msg->body_case == QLINEAR__V1__SESSION_REQUEST__BODY_MAP_WEIGHT &&
+      (req->msg->map_weight->name == NULL ||
+       !ql__name_valid(req->msg->map_weight->name)))
     __builtin_trap();
   /* A valid import carries a whole handle and names a device. */
   if (rc == 0 &&
