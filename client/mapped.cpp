@@ -81,8 +81,12 @@ bool layout_ok(const ql_weight_map& w) {
   } else if (w.groups != 1) {
     return false;
   }
-  const uint64_t sbytes = w.n * w.groups * ssz;
-  return fits(w.q_offset, w.n * w.ldq, w.size) &&
+  uint64_t sbytes, qbytes;
+  if (__builtin_mul_overflow(w.n, w.groups, &sbytes) ||
+      __builtin_mul_overflow(sbytes, uint64_t(ssz), &sbytes) ||
+      __builtin_mul_overflow(w.n, w.ldq, &qbytes))
+    return false;
+  return fits(w.q_offset, qbytes, w.size) &&
          fits(w.scale_offset, sbytes, w.size) &&
          (w.zero_offset == UINT64_MAX ||
           fits(w.zero_offset, sbytes, w.size)) &&
@@ -92,12 +96,14 @@ bool layout_ok(const ql_weight_map& w) {
 
 void free_mapped(ql_mapped* h) {
   if (h == nullptr) return;
+  // Only another device is made current and back: making one current
+  // creates its context.
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
-  (void)cudaSetDevice(h->ordinal);
+  if (cur != h->ordinal) (void)cudaSetDevice(h->ordinal);
   if (h->scratch != nullptr) (void)cudaFree(h->scratch);
   ql__vmm_free(&h->vm);
-  if (cur >= 0) (void)cudaSetDevice(cur);
+  if (cur >= 0 && cur != h->ordinal) (void)cudaSetDevice(cur);
   (void)cudaGetLastError();
   free(h);
 }
@@ -109,7 +115,8 @@ QL_EXPORT int ql_mapped_open(ql_client* c, const char* weight,
                              int64_t max_rows, ql_mapped** out) {
   ql_weight_map w;
   ql_mapped* h = nullptr;
-  int rc, cur = -1, o;
+  int rc, cur = -1, o = -1;
+  bool moved = false;  // o made current here: made cur again at the end
   size_t sb;
 
   if (out != nullptr) *out = nullptr;
@@ -136,10 +143,13 @@ QL_EXPORT int ql_mapped_open(ql_client* c, const char* weight,
   }
   h->ordinal = o;
   if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
-  if (cudaSetDevice(o) != cudaSuccess) {
-    (void)cudaGetLastError();
-    rc = QL_EDEVICE;
-    goto fail;
+  if (cur != o) {
+    if (cudaSetDevice(o) != cudaSuccess) {
+      (void)cudaGetLastError();
+      rc = QL_EDEVICE;
+      goto fail;
+    }
+    moved = cur >= 0;
   }
   // Read-only first; read-write only where the daemon says the driver
   // cannot do better and its admin allows it.
@@ -177,13 +187,13 @@ QL_EXPORT int ql_mapped_open(ql_client* c, const char* weight,
     rc = QL_ENOMEM;
     goto fail;
   }
-  if (cur >= 0) (void)cudaSetDevice(cur);
+  if (moved) (void)cudaSetDevice(cur);
   close(w.fd);
   *out = h;
   return 0;
 fail:
   free_mapped(h);
-  if (cur >= 0) (void)cudaSetDevice(cur);
+  if (moved) (void)cudaSetDevice(cur);
   (void)cudaGetLastError();
   close(w.fd);
   return rc;

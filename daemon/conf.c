@@ -44,8 +44,8 @@ static const ql__opt_name log_levels[] = {
 
 static const ql__opt_name mapped_modes[] = {
     {"off", QL_MAPPED_OFF},
-    {"readonly", QL_MAPPED_READONLY},
-    {"writable", QL_MAPPED_WRITABLE},
+    {"owner", QL_MAPPED_OWNER},
+    {"any", QL_MAPPED_ANY},
     {NULL, 0},
 };
 
@@ -209,12 +209,11 @@ static const ql__option options[] = {
      FIELD(drain_ms), .min = 0, .max = 3600000, .def = "30s",
      .help = "at shutdown, queued work not started by then is refused"},
     {.name = "mapped_mode", .type = QL_OPT_ENUM, .flags = QL_OPT_LIVE,
-     FIELD(mapped_mode), .names = mapped_modes, .def = "readonly",
-     .help = "whether a session may map the layout of a weight it holds "
-             "into its own process (MapWeight): readonly, only where the "
-             "driver maps it read-only; writable, also read-write where "
-             "the driver cannot (the client could then change the weight "
-             "for everyone); off"},
+     FIELD(mapped_mode), .names = mapped_modes, .def = "owner",
+     .help = "which sessions may map the GPU layout of a weight they hold "
+             "into their own process (MapWeight): owner, those of the "
+             "daemon's own user or root; any, every session; off, none. A "
+             "mapping client could change the weight for every client"},
     {.name = "log_level", .type = QL_OPT_ENUM, .flags = QL_OPT_LIVE,
      FIELD(log_level), .names = log_levels, .def = "info",
      .help = "lines less important than this are dropped"},

@@ -651,6 +651,7 @@ static void on_unload(ql__server *s, ql__session *ss,
                       const Qlinear__V1__UnloadWeightRequest *m, ql__reply *r,
                       Qlinear__V1__UnloadWeightResponse *out) {
   ql__weight *w = ql__weight_store_get(s->weights, m->name);
+  int rc;
   if (ss == NULL) {
     if (w == NULL) {
       ql__reply_set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
@@ -662,7 +663,7 @@ static void on_unload(ql__server *s, ql__session *ss,
       return;
     }
     if (w->persistent) {
-      int rc = ql__store_remove(s->store, m->name);
+      rc = ql__store_remove(s->store, m->name);
       if (rc != 0 && rc != QL_ENOTFOUND) {
         ql__reply_set_error(r, rc, "unload: cannot remove the stored file of '%s': %s",
                   m->name, ql_strerror(rc));
@@ -676,8 +677,12 @@ static void on_unload(ql__server *s, ql__session *ss,
       s->persistent_count--;
     w->pinned = w->persistent = 0;
     ql__weight_store_remove(s->weights, m->name);
-  } else if (ql__session_release(s, ss, m->name) != 0) {
-    if (w != NULL)
+  } else if ((rc = ql__session_release(s, ss, m->name)) != 0) {
+    if (rc == QL_EPERM)
+      ql__reply_set_error(r, QL_EPERM, "unload: this session mapped '%s' "
+                          "(mapped mode): it holds it until it ends",
+                          m->name);
+    else if (w != NULL)
       ql__reply_set_error(r, QL_EPERM, "unload: this session does not hold '%s' (%s)",
                 m->name, w->pinned ? "the admin socket keeps it"
                                    : "other sessions do");

@@ -30,11 +30,14 @@ enum {
   QL_CPU_LEVEL_OPT_AVX512
 };
 
-/* mapped_mode values; names in conf.c. */
+/* mapped_mode values; names in conf.c. A mapping can be made writable by
+ * its importer whatever the daemon asks (the exported descriptor carries
+ * no access right), so the choice is whose sessions may map. */
 enum {
-  QL_MAPPED_OFF,      /* MapWeight refused */
-  QL_MAPPED_READONLY, /* only where the driver maps a layout read-only */
-  QL_MAPPED_WRITABLE  /* read-write where the driver cannot do better */
+  QL_MAPPED_OFF,   /* MapWeight refused */
+  QL_MAPPED_OWNER, /* sessions of the daemon's own user, or of root */
+  QL_MAPPED_ANY    /* every session (a host whose clients trust each
+                      other) */
 };
 
 /* A list option's value, e.g. required_devices = cpu,cuda:0: up to

@@ -298,6 +298,11 @@ int ql__session_release(ql__server *s, ql__session *ss, const char *name) {
   }
   if (pick == SIZE_MAX)
     return QL_ENOTFOUND;
+  /* A weight this session mapped stays held (and counted in the budgets)
+   * until the session ends: its layout cannot go while mapped. */
+  for (size_t i = 0; i < ss->n_mapped; i++)
+    if (ss->mapped[i] == ss->held[pick]->w)
+      return QL_EPERM;
   hold *h = ss->held[pick];
   ss->held[pick] = ss->held[--ss->n_held];
   hold_drop(s, h);
@@ -631,6 +636,16 @@ static int map_weight(ql__session *ss, const Qlinear__V1__MapWeightRequest *m,
     snprintf(err, errlen, "map_weight: mapped_mode is off");
     return QL_ENOTSUP;
   }
+  /* The importer sets its own access to the allocation (the descriptor
+   * carries no access right): a mapping client could write the weight of
+   * every client, so only as trusted a client as the daemon's own user
+   * may map, unless the admin says any. */
+  if (s->cfg.mapped_mode == QL_MAPPED_OWNER && ss->uid != geteuid() &&
+      ss->uid != 0) {
+    snprintf(err, errlen, "map_weight: mapped_mode = owner: uid %lu is "
+             "not the daemon's", (unsigned long)ss->uid);
+    return QL_EPERM;
+  }
   for (size_t i = 0; i < ss->n_held; i++) {
     ql__weight *h = ss->held[i]->w;
     if (strcmp(h->name, m->name) == 0 && (w == NULL || h->in_store))
@@ -654,7 +669,7 @@ static int map_weight(ql__session *ss, const Qlinear__V1__MapWeightRequest *m,
   } else {
     for (unsigned i = 0; i < s->n_dev && d == NULL; i++)
       if ((w->devices >> i & 1u) && s->dev[i].b->export_layout != NULL &&
-          w->lay[i].packed != NULL && !w->lay[i].host)
+          w->lay[i].packed != NULL && !w->lay[i].host && !s->dev[i].failed)
         d = &s->dev[i];
     if (d == NULL) {
       snprintf(err, errlen, "map_weight: weight '%.100s' is on no device "
@@ -673,7 +688,10 @@ static int map_weight(ql__session *ss, const Qlinear__V1__MapWeightRequest *m,
              "by another process", d->alias);
     return QL_ENOTSUP;
   }
-  if (ss->n_mapped == ss->cap_mapped) {
+  size_t at = 0;
+  while (at < ss->n_mapped && ss->mapped[at] != w)
+    at++;
+  if (at == ss->n_mapped && ss->n_mapped == ss->cap_mapped) {
     if (ss->n_mapped >= QL_SESSION_MAX_WEIGHTS) {
       snprintf(err, errlen, "map_weight: the session mapped %d weights "
                "already", QL_SESSION_MAX_WEIGHTS);
@@ -693,17 +711,8 @@ static int map_weight(ql__session *ss, const Qlinear__V1__MapWeightRequest *m,
                                 "QL_CUDA_VMM=0)" : "");
     return rc;
   }
-  if (!ex.readonly && s->cfg.mapped_mode != QL_MAPPED_WRITABLE) {
-    close(ex.fd);
-    snprintf(err, errlen, "map_weight: the driver of %s cannot map a layout "
-             "read-only, and mapped_mode = readonly", d->alias);
-    return QL_ENOTSUP;
-  }
   /* One reference per session and weight: mapping again adds none. */
-  size_t i = 0;
-  while (i < ss->n_mapped && ss->mapped[i] != w)
-    i++;
-  if (i == ss->n_mapped) {
+  if (at == ss->n_mapped) {
     ql__weight_ref(w);
     ss->mapped[ss->n_mapped++] = w;
   }

@@ -109,7 +109,8 @@ int ql__session_hold(ql__server *s, ql__session *ss, ql__weight *w);
 /*
  * Drops the session's hold on the weight called name; a weight no session
  * holds any more is removed from the store (jobs using it keep it alive
- * until they finish). QL_ENOTFOUND if the session holds no such weight.
+ * until they finish). QL_ENOTFOUND if the session holds no such weight,
+ * QL_EPERM if it mapped it (MapWeight): that hold ends with the session.
  */
 int ql__session_release(ql__server *s, ql__session *ss, const char *name);
 

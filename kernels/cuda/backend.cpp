@@ -838,11 +838,13 @@ void free_packed(void* pp) {
   // nothing. The driver's unmap and release act on the current context:
   // the layout's device is made current for them.
   if (p->vm.size != 0) {
+    // Only a device that is not current already is switched to and back:
+    // making one current creates its context.
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
-    (void)cudaSetDevice(p->vm.ordinal);
+    if (cur != p->vm.ordinal) (void)cudaSetDevice(p->vm.ordinal);
     ql__vmm_free(&p->vm);
-    if (cur >= 0) (void)cudaSetDevice(cur);
+    if (cur >= 0 && cur != p->vm.ordinal) (void)cudaSetDevice(cur);
     (void)cudaGetLastError();
   } else {
     (void)cudaFree(p->mem);
@@ -855,7 +857,7 @@ void free_packed(void* pp) {
 // [N, G], bias copied. The image is made in host memory and copied once.
 int make_packed(const ql_qweight* w, packed** out) {
   size_t n, g, ssz, rb, ldq, q_bytes, s_bytes, b_bytes, off_s, off_z, off_b,
-      total;
+      total, copy;
   packed* p = nullptr;
   unsigned char* img = nullptr;
   int rc, o = t_ordinal;
@@ -886,9 +888,25 @@ int make_packed(const ql_qweight* w, packed** out) {
       total > SIZE_MAX - 256)
     return QL_ESHAPE;
 
+  if ((p = static_cast<packed*>(calloc(1, sizeof *p))) == nullptr)
+    return QL_ENOMEM;
+  // A layout the driver would not make exportable (any refusal but out of
+  // memory) is made with cudaMalloc instead: it serves as well, only not
+  // in mapped mode, and the runtime's answer says whether the device is
+  // still in service.
+  rc = use_vmm(o) ? ql__vmm_alloc(o, total, &p->vm) : QL_ENOTSUP;
+  if (rc == QL_ENOMEM) goto fail;
+  if (rc == 0)
+    p->mem = p->vm.base;
+  else if ((rc = check(d, cudaMalloc(&p->mem, total))) != 0)
+    goto fail;
+  // The image covers the whole allocation: the rounding past the layout
+  // is exported with it (mapped mode), and cuMemCreate does not clear
+  // memory, so it is written too, with zeros, lest other bytes of this
+  // process reach a client that way.
+  copy = p->vm.size != 0 ? p->vm.size : total;
   rc = QL_ENOMEM;
-  if ((p = static_cast<packed*>(calloc(1, sizeof *p))) == nullptr ||
-      (img = static_cast<unsigned char*>(calloc(1, total))) == nullptr)
+  if ((img = static_cast<unsigned char*>(calloc(1, copy))) == nullptr)
     goto fail;
   // Rows of codes; the padding is zero (a zero code adds x·0).
   for (size_t r = 0; r < n; r++) memcpy(img + r * ldq, w->qdata + r * rb, rb);
@@ -908,17 +926,7 @@ int make_packed(const ql_qweight* w, packed** out) {
   // the legacy default stream, and the lanes' streams are non-blocking, so
   // a kernel launched at once could read the layout before it is there.
   // Synchronizing the legacy stream waits for it.
-  // A layout the driver would not make exportable (any refusal but out of
-  // memory) is made with cudaMalloc instead: it serves as well, only not
-  // in mapped mode, and the runtime's answer says whether the device is
-  // still in service.
-  rc = use_vmm(o) ? ql__vmm_alloc(o, total, &p->vm) : QL_ENOTSUP;
-  if (rc == QL_ENOMEM) goto fail;
-  if (rc == 0)
-    p->mem = p->vm.base;
-  else if ((rc = check(d, cudaMalloc(&p->mem, total))) != 0)
-    goto fail;
-  if ((rc = check(d, cudaMemcpy(p->mem, img, total,
+  if ((rc = check(d, cudaMemcpy(p->mem, img, copy,
                                 cudaMemcpyHostToDevice))) != 0)
     goto fail;
 #ifndef QL_MUT_LAYOUT_NO_SYNC  // mutation test: the layout may land late
@@ -1603,16 +1611,22 @@ int export_layout(const void* pp, ql_layout_export* out) {
   device& d = g_dev[o];
   if (d.failed.load()) return QL_EDEVICE;
   if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
-  if (cudaSetDevice(o) != cudaSuccess) {
+  if (cur != o && cudaSetDevice(o) != cudaSuccess) {
     (void)cudaGetLastError();
     return QL_EDEVICE;
   }
+  rc = 0;
   if (d.readonly.load() == 0) {
+    // A probe that could not map at all says nothing of read-only: this
+    // export fails, and the next one tries again.
     int ro = ql__vmm_probe_readonly(&p->vm);
-    if (ro >= 0) d.readonly.store(ro > 0 ? 1 : -1);
+    if (ro >= 0)
+      d.readonly.store(ro > 0 ? 1 : -1);
+    else
+      rc = ro;
   }
-  rc = ql__vmm_export(&p->vm, &out->fd);
-  if (cur >= 0) (void)cudaSetDevice(cur);
+  if (rc == 0) rc = ql__vmm_export(&p->vm, &out->fd);
+  if (cur >= 0 && cur != o) (void)cudaSetDevice(cur);
   (void)cudaGetLastError();
   if (rc != 0) return rc;
   const unsigned char* base = static_cast<const unsigned char*>(p->mem);

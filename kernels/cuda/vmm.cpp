@@ -166,7 +166,10 @@ int ql__vmm_alloc(int ordinal, size_t bytes, ql__vmm_mem* out) {
   int rc;
   memset(out, 0, sizeof *out);
   if (a == nullptr) return QL_ENOTSUP;
-  if ((size = ql__vmm_round(ordinal, bytes)) == 0) return QL_ENOMEM;
+  // 0: the driver gave no granularity (the caller then uses cudaMalloc),
+  // or bytes is within a granule of SIZE_MAX (no device has that much).
+  if ((size = ql__vmm_round(ordinal, bytes)) == 0)
+    return bytes > SIZE_MAX / 2 ? QL_ENOMEM : QL_ENOTSUP;
   CUmemAllocationProp p = prop_of(ordinal);
   if ((rc = err_of(a->create(&h, size, &p, 0))) != 0) return rc;
   if ((rc = map_at(a, h, size, ordinal, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
@@ -236,8 +239,8 @@ int ql__vmm_import(int ordinal, int fd, size_t size, int writable,
                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS)
     return r == CUDA_ERROR_OUT_OF_MEMORY ? QL_ENOMEM : QL_EINVAL;
-  // A size other than the allocation's fails the map (CUDA maps whole
-  // allocations at offset 0): the descriptor and its description disagree.
+  // A size larger than the allocation fails the map (a smaller one maps
+  // a prefix, which the caller's bounds then stay within).
   rc = map_at(a, h, size, ordinal,
               writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
                        : CU_MEM_ACCESS_FLAGS_PROT_READ,

@@ -49,8 +49,8 @@ int ql__vmm_alloc(int ordinal, size_t bytes, ql__vmm_mem* out);
 // its context.
 void ql__vmm_free(ql__vmm_mem* m);
 
-// A new descriptor of m's allocation for another process (O_CLOEXEC; the
-// caller owns it). 0, QL_EEXHAUSTED (out of descriptors), QL_ENOTSUP,
+// A new descriptor of m's allocation for another process (the caller owns
+// it, and closes it once sent: the driver does not promise O_CLOEXEC). 0, QL_EEXHAUSTED (out of descriptors), QL_ENOTSUP,
 // QL_EDEVICE.
 int ql__vmm_export(const ql__vmm_mem* m, int* fd);
 

@@ -696,6 +696,30 @@ int map_copies(const ql_backend* b, int ordinal, const wcopies* w,
   return 0;
 }
 
+// 0 when one call of a and one of b (the same x, m and y) give the same
+// bytes of y (ybytes); else 1, said.
+int same_wo(runner* r, wo_ctx* a, wo_ctx* b, size_t ybytes) {
+  unsigned char* ya = static_cast<unsigned char*>(malloc(ybytes));
+  unsigned char* yb = static_cast<unsigned char*>(malloc(ybytes));
+  bool good = ya != nullptr && yb != nullptr &&
+              launch_wo(a, 0, r->s) == 0 &&
+              ok(cudaStreamSynchronize(r->s), "cudaStreamSynchronize") &&
+              ok(cudaMemcpy(ya, a->y, ybytes, cudaMemcpyDeviceToHost),
+                 "cudaMemcpy") &&
+              launch_wo(b, 0, r->s) == 0 &&
+              ok(cudaStreamSynchronize(r->s), "cudaStreamSynchronize") &&
+              ok(cudaMemcpy(yb, b->y, ybytes, cudaMemcpyDeviceToHost),
+                 "cudaMemcpy");
+  if (good && memcmp(ya, yb, ybytes) != 0) {
+    fprintf(stderr, "qlinear-bench: FAIL: linear_wo on the mapped layout "
+            "gives other bytes than on the daemon's\n");
+    good = false;
+  }
+  free(ya);
+  free(yb);
+  return good ? 0 : 1;
+}
+
 struct aq_ctx {
   const wcopies* w;
   const int8_t* xq;
@@ -860,7 +884,9 @@ int run_shape(runner* r, rpool* pool, const ql_backend* b, int ordinal,
           kcase mk = wk;
           mk.kernel = "linear_wo_mapped";
           mk.ctx = &mwc;
-          rc = run_case(r, pool, &mk);
+          // First the bytes: one call each way, on copy 0, must agree.
+          rc = same_wo(r, &wc, &mwc, size_t(m * n) * 4);
+          if (rc == 0) rc = run_case(r, pool, &mk);
         }
       }
       (void)cudaFree(sc);

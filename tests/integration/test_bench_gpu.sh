@@ -157,6 +157,7 @@ uuid=$(grep '^{"bench":"gpu",' "$out" | head -1 | sed 's/.*"device":"\([^"]*\)".
 "$QL_BENCH_CUDAEMU" --device cuda:0 --shapes 48x200 --gs 64 --wo-m 1,2 \
   --aq-m 2 --formats q4g,q8b --mapped --no-invariance --pairs 5 --iters 1 \
   --json >"$tmp/mapped" 2>&1 || bad "qlinear-bench --mapped failed"
+grep -q 'FAIL' "$tmp/mapped" && bad "--mapped: $(grep FAIL "$tmp/mapped")"
 python3 - "$tmp/mapped" <<'PY' || bad "--mapped: $(cat "$tmp/mapped")"
 import json, sys
 cases = {}

@@ -1221,6 +1221,8 @@ START_TEST(mapped_two_clients) {
     ck_assert_int_eq(ql_stats(c, &st), 0);
     uint64_t resident = st->devices[0].bytes_resident;
     ql_stats_free(st);
+    int layouts = emu_mappings(d.pid, d.pid);
+    ck_assert_int_eq(layouts, (int)i + 1);
     /* Two at once. */
     mc p[2];
     for (int k = 0; k < 2; k++)
@@ -1233,9 +1235,11 @@ START_TEST(mapped_two_clients) {
       ck_assert_msg(memcmp(y, want, sizeof y) == 0,
                     "mapped %s differs from the daemon's launch", name);
     }
+    /* One copy in the daemon, whatever mapped it. */
     ck_assert_int_eq(ql_stats(c, &st), 0);
     ck_assert_uint_eq(st->devices[0].bytes_resident, resident);
     ql_stats_free(st);
+    ck_assert_int_eq(emu_mappings(d.pid, d.pid), layouts);
     td_layer_free(&l);
   }
   ql_close(c);
@@ -1288,6 +1292,16 @@ START_TEST(mapped_refused) {
   ck_assert_uint_ne(wm.bias_offset, UINT64_MAX);
   ck_assert_int_eq(wm.writable, 0);
   ck_assert_uint_eq(wm.size % 65536, 0);
+  /* Again: another descriptor of the same allocation. */
+  ql_weight_map wm2;
+  ck_assert_int_eq(ql_map_weight(c, "g", NULL, &wm2), 0);
+  ck_assert_int_ge(wm2.fd, 0);
+  close(wm2.fd);
+  ck_assert_uint_eq(wm2.size, wm.size);
+  ck_assert_uint_eq(wm2.q_offset, wm.q_offset);
+  /* Mapped: this session holds it until it ends. */
+  ck_assert_int_eq(ql_unload(c, "g"), QL_EPERM);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "mapped 'g'"));
   /* libqlinear-cuda's own checks. */
   ql_mapped *h = NULL;
   ck_assert_int_eq(ql_mapped_open(c, "g", NULL, QL_DTYPE_F32, 0, &h),
@@ -1312,7 +1326,17 @@ START_TEST(mapped_refused) {
   ql_close(other);
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
-  /* mapped_mode = off, and layouts made without export (QL_CUDA_VMM=0). */
+  /* mapped_mode = any (the default, owner, lets this test's own user map
+   * as well); off; and layouts made without export (QL_CUDA_VMM=0). */
+  const char *any[] = {"--mapped-mode", "any", NULL};
+  start(&d, "1", NULL, any);
+  c = td_connect(&d);
+  ck_assert_int_eq(td_load_on(c, "g", &l, QL_FORMAT_Q4G, 64, 0, "cuda:0",
+                              NULL, NULL), 0);
+  ck_assert_int_eq(ql_map_weight(c, "g", NULL, &wm), 0);
+  close(wm.fd);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
   const char *off[] = {"--mapped-mode", "off", NULL};
   start(&d, "1", NULL, off);
   c = td_connect(&d);
@@ -1405,6 +1429,13 @@ START_TEST(mapped_unload_and_kill) {
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d",
                 status);
   ck_assert_int_eq(memcmp(y, new_y, sizeof new_y), 0);
+  /* Both clients gone, their references with them: once the admin
+   * unloads it, nothing keeps the layout. */
+  ck_assert_int_eq(ql_unload(admin, "w"), 0);
+  until = td_now_ms() + TMO;
+  while (emu_mappings(d.pid, d.pid) != 0 && td_now_ms() < until)
+    usleep(10000);
+  ck_assert_int_eq(emu_mappings(d.pid, d.pid), 0);
   char *log = td_read_log(&d);
   ck_assert_int_ge(td_count(log, "maps weight w on cuda:0"), 3);
   free(log);

@@ -630,8 +630,8 @@ typedef struct ql_weight_map {
   uint64_t zero_offset; /* zero points, as scales; UINT64_MAX: none */
   uint64_t bias_offset; /* bias [n] f32; UINT64_MAX: none */
   uint32_t sms;         /* the device's multiprocessors (the grid) */
-  int writable;         /* 1: the driver cannot map it read-only and the
-                           daemon's admin allows read-write; 0: map it
+  int writable;         /* 1: the driver cannot map it read-only (the
+                           daemon tried): map it read-write; 0: map it
                            read-only */
   uint8_t digest[QL_DIGEST_BYTES]; /* the weight's SHA-256 */
 } ql_weight_map;
@@ -642,8 +642,10 @@ typedef struct ql_weight_map {
  * for mapped mode. The session must hold the weight (it loaded it, or
  * ql_hold()): QL_ENOTFOUND otherwise. The daemon keeps that layout
  * resident until this client's session ends, even if the weight is
- * unloaded or replaced meanwhile. QL_ENOTSUP where the device cannot
- * export it (the CPU, an old driver) or the daemon's mapped_mode refuses.
+ * unloaded or replaced meanwhile, and the session cannot ql_unload() it
+ * before it ends (QL_EPERM). QL_ENOTSUP where the device cannot export it
+ * (the CPU, an old driver) or mapped_mode is off; QL_EPERM where
+ * mapped_mode = owner and this process's user is not the daemon's.
  * On success out->fd is the caller's.
  */
 QL_EXPORT int ql_map_weight(ql_client *c, const char *name,

@@ -19,7 +19,10 @@
  * The daemon keeps the layout resident while this client's session lives,
  * whatever happens to the weight's name: an unload or a replace takes the
  * name at once, and the old layout goes when the last session that mapped
- * it ends. Keep the ql_client open as long as a mapping is in use.
+ * it ends. Keep the ql_client open as long as a mapping is in use. The
+ * daemon's mapped_mode says whose sessions may map (by default those of
+ * its own user): the mapping is read-only here, but the driver would let
+ * a hostile client make its own mapping writable.
  *
  * libqlinear-cuda links the CUDA runtime statically and reaches the
  * driver through it (libcuda is not linked); x, y and stream belong to the
