@@ -721,7 +721,7 @@ static int map_weight(ql__session *ss, const Qlinear__V1__MapWeightRequest *m,
   out->device = d->name;
   out->size = ex.size;
   out->format = (uint32_t)w->q->format;
-  out->scale_dtype = (uint32_t)w->q->scale_dtype;
+  out->scale_dtype = (uint32_t)ex.scale_dtype;
   out->n = (uint64_t)w->q->n;
   out->k = (uint64_t)w->q->k;
   out->groups = (uint64_t)w->q->groups;

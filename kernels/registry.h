@@ -216,6 +216,8 @@ typedef struct ql_layout_export {
   uint64_t zero_offset;  /* zero points as scales, or UINT64_MAX: none */
   uint64_t bias_offset;  /* bias [n] f32, or UINT64_MAX: none */
   uint32_t sms;       /* multiprocessors of the device (the kernels' grid) */
+  int scale_dtype;    /* ql_dtype of scales and zeros in the layout (may
+                         be wider than the weight's) */
   int readonly;       /* 1: the driver maps it read-only for another
                          process; 0: only read-write */
 } ql_layout_export;

@@ -806,6 +806,23 @@ struct packed {
   ql__vmm_mem vm; // vm.size 0: mem came from cudaMalloc
 };
 
+// 1 when layouts keep f16 and bf16 scales and zero points as f32: the
+// default, since the weight-only kernel reads 2-byte scales slower than
+// it reads the extra bytes (an H100, q4g g128 M=1, qlinear-bench --device
+// --scale-dtype bf16: 37.5 us against 28.6 at 14336x4096, 14.0 against
+// 11.8 at 4096x4096, for 6 % more bytes). QL_CUDA_WIDE_SCALES=0 keeps
+// their dtype. Read once.
+bool wide_scales() {
+  static std::atomic<int> v{0};
+  int x = v.load();
+  if (x == 0) {
+    const char* e = getenv("QL_CUDA_WIDE_SCALES");
+    x = e != nullptr && strcmp(e, "0") == 0 ? -1 : 1;
+    v.store(x);
+  }
+  return x > 0;
+}
+
 // 1 when ordinal's layouts go through vmm.h (mapped mode can export
 // them), asked once per device. QL_CUDA_VMM=0 in the environment keeps
 // them on cudaMalloc (no mapped mode, no rounding to the granularity).
@@ -825,7 +842,9 @@ bool use_vmm(int o) {
 bool packed_matches(const packed* p, const ql_qweight* w) {
   return p->dev.format == int(w->format) && p->dev.n == w->n &&
          p->dev.k == w->k && p->dev.groups == w->groups &&
-         p->dev.gs == w->group_size && p->dev.sdt == int(w->scale_dtype) &&
+         p->dev.gs == w->group_size &&
+         (p->dev.sdt == int(w->scale_dtype) ||
+          p->dev.sdt == int(QL_DTYPE_F32)) &&
          (p->dev.zero != nullptr) == (w->zero != nullptr) &&
          (p->dev.bias != nullptr) == (w->bias != nullptr);
 }
@@ -869,7 +888,7 @@ int make_packed(const ql_qweight* w, packed** out) {
   if (d.failed.load()) return QL_EDEVICE;
   n = size_t(w->n);
   g = size_t(w->groups);
-  ssz = ql_dtype_size(w->scale_dtype);
+  ssz = wide_scales() ? sizeof(float) : ql_dtype_size(w->scale_dtype);
   rb = size_t(ql__cuda_row_bytes(int(w->format), w->k));
   ldq = round16(rb);
   // f8r and q8c: rows of zero codes up to a multiple of 16, which
@@ -910,7 +929,8 @@ int make_packed(const ql_qweight* w, packed** out) {
     goto fail;
   // Rows of codes; the padding is zero (a zero code adds x·0).
   for (size_t r = 0; r < n; r++) memcpy(img + r * ldq, w->qdata + r * rb, rb);
-  {  // [G, N] -> [N, G], element by element in the stored dtype.
+  if (ssz == ql_dtype_size(w->scale_dtype)) {
+    // [G, N] -> [N, G], element by element in the stored dtype.
     const unsigned char* sc = static_cast<const unsigned char*>(w->scale);
     const unsigned char* zc = static_cast<const unsigned char*>(w->zero);
     for (size_t r = 0; r < n; r++)
@@ -918,6 +938,18 @@ int make_packed(const ql_qweight* w, packed** out) {
         memcpy(img + off_s + (r * g + j) * ssz, sc + (j * n + r) * ssz, ssz);
         if (zc != nullptr)
           memcpy(img + off_z + (r * g + j) * ssz, zc + (j * n + r) * ssz, ssz);
+      }
+  } else {
+    // The same, widened to f32 (exact from f16 and bf16: the kernels read
+    // the same values).
+    for (size_t r = 0; r < n; r++)
+      for (size_t j = 0; j < g; j++) {
+        float v = ql_load_f32(w->scale_dtype, w->scale, j * n + r);
+        memcpy(img + off_s + (r * g + j) * ssz, &v, ssz);
+        if (w->zero != nullptr) {
+          v = ql_load_f32(w->scale_dtype, w->zero, j * n + r);
+          memcpy(img + off_z + (r * g + j) * ssz, &v, ssz);
+        }
       }
   }
   if (w->bias != nullptr) memcpy(img + off_b, w->bias, b_bytes);
@@ -938,7 +970,8 @@ int make_packed(const ql_qweight* w, packed** out) {
   {
     unsigned char* mem = static_cast<unsigned char*>(p->mem);
     p->dev.format = int(w->format);
-    p->dev.sdt = int(w->scale_dtype);
+    p->dev.sdt = ssz == ql_dtype_size(w->scale_dtype) ? int(w->scale_dtype)
+                                                       : int(QL_DTYPE_F32);
     p->dev.n = w->n;
     p->dev.k = w->k;
     p->dev.groups = w->groups;
@@ -1642,6 +1675,7 @@ int export_layout(const void* pp, ql_layout_export* out) {
   out->zero_offset = off(p->dev.zero);
   out->bias_offset = off(p->dev.bias);
   out->sms = uint32_t(p->dev.sms > 0 ? p->dev.sms : 0);
+  out->scale_dtype = p->dev.sdt;
   out->readonly = d.readonly.load() > 0;
   return 0;
 }

@@ -16,8 +16,9 @@
 // so a 128-bit load never straddles a row end however ragged K is, and a
 // padding code is 0 (it adds x·0 where x is staged as 0). Scale and zero are
 // transposed to [N, G] (a warp reads its own row's groups contiguously) and
-// keep their dtype: converting f16 GPTQ scales would lose nothing in f32 but
-// double their bytes, which decode pays on every call.
+// widened to f32 (exact from f16 and bf16): the kernels read 2-byte ones
+// slower than the 6 % more bytes cost (backend.cpp, wide_scales();
+// QL_CUDA_WIDE_SCALES=0 keeps their dtype).
 struct ql__cuda_wo {
   int format;        // ql_format
   int sdt;           // ql_dtype of scale[] and zero[]

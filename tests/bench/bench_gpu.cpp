@@ -103,6 +103,7 @@ struct gopts {
   bool json = false, graph = true, read = true;
   bool invariance = true, inv_only = false, quick = false;
   bool mapped = false;  // --mapped: linear_wo_mapped cases too
+  ql_dtype sdt = QL_DTYPE_F32;  // --scale-dtype: of the weights' scales
   bool set_pairs = false, set_ms = false;
 };
 
@@ -117,6 +118,8 @@ void usage(FILE* f) {
           ">= 16)\n"
           "  --formats F,...    of q4g,q8c,q8b,f8r (default all)\n"
           "  --gs G             q4g group size and q8b block (default 128)\n"
+          "  --scale-dtype D    f32 (default), f16 or bf16: the weights' "
+          "scales\n"
           "  --pairs P          samples per figure (>= 5, default 5)\n"
           "  --min-sample-ms S  length of one sample (default 10)\n"
           "  --iters N          calls per sample instead (for tests)\n"
@@ -223,6 +226,11 @@ bool parse(int argc, char** argv, gopts* o) {
         if (!parse_ms(v, &o->inv_m)) return false;
       } else if (strcmp(a, "--formats") == 0) {
         if (!parse_formats(v, &o->formats)) return false;
+      } else if (strcmp(a, "--scale-dtype") == 0) {
+        if (strcmp(v, "f32") == 0) o->sdt = QL_DTYPE_F32;
+        else if (strcmp(v, "f16") == 0) o->sdt = QL_DTYPE_F16;
+        else if (strcmp(v, "bf16") == 0) o->sdt = QL_DTYPE_BF16;
+        else return false;
       } else if (strcmp(a, "--gs") == 0) {
         o->gs = uint32_t(atoi(v));
         if (o->gs != 32 && o->gs != 64 && o->gs != 128 && o->gs != 256)
@@ -325,9 +333,9 @@ struct wcopies {
 // copies as make four times the L2 (at most kMaxCopies, and a quarter of
 // the device's memory).
 int make_copies(const ql_backend* b, const ql_device_desc* desc, int ordinal,
-                ql_format f, uint32_t gs, int64_t n, int64_t k,
+                ql_format f, uint32_t gs, ql_dtype sdt, int64_t n, int64_t k,
                 wcopies* w) {
-  ql_quant_params p = {f, gs, 0, QL_DTYPE_F32};
+  ql_quant_params p = {f, gs, 0, sdt};
   float* src = static_cast<float*>(malloc(size_t(n) * size_t(k) * 4));
   if (src == nullptr) return 1;
   uint64_t st = 0x9e3779b97f4a7c15u ^ uint64_t(n * 31 + k);
@@ -854,7 +862,7 @@ int run_shape(runner* r, rpool* pool, const ql_backend* b, int ordinal,
   for (const auto& fm : fmts) {
     if ((o->formats & fm.bit) == 0) continue;
     wcopies w;
-    if (make_copies(b, desc, ordinal, fm.f, o->gs, n, k, &w) != 0) {
+    if (make_copies(b, desc, ordinal, fm.f, o->gs, o->sdt, n, k, &w) != 0) {
       fprintf(stderr, "qlinear-bench: %s %lldx%lld: cannot make the "
               "weight on %s\n", fm.name, (long long)n, (long long)k,
               desc->alias);
