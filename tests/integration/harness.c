@@ -579,6 +579,19 @@ void td_cuda_env(const char *devices, const char *fault) {
     unsetenv("QL_EMU_CUDA_FAULT");
 }
 
+int td_emu_mappings(pid_t pid, const char *kind, pid_t owner) {
+  char path[64], want[96], line[512];
+  int n = 0;
+  snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+  snprintf(want, sizeof want, "/memfd:%s:%d:", kind, (int)owner);
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  while (fgets(line, sizeof line, f) != NULL)
+    n += strstr(line, want) != NULL;
+  fclose(f);
+  return n;
+}
+
 /* Sets name to value, or unsets it when value is NULL. */
 static void setenv_or_unset(const char *name, const char *value) {
   if (value != NULL)

@@ -199,6 +199,11 @@ int td_count(const char *hay, const char *needle);
  * (QL_EMU_CUDA_FAULT; NULL: none). */
 void td_cuda_env(const char *devices, const char *fault);
 
+/* Mappings in process pid of memfds that process owner made on the
+ * emulated runtime, named "<kind>:<owner>:..." (kind "ql-emu-cuda" for
+ * cudaMalloc, "ql-emu-cuda-vmm" for cuMemCreate). */
+int td_emu_mappings(pid_t pid, const char *kind, pid_t owner);
+
 /* The environment of a daemon (and of this process's children) on the
  * Level Zero test driver at driver (libze_qltest.so) with the loader's
  * validation layer: devices devices of mem bytes each (QL_ZE_TEST_MEM;

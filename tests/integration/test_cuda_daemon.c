@@ -1037,19 +1037,9 @@ END_TEST
 /* ------------------------------------------------------------ mapped mode */
 
 /* Mappings in process pid of the VMM memory (the layouts) that process
- * owner allocated on the emulated runtime (memfds named
- * "ql-emu-cuda-vmm:<owner>:..."). */
+ * owner allocated on the emulated runtime. */
 static int emu_mappings(pid_t pid, pid_t owner) {
-  char path[64], want[64], line[512];
-  int n = 0;
-  snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
-  snprintf(want, sizeof want, "/memfd:ql-emu-cuda-vmm:%d:", (int)owner);
-  FILE *f = fopen(path, "r");
-  ck_assert_ptr_nonnull(f);
-  while (fgets(line, sizeof line, f) != NULL)
-    n += strstr(line, want) != NULL;
-  fclose(f);
-  return n;
+  return td_emu_mappings(pid, "ql-emu-cuda-vmm", owner);
 }
 
 /* A write through a read-only mapping ends here. */

@@ -42,18 +42,9 @@
 #define TMO 20000
 
 /* Mappings in process pid of memory that process owner allocated on the
- * emulated runtime (its memfds are named "ql-emu-cuda:<owner>:..."). */
+ * emulated runtime with cudaMalloc. */
 static int mappings_of(pid_t pid, pid_t owner) {
-  char path[64], want[64], line[512];
-  int n = 0;
-  snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
-  snprintf(want, sizeof want, "/memfd:ql-emu-cuda:%d:", (int)owner);
-  FILE *f = fopen(path, "r");
-  ck_assert_ptr_nonnull(f);
-  while (fgets(line, sizeof line, f) != NULL)
-    n += strstr(line, want) != NULL;
-  fclose(f);
-  return n;
+  return td_emu_mappings(pid, "ql-emu-cuda", owner);
 }
 
 /* Waits (up to 20 s) until the daemon maps none of owner's memory. */

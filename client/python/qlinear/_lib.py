@@ -398,12 +398,17 @@ def load(path=None):
     lib = _loaded.get(where)
     if lib is not None:
         return lib
-    lib = ctypes.CDLL(where)
-    for name, (restype, argtypes) in _PROTOTYPES.items():
+    lib = _declared(ctypes.CDLL(where), _PROTOTYPES)
+    _loaded[where] = lib
+    return lib
+
+
+def _declared(lib, prototypes):
+    """lib with each function of prototypes given its types."""
+    for name, (restype, argtypes) in prototypes.items():
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes
-    _loaded[where] = lib
     return lib
 
 
@@ -446,10 +451,6 @@ def load_mapped(path=None):
     if lib is not None:
         return lib
     load(path)  # libqlinear first: the one the client handles belong to
-    lib = ctypes.CDLL(where)
-    for name, (restype, argtypes) in _MAPPED_PROTOTYPES.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
+    lib = _declared(ctypes.CDLL(where), _MAPPED_PROTOTYPES)
     _loaded[key] = lib
     return lib
