@@ -4,7 +4,7 @@ the linear layers as bf16 nn.Linear, as tinygemm int4 and as qlinear q4g in
 mapped mode (qlinear.torch, mode="mapped": the daemon's resident layouts
 mapped into this process, qlinear's kernel on the current stream).
 
-    python3 mapped_decode.py [ADDRESS] [--sets S] [--blocks B]
+    python3 mapped_decode.py [ADDRESS] [--sets S] [--blocks B] [--clients C]
 
 A block is q, k, v and o (4096x4096), gate and up (14336x4096) and down
 (4096x14336), joined by elementwise ops (no attention: only the linear
@@ -13,9 +13,14 @@ layers are compared). The weights come in S sets (default 2, past the
 (default: the client's default) must serve a CUDA device. It prints per
 kind the graph's time per replay (median of 7, each of 3 replays) and the
 ratios; first, for each shape, whether the mapped call gives the same
-bytes as the daemon's own weight-only launch.
+bytes as the daemon's own weight-only launch. With --clients C, C more
+processes then map every weight, one after another, and each says how
+much device memory its mappings added (cudaMemGetInfo before and after,
+its own context already made): one resident copy serves them all.
 """
 import argparse
+import json
+import subprocess
 import sys
 
 import torch
@@ -54,12 +59,40 @@ def graph_us(fn, reps=7, inner=3):
     return sorted(ts)[reps // 2]
 
 
+def client_role(a):
+    """--as-client: hold and map every weight, print the memory it took."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    c = qlinear.Client(a.address, name="mapped_decode-client")
+    torch.empty(1, device=dev)  # the context first: not the mappings'
+    torch.cuda.synchronize()
+    before, _ = torch.cuda.mem_get_info(dev)
+    mods = []
+    for s in range(a.sets):
+        for key, (n, k) in SHAPES.items():
+            name = "example/mapped/s%d/%s" % (s, key)
+            c.hold(name)
+            mods.append(qt.QLinear(c, name, k, n).map(dev, torch.bfloat16,
+                                                       16))
+    torch.cuda.synchronize()
+    after, _ = torch.cuda.mem_get_info(dev)
+    print(json.dumps({"added_bytes": before - after}), flush=True)
+    for q in mods:
+        q.unmap()
+    c.close()
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("address", nargs="?")
     ap.add_argument("--sets", type=int, default=2)
     ap.add_argument("--blocks", type=int, default=32)
+    ap.add_argument("--clients", type=int, default=0)
+    ap.add_argument("--as-client", action="store_true",
+                    help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.as_client:
+        return client_role(a)
     dev = torch.device("cuda", torch.cuda.current_device())
     torch.manual_seed(0)
     c = qlinear.Client(a.address, name="mapped_decode")
@@ -125,6 +158,23 @@ def main():
     m = us["qlinear q4g mapped"]
     print("mapped / bf16 = %.3f, mapped / tinygemm = %.3f"
           % (m / us["bf16 F.linear"], m / us["tinygemm int4"]))
+    if a.clients > 0:
+        resident = sum(d.bytes_resident for d in c.stats().devices
+                       if d.device.startswith("cuda"))
+        added = []
+        for _ in range(a.clients):
+            argv = [sys.executable, __file__, "--as-client",
+                    "--sets", str(a.sets)]
+            if a.address:
+                argv.append(a.address)
+            out = subprocess.run(argv, capture_output=True, text=True,
+                                 check=True).stdout
+            added.append(json.loads(out.strip().splitlines()[-1])
+                         ["added_bytes"])
+        print("%d clients mapped %.1f MiB of weights: they added %s bytes; "
+              "(daemon + clients) / one copy = %.3f"
+              % (a.clients, resident / 2**20, added,
+                 (resident + sum(added)) / resident))
     for q in mp.values():
         q.unmap()
     c.close()
