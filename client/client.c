@@ -2522,8 +2522,8 @@ QL_EXPORT int ql_map_weight(ql_client *c, const char *name,
   out->fd = fd;
   fd = -1;
   out->size = mw->size;
-  snprintf(out->layout, sizeof out->layout, "%s", mw->layout);
-  snprintf(out->device, sizeof out->device, "%s", mw->device);
+  copy_str(out->layout, sizeof out->layout, mw->layout);
+  copy_str(out->device, sizeof out->device, mw->device);
   out->format = (ql_format)mw->format;
   out->scale_dtype = (ql_dtype)mw->scale_dtype;
   out->n = mw->n;

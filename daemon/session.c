@@ -285,17 +285,21 @@ int ql__session_hold(ql__server *s, ql__session *ss, ql__weight *w) {
   return 0;
 }
 
-int ql__session_release(ql__server *s, ql__session *ss, const char *name) {
-  /* A name may be held twice if its first weight left the store (only a
-   * later admin unload can do that): the stored one goes first. */
+/* The index in ss->held of the weight called name, or SIZE_MAX. A name
+ * may be held twice if its first weight left the store (only a later
+ * admin unload can do that): the stored one is taken. */
+static size_t held_by_name(const ql__session *ss, const char *name) {
   size_t pick = SIZE_MAX;
   for (size_t i = 0; i < ss->n_held; i++) {
     const ql__weight *w = ss->held[i]->w;
-    if (strcmp(w->name, name) != 0)
-      continue;
-    if (pick == SIZE_MAX || w->in_store)
+    if (strcmp(w->name, name) == 0 && (pick == SIZE_MAX || w->in_store))
       pick = i;
   }
+  return pick;
+}
+
+int ql__session_release(ql__server *s, ql__session *ss, const char *name) {
+  size_t pick = held_by_name(ss, name);
   if (pick == SIZE_MAX)
     return QL_ENOTFOUND;
   /* A weight this session mapped stays held (and counted in the budgets)
@@ -620,7 +624,6 @@ static int import_ze(ql__session *ss, const Qlinear__V1__ImportZeIpcRequest *m,
  * one device (registry.h, export_layout) into *fd and out, and keeps a
  * reference to the weight until the session ends, so that its layout
  * outlives an unload or a replace for as long as the client may map it.
- * A name held twice (its first weight left the store) maps the stored one.
  */
 static int map_weight(ql__session *ss, const Qlinear__V1__MapWeightRequest *m,
                       Qlinear__V1__MapWeightResponse *out, int *fd, char *err,
@@ -646,11 +649,9 @@ static int map_weight(ql__session *ss, const Qlinear__V1__MapWeightRequest *m,
              "not the daemon's", (unsigned long)ss->uid);
     return QL_EPERM;
   }
-  for (size_t i = 0; i < ss->n_held; i++) {
-    ql__weight *h = ss->held[i]->w;
-    if (strcmp(h->name, m->name) == 0 && (w == NULL || h->in_store))
-      w = h;
-  }
+  size_t pick = held_by_name(ss, m->name);
+  if (pick != SIZE_MAX)
+    w = ss->held[pick]->w;
   if (w == NULL) {
     snprintf(err, errlen, "map_weight: the session holds no weight '%.100s' "
              "(load or hold it first)", m->name);

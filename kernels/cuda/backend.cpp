@@ -1706,15 +1706,9 @@ address_range_fn address_range() {
   static std::atomic<address_range_fn> fn{nullptr};
   address_range_fn f = fn.load();
   if (f == nullptr) {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 3020,
-                                         cudaEnableDefault, &q) ==
-            cudaSuccess &&
-        q == cudaDriverEntryPointSuccess && p != nullptr) {
-      f = reinterpret_cast<address_range_fn>(p);
-      fn.store(f);
-    }
+    f = reinterpret_cast<address_range_fn>(
+        ql__cuda_driver_entry("cuMemGetAddressRange", 3020));
+    if (f != nullptr) fn.store(f);
   }
   return f;
 }

@@ -43,16 +43,9 @@ pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 template <typename F>
 bool entry(const char* name, unsigned version, F* out) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault,
-                                       &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess || p == nullptr) {
-    (void)cudaGetLastError();
-    return false;
-  }
+  void* p = ql__cuda_driver_entry(name, version);
   *out = reinterpret_cast<F>(p);
-  return true;
+  return p != nullptr;
 }
 
 // The VMM calls came with CUDA 10.2 (cudaVersion 10020);
@@ -133,6 +126,18 @@ int map_at(const api* a, CUmemGenericAllocationHandle h, size_t size,
 }
 
 }  // namespace
+
+void* ql__cuda_driver_entry(const char* name, unsigned cuda_version) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(name, &p, cuda_version,
+                                       cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
 
 int ql__vmm_supported(int ordinal) {
   const api* a = driver();

@@ -29,6 +29,11 @@ typedef struct ql__vmm_mem {
   int ordinal;                // the device (the runtime's ordinal)
 } ql__vmm_mem;
 
+// The driver's entry point name as of cudaVersion (e.g. 3020 for
+// CUDA 3.2), through the runtime, or NULL when the driver has none; the
+// CUDA error it may leave is cleared.
+void* ql__cuda_driver_entry(const char* name, unsigned cuda_version);
+
 // 1 when the driver gives every VMM entry point and device ordinal can
 // create memory exportable as a POSIX descriptor; else 0 (an old driver,
 // a device without VMM: the caller allocates with cudaMalloc).
