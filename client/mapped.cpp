@@ -29,17 +29,6 @@ struct ql_mapped {
 
 namespace {
 
-// The name the daemon gives a CUDA device, from its UUID (as nvidia-smi
-// prints it): "cuda:GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
-void uuid_name(const cudaDeviceProp& p, char* out, size_t len) {
-  size_t at = size_t(snprintf(out, len, "cuda:GPU-"));
-  for (int i = 0; i < 16 && at < len; i++)
-    at += size_t(snprintf(out + at, len - at, "%s%02x",
-                          i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "",
-                          unsigned(static_cast<unsigned char>(
-                              p.uuid.bytes[i]))));
-}
-
 // This process's ordinal of the device the daemon calls name, or -1.
 int find_device(const char* name) {
   int n = 0;
@@ -54,7 +43,8 @@ int find_device(const char* name) {
       (void)cudaGetLastError();
       continue;
     }
-    uuid_name(p, buf, sizeof buf);
+    ql__cuda_device_name(reinterpret_cast<const unsigned char*>(p.uuid.bytes),
+                         buf, sizeof buf);
     if (strcmp(buf, name) == 0) return o;
   }
   return -1;

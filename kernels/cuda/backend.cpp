@@ -588,14 +588,8 @@ int device_info(int o, ql_device_desc* out) {
   if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
   memset(&p, 0, sizeof p);
   if (cudaGetDeviceProperties(&p, o) != cudaSuccess) return QL_EDEVICE;
-  // The UUID as nvidia-smi prints it (GPU-8-4-4-4-12 hex digits).
-  const unsigned char* u = reinterpret_cast<const unsigned char*>(p.uuid.bytes);
-  char uuid[48];
-  int at = snprintf(uuid, sizeof uuid, "GPU-");
-  for (int i = 0; i < 16; i++)
-    at += snprintf(uuid + at, sizeof uuid - size_t(at), "%s%02x",
-                   i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "", u[i]);
-  snprintf(out->name, sizeof out->name, "cuda:%s", uuid);
+  ql__cuda_device_name(reinterpret_cast<const unsigned char*>(p.uuid.bytes),
+                       out->name, sizeof out->name);
   snprintf(out->alias, sizeof out->alias, "cuda:%d", o);
   snprintf(out->model, sizeof out->model, "%.50s sm_%d%d", p.name, p.major,
            p.minor);

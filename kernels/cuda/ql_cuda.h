@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 // A weight in the layout the WO kernels read ("cuda-1"). Rows of packed
 // codes start 16-byte aligned and are zero-padded to a multiple of 16 bytes,
@@ -132,5 +133,18 @@ void ql__cuda_linear_aq(const ql__cuda_wo* w, const int8_t* xq,
 void ql__cuda_gemm_epilogue(const ql__cuda_wo* w, const void* acc,
                             int acc_i32, int64_t ldacc, const float* sx,
                             int64_t m, int dt, void* y, void* stream);
+
+// The name the daemon gives a CUDA device (Hello, MapWeight), from its
+// 16-byte UUID as nvidia-smi prints it:
+// "cuda:GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (45 characters), into
+// out (len bytes, truncated if shorter).
+static inline void ql__cuda_device_name(const unsigned char* uuid, char* out,
+                                        size_t len) {
+  size_t at = size_t(snprintf(out, len, "cuda:GPU-"));
+  for (int i = 0; i < 16 && at < len; i++)
+    at += size_t(snprintf(out + at, len - at, "%s%02x",
+                          i == 4 || i == 6 || i == 8 || i == 10 ? "-" : "",
+                          unsigned(uuid[i])));
+}
 
 #endif  // QL_CUDA_H
