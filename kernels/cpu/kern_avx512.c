@@ -596,10 +596,21 @@ INL void aq_f8r_4x6(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
  * 0.68-0.75 to 0.78-0.88 of the read loop's speed, q4g from 0.40-0.44 to
  * 0.45-0.52; a weight held in L3 loses up to 5% to the chunks' saved sums
  * and prefetches (qlinear-bench, alternating builds).
+ *
+ * q4g from 8 rows on goes back to whole-K passes, with the next group of
+ * 4 tiles prefetched into L2 by the second pass (the first is the one
+ * that reads its own group from memory). At 8 rows or more q4g's passes
+ * are bound by the VNNI units, not by memory, and the chunks' saved sums
+ * and extra L1 traffic cost more than they hide: on a 2-core Zen 4 VM
+ * (its VNNI peak 4.6e11 multiply-adds/s, reads 32 GB/s), 4096x4096 and
+ * 14336x4096 at M = 16, 0.70-0.76 of the VNNI peak with the chunks,
+ * 0.76-0.79 in whole-K passes, 0.80-0.85 with the prefetch; M = 8
+ * 0.68-0.71 and 0.74-0.77 (qlinear-bench, alternating builds).
  */
 #define Q8_KC 96
 #define Q4_KC 4
 #define KC_MAX_ROWS 24
+#define Q4_WK_ROWS 8
 
 /* ------------------------------------------------------------ AQ q8c */
 
@@ -848,7 +859,9 @@ INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq,
 /*
  * The large-M block of q4g AQ: 4 tiles x 4 rows, the 16 int32 sums of a
  * group as variables (see aq_q8c_txr), the f32 sums across groups in an
- * array (touched once per group).
+ * array (touched once per group). pfd: how far ahead a pass over K chunks
+ * prefetches its own tiles into L1; nx: where the next group of 4 tiles
+ * is, to prefetch into L2 alongside (0 for neither).
  */
 #define Q4_ACC(r)                                                              \
   __m512i c0##r = _mm512_setzero_si512(), c1##r = c0##r, c2##r = c0##r,        \
@@ -867,7 +880,7 @@ INL void aq_q4g_blk(const ql__cpu_packed *p, const ql__cpu_xq *xq,
 
 INL void aq_q4g_4x4(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
                     int64_t t, int64_t g0, int64_t g1, __m512 *sv,
-                    size_t pfd, const float *bias, float *y) {
+                    size_t pfd, size_t nx, const float *bias, float *y) {
   const size_t tbytes = p->tile_bytes, esz = ql_dtype_size(p->sdt);
   const uint8_t *tp = p->data + (size_t)t * tbytes;
   const int8_t *xr0 = xq->xq + (size_t)m0 * (size_t)xq->kp;
@@ -889,6 +902,11 @@ INL void aq_q4g_4x4(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
       for (int a = 0; a < 4; a++)
         _mm_prefetch((const char *)(gp + a * tbytes + pfd), _MM_HINT_T0);
     }
+    if (nx) {
+      UNROLL
+      for (int a = 0; a < 4; a++)
+        _mm_prefetch((const char *)(gp + a * tbytes + nx), _MM_HINT_T1);
+    }
     const uint8_t *d0 = gp + p->sz_bytes;
     const int8_t *xg = xr0 + g * (int64_t)p->gs;
     int64_t nb = ql__cpu_q4g_blocks(p, g);
@@ -900,6 +918,11 @@ INL void aq_q4g_4x4(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
         UNROLL
         for (int a = 0; a < 4; a++)
           _mm_prefetch((const char *)(d + a * tbytes + pfd), _MM_HINT_T0);
+      }
+      if (nx) {
+        UNROLL
+        for (int a = 0; a < 4; a++)
+          _mm_prefetch((const char *)(d + a * tbytes + nx), _MM_HINT_T1);
       }
       Q4_SPLIT(0)
       Q4_SPLIT(1) Q4_SPLIT(2) Q4_SPLIT(3) Q4_ROW(0) Q4_ROW(1) Q4_ROW(2)
@@ -949,7 +972,7 @@ INL void aq_q4g_4x4(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
 
 INL void aq_q4g_whole(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                       int64_t m0, int64_t t, const float *bias, float *y) {
-  aq_q4g_4x4(p, xq, m0, t, 0, p->groups, NULL, 0, bias, y);
+  aq_q4g_4x4(p, xq, m0, t, 0, p->groups, NULL, 0, 0, bias, y);
 }
 
 /* ------------------------------------------------------------ drivers */
@@ -1089,15 +1112,42 @@ static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
   }
 
 
-/* q4g AQ: 4 tiles x 4 rows (aq_q4g_whole) where 4 rows are left, 4 tiles x
- * 1-2 rows or 2 tiles x up to 4 otherwise (DRIVE_BIG); a batch of 3 or of
- * 5 to KC_MAX_ROWS rows passes over each group of 4 tiles in chunks of
- * Q4_KC groups, 4 tiles x 1-4 rows a pass, the tiles left over as
- * DRIVE_BIG (3 rows there would take two passes, 2 rows and 1). */
+/* q4g AQ: from Q4_WK_ROWS rows, whole-K passes of 4 tiles x 4 rows (1-3
+ * rows in the last), in row chunks of m_chunk, the second pass over each
+ * group of 4 tiles prefetching the next; a batch of 3 or of 5-7 rows
+ * passes over each group of 4 tiles in chunks of Q4_KC groups, 4 tiles x
+ * 1-4 rows a pass. The tiles left over, and batches of 1, 2 and 4 rows,
+ * take 4 tiles x 4 rows (aq_q4g_whole) where 4 rows are left, 4 tiles x
+ * 1-2 rows or 2 tiles x up to 4 otherwise (DRIVE_BIG; 3 rows there would
+ * take two passes, 2 rows and 1). */
 static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   const int64_t m = xq->m, G = p->groups;
-  if ((m == 3 || m > 4) && m <= KC_MAX_ROWS && t1 - t0 >= 4) {
+  if (m >= Q4_WK_ROWS && t1 - t0 >= 4) {
+    const int64_t tq = t0 + (t1 - t0) / 4 * 4;
+    for (int64_t mc = 0, mcn = m_chunk((size_t)xq->kp); mc < m; mc += mcn) {
+      const int64_t mend = m - mc < mcn ? m : mc + mcn;
+      for (int64_t t = t0; t < tq; t += 4) {
+        const size_t nx = tq - t >= 8 ? 4 * p->tile_bytes : 0;
+        for (int64_t m0 = mc, i = 0; m0 < mend; i++) {
+          int64_t left = mend - m0;
+          if (left >= 4) {
+            aq_q4g_4x4(p, xq, m0, t, 0, G, NULL, 0, i == 1 ? nx : 0, bias, y);
+            m0 += 4;
+          } else {
+            if (left == 3)
+              aq_q4g_blk(p, xq, 0, G, NULL, m0, 3, t, 4, bias, y);
+            else if (left == 2)
+              aq_q4g_blk(p, xq, 0, G, NULL, m0, 2, t, 4, bias, y);
+            else
+              aq_q4g_blk(p, xq, 0, G, NULL, m0, 1, t, 4, bias, y);
+            m0 += left;
+          }
+        }
+      }
+    }
+    t0 = tq;
+  } else if ((m == 3 || m > 4) && m <= KC_MAX_ROWS && t1 - t0 >= 4) {
     __m512 sv[(KC_MAX_ROWS + 3) / 4][16];
     const size_t pfd = (size_t)Q4_KC * p->group_bytes;
     int64_t t = t0;
@@ -1107,7 +1157,7 @@ static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
         int i = 0;
         for (int64_t m0 = 0; m0 < m; i++) {
           if (m - m0 >= 4) {
-            aq_q4g_4x4(p, xq, m0, t, g0, g1, sv[i], pfd, bias, y);
+            aq_q4g_4x4(p, xq, m0, t, g0, g1, sv[i], pfd, 0, bias, y);
             m0 += 4;
           } else if (m - m0 == 3) {
             aq_q4g_blk(p, xq, g0, g1, sv[i], m0, 3, t, 4, bias, y);

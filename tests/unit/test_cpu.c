@@ -260,6 +260,34 @@ START_TEST(test_decode_batches) {
 END_TEST
 
 /* The override lowers, never raises, and an unknown value is ignored. */
+/*
+ * Long q4g AQ batches, at every level and 1-2 threads: K = 4100 makes the
+ * row chunk of the kernels' whole-K passes its minimum of 96 rows, so M =
+ * 203 takes chunks of 96, 96 and 11 rows; 8-14 rows take one chunk; 1-3
+ * rows are left after the passes of 4. N of 9 tiles and a ragged one:
+ * 4-tile groups, the second pass over each prefetching the next group
+ * where there is one, and tiles left over. The bytes are the generic
+ * op's.
+ */
+START_TEST(test_q4g_aq_long_batches) {
+  static const int64_t ms[] = {8, 9, 11, 14, 203};
+  const int64_t n = 9 * 16 + 5, k = 4100;
+  char ctx[128];
+  setenv("QL_CPU_LEVEL", level_env[_i / 2], 1);
+  setenv("QL_CPU_THREADS", _i % 2 ? "2" : "1", 1);
+  ql_qweight *q =
+      make_weight_a(410, QL_FORMAT_Q4G, 128, 0, QL_DTYPE_BF16, n, k, 1);
+  void *x = make_x(91, QL_DTYPE_F32, 203, k);
+  for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+    snprintf(ctx, sizeof ctx, "level %s threads %d q4g AQ M=%lld",
+             level_env[_i / 2], 1 + _i % 2, (long long)ms[mi]);
+    same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, ms[mi], ctx);
+  }
+  free(x);
+  ql_qweight_free(q);
+}
+END_TEST
+
 START_TEST(test_level_unknown_ignored) {
   setenv("QL_CPU_LEVEL", "avx9000", 1);
   ck_assert_int_eq(ql__cpu_level_get(), ql__cpu_level_detected());
@@ -429,6 +457,38 @@ START_TEST(test_repack_round_trip) {
           ql__cpu_packed_free(p);
           ql_qweight_free(q);
         }
+}
+END_TEST
+
+/* A layout of 2 MiB or more starts on a 2 MiB boundary (pack.c asks for
+ * huge pages for it) and round-trips like any other; a smaller one is
+ * only 64-byte aligned. */
+START_TEST(test_repack_large_alignment) {
+  static const struct {
+    ql_format f;
+    int64_t n, k;
+  } cases[] = {{QL_FORMAT_Q4G, 1024, 4096}, {QL_FORMAT_Q8C, 520, 4096},
+               {QL_FORMAT_Q4G, 64, 256}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ql_qweight *q = make_weight_a(320 + (uint64_t)i, cases[i].f, 128, 0,
+                                  QL_DTYPE_BF16, cases[i].n, cases[i].k, 0);
+    ql__cpu_packed *p = NULL;
+    ck_assert_int_eq(ql__cpu_pack(q, &p), 0);
+    int large = p->bytes >= ((size_t)2 << 20);
+    ck_assert_int_eq(large, i < 2);
+    ck_assert_uint_eq((uintptr_t)p->data % (large ? (2u << 20) : 64u), 0);
+    uint8_t *qd = tu_xmalloc(q->qdata_bytes);
+    size_t sb = q->format == QL_FORMAT_Q4G ? q->scale_bytes
+                                           : (size_t)q->n * sizeof(float);
+    void *sc = tu_xmalloc(sb), *ze = tu_xmalloc(sb);
+    ck_assert_int_eq(ql__cpu_unpack(p, qd, sc, ze), 0);
+    ck_assert(memcmp(qd, q->qdata, q->qdata_bytes) == 0);
+    free(qd);
+    free(sc);
+    free(ze);
+    ql__cpu_packed_free(p);
+    ql_qweight_free(q);
+  }
 }
 END_TEST
 
@@ -1132,6 +1192,7 @@ static Suite *cpu_suite(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_levels_match_generic, 0, 4);
   tcase_add_loop_test(tc, test_decode_batches, 0, 8);
+  tcase_add_loop_test(tc, test_q4g_aq_long_batches, 0, 8);
   tcase_add_loop_test(tc, test_f8r_all_codes, 0, 4);
 #if defined(__x86_64__)
   tcase_add_loop_test(tc, test_f8r_daz, 0, 4);
@@ -1155,6 +1216,7 @@ static Suite *cpu_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_repack_round_trip);
   tcase_add_test(tc, test_repack_sizes);
+  tcase_add_test(tc, test_repack_large_alignment);
   tcase_add_test(tc, test_repack_f8r_nan);
   tcase_add_test(tc, test_repack_q8b_f8r_flags);
   tcase_add_test(tc, test_repack_op);
