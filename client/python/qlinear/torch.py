@@ -115,11 +115,16 @@ class QLinear(nn.Module):
     forward() takes x [..., in_features] of float32, float16 or bfloat16 on
     the CPU and returns [..., out_features] in x's dtype. ``path`` forces
     "wo" (weight-only) or "aq" (activation-quantized); "auto" leaves the
-    choice to the daemon by the number of rows.
+    choice to the daemon by the number of rows. ``mode="mapped"`` maps the
+    weight at once (map(), with ``device``, ``dtype`` and ``max_rows``);
+    the client must hold it on that GPU.
     """
 
     def __init__(self, client, weight, in_features, out_features, *,
-                 has_bias=True, format="", path="auto"):
+                 has_bias=True, format="", path="auto", mode="call",
+                 device="cuda", dtype=torch.bfloat16, max_rows=64):
+        if mode not in ("call", "mapped"):
+            raise _err("QL_EINVAL", "mode: 'call' or 'mapped'")
         super().__init__()
         self.client = client
         self.weight_name = weight
@@ -136,6 +141,8 @@ class QLinear(nn.Module):
         self._mapped_device = None
         self._mapped_dtype = None
         self._max_rows = 0
+        if mode == "mapped":
+            self.map(device, dtype, max_rows)
 
     def map(self, device="cuda", dtype=torch.bfloat16, max_rows=64):
         """Mapped mode: maps the daemon's layout of this weight on the CUDA

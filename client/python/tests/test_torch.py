@@ -327,6 +327,17 @@ def test_mapped_mode_refusals(client):
         assert e.value.code == code, args
     assert q.mode == "call" and q._mapped is None
     q.unmap()  # not mapped: nothing to do
+    # The constructor's mode= maps at once, with the same checks.
+    for kw, code in [({"mode": "remote"}, qlinear.QL_EINVAL),
+                     ({"mode": "mapped", "device": "cpu"}, qlinear.QL_EINVAL),
+                     ({"mode": "mapped", "dtype": torch.int8},
+                      qlinear.QL_EDTYPE),
+                     ({"mode": "mapped", "max_rows": 0}, qlinear.QL_EINVAL)]:
+        with pytest.raises(qlinear.QLinearError) as e:
+            qt.QLinear(client, q.weight_name, 64, 32, **kw)
+        assert e.value.code == code, kw
+    direct = qt.QLinear(client, q.weight_name, 64, 32, path="wo")
+    assert direct.mode == "call"
     x = torch.randn(2, 64)
     with torch.no_grad():
         assert q(x).shape == (2, 32)
