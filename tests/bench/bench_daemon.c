@@ -139,7 +139,8 @@ static void usage(FILE *f) {
           "measures, on the\nmessage path (nanomsg REQ/REP) and on the "
           "session's shared-memory ring:\nper-call overhead (M = 1, 128, 512; "
           "inline and region tensors) against the\nin-process kernel and a "
-          "bare nanomsg echo, rows/s of 1, 2, 4, 8 client\nprocesses, a "
+          "bare nanomsg echo, rows/s of 1, 2, 4, 8 client\nprocesses (with "
+          "what the in-process kernel's 8-row time allows them), a\n"
           "decode client's p50/p99 alone and under an M = 512 prefill\n"
           "stream, and the daemon's CPU use with 16 idle rings.\n"
           "  --seconds S   length of one throughput or latency sample "
@@ -1023,6 +1024,10 @@ typedef struct ovh_env {
 /* What the later cases take from the overhead cases. */
 typedef struct ovh_out {
   double prefill_kernel_s; /* in-process kernel at M = PREFILL_M */
+  /* In-process, the faster path at 8 rows: its time, and over the faster
+   * at 1 row, per pair (valid 0: not timed, the weight is on another
+   * device). */
+  stat3 k8, k8_over_k1;
 } ovh_out;
 
 static void noop_run(void *ctx, long i) {
@@ -1273,7 +1278,52 @@ static void print_rate(FILE *f, const char *name, stat3 s) {
  * share of the sample its kernels ran: what a batch gained, and whether
  * the kernel or the round trips around it held the rate.
  */
-static int throughput(const dopts *o, ql_client *c) {
+/*
+ * What batching can give 8 clients at M = 1: the in-process kernel's time
+ * for 8 rows, and over its time for 1, the faster of the two paths at
+ * each (the crossover's choice), on the same warm layout the daemon
+ * reads. Launches of 8 rows back to back give 8 rows per 8-row kernel;
+ * against one client's round trip that is the most 8 clients can gain
+ * while the transport's work hides behind the kernels. Where the kernel
+ * takes every CPU it cannot hide, and if the transport cost nothing the
+ * gain would be 8 / (8-row time / 1-row time): where a batch costs
+ * several single rows (a weight held in the caches, whose 8 rows are
+ * bound by the SIMD units), no scheduling gets past that.
+ */
+static void batch_bound(const dopts *o, const wset *ws, const float *x,
+                        float *yk, ovh_out *oo) {
+  enum { NB = 4 }; /* M = 1 AQ, M = 1 WO, M = 8 AQ, M = 8 WO */
+  timed t[NB];
+  lin_ctx lc[NB];
+  double v[NB][MAX_PAIRS], r[MAX_PAIRS], k8s[MAX_PAIRS];
+  int P = o->pairs;
+  for (int i = 0; i < NB; i++) {
+    int64_t m = i < 2 ? 1 : 8;
+    ql_op op = i % 2 == 0 ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
+    const ql_kernel_impl *im =
+        ql_dispatch(ql_backend_find("cpu"), op, W_FMT, QL_DTYPE_F32, m, W_N,
+                    W_K);
+    if (im == NULL)
+      return;
+    lc[i] = (lin_ctx){im, ws, x, m, yk, 0};
+    t[i] = (timed){"batch_bound", lin_run, &lc[i], 0, 0};
+    calibrate(&t[i], o->seconds / 4);
+  }
+  for (int p = 0; p < P; p++) {
+    for (int j = 0; j < NB; j++) {
+      int i = order(p, j, NB);
+      v[i][p] = sample(&t[i]);
+    }
+    double k1 = v[0][p] < v[1][p] ? v[0][p] : v[1][p];
+    double k8 = v[2][p] < v[3][p] ? v[2][p] : v[3][p];
+    r[p] = k8 / k1;
+    k8s[p] = k8;
+  }
+  oo->k8_over_k1 = stats(r, P);
+  oo->k8 = stats(k8s, P);
+}
+
+static int throughput(const dopts *o, ql_client *c, const ovh_out *oo) {
   double rate[N_TR][N_TPUT][MAX_PAIRS], ratio[N_TR][N_TPUT][MAX_PAIRS];
   double vs_msg[N_TPUT][MAX_PAIRS];
   double per_launch[N_TR][N_TPUT][MAX_PAIRS], busy[N_TR][N_TPUT][MAX_PAIRS];
@@ -1360,6 +1410,12 @@ static int throughput(const dopts *o, ql_client *c) {
     print_stat(stdout, "ring_kernel_busy", sb[TR_RING]);
     printf("}\n");
   }
+  /* 8 rows per 8-row kernel over one client's rows/s */
+  double bound[N_TR] = {0};
+  for (int tr = 0; oo->k8_over_k1.valid && tr < N_TR; tr++) {
+    stat3 r1 = stats_copy(rate[tr][0], P);
+    bound[tr] = r1.med > 0 ? 8 / oo->k8.med / r1.med : 0;
+  }
   if (!o->json_only) {
     printf("rows a launch (message, ring), share of the time in kernels "
            "(message, ring), medians:\n");
@@ -1367,6 +1423,25 @@ static int throughput(const dopts *o, ql_client *c) {
       printf("%7d | %5.2f %5.2f | %4.2f %4.2f\n", tput_clients[ci],
              launch_s[ci][TR_MSG].med, launch_s[ci][TR_RING].med,
              busy_s[ci][TR_MSG].med, busy_s[ci][TR_RING].med);
+    if (oo->k8_over_k1.valid)
+      printf("in process, the kernel at 8 rows: %.1f us, %.2f [%.2f-%.2f] "
+             "times its time at 1 row;\nlaunches of 8 rows back to back: "
+             "%.2fx one client on the message path, %.2fx on the\nring; "
+             "were the transport free: 8 / %.2f = %.2fx\n",
+             oo->k8.med * 1e6, oo->k8_over_k1.med, oo->k8_over_k1.min,
+             oo->k8_over_k1.max, bound[TR_MSG], bound[TR_RING],
+             oo->k8_over_k1.med, 8 / oo->k8_over_k1.med);
+  }
+  if (oo->k8_over_k1.valid) {
+    printf("{\"bench\":\"daemon\",\"case\":\"batch_bound\",\"n\":%d,"
+           "\"k\":%d,\"format\":\"%s\",\"group_size\":%d,\"threads\":%d,"
+           "\"pairs\":%d",
+           W_N, W_K, fmt_name(), W_GROUP, o->threads, o->pairs);
+    print_ns(stdout, "kernel_m8_ns", oo->k8);
+    print_stat(stdout, "kernel_m8_over_m1", oo->k8_over_k1);
+    printf(",\"back_to_back_vs_1_client\":%.4f,\"ring_back_to_back_vs_1_"
+           "client\":%.4f,\"free_transport_vs_1_client\":%.4f}\n",
+           bound[TR_MSG], bound[TR_RING], 8 / oo->k8_over_k1.med);
   }
   fflush(stdout);
   return 0;
@@ -1922,7 +1997,9 @@ int bench_daemon(int argc, char **argv) {
     if (workers_run(2, cmd, res) != 0)
       goto fail;
   }
-  if (throughput(&o, c) != 0 || decode_latency(&o, &oo) != 0)
+  if (in_process(&o))
+    batch_bound(&o, &ws, x, yk, &oo);
+  if (throughput(&o, c, &oo) != 0 || decode_latency(&o, &oo) != 0)
     goto fail;
   idle_report(&o, &io);
   rv = 0;

@@ -36,10 +36,11 @@ done
 for c in 1 2 4 8; do
   expect "\"case\":\"throughput\",.*\"clients\":$c,"
 done
+expect '"case":"batch_bound"'
 expect '"case":"decode_p99"'
 expect '"case":"idle"'
 n=$(grep -c '^{' "$out")
-[ "$n" -eq 9 ] || bad "$n JSON lines, want 9"
+[ "$n" -eq 10 ] || bad "$n JSON lines, want 10"
 
 # Every case line carries its figures, each a median with its spread.
 for key in overhead_ns echo_ns overhead_vs_echo inline_vs_region \
@@ -73,6 +74,13 @@ for key in ring_region_overhead_ns ring_inline_overhead_ns; do
 done
 positive throughput 4 rows_per_s ring_rows_per_s ring_vs_1_client \
   ring_vs_message
+positive batch_bound 1 kernel_m8_ns kernel_m8_over_m1
+bb=$(grep '^{"bench":"daemon","case":"batch_bound"' "$out")
+for key in back_to_back_vs_1_client ring_back_to_back_vs_1_client \
+    free_transport_vs_1_client; do
+  echo "$bb" | grep -Eq "\"$key\":(0\\.0*[1-9]|[1-9])" ||
+    bad "batch_bound: no positive $key"
+done
 positive decode_p99 1 ring_alone_p50_ns ring_alone_p99_ns \
   ring_prefill_p50_ns ring_prefill_p99_ns ring_p99_vs_alone \
   alone_p99_message_vs_ring
