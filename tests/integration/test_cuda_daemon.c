@@ -24,7 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1050,7 +1052,18 @@ static void on_segv(int sig) {
 }
 
 /* What a mapping client process does (mapped_client()). */
-enum { MAP_RUN, MAP_RUN_TWICE, MAP_THEN_DIE, MAP_WRITE };
+enum {
+  MAP_RUN,
+  MAP_RUN_TWICE,
+  MAP_THEN_DIE,
+  MAP_WRITE,
+  MAP_UID_REFUSED, /* as another user: MapWeight refused (mapped_mode) */
+  MAP_UID_MAPS     /* as another user: MapWeight answered */
+};
+
+/* The user a MAP_UID_* client runs as (group 0 kept, for the sockets):
+ * nobody's uid, not the daemon's. */
+#define OTHER_UID 65534
 
 /* One mapped launch of h on x (m rows), into out (m·N floats). */
 static int mapped_run(ql_mapped *h, const float *x, uint64_t m, float *out) {
@@ -1092,6 +1105,21 @@ static void mapped_client(const char *address, const char *weight, int what,
   if (ql_connect(address, NULL, &c) != 0 ||
       ql_hold(c, weight, NULL, NULL) != 0)
     goto done;
+  if (what == MAP_UID_REFUSED || what == MAP_UID_MAPS) {
+    ql_weight_map wm;
+    int rc = ql_map_weight(c, weight, NULL, &wm);
+    if (getuid() != OTHER_UID)
+      goto done;
+    if (what == MAP_UID_MAPS) {
+      ok = rc == 0 && wm.fd >= 0;
+      if (ok)
+        close(wm.fd);
+    } else {
+      ok = rc == QL_EPERM && wm.fd == -1 &&
+           strstr(ql_errmsg(), "mapped_mode = owner") != NULL;
+    }
+    goto done;
+  }
   if (what == MAP_WRITE) {
     ql_weight_map wm;
     ql__vmm_mem vm;
@@ -1147,6 +1175,11 @@ static void mc_start(mc *p, const td *d, const char *weight, int what,
   ck_assert_int_ge(p->pid, 0);
   if (p->pid == 0) {
     char a[7][32];
+    /* Another user, in group 0 (the daemon's sockets are 0660). */
+    if ((what == MAP_UID_REFUSED || what == MAP_UID_MAPS) &&
+        (setgroups(0, NULL) != 0 || setgid(0) != 0 ||
+         setuid(OTHER_UID) != 0))
+      _exit(3);
     snprintf(a[0], sizeof a[0], "%d", what);
     snprintf(a[1], sizeof a[1], "%llu", (unsigned long long)m);
     snprintf(a[2], sizeof a[2], "%llu", (unsigned long long)seed);
@@ -1239,8 +1272,10 @@ END_TEST
 
 /*
  * What is refused, with the daemon serving on: a weight the session does
- * not hold, a device it is not on, the CPU's layout, mapped_mode = off;
- * a write through a mapping kills the writer (read-only), not the daemon.
+ * not hold, a device it is not on, the CPU's layout, another user under
+ * mapped_mode = owner (as root: a client run as OTHER_UID), mapped_mode =
+ * off; a write through a mapping kills the writer (read-only), not the
+ * daemon.
  */
 START_TEST(mapped_refused) {
   td d;
@@ -1304,8 +1339,22 @@ START_TEST(mapped_refused) {
                    QL_ENOTFOUND);
   ck_assert_ptr_null(h);
   ck_assert_int_eq(ql_linear_mapped(NULL, x, y, 1, NULL), QL_EINVAL);
+  /* mapped_mode = owner (the default): a client of another user may
+   * hold and use the weight, not map it. Only root can be another user
+   * here; the group keeps the sockets open to it. */
+  int status;
+  if (geteuid() == 0) {
+    ck_assert_int_eq(chmod(d.dir, 0750), 0);
+    status = map_in_child(&d, "g", MAP_UID_REFUSED, 1, 78, NULL);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "another user's MapWeight was not refused with QL_EPERM "
+                  "(%d)", status);
+  } else {
+    fprintf(stderr, "mapped_refused: not root: the other-user case of "
+                    "mapped_mode = owner is not run\n");
+  }
   /* A write through the mapping faults in the writer. */
-  int status = map_in_child(&d, "g", MAP_WRITE, 1, 78, NULL);
+  status = map_in_child(&d, "g", MAP_WRITE, 1, 78, NULL);
   ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == SEGV_EXIT,
                 "a write through a read-only mapping did not fault (%d)",
                 status);
@@ -1325,6 +1374,12 @@ START_TEST(mapped_refused) {
                               NULL, NULL), 0);
   ck_assert_int_eq(ql_map_weight(c, "g", NULL, &wm), 0);
   close(wm.fd);
+  if (geteuid() == 0) { /* and so may another user's */
+    ck_assert_int_eq(chmod(d.dir, 0750), 0);
+    status = map_in_child(&d, "g", MAP_UID_MAPS, 1, 78, NULL);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "mapped_mode = any refused another user (%d)", status);
+  }
   ql_close(c);
   ck_assert_int_eq(td_stop(&d), 0);
   const char *off[] = {"--mapped-mode", "off", NULL};
