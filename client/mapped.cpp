@@ -15,6 +15,7 @@
 
 #include "ql_cuda.h"
 #include "qlinear/qlinear.h"
+#include "mapped_export.h"
 #include "qlinear/qlinear_mapped.h"
 #include "vmm.h"
 
@@ -98,39 +99,20 @@ void free_mapped(ql_mapped* h) {
   free(h);
 }
 
-}  // namespace
 
-QL_EXPORT int ql_mapped_open(ql_client* c, const char* weight,
-                             const char* device, ql_dtype dt,
-                             int64_t max_rows, ql_mapped** out) {
-  ql_weight_map w;
+// Maps the allocation w describes (w.fd, which stays the caller's) on this
+// process's device o and builds the kernels' view of the layout in it,
+// with scratch for max_rows rows: ql_mapped_open's work after the daemon's
+// answer, checked (layout_ok) by the caller.
+int open_map(const ql_weight_map& w, int o, ql_dtype dt, int64_t max_rows,
+             ql_mapped** out) {
   ql_mapped* h = nullptr;
-  int rc, cur = -1, o = -1;
+  int rc, cur = -1;
   bool moved = false;  // o made current here: made cur again at the end
   size_t sb;
 
-  if (out != nullptr) *out = nullptr;
-  if (c == nullptr || weight == nullptr || out == nullptr || max_rows < 1 ||
-      max_rows > QL_MAPPED_MAX_ROWS ||
-      (dt != QL_DTYPE_F32 && dt != QL_DTYPE_F16 && dt != QL_DTYPE_BF16))
-    return QL_EINVAL;
-  if ((rc = ql_map_weight(c, weight, device, &w)) != 0) return rc;
-  if (strcmp(w.layout, "cuda-1") != 0) {
-    rc = QL_ENOTSUP;
-    goto fail;
-  }
-  if (!layout_ok(w)) {
-    rc = QL_EINVAL;
-    goto fail;
-  }
-  if ((o = find_device(w.device)) < 0) {
-    rc = QL_ENOTFOUND;
-    goto fail;
-  }
-  if ((h = static_cast<ql_mapped*>(calloc(1, sizeof *h))) == nullptr) {
-    rc = QL_ENOMEM;
-    goto fail;
-  }
+  if ((h = static_cast<ql_mapped*>(calloc(1, sizeof *h))) == nullptr)
+    return QL_ENOMEM;
   h->ordinal = o;
   if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
   if (cur != o) {
@@ -178,15 +160,74 @@ QL_EXPORT int ql_mapped_open(ql_client* c, const char* weight,
     goto fail;
   }
   if (moved) (void)cudaSetDevice(cur);
-  close(w.fd);
   *out = h;
   return 0;
 fail:
   free_mapped(h);
   if (moved) (void)cudaSetDevice(cur);
   (void)cudaGetLastError();
+  return rc;
+}
+
+bool args_ok(ql_dtype dt, int64_t max_rows) {
+  return max_rows >= 1 && max_rows <= QL_MAPPED_MAX_ROWS &&
+         (dt == QL_DTYPE_F32 || dt == QL_DTYPE_F16 || dt == QL_DTYPE_BF16);
+}
+
+}  // namespace
+
+QL_EXPORT int ql_mapped_open(ql_client* c, const char* weight,
+                             const char* device, ql_dtype dt,
+                             int64_t max_rows, ql_mapped** out) {
+  ql_weight_map w;
+  int rc, o;
+
+  if (out != nullptr) *out = nullptr;
+  if (c == nullptr || weight == nullptr || out == nullptr ||
+      !args_ok(dt, max_rows))
+    return QL_EINVAL;
+  if ((rc = ql_map_weight(c, weight, device, &w)) != 0) return rc;
+  if (strcmp(w.layout, "cuda-1") != 0)
+    rc = QL_ENOTSUP;
+  else if (!layout_ok(w))
+    rc = QL_EINVAL;
+  else if ((o = find_device(w.device)) < 0)
+    rc = QL_ENOTFOUND;
+  else
+    rc = open_map(w, o, dt, max_rows, out);
   close(w.fd);
   return rc;
+}
+
+int ql__mapped_open_export(const ql_layout_export* ex, const ql_qweight* q,
+                           int ordinal, ql_dtype dt, int64_t max_rows,
+                           ql_mapped** out) {
+  ql_weight_map w;
+  if (out != nullptr) *out = nullptr;
+  if (ex == nullptr || q == nullptr || out == nullptr ||
+      !args_ok(dt, max_rows) || ex->layout == nullptr ||
+      strlen(ex->layout) >= sizeof w.layout)
+    return QL_EINVAL;
+  memset(&w, 0, sizeof w);
+  w.fd = ex->fd;
+  w.size = ex->size;
+  strcpy(w.layout, ex->layout);
+  w.format = q->format;
+  w.scale_dtype = ql_dtype(ex->scale_dtype);
+  w.n = uint64_t(q->n);
+  w.k = uint64_t(q->k);
+  w.groups = uint64_t(q->groups);
+  w.group_size = q->group_size;
+  w.ldq = uint64_t(ex->ldq);
+  w.q_offset = ex->q_offset;
+  w.scale_offset = ex->scale_offset;
+  w.zero_offset = ex->zero_offset;
+  w.bias_offset = ex->bias_offset;
+  w.sms = ex->sms;
+  w.writable = !ex->readonly;
+  if (strcmp(w.layout, "cuda-1") != 0) return QL_ENOTSUP;
+  if (!layout_ok(w)) return QL_EINVAL;
+  return open_map(w, ordinal, dt, max_rows, out);
 }
 
 QL_EXPORT int ql_linear_mapped(ql_mapped* h, const void* x, void* y,

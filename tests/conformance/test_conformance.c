@@ -24,6 +24,11 @@
  *    batch;
  *  - nothing written past an output (a canary after every buffer), every
  *    output written (buffers start as NaN / the complement of the answer);
+ *  - mapped mode (built with QL_CONFORMANCE_MAPPED): a backend that exports
+ *    its layouts (export_layout) runs each linear_wo case again through
+ *    libqlinear-cuda on a read-only import of the exported layout, as a
+ *    mapping client does (mapped_case.h): the same bytes as its own
+ *    launch;
  *  - NaN or ±Inf in an activation row gives QL_ENONFINITE;
  *  - NMSE against the unquantized product within a two-sided band around
  *    the value predicted from each format's quantization step (see
@@ -107,6 +112,9 @@
 #include "registry.h"
 #include "testutil.h"
 #include "../common/fp8_bound.h"
+#ifdef QL_CONFORMANCE_MAPPED
+#include "mapped_case.h"
+#endif
 
 /* The FP8 tensor cores' accumulation (fp8-probe, H200, sm_90). */
 #define FP8_ACC_BITS 14
@@ -241,15 +249,16 @@ enum {
   R_BATCH = 4,  /* a row differs alone and inside the batch */
   R_BYTES = 8,  /* quantize_rows bytes differ from the reference */
   R_NMSE = 16,  /* NMSE outside its band */
-  R_CANARY = 32 /* wrote past the end of an output */
+  R_CANARY = 32, /* wrote past the end of an output */
+  R_MAPPED = 64  /* the mapped launch's bytes differ from the backend's */
 };
 
 static const char *why_names(unsigned w, char *buf, size_t n) {
-  static const char *const nm[] = {"rc", "bound", "batch", "bytes", "nmse",
-                                   "canary"};
+  static const char *const nm[] = {"rc",   "bound",  "batch", "bytes",
+                                   "nmse", "canary", "mapped"};
   size_t len = 0;
   buf[0] = '\0';
-  for (int i = 0; i < 6; i++)
+  for (int i = 0; i < 7; i++)
     if (w & (1u << i))
       len += (size_t)snprintf(buf + len, n > len ? n - len : 0, "%s%s",
                               len ? "," : "", nm[i]);
@@ -271,6 +280,9 @@ typedef struct sink {
   long skipped;    /* cases no backend can run (ql_dispatch gave NULL) */
   char skipwhy[200];
   long nobatch;    /* cases with no M = 1 implementation to compare with */
+  long mapped;     /* cases also run through a mapping (mapped_case.h),
+                      with the same bytes: "N also mapped" */
+  char mapped_skip[160]; /* why a backend's layouts were not mapped */
   attr at;
 } sink;
 
@@ -351,12 +363,16 @@ static void group_done(sink *s, const char *what, const bk *bks, int nb) {
       printf(" (%ld failed)", s->failed);
     if (s->worst > 0.0)
       printf(", worst err/bound %.3g", s->worst);
+    if (s->mapped)
+      printf(", %ld also mapped", s->mapped);
     attr_print(&s->at, bks, nb);
     printf("\n");
   }
   if (s->nobatch)
     printf("note %s: batch invariance not checked in %ld cases: nothing "
            "runs M = 1\n", what, s->nobatch);
+  if (s->mapped_skip[0] != '\0')
+    printf("note %s: %s\n", what, s->mapped_skip);
   if (s->skipped)
     printf("skip %s: %ld case%s, no implementation on any backend: %s\n",
            what, s->skipped, s->skipped > 1 ? "s" : "", s->skipwhy);
@@ -883,6 +899,45 @@ static unsigned run_linear_impl(sink *s, const char *cs,
   return bad;
 }
 
+#ifdef QL_CONFORMANCE_MAPPED
+/* The case again as a mapping client runs it (mapped_case.h), on b's
+ * layout packed: its bytes must be y's, the backend's own launch. A
+ * backend whose layouts were made without export (QL_ENOTSUP) is noted
+ * once, not failed. */
+static unsigned run_mapped(sink *s, const char *cs, const ql_backend *b,
+                           const void *packed, const ql_qweight *q,
+                           ql_dtype dt, const void *x, int64_t m,
+                           const unsigned char *y) {
+  size_t bytes = (size_t)(m * q->n) * ql_dtype_size(dt);
+  unsigned char *ym = out_alloc(bytes);
+  unsigned bad = 0;
+  memset(ym, 0xFF, bytes);
+  int rc = ql__conf_mapped_linear(b, packed, q, dt, x, m, ym);
+  if (rc == QL_ENOTSUP) {
+    snprintf(s->mapped_skip, sizeof s->mapped_skip,
+             "%s exports no layout (QL_ENOTSUP): mapped mode not checked",
+             b->name);
+  } else if (rc != 0) {
+    note(s, R_RC, "%s, mapped: %s", cs, errname(rc));
+    bad |= R_RC;
+  } else if (!canary_ok(ym, bytes)) {
+    note(s, R_CANARY, "%s, mapped: wrote past y", cs);
+    bad |= R_CANARY;
+  } else if (memcmp(ym, y, bytes) != 0) {
+    size_t i = 0;
+    while (ym[i] == y[i])
+      i++;
+    note(s, R_MAPPED, "%s: the mapped launch differs from %s's at byte %zu",
+         cs, b->name, i);
+    bad |= R_MAPPED;
+  } else {
+    s->mapped++;
+  }
+  free(ym);
+  return bad;
+}
+#endif
+
 static void run_linear(const bk *bks, int nb, const lgroup *g,
                        const shape *sh, int nsh, sink *s) {
   ql_op op = g->aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
@@ -1032,6 +1087,12 @@ static void run_linear(const bk *bks, int nb, const lgroup *g,
         if (!(bad & R_RC))
           bad |= check_bound(s, csi, y, g->adt, 0, m, n, y64,
                              bound_of(im, err, err_tc));
+#ifdef QL_CONFORMANCE_MAPPED
+        if (!g->aq && lay >= 0 && !(bad & R_RC) &&
+            bks[bi].b->export_layout != NULL && m <= QL_MAPPED_MAX_ROWS)
+          bad |= run_mapped(s, csi, bks[bi].b, rp[lay].packed, q, g->adt, xn,
+                            m, y);
+#endif
 
         /* Each row alone, once per (implementation, layout) and weight. */
         if (a->im == NULL) {
