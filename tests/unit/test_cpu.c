@@ -411,6 +411,31 @@ END_TEST
 /* pack then unpack gives back the canonical arrays, byte for byte (q8c
  * and f8r scales as their f32 values), for ragged shapes, every scale
  * dtype and every format. */
+/* ql__cpu_unpack gives back q's codes, scales and zeros from p (q8c and
+ * f8r scales as f32). */
+static void same_after_unpack(const ql__cpu_packed *p, const ql_qweight *q) {
+  int grouped = q->format == QL_FORMAT_Q4G || q->format == QL_FORMAT_Q8B;
+  size_t sb = grouped ? q->scale_bytes : (size_t)q->n * sizeof(float);
+  uint8_t *qd = tu_xmalloc(q->qdata_bytes);
+  void *sc = tu_xmalloc(sb), *ze = tu_xmalloc(sb);
+  ck_assert_int_eq(ql__cpu_unpack(p, qd, sc, ze), 0);
+  REQUIRE(memcmp(qd, q->qdata, q->qdata_bytes) == 0,
+          "qdata differs: %s N=%lld K=%lld gs=%u", fmt_name(q),
+          (long long)q->n, (long long)q->k, q->group_size);
+  if (grouped) {
+    ck_assert(memcmp(sc, q->scale, sb) == 0);
+    if (q->zero != NULL)
+      ck_assert(memcmp(ze, q->zero, sb) == 0);
+  } else {
+    for (int64_t j = 0; j < q->n; j++)
+      ck_assert(((float *)sc)[j] ==
+                ql_load_f32(q->scale_dtype, q->scale, (size_t)j));
+  }
+  free(qd);
+  free(sc);
+  free(ze);
+}
+
 START_TEST(test_repack_round_trip) {
   static const ql_dtype dts[] = {QL_DTYPE_F32, QL_DTYPE_F16, QL_DTYPE_BF16};
   static const int64_t ns[] = {1, 16, 33}, ks[] = {1, 7, 64, 65, 257};
@@ -425,7 +450,7 @@ START_TEST(test_repack_round_trip) {
         for (size_t gi = 0; gi < (fi == 0 || fi == 2 || fi == 3 ? 4u : 1u);
              gi++, c++) {
           ql_format f = fs[fi];
-          int asym = fi == 3, grouped = fi == 0 || fi == 2 || fi == 3;
+          int asym = fi == 3;
           ql_dtype sdt = dts[c % 3];
           ql_qweight *q = make_weight_a(300 + (uint64_t)c, f, gss[gi], asym,
                                         sdt, ns[ni], ks[ki], 0);
@@ -435,25 +460,7 @@ START_TEST(test_repack_round_trip) {
           ck_assert_int_eq((long long)p->tiles, (long long)((q->n + 15) / 16));
           ck_assert_uint_eq((uintptr_t)p->data % 64, 0);
           ck_assert_uint_eq(p->tile_bytes % 64, 0);
-          size_t sb = grouped ? q->scale_bytes : (size_t)q->n * sizeof(float);
-          uint8_t *qd = tu_xmalloc(q->qdata_bytes);
-          void *sc = tu_xmalloc(sb), *ze = tu_xmalloc(sb);
-          ck_assert_int_eq(ql__cpu_unpack(p, qd, sc, ze), 0);
-          REQUIRE(memcmp(qd, q->qdata, q->qdata_bytes) == 0,
-                  "qdata differs: %s N=%lld K=%lld gs=%u", fmt_name(q),
-                  (long long)q->n, (long long)q->k, gss[gi]);
-          if (grouped) {
-            ck_assert(memcmp(sc, q->scale, sb) == 0);
-            if (q->zero != NULL)
-              ck_assert(memcmp(ze, q->zero, sb) == 0);
-          } else {
-            for (int64_t j = 0; j < q->n; j++)
-              ck_assert(((float *)sc)[j] ==
-                        ql_load_f32(q->scale_dtype, q->scale, (size_t)j));
-          }
-          free(qd);
-          free(sc);
-          free(ze);
+          same_after_unpack(p, q);
           ql__cpu_packed_free(p);
           ql_qweight_free(q);
         }
@@ -477,15 +484,7 @@ START_TEST(test_repack_large_alignment) {
     int large = p->bytes >= ((size_t)2 << 20);
     ck_assert_int_eq(large, i < 2);
     ck_assert_uint_eq((uintptr_t)p->data % (large ? (2u << 20) : 64u), 0);
-    uint8_t *qd = tu_xmalloc(q->qdata_bytes);
-    size_t sb = q->format == QL_FORMAT_Q4G ? q->scale_bytes
-                                           : (size_t)q->n * sizeof(float);
-    void *sc = tu_xmalloc(sb), *ze = tu_xmalloc(sb);
-    ck_assert_int_eq(ql__cpu_unpack(p, qd, sc, ze), 0);
-    ck_assert(memcmp(qd, q->qdata, q->qdata_bytes) == 0);
-    free(qd);
-    free(sc);
-    free(ze);
+    same_after_unpack(p, q);
     ql__cpu_packed_free(p);
     ql_qweight_free(q);
   }
