@@ -1125,6 +1125,23 @@ static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,
  * take 4 tiles x 4 rows (aq_q4g_whole) where 4 rows are left, 4 tiles x
  * 1-2 rows or 2 tiles x up to 4 otherwise (DRIVE_BIG; 3 rows there would
  * take two passes, 2 rows and 1). */
+/* One pass of 4 tiles over groups [g0, g1): 4 rows, or the 1-3 left
+ * (left >= 4: 4 rows). Both of aq_q4g's pass paths go through it: one
+ * copy of each block. */
+static TGT __attribute__((noinline)) void
+q4g_pass(const ql__cpu_packed *p, const ql__cpu_xq *xq, int64_t m0,
+         int64_t left, int64_t t, int64_t g0, int64_t g1, __m512 *sv,
+         size_t pfd, size_t nx, const float *bias, float *y) {
+  if (left >= 4)
+    aq_q4g_4x4(p, xq, m0, t, g0, g1, sv, pfd, nx, bias, y);
+  else if (left == 3)
+    aq_q4g_blk(p, xq, g0, g1, sv, m0, 3, t, 4, bias, y);
+  else if (left == 2)
+    aq_q4g_blk(p, xq, g0, g1, sv, m0, 2, t, 4, bias, y);
+  else
+    aq_q4g_blk(p, xq, g0, g1, sv, m0, 1, t, 4, bias, y);
+}
+
 static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
                        int64_t t0, int64_t t1, const float *bias, float *y) {
   const int64_t m = xq->m, G = p->groups;
@@ -1134,21 +1151,9 @@ static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
       const int64_t mend = m - mc < mcn ? m : mc + mcn;
       for (int64_t t = t0; t < tq; t += 4) {
         const size_t nx = tq - t >= 8 ? 4 * p->tile_bytes : 0;
-        for (int64_t m0 = mc, i = 0; m0 < mend; i++) {
-          int64_t left = mend - m0;
-          if (left >= 4) {
-            aq_q4g_4x4(p, xq, m0, t, 0, G, NULL, 0, i == 1 ? nx : 0, bias, y);
-            m0 += 4;
-          } else {
-            if (left == 3)
-              aq_q4g_blk(p, xq, 0, G, NULL, m0, 3, t, 4, bias, y);
-            else if (left == 2)
-              aq_q4g_blk(p, xq, 0, G, NULL, m0, 2, t, 4, bias, y);
-            else
-              aq_q4g_blk(p, xq, 0, G, NULL, m0, 1, t, 4, bias, y);
-            m0 += left;
-          }
-        }
+        for (int64_t m0 = mc, i = 0; m0 < mend; m0 += 4, i++)
+          q4g_pass(p, xq, m0, mend - m0, t, 0, G, NULL, 0, i == 1 ? nx : 0,
+                   bias, y);
       }
     }
     t0 = tq;
@@ -1156,27 +1161,12 @@ static TGT void aq_q4g(const ql__cpu_packed *p, const ql__cpu_xq *xq,
     __m512 sv[(KC_MAX_ROWS + 3) / 4][16];
     const size_t pfd = (size_t)Q4_KC * p->group_bytes;
     int64_t t = t0;
-    for (; t1 - t >= 4; t += 4) {
+    for (; t1 - t >= 4; t += 4)
       for (int64_t g0 = 0; g0 < G; g0 += Q4_KC) {
         int64_t g1 = G - g0 < Q4_KC ? G : g0 + Q4_KC;
-        int i = 0;
-        for (int64_t m0 = 0; m0 < m; i++) {
-          if (m - m0 >= 4) {
-            aq_q4g_4x4(p, xq, m0, t, g0, g1, sv[i], pfd, 0, bias, y);
-            m0 += 4;
-          } else if (m - m0 == 3) {
-            aq_q4g_blk(p, xq, g0, g1, sv[i], m0, 3, t, 4, bias, y);
-            m0 += 3;
-          } else if (m - m0 == 2) {
-            aq_q4g_blk(p, xq, g0, g1, sv[i], m0, 2, t, 4, bias, y);
-            m0 += 2;
-          } else {
-            aq_q4g_blk(p, xq, g0, g1, sv[i], m0, 1, t, 4, bias, y);
-            m0 += 1;
-          }
-        }
+        for (int64_t m0 = 0, i = 0; m0 < m; m0 += 4, i++)
+          q4g_pass(p, xq, m0, m - m0, t, g0, g1, sv[i], pfd, 0, bias, y);
       }
-    }
     t0 = t;
   }
   DRIVE_BIG((size_t)xq->kp, 4, aq_q4g_whole, aq_q4g_blk, p, xq, 0, G, NULL,
