@@ -1076,10 +1076,61 @@ static inline int64_t m_chunk(size_t row_bytes) {
   }
 #define DRIVE(ROWB, blk, ...) DRIVE_W(ROWB, 2, blk, __VA_ARGS__)
 
+/* One q4g WO pass of 3 tiles x mb rows, mb 1-4. */
+static TGT void wo_q4g_3x(const ql__cpu_packed *p, const float *x,
+                          const float *xs, int64_t m0, int mb, int64_t t,
+                          const float *bias, float *y) {
+  switch (mb) {
+  case 4:
+    wo_q4g_blk(p, x, xs, m0, 4, t, 3, bias, y);
+    break;
+  case 3:
+    wo_q4g_blk(p, x, xs, m0, 3, t, 3, bias, y);
+    break;
+  case 2:
+    wo_q4g_blk(p, x, xs, m0, 2, t, 3, bias, y);
+    break;
+  default:
+    wo_q4g_blk(p, x, xs, m0, 1, t, 3, bias, y);
+    break;
+  }
+}
+
+/*
+ * q4g WO: batches of 1-3 rows as DRIVE_W (4 tiles x all the rows), and 6
+ * (4 tiles x 3 + 3); from 4 rows otherwise, passes of 3 tiles x 4 rows
+ * (never a lone row: 5 left go as 3 + 2). Each weight vector costs a
+ * shift and a vpermps, which share the Zen 4 FP pipes 1-2 with the FMAs'
+ * pipe 1: per value of k, 3 tiles x 4 rows is 12 FMAs to 6 decode
+ * operations, where 4 x 3 is 12 to 8, and the 24 sums (12 running, 12 of
+ * the group) leave registers for the table and the weight vectors. On a
+ * Zen 4 VM at M = 16 (4096x4096, 14336x4096; qlinear-bench, alternating
+ * builds): 0.78 of the FMA peak with 4 x 3, 0.82-0.84 with 3 x 4; M = 6
+ * stays faster as 4 x 3 + 3 (0.78-0.80 against 0.76-0.77 as 4 + 2).
+ */
 static TGT void wo_q4g(const ql__cpu_packed *p, const float *x,
                        const float *xs, int64_t m, int64_t t0, int64_t t1,
                        const float *bias, float *y) {
-  DRIVE_W((size_t)p->k * 4, 3, wo_q4g_blk, p, x, xs, m0)
+  if (m < 4 || m == 6) {
+    DRIVE_W((size_t)p->k * 4, 3, wo_q4g_blk, p, x, xs, m0)
+    return;
+  }
+  for (int64_t mc = 0, mcn = m_chunk((size_t)p->k * 4); mc < m; mc += mcn) {
+    int64_t mend = m - mc < mcn ? m : mc + mcn;
+    for (int64_t t = t0; t < t1;) {
+      int tb = t1 - t >= 3 ? 3 : (int)(t1 - t);
+      for (int64_t m0 = mc; m0 < mend;) {
+        int64_t left = mend - m0;
+        int mb = left == 5 ? 3 : left < 4 ? (int)left : 4;
+        if (tb == 3)
+          wo_q4g_3x(p, x, xs, m0, mb, t, bias, y);
+        else
+          CASES(wo_q4g_blk, p, x, xs, m0)
+        m0 += mb;
+      }
+      t += tb;
+    }
+  }
 }
 
 static TGT void wo_q8c(const ql__cpu_packed *p, const float *x, int64_t m,

@@ -261,15 +261,15 @@ END_TEST
 
 /* The override lowers, never raises, and an unknown value is ignored. */
 /*
- * Long q4g AQ batches, at every level and 1-2 threads: K = 4100 makes the
- * row chunk of the kernels' whole-K passes its minimum of 96 rows, so M =
- * 203 takes chunks of 96, 96 and 11 rows; 8-14 rows take one chunk; 1-3
- * rows are left after the passes of 4. N of 9 tiles and a ragged one:
- * 4-tile groups, the second pass over each prefetching the next group
- * where there is one, and tiles left over. The bytes are the generic
- * op's.
+ * Long q4g batches, AQ and WO, at every level and 1-2 threads: K = 4100
+ * makes the row chunk of the kernels' whole-K passes its minimum of 96
+ * rows, so M = 203 takes chunks of 96, 96 and 11 rows; 8-14 rows take one
+ * chunk; 1-3 rows are left after the passes of 4. N of 9 tiles and a
+ * ragged one: AQ's 4-tile groups, the second pass over each prefetching
+ * the next group where there is one, WO's groups of 3, and tiles left
+ * over. The bytes are the generic op's.
  */
-START_TEST(test_q4g_aq_long_batches) {
+START_TEST(test_q4g_long_batches) {
   static const int64_t ms[] = {8, 9, 11, 14, 203};
   const int64_t n = 9 * 16 + 5, k = 4100;
   char ctx[128];
@@ -278,11 +278,14 @@ START_TEST(test_q4g_aq_long_batches) {
   ql_qweight *q =
       make_weight_a(410, QL_FORMAT_Q4G, 128, 0, QL_DTYPE_BF16, n, k, 1);
   void *x = make_x(91, QL_DTYPE_F32, 203, k);
-  for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
-    snprintf(ctx, sizeof ctx, "level %s threads %d q4g AQ M=%lld",
-             level_env[_i / 2], 1 + _i % 2, (long long)ms[mi]);
-    same_as_generic(q, QL_OP_LINEAR_AQ, QL_DTYPE_F32, x, ms[mi], ctx);
-  }
+  for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+    for (int aq = 0; aq < 2; aq++) {
+      snprintf(ctx, sizeof ctx, "level %s threads %d q4g %s M=%lld",
+               level_env[_i / 2], 1 + _i % 2, aq ? "AQ" : "WO",
+               (long long)ms[mi]);
+      same_as_generic(q, aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO,
+                      QL_DTYPE_F32, x, ms[mi], ctx);
+    }
   free(x);
   ql_qweight_free(q);
 }
@@ -1191,7 +1194,7 @@ static Suite *cpu_suite(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_levels_match_generic, 0, 4);
   tcase_add_loop_test(tc, test_decode_batches, 0, 8);
-  tcase_add_loop_test(tc, test_q4g_aq_long_batches, 0, 8);
+  tcase_add_loop_test(tc, test_q4g_long_batches, 0, 8);
   tcase_add_loop_test(tc, test_f8r_all_codes, 0, 4);
 #if defined(__x86_64__)
   tcase_add_loop_test(tc, test_f8r_daz, 0, 4);
