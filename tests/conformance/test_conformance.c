@@ -93,7 +93,9 @@
  *
  * Plain main(): the output is a report (what ran, dispatch, NMSE table,
  * skips) ending in "N passed, F failed, S skipped"; exit status 1 on any
- * failure. The linear groups run in two child processes (run time, and a
+ * failure. With QL_CONFORMANCE_FAIL_FAST set (not "0"), and always in a
+ * program named mutant_* (the mutation tests), the run ends at its first
+ * failing group. The linear groups run in two child processes (run time, and a
  * crashing implementation still leaves a report); a watchdog fails the run
  * instead of letting a hung implementation hang `make check`.
  */
@@ -347,6 +349,37 @@ static const ql_kernel_impl *dispatch(const ql_backend *b, ql_op op,
   return im;
 }
 
+/*
+ * Fail-fast (QL_CONFORMANCE_FAIL_FAST, or a program named mutant_*): the
+ * mutation tests need one failure, not the whole matrix's, which is most
+ * of their run time. The first group with a failure ends the run: in a
+ * worker, with its counters and exit status 1 (workers_finish() then stops
+ * the other worker); in the parent, after killing the workers.
+ */
+#define WORKERS 2
+static int g_fail_fast, g_in_worker;
+static pid_t g_worker_pid[WORKERS]; /* for the watchdog and fail-fast */
+
+static void fail_fast_stop(void) {
+  if (!g_fail_fast)
+    return;
+  printf("FAIL fail-fast: the run stops at its first failing group\n");
+  if (g_in_worker) {
+    printf("@counts %ld %ld %ld\n", g_passed, g_failed, g_skipped);
+    fflush(stdout);
+    _exit(1);
+  }
+  for (int w = 0; w < WORKERS; w++)
+    if (g_worker_pid[w] > 0) {
+      kill(g_worker_pid[w], SIGKILL);
+      (void)waitpid(g_worker_pid[w], NULL, 0);
+    }
+  printf("%ld passed, %ld failed, %ld skipped (fail-fast)\n", g_passed,
+         g_failed, g_skipped);
+  fflush(stdout);
+  exit(EXIT_FAILURE);
+}
+
 /* The group's closing lines, and the global counters. */
 static void group_done(sink *s, const char *what, const bk *bks, int nb) {
   if (s->quiet)
@@ -376,6 +409,8 @@ static void group_done(sink *s, const char *what, const bk *bks, int nb) {
   if (s->skipped)
     printf("skip %s: %ld case%s, no implementation on any backend: %s\n",
            what, s->skipped, s->skipped > 1 ? "s" : "", s->skipwhy);
+  if (s->failed)
+    fail_fast_stop();
 }
 
 /* --------------------------------------------------- formats and data */
@@ -2355,16 +2390,12 @@ static void run_linear_range(const bk *bks, int nb, int c0, int c1) {
  * sanitizer report) is a failure, not a lost report. Without fork() or
  * tmpfile() the groups run in this process.
  */
-#define WORKERS 2
-
 typedef struct workers {
   int cut[WORKERS + 1];
   FILE *tf[WORKERS];
   pid_t pid[WORKERS];
 } workers;
 
-/* For the watchdog. */
-static pid_t g_worker_pid[WORKERS];
 
 static void workers_start(workers *wk, const bk *bks, int nb) {
   int total = 0, acc = 0;
@@ -2387,6 +2418,7 @@ static void workers_start(workers *wk, const bk *bks, int nb) {
       double t0 = now_s();
       if (dup2(fileno(wk->tf[w]), STDOUT_FILENO) < 0)
         _exit(3);
+      g_in_worker = 1;
       g_passed = g_failed = g_skipped = 0;
       run_linear_range(bks, nb, wk->cut[w], wk->cut[w + 1]);
       xcache_free();
@@ -2402,6 +2434,32 @@ static void workers_start(workers *wk, const bk *bks, int nb) {
 }
 
 static void workers_finish(workers *wk, const bk *bks, int nb) {
+  int wst[WORKERS] = {0}, reaped[WORKERS] = {0};
+
+  /* Fail-fast: the workers as they end, the others killed once one
+   * fails; their reports are then read in order as below. */
+  if (g_fail_fast) {
+    int live = 0;
+    for (int w = 0; w < WORKERS; w++)
+      live += wk->pid[w] > 0;
+    while (live > 0) {
+      int st = 0;
+      pid_t pid = waitpid(-1, &st, 0);
+      if (pid < 0)
+        break;
+      for (int i = 0; i < WORKERS; i++)
+        if (wk->pid[i] == pid && !reaped[i]) {
+          wst[i] = st;
+          reaped[i] = 1;
+          g_worker_pid[i] = 0;
+          live--;
+          if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            for (int j = 0; j < WORKERS; j++)
+              if (j != i && wk->pid[j] > 0 && !reaped[j])
+                kill(wk->pid[j], SIGKILL);
+        }
+    }
+  }
   for (int w = 0; w < WORKERS; w++) {
     char line[1024];
     long p, f, sk;
@@ -2413,7 +2471,9 @@ static void workers_finish(workers *wk, const bk *bks, int nb) {
       run_linear_range(bks, nb, wk->cut[w], wk->cut[w + 1]);
       continue;
     }
-    if (waitpid(wk->pid[w], &st, 0) < 0)
+    if (reaped[w])
+      st = wst[w];
+    else if (waitpid(wk->pid[w], &st, 0) < 0)
       st = -1;
     g_worker_pid[w] = 0;
     rewind(wk->tf[w]);
@@ -2521,7 +2581,14 @@ int main(int argc, char **argv) {
   workers wk;
   int nnr = 0;
   double t0 = now_s(), t;
+  const char *ff = getenv("QL_CONFORMANCE_FAIL_FAST");
+  const char *base = strrchr(argv[0], '/');
   setvbuf(stdout, NULL, _IOLBF, 0);
+  /* (libtool runs an uninstalled program as lt-NAME) */
+  base = base != NULL ? base + 1 : argv[0];
+  g_fail_fast = (ff != NULL && ff[0] != '\0' && strcmp(ff, "0") != 0) ||
+                strncmp(base, "mutant_", 7) == 0 ||
+                strncmp(base, "lt-mutant_", 10) == 0;
 #ifdef QL_CONFORMANCE_BACKEND
   /* A build of the harness for one backend (Makefile.am: the emulated CUDA
    * kernels) runs as if given --backend NAME --small. */
@@ -2709,6 +2776,8 @@ int main(int argc, char **argv) {
   workers_finish(&wk, bks, nb);
   printf("# linear ops (workers, in parallel with the above): %.1f s\n",
          now_s() - t0);
+  if (g_failed)
+    fail_fast_stop(); /* a worker's failure */
   t = now_s();
 
   /* NMSE */
