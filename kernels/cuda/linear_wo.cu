@@ -310,6 +310,45 @@ __device__ __forceinline__ void dequant_unit(const uint4& v, int j,
   }
 }
 
+// Stages x for a step: rows [r0, r0 + have) of x (dtype DT; rows past
+// them as zeros), values [k0, k0 + xt) of each, into xs from column 0
+// (swizzled), zeros from xt up to xw. The thread's loads go out in rounds
+// of L, all of a round before its first store: the loads are
+// independent, but a loop that stores each value as it arrives waits a
+// memory latency per value, and a block that stages x once waits for it
+// before any arithmetic. L is what the kernel's registers allow (kStageL).
+// The values stored are load_f32()'s.
+template <int DT, int S, int XT, int L>
+__device__ __forceinline__ void stage_x(const void* __restrict__ x,
+                                        float (*xs)[XT], int64_t r0,
+                                        int have, int64_t k, int64_t k0,
+                                        int xt, int xw) {
+  static_assert(S * XT % (kThreads * L) == 0, "whole rounds");
+  for (int i0 = 0; i0 < S * XT; i0 += kThreads * L) {
+    uint32_t raw[L];
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const int i = i0 + j * kThreads + int(threadIdx.x);
+      const int mr = i / XT, kk = i % XT;
+      raw[j] = 0u;  // +0.0 in every dtype
+      if (kk < xt && mr < have) {
+        const int64_t e = (r0 + mr) * k + k0 + kk;
+        raw[j] = DT == DT_F32 ? static_cast<const uint32_t*>(x)[e]
+                              : uint32_t(static_cast<const uint16_t*>(x)[e]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const int i = i0 + j * kThreads + int(threadIdx.x);
+      const int mr = i / XT, kk = i % XT;
+      if (kk < xw)
+        xs[mr][swz(kk)] = DT == DT_F32   ? __uint_as_float(raw[j])
+                          : DT == DT_F16 ? f16_to_f32(raw[j])
+                                         : bf16_to_f32(raw[j]);
+    }
+  }
+}
+
 // Adds chunk c (one per lane and step; its codes v, scale s and zero z for
 // each of the warp's R rows) to acc for the S rows of x staged in xs. The
 // arithmetic of one (row of x, row of W) is chunk_dot()'s, step for step:
@@ -399,6 +438,11 @@ __device__ __forceinline__ void fetch_tile(const ql__cuda_wo& w,
 template <int F, int MT>
 constexpr int kDepth = MT <= 8 ? 2 : 1;
 
+// Loads of x per thread and round of stage_x(): 16, or 4 at three blocks
+// per SM (85 registers a thread), where 16 would spill.
+template <int B>
+constexpr int kStageL = B >= 3 ? 4 : 16;
+
 // Blocks per SM the register budget is cut for: two for one or two rows of
 // x (so that a persistent grid of two blocks per SM fits), one above.
 template <int MT>
@@ -435,6 +479,7 @@ __global__ void __launch_bounds__(kThreads, B)
   constexpr int TK = kStepK<F, MT>;  // values of K a step
   constexpr int R = kRowsPerWarp, P = kPerLane<F, TK>;
   constexpr int S = kStageS<MT>, XT = kXTile<MT>;  // staged rows, x tile
+  constexpr int SL = kStageL<B>;  // loads of x a round (stage_x)
   static_assert(MT % S == 0 && (MT == S || XT == TK), "passes");
   static_assert(XT % TK == 0, "a stage holds whole steps");
   __shared__ __align__(16) float xs[S][XT];
@@ -520,14 +565,14 @@ __global__ void __launch_bounds__(kThreads, B)
 #ifndef QL_MUT_NO_BARRIER  // mutation test: the tile is overwritten early
         __syncthreads();  // every warp is done with the previous tile
 #endif
-        for (int i = threadIdx.x; i < S * XT; i += kThreads) {
-          const int mr = i / XT, kk = i % XT;
-          if (kk >= xw) continue;
-          xs[mr][swz(kk)] =
-              kk < xt && p * S + mr < rows
-                  ? load_f32(dt, x, (m0 + p * S + mr) * w.k + k0 + kk)
-                  : 0.0f;
-        }
+        const int64_t r0 = m0 + p * S;
+        const int have = rows - p * S;
+        if (dt == DT_F32)
+          stage_x<DT_F32, S, XT, SL>(x, xs, r0, have, w.k, k0, xt, xw);
+        else if (dt == DT_F16)
+          stage_x<DT_F16, S, XT, SL>(x, xs, r0, have, w.k, k0, xt, xw);
+        else
+          stage_x<DT_BF16, S, XT, SL>(x, xs, r0, have, w.k, k0, xt, xw);
         __syncthreads();
       }
 #pragma unroll
