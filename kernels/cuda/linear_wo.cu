@@ -40,7 +40,9 @@
 //   of x, fewer for more: 32 KiB), converted to f32 once per block (8
 //   rows at a time: MT = 16 takes two passes over a tile of 1024 values
 //   with the codes kept in registers), with a 128-byte XOR swizzle so that
-//   the lanes' 16-byte reads of x are free of bank conflicts; when the
+//   the lanes' 16-byte reads of x are free of bank conflicts, each
+//   thread's loads of a stage issued in rounds ahead of their stores
+//   (stage_x); when the
 //   block's span of K fits one stage, x is staged once for the whole call;
 // - a lane takes two 16-byte chunks of each of its rows per step of K
 //   (1024 values of 8-bit codes, 2048 of q4g up to 4 rows of x); its
