@@ -357,17 +357,18 @@ static const ql_kernel_impl *dispatch(const ql_backend *b, ql_op op,
  * the other worker); in the parent, after killing the workers.
  */
 #define WORKERS 2
+#define FAIL_FAST_EXIT 4 /* a worker's status: stopped at a failure */
 static int g_fail_fast, g_in_worker;
 static pid_t g_worker_pid[WORKERS]; /* for the watchdog and fail-fast */
 
-static void fail_fast_stop(void) {
+static void fail_fast_stop(const char *why) {
   if (!g_fail_fast)
     return;
-  printf("FAIL fail-fast: the run stops at its first failing group\n");
+  printf("FAIL fail-fast: the run stops at %s\n", why);
   if (g_in_worker) {
     printf("@counts %ld %ld %ld\n", g_passed, g_failed, g_skipped);
     fflush(stdout);
-    _exit(1);
+    _exit(FAIL_FAST_EXIT);
   }
   for (int w = 0; w < WORKERS; w++)
     if (g_worker_pid[w] > 0) {
@@ -410,7 +411,7 @@ static void group_done(sink *s, const char *what, const bk *bks, int nb) {
     printf("skip %s: %ld case%s, no implementation on any backend: %s\n",
            what, s->skipped, s->skipped > 1 ? "s" : "", s->skipwhy);
   if (s->failed)
-    fail_fast_stop();
+    fail_fast_stop("its first failing group");
 }
 
 /* --------------------------------------------------- formats and data */
@@ -2434,35 +2435,38 @@ static void workers_start(workers *wk, const bk *bks, int nb) {
 }
 
 static void workers_finish(workers *wk, const bk *bks, int nb) {
-  int wst[WORKERS] = {0}, reaped[WORKERS] = {0};
+  int wst[WORKERS] = {0}, reaped[WORKERS] = {0}, killed[WORKERS] = {0};
 
-  /* Fail-fast: the workers as they end, the others killed once one
-   * fails; their reports are then read in order as below. */
-  if (g_fail_fast) {
-    int live = 0;
-    for (int w = 0; w < WORKERS; w++)
-      live += wk->pid[w] > 0;
-    while (live > 0) {
+  /* Fail-fast: the workers as they end (polled by pid), the others killed
+   * once one fails; their reports are then read in order as below. */
+  for (int live = g_fail_fast; live > 0;) {
+    live = 0;
+    for (int i = 0; i < WORKERS; i++) {
       int st = 0;
-      pid_t pid = waitpid(-1, &st, 0);
-      if (pid < 0)
-        break;
-      for (int i = 0; i < WORKERS; i++)
-        if (wk->pid[i] == pid && !reaped[i]) {
-          wst[i] = st;
-          reaped[i] = 1;
-          g_worker_pid[i] = 0;
-          live--;
-          if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            for (int j = 0; j < WORKERS; j++)
-              if (j != i && wk->pid[j] > 0 && !reaped[j])
-                kill(wk->pid[j], SIGKILL);
+      if (wk->pid[i] <= 0 || reaped[i])
+        continue;
+      pid_t r = waitpid(wk->pid[i], &st, WNOHANG);
+      if (r == 0) {
+        live++;
+        continue;
+      }
+      wst[i] = r < 0 ? -1 : st;
+      reaped[i] = 1;
+      g_worker_pid[i] = 0;
+      if (r > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        continue;
+      for (int j = 0; j < WORKERS; j++)
+        if (j != i && wk->pid[j] > 0 && !reaped[j] && !killed[j]) {
+          kill(wk->pid[j], SIGKILL);
+          killed[j] = 1;
         }
     }
+    if (live > 0)
+      usleep(20000);
   }
   for (int w = 0; w < WORKERS; w++) {
     char line[1024];
-    long p, f, sk;
+    long p, f = 0, sk;
     int st = 0, counted = 0;
 
     if (wk->pid[w] < 0) {
@@ -2488,6 +2492,15 @@ static void workers_finish(workers *wk, const bk *bks, int nb) {
       }
     }
     fclose(wk->tf[w]);
+    if (killed[w] && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
+      printf("note worker for formats %d..%d: stopped (fail-fast)\n",
+             wk->cut[w], wk->cut[w + 1] - 1);
+      continue;
+    }
+    /* stopped by fail-fast at failures its counters hold */
+    if (g_fail_fast && counted && f > 0 && WIFEXITED(st) &&
+        WEXITSTATUS(st) == FAIL_FAST_EXIT)
+      continue;
     if (!counted || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
       g_failed++;
       printf("FAIL worker for formats %d..%d: %s %d, report %s\n",
@@ -2777,7 +2790,7 @@ int main(int argc, char **argv) {
   printf("# linear ops (workers, in parallel with the above): %.1f s\n",
          now_s() - t0);
   if (g_failed)
-    fail_fast_stop(); /* a worker's failure */
+    fail_fast_stop("the workers' failures");
   t = now_s();
 
   /* NMSE */
