@@ -95,9 +95,9 @@
  * skips) ending in "N passed, F failed, S skipped"; exit status 1 on any
  * failure. With QL_CONFORMANCE_FAIL_FAST set (not "0"), and always in a
  * program named mutant_* (the mutation tests), the run ends at its first
- * failing group. The linear groups run in two child processes (run time, and a
- * crashing implementation still leaves a report); a watchdog fails the run
- * instead of letting a hung implementation hang `make check`.
+ * failing group. The linear groups run in two child processes (run time,
+ * and a crashing implementation still leaves a report); a watchdog fails
+ * the run instead of letting a hung implementation hang `make check`.
  */
 #include <float.h>
 #include <math.h>
@@ -353,8 +353,9 @@ static const ql_kernel_impl *dispatch(const ql_backend *b, ql_op op,
  * Fail-fast (QL_CONFORMANCE_FAIL_FAST, or a program named mutant_*): the
  * mutation tests need one failure, not the whole matrix's, which is most
  * of their run time. The first group with a failure ends the run: in a
- * worker, with its counters and exit status 1 (workers_finish() then stops
- * the other worker); in the parent, after killing the workers.
+ * worker, with its counters and exit status FAIL_FAST_EXIT
+ * (workers_finish() then stops the other worker); in the parent, after
+ * killing the workers.
  */
 #define WORKERS 2
 #define FAIL_FAST_EXIT 4 /* a worker's status: stopped at a failure */
@@ -2396,7 +2397,6 @@ typedef struct workers {
   FILE *tf[WORKERS];
   pid_t pid[WORKERS];
 } workers;
-
 
 static void workers_start(workers *wk, const bk *bks, int nb) {
   int total = 0, acc = 0;
