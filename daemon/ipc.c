@@ -53,13 +53,15 @@ static void drop(ql__ipc_table *t, ql__ipc_mem *m) {
 }
 
 /* Makes room for one more import: drops the least recently used one that
- * only the table holds. 0, or QL_EEXHAUSTED when every one is in use. */
-static int make_room(ql__ipc_table *t) {
+ * only the table holds, other than keep. 0, or QL_EEXHAUSTED when every
+ * one is in use. */
+static int make_room(ql__ipc_table *t, const ql__ipc_mem *keep) {
   ql__ipc_mem *lru = NULL;
   if (t->n < QL_SESSION_MAX_IPC)
     return 0;
   for (ql__ipc_mem *m = t->list; m; m = m->next)
-    if (m->id == 0 && m->refs == 1 && (lru == NULL || m->last_use < lru->last_use))
+    if (m->id == 0 && m->refs == 1 && m != keep &&
+        (lru == NULL || m->last_use < lru->last_use))
       lru = m;
   if (lru == NULL)
     return QL_EEXHAUSTED;
@@ -68,8 +70,8 @@ static int make_room(ql__ipc_table *t) {
 }
 
 int ql__ipc_get(ql__ipc_table **tp, const ql__device *d, uint64_t session,
-                const uint8_t *handle, size_t len, ql__ipc_mem **out,
-                char *err, size_t errlen) {
+                const uint8_t *handle, size_t len, const ql__ipc_mem *keep,
+                ql__ipc_mem **out, char *err, size_t errlen) {
   ql__ipc_table *t = *tp;
   ql__ipc_mem *m;
   void *base = NULL;
@@ -103,7 +105,7 @@ int ql__ipc_get(ql__ipc_table **tp, const ql__device *d, uint64_t session,
       return 0;
     }
   }
-  if ((rc = make_room(t)) != 0) {
+  if ((rc = make_room(t, keep)) != 0) {
     snprintf(err, errlen, "the session has %d IPC allocations open, each "
              "imported or in use by a request", QL_SESSION_MAX_IPC);
     return rc;
@@ -174,7 +176,7 @@ int ql__ipc_import(ql__ipc_table **tp, const ql__device *d, uint64_t session,
   }
   if ((rc = table(tp, err, errlen)) != 0)
     goto fail;
-  if ((rc = make_room(*tp)) != 0) {
+  if ((rc = make_room(*tp, NULL)) != 0) {
     snprintf(err, errlen, "the session has %d IPC allocations open, each "
              "imported or in use by a request", QL_SESSION_MAX_IPC);
     goto fail;

@@ -51,14 +51,18 @@ typedef struct ql__ipc_table ql__ipc_table;
 /*
  * The import of handle (len bytes) on device d in the table *t (made on
  * first use; session is the owner's number, for logs): found, or opened
- * now. No reference is taken for the caller. On failure returns a QL_E*
+ * now. No reference is taken for the caller. Opening one in a full table
+ * lets go of the least recently used import that no request holds, but
+ * never of keep (may be NULL): the import the caller got for the same
+ * request's other tensor, which it holds no reference to yet. On failure
+ * returns a QL_E*
  * code with err set (QL_EINVAL: a handle the device cannot open;
  * QL_ENOTSUP: d takes no imports; QL_EEXHAUSTED: the table is full of
  * imports that requests hold; QL_ENOMEM; QL_EDEVICE).
  */
 int ql__ipc_get(ql__ipc_table **t, const ql__device *d, uint64_t session,
-                const uint8_t *handle, size_t len, ql__ipc_mem **out,
-                char *err, size_t errlen);
+                const uint8_t *handle, size_t len, const ql__ipc_mem *keep,
+                ql__ipc_mem **out, char *err, size_t errlen);
 
 /*
  * An explicit import (Level Zero): opens handle (len bytes) with the

@@ -1191,16 +1191,18 @@ static int ipc_device(ql__server *s, const Qlinear__V1__CudaIpcSlice *xc,
 /*
  * The session's import of a CUDA IPC slice on d (opened at its first use),
  * with the slice checked against the allocation's real size the only safe
- * way. Sets r and returns NULL when it cannot be opened or does not fit.
+ * way. keep: the import of the request's other tensor (or NULL), which the
+ * request holds no reference to yet and a full table must not let go of.
+ * Sets r and returns NULL when it cannot be opened or does not fit.
  */
 static ql__ipc_mem *ipc_slice(ql__session *ss, const ql__device *d,
                               const char *what,
                               const Qlinear__V1__CudaIpcSlice *sl,
-                              ql__reply *r) {
+                              const ql__ipc_mem *keep, ql__reply *r) {
   char err[256];
   ql__ipc_mem *m;
   int rc = ql__ipc_get(ql__session_ipc(ss), d, ql__session_id(ss),
-                       sl->mem_handle.data, sl->mem_handle.len, &m, err,
+                       sl->mem_handle.data, sl->mem_handle.len, keep, &m, err,
                        sizeof err);
   if (rc != 0) {
     ql__reply_set_error(r, rc, "linear: %s: %s", what, err);
@@ -1443,11 +1445,11 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
        !apart("y_out_ze", xm == ym, xz ? xz->offset : 0,
               xz ? xz->length : 0, yz->offset, yz->length, r)))
     return 0;
-  if (xc != NULL && (xm = ipc_slice(ss, ipc_dev, "x", xc, r)) == NULL)
+  if (xc != NULL && (xm = ipc_slice(ss, ipc_dev, "x", xc, NULL, r)) == NULL)
     return 0;
   if (yc != NULL &&
       (!y_length_ok("y_out_cuda", yc->length, m, w->q->n, esz, y_bytes, r) ||
-       (ym = ipc_slice(ss, ipc_dev, "y_out_cuda", yc, r)) == NULL ||
+       (ym = ipc_slice(ss, ipc_dev, "y_out_cuda", yc, xm, r)) == NULL ||
        !apart("y_out_cuda", xm == ym, xc ? xc->offset : 0,
               xc ? xc->length : 0, yc->offset, yc->length, r)))
     return 0;
