@@ -1500,7 +1500,9 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
    * Region and device memory are the session's and bounded there. */
   size_t cost = (xr || xm ? 0 : x->inline_data.len) +
                 (yr || ym ? 0 : y_bytes);
-  if (cost > s->cfg.max_queued_bytes - s->queued_bytes) {
+  /* (A reload may have set the bound below what is queued already.) */
+  if (s->queued_bytes > s->cfg.max_queued_bytes ||
+      cost > s->cfg.max_queued_bytes - s->queued_bytes) {
     ql__reply_set_error(r, QL_EEXHAUSTED, "linear: %zu bytes of requests are "
                         "already queued", s->queued_bytes);
     return 0;

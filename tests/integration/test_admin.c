@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -413,6 +414,82 @@ START_TEST(budget_overflow) {
 }
 END_TEST
 
+/*
+ * A reload that lowers max_queued_bytes below what requests already hold
+ * makes new requests wait for room: answered QL_EEXHAUSTED at once (the
+ * room left wrapped around and let everything in), and served again once
+ * the queue has drained. QL_TEST_PIECE_DELAY_US keeps the first request
+ * (4 MiB of inline x, in pieces) running meanwhile, whatever this
+ * machine's speed.
+ */
+/* The first request of reload_lowers_queued_bytes, on its own thread and
+ * client. */
+typedef struct big_call {
+  ql_client *c;
+  const float *x;
+  float *y;
+  int rc;
+} big_call;
+
+static void *big_run(void *arg) {
+  big_call *b = arg;
+  b->rc = ql_linear(b->c, "w", QL_PATH_ACT_QUANT, QL_DTYPE_F32, 1024, 1024,
+                    b->x, 256, b->y, NULL);
+  return NULL;
+}
+
+START_TEST(reload_lowers_queued_bytes) {
+  char cfgdir[] = "/tmp/ql-cfg-XXXXXX", cfg[300], report[1024];
+  enum { N = 256, K = 1024, M = 1024 };
+  td d;
+  td_layer l;
+  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
+  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
+  FILE *f = fopen(cfg, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "[qlineard]\nmax_queued_bytes = 64M\ncpu_threads = 1\n");
+  fclose(f);
+  const char *args[] = {"--config", cfg, NULL};
+  setenv("QL_TEST_PIECE_DELAY_US", "40000", 1);
+  td_start(&d, args);
+  unsetenv("QL_TEST_PIECE_DELAY_US");
+  td_layer_make(&l, N, K, 3, 0);
+  ql_client *c = td_connect_messages(&d), *a = td_connect_admin(&d);
+  ck_assert_int_eq(load(c, "w", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
+  float *x = calloc((size_t)M * K, sizeof(float)), y[N];
+  ck_assert_ptr_nonnull(x);
+  big_call b = {td_connect_messages(&d), x,
+                tu_xmalloc((size_t)M * N * sizeof(float)), -1};
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, big_run, &b), 0);
+  usleep(200 * 1000); /* the 4 MiB request is queued or running */
+  f = fopen(cfg, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "[qlineard]\nmax_queued_bytes = 1M\ncpu_threads = 1\n");
+  fclose(f);
+  ck_assert_int_eq(ql_reload_config(a, report, sizeof report), 0);
+  ck_assert_int_eq(ql_linear(c, "w", QL_PATH_AUTO, QL_DTYPE_F32, 1, K, x, N, y,
+                             NULL),
+                   QL_EEXHAUSTED);
+  ck_assert_msg(strstr(ql_errmsg(), "queued") != NULL, "message: %s",
+                ql_errmsg());
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_msg(b.rc == 0, "the queued request: %s", ql_strerror(b.rc));
+  ck_assert_int_eq(ql_linear(c, "w", QL_PATH_AUTO, QL_DTYPE_F32, 1, K, x, N, y,
+                             NULL),
+                   0);
+  free(b.y);
+  free(x);
+  ql_close(b.c);
+  ql_close(c);
+  ql_close(a);
+  ck_assert_int_eq(td_stop(&d), 0);
+  unlink(cfg);
+  rmdir(cfgdir);
+  td_layer_free(&l);
+}
+END_TEST
+
 /* An admin unload takes a weight from every session holding it; their
  * later requests find nothing, and nothing crashes when they let go. */
 START_TEST(admin_unload_of_held_weight) {
@@ -750,6 +827,7 @@ int main(void) {
   tcase_add_test(tc, persistent_survives_kill9);
   tcase_add_test(tc, corrupt_store_file);
   tcase_add_test(tc, budget_overflow);
+  tcase_add_test(tc, reload_lowers_queued_bytes);
   tcase_add_test(tc, admin_unload_of_held_weight);
   tcase_add_test(tc, required_device_missing);
   tcase_add_test(tc, store_from_quantizer_v1);
