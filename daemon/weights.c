@@ -16,6 +16,9 @@ struct ql__weight_store {
   size_t budget; /* 0: no limit */
   size_t dev_bytes[QL__MAX_DEVICES];  /* layouts outside host memory */
   size_t dev_budget[QL__MAX_DEVICES]; /* 0: no limit */
+  /* Weights removed by name but still referenced: counted in bytes and
+   * dev_bytes until freed (ql__weight.counted_in), linked by next. */
+  ql__weight *retired;
   void (*on_free)(ql__weight *w, void *arg);
   void *on_free_arg;
 };
@@ -75,6 +78,12 @@ void ql__weight_store_free(ql__weight_store *s) {
       ql__weight_unref(w);
       w = next;
     }
+  }
+  /* Retired weights still held outlive the store: they no longer count. */
+  for (ql__weight *w = s->retired, *next; w != NULL; w = next) {
+    next = w->next;
+    w->counted_in = NULL;
+    w->next = NULL;
   }
   free(s);
 }
@@ -260,6 +269,32 @@ static void device_bytes(ql__weight_store *s, const ql__weight *w, int add) {
     }
 }
 
+/* Takes retired w out of the byte counts of the store it was removed
+ * from. */
+static void uncount(ql__weight *w) {
+  ql__weight_store *s = w->counted_in;
+  for (ql__weight **pp = &s->retired; *pp; pp = &(*pp)->next) {
+    if (*pp == w) {
+      *pp = w->next;
+      break;
+    }
+  }
+  w->next = NULL;
+  w->counted_in = NULL;
+  s->bytes -= w->bytes;
+  device_bytes(s, w, 0);
+}
+
+/* Puts w, removed from s by name, back into s's retired weights and
+ * byte counts. */
+static void recount(ql__weight_store *s, ql__weight *w) {
+  w->counted_in = s;
+  w->next = s->retired;
+  s->retired = w;
+  s->bytes += w->bytes;
+  device_bytes(s, w, 1);
+}
+
 int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
                             ql__weight **existing) {
   *existing = NULL;
@@ -270,14 +305,23 @@ int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
     *existing = old;
     return 0;
   }
-  if (s->budget != 0 &&
-      (w->bytes > s->budget || s->bytes > s->budget - w->bytes))
-    return QL_ENOMEM;
+  /* A weight removed by name and still counted (held) comes back: its
+   * bytes are counted once. */
+  ql__weight_store *was = w->counted_in;
+  if (was != NULL)
+    uncount(w);
+  int fits = s->budget == 0 ||
+             (w->bytes <= s->budget && s->bytes <= s->budget - w->bytes);
   for (unsigned d = 0; d < QL__MAX_DEVICES; d++) {
     size_t need = w->lay[d].packed_bytes, cap = s->dev_budget[d];
     if ((w->devices >> d & 1) && cap != 0 &&
         !w->lay[d].host && (need > cap || s->dev_bytes[d] > cap - need))
-      return QL_ENOMEM;
+      fits = 0;
+  }
+  if (!fits) {
+    if (was != NULL)
+      recount(was, w);
+    return QL_ENOMEM;
   }
   size_t b = bucket_of(w->name);
   w->next = s->buckets[b];
@@ -298,11 +342,13 @@ int ql__weight_store_remove(ql__weight_store *s, const char *name) {
     ql__weight *w = *pp;
     if (strcmp(w->name, name) == 0) {
       *pp = w->next;
-      w->next = NULL;
       w->in_store = 0;
       s->count--;
-      s->bytes -= w->bytes;
-      device_bytes(s, w, 0);
+      /* Its bytes count until its memory goes: at once, or when the last
+       * session or job holding it lets go (ql__weight_unref). */
+      w->counted_in = s;
+      w->next = s->retired;
+      s->retired = w;
       ql__weight_unref(w);
       return 0;
     }
@@ -332,6 +378,8 @@ void ql__weight_ref(ql__weight *w) { w->refs++; }
 void ql__weight_unref(ql__weight *w) {
   if (w == NULL || --w->refs > 0)
     return;
+  if (w->counted_in != NULL)
+    uncount(w);
   if (w->on_free != NULL)
     w->on_free(w, w->on_free_arg);
   free_layouts(w);

@@ -90,6 +90,10 @@ typedef struct ql__weight {
    * when it was ever in a store: set from the store's hook at insert. */
   void (*on_free)(struct ql__weight *w, void *arg);
   void *on_free_arg;
+  /* The store whose byte counts still include it: removed by name while
+   * sessions or jobs held it, its memory stays in use (and under the
+   * budgets) until its last reference goes. NULL otherwise. */
+  struct ql__weight_store *counted_in;
   struct ql__weight *next;         /* hash chain / list link */
 } ql__weight;
 
@@ -116,7 +120,8 @@ void ql__weight_store_set_device_budget(ql__weight_store *s, unsigned dev,
 /* Layout bytes resident on device dev outside host memory. */
 size_t ql__weight_store_device_bytes(const ql__weight_store *s, unsigned dev);
 
-/* Bytes of the weights in the store, and the budget (0: none). */
+/* Bytes of the weights in the store (with those removed by name that are
+ * still held: their memory is still in use), and the budget (0: none). */
 size_t ql__weight_store_bytes(const ql__weight_store *s);
 size_t ql__weight_store_budget(const ql__weight_store *s);
 /* Drops the store's references; weights still held by jobs stay alive
@@ -161,7 +166,9 @@ int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
 /* The weight of that name, or NULL. No reference is taken. */
 ql__weight *ql__weight_store_get(ql__weight_store *s, const char *name);
 
-/* Removes the weight from the store and drops the store's reference. */
+/* Removes the weight from the store (by name: nothing finds it any more)
+ * and drops the store's reference. Its bytes stay counted against the
+ * budgets until its last reference goes. */
 int ql__weight_store_remove(ql__weight_store *s, const char *name);
 
 /* Removes w from s when nothing keeps it resident: no session holds it,

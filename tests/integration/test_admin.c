@@ -414,6 +414,57 @@ START_TEST(budget_overflow) {
 }
 END_TEST
 
+/* An admin unload of a weight a session still holds takes its name at
+ * once, but its memory only when the session lets go: until then it
+ * counts against the budget, and a load that would not fit beside it is
+ * refused. */
+START_TEST(budget_counts_unloaded_held) {
+  char cfgdir[] = "/tmp/ql-cfg-XXXXXX", cfg[300];
+  td d;
+  td_layer l1, l2;
+  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
+  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
+  FILE *f = fopen(cfg, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "[qlineard]\ncpu_budget_bytes = 100000\n");
+  fclose(f);
+  const char *args[] = {"--config", cfg, NULL};
+  td_start(&d, args);
+  td_layer_make(&l1, 128, 256, 8, 1); /* one fits the budget, two do not */
+  td_layer_make(&l2, 128, 256, 9, 1);
+  ql_client *u = td_connect(&d), *v = td_connect(&d), *a = td_connect_admin(&d);
+  ck_assert_int_eq(load(u, "one", &l1, QL_FORMAT_Q8C, 0, 0, NULL), 0);
+  ql_weight_info one;
+  ck_assert_int_eq(resident(u, "one", &one), 0);
+  ck_assert_int_eq(ql_unload(a, "one"), 0);
+  ck_assert_int_eq(resident(v, "one", &one), QL_ENOTFOUND);
+  ck_assert_int_eq(load(v, "two", &l2, QL_FORMAT_Q8C, 0, 0, NULL), QL_ENOMEM);
+  ql_stats_info *s = NULL;
+  ck_assert_int_eq(ql_stats(v, &s), 0);
+  ck_assert_uint_eq(s->weights, 0);
+  ck_assert_uint_gt(s->devices[0].bytes_resident, 0);
+  ql_stats_free(s);
+  /* u's hold goes with its session: the memory with it. */
+  ql_close(u);
+  for (int i = 0; i < 100; i++) {
+    ck_assert_int_eq(ql_stats(v, &s), 0);
+    size_t left = s->devices[0].bytes_resident;
+    ql_stats_free(s);
+    if (left == 0)
+      break;
+    usleep(10 * 1000);
+  }
+  ck_assert_int_eq(load(v, "two", &l2, QL_FORMAT_Q8C, 0, 0, NULL), 0);
+  ql_close(v);
+  ql_close(a);
+  ck_assert_int_eq(td_stop(&d), 0);
+  unlink(cfg);
+  rmdir(cfgdir);
+  td_layer_free(&l1);
+  td_layer_free(&l2);
+}
+END_TEST
+
 /*
  * A reload that lowers max_queued_bytes below what requests already hold
  * makes new requests wait for room: answered QL_EEXHAUSTED at once (the
@@ -828,6 +879,7 @@ int main(void) {
   tcase_add_test(tc, corrupt_store_file);
   tcase_add_test(tc, budget_overflow);
   tcase_add_test(tc, reload_lowers_queued_bytes);
+  tcase_add_test(tc, budget_counts_unloaded_held);
   tcase_add_test(tc, admin_unload_of_held_weight);
   tcase_add_test(tc, required_device_missing);
   tcase_add_test(tc, store_from_quantizer_v1);

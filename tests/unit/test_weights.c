@@ -203,9 +203,14 @@ START_TEST(test_devices) {
   ck_assert_int_eq(ql__weight_store_insert(s, w2, &existing), QL_ENOMEM);
   ck_assert_uint_eq(ql__weight_store_device_bytes(s, 5), 100);
   ql__weight_unref(w2);
+  /* Removed by name while still held (here, by the test): its layouts
+   * count until it is freed. */
   ck_assert_int_eq(ql__weight_store_remove(s, "d"), 0);
-  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 5), 0);
+  ck_assert_ptr_null(ql__weight_store_get(s, "d"));
+  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 5), 100);
   ql__weight_unref(w);
+  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 5), 0);
+  ck_assert_uint_eq(ql__weight_store_device_bytes(s, 0), 0);
   ck_assert_int_eq(frees, repacks);
 
   /* Ordinal 1's repack fails: the load fails, the first layout is freed
@@ -253,16 +258,33 @@ START_TEST(test_budget) {
   ck_assert_int_eq(c->in_store, 0);
   ck_assert_uint_eq(ql__weight_store_count(s), 2);
   ck_assert_uint_eq(ql__weight_store_bytes(s), 2 * a->bytes);
+  /* a is removed by name, but held (by the test) it still counts: c does
+   * not fit until a is freed. */
   ck_assert_int_eq(ql__weight_store_remove(s, "a"), 0);
+  ck_assert_uint_eq(ql__weight_store_count(s), 1);
+  ck_assert_uint_eq(ql__weight_store_bytes(s), 2 * a->bytes);
+  ck_assert_int_eq(ql__weight_store_insert(s, c, &existing), QL_ENOMEM);
+  ql__weight_unref(a);
+  a = NULL;
   ck_assert_uint_eq(ql__weight_store_bytes(s), b->bytes);
   ck_assert_int_eq(ql__weight_store_insert(s, c, &existing), 0);
   ql__weight_store_set_budget(s, 1);
   ck_assert_uint_eq(ql__weight_store_count(s), 2);
+  /* c, removed and held, comes back: counted once, whether the budget
+   * lets it in or not. */
   ck_assert_int_eq(ql__weight_store_remove(s, "c"), 0);
+  ck_assert_uint_eq(ql__weight_store_bytes(s), 2 * b->bytes);
   ck_assert_int_eq(ql__weight_store_insert(s, c, &existing), QL_ENOMEM);
+  ck_assert_uint_eq(ql__weight_store_bytes(s), 2 * b->bytes);
   ql__weight_store_set_budget(s, 0); /* no limit */
   ck_assert_int_eq(ql__weight_store_insert(s, c, &existing), 0);
-  ql__weight_unref(a);
+  ck_assert_uint_eq(ql__weight_store_bytes(s), 2 * b->bytes);
+  ck_assert_uint_eq(ql__weight_store_count(s), 2);
+  /* Removed and held when the store goes: it outlives the store. */
+  ck_assert_int_eq(ql__weight_store_remove(s, "b"), 0);
+  ql__weight_store_free(s);
+  s = NULL;
+  ck_assert_ptr_null(b->counted_in);
   ql__weight_unref(b);
   ql__weight_unref(c);
   ql__weight_store_free(s);
