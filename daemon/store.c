@@ -1326,16 +1326,20 @@ int ql__store_remove(ql__store *s, const char *name) {
 /* ------------------------------------------------------- layout cache */
 
 /*
- * <digest>.<layout id>.layout: a 64-byte header, then the image at
+ * <digest>.<layout id>.layout: a 96-byte header, then the image at
  * LAYOUT_DATA_OFF (page-aligned in the mapping, so every alignment a
  * layout needs holds). The image is a derived copy: written without the
- * directory fsync of a put, trusted when its header and size are right,
- * removed and rebuilt when they are not.
+ * directory fsync of a put, used when its header, size and SHA-256 are
+ * right, removed and rebuilt when they are not. The kernels trust a
+ * layout's bytes (registry.h, adopt), so a flipped bit in the cache
+ * would otherwise give wrong results on every request, for good, where
+ * the same damage to the weight's own file is caught by its digest.
  */
 #define LAYOUT_MAGIC "QLLAYOUT"
-#define LAYOUT_VERSION 1u
+#define LAYOUT_VERSION 2u
 #define LAYOUT_DATA_OFF 4096u
 #define LAYOUT_ID_MAX 32
+#define LAYOUT_SHA_BYTES 32
 
 typedef struct layout_header {
   char magic[8];
@@ -1343,10 +1347,23 @@ typedef struct layout_header {
   uint32_t reserved;
   uint64_t data_off;
   uint64_t data_len;
-  char layout_id[LAYOUT_ID_MAX]; /* NUL-padded */
+  char layout_id[LAYOUT_ID_MAX];   /* NUL-padded */
+  uint8_t sha256[LAYOUT_SHA_BYTES]; /* of the image's data_len bytes */
 } layout_header;
 
-_Static_assert(sizeof(layout_header) == 64, "layout header is 64 bytes");
+_Static_assert(sizeof(layout_header) == 96, "layout header is 96 bytes");
+
+/* SHA-256 of [p, p + n): 0, or QL_ENOMEM. */
+static int image_sha256(const void *p, size_t n,
+                        uint8_t out[LAYOUT_SHA_BYTES]) {
+  unsigned len = 0;
+  uint8_t md[EVP_MAX_MD_SIZE];
+  if (EVP_Digest(p, n, md, &len, EVP_sha256(), NULL) != 1 ||
+      len != LAYOUT_SHA_BYTES)
+    return QL_ENOMEM;
+  memcpy(out, md, LAYOUT_SHA_BYTES);
+  return 0;
+}
 
 /* The file name of (digest, id); 0, or QL_EINVAL for an id that is not
  * [A-Za-z0-9_-]{1,31}. */
@@ -1419,6 +1436,22 @@ int ql__store_layout_map(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
     rc = QL_ENOMEM;
     goto done;
   }
+  uint8_t sha[LAYOUT_SHA_BYTES];
+  if (image_sha256((const uint8_t *)addr + LAYOUT_DATA_OFF, (size_t)dlen,
+                   sha) != 0) {
+    munmap(addr, (size_t)st.st_size);
+    free(fm);
+    rc = QL_ENOMEM;
+    goto done;
+  }
+  if (memcmp(sha, h.sha256, sizeof sha) != 0) {
+    ql__warn("store: cached layout %s does not match its SHA-256; "
+             "rebuilding it", f);
+    munmap(addr, (size_t)st.st_size);
+    free(fm);
+    (void)unlinkat(s->dirfd, f, 0);
+    goto done;
+  }
   fm->addr = addr;
   fm->len = (size_t)st.st_size;
   *data = (const uint8_t *)addr + LAYOUT_DATA_OFF;
@@ -1450,6 +1483,8 @@ int ql__store_layout_put(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
   h.data_off = LAYOUT_DATA_OFF;
   h.data_len = len;
   snprintf(h.layout_id, sizeof h.layout_id, "%s", layout_id);
+  if ((rc = image_sha256(data, len, h.sha256)) != 0)
+    return rc;
   snprintf(tmp, sizeof tmp, "%s.tmp-%ld.%u", f, (long)getpid(),
            atomic_fetch_add(&s->seq, 1));
   int fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,

@@ -149,7 +149,7 @@ int ql__store_layout_put(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
 
 /* ---- internals, exposed for the tests and the fuzz target ---- */
 
-/* Checks a layout file's first head_len bytes (its header: 64) against the
+/* Checks a layout file's first head_len bytes (its header: 96) against the
  * file's size and the layout id wanted: 0 with *data_len, the image's
  * bytes, or QL_EBADFILE. Reads nothing past the header. */
 int ql__store_layout_check(const uint8_t *head, size_t head_len,

@@ -90,7 +90,7 @@ static void layout_head(const uint8_t *buf, size_t size) {
       uint64_t len = 99, fsize = (uint64_t)size + extra;
       int rc = ql__store_layout_check(buf, size, fsize, ids[i], &len);
       CHECK(rc == 0 || rc == QL_EBADFILE);
-      CHECK(rc == 0 ? fsize >= 4096 && len == fsize - 4096 && size >= 64
+      CHECK(rc == 0 ? fsize >= 4096 && len == fsize - 4096 && size >= 96
                     : len == 0);
     }
   }

@@ -551,8 +551,9 @@ END_TEST
 
 /* The layout cache: an image round-trips through put and map (page-aligned
  * data), outlives an unlink while mapped, goes with the last file of its
- * digest, is removed when its header is wrong and at start when it is an
- * orphan; layout ids that are not file-name safe are refused. */
+ * digest, is removed when its header or its bytes are wrong and at start
+ * when it is an orphan; layout ids that are not file-name safe are
+ * refused. */
 START_TEST(test_layout_cache) {
   ql_qweight *q = small_q(12);
   uint8_t d[QL_DIGEST_BYTES], img[3000];
@@ -603,6 +604,20 @@ START_TEST(test_layout_cache) {
   ck_assert_int_eq(truncate(path, 4096 + 100), 0);
   ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-1", &data, &len, &map),
                    QL_ENOTFOUND);
+  ck_assert_int_eq(count_files(".layout"), 0);
+  /* One byte of the image changed, the header and size right: its SHA-256
+   * disagrees, so it is removed and reported as absent too. */
+  ck_assert_int_eq(ql__store_layout_put(s, d, "cpu-1", img, sizeof img), 0);
+  {
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, 4096 + 1234, SEEK_SET), 0);
+    ck_assert_int_eq(fputc(0x5A, f), 0x5A);
+    ck_assert_int_eq(fclose(f), 0);
+  }
+  ck_assert_int_eq(ql__store_layout_map(s, d, "cpu-1", &data, &len, &map),
+                   QL_ENOTFOUND);
+  ck_assert_ptr_null(map);
   ck_assert_int_eq(count_files(".layout"), 0);
   /* An orphan (its weight file gone behind the store's back) is removed
    * at start; a layout with its weight stays. */
