@@ -653,25 +653,36 @@ static void on_unload(ql__server *s, ql__session *ss,
   ql__weight *w = ql__weight_store_get(s->weights, m->name);
   int rc;
   if (ss == NULL) {
-    if (w == NULL) {
-      ql__reply_set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'", m->name);
-      return;
-    }
-    if (w->storing) {
+    if (w != NULL && w->storing) {
       ql__reply_set_error(r, QL_EEXHAUSTED, "unload: weight '%s' is being stored; "
                 "try again", m->name);
       return;
     }
-    if (w->persistent) {
+    /* A stored file goes whether or not its weight is resident, and
+     * whether or not the resident one came from it: one that failed to
+     * load at start (kept for the admin, server.c) has no other way out. */
+    int removed = 0;
+    if (s->store != NULL) {
       rc = ql__store_remove(s->store, m->name);
-      if (rc != 0 && rc != QL_ENOTFOUND) {
+      if (rc != 0 && rc != QL_ENOTFOUND && rc != QL_ENAME) {
         ql__reply_set_error(r, rc, "unload: cannot remove the stored file of '%s': %s",
                   m->name, ql_strerror(rc));
         return;
       }
+      removed = rc == 0;
+    }
+    if (w == NULL) {
+      if (!removed) {
+        ql__reply_set_error(r, QL_ENOTFOUND, "unload: no weight named '%s'",
+                            m->name);
+        return;
+      }
+      ql__notice("admin removed the stored file of weight %s (not resident)",
+                 m->name);
+      goto done;
     }
     ql__notice("admin unloaded weight %s%s (%d session%s held it)", m->name,
-               w->persistent ? " and its stored file" : "", w->holders,
+               removed ? " and its stored file" : "", w->holders,
                w->holders == 1 ? "" : "s");
     if (w->persistent)
       s->persistent_count--;
@@ -693,6 +704,7 @@ static void on_unload(ql__server *s, ql__session *ss,
     ql__info("session %llu unloaded weight %s",
              (unsigned long long)ql__session_id(ss), m->name);
   }
+done:
   qlinear__v1__unload_weight_response__init(out);
   r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_UNLOAD;
   r->resp.unload = out;

@@ -1313,10 +1313,12 @@ int ql__store_remove(ql__store *s, const char *name) {
   }
   if (m.count == 0)
     return QL_ENOTFOUND;
-  if ((rc = sync_dir(s)) != 0) {
-    ql__err("store: cannot sync %s: %s", s->dir, strerror(errno));
-    return rc;
-  }
+  /* The file is gone from the directory: the removal is done, and
+   * reporting it failed would leave the daemon serving a weight whose
+   * file no longer exists. Only its durability is in doubt. */
+  if (sync_dir(s) != 0)
+    ql__err("store: cannot sync %s after removing '%s' (a crash may bring "
+            "its file back): %s", s->dir, name, strerror(errno));
   memcpy(digest_hex, m.found, DIGEST_HEX);
   digest_hex[DIGEST_HEX] = '\0';
   drop_layouts(s, digest_hex);

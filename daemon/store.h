@@ -125,8 +125,9 @@ int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
                   const char *devices, char *err, size_t errlen);
 
 /*
- * Removes the stored file(s) of name (unlink, then fsync of the directory).
- * 0, QL_ENOTFOUND when nothing is stored under name, QL_ENAME, QL_EIO.
+ * Removes the stored file(s) of name (unlink, then fsync of the directory;
+ * a failed fsync is logged, the files being gone). 0, QL_ENOTFOUND when
+ * nothing is stored under name, QL_ENAME, QL_EIO.
  */
 int ql__store_remove(ql__store *s, const char *name);
 

@@ -436,6 +436,53 @@ START_TEST(budget_overflow) {
 }
 END_TEST
 
+/* A stored weight that does not load at start (here: past the budget)
+ * keeps its file; an admin unload of its name removes that file, and says
+ * so, where it used to answer QL_ENOTFOUND and leave it there for good. */
+START_TEST(unload_of_stored_not_resident) {
+  char st[256], cfgdir[] = "/tmp/ql-cfg-XXXXXX", cfg[300];
+  td d;
+  td_layer l;
+  state_dir(st, sizeof st);
+  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
+  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
+  FILE *f = fopen(cfg, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "[qlineard]\ncpu_budget_bytes = 4096\n");
+  fclose(f);
+  const char *args[] = {"--state-dir", st, NULL};
+  const char *small[] = {"--state-dir", st, "--config", cfg, NULL};
+  td_layer_make(&l, 128, 256, 8, 1);
+  td_start(&d, args);
+  ql_client *a = td_connect_admin(&d);
+  ck_assert_int_eq(load(a, "kept", &l, QL_FORMAT_Q8C, 0, 1, NULL), 0);
+  ql_close(a);
+  ck_assert_int_eq(td_stop(&d), 0);
+  ck_assert_int_eq(count_files(st, ".safetensors"), 1);
+
+  td_start(&d, small);
+  ql_client *u = td_connect(&d);
+  a = td_connect_admin(&d);
+  ql_weight_info wi;
+  ck_assert_int_eq(resident(u, "kept", &wi), QL_ENOTFOUND);
+  ck_assert_int_eq(count_files(st, ".safetensors"), 1);
+  /* A user session cannot; the admin can. */
+  ck_assert_int_eq(ql_unload(u, "kept"), QL_ENOTFOUND);
+  ck_assert_int_eq(count_files(st, ".safetensors"), 1);
+  ck_assert_int_eq(ql_unload(a, "kept"), 0);
+  ck_assert_int_eq(count_files(st, ".safetensors"), 0);
+  ck_assert_int_eq(count_files(st, ".layout"), 0);
+  ck_assert_int_eq(ql_unload(a, "kept"), QL_ENOTFOUND);
+  ql_close(u);
+  ql_close(a);
+  ck_assert_int_eq(td_stop(&d), 0);
+  unlink(cfg);
+  rmdir(cfgdir);
+  td_layer_free(&l);
+  rm_state(st);
+}
+END_TEST
+
 /* An admin unload of a weight a session still holds takes its name at
  * once, but its memory only when the session lets go: until then it
  * counts against the budget, and a load that would not fit beside it is
@@ -902,6 +949,7 @@ int main(void) {
   tcase_add_test(tc, budget_overflow);
   tcase_add_test(tc, reload_lowers_queued_bytes);
   tcase_add_test(tc, budget_counts_unloaded_held);
+  tcase_add_test(tc, unload_of_stored_not_resident);
   tcase_add_test(tc, admin_unload_of_held_weight);
   tcase_add_test(tc, required_device_missing);
   tcase_add_test(tc, store_from_quantizer_v1);
