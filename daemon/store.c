@@ -1117,20 +1117,21 @@ int ql__store_load_all(ql__store *s, ql__store_load_cb cb, void *arg) {
       continue;
     }
     /* Sorted by tag: another valid file of this name would be the
-     * previous one loaded. */
+     * previous one loaded. One that did not load (its file kept) leaves
+     * the name to the next. */
     if (strcmp(w.name, last_name) == 0) {
       ql_qweight_free(w.q);
       snprintf(err, sizeof err, "a second file for weight '%s'", w.name);
       move_aside(s, f, "duplicate", err);
       continue;
     }
-    snprintf(last_name, sizeof last_name, "%s", w.name);
     if ((rc = cb(arg, w.name, w.q, w.policy, w.digest, w.devices)) != 0) {
       ql__warn("store: weight '%s' (%s) not loaded: %s", w.name, f,
                ql_strerror(rc));
       ql_qweight_free(w.q);
       continue;
     }
+    snprintf(last_name, sizeof last_name, "%s", w.name);
     loaded++;
   }
   if (bad > 0)

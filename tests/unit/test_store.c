@@ -104,6 +104,7 @@ typedef struct loaded {
   uint8_t digest[MAX_LOADED][QL_DIGEST_BYTES];
   char devices[MAX_LOADED][QL_STORE_DEVICES_MAX];
   int refuse; /* the callback returns this instead of 0 */
+  int refuse_once; /* ... this, the first time only */
 } loaded;
 
 static int collect(void *arg, const char *name, ql_qweight *q, ql_path policy,
@@ -112,6 +113,11 @@ static int collect(void *arg, const char *name, ql_qweight *q, ql_path policy,
   loaded *l = arg;
   if (l->refuse != 0)
     return l->refuse;
+  if (l->refuse_once != 0) {
+    int rc = l->refuse_once;
+    l->refuse_once = 0;
+    return rc;
+  }
   ck_assert_int_lt(l->n, MAX_LOADED);
   snprintf(l->name[l->n], sizeof l->name[l->n], "%s", name);
   l->q[l->n] = q;
@@ -1206,6 +1212,39 @@ START_TEST(test_misnamed_and_duplicate) {
 }
 END_TEST
 
+/* Two valid files for one name, the first of which the daemon refuses
+ * (past a budget, say): the second is not "a second file" of a weight
+ * loaded, and loads; both files stay. */
+START_TEST(test_duplicate_after_refused) {
+  ql_qweight *a = small_q(16), *b = small_q(17);
+  char fa[QL_STORE_FILE_NAME_MAX], fb[QL_STORE_FILE_NAME_MAX];
+  size_t la, lb;
+  uint8_t *ea = encode("dup", a, QL_PATH_AUTO, &la);
+  uint8_t *eb = encode("dup", b, QL_PATH_AUTO, &lb);
+  file_name_of("dup", a, fa);
+  file_name_of("dup", b, fb);
+  make_dir();
+  write_file(fa, ea, la);
+  write_file(fb, eb, lb);
+  ql__store *s = open_store();
+  loaded l;
+  memset(&l, 0, sizeof l);
+  l.refuse_once = QL_ENOMEM;
+  ck_assert_int_eq(ql__store_load_all(s, collect, &l), 1);
+  ql__store_close(s);
+  ck_assert_int_eq(l.n, 1);
+  ck_assert_str_eq(l.name[0], "dup");
+  ck_assert_int_eq(count_files(".duplicate-"), 0);
+  ck_assert_int_eq(count_files(".safetensors"), 2);
+  free_loaded(&l);
+  free(ea);
+  free(eb);
+  ql_qweight_free(a);
+  ql_qweight_free(b);
+  rm_dir();
+}
+END_TEST
+
 /* The callback refusing a weight: the store frees it (ASan would see a
  * leak otherwise) and keeps the file. Non-regular entries are left alone. */
 START_TEST(test_callback_refuses_and_odd_entries) {
@@ -1300,6 +1339,7 @@ int main(void) {
   tcase_add_test(tc, test_corrupt_variants);
   tcase_add_test(tc, test_metadata_fields_required);
   tcase_add_test(tc, test_misnamed_and_duplicate);
+  tcase_add_test(tc, test_duplicate_after_refused);
   tcase_add_test(tc, test_callback_refuses_and_odd_entries);
   tcase_add_test(tc, test_open_creates_and_locks);
   tcase_add_test(tc, test_layout_cache);
