@@ -196,6 +196,12 @@ static const ql__option options[] = {
     {.name = "max_queued_bytes", .type = QL_OPT_SIZE, .flags = QL_OPT_LIVE,
      FIELD(max_queued_bytes), .min = 1u << 20, .max = (uint64_t)1 << 44,
      .def = "1G", .help = "tensor bytes held by waiting requests"},
+    {.name = "max_pinned_bytes", .type = QL_OPT_SIZE, .flags = QL_OPT_LIVE,
+     FIELD(max_pinned_bytes), .min = 0, .max = (uint64_t)1 << 44,
+     .def = "8G",
+     .help = "bytes of sessions' regions the daemon page-locks for the "
+             "devices' DMA, over every session (a region past it is not "
+             "locked: its tensors are staged); 0: none"},
     {.name = "crossover_rows", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(crossover_rows), .min = 0, .max = 1u << 30, .def = "0",
      .help = "AUTO path: requests with fewer rows run weight-only; 0: "

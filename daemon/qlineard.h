@@ -79,6 +79,8 @@ typedef struct ql__config {
                               of the one before to come back */
   size_t session_max_requests; /* requests of one session in the queues */
   size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */
+  size_t max_pinned_bytes;   /* region bytes page-locked for devices' DMA,
+                                over every session; 0: none */
   uint64_t drain_ms;         /* shutdown: queued work not started by then
                                 is answered QL_ESHUTDOWN */
   uint32_t crossover_rows;   /* AUTO: rows below this run weight-only;

@@ -94,11 +94,17 @@ typedef struct ql__sessions ql__sessions;
 
 void ql__region_ref(ql__region *r) { r->refs++; }
 
+/* Region bytes page-locked for devices, over every session (loop thread
+ * only): bounded by max_pinned_bytes, since locking faults in and holds
+ * every page in the daemon's own memory, whatever the client touches. */
+static uint64_t pinned_total;
+
 void ql__region_unref(ql__region *r) {
   if (r == NULL || --r->refs > 0)
     return;
   /* No job uses it any more: no DMA can be in flight. */
   ql__devices_host_unregister(r->base, r->pinned, r->n_pinned);
+  pinned_total -= r->pinned_bytes;
   munmap(r->base, (size_t)r->size);
   free(r);
 }
@@ -179,9 +185,23 @@ static int region_create(ql__sessions *o, ql__session *ss, uint64_t size,
   r->size = size;
   r->base = base;
   r->refs = 1; /* the session's */
-  /* Pinned for the devices' DMA; where refused, tensors in it are staged. */
-  r->n_pinned = ql__devices_host_register(o->s, base, (size_t)size, r->pinned,
-                                          QL__REGION_BACKENDS);
+  /* Pinned for the devices' DMA, within max_pinned_bytes; where refused,
+   * tensors in it are staged. */
+  uint64_t cap = o->s->cfg.max_pinned_bytes;
+  if (size <= cap && pinned_total <= cap - size) {
+    r->n_pinned = ql__devices_host_register(o->s, base, (size_t)size,
+                                            r->pinned, QL__REGION_BACKENDS);
+    if (r->n_pinned > 0) {
+      r->pinned_bytes = size;
+      pinned_total += size;
+    }
+  } else {
+    ql__debug("session %llu: region %llu of %llu bytes not page-locked: "
+             "locked regions would pass max_pinned_bytes (%llu); its "
+             "tensors are staged", (unsigned long long)ss->id,
+             (unsigned long long)r->id, (unsigned long long)size,
+             (unsigned long long)cap);
+  }
   r->next = ss->regions;
   ss->regions = r;
   ss->n_regions++;

@@ -47,6 +47,9 @@ typedef struct ql__region {
    * it is unmapped. */
   const ql_backend *pinned[QL__REGION_BACKENDS];
   unsigned n_pinned;
+  uint64_t pinned_bytes; /* its size while registered with any, else 0:
+                            counted in the daemon's pinned total until it
+                            is unregistered, after its last job */
 } ql__region;
 
 typedef struct ql__session ql__session;

@@ -216,8 +216,8 @@ START_TEST(test_table_invariants) {
   /* Every field of ql__config has an option: the fields known today. */
   static const char *fields[] = {
       "socket_dir", "max_message_bytes", "max_chunk_bytes", "max_upload_bytes",
-      "upload_idle_ms", "max_queue", "max_queued_bytes", "drain_ms",
-      "crossover_rows", "log_level", "state_dir", "admin_dir", "cpu_threads",
+      "upload_idle_ms", "max_queue", "max_queued_bytes", "max_pinned_bytes",
+      "drain_ms", "crossover_rows", "log_level", "state_dir", "admin_dir", "cpu_threads",
       "cpu_budget_bytes", "required_devices", "session_lease_ms",
       "max_batch_rows", "prefill_chunk_rows", "prefill_chunk_us",
       "max_queue_delay_us", "decode_hold_us",
@@ -1292,6 +1292,7 @@ END_TEST
 START_TEST(test_live_set) {
   static const char *live[] = {"max_upload_bytes", "upload_idle_ms",
                                "max_queue", "max_queued_bytes",
+                               "max_pinned_bytes",
                                "crossover_rows", "drain_ms", "log_level",
                                "cpu_budget_bytes", "session_lease_ms",
                                "max_batch_rows", "prefill_chunk_rows",
