@@ -612,8 +612,9 @@ QL_EXPORT int ql_default_address(char *buf, size_t len) {
   const char *env, *rt;
   int n;
 
+  err_clear();
   if (buf == NULL || len == 0)
-    return QL_EINVAL;
+    return err_set(QL_EINVAL, "no buffer for the address");
   env = getenv("QLINEAR_ADDRESS");
   rt = getenv("XDG_RUNTIME_DIR");
   if (env != NULL && env[0] != '\0')
@@ -625,7 +626,7 @@ QL_EXPORT int ql_default_address(char *buf, size_t len) {
                  (unsigned long)getuid());
   if (n < 0 || (size_t)n >= len) {
     buf[0] = '\0';
-    return QL_EINVAL;
+    return err_set(QL_EINVAL, "the address does not fit %zu bytes", len);
   }
   return 0;
 }
@@ -635,8 +636,9 @@ QL_EXPORT int ql_default_admin_address(char *buf, size_t len) {
   char base[QL_ADDRESS_MAX + 64];
   int n;
 
+  err_clear();
   if (buf == NULL || len == 0)
-    return QL_EINVAL;
+    return err_set(QL_EINVAL, "no buffer for the address");
   if (env != NULL && env[0] != '\0') {
     n = snprintf(buf, len, "%s", env);
   } else {
@@ -644,14 +646,15 @@ QL_EXPORT int ql_default_admin_address(char *buf, size_t len) {
     if (ql_default_address(base, sizeof base) != 0 ||
         (slash = strrchr(base, '/')) == NULL) {
       buf[0] = '\0';
-      return QL_EINVAL;
+      return err_set(QL_EINVAL, "no default address to put the admin "
+                                "socket beside");
     }
     *slash = '\0';
     n = snprintf(buf, len, "%s/admin/admin.sock", base);
   }
   if (n < 0 || (size_t)n >= len) {
     buf[0] = '\0';
-    return QL_EINVAL;
+    return err_set(QL_EINVAL, "the address does not fit %zu bytes", len);
   }
   return 0;
 }

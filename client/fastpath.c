@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -81,6 +83,18 @@ int ql__cring_open(int ring_fd, int bell_fd, uint64_t size, uint64_t spin_ns,
   int rv = QL_ENOMEM;
   *out = NULL;
   if (size < QL_RING_HDR_BYTES || size > ql__ring_size(QL_RING_MAX_ENTRIES)) {
+    rv = QL_EPROTO;
+    goto fail;
+  }
+  /* Mapping a file that could be shorter than size, or shrink later,
+   * would expose us to SIGBUS: accept only what the daemon promises, a
+   * memfd of this size sealed against shrinking and growing (as regions). */
+  struct stat st;
+  int seals = fcntl(ring_fd, F_GET_SEALS);
+  if (fstat(ring_fd, &st) != 0 || (uint64_t)st.st_size != size ||
+      seals < 0 ||
+      (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+          (F_SEAL_SHRINK | F_SEAL_GROW)) {
     rv = QL_EPROTO;
     goto fail;
   }
@@ -159,7 +173,12 @@ static void reap(ql__cring *r) {
   uint32_t n;
   if (r->broken)
     return;
-  if (ql__ring_cq_avail(&r->r, r->cq_head, &n) != 0) {
+  /* cq_head is ours: only a thread of this process holding the lock
+   * writes it, with r->cq_head. Another value is the daemon's doing, and
+   * the wait loop, which compares it with cq_tail, would spin on it. */
+  if (atomic_load_explicit(&r->r.hdr->cq_head, memory_order_relaxed) !=
+          r->cq_head ||
+      ql__ring_cq_avail(&r->r, r->cq_head, &n) != 0) {
     r->broken = 1;
     return;
   }
@@ -336,8 +355,9 @@ abandon:
     /* Its reply came after all (the caller gave up on it), or none will
      * come through this ring: the daemon's end of the session finishes
      * the request or drops it, and either way the caller's memory is its
-     * own again once the session is gone. */
-    if (late != NULL)
+     * own again once the session is gone. late is for a timeout only:
+     * after any other error the caller releases what it lent itself. */
+    if (late != NULL && rv == QL_ETIMEDOUT)
       late(late_arg);
     w->state = W_FREE;
     w->tag = 0;

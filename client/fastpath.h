@@ -22,7 +22,8 @@ typedef struct ql__cring ql__cring;
  * Maps ring_fd (size bytes, as CreateRingResponse said) and takes over
  * both descriptors (closed here on failure too). spin_ns: how long a
  * caller spins before it sleeps. QL_EPROTO if the mapping is not a ring
- * this library speaks.
+ * this library speaks, or ring_fd is not a memfd of size bytes sealed
+ * against shrinking and growing.
  */
 int ql__cring_open(int ring_fd, int bell_fd, uint64_t size, uint64_t spin_ns,
                    ql__cring **out);
@@ -46,8 +47,10 @@ typedef void (*ql__cring_late)(void *arg);
  * the message path. Errors (negative, with why[0..whylen) saying what
  * happened): QL_ETIMEDOUT:
  * the request stays in flight; late(late_arg) runs once its reply comes
- * (if it ever does). QL_ESESSION / QL_EPROTO: the daemon ended the session
- * or broke the ring's rules; the ring is unusable from then on.
+ * (if it ever does), and only then. QL_ESESSION /
+ * QL_EPROTO: the daemon ended the session or broke the ring's rules; the
+ * ring is unusable from then on, late never runs, and what the request
+ * lent is the caller's again.
  */
 #define QL__CRING_FALLBACK 1
 int ql__cring_call(ql__cring *r, const Qlinear__V1__Request *req,
