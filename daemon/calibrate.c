@@ -423,6 +423,11 @@ void ql__calibrate_weight(ql__server *s, ql__weight *w) {
     }
     if (s->cfg.crossover_rows != 0)
       continue; /* fixed by the config: nothing to measure */
+    int queued = 0; /* (a reload that unfixes the crossover asks again) */
+    for (size_t i = 0; i < c->n_pending && !queued; i++)
+      queued = c->pending[i].w == w && c->pending[i].dev == d;
+    if (queued)
+      continue;
     if (c->n_pending == c->cap_pending) {
       size_t cap = c->cap_pending ? 2 * c->cap_pending : 8;
       pending *p = realloc(c->pending, cap * sizeof *p);

@@ -1043,7 +1043,10 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
     ql__linear_when_settled(s, stats_reply, req, route);
     return; /* the reply owns req and route now */
   case QLINEAR__V1__REQUEST__BODY_RELOAD:
-    ql__server_reload(s, report, sizeof report);
+    if ((rc = ql__server_reload(s, report, sizeof report)) != 0) {
+      ql__reply_set_error(&r, rc, "reload: %s", report);
+      break;
+    }
     qlinear__v1__reload_config_response__init(&body.reload);
     body.reload.report = report;
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_RELOAD;

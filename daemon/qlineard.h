@@ -173,7 +173,9 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv);
 
 /* Reads the configuration again (SIGHUP, or ReloadConfig on the admin
  * socket) and applies what can change live; report says what changed and
- * what needs a restart. A bad file changes nothing. */
-void ql__server_reload(ql__server *s, char *report, size_t len);
+ * what needs a restart. All or nothing: a bad file, or device budgets
+ * that cannot apply, change nothing and give QL_EINVAL (QL_ENOMEM), report
+ * saying why. */
+int ql__server_reload(ql__server *s, char *report, size_t len);
 
 #endif /* QLINEARD_H */

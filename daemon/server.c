@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -344,28 +346,39 @@ static void on_signal(uv_signal_t *sig, int signum) {
   uv_timer_start(&s->drain, on_drain, 20, 20);
 }
 
+/* ql__weight_store_foreach(): a weight to measure now that the config
+ * no longer fixes the crossover. */
+static void calibrate_each(ql__weight *w, void *arg) {
+  ql__calibrate_weight(arg, w);
+}
+
 /*
  * SIGHUP and ReloadConfig: read the configuration again from the same
  * sources (the file and the command line, which still override it), apply
- * the options that may change live, and say what needs a restart. A bad
- * file changes nothing.
+ * the options that may change live, and say what needs a restart. All or
+ * nothing: a bad file, or device budgets that cannot apply, change
+ * nothing and return QL_EINVAL (QL_ENOMEM), with report saying why.
  */
-void ql__server_reload(ql__server *s, char *report, size_t len) {
+int ql__server_reload(ql__server *s, char *report, size_t len) {
   ql__config *parsed = malloc(sizeof *parsed);
   char err[1024];
   ql__cmdline cl;
   if (parsed == NULL) {
     snprintf(report, len, "out of memory; keeping the running "
              "configuration");
-    return;
+    return QL_ENOMEM;
   }
+  /* The budgets are checked (and set) first: the only part that can
+   * still fail once the file has parsed. */
   if (ql__config_from_args(s->argc, s->argv, parsed, &cl, err, sizeof err) !=
-      0) {
+          0 ||
+      ql__devices_set_budgets(s, parsed, err, sizeof err) != 0) {
     ql__err("reload: %s; keeping the running configuration", err);
     snprintf(report, len, "%s; keeping the running configuration", err);
     free(parsed);
-    return;
+    return QL_EINVAL;
   }
+  uint32_t fixed_rows = s->cfg.crossover_rows;
   ql__config_reload(&s->cfg, parsed, &s->cfg, report, len);
   free(parsed);
   ql__log_set_level(s->cfg.log_level);
@@ -373,21 +386,20 @@ void ql__server_reload(ql__server *s, char *report, size_t len) {
     ql__worker_set_max_queue(s->dev[d].worker, s->cfg.max_queue);
   ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
   ql__weight_store_set_budget(s->weights, s->cfg.cpu_budget_bytes);
-  if (ql__devices_set_budgets(s, &s->cfg, err, sizeof err) != 0) {
-    size_t at = strlen(report);
-    ql__err("reload: %s; the device budgets are unchanged", err);
-    snprintf(report + at, len > at ? len - at : 0,
-             "; %s: the device budgets are unchanged", err);
-  }
   ql__linear_configure(s);
+  /* A crossover no longer fixed is measured for the weights already
+   * resident too, not only for those loaded from now on. */
+  if (fixed_rows != 0 && s->cfg.crossover_rows == 0)
+    ql__weight_store_foreach(s->weights, calibrate_each, s);
   ql__notice("reload: %s", report);
   ql__notify_status("reloaded: %s", report);
+  return 0;
 }
 
 static void on_hup(uv_signal_t *sig, int signum) {
   char rep[1024];
   (void)signum;
-  ql__server_reload(sig->data, rep, sizeof rep);
+  (void)ql__server_reload(sig->data, rep, sizeof rep);
 }
 
 static void close_all(ql__server *s) {
@@ -445,6 +457,14 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
                 "a launch in parts sleeps that many us between its pieces");
   ql__log_set_level(cfg->log_level);
   signal(SIGPIPE, SIG_IGN);
+  /* SIGHUP's default action ends the process: until its handler is in
+   * place (after the store has loaded), a reload sent during the start
+   * (systemd's ExecReload) waits, blocked, and runs once the loop is up.
+   * The threads started meanwhile keep it blocked: it goes to this one. */
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &hup, NULL);
   /* libcrypto's one-time set-up (it reads its config file) here, in this
    * thread, rather than in the first worker that hashes a weight: that
    * thread would keep the set-up's per-thread error state, which
@@ -502,6 +522,14 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   }
   if (cfg->state_dir[0] != '\0' && open_store(s) != 0)
     goto fail;
+  uint64_t start_delay = test_hook("QL_TEST_START_DELAY_MS", 60000,
+                                   "the start sleeps that many ms before "
+                                   "its signal handlers are in place");
+  if (start_delay > 0) {
+    struct timespec ts = {(time_t)(start_delay / 1000),
+                          (long)(start_delay % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
   /* These cannot fail on a valid loop (libuv only checks arguments). */
   uv_signal_init(&loop, &s->sig_int);
   uv_signal_init(&loop, &s->sig_term);
@@ -520,6 +548,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
   }
+  pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
   /* The sweep timer must not keep the loop alive on its own. */
   uv_unref((uv_handle_t *)&s->sweep);
 

@@ -23,6 +23,8 @@
 #include "harness.h"
 #include "testutil.h"
 
+int td_fix_crossover = 1;
+
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -74,9 +76,13 @@ static void spawn_daemon(td *d, const char *dir, const char *const *args) {
   argv[n++] = "debug";
   /* No crossover measurement in the background of every test (it would
    * compete for the CPU with what a test times): tests of it pass
-   * --crossover-rows 0, which comes later and wins. */
-  argv[n++] = "--crossover-rows";
-  argv[n++] = "16";
+   * --crossover-rows 0, which comes later and wins, or clear
+   * td_fix_crossover to set it in a config file (the command line would
+   * win there, at reloads too). */
+  if (td_fix_crossover) {
+    argv[n++] = "--crossover-rows";
+    argv[n++] = "16";
+  }
   for (int i = 0; args && args[i] && n < 31; i++)
     argv[n++] = args[i];
   argv[n] = NULL;

@@ -36,6 +36,11 @@ typedef struct td {
   td_session sess;   /* the harness's own session: td_call() uses it */
 } td;
 
+/* 1 (the default): td_start() passes --crossover-rows 16 before the
+ * test's own arguments; 0: it does not (each test runs in a process of its
+ * own, so setting it stays local). */
+extern int td_fix_crossover;
+
 /* Starts $QLINEARD with the given extra arguments (NULL-terminated list,
  * may be NULL; they come after the harness's own: --crossover-rows 16,
  * which a test may override), waits until it accepts connections and opens

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -938,6 +939,103 @@ START_TEST(required_device_missing) {
 }
 END_TEST
 
+/*
+ * A reload is all or nothing, and says when it changed nothing: a file
+ * that does not parse is an error reply (it was a success whose report
+ * alone told). A reload that stops fixing the crossover (crossover_rows
+ * back to 0) has the weights already resident measured too.
+ */
+START_TEST(reload_errors_and_crossover) {
+  char cfgdir[] = "/tmp/ql-cfg-XXXXXX", cfg[300], report[1024];
+  td d;
+  td_layer l;
+  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
+  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
+  write_text(cfg, "[qlineard]\ncrossover_rows = 64\n");
+  const char *args[] = {"--config", cfg, NULL};
+  td_fix_crossover = 0; /* the file's crossover_rows counts */
+  td_start(&d, args);
+  td_layer_make(&l, 64, 128, 14, 1);
+  ql_client *u = td_connect(&d), *a = td_connect_admin(&d);
+  ck_assert_int_eq(load(u, "cx", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
+  ql_weight_info wi;
+  usleep(200 * 1000);
+  ck_assert_int_eq(resident(u, "cx", &wi), 0);
+  ck_assert_int_eq(wi.crossover_measured, 0);
+
+  write_text(cfg, "[qlineard]\ncrossover_rows = 0\nmax_queue = many\n");
+  ck_assert_int_eq(ql_reload_config(a, report, sizeof report), QL_EINVAL);
+  ck_assert_msg(strstr(ql_errmsg(), "max_queue") != NULL &&
+                    strstr(ql_errmsg(), "keeping the running") != NULL,
+                "message: %s", ql_errmsg());
+  usleep(200 * 1000);
+  ck_assert_int_eq(resident(u, "cx", &wi), 0);
+  ck_assert_int_eq(wi.crossover_measured, 0); /* nothing applied */
+
+  write_text(cfg, "[qlineard]\ncrossover_rows = 0\n");
+  ck_assert_int_eq(ql_reload_config(a, report, sizeof report), 0);
+  ck_assert_msg(strstr(report, "crossover_rows") != NULL, "report: %s",
+                report);
+  uint32_t rows = measured_crossover(u, "cx");
+  ck_assert(rows == QL_CROSSOVER_NEVER_ROWS || (rows >= 1 && rows <= 512));
+  ql_close(u);
+  ql_close(a);
+  ck_assert_int_eq(td_stop(&d), 0);
+  unlink(cfg);
+  rmdir(cfgdir);
+  td_layer_free(&l);
+}
+END_TEST
+
+/* The daemon td_start() is starting, for hup_soon(). */
+static td *_Atomic starting;
+
+/* Sends SIGHUP to the daemon being started, 300 ms after it exists. */
+static void *hup_soon(void *arg) {
+  (void)arg;
+  td *d;
+  while ((d = atomic_load(&starting)) == NULL || d->pid == 0)
+    usleep(1000);
+  usleep(300 * 1000);
+  kill(d->pid, SIGHUP);
+  return NULL;
+}
+
+/* A SIGHUP during the start (before the loop's handler is in place, here
+ * held open by QL_TEST_START_DELAY_MS) does not end the daemon, whose
+ * default action it is: it waits, blocked, and reloads once the loop
+ * runs. */
+START_TEST(hup_during_start) {
+  td d;
+  memset(&d, 0, sizeof d);
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, hup_soon, NULL), 0);
+  atomic_store(&starting, &d);
+  setenv("QL_TEST_START_DELAY_MS", "1500", 1);
+  td_start(&d, NULL);
+  unsetenv("QL_TEST_START_DELAY_MS");
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ql_client *u = td_connect(&d);
+  ql_hello_info h;
+  ck_assert_int_eq(ql_hello(u, &h), 0);
+  char text[65536];
+  int found = 0;
+  for (int i = 0; i < 100 && !found; i++) { /* the reload's log line */
+    FILE *f = fopen(d.log, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    found = strstr(text, "reload: ") != NULL;
+    if (!found)
+      usleep(20 * 1000);
+  }
+  ck_assert_msg(found, "no reload in the log");
+  ql_close(u);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("admin");
   TCase *tc = tcase_create("admin");
@@ -950,6 +1048,8 @@ int main(void) {
   tcase_add_test(tc, reload_lowers_queued_bytes);
   tcase_add_test(tc, budget_counts_unloaded_held);
   tcase_add_test(tc, unload_of_stored_not_resident);
+  tcase_add_test(tc, reload_errors_and_crossover);
+  tcase_add_test(tc, hup_during_start);
   tcase_add_test(tc, admin_unload_of_held_weight);
   tcase_add_test(tc, required_device_missing);
   tcase_add_test(tc, store_from_quantizer_v1);

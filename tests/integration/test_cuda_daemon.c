@@ -454,19 +454,24 @@ START_TEST(configured_budget) {
   ck_assert_int_eq(td_load(c, "big", &big, QL_FORMAT_Q8C, 0, 0, NULL, NULL),
                    0);
 
-  /* Two items for one device (alias and UUID): the reload says so and
-   * the budgets stay. */
+  /* Two items for one device (alias and UUID): the reload is refused,
+   * and nothing of the file applies (the budgets stay, and so does
+   * accel_budget_percent beside them). */
   ql_hello_info h;
   ck_assert_int_eq(ql_hello(c, &h), 0);
   char text[512];
-  snprintf(text, sizeof text, "[qlineard]\naccel_budget_percent = 50\n"
+  snprintf(text, sizeof text, "[qlineard]\naccel_budget_percent = 75\n"
            "device_budget_bytes = cuda:0=1M,%s=2M\n", h.devices[0].name);
   write_file(conf, text);
-  ck_assert_int_eq(ql_reload_config(admin, report, sizeof report), 0);
-  ck_assert_msg(strstr(report, "name the same device cuda:0") != NULL, "%s",
-                report);
+  ck_assert_int_eq(ql_reload_config(admin, report, sizeof report), QL_EINVAL);
+  ck_assert_msg(strstr(ql_errmsg(), "name the same device cuda:0") != NULL,
+                "%s", ql_errmsg());
   budgets(c, &b0, &b1);
   ck_assert_uint_eq(b0, 2u << 20);
+  ck_assert_uint_eq(b1, 2u << 20);
+  write_file(conf, "[qlineard]\naccel_budget_percent = 50\n");
+  ck_assert_int_eq(ql_reload_config(admin, report, sizeof report), 0);
+  ck_assert_msg(strstr(report, "no changes") != NULL, "%s", report);
 
   td_layer_free(&big);
   ql_close(admin);
