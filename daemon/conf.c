@@ -1044,7 +1044,9 @@ int ql__config_parse_file(const char *path, ql__config *cfg, char *err,
   size_t len = 0;
   int fd, rc;
 
-  fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  /* O_NONBLOCK: a FIFO at path would block the open, and with it the loop
+   * thread at every reload, until something wrote to it. */
+  fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
     return QL_EIO;
@@ -1054,8 +1056,11 @@ int ql__config_parse_file(const char *path, ql__config *cfg, char *err,
     close(fd);
     return QL_EIO;
   }
-  if (S_ISDIR(st.st_mode)) {
-    snprintf(err, errlen, "%s: is a directory", path);
+  if (S_ISDIR(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) {
+    snprintf(err, errlen, "%s: is a %s, not a file", path,
+             S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode)
+                                                     ? "FIFO"
+                                                     : "socket");
     close(fd);
     return QL_EIO;
   }

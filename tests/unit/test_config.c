@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "conf.h"
@@ -945,7 +946,13 @@ START_TEST(test_parse_file) {
   *strrchr(path, '/') = '\0';
   ck_assert_int_eq(ql__config_parse_file(path, &c, err, sizeof err), QL_EIO);
   ck_assert_msg(strstr(err, "is a directory") != NULL, "%s", err);
-  strcat(path, "/q.conf");
+  /* A FIFO: refused at once, where the open waited for a writer. */
+  strcat(path, "/fifo.conf");
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  ck_assert_int_eq(ql__config_parse_file(path, &c, err, sizeof err), QL_EIO);
+  ck_assert_msg(strstr(err, "is a FIFO") != NULL, "%s", err);
+  unlink(path);
+  strcpy(strrchr(path, '/'), "/q.conf");
   remove_temp(path);
 
   /* A file larger than the bound. */
