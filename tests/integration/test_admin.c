@@ -73,6 +73,21 @@ static void rm_state(const char *dir) {
   }
 }
 
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* A config file with text in a fresh directory: dir is a mkdtemp()
+ * template, path (len bytes) gets the file's path. */
+static void config_file(char *dir, char *path, size_t len, const char *text) {
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(path, len, "%s/qlineard.conf", dir);
+  write_text(path, text);
+}
+
 /* Files of dir whose names contain needle. */
 static int count_files(const char *dir, const char *needle) {
   DIR *dd = opendir(dir);
@@ -386,15 +401,10 @@ START_TEST(budget_overflow) {
   char cfgdir[] = "/tmp/ql-cfg-XXXXXX", cfg[300], report[1024];
   td d;
   td_layer l1, l2;
-  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
-  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
   /* A 128x256 q8c weight with bias holds 128*256 + 2*128*4 bytes, and
    * about as much again in the CPU's repacked layout: the budget fits one
    * and not two (checked below against what the daemon reports). */
-  FILE *f = fopen(cfg, "w");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "[qlineard]\ncpu_budget_bytes = 100000\n");
-  fclose(f);
+  config_file(cfgdir, cfg, sizeof cfg, "[qlineard]\ncpu_budget_bytes = 100000\n");
   const char *args[] = {"--config", cfg, NULL};
   td_start(&d, args);
   td_layer_make(&l1, 128, 256, 8, 1);
@@ -419,10 +429,7 @@ START_TEST(budget_overflow) {
   ck_assert_uint_eq(s->devices[0].bytes_resident, one.bytes_resident);
   ql_stats_free(s);
 
-  f = fopen(cfg, "w");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "[qlineard]\ncpu_budget_bytes = 200000\n");
-  fclose(f);
+  write_text(cfg, "[qlineard]\ncpu_budget_bytes = 200000\n");
   ck_assert_int_eq(ql_reload_config(a, report, sizeof report), 0);
   ck_assert_msg(strstr(report, "cpu_budget_bytes") != NULL, "report: %s",
                 report);
@@ -445,12 +452,7 @@ START_TEST(unload_of_stored_not_resident) {
   td d;
   td_layer l;
   state_dir(st, sizeof st);
-  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
-  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
-  FILE *f = fopen(cfg, "w");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "[qlineard]\ncpu_budget_bytes = 4096\n");
-  fclose(f);
+  config_file(cfgdir, cfg, sizeof cfg, "[qlineard]\ncpu_budget_bytes = 4096\n");
   const char *args[] = {"--state-dir", st, NULL};
   const char *small[] = {"--state-dir", st, "--config", cfg, NULL};
   td_layer_make(&l, 128, 256, 8, 1);
@@ -492,12 +494,7 @@ START_TEST(budget_counts_unloaded_held) {
   char cfgdir[] = "/tmp/ql-cfg-XXXXXX", cfg[300];
   td d;
   td_layer l1, l2;
-  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
-  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
-  FILE *f = fopen(cfg, "w");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "[qlineard]\ncpu_budget_bytes = 100000\n");
-  fclose(f);
+  config_file(cfgdir, cfg, sizeof cfg, "[qlineard]\ncpu_budget_bytes = 100000\n");
   const char *args[] = {"--config", cfg, NULL};
   td_start(&d, args);
   td_layer_make(&l1, 128, 256, 8, 1); /* one fits the budget, two do not */
@@ -564,12 +561,7 @@ START_TEST(reload_lowers_queued_bytes) {
   enum { N = 256, K = 1024, M = 1024 };
   td d;
   td_layer l;
-  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
-  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
-  FILE *f = fopen(cfg, "w");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "[qlineard]\nmax_queued_bytes = 64M\ncpu_threads = 1\n");
-  fclose(f);
+  config_file(cfgdir, cfg, sizeof cfg, "[qlineard]\nmax_queued_bytes = 64M\ncpu_threads = 1\n");
   const char *args[] = {"--config", cfg, NULL};
   setenv("QL_TEST_PIECE_DELAY_US", "40000", 1);
   td_start(&d, args);
@@ -584,10 +576,7 @@ START_TEST(reload_lowers_queued_bytes) {
   pthread_t t;
   ck_assert_int_eq(pthread_create(&t, NULL, big_run, &b), 0);
   usleep(200 * 1000); /* the 4 MiB request is queued or running */
-  f = fopen(cfg, "w");
-  ck_assert_ptr_nonnull(f);
-  fprintf(f, "[qlineard]\nmax_queued_bytes = 1M\ncpu_threads = 1\n");
-  fclose(f);
+  write_text(cfg, "[qlineard]\nmax_queued_bytes = 1M\ncpu_threads = 1\n");
   ck_assert_int_eq(ql_reload_config(a, report, sizeof report), 0);
   ck_assert_int_eq(ql_linear(c, "w", QL_PATH_AUTO, QL_DTYPE_F32, 1, K, x, N, y,
                              NULL),
@@ -674,13 +663,6 @@ START_TEST(session_lease) {
   ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
-
-static void write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  ck_assert_ptr_nonnull(f);
-  fputs(text, f);
-  fclose(f);
-}
 
 /* Waits until w's crossover is measured; returns it. */
 static uint32_t measured_crossover(ql_client *c, const char *name) {
@@ -949,9 +931,7 @@ START_TEST(reload_errors_and_crossover) {
   char cfgdir[] = "/tmp/ql-cfg-XXXXXX", cfg[300], report[1024];
   td d;
   td_layer l;
-  ck_assert_ptr_nonnull(mkdtemp(cfgdir));
-  snprintf(cfg, sizeof cfg, "%s/qlineard.conf", cfgdir);
-  write_text(cfg, "[qlineard]\ncrossover_rows = 64\n");
+  config_file(cfgdir, cfg, sizeof cfg, "[qlineard]\ncrossover_rows = 64\n");
   const char *args[] = {"--config", cfg, NULL};
   td_fix_crossover = 0; /* the file's crossover_rows counts */
   td_start(&d, args);
