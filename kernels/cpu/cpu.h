@@ -80,9 +80,10 @@ int ql__cpu_level_set(const char *name);
 
 /*
  * Runs fn(ctx, part, parts) for part = 0 .. parts-1, parts =
- * min(max_parts, ql__cpu_threads()), one part per pool thread, part 0 on
- * the calling thread, and returns when all have returned. max_parts <= 1
- * runs fn(ctx, 0, 1) inline without touching the pool.
+ * min(max_parts, ql__cpu_threads()), one part per pool thread (several on
+ * a thread where the pool could not start them all), part 0 on the
+ * calling thread, and returns when all have returned. max_parts <= 1 runs
+ * fn(ctx, 0, 1) inline without touching the pool.
  */
 void ql__cpu_parallel(void (*fn)(void *ctx, int part, int parts), void *ctx,
                       int max_parts);

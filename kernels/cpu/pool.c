@@ -148,8 +148,10 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&P.mu);
     }
     seen = g;
-    if (id < P.parts)
-      P.fn(P.ctx, id, P.parts);
+    /* Parts id, id + nthreads, ...: more than one only where the pool
+     * has fewer threads than it was configured with (pool_create). */
+    for (int p = id; p < P.parts; p += P.nthreads)
+      P.fn(P.ctx, p, P.parts);
     if (atomic_fetch_sub_explicit(&P.pending, 1, memory_order_acq_rel) == 1) {
       pthread_mutex_lock(&P.mu);
       if (P.caller_sleeps)
@@ -187,8 +189,10 @@ static void atfork_child(void) {
 }
 
 /* Creates the workers (under init_mu). Fewer threads than configured when
- * creation fails: the pool still works with those it has. Workers block
- * every signal, so that signals go to the daemon's own threads. */
+ * creation fails: the pool still works with those it has, each taking
+ * several of a call's parts, so that a call still gets the parts it
+ * planned for from ql__cpu_threads(). Workers block every signal, so that
+ * signals go to the daemon's own threads. */
 static void pool_create(void) {
   int t =
       want_threads < 0 ? (want_threads = configured_threads()) : want_threads;
@@ -237,10 +241,18 @@ void ql__cpu_parallel(void (*fn)(void *ctx, int part, int parts), void *ctx,
   pthread_mutex_lock(&init_mu);
   if (P.nthreads == 0)
     pool_create();
-  parts = P.nthreads < max_parts ? P.nthreads : max_parts;
+  /* The configured count, which callers plan their grids with; not the
+   * threads the pool got. */
+  parts = want_threads < max_parts ? want_threads : max_parts;
+  int have = P.nthreads;
   pthread_mutex_unlock(&init_mu);
   if (parts <= 1) {
     fn(ctx, 0, 1);
+    return;
+  }
+  if (have <= 1) {
+    for (int p = 0; p < parts; p++)
+      fn(ctx, p, parts);
     return;
   }
 
@@ -257,7 +269,8 @@ void ql__cpu_parallel(void (*fn)(void *ctx, int part, int parts), void *ctx,
     pthread_cond_broadcast(&P.work_cv);
   pthread_mutex_unlock(&P.mu);
 
-  fn(ctx, 0, parts);
+  for (int p = 0; p < parts; p += have)
+    fn(ctx, p, parts);
 
   for (int spins = 0;
        atomic_load_explicit(&P.pending, memory_order_acquire) != 0 &&
