@@ -47,12 +47,13 @@ static int mul_size(size_t a, size_t b, size_t *out) {
   return 1;
 }
 
-/* The kernels of level l, or of the highest level this CPU has when l is
- * above it (an implementation called without dispatch never runs
- * instructions the CPU lacks). */
+/* The kernels of level l, or of the level this CPU has in its place (an
+ * implementation called without dispatch never runs instructions the CPU
+ * lacks): the highest it has when l is above it, and avx2 for avx2vnni on
+ * a CPU with AVX-512 VNNI but not AVX-VNNI (the levels are ordered, the
+ * features are not). */
 static const ql__cpu_kernels *kernels(ql__cpu_level l) {
-  ql__cpu_level d = ql__cpu_level_detected();
-  return ql__cpu_kernels_for(l < d ? l : d);
+  return ql__cpu_kernels_for(ql__cpu_level_capped(l));
 }
 
 /* The argument checks of kernels/reference.c op_args(), so that the CPU

@@ -306,7 +306,8 @@ int ql__cpu_packed_adopt(const ql_qweight *w, const void *data, size_t len,
   *out = NULL;
   if (rc != 0)
     return rc;
-  if (len != p->bytes || ((uintptr_t)data & (QL_CPU_BLOCK - 1)) != 0) {
+  if (data == NULL || len != p->bytes ||
+      ((uintptr_t)data & (QL_CPU_BLOCK - 1)) != 0) {
     free(p);
     return QL_EINVAL;
   }

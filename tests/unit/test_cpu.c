@@ -1019,6 +1019,69 @@ START_TEST(test_set_threads) {
 }
 END_TEST
 
+/* Each level's implementation called directly, without dispatch, on any
+ * CPU: the generic op's bytes, never an instruction the CPU lacks (the
+ * avx2vnni one ran VEX vpdpbusd on a CPU with AVX-512 VNNI but not
+ * AVX-VNNI: SIGILL). */
+START_TEST(test_impls_called_directly) {
+  const ql_backend *b = cpu();
+  ql_qweight *q = make_weight(31, QL_FORMAT_Q8C, 0, QL_DTYPE_F32, 64, 256, 1);
+  const int64_t m = 4;
+  float *x = tu_xmalloc((size_t)(m * 256) * sizeof(float));
+  uint64_t seed = 3;
+  for (int i = 0; i < m * 256; i++)
+    x[i] = (float)tu_rng_gauss(&seed);
+  const ql_kernel_impl *rp =
+      ql_dispatch(b, QL_OP_REPACK, q->format, QL_DTYPE_F32, 0, q->n, q->k);
+  ql_repack_args ra = {q, NULL, 0};
+  ck_assert_int_eq(rp->fn.repack(&ra), 0);
+  float y[4 * 64], want[4 * 64];
+  int called = 0;
+  for (size_t i = 0; i < b->n_impls; i++) {
+    const ql_kernel_impl *im = &b->impls[i];
+    if (im->op != QL_OP_LINEAR_WO && im->op != QL_OP_LINEAR_AQ)
+      continue;
+    ql_linear_args a = {q, ra.packed, QL_DTYPE_F32, x, m, y, NULL};
+    ck_assert_msg(im->fn.linear(&a) == 0, "%s", im->name);
+    ck_assert_int_eq(im->op == QL_OP_LINEAR_AQ
+                         ? ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, want)
+                         : ql_linear_wo_ref(q, QL_DTYPE_F32, x, m, want),
+                     0);
+    ck_assert_msg(memcmp(y, want, sizeof y) == 0, "%s", im->name);
+    called++;
+  }
+  ck_assert_int_ge(called, 8);
+  rp->free_packed(ra.packed);
+  free(x);
+  ql_qweight_free(q);
+}
+END_TEST
+
+/* adopt() refuses an image that cannot be the layout: the wrong length,
+ * misaligned, or none at all. */
+START_TEST(test_adopt_refuses) {
+  const ql_backend *b = cpu();
+  ql_qweight *q = make_weight(32, QL_FORMAT_Q8C, 0, QL_DTYPE_F32, 64, 256, 0);
+  const ql_kernel_impl *rp =
+      ql_dispatch(b, QL_OP_REPACK, q->format, QL_DTYPE_F32, 0, q->n, q->k);
+  ql_repack_args ra = {q, NULL, 0};
+  ck_assert_int_eq(rp->fn.repack(&ra), 0);
+  const void *img = NULL;
+  size_t len = 0;
+  ck_assert_int_eq(rp->image(ra.packed, &img, &len), 0);
+  void *p = NULL;
+  size_t bytes = 0;
+  ck_assert_int_eq(rp->adopt(q, NULL, len, &p, &bytes), QL_EINVAL);
+  ck_assert_int_eq(rp->adopt(q, img, len - 64, &p, &bytes), QL_EINVAL);
+  ck_assert_int_eq(rp->adopt(q, (const char *)img + 8, len, &p, &bytes),
+                   QL_EINVAL);
+  ck_assert_int_eq(rp->adopt(q, img, len, &p, &bytes), 0);
+  rp->free_packed(p);
+  rp->free_packed(ra.packed);
+  ql_qweight_free(q);
+}
+END_TEST
+
 /* cpu_level caps the level: unknown names are refused, a cap only
  * lowers. Forked per test, so the cap does not leak into other tests. */
 START_TEST(test_level_set) {
@@ -1229,6 +1292,8 @@ static Suite *cpu_suite(void) {
   tcase_add_test(tc, test_quant_row_e4m3);
   tcase_add_test(tc, test_quantize_rows_e4m3);
   tcase_add_test(tc, test_set_threads);
+  tcase_add_test(tc, test_impls_called_directly);
+  tcase_add_test(tc, test_adopt_refuses);
   tcase_add_test(tc, test_level_set);
   suite_add_tcase(s, tc);
   return s;
