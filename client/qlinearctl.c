@@ -9,6 +9,7 @@
  * usage errors.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1148,12 +1150,21 @@ static const ql__st_tensor *imp_find2(const imp_state *s, const char *prefix,
 
 /* Reads a whole small file (index, config) into a malloc'd buffer. */
 static int read_small(const char *path, char **buf, size_t *len) {
-  FILE *f = fopen(path, "rb");
+  /* Opened O_NONBLOCK and refused unless a regular file: a FIFO beside an
+   * untrusted checkpoint would otherwise block the open for good. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  struct stat st;
+  FILE *f = NULL;
   char *b = NULL;
   long l;
   *buf = NULL;
-  if (f == NULL)
+  if (fd < 0)
     return -errno;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (f = fdopen(fd, "rb")) == NULL) {
+    close(fd);
+    return -EINVAL;
+  }
   if (fseek(f, 0, SEEK_END) != 0 || (l = ftell(f)) < 0 || l > (64L << 20) ||
       fseek(f, 0, SEEK_SET) != 0 || (b = malloc((size_t)l + 1)) == NULL ||
       fread(b, 1, (size_t)l, f) != (size_t)l) {
@@ -1191,6 +1202,24 @@ static int imp_add_file(imp_state *s, const char *path) {
   return 0;
 }
 
+/* The shards of one index, opened beside it (for shard_holds). */
+typedef struct shard_dir {
+  const imp_state *s;
+  const char *index; /* its path */
+  int dirlen;        /* of its directory, '/' included */
+} shard_dir;
+
+/* ql__st_index_check(): does the opened shard of that name hold tensor? */
+static int shard_holds(void *arg, const char *shard, const char *tensor) {
+  const shard_dir *sd = arg;
+  char path[4200];
+  snprintf(path, sizeof path, "%.*s%s", sd->dirlen, sd->index, shard);
+  for (size_t i = 0; i < sd->s->n_files; i++)
+    if (strcmp(sd->s->paths[i], path) == 0)
+      return ql__st_find(sd->s->files[i], tensor) != NULL;
+  return 0;
+}
+
 /* A checkpoint argument: a .safetensors file, or a sharded checkpoint's
  * index whose shards are opened beside it. */
 static int imp_add_arg(imp_state *s, const char *arg) {
@@ -1202,9 +1231,10 @@ static int imp_add_arg(imp_state *s, const char *arg) {
   if ((rc = read_small(arg, &buf, &len)) != 0)
     return fail_local(arg, QL_EIO, "cannot read: %s", strerror(-rc));
   rc = ql__st_index_parse(buf, len, &shards, &n, err, sizeof err);
-  free(buf);
-  if (rc != 0)
+  if (rc != 0) {
+    free(buf);
     return fail_local(arg, rc, "%s", err);
+  }
   const char *slash = strrchr(arg, '/');
   int dirlen = slash != NULL ? (int)(slash - arg + 1) : 0;
   for (size_t i = 0; i < n && rc == 0; i++) {
@@ -1212,6 +1242,14 @@ static int imp_add_arg(imp_state *s, const char *arg) {
     rc = imp_add_file(s, path);
   }
   ql__st_strv_free(shards, n);
+  /* Every tensor the index names must be in its shard: a shard of another
+   * revision, or cut short, would import part of the model as success. */
+  shard_dir sd = {s, arg, dirlen};
+  if (rc == 0 &&
+      (rc = ql__st_index_check(buf, len, shard_holds, &sd, err, sizeof err)) !=
+          0)
+    rc = fail_local(arg, rc, "%s", err);
+  free(buf);
   return rc;
 }
 
@@ -1608,6 +1646,10 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
   for (int i = optind; i < argc; i++)
     if ((rv = imp_add_arg(&s, argv[i])) != 0)
       goto done;
+  if (s.n_files == 0) {
+    rv = fail_local("import", QL_EINVAL, "no checkpoint file");
+    goto done;
+  }
   if ((rv = imp_config(&s)) != 0 ||
       (rv = imp_plan(&s, have_re ? &re : NULL, prefix, fmt_arg)) != 0)
     goto done;

@@ -322,7 +322,9 @@ int ql__st_open(const char *path, ql__st_file **out, char *err,
   if (out == NULL)
     return fail(err, errlen, QL_EINVAL, "no output");
   *out = NULL;
-  if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+  /* O_NONBLOCK: opening a FIFO (a checkpoint is untrusted: an archive
+   * can hold one) would wait for a writer; it is refused below. */
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)) < 0)
     return fail(err, errlen, QL_EIO, "cannot open: %s", strerror(errno));
   if (fstat(fd, &st) != 0) {
     rc = fail(err, errlen, QL_EIO, "cannot stat: %s", strerror(errno));
@@ -386,8 +388,11 @@ int ql__st_index_parse(const void *buf, size_t len, char ***files,
     rc = fail(err, errlen, QL_EBADFILE, "no \"weight_map\" object");
     goto fail;
   }
-  if (json_object_size(map) > 0 &&
-      (v = calloc(json_object_size(map), sizeof *v)) == NULL) {
+  if (json_object_size(map) == 0) {
+    rc = fail(err, errlen, QL_EBADFILE, "\"weight_map\" names no tensor");
+    goto fail;
+  }
+  if ((v = calloc(json_object_size(map), sizeof *v)) == NULL) {
     rc = fail(err, errlen, QL_ENOMEM, "out of memory");
     goto fail;
   }
@@ -416,6 +421,35 @@ int ql__st_index_parse(const void *buf, size_t len, char ***files,
 
 fail:
   ql__st_strv_free(v, n);
+  json_decref(root);
+  return rc;
+}
+
+int ql__st_index_check(const void *buf, size_t len,
+                       int (*holds)(void *arg, const char *shard,
+                                    const char *tensor),
+                       void *arg, char *err, size_t errlen) {
+  json_error_t jerr;
+  json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr), *val;
+  const char *key;
+  int rc = 0;
+  if (root == NULL)
+    return fail(err, errlen, QL_EBADFILE, "bad JSON at byte %d: %s",
+                jerr.position, jerr.text);
+  json_t *map = json_object_get(root, "weight_map");
+  if (!json_is_object(map)) {
+    rc = fail(err, errlen, QL_EBADFILE, "no \"weight_map\" object");
+    goto done;
+  }
+  json_object_foreach(map, key, val) {
+    const char *shard = json_string_value(val);
+    if (shard == NULL || !holds(arg, shard, key)) {
+      rc = fail(err, errlen, QL_EBADFILE, "weight_map: tensor '%.128s' is "
+                "not in its shard %.128s", key, shard ? shard : "(none)");
+      goto done;
+    }
+  }
+done:
   json_decref(root);
   return rc;
 }

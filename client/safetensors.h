@@ -104,10 +104,21 @@ const char *ql__st_meta(const ql__st_file *f, const char *key);
  * *files holds the distinct shard file names (*n_files of them, in order of
  * first appearance; malloc'd, freed with ql__st_strv_free()). A shard name
  * must be a plain file name (no '/', not "." or ".."): it is opened beside
- * the index. QL_EBADFILE with a message otherwise.
+ * the index. QL_EBADFILE with a message otherwise, and for an index that
+ * names no tensor.
  */
 int ql__st_index_parse(const void *buf, size_t len, char ***files,
                        size_t *n_files, char *err, size_t errlen);
+
+/* Checks that every tensor a sharded checkpoint's index (buf, len bytes)
+ * names is in the shard it names: holds(arg, shard, tensor) says whether
+ * the shard (a plain file name, as the index has it) holds that tensor.
+ * 0, or QL_EBADFILE with err naming the first one that is not (a shard of
+ * another revision, a truncated download: the checkpoint is not whole). */
+int ql__st_index_check(const void *buf, size_t len,
+                       int (*holds)(void *arg, const char *shard,
+                                    const char *tensor),
+                       void *arg, char *err, size_t errlen);
 void ql__st_strv_free(char **v, size_t n);
 
 #endif /* QL_SAFETENSORS_H */

@@ -137,6 +137,27 @@ expect 1 "unknown quantization" -- "$ctl" import "$work/bad/unknown.safetensors"
 has "$dir/err" "l.weight_packed: .*no recognised layout" "unknown quantization named"
 expect 1 "missing file" -- "$ctl" import "$work/nope.safetensors"
 has "$dir/err" "cannot open" "missing file"
+# Indexes that do not describe their shards: none named (it crashed), a
+# tensor its shard does not hold (half the model imported as success).
+mkdir -p "$work/idx"
+cp "$work/sharded/"*.safetensors "$work/idx/"
+echo '{"weight_map": {}}' >"$work/idx/empty.safetensors.index.json"
+expect 1 "index naming no tensor" -- "$ctl" import "$work/idx/empty.safetensors.index.json" --dry-run
+has "$dir/err" "names no tensor" "empty index"
+sed 's/"weight_map": {/"weight_map": {"layers.9.proj.weight": "model-00001-of-00002.safetensors", /' \
+  "$work/sharded/model.safetensors.index.json" >"$work/idx/more.safetensors.index.json"
+grep -q 'layers.9.proj' "$work/idx/more.safetensors.index.json" || bad "the test's index edit did nothing"
+expect 1 "index naming a tensor its shard lacks" -- "$ctl" import "$work/idx/more.safetensors.index.json" --dry-run
+has "$dir/err" "layers.9.proj.weight' is not in its shard" "missing tensor named"
+# FIFOs where files are read (an archive can hold them): refused, or
+# passed over for config.json, at once rather than waiting for a writer.
+mkdir -p "$work/fifo"
+cp "$work/model.safetensors" "$work/fifo/"
+mkfifo "$work/fifo/config.json" "$work/fifo/pipe.safetensors"
+expect 0 "config.json a FIFO" -- timeout 20 "$ctl" import "$work/fifo/model.safetensors" --dry-run
+has "$dir/out" "would import 2 tensors" "import beside a FIFO"
+expect 1 "a FIFO as the checkpoint" -- timeout 20 "$ctl" import "$work/fifo/pipe.safetensors" --dry-run
+has "$dir/err" "not a regular file" "FIFO checkpoint refused"
 
 # The daemon survived all of it and stops cleanly.
 kill -TERM "$daemon"
