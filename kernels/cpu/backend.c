@@ -119,6 +119,7 @@ typedef struct lin_job {
   const float *bias;
   float *y;
   int tparts;
+  int cap; /* the most pool threads lin_run may use; 0: any */
   /* A launch in parts. */
   ql_linear_part *part;
   ql_dtype dt;  /* y's dtype: pieces store their own columns */
@@ -223,6 +224,8 @@ static void lin_piece(void *ctx, int part, int parts) {
 static void lin_run(lin_job *j, const ql_linear_args *a) {
   double macs = (double)j->m * (double)a->w->n * (double)a->w->k;
   int parts = macs < (double)PARALLEL_MIN_MACS ? 1 : ql__cpu_threads();
+  if (j->cap > 0 && parts > j->cap)
+    parts = j->cap;
   int tparts = parts, mparts = 1;
   if ((int64_t)tparts > j->p->tiles) {
     tparts = (int)j->p->tiles;
@@ -529,20 +532,32 @@ static int xq_parts(int64_t m, int64_t k) {
  * whole, or (a->part) in pieces that stop when asked, the launch keeping
  * what it prepared between its calls.
  */
+static int run_linear_cap(ql__cpu_level level, int aq,
+                          const ql_linear_args *a, unsigned cap);
+
 static int run_linear(ql__cpu_level level, int aq, const ql_linear_args *a) {
+  return run_linear_cap(level, aq, a, 0);
+}
+
+/* run_linear() on at most cap pool threads (0: as many as the work is
+ * worth), for a launch in parts run whole. */
+static int run_linear_cap(ql__cpu_level level, int aq,
+                          const ql_linear_args *a, unsigned cap) {
   ql_linear_part *part = a->part;
   prep *st = part != NULL ? part->state : NULL;
   int threads, rc;
   size_t esz;
 
   /* A launch of a few pieces a thread runs whole: it ends about as soon
-   * as it could stop, and pieces that few would not share out evenly. */
+   * as it could stop, and pieces that few would not share out evenly. It
+   * keeps to the threads the caller allowed the launch (part->threads:
+   * the daemon leaves a CPU to decode work). */
   if (part != NULL && st == NULL &&
       (double)a->m * (double)a->w->n * (double)a->w->k <
           (double)PIECE_MACS_OF(aq) * 4 * ql__cpu_threads()) {
     ql_linear_args whole = *a;
     whole.part = NULL;
-    rc = run_linear(level, aq, &whole);
+    rc = run_linear_cap(level, aq, &whole, part->threads);
     part->done = rc == 0;
     return rc;
   }
@@ -570,10 +585,13 @@ static int run_linear(ql__cpu_level level, int aq, const ql_linear_args *a) {
   if (part != NULL && part->threads != 0 && (unsigned)threads > part->threads)
     threads = (int)part->threads;
   if (part == NULL) {
+    if (cap != 0 && (unsigned)threads > cap)
+      threads = (int)cap;
     ql__cpu_parallel(prep_part, st, threads);
     for (int i = 0; i < threads; i++)
       if ((rc = st->rc[i]) != 0)
         goto fail;
+    st->j.cap = (int)cap;
     lin_run(&st->j, a);
     prep_free(st);
     return 0;

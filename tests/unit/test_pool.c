@@ -7,6 +7,8 @@
  * the generic op's bytes and write nothing past y. (It ran the parts the
  * threads it had, so the grid divided by zero or computed rows past M.)
  *
+ * Also: a small launch in parts keeps to the threads it was given.
+ *
  * pthread_create is interposed here: the pool's object is linked into
  * this program, so its calls reach this definition, which fails once
  * `allow` threads have been made.
@@ -17,6 +19,8 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,11 +130,86 @@ START_TEST(test_linear_with_fewer_threads) {
 }
 END_TEST
 
+/* Parts that wait until the test lets them go: the pool stays busy. */
+static atomic_int inside, release;
+static void hold_part(void *ctx, int part, int parts) {
+  (void)ctx;
+  (void)parts;
+  if (part == 0)
+    atomic_store(&inside, 1);
+  while (!atomic_load(&release))
+    sched_yield();
+}
+
+static void *hold_pool(void *arg) {
+  (void)arg;
+  ql__cpu_parallel(hold_part, NULL, 2);
+  return NULL;
+}
+
+/* A launch in parts that is small enough to run whole keeps to the
+ * threads it was given (ql_linear_part.threads = 1: the daemon leaves a
+ * CPU to decode work): it runs on the calling thread alone, and so ends
+ * while another call holds the pool. (It took the whole pool, and waited
+ * for that call.) */
+START_TEST(test_small_part_launch_keeps_to_its_threads) {
+  setenv("QL_CPU_THREADS", "2", 1);
+  const ql_backend *cpu = ql_backend_find("cpu");
+  ck_assert_ptr_nonnull(cpu);
+  const int64_t n = 64, k = 512, m = 32; /* 1M multiply-adds: run whole */
+  uint64_t seed = 9;
+  float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
+  float *x = tu_xmalloc((size_t)(m * k) * sizeof(float));
+  for (int64_t i = 0; i < n * k; i++)
+    w[i] = (float)(0.05 * tu_rng_gauss(&seed));
+  for (int64_t i = 0; i < m * k; i++)
+    x[i] = (float)tu_rng_gauss(&seed);
+  ql_quant_params qp = {QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32};
+  ql_qweight *q = NULL;
+  ck_assert_int_eq(ql_qweight_quantize(&qp, n, k, QL_DTYPE_F32, w, NULL, &q),
+                   0);
+  const ql_kernel_impl *rp =
+      ql_dispatch(cpu, QL_OP_REPACK, QL_FORMAT_Q8C, QL_DTYPE_F32, 0, n, k);
+  ql_repack_args ra = {q, NULL, 0};
+  ck_assert_int_eq(rp->fn.repack(&ra), 0);
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, hold_pool, NULL), 0);
+  while (!atomic_load(&inside))
+    sched_yield();
+  for (int aq = 0; aq < 2; aq++) {
+    ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
+    const ql_kernel_impl *im =
+        ql_dispatch(cpu, op, QL_FORMAT_Q8C, QL_DTYPE_F32, m, n, k);
+    float *y = tu_xmalloc((size_t)(m * n) * sizeof(float));
+    float *want = tu_xmalloc((size_t)(m * n) * sizeof(float));
+    ql_linear_part part;
+    memset(&part, 0, sizeof part);
+    part.threads = 1;
+    ql_linear_args a = {q, ra.packed, QL_DTYPE_F32, x, m, y, &part};
+    ck_assert_int_eq(im->fn.linear(&a), 0); /* (the check timeout if not) */
+    ck_assert_int_eq(part.done, 1);
+    ck_assert_int_eq(aq ? ql_linear_aq_ref(q, QL_DTYPE_F32, x, m, want)
+                        : ql_linear_wo_ref(q, QL_DTYPE_F32, x, m, want),
+                     0);
+    ck_assert_mem_eq(y, want, (size_t)(m * n) * sizeof(float));
+    free(y);
+    free(want);
+  }
+  atomic_store(&release, 1);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  rp->free_packed(ra.packed);
+  ql_qweight_free(q);
+  free(w);
+  free(x);
+}
+END_TEST
+
 static Suite *pool_suite(void) {
   Suite *s = suite_create("pool");
   TCase *tc = tcase_create("fewer threads");
   tcase_add_loop_test(tc, test_parts_with_fewer_threads, 0, 2);
   tcase_add_loop_test(tc, test_linear_with_fewer_threads, 0, 2);
+  tcase_add_test(tc, test_small_part_launch_keeps_to_its_threads);
   suite_add_tcase(s, tc);
   return s;
 }
