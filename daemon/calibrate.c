@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <jansson.h>
 
 #include "calibrate.h"
 #include "xover.h"
@@ -80,33 +79,24 @@ static void load_file(struct ql__calib *c) {
 }
 
 /* Rewrites the cache (temp file, fsync, rename): a lost write only costs
- * a measurement at the next start. */
+ * a measurement at the next start. It stays within what load_file()
+ * reads: past MAX_FILE the oldest shapes are forgotten (measured again
+ * when they come back), where the whole cache would have been. */
 static void save_file(struct ql__calib *c) {
   char tmp[sizeof c->path + 8];
-  json_t *root = json_object(), *obj = json_object();
   char *text = NULL;
+  size_t kept = 0;
   int fd = -1;
-  if (c->path[0] == '\0' || root == NULL || obj == NULL)
+  if (c->path[0] == '\0' || ql__xover_dump(c->e, c->n, MAX_FILE, &text,
+                                           &kept) != 0)
     goto done;
-  for (size_t i = 0; i < c->n; i++) {
-    const ql__xover_entry *e = &c->e[i];
-    json_t *v = json_object(), *m = json_array(), *wo = json_array(),
-           *aq = json_array();
-    for (unsigned j = 0; j < e->n; j++) {
-      json_array_append_new(m, json_integer(e->m[j]));
-      json_array_append_new(wo, json_integer((json_int_t)e->wo_ns[j]));
-      json_array_append_new(aq, json_integer((json_int_t)e->aq_ns[j]));
-    }
-    json_object_set_new(v, "rows", json_integer(e->rows));
-    json_object_set_new(v, "m", m);
-    json_object_set_new(v, "wo_ns", wo);
-    json_object_set_new(v, "aq_ns", aq);
-    json_object_set_new(obj, e->key, v);
+  if (kept < c->n) {
+    ql__notice("crossover cache %s: %zu oldest shape%s left out to stay "
+               "within 1 MiB", c->path, c->n - kept,
+               c->n - kept == 1 ? "" : "s");
+    memmove(c->e, c->e + (c->n - kept), kept * sizeof *c->e);
+    c->n = kept;
   }
-  json_object_set_new(root, "version", json_integer(QL_XOVER_VERSION));
-  json_object_set(root, "crossover", obj);
-  if ((text = json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS)) == NULL)
-    goto done;
   snprintf(tmp, sizeof tmp, "%s.tmp", c->path);
   fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
   size_t len = strlen(text);
@@ -120,8 +110,6 @@ done:
   if (fd >= 0)
     close(fd);
   free(text);
-  json_decref(obj);
-  json_decref(root);
 }
 
 /* ------------------------------------------------------------ the table */

@@ -114,3 +114,62 @@ done:
   return rc;
 }
 
+
+/* The text of entries e[first .. n), or NULL when out of memory. */
+static char *dump_from(const ql__xover_entry *e, size_t n, size_t first) {
+  json_t *root = json_object(), *obj = json_object();
+  char *text = NULL;
+  if (root == NULL || obj == NULL)
+    goto done;
+  for (size_t i = first; i < n; i++) {
+    json_t *v = json_object(), *m = json_array(), *wo = json_array(),
+           *aq = json_array();
+    if (v == NULL || m == NULL || wo == NULL || aq == NULL) {
+      json_decref(v);
+      json_decref(m);
+      json_decref(wo);
+      json_decref(aq);
+      goto done;
+    }
+    for (unsigned j = 0; j < e[i].n; j++) {
+      json_array_append_new(m, json_integer(e[i].m[j]));
+      json_array_append_new(wo, json_integer((json_int_t)e[i].wo_ns[j]));
+      json_array_append_new(aq, json_integer((json_int_t)e[i].aq_ns[j]));
+    }
+    json_object_set_new(v, "rows", json_integer(e[i].rows));
+    json_object_set_new(v, "m", m);
+    json_object_set_new(v, "wo_ns", wo);
+    json_object_set_new(v, "aq_ns", aq);
+    json_object_set_new(obj, e[i].key, v);
+  }
+  json_object_set_new(root, "version", json_integer(QL_XOVER_VERSION));
+  json_object_set(root, "crossover", obj);
+  text = json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS);
+done:
+  json_decref(obj);
+  json_decref(root);
+  return text;
+}
+
+int ql__xover_dump(const ql__xover_entry *e, size_t n, size_t max_bytes,
+                   char **text, size_t *kept) {
+  size_t first = 0;
+  *text = NULL;
+  *kept = 0;
+  for (;;) {
+    char *t = dump_from(e, n, first);
+    if (t == NULL)
+      return QL_ENOMEM;
+    size_t len = strlen(t);
+    if (len <= max_bytes || first == n) {
+      *text = t;
+      *kept = n - first;
+      return 0;
+    }
+    free(t);
+    /* Leave out the oldest share the excess asks for, at least one. */
+    size_t drop = (size_t)((double)(n - first) *
+                           (double)(len - max_bytes) / (double)len) + 1;
+    first += drop < n - first ? drop : n - first;
+  }
+}

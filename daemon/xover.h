@@ -43,4 +43,14 @@ typedef struct ql__xover_entry {
 int ql__xover_parse(const char *buf, size_t len, ql__xover_entry **out,
                     size_t *n, char *err, size_t errlen);
 
+/*
+ * The file's text for entries e[0 .. n), at most max_bytes long: when all
+ * of them would not fit, the first ones are left out (the daemon keeps
+ * its entries oldest first) and *kept says how many of the last were
+ * written. On success *text (NUL-terminated) is the caller's to free();
+ * 0 or QL_ENOMEM.
+ */
+int ql__xover_dump(const ql__xover_entry *e, size_t n, size_t max_bytes,
+                   char **text, size_t *kept);
+
 #endif /* QL_XOVER_H */

@@ -1233,6 +1233,70 @@ START_TEST(test_reload_each) {
 }
 END_TEST
 
+/* The cache's text: what it holds reads back the same; past its bound the
+ * first (oldest) entries are left out and the rest fit, where the file
+ * used to outgrow what the daemon reads at start (1 MiB) and all of it
+ * was measured again. */
+START_TEST(test_xover_dump) {
+  enum { N = 3000 };
+  ql__xover_entry *e = calloc(N, sizeof *e), *back;
+  size_t n, kept;
+  char err[160], *text;
+  ck_assert_ptr_nonnull(e);
+  for (unsigned i = 0; i < N; i++) {
+    snprintf(e[i].key, sizeof e[i].key,
+             "cpu.avx512.linear_wo|cpu.avx512.linear_aq|q4g|128|f32|%u|4096",
+             i);
+    e[i].rows = 1 + i % 512;
+    e[i].n = QL_XOVER_POINTS;
+    for (unsigned j = 0; j < QL_XOVER_POINTS; j++) {
+      e[i].m[j] = 1u << (j % 11);
+      e[i].wo_ns[j] = 1000000000ull + i * 17 + j;
+      e[i].aq_ns[j] = j == 0 ? 0 : 2000000000ull + i + j;
+    }
+  }
+  /* A few: all of them, the same values back. */
+  ck_assert_int_eq(ql__xover_dump(e + N - 3, 3, 1u << 20, &text, &kept), 0);
+  ck_assert_uint_eq(kept, 3);
+  ck_assert_int_eq(ql__xover_parse(text, strlen(text), &back, &n, err,
+                                   sizeof err),
+                   0);
+  ck_assert_uint_eq(n, 3);
+  for (size_t i = 0; i < n; i++) {
+    const ql__xover_entry *w = NULL;
+    for (size_t j = N - 3; j < N; j++)
+      if (strcmp(e[j].key, back[i].key) == 0)
+        w = &e[j];
+    ck_assert_ptr_nonnull(w);
+    ck_assert_uint_eq(back[i].rows, w->rows);
+    ck_assert_uint_eq(back[i].n, w->n);
+    ck_assert(memcmp(back[i].m, w->m, sizeof w->m) == 0);
+    ck_assert(memcmp(back[i].wo_ns, w->wo_ns, sizeof w->wo_ns) == 0);
+    ck_assert(memcmp(back[i].aq_ns, w->aq_ns, sizeof w->aq_ns) == 0);
+  }
+  free(back);
+  free(text);
+  /* All 3000: past 1 MiB; the newest that fit are written, and read. */
+  ck_assert_int_eq(ql__xover_dump(e, N, 1u << 20, &text, &kept), 0);
+  ck_assert_uint_lt(kept, N);
+  ck_assert_uint_gt(kept, N / 4);
+  ck_assert_uint_le(strlen(text), 1u << 20);
+  ck_assert_int_eq(ql__xover_parse(text, strlen(text), &back, &n, err,
+                                   sizeof err),
+                   0);
+  ck_assert_uint_eq(n, kept);
+  int newest = 0, oldest = 0;
+  for (size_t i = 0; i < n; i++) {
+    newest |= strcmp(back[i].key, e[N - 1].key) == 0;
+    oldest |= strcmp(back[i].key, e[0].key) == 0;
+  }
+  ck_assert(newest && !oldest);
+  free(back);
+  free(text);
+  free(e);
+}
+END_TEST
+
 /* The crossover cache (xover.h, a file of the state directory like the
  * config): version 1's bare rows still read, version 2's times read back,
  * and times out of bounds or of unequal lengths refused. */
@@ -1514,6 +1578,7 @@ static Suite *config_suite(void) {
   tcase_add_test(tc, test_find);
   tcase_add_test(tc, test_live_set);
   tcase_add_test(tc, test_xover_file);
+  tcase_add_test(tc, test_xover_dump);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("types");
