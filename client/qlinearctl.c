@@ -115,10 +115,16 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt,
 }
 
 /* getopt_long failed on a command's arguments (opterr is 0, so it said
- * nothing): name the offending argument. */
+ * nothing): name the offending argument. Within a cluster of short
+ * options (-xh) optind has not moved past it yet: optopt names the
+ * character. */
 static int bad_option(const char *cmd, char **argv) {
+  const char *arg = optind > 0 ? argv[optind - 1] : "";
+  if (strncmp(arg, "--", 2) != 0 && optopt > ' ' && optopt < 127)
+    return usage_error("%s: unknown option or missing argument: '-%c'", cmd,
+                       optopt);
   return usage_error("%s: unknown option or missing argument: '%s'", cmd,
-                     argv[optind - 1]);
+                     arg);
 }
 
 /* "qlinearctl: <what>: <ql_strerror(code)>: <ql_errmsg()>" for a failed

@@ -91,6 +91,10 @@ expect 2 "unknown format" -- "$ctl" load x "$work/w.npy" --format q5z
 expect 1 "unknown weight" -- "$ctl" linear nope "$work/x.npy"
 expect 1 "K mismatch" -- "$ctl" linear demo/proj "$work/b.npy"
 expect 2 "unknown command" -- "$ctl" frobnicate
+expect 2 "unknown short option in a cluster" -- "$ctl" load -xh
+grep -q "'-x'" "$dir/err" || bad "the cluster's unknown option is not named: $(cat "$dir/err")"
+expect 2 "unknown long option" -- "$ctl" load x "$work/w.npy" --frob
+grep -q "'--frob'" "$dir/err" || bad "the unknown long option is not named: $(cat "$dir/err")"
 expect 1 "unload of an admin weight from a session" -- "$ctl" unload demo/proj
 expect 2 "reload without --admin" -- "$ctl" reload
 expect 0 "reload" -- "$ctl" --admin reload
