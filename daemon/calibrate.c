@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
 #include "calibrate.h"
 #include "xover.h"
 #include "crossover.h"

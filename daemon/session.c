@@ -104,7 +104,8 @@ void ql__region_unref(ql__region *r) {
     return;
   /* No job uses it any more: no DMA can be in flight. */
   ql__devices_host_unregister(r->base, r->pinned, r->n_pinned);
-  pinned_total -= r->pinned_bytes;
+  if (r->n_pinned > 0)
+    pinned_total -= r->size;
   munmap(r->base, (size_t)r->size);
   free(r);
 }
@@ -191,10 +192,8 @@ static int region_create(ql__sessions *o, ql__session *ss, uint64_t size,
   if (size <= cap && pinned_total <= cap - size) {
     r->n_pinned = ql__devices_host_register(o->s, base, (size_t)size,
                                             r->pinned, QL__REGION_BACKENDS);
-    if (r->n_pinned > 0) {
-      r->pinned_bytes = size;
+    if (r->n_pinned > 0)
       pinned_total += size;
-    }
   } else {
     ql__debug("session %llu: region %llu of %llu bytes not page-locked: "
              "locked regions would pass max_pinned_bytes (%llu); its "

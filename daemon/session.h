@@ -46,10 +46,8 @@ typedef struct ql__region {
   /* Backends it is registered with (host_register), unregistered before
    * it is unmapped. */
   const ql_backend *pinned[QL__REGION_BACKENDS];
-  unsigned n_pinned;
-  uint64_t pinned_bytes; /* its size while registered with any, else 0:
-                            counted in the daemon's pinned total until it
-                            is unregistered, after its last job */
+  unsigned n_pinned; /* > 0: its size counts in the daemon's pinned total
+                        until it is unregistered, after its last job */
 } ql__region;
 
 typedef struct ql__session ql__session;

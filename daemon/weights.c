@@ -285,16 +285,6 @@ static void uncount(ql__weight *w) {
   device_bytes(s, w, 0);
 }
 
-/* Puts w, removed from s by name, back into s's retired weights and
- * byte counts. */
-static void recount(ql__weight_store *s, ql__weight *w) {
-  w->counted_in = s;
-  w->next = s->retired;
-  s->retired = w;
-  s->bytes += w->bytes;
-  device_bytes(s, w, 1);
-}
-
 int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
                             ql__weight **existing) {
   *existing = NULL;
@@ -305,24 +295,20 @@ int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
     *existing = old;
     return 0;
   }
-  /* A weight removed by name and still counted (held) comes back: its
-   * bytes are counted once. */
-  ql__weight_store *was = w->counted_in;
-  if (was != NULL)
-    uncount(w);
-  int fits = s->budget == 0 ||
-             (w->bytes <= s->budget && s->bytes <= s->budget - w->bytes);
+  /* A weight removed by name and still counted (held) that comes back
+   * is counted once: the budgets are checked without its own bytes. */
+  int again = w->counted_in == s;
+  size_t used = s->bytes - (again ? w->bytes : 0);
+  if (s->budget != 0 && (w->bytes > s->budget || used > s->budget - w->bytes))
+    return QL_ENOMEM;
   for (unsigned d = 0; d < QL__MAX_DEVICES; d++) {
     size_t need = w->lay[d].packed_bytes, cap = s->dev_budget[d];
-    if ((w->devices >> d & 1) && cap != 0 &&
-        !w->lay[d].host && (need > cap || s->dev_bytes[d] > cap - need))
-      fits = 0;
+    if ((w->devices >> d & 1) && cap != 0 && !w->lay[d].host &&
+        (need > cap || s->dev_bytes[d] - (again ? need : 0) > cap - need))
+      return QL_ENOMEM;
   }
-  if (!fits) {
-    if (was != NULL)
-      recount(was, w);
-    return QL_ENOMEM;
-  }
+  if (w->counted_in != NULL)
+    uncount(w);
   size_t b = bucket_of(w->name);
   w->next = s->buckets[b];
   s->buckets[b] = w;

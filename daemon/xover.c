@@ -114,7 +114,6 @@ done:
   return rc;
 }
 
-
 /* The text of entries e[first .. n), or NULL when out of memory. */
 static char *dump_from(const ql__xover_entry *e, size_t n, size_t first) {
   json_t *root = json_object(), *obj = json_object();

@@ -71,6 +71,23 @@ START_TEST(test_parts_with_fewer_threads) {
 }
 END_TEST
 
+/* A random q8c weight n x k and m rows of x (*x, the caller frees it). */
+static ql_qweight *make_case(uint64_t seed, int64_t n, int64_t k, int64_t m,
+                             float **x) {
+  float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
+  *x = tu_xmalloc((size_t)(m * k) * sizeof(float));
+  for (int64_t i = 0; i < n * k; i++)
+    w[i] = (float)(0.05 * tu_rng_gauss(&seed));
+  for (int64_t i = 0; i < m * k; i++)
+    (*x)[i] = (float)tu_rng_gauss(&seed);
+  ql_quant_params qp = {QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32};
+  ql_qweight *q = NULL;
+  ck_assert_int_eq(ql_qweight_quantize(&qp, n, k, QL_DTYPE_F32, w, NULL, &q),
+                   0);
+  free(w);
+  return q;
+}
+
 /* A linear call with the grid planned for 4 threads, on a pool of 2 (or
  * 1): the generic op's bytes, and the bytes past y untouched. The shapes
  * split tiles only (256 x 1024, M = 4) and tiles and rows (32 x 256,
@@ -84,17 +101,8 @@ START_TEST(test_linear_with_fewer_threads) {
   ck_assert_ptr_nonnull(cpu);
   for (int s = 0; s < 2; s++) {
     int64_t n = shapes[s][0], k = shapes[s][1], m = shapes[s][2];
-    uint64_t seed = 5 + (uint64_t)s;
-    float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
-    float *x = tu_xmalloc((size_t)(m * k) * sizeof(float));
-    for (int64_t i = 0; i < n * k; i++)
-      w[i] = (float)(0.05 * tu_rng_gauss(&seed));
-    for (int64_t i = 0; i < m * k; i++)
-      x[i] = (float)tu_rng_gauss(&seed);
-    ql_quant_params qp = {QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32};
-    ql_qweight *q = NULL;
-    ck_assert_int_eq(ql_qweight_quantize(&qp, n, k, QL_DTYPE_F32, w, NULL, &q),
-                     0);
+    float *x;
+    ql_qweight *q = make_case(5 + (uint64_t)s, n, k, m, &x);
     for (int aq = 0; aq < 2; aq++) {
       ql_op op = aq ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO;
       const ql_kernel_impl *im =
@@ -124,7 +132,6 @@ START_TEST(test_linear_with_fewer_threads) {
       free(want);
     }
     ql_qweight_free(q);
-    free(w);
     free(x);
   }
 }
@@ -157,17 +164,8 @@ START_TEST(test_small_part_launch_keeps_to_its_threads) {
   const ql_backend *cpu = ql_backend_find("cpu");
   ck_assert_ptr_nonnull(cpu);
   const int64_t n = 64, k = 512, m = 32; /* 1M multiply-adds: run whole */
-  uint64_t seed = 9;
-  float *w = tu_xmalloc((size_t)(n * k) * sizeof(float));
-  float *x = tu_xmalloc((size_t)(m * k) * sizeof(float));
-  for (int64_t i = 0; i < n * k; i++)
-    w[i] = (float)(0.05 * tu_rng_gauss(&seed));
-  for (int64_t i = 0; i < m * k; i++)
-    x[i] = (float)tu_rng_gauss(&seed);
-  ql_quant_params qp = {QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32};
-  ql_qweight *q = NULL;
-  ck_assert_int_eq(ql_qweight_quantize(&qp, n, k, QL_DTYPE_F32, w, NULL, &q),
-                   0);
+  float *x;
+  ql_qweight *q = make_case(9, n, k, m, &x);
   const ql_kernel_impl *rp =
       ql_dispatch(cpu, QL_OP_REPACK, QL_FORMAT_Q8C, QL_DTYPE_F32, 0, n, k);
   ql_repack_args ra = {q, NULL, 0};
@@ -199,7 +197,6 @@ START_TEST(test_small_part_launch_keeps_to_its_threads) {
   ck_assert_int_eq(pthread_join(t, NULL), 0);
   rp->free_packed(ra.packed);
   ql_qweight_free(q);
-  free(w);
   free(x);
 }
 END_TEST
