@@ -441,15 +441,31 @@ int ql__ck_convert(const ql__ck_layer *l, const ql__ck_config *cfg,
   out->symmetric_src = sym;
   out->asymmetric = bits == 8 && !sym;
 
+  /* ---- the arrays' sizes; a check alone ends here, having allocated
+   * nothing that outlives the call */
+  out->has_zero = bits == 4 || !sym;
+  out->scale_dtype = sym ? adt_of(sc->dtype) : QL_ADT_F32;
+  out->scale_bytes = ng * n * (sym ? ql__st_dtype_size(sc->dtype) : 4);
+  if (bits == 4) {
+    size_t rowb = (size_t)(k / 2 + (k & 1)); /* odd K: a zero pad nibble */
+    out->qdata_dtype = QL_ADT_U8;
+    out->qdata_bytes = n * rowb;
+  } else {
+    out->qdata_dtype = QL_ADT_I8;
+    out->qdata_bytes = n * k;
+  }
+  if (l->check_only) {
+    free(zp);
+    free(fs);
+    return 0;
+  }
+
   /* ---- scale and zero [ng, N]: kept dtype when symmetric, else f32 */
   {
     int keep = sym;
     size_t esz = keep ? ql__st_dtype_size(sc->dtype) : 4;
-    int need_zero = bits == 4 || !sym;
-    out->scale_dtype = keep ? adt_of(sc->dtype) : QL_ADT_F32;
-    out->scale_bytes = ng * n * esz;
     if ((out->scale = malloc(out->scale_bytes)) == NULL ||
-        (need_zero && (out->zero = calloc(1, out->scale_bytes)) == NULL)) {
+        (out->has_zero && (out->zero = calloc(1, out->scale_bytes)) == NULL)) {
       rc = fail(err, errlen, QL_ENOMEM, "out of memory");
       goto fail;
     }
@@ -470,14 +486,6 @@ int ql__ck_convert(const ql__ck_layer *l, const ql__ck_config *cfg,
   }
 
   /* ---- qdata */
-  if (bits == 4) {
-    size_t rowb = (size_t)(k / 2 + (k & 1)); /* odd K: a zero pad nibble */
-    out->qdata_dtype = QL_ADT_U8;
-    out->qdata_bytes = n * rowb;
-  } else {
-    out->qdata_dtype = QL_ADT_I8;
-    out->qdata_bytes = n * k;
-  }
   if ((out->qdata = calloc(1, out->qdata_bytes)) == NULL) {
     rc = fail(err, errlen, QL_ENOMEM, "out of memory");
     goto fail;

@@ -43,6 +43,11 @@ typedef struct ql__ck_config {
 typedef struct ql__ck_layer {
   const char *name; /* the layer prefix X, for messages */
   const ql__st_tensor *qweight, *qzeros, *scales, *g_idx;
+  /* 1: ql__ck_convert() checks everything it would refuse and fills the
+   * canonical form's metadata and sizes, but leaves its arrays NULL. An
+   * import checks every layer so before its first upload, then converts
+   * each just before uploading it: its heap is one layer, not the model. */
+  int check_only;
 } ql__ck_layer;
 
 /* A canonical weight's arrays, as ql_load_packed() takes them (DESIGN §4:
@@ -57,6 +62,7 @@ typedef struct ql__ck_canon {
   uint32_t src_group;    /* the checkpoint's group (K for one per row) */
   uint64_t n, k, groups; /* groups = ceil(K / group_size) */
   int asymmetric;        /* q8b with a zero array */
+  int has_zero;          /* a zero array (q4g, or asymmetric q8b) */
   int symmetric_src;     /* every zero point was the midpoint */
   void *qdata;
   size_t qdata_bytes;

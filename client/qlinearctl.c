@@ -1434,11 +1434,13 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
                             "says quant_method \"%s\", which is not "
                             "supported (gptq and awq are)", s->cfg_source,
                             s->cfg.method_name);
+        /* Checked now, converted just before its upload (imp_convert). */
+        L->ql.check_only = 1;
         rc = ql__ck_convert(&L->ql, &s->cfg, &L->canon, err, sizeof err);
         if (rc != 0)
           return fail_local("import", rc, "%s", err);
-        L->bytes = L->canon.qdata_bytes + L->canon.scale_bytes *
-                                              (L->canon.zero != NULL ? 2 : 1);
+        L->bytes = L->canon.qdata_bytes +
+                   L->canon.scale_bytes * (L->canon.has_zero ? 2 : 1);
       } else {
         L->w = t;
         L->bytes = t->bytes;
@@ -1458,6 +1460,17 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
     }
   }
   return 0;
+}
+
+/* Converts a GPTQ/AWQ layer that imp_plan() checked: on success
+ * L->canon owns its arrays until the caller frees them after the upload.
+ * The files are mapped read-only, so it cannot fail where the check passed
+ * but for memory. */
+static int imp_convert(const imp_state *s, imp_layer *L) {
+  char err[512];
+  L->ql.check_only = 0;
+  int rc = ql__ck_convert(&L->ql, &s->cfg, &L->canon, err, sizeof err);
+  return rc != 0 ? fail_local("import", rc, "%s", err) : 0;
 }
 
 static void imp_describe(const imp_layer *L, ql_format ffmt, uint32_t fgroup,
@@ -1709,6 +1722,8 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
     ql_weight_info info;
     int sh = 0;
     imp_draw(&bar, 0, 0);
+    if (L->quantized && (rv = imp_convert(&s, L)) != 0)
+      goto summary;
     if (L->torchao || L->quantized) {
       ql_packed_desc d = {0};
       imp_packed_desc(L, &d);
@@ -1719,6 +1734,7 @@ static int cmd_import(ctx *cx, int argc, char **argv) {
       d.progress = imp_draw;
       d.progress_arg = &bar;
       rv = ql_load_packed(cx->client, &d, &info, &sh);
+      ql__ck_canon_free(&L->canon); /* its metadata no longer needed */
     } else {
       ql_load_desc d = {0};
       d.name = L->wname;

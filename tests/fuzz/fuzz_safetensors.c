@@ -60,14 +60,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
    * or convert without reading outside them. */
   if (f->n_tensors >= 3) {
     ql__ck_layer l = {"x", &f->tensors[0], &f->tensors[1], &f->tensors[2],
-                      f->n_tensors >= 4 ? &f->tensors[3] : NULL};
+                      f->n_tensors >= 4 ? &f->tensors[3] : NULL, 0};
     ql__ck_canon c;
     ql__ck_config cfg = {.present = 1, .bits = 4, .sym = -1,
                          .desc_act = -1};
     for (int pass = 0; pass < 2; pass++) {
+      /* The check alone refuses what the conversion refuses and gives
+       * its sizes, allocating nothing. */
+      ql__ck_canon chk;
+      l.check_only = 1;
+      int crv = ql__ck_convert(&l, pass ? &cfg : NULL, &chk, err, sizeof err);
+      CHECK(chk.qdata == NULL && chk.scale == NULL && chk.zero == NULL);
+      l.check_only = 0;
       rv = ql__ck_convert(&l, pass ? &cfg : NULL, &c, err, sizeof err);
+      CHECK(crv == rv);
       if (rv == 0) {
         CHECK(c.qdata != NULL && c.scale != NULL);
+        CHECK(chk.qdata_bytes == c.qdata_bytes &&
+              chk.scale_bytes == c.scale_bytes &&
+              chk.has_zero == (c.zero != NULL) && chk.n == c.n &&
+              chk.k == c.k && chk.format == c.format &&
+              chk.group_size == c.group_size);
         ql__ck_canon_free(&c);
       } else {
         CHECK(err[0] != '\0' && c.qdata == NULL);

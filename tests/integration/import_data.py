@@ -14,6 +14,11 @@
   import_data.py mixed SRC DIR
                              DIR/model.safetensors: the GPTQ checkpoint SRC
                              plus a float lm_head.weight; SRC's config.json
+  import_data.py big DIR LAYERS K N
+                             DIR/model.safetensors: LAYERS random GPTQ 4-bit
+                             g128 layers [N,K], and its config.json
+  import_data.py peakanon OUT CMD...
+                             runs CMD, writes its peak heap (KiB) to OUT
   import_data.py x K M FILE  an f32 .npy [M,K] of activations
   import_data.py check REF MODEL X Y
                              Y [M,N] (.npy from qlinearctl linear) against
@@ -137,6 +142,49 @@ def cmd_mixed(src, d):
         f.write(cfg)
 
 
+def cmd_big(d, layers, k, n):
+    """DIR/model.safetensors: LAYERS GPTQ 4-bit g128 asymmetric layers
+    [N, K] of random nibbles, for the import's peak memory."""
+    os.makedirs(d, exist_ok=True)
+    g = k // 128
+    scales = struct.pack("<e", 0.01) * (g * n)
+    tensors = []
+    for i in range(layers):
+        x = "model.layers.%d.mlp.down_proj" % i
+        tensors += [(x + ".qweight", "I32", [k // 8, n], os.urandom(k // 8 * n * 4)),
+                    (x + ".qzeros", "I32", [g, n // 8], os.urandom(g * n // 8 * 4)),
+                    (x + ".scales", "F16", [g, n], scales)]
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(st_bytes(tensors))
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({"quantization_config": {"quant_method": "gptq", "bits": 4,
+                                           "group_size": 128, "sym": False,
+                                           "desc_act": False}}, f)
+
+
+def cmd_peakanon(out, cmd):
+    """Runs cmd and writes the most anonymous memory (KiB, RssAnon: the
+    heap, not the mapped checkpoint) seen in it, polled each millisecond,
+    to out; exits with its status. Polling can miss a short peak, never
+    invent one."""
+    import subprocess
+    import time
+    p = subprocess.Popen(cmd)
+    peak = 0
+    while p.poll() is None:
+        try:
+            with open("/proc/%d/status" % p.pid) as f:
+                for line in f:
+                    if line.startswith("RssAnon:"):
+                        peak = max(peak, int(line.split()[1]))
+        except OSError:
+            pass
+        time.sleep(0.001)
+    with open(out, "w") as f:
+        f.write("%d\n" % peak)
+    sys.exit(p.returncode)
+
+
 def cmd_x(k, m, path):
     rng = random.Random(11)
     npy(path, "<f4", (m, k), gauss(rng, m * k, 1.0))
@@ -190,4 +238,6 @@ if __name__ == "__main__":
     {"float": lambda: cmd_float(a[1]), "bad": lambda: cmd_bad(a[1]),
      "x": lambda: cmd_x(int(a[1]), int(a[2]), a[3]),
      "mixed": lambda: cmd_mixed(a[1], a[2]),
+     "big": lambda: cmd_big(a[1], int(a[2]), int(a[3]), int(a[4])),
+     "peakanon": lambda: cmd_peakanon(a[1], a[2:]),
      "check": lambda: cmd_check(a[1], a[2], a[3], a[4])}[a[0]]()

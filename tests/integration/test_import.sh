@@ -123,6 +123,16 @@ expect 0 "list the mixed import" -- "$ctl" list
 has "$dir/out" "m/lm_head .*q8c" "lm_head quantized to --format"
 has "$dir/out" "m/model.layers.0.mlp.down_proj .*q8b128" "GPTQ layer keeps its format"
 
+# Each GPTQ layer is converted just before its upload: the import's heap
+# stays near one layer's, not the model's (54 MiB converted here; it held
+# all of it before the first upload).
+expect 0 "write a 24-layer GPTQ checkpoint" -- $py big "$work/big" 24 2048 2048
+expect 0 "import it" -- $py peakanon "$work/big/peak" "$ctl" --admin import "$work/big/model.safetensors" --prefix big/
+has "$dir/out" "imported 24 of 24" "24-layer import"
+peak=$(cat "$work/big/peak" 2>/dev/null || echo 0)
+[ "$peak" -gt 0 ] && [ "$peak" -lt 27648 ] && ok || bad "import heap peaked at $peak KiB (a layer is 2.2 MiB, the model 54 MiB)"
+rm -f "$work/big/model.safetensors"
+
 # ---- malformed files
 expect 0 "write the malformed files" -- $py bad "$work/bad"
 expect 1 "truncated" -- "$ctl" import "$work/bad/truncated.safetensors"

@@ -81,6 +81,7 @@ static void layer_of(const ql__st_file *f, ql__ck_layer *l) {
   l->qzeros = ql__st_find(f, LAYER ".qzeros");
   l->scales = ql__st_find(f, LAYER ".scales");
   l->g_idx = ql__st_find(f, LAYER ".g_idx");
+  l->check_only = 0;
 }
 
 /* Imports the canonical arrays as the daemon does and dequantizes them. */
@@ -124,8 +125,24 @@ static void check_case(const struct ckpt_case *c, int use_config) {
 
   read_config(c->dir, &cfg);
   layer_of(m, &l);
-  int rc = ql__ck_convert(&l, use_config ? &cfg : NULL, &can, err, sizeof err);
+  /* The check an import makes before any upload: the conversion's sizes
+   * and metadata, no arrays. */
+  ql__ck_canon chk;
+  l.check_only = 1;
+  int rc = ql__ck_convert(&l, use_config ? &cfg : NULL, &chk, err, sizeof err);
+  ck_assert_msg(rc == 0, "%s: check: %d %s", c->dir, rc, err);
+  ck_assert_ptr_null(chk.qdata);
+  ck_assert_ptr_null(chk.scale);
+  ck_assert_ptr_null(chk.zero);
+  l.check_only = 0;
+  rc = ql__ck_convert(&l, use_config ? &cfg : NULL, &can, err, sizeof err);
   ck_assert_msg(rc == 0, "%s: %d %s", c->dir, rc, err);
+  ck_assert_uint_eq(chk.qdata_bytes, can.qdata_bytes);
+  ck_assert_uint_eq(chk.scale_bytes, can.scale_bytes);
+  ck_assert_int_eq(chk.scale_dtype, can.scale_dtype);
+  ck_assert_int_eq(chk.has_zero, can.zero != NULL);
+  ck_assert_int_eq(chk.asymmetric, can.asymmetric);
+  ck_assert_uint_eq(chk.groups, can.groups);
   ck_assert_int_eq(can.method, c->method);
   ck_assert_int_eq(can.bits, c->bits);
   ck_assert_uint_eq(can.group_size, c->group);
@@ -184,6 +201,10 @@ START_TEST(test_act_order_refused) {
   char err[256];
   read_config("gptq4_actorder", &cfg);
   layer_of(m, &l);
+  l.check_only = 1; /* refused by the check before any upload */
+  ck_assert_int_eq(ql__ck_convert(&l, &cfg, &can, err, sizeof err),
+                   QL_ENOTSUP);
+  l.check_only = 0;
   ck_assert_int_eq(ql__ck_convert(&l, &cfg, &can, err, sizeof err),
                    QL_ENOTSUP);
   ck_assert_ptr_nonnull(strstr(err, LAYER ".g_idx"));
@@ -261,7 +282,7 @@ START_TEST(test_v1_borrow) {
   ql__st_tensor ts = {.name = "s", .dtype = QL__ST_F16, .ndim = 2,
                       .shape = {1, 8}, .bytes = sizeof sc,
                       .data = (const unsigned char *)sc};
-  ql__ck_layer l = {"x", &tq, &tz, &ts, NULL};
+  ql__ck_layer l = {"x", &tq, &tz, &ts, NULL, 0};
   ql__ck_config cfg = {.present = 1, .method = QL__CK_GPTQ, .bits = 4,
                        .group_size = 32, .sym = -1, .desc_act = -1};
   ql__ck_canon can;
