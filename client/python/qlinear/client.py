@@ -7,6 +7,7 @@ What this module adds is the translation between NumPy arrays (or raw
 pointers, for the torch module) and the C calls, and one exception class.
 """
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -148,6 +149,9 @@ _DTYPE_CODES = {"f32": _lib.QL_DTYPE_F32, "f16": _lib.QL_DTYPE_F16,
 _DTYPE_NAMES = {v: k for k, v in _DTYPE_CODES.items()}
 _DTYPE_SIZES = {_lib.QL_DTYPE_F32: 4, _lib.QL_DTYPE_F16: 2,
                 _lib.QL_DTYPE_BF16: 2}
+# The NumPy dtypes an array given with dtype=NAME may have.
+_DTYPE_CARRIERS = {"f32": ("float32",), "f16": ("float16",),
+                   "bf16": ("bfloat16", "uint16", "int16")}
 
 
 def _dtype_code(arr, dtype):
@@ -158,9 +162,15 @@ def _dtype_code(arr, dtype):
         if code is None:
             raise QLinearError(_lib.ERRORS["QL_EDTYPE"],
                                "dtype %r: f32, f16 or bf16" % (dtype,))
-        if arr.dtype.itemsize != _DTYPE_SIZES[code]:
+        # The array's own type, or for bf16 its bits in a 16-bit integer
+        # array: anything else would be reinterpreted, not converted.
+        if arr.dtype.name not in _DTYPE_CARRIERS[dtype] or \
+                not arr.dtype.isnative:
             raise QLinearError(_lib.ERRORS["QL_EDTYPE"],
-                               "array of %s given as %s" % (arr.dtype, dtype))
+                               "array of %s given as %s (accepted: %s, in "
+                               "native byte order)" % (
+                                   arr.dtype.str, dtype,
+                                   ", ".join(_DTYPE_CARRIERS[dtype])))
         return code
     if arr.dtype == np.float32:
         return _lib.QL_DTYPE_F32
@@ -181,6 +191,12 @@ _ADT_BY_NAME = {"f32": _lib.QL_ADT_F32, "f16": _lib.QL_ADT_F16,
                 "bf16": _lib.QL_ADT_BF16, "i8": _lib.QL_ADT_I8,
                 "u8": _lib.QL_ADT_U8, "i32": _lib.QL_ADT_I32,
                 "e4m3": _lib.QL_ADT_F8E4M3}
+# The NumPy dtypes an (array, NAME) pair may hold: the type itself, or for
+# the types NumPy lacks their bits in an integer array of the same size.
+_ADT_CARRIERS = {"f32": ("float32",), "f16": ("float16",),
+                 "bf16": ("bfloat16", "uint16", "int16"), "i8": ("int8",),
+                 "u8": ("uint8",), "i32": ("int32",),
+                 "e4m3": ("float8_e4m3fn", "uint8", "int8")}
 
 
 def _c_contig(arr):
@@ -202,6 +218,17 @@ def _packed(arr, what):
         if dt is None:
             raise QLinearError(_lib.ERRORS["QL_EDTYPE"],
                                "%s: element type %r" % (what, name))
+        arr = np.asarray(arr)
+        # The library reads shape x size-of-NAME bytes: an array of other
+        # elements would be read past its end, or reinterpreted.
+        if arr.dtype.name not in _ADT_CARRIERS[name]:
+            raise QLinearError(_lib.ERRORS["QL_EDTYPE"],
+                               "%s: an array of %s given as %s (accepted: "
+                               "%s)" % (what, arr.dtype, name,
+                                        ", ".join(_ADT_CARRIERS[name])))
+    arr = np.asarray(arr)
+    if not arr.dtype.isnative:  # the same numbers, in this machine's order
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     arr = _c_contig(arr)
     if dt is None:
         dt = _ADT_BY_NUMPY.get(arr.dtype.name)
@@ -349,6 +376,25 @@ def _addr(arr):
     return arr.__array_interface__["data"][0]
 
 
+def _progress_cb(progress):
+    """A ql_progress_cb calling progress(done, total), or None, and the
+    list that takes the first exception it raises: ctypes would print and
+    drop it, and the C callback cannot stop the upload, so the caller
+    raises it once the call returns."""
+    if progress is None:
+        return None, None
+    error = []
+
+    def call(_arg, done, total):
+        if error:
+            return
+        try:
+            progress(done, total)
+        except BaseException as e:  # KeyboardInterrupt too
+            error.append(e)
+    return _lib.ql_progress_cb(call), error
+
+
 # ----------------------------------------------------------------- regions
 class Region:
     """A shared-memory region of a Client's session (ql_region_create()).
@@ -358,15 +404,39 @@ class Region:
     are views of the mapping: write x into one, pass it to Client.linear()
     with ``out`` another, and nothing is copied. The views keep this object
     alive, but not the mapping: after close() (or the client's close())
-    they must no longer be touched, as with the C API.
+    they must no longer be touched, as with the C API. A region dropped
+    without close() is destroyed when it is collected.
     """
 
-    def __init__(self, client, ptr):
-        self._client = client
+    def __init__(self, client, ptr, scratch=False):
+        # A user region holds its client (its views hold it, and the
+        # client's close would unmap it); a scratch region, which the
+        # client holds, only refers to it, so the client is still
+        # collected when dropped.
+        self._cref = weakref.ref(client) if scratch else lambda: client
         self._ptr = ptr
         self.id = ptr.contents.id
         self.size = ptr.contents.size
         self.address = ptr.contents.data
+        self._finalizer = weakref.finalize(self, Region._collected,
+                                           weakref.ref(client), ptr)
+
+    @property
+    def _client(self):
+        return self._cref()
+
+    @staticmethod
+    def _collected(cref, ptr):
+        """Destroys a region nobody refers to any more: no call uses it
+        (a call holds its regions), so waiting for none."""
+        client = cref()
+        if client is None:
+            return
+        try:
+            with client._call(wait=False) as c:
+                client._lib.ql_region_destroy(c, ptr)
+        except QLinearError:
+            pass  # closed meanwhile: ql_close() unmapped it
 
     @property
     def closed(self):
@@ -406,14 +476,29 @@ class Region:
 
     def close(self):
         """Destroys the region (ql_region_destroy()). Views become invalid.
-        Idempotent."""
+        Idempotent. Waits for the client's calls in flight, which may be
+        reading or writing it (calls that start meanwhile wait for it)."""
+        if self._ptr is None:
+            return
+        client = self._client
+        if client is None:  # a scratch region of a collected client
+            self._ptr = None
+            return
+        with client._exclusive():
+            self._destroy()
+
+    def _destroy(self):
         if self._ptr is None:
             return
         ptr, self._ptr = self._ptr, None
-        self._client._forget_region(self)
-        if self._client._usable():
-            L = self._client._lib
-            _check(L, L.ql_region_destroy(self._client._handle(), ptr))
+        self._finalizer.detach()
+        client = self._client
+        if client is None:
+            return
+        client._forget_region(self)
+        if client._usable():
+            L = client._lib
+            _check(L, L.ql_region_destroy(client._c, ptr))
 
     def __enter__(self):
         return self
@@ -476,7 +561,17 @@ class Client:
         self._c = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._regions = {}          # id -> Region, the user's regions
+        # Calls in flight, counted so that close() and Region.close() wait
+        # for them: the C library's close and region destroy unmap memory
+        # those calls use. A region close in wait holds new calls back.
+        self._gate = threading.Condition()
+        self._busy = 0
+        self._excl = 0
+        self._closing = False
+        self._tls = threading.local()  # .depth: this thread's calls
+        # id -> Region, the user's regions (weakly: one dropped unclosed
+        # is destroyed when collected, not kept for the session's life)
+        self._regions = weakref.WeakValueDictionary()
         # Private regions that stage tensors not already in a region: one
         # per call in flight, so threads do not wait for each other.
         self._scratch_free = []
@@ -518,11 +613,84 @@ class Client:
                                "a child execs a new program to connect")
         return self._c
 
+    @contextlib.contextmanager
+    def _call(self, wait=True):
+        """The session's handle for one call into the library; counted in
+        flight until the block ends. A nested call (a progress callback's)
+        does not wait for a region close, which waits for its caller; nor
+        does a wait=False one (a collected region's destroy)."""
+        depth = getattr(self._tls, "depth", 0)
+        with self._gate:
+            while wait and depth == 0 and self._excl and not self._closing:
+                self._gate.wait()
+            if self._closing:
+                raise QLinearError(_lib.ERRORS["QL_EINVAL"],
+                                   "the client is closed")
+            c = self._handle()
+            self._busy += 1
+        self._tls.depth = depth + 1
+        try:
+            yield c
+        finally:
+            self._tls.depth = depth
+            with self._gate:
+                self._busy -= 1
+                if self._busy == 0:
+                    self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        """No call of this client in flight for the block's length."""
+        if getattr(self._tls, "depth", 0):
+            raise QLinearError(_lib.ERRORS["QL_EINVAL"],
+                               "a region cannot be closed from within a "
+                               "call of its client (a progress callback)")
+        with self._gate:
+            self._excl += 1
+            while self._busy:
+                self._gate.wait()
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._excl -= 1
+                self._gate.notify_all()
+
+    def _do(self, fn, *args):
+        """fn(handle, *args), its failure raised."""
+        with self._call() as c:
+            _check(self._lib, fn(c, *args))
+
+    def _uploaded(self, name, progress_error):
+        """After an upload: an exception its progress callback raised is
+        raised now, the weight's hold dropped (the C callback could not
+        stop the upload; the caller meant it not to happen)."""
+        if progress_error:
+            try:
+                self.unload(name)
+            except QLinearError:
+                pass
+            raise progress_error[0]
+
     def close(self):
         """Ends the session (ql_close()): regions are unmapped, the
-        daemon drops this session's weight holds. Idempotent."""
+        daemon drops this session's weight holds. Idempotent. Calls in
+        flight on other threads end first; calls made from now on raise
+        QL_EINVAL."""
         if self._c is None:
             return
+        if getattr(self._tls, "depth", 0):
+            raise QLinearError(_lib.ERRORS["QL_EINVAL"],
+                               "close() from within a call of this client "
+                               "(a progress callback)")
+        with self._gate:
+            if self._closing:  # another thread closes it: wait for that
+                while self._c is not None:
+                    self._gate.wait()
+                return
+            self._closing = True
+            while self._busy:
+                self._gate.wait()
         with self._lock:
             regions = list(self._regions.values())
             self._regions.clear()
@@ -530,8 +698,11 @@ class Client:
             self._scratch_all, self._scratch_free = [], []
         for r in regions:  # ql_close() unmaps them all
             r._ptr = None
+            r._finalizer.detach()
         self._finalizer()
-        self._c = None
+        with self._gate:
+            self._c = None
+            self._gate.notify_all()
 
     @property
     def closed(self):
@@ -547,7 +718,7 @@ class Client:
     def hello(self):
         """A new Hello exchange (ql_hello())."""
         h = _lib.ql_hello_info()
-        _check(self._lib, self._lib.ql_hello(self._handle(), ctypes.byref(h)))
+        self._do(self._lib.ql_hello, ctypes.byref(h))
         return HelloInfo(
             protocol_version=h.protocol_version,
             daemon_version=_s(h.daemon_version),
@@ -568,10 +739,11 @@ class Client:
         array). ``scale_dtype`` ("f32", "f16", "bf16") rounds and stores
         the scales in that dtype; the default (None) gives TorchAO 0.18's
         bytes (README, Formats). ``progress(done, total)`` is called
-        as chunks are acknowledged. ``devices`` (a list of device names
-        or aliases, or one comma-separated string) places the weight on
-        those devices only; None: every accelerator, or the CPU when there
-        is none. Returns the WeightInfo; its ``shared``
+        as chunks are acknowledged; an exception it raises is raised once
+        the upload ends, and the weight is then not held. ``devices`` (a
+        list of device names or aliases, or one comma-separated string)
+        places the weight on those devices only; None: every accelerator,
+        or the CPU when there is none. Returns the WeightInfo; its ``shared``
         is True when identical content was already resident by that name
         (loading other content under it raises QL_EEXIST)."""
         fmt, group, asym = parse_format(format)
@@ -601,16 +773,14 @@ class Client:
             _DTYPE_CODES.get(scale_dtype, -1)
         d.persistent = int(bool(persistent))
         d.devices = _devices_arg(devices)
-        cb = None
-        if progress is not None:
-            cb = _lib.ql_progress_cb(lambda _arg, done, total:
-                                     progress(done, total))
+        cb, cb_error = _progress_cb(progress)
+        if cb is not None:
             d.progress = cb
         info = _lib.ql_weight_info()
         shared = ctypes.c_int()
-        _check(self._lib, self._lib.ql_load_float(
-            self._handle(), ctypes.byref(d), ctypes.byref(info),
-            ctypes.byref(shared)))
+        self._do(self._lib.ql_load_float, ctypes.byref(d), ctypes.byref(info),
+                 ctypes.byref(shared))
+        self._uploaded(name, cb_error)
         self._shapes[name] = (info.n, info.k)
         return _weight_info(info, bool(shared.value))
 
@@ -650,23 +820,21 @@ class Client:
         d.policy = _path_code(policy)
         d.persistent = int(bool(persistent))
         d.devices = _devices_arg(devices)
-        cb = None
-        if progress is not None:
-            cb = _lib.ql_progress_cb(lambda _arg, done, total:
-                                     progress(done, total))
+        cb, cb_error = _progress_cb(progress)
+        if cb is not None:
             d.progress = cb
         info = _lib.ql_weight_info()
         shared = ctypes.c_int()
-        _check(self._lib, self._lib.ql_load_packed(
-            self._handle(), ctypes.byref(d), ctypes.byref(info),
-            ctypes.byref(shared)))
+        self._do(self._lib.ql_load_packed, ctypes.byref(d),
+                 ctypes.byref(info), ctypes.byref(shared))
+        self._uploaded(name, cb_error)
         self._shapes[name] = (info.n, info.k)
         return _weight_info(info, bool(shared.value))
 
     def unload(self, name):
         """Drops this session's hold on a weight (ql_unload())."""
         self._shapes.pop(name, None)
-        _check(self._lib, self._lib.ql_unload(self._handle(), name.encode()))
+        self._do(self._lib.ql_unload, name.encode())
 
     def hold(self, name, digest=None):
         """Makes this session a holder of a weight already resident
@@ -679,8 +847,8 @@ class Client:
             raise QLinearError(_lib.ERRORS["QL_EINVAL"],
                                "a digest is 32 bytes")
         info = _lib.ql_weight_info()
-        _check(self._lib, self._lib.ql_hold(self._handle(), name.encode(),
-                                            digest, ctypes.byref(info)))
+        self._do(self._lib.ql_hold, name.encode(), digest,
+                 ctypes.byref(info))
         self._shapes[name] = (info.n, info.k)
         return _weight_info(info, True)
 
@@ -688,8 +856,7 @@ class Client:
         """The resident weights (ql_list()), as WeightInfo."""
         arr = ctypes.POINTER(_lib.ql_weight_info)()
         count = ctypes.c_size_t()
-        _check(self._lib, self._lib.ql_list(self._handle(), ctypes.byref(arr),
-                                            ctypes.byref(count)))
+        self._do(self._lib.ql_list, ctypes.byref(arr), ctypes.byref(count))
         try:
             return [_weight_info(arr[i]) for i in range(count.value)]
         finally:
@@ -699,15 +866,14 @@ class Client:
         """The WeightInfo of one resident weight (ql_lookup());
         QL_ENOTFOUND if there is none by that name."""
         info = _lib.ql_weight_info()
-        _check(self._lib, self._lib.ql_lookup(self._handle(), name.encode(),
-                                              ctypes.byref(info)))
+        self._do(self._lib.ql_lookup, name.encode(), ctypes.byref(info))
         self._shapes[name] = (info.n, info.k)
         return _weight_info(info)
 
     def stats(self):
         """The daemon's counters (ql_stats())."""
         p = ctypes.POINTER(_lib.ql_stats_info)()
-        _check(self._lib, self._lib.ql_stats(self._handle(), ctypes.byref(p)))
+        self._do(self._lib.ql_stats, ctypes.byref(p))
         try:
             s = p.contents
             per = [WeightStats(
@@ -736,15 +902,17 @@ class Client:
             self._lib.ql_stats_free(p)
 
     # -- regions
-    def region(self, size):
+    def region(self, size, _scratch=False):
         """A new shared-memory region of ``size`` bytes (ql_region_create());
         see Region."""
         p = ctypes.POINTER(_lib.ql_region)()
-        _check(self._lib, self._lib.ql_region_create(self._handle(), size,
-                                                     ctypes.byref(p)))
-        r = Region(self, p)
+        self._do(self._lib.ql_region_create, size, ctypes.byref(p))
+        r = Region(self, p, scratch=_scratch)
         with self._lock:
-            self._regions[r.id] = r
+            if _scratch:  # not a user region: never matched by address
+                self._scratch_all.append(r)
+            else:
+                self._regions[r.id] = r
         return r
 
     def _forget_region(self, r):
@@ -772,17 +940,12 @@ class Client:
                 return r
         old = r.size if r is not None else 0
         if r is not None:
-            r.close()
+            r._destroy()  # idle: no call uses it
         # Grow geometrically, in whole MiB, so that a model's layers of
         # growing sizes do not each make a new one.
         want = max(size, 2 * old)
         want = (want + (1 << 20) - 1) & ~((1 << 20) - 1)
-        r = self.region(want)
-        with self._lock:
-            # Not a user region: never matched by address.
-            self._regions.pop(r.id, None)
-            self._scratch_all.append(r)
-        return r
+        return self.region(want, _scratch=True)
 
     def _give_scratch(self, r):
         with self._lock:
@@ -819,41 +982,42 @@ class Client:
         esz = _DTYPE_SIZES[dt]
         xb, yb = m * k * esz, m * n * esz
         res = _lib.ql_linear_result()
-        L, c, wname = self._lib, self._handle(), weight.encode()
-        xr = self._find_region(x_ptr, xb) if via != "inline" else None
-        yr = self._find_region(y_ptr, yb) if via != "inline" else None
-        if via == "inline" or (via == "auto" and xr is None and
-                               max(xb, yb) < self.region_min_bytes):
-            _check(L, L.ql_linear(c, wname, p, dt, m, k, x_ptr, n, y_ptr,
-                                  ctypes.byref(res)))
-        elif xr is not None and yr is not None:
-            xs, ys = _slice(xr[0], xr[1], xb), _slice(yr[0], yr[1], yb)
-            _check(L, L.ql_linear_region(c, wname, p, dt, m, k,
-                                         ctypes.byref(xs), n,
-                                         ctypes.byref(ys), None,
-                                         ctypes.byref(res)))
-        else:
-            # Stage what is not in a region yet: x first, y after it at an
-            # offset aligned for any dtype.
-            xoff = 0
-            yoff = 0 if xr is not None else (xb + 63) & ~63
-            s = self._take_scratch(yoff + (yb if yr is None else 0))
-            try:
-                if xr is None:
-                    ctypes.memmove(s.address + xoff, x_ptr, xb)
-                    xs = _slice(s, xoff, xb)
-                else:
-                    xs = _slice(xr[0], xr[1], xb)
-                ys = _slice(s, yoff, yb) if yr is None else \
-                    _slice(yr[0], yr[1], yb)
+        L, wname = self._lib, weight.encode()
+        with self._call() as c:
+            xr = self._find_region(x_ptr, xb) if via != "inline" else None
+            yr = self._find_region(y_ptr, yb) if via != "inline" else None
+            if via == "inline" or (via == "auto" and xr is None and
+                                   max(xb, yb) < self.region_min_bytes):
+                _check(L, L.ql_linear(c, wname, p, dt, m, k, x_ptr, n, y_ptr,
+                                      ctypes.byref(res)))
+            elif xr is not None and yr is not None:
+                xs, ys = _slice(xr[0], xr[1], xb), _slice(yr[0], yr[1], yb)
                 _check(L, L.ql_linear_region(c, wname, p, dt, m, k,
                                              ctypes.byref(xs), n,
                                              ctypes.byref(ys), None,
                                              ctypes.byref(res)))
-                if yr is None:
-                    ctypes.memmove(y_ptr, s.address + yoff, yb)
-            finally:
-                self._give_scratch(s)
+            else:
+                # Stage what is not in a region yet: x first, y after it at an
+                # offset aligned for any dtype.
+                xoff = 0
+                yoff = 0 if xr is not None else (xb + 63) & ~63
+                s = self._take_scratch(yoff + (yb if yr is None else 0))
+                try:
+                    if xr is None:
+                        ctypes.memmove(s.address + xoff, x_ptr, xb)
+                        xs = _slice(s, xoff, xb)
+                    else:
+                        xs = _slice(xr[0], xr[1], xb)
+                    ys = _slice(s, yoff, yb) if yr is None else \
+                        _slice(yr[0], yr[1], yb)
+                    _check(L, L.ql_linear_region(c, wname, p, dt, m, k,
+                                                 ctypes.byref(xs), n,
+                                                 ctypes.byref(ys), None,
+                                                 ctypes.byref(res)))
+                    if yr is None:
+                        ctypes.memmove(y_ptr, s.address + yoff, yb)
+                finally:
+                    self._give_scratch(s)
         return LinearInfo(_PATH_NAMES.get(res.path, str(res.path)),
                           _s(res.impl))
 
@@ -937,9 +1101,8 @@ class Client:
         nv = (ctypes.c_uint64 * count)(*ns)
         yv = (ctypes.c_void_p * count)(*y_ptrs)
         res = (_lib.ql_linear_result * count)()
-        _check(self._lib, self._lib.ql_linear_multi(
-            self._handle(), count, names, _path_code(path), dt, m, k, x_ptr,
-            nv, yv, res))
+        self._do(self._lib.ql_linear_multi, count, names, _path_code(path),
+                 dt, m, k, x_ptr, nv, yv, res)
         return [LinearInfo(_PATH_NAMES.get(r.path, str(r.path)), _s(r.impl))
                 for r in res]
 

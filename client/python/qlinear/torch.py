@@ -65,7 +65,7 @@ def _host_bytes(t):
 
 
 def weight_name(linear, format, module_name="", prefix="", *,
-                quantizer_version):
+                quantizer_version, scale_dtype=None, policy="auto"):
     """The daemon-side name of a linear layer's weight in ``format``:
     ``prefix`` + the module path + the format + 24 hex digits of a SHA-256
     over the format, shape, dtype, weight and bias, and the version of the
@@ -75,11 +75,18 @@ def weight_name(linear, format, module_name="", prefix="", *,
     Equal layers get equal names, in any process, so the daemon shares
     them; different content never collides on a name (which the daemon
     would refuse), and neither does a weight quantized by other rules (a
-    persistent one stored by an older daemon)."""
+    persistent one stored by an older daemon). A ``scale_dtype`` or
+    ``policy`` other than the defaults is hashed too: the weight is
+    another one, which must not be served to a caller of the defaults,
+    nor refuse its load."""
     w = linear.weight.detach().cpu()
     b = linear.bias.detach().cpu() if linear.bias is not None else None
     h = hashlib.sha256()
     rules = "" if quantizer_version == 1 else "|q%d" % quantizer_version
+    if scale_dtype is not None:
+        rules += "|s%s" % scale_dtype
+    if policy != "auto":
+        rules += "|p%s" % policy
     h.update(("%s|%s|%s|%s%s\n" % (format, tuple(w.shape), w.dtype,
                                    b is not None, rules)).encode())
     h.update(memoryview(_host_bytes(w)).cast("B"))
@@ -174,10 +181,10 @@ class QLinear(nn.Module):
         h = ctypes.c_void_p()
         codes = {"f32": _lib.QL_DTYPE_F32, "f16": _lib.QL_DTYPE_F16,
                  "bf16": _lib.QL_DTYPE_BF16}
-        with torch.cuda.device(dev):
-            rv = L.ql_mapped_open(self.client._handle(),
-                                  self.weight_name.encode(), name.encode(),
-                                  codes[dt], max_rows, ctypes.byref(h))
+        with torch.cuda.device(dev), self.client._call() as c:
+            rv = L.ql_mapped_open(c, self.weight_name.encode(),
+                                  name.encode(), codes[dt], max_rows,
+                                  ctypes.byref(h))
         if rv < 0:
             # ql_errmsg() is libqlinear's, where ql_map_weight failed
             raise QLinearError(rv, self.client._lib.ql_errmsg().decode(
@@ -225,7 +232,8 @@ class QLinear(nn.Module):
         if name is None:
             hi = client.hello_info or client.hello()
             name = weight_name(linear, format, module_name, prefix,
-                               quantizer_version=hi.quantizer_version)
+                               quantizer_version=hi.quantizer_version,
+                               scale_dtype=scale_dtype, policy=policy)
         info = None
         if scale_dtype is None and policy == "auto":
             # weight_name() hashes the content and the format; the daemon's

@@ -434,3 +434,161 @@ def test_threads_share_a_client(client, rng):
     # No rows: no request.
     assert client.linear("py/threads", np.empty((0, k), np.float32)).shape \
         == (0, n)
+
+
+def test_packed_and_explicit_dtypes_checked(client, rng):
+    """An array is never read as another element type: a pair (array,
+    name) or an explicit dtype= must agree with the array (or, for the
+    types NumPy lacks, be their integer carrier), else QL_EDTYPE, before
+    the library reads shape x size-of-name bytes from it. Big-endian
+    arrays are converted, not reinterpreted."""
+    n, k = 8, 64
+    q = rng.integers(-128, 128, size=(n, k), dtype=np.int8)
+    s = (rng.random(n).astype(np.float32) + 0.5) / 100
+    for bad in ((np.zeros(n, np.uint8), "f32"),     # 8 bytes read as 32
+                (s, "bf16"), (s.view(np.int32), "f32"), (q, "u8")):
+        with pytest.raises(qlinear.QLinearError) as e:
+            client.load_packed("py/dt/bad", "q8c", n, k, q, bad)
+        assert e.value.code == qlinear.QL_EDTYPE, bad
+    client.load_packed("py/dt/native", "q8c", n, k, q, s)
+    client.load_packed("py/dt/swapped", "q8c", n, k, q, s.astype(">f4"))
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    np.testing.assert_array_equal(client.linear("py/dt/native", x),
+                                  client.linear("py/dt/swapped", x))
+    x16 = x.astype(np.float16)
+    for arr, dt in ((x16, "bf16"), (x16.view(np.uint16), "f16"),
+                    (x.view(np.uint32), "f32"), (x.astype(">f4"), "f32")):
+        with pytest.raises(qlinear.QLinearError) as e:
+            client.linear("py/dt/native", arr, dtype=dt)
+        assert e.value.code == qlinear.QL_EDTYPE, (arr.dtype, dt)
+        with pytest.raises(qlinear.QLinearError) as e:
+            client.load("py/dt/w", np.zeros((n, k), arr.dtype), dtype=dt)
+        assert e.value.code == qlinear.QL_EDTYPE, (arr.dtype, dt)
+    # bf16 bits in uint16 (or int16) stay accepted
+    y = client.linear("py/dt/native", bf16(x), dtype="bf16")
+    assert y.dtype == np.uint16
+    y2 = client.linear("py/dt/native", bf16(x).view(np.int16), dtype="bf16")
+    np.testing.assert_array_equal(y, y2.view(np.uint16))
+
+
+def test_close_waits_for_calls_in_flight(daemon, rng):
+    """close() on one thread while others are in calls (staged through the
+    scratch region, which close unmaps): the calls end first, later ones
+    raise QL_EINVAL, and nothing touches unmapped memory."""
+    import threading
+    c = qlinear.Client(daemon.address)
+    n, k = 256, 1024
+    c.load("py/closing", rng.standard_normal((n, k)).astype(np.float32),
+           format="q8c")
+    x = rng.standard_normal((64, k)).astype(np.float32)  # 256 KiB: staged
+    ref = c.linear("py/closing", x)
+    done, errors, bad = [0], [], []
+    started = threading.Barrier(4)
+
+    def work():
+        started.wait()
+        try:
+            while True:
+                y = c.linear("py/closing", x)
+                if not np.array_equal(y, ref):
+                    bad.append(1)
+                done[0] += 1
+        except qlinear.QLinearError as e:
+            errors.append(e.code)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    started.wait()
+    while done[0] < 20:
+        threading.Event().wait(0.001)
+    c.close()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+    assert errors == [qlinear.QL_EINVAL] * 3 and not bad
+    assert c.closed
+
+
+def test_region_close_waits_for_its_users(client, rng):
+    """Region.close() while another thread's call uses the region returns
+    only after that call: the library's calls are slowed here so that the
+    close surely starts during one."""
+    import threading
+    import time
+    n, k, m = 64, 256, 16
+    client.load("py/rclose", rng.standard_normal((n, k)).astype(np.float32),
+                format="q8c")
+    r = client.region(1 << 16)
+    xr = r.ndarray((m, k))
+    xr[:] = rng.standard_normal((m, k))
+    ref = client.linear("py/rclose", np.array(xr))
+    real, inside, ended = client._lib, threading.Event(), []
+
+    class Slow:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def ql_linear_region(self, *args):
+            inside.set()
+            time.sleep(0.3)
+            rv = real.ql_linear_region(*args)
+            ended.append(time.monotonic())
+            return rv
+
+    client._lib = Slow()
+    try:
+        out = []
+        t = threading.Thread(
+            target=lambda: out.append(client.linear("py/rclose", xr)))
+        t.start()
+        assert inside.wait(10)
+        r.close()
+        closed = time.monotonic()
+        t.join(30)
+        assert ended and ended[0] <= closed
+        np.testing.assert_array_equal(out[0], ref)
+        assert r.closed
+    finally:
+        client._lib = real
+
+
+def test_dropped_regions_and_clients_are_freed(daemon, rng):
+    """A region dropped without close() is destroyed when collected (a
+    session holds at most 64); a client dropped after staging through its
+    scratch region is collected, its session closed."""
+    import gc
+    import weakref
+    c = qlinear.Client(daemon.address)
+    for _ in range(100):
+        r = c.region(1 << 16)
+        del r
+    assert c.stats().regions <= 2
+    c.load("py/drop", rng.standard_normal((64, 1024)).astype(np.float32),
+           format="q8c")
+    c.linear("py/drop", np.ones((16, 1024), np.float32))  # staged: scratch
+    ref = weakref.ref(c)
+    del c
+    assert ref() is None
+    gc.collect()
+
+
+def test_progress_exception_is_raised(client, rng):
+    """An exception raised by a progress callback is raised by load() (the
+    upload cannot be stopped midway), and the weight is not held."""
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+
+    class Stop(Exception):
+        pass
+
+    def progress(done, total):
+        raise Stop()
+
+    with pytest.raises(Stop):
+        client.load("py/progress", w, format="q8c", progress=progress)
+    held = [i.name for i in client.list()]
+    assert "py/progress" not in held
+    calls = []
+    client.load("py/progress", w, format="q8c",
+                progress=lambda d, t: calls.append((d, t)))
+    assert calls and calls[-1][0] == calls[-1][1]

@@ -376,3 +376,29 @@ def test_second_session_holds_without_upload(daemon, client):
         assert e.value.code in (qlinear.QL_EEXIST,)
     finally:
         other.close()
+
+
+def test_names_tell_scale_dtype_and_policy(daemon, client):
+    """A weight quantized with other scales or another policy is another
+    weight: it gets another name, so a caller of the defaults is never
+    served it, nor refused."""
+    torch.manual_seed(12)
+    lin = nn.Linear(128, 32)
+    a = qt.QLinear.from_linear(lin, client, format="q4g128",
+                               module_name="sd.proj", scale_dtype="f16")
+    assert a.info.scale_dtype == "f16"
+    other = qlinear.Client(daemon.address)
+    try:
+        b = qt.QLinear.from_linear(lin, other, format="q4g128",
+                                   module_name="sd.proj")
+        assert b.weight_name != a.weight_name
+        assert b.info.scale_dtype == "f32"
+        c = qt.QLinear.from_linear(lin, other, format="q4g128",
+                                   module_name="sd.proj", policy="wo")
+        assert c.weight_name not in (a.weight_name, b.weight_name)
+        assert c.info.policy == "wo"
+    finally:
+        other.close()
+    v = qt.weight_name(lin, "q4g128", "l", quantizer_version=2)
+    assert v == qt.weight_name(lin, "q4g128", "l", quantizer_version=2,
+                               scale_dtype=None, policy="auto")
