@@ -44,8 +44,12 @@ static int add(ql__server *s, const ql_backend *b, int ordinal,
     d->lanes = 1;
   else if (d->lanes > b->device_lanes)
     d->lanes = b->device_lanes;
-  if ((rc = ql__worker_create(s->loop, d->alias, s->cfg.max_queue, d->lanes,
-                              &d->worker)) != 0)
+  /* The loop gives a worker at most a batch per lane and one measurement
+   * (calibrate.c runs one at a time): its queue is bounded by that, not
+   * by max_queue, which bounds the requests waiting in each scheduler
+   * queue. A batch refused here would fail requests no queue refused. */
+  if ((rc = ql__worker_create(s->loop, d->alias, (size_t)d->lanes + 1,
+                              d->lanes, &d->worker)) != 0)
     return rc;
   if (!d->host)
     ql__info("device %s: %u batch%s in flight", d->alias, d->lanes,

@@ -947,8 +947,9 @@ static void batch_done(ql__job *job) {
   pump(s);
 }
 
-/* Hands job bj to d's worker; on failure (only after close) its rows are
- * handed back failed. */
+/* Hands job bj to d's worker; on failure its rows are handed back failed.
+ * It fails only after close: the worker's queue has room for every lane
+ * and a measurement, all the loop gives it (devices.c). */
 static void batch_submit(ql__server *s, ql__device *d, batch_job *bj) {
   /* While decode work is about, a launch in parts leaves a CPU to the
    * loop, the decode clients and the decode launch's own start: on a host

@@ -382,8 +382,6 @@ int ql__server_reload(ql__server *s, char *report, size_t len) {
   ql__config_reload(&s->cfg, parsed, &s->cfg, report, len);
   free(parsed);
   ql__log_set_level(s->cfg.log_level);
-  for (unsigned d = 0; d < s->n_dev; d++)
-    ql__worker_set_max_queue(s->dev[d].worker, s->cfg.max_queue);
   ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
   ql__weight_store_set_budget(s->weights, s->cfg.cpu_budget_bytes);
   ql__linear_configure(s);

@@ -191,12 +191,6 @@ size_t ql__worker_pending(const ql__worker *w) { return w->pending; }
 
 uint64_t ql__worker_completed(const ql__worker *w) { return w->completed; }
 
-void ql__worker_set_max_queue(ql__worker *w, size_t max_queue) {
-  pthread_mutex_lock(&w->mu);
-  w->max_queue = max_queue;
-  pthread_mutex_unlock(&w->mu);
-}
-
 void ql__worker_close(ql__worker *w) {
   if (w == NULL || w->closed)
     return;

@@ -47,9 +47,6 @@ int ql__worker_create(uv_loop_t *loop, const char *name, size_t max_queue,
  */
 int ql__worker_submit(ql__worker *w, ql__job *job);
 
-/* Changes the queue bound (SIGHUP); jobs already queued stay. */
-void ql__worker_set_max_queue(ql__worker *w, size_t max_queue);
-
 /* Jobs submitted and not yet done (loop thread). */
 size_t ql__worker_pending(const ql__worker *w);
 

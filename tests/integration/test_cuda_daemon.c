@@ -933,6 +933,41 @@ START_TEST(batches_in_flight) {
 }
 END_TEST
 
+/*
+ * max_queue bounds the requests waiting in each scheduler queue, not the
+ * device worker's jobs: the loop gives a worker at most its lanes and one
+ * measurement. With max_queue 1, two lanes and batches of one row, a
+ * request of 4 rows is two batches handed over in one turn of the loop,
+ * before a worker thread wakes: they were refused, and the client got
+ * QL_EEXHAUSTED with no queue full.
+ */
+START_TEST(worker_queue_not_max_queue) {
+  td d;
+  const char *args[] = {"--batches-in-flight", "2", "--max-queue", "1",
+                        "--max-batch-rows", "1", NULL};
+  start(&d, "1", NULL, args);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  ql_weight_info info;
+  float x[4 * K], y[4 * N], want[4 * N];
+  uint64_t seed = 77;
+  td_layer_make(&l, N, K, 23, 1);
+  ck_assert_int_eq(td_load(c, "w", &l, QL_FORMAT_Q8C, 0, 0, &info, NULL), 0);
+  td_randn(&seed, x, 4 * K, 1.0f);
+  expected_op(&l, QL_FORMAT_Q8C, 0, QL_OP_LINEAR_WO, x, 4, want);
+  for (int i = 0; i < 20; i++) {
+    ql_linear_result r;
+    ck_assert_msg(ql_linear(c, "w", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 4, K,
+                            x, N, y, &r) == 0,
+                  "request %d: %s", i, ql_errmsg());
+    ck_assert_mem_eq(y, want, sizeof y);
+  }
+  td_layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* The host ranges registered in the daemon's runtime now and ever, as it
  * wrote them to path (QL_EMU_CUDA_HOST_STATS); -1 when it wrote none. */
 static void host_ranges(const char *path, long *live, long *ever) {
@@ -1577,6 +1612,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, q8c_imma_default);
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, batches_in_flight);
+  tcase_add_test(tc, worker_queue_not_max_queue);
   tcase_add_test(tc, regions_registered);
   tcase_add_test(tc, regions_pinned_bound);
   tcase_add_test(tc, no_driver);
