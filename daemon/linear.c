@@ -987,11 +987,18 @@ static void batch_submit(ql__server *s, ql__device *d, batch_job *bj) {
 
 /* While decode work waits on d and every lane is busy, asks its launches
  * in parts to stop once they have run as long as the scheduler allows. */
+static void arm_retry(struct ql__linear_state *l, uint64_t now,
+                      uint64_t retry_ns);
+
 static void ask_to_stop(ql__server *s, ql__device *d) {
   batch_job *bj = s->lin->in_parts[d->index];
   if (bj == NULL)
     return;
-  uint64_t y = ql__sched_yield_ns(s->lin->sched, d->index, ql__now_ns());
+  uint64_t now = ql__now_ns();
+  uint64_t y = ql__sched_yield_ns(s->lin->sched, d->index, now);
+  if (y == 0) /* decode work held back by its delay: ask again then */
+    arm_retry(s->lin, now,
+              ql__sched_decode_due_ns(s->lin->sched, d->index, now));
   for (; y != 0 && bj != NULL; bj = bj->next) {
     uint64_t none = 0;
     atomic_compare_exchange_strong(&bj->yield_ns, &none, y);

@@ -832,6 +832,21 @@ uint64_t ql__sched_yield_ns(const ql__sched *s, unsigned device,
   return est < 1 ? 1 : est < budget ? est : budget;
 }
 
+uint64_t ql__sched_decode_due_ns(const ql__sched *s, unsigned device,
+                                 uint64_t now_ns) {
+  if (device >= s->cfg.n_devices || !s->cfg.stops[device] ||
+      s->cfg.prefill_chunk_us == 0)
+    return 0;
+  uint64_t first = 0;
+  for (const queue *q = s->dev[device].active[WO]; q != NULL;
+       q = q->act_next) {
+    uint64_t due = delay_due(s, q);
+    if (due > now_ns && (first == 0 || due < first))
+      first = due;
+  }
+  return first;
+}
+
 int ql__sched_decode_active(const ql__sched *s, unsigned device,
                             uint64_t now_ns) {
   return device < s->cfg.n_devices && decode_active(&s->dev[device], now_ns);

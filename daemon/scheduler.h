@@ -309,6 +309,15 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
 uint64_t ql__sched_yield_ns(const ql__sched *s, unsigned device,
                             uint64_t now_ns);
 
+/*
+ * When decode work waiting on device (as ql__sched_yield_ns() counts it)
+ * that max_queue_delay_us holds back becomes due: the earliest such time
+ * after now_ns, or 0 for none. With every lane busy nothing else asks the
+ * scheduler again before a launch ends: the caller sets a timer for it.
+ */
+uint64_t ql__sched_decode_due_ns(const ql__sched *s, unsigned device,
+                                 uint64_t now_ns);
+
 /* Whether decode work is about on device at now_ns: waiting, running, or
  * submitted within QL_SCHED_DECODE_WINDOW_NS (a stream of decode requests
  * leaves gaps between them). */

@@ -438,13 +438,15 @@ END_TEST
  * answered before it ends (the launch stops for it), and both answers are
  * exactly the reference's. QL_TEST_PIECE_DELAY_US makes each piece of the
  * prefill last, so that it is still running when the decode request comes,
- * whatever this machine's speed.
+ * whatever this machine's speed. With max_queue_delay_us (_i = 1) the
+ * decode request is due only after its delay, while every lane is busy:
+ * a timer must ask again then (it waited for the whole prefill).
  */
 START_TEST(prefill_stops_for_decode) {
   td d;
   make_weight();
   const char *args[] = {"--cpu-threads", "1", "--max-batch-rows", "2048",
-                        NULL};
+                        _i ? "--max-queue-delay-us" : NULL, "5000", NULL};
   setenv("QL_TEST_PIECE_DELAY_US", "3000", 1);
   start(&d, NULL, args);
   unsetenv("QL_TEST_PIECE_DELAY_US");
@@ -646,7 +648,7 @@ int main(void) {
   tcase_add_test(tc, backpressure);
   tcase_add_test(tc, deadlines);
   tcase_add_test(tc, prefill_chunks_let_decode_through);
-  tcase_add_test(tc, prefill_stops_for_decode);
+  tcase_add_loop_test(tc, prefill_stops_for_decode, 0, 2);
   tcase_add_loop_test(tc, nonfinite_fails_only_its_request, 0, 2);
   tcase_add_test(tc, linear_multi);
   suite_add_tcase(s, tc);

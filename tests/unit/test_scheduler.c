@@ -1569,7 +1569,11 @@ START_TEST(test_prefill_stops) {
   rq(&d, &W2, WO, 2, 2);
   ck_assert_int_eq(ql__sched_submit(s, &d, t + 300 * US), 0);
   ck_assert_uint_eq(ql__sched_yield_ns(s, 0, t + 350 * US), 0);
+  /* ... which ql__sched_decode_due_ns() tells, for the caller's timer */
+  ck_assert_uint_eq(ql__sched_decode_due_ns(s, 0, t + 350 * US), t + 400 * US);
+  ck_assert_uint_eq(ql__sched_decode_due_ns(s, 1, t + 350 * US), 0);
   ck_assert_uint_eq(ql__sched_yield_ns(s, 0, t + 400 * US), 52 * US);
+  ck_assert_uint_eq(ql__sched_decode_due_ns(s, 0, t + 400 * US), 0);
   /* Other devices: nothing is due there; a device that does not stop is
    * never asked. */
   ck_assert_uint_eq(ql__sched_yield_ns(s, 1, t + 400 * US), 0);
