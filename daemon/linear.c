@@ -109,9 +109,12 @@ struct ql__linear_state {
   uv_timer_t expire;   /* answers expired requests while the worker is busy */
   int timers;
   int cpu_saturated; /* the CPU device has a thread for every CPU */
-  /* Replies sent by workers (early) whose launch the loop has not
-   * accounted yet, and what waits for that count to reach 0. */
-  atomic_uint early_pending;
+  /* Replies workers tried to send early, and of those, the ones that
+   * are settled: accounted by the loop, or not sent early after all.
+   * What waits for the replies sent before it arrived waits for
+   * early_done to reach early_sent as it was then: a generation, so that
+   * a steady stream of later replies cannot hold it back. */
+  _Atomic uint64_t early_sent, early_done;
   struct settle_wait *waiting;
   /* Per device: its batches in parts on the worker, and those stopped
    * for decode work (oldest first), to go on with when it has run. */
@@ -123,6 +126,7 @@ typedef struct settle_wait {
   ql__settled_cb cb;
   ql__request *req;
   void *route;
+  uint64_t target; /* early_sent when it came */
   struct settle_wait *next;
 } settle_wait;
 
@@ -183,12 +187,17 @@ static void on_retry(uv_poll_t *p, int status, int events) {
 
 static void answer_list(ql__server *s, ql__sched_req *list);
 
-/* Runs what waited for the early replies to be accounted (in order). */
+/* Runs, oldest first, what waited for the early replies sent before it
+ * came to be settled. */
 static void run_settled(ql__server *s) {
-  settle_wait *w = s->lin->waiting;
-  s->lin->waiting = NULL;
-  /* Oldest first: the list is pushed at its head. */
-  settle_wait *rev = NULL;
+  uint64_t done = atomic_load(&s->lin->early_done);
+  settle_wait *w = s->lin->waiting, *rev = NULL, **keep = &s->lin->waiting;
+  /* The list is pushed at its head, so targets fall along it: the ones
+   * due are its tail. */
+  while (*keep != NULL && (*keep)->target > done)
+    keep = &(*keep)->next;
+  w = *keep;
+  *keep = NULL;
   while (w != NULL) {
     settle_wait *next = w->next;
     w->next = rev;
@@ -206,7 +215,8 @@ static void run_settled(ql__server *s) {
 void ql__linear_when_settled(ql__server *s, ql__settled_cb cb,
                              ql__request *req, void *route) {
   settle_wait *w;
-  if (s->lin == NULL || atomic_load(&s->lin->early_pending) == 0 ||
+  uint64_t target = s->lin != NULL ? atomic_load(&s->lin->early_sent) : 0;
+  if (s->lin == NULL || atomic_load(&s->lin->early_done) >= target ||
       (w = malloc(sizeof *w)) == NULL) {
     cb(s, req, route);
     return;
@@ -214,6 +224,7 @@ void ql__linear_when_settled(ql__server *s, ql__settled_cb cb,
   w->cb = cb;
   w->req = req;
   w->route = route;
+  w->target = target;
   w->next = s->lin->waiting;
   s->lin->waiting = w;
 }
@@ -577,7 +588,8 @@ static void answer(ql__server *s, lin_req *j) {
   if (j->early) {
     ql__route_done(j->route, &s->counters.bytes_out);
     /* Called from batch_done, after the launch was accounted. */
-    if (atomic_fetch_sub(&s->lin->early_pending, 1) == 1)
+    atomic_fetch_add(&s->lin->early_done, 1);
+    if (s->lin->waiting != NULL)
       run_settled(s);
   } else {
     ql__reply_send(s, j->route, &r);
@@ -691,10 +703,10 @@ static void batch_run(ql__job *job) {
     ql__reply r;
     linear_body b;
     linear_reply(j, 0, bj->impl, &r, &b);
-    atomic_fetch_add(&bj->s->lin->early_pending, 1);
+    atomic_fetch_add(&bj->s->lin->early_sent, 1);
     j->early = ql__route_early(j->route, &r.resp);
-    if (!j->early)
-      atomic_fetch_sub(&bj->s->lin->early_pending, 1);
+    if (!j->early) /* settled already; batch_done runs what it held */
+      atomic_fetch_add(&bj->s->lin->early_done, 1);
     any |= j->early;
   }
   /* Fault injection: a worker descheduled between its early replies and
@@ -944,6 +956,9 @@ static void batch_done(ql__job *job) {
   d->busy--;
   batch_free(bj);
   answer_list(s, finished);
+  /* (Replies the worker could not send early were settled there.) */
+  if (s->lin->waiting != NULL)
+    run_settled(s);
   pump(s);
 }
 

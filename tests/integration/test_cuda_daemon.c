@@ -20,6 +20,7 @@
  * QL_CUDA_IMMA_MIN_ROWS rows with the same bytes.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -968,6 +969,83 @@ START_TEST(worker_queue_not_max_queue) {
 }
 END_TEST
 
+typedef struct load_arg {
+  ql_client *c;
+  const float *x;
+  atomic_int *stop;
+  int failures, calls;
+} load_arg;
+
+static void *ring_load_main(void *p) {
+  load_arg *a = p;
+  float y[2 * N];
+  while (!atomic_load(a->stop)) {
+    if (ql_linear(a->c, "w", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 2, K, a->x, N,
+                  y, NULL) != 0)
+      a->failures++;
+    a->calls++;
+  }
+  return NULL;
+}
+
+/*
+ * Stats waits for the replies workers sent early before it came to be
+ * accounted, not for a moment with none outstanding: with two lanes and
+ * ring clients back to back, the loop accounting each launch 100 ms after
+ * its replies left (QL_TEST_EARLY_DELAY_MS), the windows overlap, and
+ * Stats could wait as long as the load lasted (seconds, here, depending
+ * on how the windows fell). A check of liveness: how the windows fall is
+ * timing, so the old rule did not fail it every time.
+ */
+START_TEST(stats_not_starved_by_early_replies) {
+  enum { NT = 2 };
+  td d;
+  const char *args[] = {"--batches-in-flight", "2", NULL};
+  setenv("QL_TEST_EARLY_DELAY_MS", "100", 1);
+  start(&d, "1", NULL, args);
+  unsetenv("QL_TEST_EARLY_DELAY_MS");
+  ql_client *c = td_connect(&d), *msg = td_connect_messages(&d);
+  td_layer l;
+  ql_weight_info info;
+  float x[2 * K];
+  uint64_t seed = 91;
+  td_layer_make(&l, N, K, 24, 1);
+  ck_assert_int_eq(td_load(c, "w", &l, QL_FORMAT_Q8C, 0, 0, &info, NULL), 0);
+  td_randn(&seed, x, 2 * K, 1.0f);
+  static atomic_int stop;
+  atomic_store(&stop, 0);
+  static load_arg a[NT];
+  pthread_t th[NT];
+  for (int i = 0; i < NT; i++) {
+    a[i] = (load_arg){c, x, &stop, 0, 0};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, ring_load_main, &a[i]), 0);
+  }
+  usleep(500 * 1000); /* the load under way */
+  int64_t t0 = td_now_ms();
+  ql_stats_info *st = NULL;
+  int rc = ql_stats(msg, &st);
+  int64_t waited = td_now_ms() - t0;
+  int calls_then = a[0].calls + a[1].calls;
+  usleep(300 * 1000);
+  int calls_after = a[0].calls + a[1].calls;
+  atomic_store(&stop, 1);
+  for (int i = 0; i < NT; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_int_eq(a[i].failures, 0);
+  }
+  ck_assert_int_eq(rc, 0);
+  ql_stats_free(st);
+  /* Answered while the load went on (it did, after), in about one
+   * launch's accounting delay rather than the load's whole length. */
+  ck_assert_int_gt(calls_after, calls_then);
+  ck_assert_msg(waited < 3000, "Stats waited %lld ms", (long long)waited);
+  td_layer_free(&l);
+  ql_close(msg);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* The host ranges registered in the daemon's runtime now and ever, as it
  * wrote them to path (QL_EMU_CUDA_HOST_STATS); -1 when it wrote none. */
 static void host_ranges(const char *path, long *live, long *ever) {
@@ -1613,6 +1691,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, failing_devices);
   tcase_add_test(tc, batches_in_flight);
   tcase_add_test(tc, worker_queue_not_max_queue);
+  tcase_add_test(tc, stats_not_starved_by_early_replies);
   tcase_add_test(tc, regions_registered);
   tcase_add_test(tc, regions_pinned_bound);
   tcase_add_test(tc, no_driver);
