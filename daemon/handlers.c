@@ -814,12 +814,14 @@ size_t ql__handlers_in_flight(const ql__server *s) {
  * Answers a Stats request (ql__linear_when_settled's callback: every
  * launch answered so far is accounted). Consumes req and route.
  */
-static void stats_reply(ql__server *s, ql__request *req, void *route) {
+static void stats_reply(ql__server *s, ql__request *req, void *route,
+                        uint64_t arg) {
   ql__reply r;
   Qlinear__V1__DeviceStats dev_stats[QL__MAX_DEVICES];
   Qlinear__V1__DeviceStats *devs[QL__MAX_DEVICES];
   Qlinear__V1__StatsResponse stats;
   stats_ctx sc = {s, NULL, NULL, NULL, 0};
+  (void)arg;
   ql__reply_init(&r, req->msg->request_id);
   do {
     size_t n = ql__weight_store_count(s->weights);
@@ -1030,17 +1032,21 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
     break;
   }
   case QLINEAR__V1__REQUEST__BODY_LINEAR:
-    if (ql__linear_submit(s, ss, req, route, &r))
-      return; /* the job owns req and route now */
-    break;
   case QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI:
-    if (ql__linear_submit_multi(s, ss, req, route, &r))
+    if (ql__linear_quota_waits(s, ss)) {
+      ql__linear_when_settled(s, ql__linear_resubmit, req, route,
+                              ql__session_id(ss));
+      return; /* the wait owns req and route now */
+    }
+    if (m->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI
+            ? ql__linear_submit_multi(s, ss, req, route, &r)
+            : ql__linear_submit(s, ss, req, route, &r))
       return; /* the job owns req and route now */
     break;
   case QLINEAR__V1__REQUEST__BODY_STATS:
     /* After the loop has accounted every launch whose reply a worker
      * sent itself: what a client was answered is in what it reads. */
-    ql__linear_when_settled(s, stats_reply, req, route);
+    ql__linear_when_settled(s, stats_reply, req, route, 0);
     return; /* the reply owns req and route now */
   case QLINEAR__V1__REQUEST__BODY_RELOAD:
     if ((rc = ql__server_reload(s, report, sizeof report)) != 0) {

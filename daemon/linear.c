@@ -126,6 +126,7 @@ typedef struct settle_wait {
   ql__settled_cb cb;
   ql__request *req;
   void *route;
+  uint64_t arg;
   uint64_t target; /* early_sent when it came */
   struct settle_wait *next;
 } settle_wait;
@@ -206,24 +207,25 @@ static void run_settled(ql__server *s) {
   }
   while (rev != NULL) {
     settle_wait *next = rev->next;
-    rev->cb(s, rev->req, rev->route);
+    rev->cb(s, rev->req, rev->route, rev->arg);
     free(rev);
     rev = next;
   }
 }
 
 void ql__linear_when_settled(ql__server *s, ql__settled_cb cb,
-                             ql__request *req, void *route) {
+                             ql__request *req, void *route, uint64_t arg) {
   settle_wait *w;
   uint64_t target = s->lin != NULL ? atomic_load(&s->lin->early_sent) : 0;
   if (s->lin == NULL || atomic_load(&s->lin->early_done) >= target ||
       (w = malloc(sizeof *w)) == NULL) {
-    cb(s, req, route);
+    cb(s, req, route, arg);
     return;
   }
   w->cb = cb;
   w->req = req;
   w->route = route;
+  w->arg = arg;
   w->target = target;
   w->next = s->lin->waiting;
   s->lin->waiting = w;
@@ -1632,6 +1634,39 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
     uv_timer_start(&s->lin->expire, on_expire, 5, 5);
   pump(s);
   return 1;
+}
+
+int ql__linear_quota_waits(ql__server *s, ql__session *ss) {
+  size_t quota = s->cfg.session_max_requests;
+  return s->lin != NULL && quota != 0 &&
+         atomic_load(&s->lin->early_done) <
+             atomic_load(&s->lin->early_sent) &&
+         ql__sched_session_count(s->lin->sched, ql__session_id(ss)) >= quota;
+}
+
+void ql__linear_resubmit(ql__server *s, ql__request *req, void *route,
+                         uint64_t arg) {
+  ql__session *ss = ql__session_by_id(s, arg);
+  if (ss == NULL) { /* ended meanwhile: nobody to answer */
+    ql__route_drop(route);
+    ql__request_free(req);
+    return;
+  }
+  if (s->stopping) {
+    ql__reply_error(s, route, req->msg->request_id, QL_ESHUTDOWN,
+                    "daemon is stopping");
+    ql__request_free(req);
+    return;
+  }
+  ql__reply r;
+  ql__reply_init(&r, req->msg->request_id);
+  int taken = req->msg->body_case == QLINEAR__V1__REQUEST__BODY_LINEAR
+                  ? ql__linear_submit(s, ss, req, route, &r)
+                  : ql__linear_submit_multi(s, ss, req, route, &r);
+  if (taken)
+    return; /* the job owns req and route now */
+  ql__reply_send(s, route, &r);
+  ql__request_free(req);
 }
 
 int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,

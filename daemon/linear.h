@@ -51,16 +51,31 @@ int ql__linear_submit_multi(ql__server *s, struct ql__session *ss,
                             ql__request *req, void *route, ql__reply *r);
 
 /*
- * Calls cb(s, req, route) once every launch whose reply a device worker
- * sent itself (route.h, early) has been accounted by the loop: at once
- * when none is pending, else after the last of them. A Stats request
- * waits so: a client reads its own replies in the counters. cb owns req
- * and route; requests still waiting at shutdown are dropped unanswered
+ * Calls cb(s, req, route, arg) once every launch whose reply a device
+ * worker sent itself (route.h, early) before this call has been accounted
+ * by the loop: at once when none is pending. A Stats request waits so: a
+ * client reads its own replies in the counters. cb owns req and route;
+ * requests still waiting at shutdown are dropped unanswered
  * (ql__linear_close_timers).
  */
-typedef void (*ql__settled_cb)(ql__server *s, ql__request *req, void *route);
+typedef void (*ql__settled_cb)(ql__server *s, ql__request *req, void *route,
+                               uint64_t arg);
 void ql__linear_when_settled(ql__server *s, ql__settled_cb cb,
-                             ql__request *req, void *route);
+                             ql__request *req, void *route, uint64_t arg);
+
+/*
+ * Whether a Linear or LinearMulti request of session ss would be refused
+ * by the session's quota only because of requests already answered early
+ * whose launches the loop has not accounted yet. Such a request waits for
+ * them (ql__linear_resubmit) rather than being refused: its client, which
+ * has its replies, has nothing outstanding.
+ */
+int ql__linear_quota_waits(ql__server *s, struct ql__session *ss);
+
+/* ql__linear_when_settled's callback for such a request: submits it for
+ * the session of id arg, or drops it when that session has ended. */
+void ql__linear_resubmit(ql__server *s, ql__request *req, void *route,
+                         uint64_t arg);
 
 /* Linear requests accepted and not yet answered. */
 size_t ql__linear_in_flight(const ql__server *s);

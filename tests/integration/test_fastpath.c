@@ -1006,6 +1006,33 @@ START_TEST(test_stats_after_reply) {
 }
 END_TEST
 
+/* A request answered on the ring no longer counts against its session's
+ * quota (session_max_requests), though the loop accounts its launch
+ * later: a client that waits for each reply, at a quota of 1, had its
+ * next request refused with QL_EEXHAUSTED. */
+START_TEST(test_quota_after_reply) {
+  td d;
+  const char *args[] = {"--session-max-requests", "1", NULL};
+  setenv("QL_TEST_EARLY_DELAY_MS", "200", 1);
+  td_start(&d, args);
+  unsetenv("QL_TEST_EARLY_DELAY_MS");
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, 16, 64, 98, 0);
+  ck_assert_int_eq(load(c, "fp/q", &l, QL_FORMAT_Q8C, 0), 0);
+  float x[64] = {0}, y[16];
+  uint64_t r0 = ring_requests(c);
+  for (int i = 0; i < 4; i++)
+    ck_assert_msg(ql_linear(c, "fp/q", QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 1,
+                            64, x, 16, y, NULL) == 0,
+                  "request %d: %s", i, ql_errmsg());
+  ck_assert_uint_ge(ring_requests(c) - r0, 4);
+  td_layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* Clients may refuse the ring (ql_connect_opts.no_ring, QLINEAR_RING=0):
  * they get none, and their requests are messages. */
 START_TEST(test_refused) {
@@ -1080,6 +1107,7 @@ int main(void) {
   tcase_add_test(tc, test_lease);
   tcase_add_test(tc, test_refused);
   tcase_add_test(tc, test_stats_after_reply);
+  tcase_add_test(tc, test_quota_after_reply);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
