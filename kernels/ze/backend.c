@@ -43,10 +43,11 @@
  * IPC imports (DESIGN §7, registry.h ipc_open_fd): a client's device
  * allocation, named by its ze IPC handle and the dma-buf descriptor the
  * daemon received over the session socket, is opened with
- * zeMemOpenIpcHandle and bounded by zeMemGetAddressRange; linear_dev runs
- * the same pipeline as the host ops with x copied from, and y to, that
- * memory on the device (y only after its guard checked out). No event
- * crosses processes: the client completes x before it sends a request.
+ * zeMemOpenIpcHandle from that descriptor alone (ipc_open_fd says why)
+ * and bounded by zeMemGetAddressRange; linear_dev runs the same pipeline
+ * as the host ops with x copied from, and y to, that memory on the device
+ * (y only after its guard checked out). No event crosses processes: the
+ * client completes x before it sends a request.
  *
  * Without a Level Zero driver (zeInit or zeDriverGet find none) the
  * backend has no device and device_count() says why, once, for the log.
@@ -1367,10 +1368,23 @@ static int ipc_error(ze_result_t r) {
 
 /*
  * registry.h ipc_open_fd: the driver must say it has memory IPC
- * (zeDriverGetIpcProperties); the handle is the exporter's with this
- * process's descriptor number in its first 8 bytes, where dma-buf drivers
- * keep it (as a uint64). The allocation's base and size come from
- * zeMemGetAddressRange on the opened pointer, never from the handle.
+ * (zeDriverGetIpcProperties). What is opened is this process's
+ * descriptor number in the handle's first 8 bytes, where dma-buf drivers
+ * keep it (as a uint64), and zeros after it: of the client's handle only
+ * its length counts. The bytes after the descriptor are the exporting
+ * driver's own, and a client can write anything there. In Intel's
+ * compute-runtime (IpcMemoryData and IpcOpaqueMemoryData, in
+ * level_zero/core/source/context/context.h) bytes 8..15 are a pool offset
+ * that Context::openIpcMemHandle adds to the imported pointer unchecked,
+ * so a chosen offset would make the import another allocation of this
+ * process; after it come the memory type and, in the opaque layout, the
+ * exporter's process id (its descriptor is taken with pidfd_getfd), a
+ * second copy of the descriptor and reserved bytes. Zero in every one of
+ * them means: no offset, device memory, this process's own descriptor.
+ * The opened pointer must then be the base of its allocation
+ * (zeMemGetAddressRange), whose size bounds every slice; anything else is
+ * refused and closed by the pointer the open returned, which ipc_close
+ * is given too.
  * Called from the loop thread without the device's lock: the calls take
  * the context only, which Level Zero allows from any thread.
  */
@@ -1392,21 +1406,21 @@ static int ipc_open_fd(int o, int fd, const void *handle, size_t len,
   if (zeDriverGetIpcProperties(d->drv, &props) != ZE_RESULT_SUCCESS ||
       !(props.flags & ZE_IPC_PROPERTY_FLAG_MEMORY))
     return QL_ENOTSUP;
-  memcpy(h.data, handle, len);
+  memset(h.data, 0, sizeof h.data);
   memcpy(h.data, &word, sizeof word);
   if ((r = zeMemOpenIpcHandle(d->ctx, d->dev, h, 0, &p)) != ZE_RESULT_SUCCESS)
     return ipc_error(r);
   r = zeMemGetAddressRange(d->ctx, p, &b, &sz);
-  if (r != ZE_RESULT_SUCCESS || b == NULL || (char *)p < (char *)b ||
-      (size_t)((char *)p - (char *)b) >= sz) {
-    zeMemCloseIpcHandle(d->ctx, p);
+  if (r != ZE_RESULT_SUCCESS || b != p || sz == 0) {
+    (void)refused(zeMemCloseIpcHandle(d->ctx, p));
     return r != ZE_RESULT_SUCCESS ? ipc_error(r) : QL_EINVAL;
   }
   *base = p;
-  *size = (uint64_t)(sz - (size_t)((char *)p - (char *)b));
+  *size = (uint64_t)sz;
   return 0;
 }
 
+/* base: what ipc_open_fd gave, the pointer zeMemOpenIpcHandle returned. */
 static int ipc_close(int o, void *base) {
   zdev *d = device_of(o);
   ze_result_t r;

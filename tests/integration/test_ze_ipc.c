@@ -346,10 +346,18 @@ static void child_linear(const td *d) {
       QL_EINVAL);
   close(pfd[0]);
   close(pfd[1]);
-  unsigned char bad[QL_ZE_IPC_HANDLE_BYTES];
-  memcpy(bad, ex.handle, sizeof bad);
-  bad[16] ^= 0xff; /* the driver's tag */
-  CHK(ql_ze_import(c, ex.fd, bad, ex.device, &other, NULL) == QL_EINVAL);
+  /* The handle's bytes after the descriptor are not the client's to
+   * choose: a pool offset (which compute-runtime adds to the imported
+   * pointer unchecked), a memory type and the rest are set aside, and the
+   * import is the whole allocation. */
+  unsigned char odd[QL_ZE_IPC_HANDLE_BYTES];
+  uint64_t pool_off = 4096, odd_size = 0;
+  memcpy(odd, ex.handle, sizeof odd);
+  memset(odd + 8, 0x5a, sizeof odd - 8);
+  memcpy(odd + 8, &pool_off, sizeof pool_off);
+  CHK(ql_ze_import(c, ex.fd, odd, ex.device, &other, &odd_size) == 0);
+  CHK(odd_size == ex.alloc_size);
+  CHK(ql_ze_release(c, other) == 0);
   /* No such device; a device that takes no imports. */
   CHK(ql_ze_import(c, ex.fd, ex.handle, "ze:7", &other, NULL) ==
       QL_ENOTFOUND);

@@ -10,7 +10,11 @@
  *  - the argument checks, which must match the reference's;
  *  - the ops that are the reference's own evaluation order: AQ q8c and
  *    q4g, and WO q4g, give the reference's bytes exactly; the other WO
- *    formats are checked by the harness against a bound only.
+ *    formats are checked by the harness against a bound only;
+ *  - IPC imports (ipc_open_fd, ipc_close) of memory this process exports
+ *    on its own context, as a client would: the handle's bytes after the
+ *    descriptor cannot make an import anything but the exporter's whole
+ *    allocation, and an import that is refused is closed.
  * main() points the loader at the driver before anything calls zeInit.
  * Each test runs in its own process (check's fork mode), so each starts
  * the backend and builds the kernels once. A call the validation layer
@@ -20,8 +24,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <check.h>
+#include <level_zero/ze_api.h>
 
 #include "ql_kernels.h"
 #include "registry.h"
@@ -273,6 +280,205 @@ START_TEST(test_linear_args) {
 }
 END_TEST
 
+/* ---- IPC imports ---- */
+
+#define ZE_OK(call) ck_assert_int_eq((int)(call), (int)ZE_RESULT_SUCCESS)
+
+/* A client's side, in this process: its own context on device 0 of the
+ * test driver (the backend's ordinal 0) and a synchronous command list
+ * for copies. The test driver's memory is one table for every context, as
+ * a driver's allocations are one address space for a process. */
+typedef struct client {
+  ze_driver_handle_t drv;
+  ze_device_handle_t dev;
+  ze_context_handle_t ctx;
+  ze_command_list_handle_t list;
+} client;
+
+static void client_open(client *c) {
+  const char *why = NULL;
+  uint32_t n = 1;
+  ze_context_desc_t cd = {.stype = ZE_STRUCTURE_TYPE_CONTEXT_DESC};
+  ze_command_queue_desc_t qd = {.stype = ZE_STRUCTURE_TYPE_COMMAND_QUEUE_DESC,
+                                .mode = ZE_COMMAND_QUEUE_MODE_SYNCHRONOUS};
+  /* the backend's zeInit, before anything of the client's */
+  ck_assert_int_gt(ze()->device_count(&why), 0);
+  ZE_OK(zeDriverGet(&n, &c->drv));
+  n = 1;
+  ZE_OK(zeDeviceGet(c->drv, &n, &c->dev));
+  ZE_OK(zeContextCreate(c->drv, &cd, &c->ctx));
+  ZE_OK(zeCommandListCreateImmediate(c->ctx, c->dev, &qd, &c->list));
+}
+
+static void client_close(client *c) {
+  ZE_OK(zeCommandListDestroy(c->list));
+  ZE_OK(zeContextDestroy(c->ctx));
+}
+
+/* Synchronous mode: done when the append returns. */
+static void client_copy(client *c, void *dst, const void *src, size_t n) {
+  ZE_OK(zeCommandListAppendMemoryCopy(c->list, dst, src, n, NULL, 0, NULL));
+}
+
+/* n bytes of device memory, each one byte. */
+static unsigned char *client_alloc(client *c, size_t n, unsigned char byte) {
+  ze_device_mem_alloc_desc_t dd = {.stype =
+                                       ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC};
+  unsigned char *p = NULL, *h = malloc(n);
+  ck_assert_ptr_nonnull(h);
+  memset(h, byte, n);
+  ZE_OK(zeMemAllocDevice(c->ctx, &dd, n, 64, c->dev, (void **)&p));
+  client_copy(c, p, h, n);
+  free(h);
+  return p;
+}
+
+/* 1 when the n bytes of device memory at p are all byte. */
+static int client_holds(client *c, const void *p, size_t n,
+                        unsigned char byte) {
+  unsigned char *h = malloc(n);
+  int ok = 1;
+  ck_assert_ptr_nonnull(h);
+  client_copy(c, h, p, n);
+  for (size_t i = 0; i < n; i++)
+    ok &= h[i] == byte;
+  free(h);
+  return ok;
+}
+
+/* The IPC handle of the allocation at p, and its descriptor (which the
+ * daemon would have received over the session socket). */
+static int client_export(client *c, void *p, ze_ipc_mem_handle_t *h) {
+  uint64_t word;
+  ZE_OK(zeMemGetIpcHandle(c->ctx, p, h));
+  memcpy(&word, h->data, sizeof word);
+  ck_assert_uint_le(word, 1u << 30);
+  return (int)word;
+}
+
+/* How many mappings of the file of descriptor fd this process has: the
+ * test driver maps a device allocation's memfd once for the allocation
+ * and once more for each of its imports that is open. */
+static int mappings(int fd) {
+  struct stat st;
+  char *line = NULL;
+  size_t cap = 0;
+  int n = 0;
+  FILE *f = fopen("/proc/self/maps", "r");
+
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(fstat(fd, &st), 0);
+  while (getline(&line, &cap, f) > 0) {
+    unsigned maj, min;
+    unsigned long long ino;
+    /* address perms offset dev inode path */
+    if (sscanf(line, "%*s %*s %*s %x:%x %llu", &maj, &min, &ino) == 3 &&
+        ino == (unsigned long long)st.st_ino && makedev(maj, min) == st.st_dev)
+      n++;
+  }
+  free(line);
+  fclose(f);
+  return n;
+}
+
+/*
+ * A handle whose pool offset (bytes 8..15: compute-runtime adds it to the
+ * imported pointer unchecked, and the test driver does as it does) names
+ * another allocation of the process, as another client's weight in the
+ * daemon would be: the import is still the exporter's whole allocation,
+ * and closing it leaves the other allocation as it was.
+ */
+START_TEST(test_ipc_pool_offset) {
+  const ql_backend *b = ze();
+  client c;
+  unsigned char *victim, *mine;
+  ze_ipc_mem_handle_t h;
+  void *base = NULL, *probe = NULL;
+  uint64_t size = 0, off;
+  int fd;
+
+  client_open(&c);
+  victim = client_alloc(&c, 8192, 'V');
+  mine = client_alloc(&c, 4096, 'M');
+  fd = client_export(&c, mine, &h);
+  /* Where an import of it is mapped, so that the offset names the victim
+   * (a closed import's place is where the next one is mapped). */
+  ck_assert_int_eq(b->ipc_open_fd(0, fd, h.data, sizeof h.data, &probe, &size),
+                   0);
+  ck_assert_int_eq(b->ipc_close(0, probe), 0);
+  off = (uint64_t)(uintptr_t)victim - (uint64_t)(uintptr_t)probe;
+  memcpy(h.data + 8, &off, sizeof off);
+  ck_assert_int_eq(b->ipc_open_fd(0, fd, h.data, sizeof h.data, &base, &size),
+                   0);
+  ck_assert_ptr_ne(base, victim);
+  ck_assert_uint_eq(size, 4096);
+  ck_assert_msg(client_holds(&c, base, 4096, 'M'),
+                "the import is not the exporter's memory");
+  ck_assert_int_eq(b->ipc_close(0, base), 0);
+  ck_assert_int_eq(mappings(fd), 1);
+  ck_assert(client_holds(&c, victim, 8192, 'V'));
+  ZE_OK(zeMemFree(c.ctx, victim));
+  ZE_OK(zeMemFree(c.ctx, mine));
+  client_close(&c);
+}
+END_TEST
+
+/* A pool offset that takes the pointer outside every allocation: opened
+ * as the whole allocation, or refused, and in either case no import is
+ * left open once the backend is done with it. */
+START_TEST(test_ipc_offset_no_leak) {
+  const ql_backend *b = ze();
+  client c;
+  unsigned char *mine;
+  ze_ipc_mem_handle_t h;
+  void *base = NULL;
+  uint64_t size = 0, off = 1ull << 62;
+  int fd, rc;
+
+  client_open(&c);
+  mine = client_alloc(&c, 4096, 'M');
+  fd = client_export(&c, mine, &h);
+  ck_assert_int_eq(mappings(fd), 1);
+  memcpy(h.data + 8, &off, sizeof off);
+  rc = b->ipc_open_fd(0, fd, h.data, sizeof h.data, &base, &size);
+  if (rc == 0) {
+    ck_assert_uint_eq(size, 4096);
+    ck_assert(client_holds(&c, base, 4096, 'M'));
+    ck_assert_int_eq(b->ipc_close(0, base), 0);
+  } else {
+    ck_assert_int_eq(rc, QL_EINVAL);
+  }
+  ck_assert_int_eq(mappings(fd), 1);
+  ZE_OK(zeMemFree(c.ctx, mine));
+  client_close(&c);
+}
+END_TEST
+
+/* A driver whose import does not start at the base of the allocation
+ * that zeMemGetAddressRange gives (QL_ZE_TEST_IPC_SHIFT): the size of
+ * that allocation does not bound the import, which is refused, and
+ * closed by the pointer the open returned. */
+START_TEST(test_ipc_not_base) {
+  const ql_backend *b = ze();
+  client c;
+  unsigned char *mine;
+  ze_ipc_mem_handle_t h;
+  void *base = NULL;
+  uint64_t size = 0;
+  int fd;
+
+  setenv("QL_ZE_TEST_IPC_SHIFT", "256", 1); /* read at zeInit */
+  client_open(&c);
+  mine = client_alloc(&c, 4096, 'M');
+  fd = client_export(&c, mine, &h);
+  ck_assert_int_eq(b->ipc_open_fd(0, fd, h.data, sizeof h.data, &base, &size),
+                   QL_EINVAL);
+  ck_assert_int_eq(mappings(fd), 1);
+  ZE_OK(zeMemFree(c.ctx, mine));
+  client_close(&c);
+}
+END_TEST
+
 int main(void) {
   const char *drv = getenv("QL_ZE_TEST_DRIVER");
   if (drv == NULL || *drv == '\0')
@@ -293,6 +499,9 @@ int main(void) {
   tcase_add_test(tc, test_qrows_args);
   tcase_add_test(tc, test_bit_exact);
   tcase_add_test(tc, test_linear_args);
+  tcase_add_test(tc, test_ipc_pool_offset);
+  tcase_add_test(tc, test_ipc_offset_no_leak);
+  tcase_add_test(tc, test_ipc_not_base);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -931,6 +931,26 @@ START_TEST(test_ipc) {
   copy(&t, got, p, N);
   ck_assert_mem_eq(got, want, N);
   copy(&t, p, "Q", 1);
+  /* A pool offset (bytes 8..15) is added to the pointer, unchecked, as
+   * compute-runtime does; the import is closed by that pointer. */
+  {
+    ze_ipc_mem_handle_t ho = h;
+    uint64_t off = 100;
+    char *q = NULL;
+    memcpy(ho.data + 8, &off, sizeof off);
+    ZE_OK(zeMemOpenIpcHandle(t.ctx, t.dev[0], ho, 0, (void **)&q));
+    ZE_OK(zeMemGetAddressRange(t.ctx, q, &base, &size));
+    ck_assert_ptr_eq((char *)base + 100, q);
+    ck_assert_uint_eq(size, N);
+    ZE_OK(zeMemCloseIpcHandle(t.ctx, q));
+    ZE_IS(ZE_RESULT_ERROR_INVALID_ARGUMENT,
+          zeMemGetAddressRange(t.ctx, q, &base, &size));
+    /* memory types other than device memory (byte 16) are refused */
+    ho = h;
+    ho.data[16] = 1;
+    ZE_IS(ZE_RESULT_ERROR_INVALID_ARGUMENT,
+          zeMemOpenIpcHandle(t.ctx, t.dev[0], ho, 0, (void **)&q));
+  }
   ZE_OK(zeMemCloseIpcHandle(t.ctx, p));
   close(fd);
   ck_assert_int_eq(write(sv[0], "k", 1), 1);

@@ -44,14 +44,25 @@
  *    when the command has run.
  *  - events: host-visible, signalled by the worker, waited for with
  *    zeEventHostSynchronize (ZE_RESULT_NOT_READY when the timeout passes).
- *  - IPC: the 64-byte handle holds the allocation's memfd as a uint64 in its
- *    first 8 bytes (then the allocation's size and a tag), as dma-buf
- *    drivers put their file descriptor there; a process that receives
- *    the descriptor (SCM_RIGHTS, or across fork) writes its own number of
- *    it into those bytes before zeMemOpenIpcHandle. Opening maps the file
- *    and does not take the descriptor over. QL_ZE_TEST_IPC=0 makes
- *    zeDriverGetIpcProperties advertise no memory IPC (the handle calls
- *    still work), as a driver without it would.
+ *  - IPC: the 64-byte handle is laid out as Intel's compute-runtime lays
+ *    out its own (IpcMemoryData): the allocation's memfd as a uint64 in
+ *    the first 8 bytes, as dma-buf drivers put their file descriptor
+ *    there, a pool offset in bytes 8..15 (0: this driver pools nothing)
+ *    and the memory type in byte 16 (0, device memory); zeros after. A
+ *    process that receives the descriptor (SCM_RIGHTS, or across fork)
+ *    writes its own number of it into the first 8 bytes before
+ *    zeMemOpenIpcHandle. Opening takes the descriptor only if it is a
+ *    memfd of this driver, maps the whole file (its size is the
+ *    allocation's) without taking the descriptor over, and returns the
+ *    mapping plus the handle's pool offset, unchecked, as compute-runtime
+ *    does (Context::openIpcMemHandle); zeMemCloseIpcHandle closes the
+ *    import that holds the pointer, found by address as compute-runtime
+ *    finds it, and refuses memory that is not an import.
+ *    QL_ZE_TEST_IPC=0 makes zeDriverGetIpcProperties advertise no memory
+ *    IPC (the handle calls still work), as a driver without it would;
+ *    QL_ZE_TEST_IPC_SHIFT=<bytes> adds that many bytes to every pointer
+ *    zeMemOpenIpcHandle returns, as a driver whose import does not start
+ *    at the base of its allocation would.
  *  - faults: QL_ZE_TEST_FAULT="<dev>:<after>:<kind>[,...]" with kind hang
  *    or lost, as QL_EMU_CUDA_FAULT of the CUDA emulator: after <after>
  *    more appended commands on device <dev>, "hang" stops it (later
@@ -105,8 +116,9 @@
 #define TAG_LOG 0x7a640007u
 #define TAG_KERNEL 0x7a640008u
 #define TAG_DEAD 0xdeadbeefu
-/* the third 8 bytes of an IPC handle */
-#define IPC_TAG 0x716c7a6574657374ull /* "qlzetest" */
+/* the name of every device allocation's memfd, which is how
+ * zeMemOpenIpcHandle knows a descriptor for one */
+#define MEMFD_NAME "ql-ze-test"
 
 #define PAGE 4096u
 #define MAX_FILL_PATTERN 128u
@@ -246,6 +258,7 @@ static struct {
   ze_result_t init_rc;
   int ndevices;
   int no_ipc; /* QL_ZE_TEST_IPC=0: the driver advertises no memory IPC */
+  uint64_t ipc_shift; /* QL_ZE_TEST_IPC_SHIFT */
   zdevice devices[MAX_DEVICES];
   cl_device_id cl_dev;
   cl_context cl_ctx;
@@ -447,6 +460,11 @@ static void init_once(void) {
   for (int i = 0; i < MAX_DEVICES; i++)
     trigger(&g.devices[i]);
   g.no_ipc = (s = getenv("QL_ZE_TEST_IPC")) != NULL && strcmp(s, "0") == 0;
+  if ((s = getenv("QL_ZE_TEST_IPC_SHIFT")) != NULL &&
+      !parse_u64(s, 0, UINT32_MAX, &g.ipc_shift)) {
+    say("QL_ZE_TEST_IPC_SHIFT=%s: not a number of bytes", s);
+    return;
+  }
   g.kernel_dir = getenv("QL_ZE_TEST_KERNEL_DIR");
   if (g.kernel_dir == NULL)
     g.kernel_dir = QL_ZE_KERNEL_DIR;
@@ -770,8 +788,9 @@ static ze_result_t drv_alloc_device(ze_context_handle_t hc,
   z->mapped = (size + PAGE - 1) / PAGE * PAGE;
   z->type = ZE_MEMORY_TYPE_DEVICE;
   z->dev = d;
-  if ((z->fd = memfd_create("ql-ze-test", MFD_CLOEXEC)) < 0 ||
-      ftruncate(z->fd, (off_t)z->mapped) != 0) {
+  /* the file is the allocation's size: an importer maps all of it */
+  if ((z->fd = memfd_create(MEMFD_NAME, MFD_CLOEXEC)) < 0 ||
+      ftruncate(z->fd, (off_t)size) != 0) {
     say("zeMemAllocDevice(%zu): memfd: %s", size, strerror(errno));
     goto fail;
   }
@@ -900,7 +919,7 @@ static ze_result_t drv_address_range(ze_context_handle_t hc, const void *ptr,
 static ze_result_t drv_get_ipc(ze_context_handle_t hc, const void *ptr,
                                ze_ipc_mem_handle_t *ph) {
   zalloc *z;
-  uint64_t words[3];
+  uint64_t fdw;
   if (get_zcontext(hc) == NULL)
     return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
   if (ptr == NULL || ph == NULL)
@@ -913,20 +932,33 @@ static ze_result_t drv_get_ipc(ze_context_handle_t hc, const void *ptr,
         ptr);
     return ZE_RESULT_ERROR_INVALID_ARGUMENT;
   }
-  words[0] = (uint64_t)z->fd;
-  words[1] = (uint64_t)z->size;
-  words[2] = IPC_TAG;
+  fdw = (uint64_t)z->fd;
   pthread_mutex_unlock(&g.mu);
+  /* pool offset and memory type 0: the whole allocation, device memory */
   memset(ph->data, 0, sizeof ph->data);
-  memcpy(ph->data, words, sizeof words);
+  memcpy(ph->data, &fdw, sizeof fdw);
   return ZE_RESULT_SUCCESS;
+}
+
+/* 1 when fd is a memfd that zeMemAllocDevice made (in any process): its
+ * link in /proc reads "/memfd:<name> (deleted)". */
+static int is_our_memfd(int fd) {
+  static const char want[] = "/memfd:" MEMFD_NAME " (";
+  char path[64], target[256];
+  ssize_t n;
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  n = readlink(path, target, sizeof target - 1);
+  if (n < 0)
+    return 0;
+  target[n] = '\0';
+  return strncmp(target, want, sizeof want - 1) == 0;
 }
 
 static ze_result_t drv_open_ipc(ze_context_handle_t hc, ze_device_handle_t hd,
                                 ze_ipc_mem_handle_t handle,
                                 ze_ipc_memory_flags_t flags, void **pptr) {
   zdevice *d = get_device(hd);
-  uint64_t words[3];
+  uint64_t fdw, pool_off;
   struct stat st;
   zalloc *z;
   int fd;
@@ -938,15 +970,16 @@ static ze_result_t drv_open_ipc(ze_context_handle_t hc, ze_device_handle_t hd,
   if (flags & ~(ze_ipc_memory_flags_t)(ZE_IPC_MEMORY_FLAG_BIAS_CACHED |
                                        ZE_IPC_MEMORY_FLAG_BIAS_UNCACHED))
     return ZE_RESULT_ERROR_INVALID_ENUMERATION;
-  memcpy(words, handle.data, sizeof words);
-  if (words[2] != IPC_TAG || words[0] > INT_MAX) {
-    say("zeMemOpenIpcHandle: not a handle of this driver");
+  memcpy(&fdw, handle.data, sizeof fdw);
+  memcpy(&pool_off, handle.data + 8, sizeof pool_off);
+  if (fdw > INT_MAX || handle.data[16] != 0) {
+    say("zeMemOpenIpcHandle: not a handle of this driver's device memory");
     return ZE_RESULT_ERROR_INVALID_ARGUMENT;
   }
-  fd = (int)words[0];
-  /* the file says how much there is, not the handle */
+  fd = (int)fdw;
+  /* the file says how much there is */
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
-      (uint64_t)st.st_size < words[1] || words[1] == 0) {
+      !is_our_memfd(fd)) {
     say("zeMemOpenIpcHandle: descriptor %d is not the memory of a handle", fd);
     return ZE_RESULT_ERROR_INVALID_ARGUMENT;
   }
@@ -954,8 +987,8 @@ static ze_result_t drv_open_ipc(ze_context_handle_t hc, ze_device_handle_t hd,
     return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   z->fd = fd;
   z->imported = 1;
-  z->size = (size_t)words[1];
-  z->mapped = (size_t)st.st_size;
+  z->size = (size_t)st.st_size;
+  z->mapped = (z->size + PAGE - 1) / PAGE * PAGE;
   z->type = ZE_MEMORY_TYPE_DEVICE;
   z->dev = d;
   z->base = mmap(NULL, z->mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -972,7 +1005,11 @@ static ze_result_t drv_open_ipc(ze_context_handle_t hc, ze_device_handle_t hd,
     return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
   }
   pthread_mutex_unlock(&g.mu);
-  *pptr = z->base;
+  /* the pool offset as compute-runtime adds it: unchecked, so that it can
+   * point anywhere (uintptr_t: wrapping is what a driver's integer
+   * arithmetic does) */
+  *pptr = (void *)((uintptr_t)z->base + (uintptr_t)pool_off +
+                   (uintptr_t)g.ipc_shift);
   return ZE_RESULT_SUCCESS;
 }
 
@@ -984,9 +1021,10 @@ static ze_result_t drv_close_ipc(ze_context_handle_t hc, const void *ptr) {
     return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
   pthread_mutex_lock(&g.mu);
   z = find_alloc(ptr, 0);
-  if (z == NULL || z->base != ptr || !z->imported) {
+  if (z == NULL || !z->imported) {
     pthread_mutex_unlock(&g.mu);
-    say("zeMemCloseIpcHandle(%p): not opened from an IPC handle", ptr);
+    say("zeMemCloseIpcHandle(%p): %s", ptr,
+        z == NULL ? "not an allocation" : "not opened from an IPC handle");
     return ZE_RESULT_ERROR_INVALID_ARGUMENT;
   }
   remove_alloc(z);
