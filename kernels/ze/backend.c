@@ -579,12 +579,21 @@ static int enter(zdev **out) {
 
 static void leave(zdev *d) { pthread_mutex_unlock(&d->mu); }
 
-/* Makes a at least n bytes (its contents are not kept). */
-static int grow(zdev *d, arena *a, size_t n, int host) {
+/* A new allocation of n bytes for an arena: host or device memory. */
+static int arena_alloc(zdev *d, size_t n, int host, void **p) {
   ze_device_mem_alloc_desc_t dd = {
       .stype = ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC};
   ze_host_mem_alloc_desc_t hd = {.stype =
                                      ZE_STRUCTURE_TYPE_HOST_MEM_ALLOC_DESC};
+  return check(d,
+               host ? zeMemAllocHost(d->ctx, &hd, n, PIECE_ALIGN, p)
+                    : zeMemAllocDevice(d->ctx, &dd, n, PIECE_ALIGN, d->dev, p));
+}
+
+/* Makes a at least n bytes (its contents are not kept): a quarter more,
+ * so that calls growing by small steps do not each reallocate, or n
+ * itself when a quarter more does not fit. */
+static int grow(zdev *d, arena *a, size_t n, int host) {
   void *p = NULL;
   size_t cap;
   int rc;
@@ -601,9 +610,11 @@ static int grow(zdev *d, arena *a, size_t n, int host) {
     if (rc != 0)
       return rc;
   }
-  rc = check(d, host ? zeMemAllocHost(d->ctx, &hd, cap, PIECE_ALIGN, &p)
-                     : zeMemAllocDevice(d->ctx, &dd, cap, PIECE_ALIGN,
-                                        d->dev, &p));
+  rc = arena_alloc(d, cap, host, &p);
+  if (rc == QL_ENOMEM && cap > round_up(n, PIECE_ALIGN)) {
+    cap = round_up(n, PIECE_ALIGN);
+    rc = arena_alloc(d, cap, host, &p);
+  }
   if (rc != 0)
     return rc;
   a->base = p;

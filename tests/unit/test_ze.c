@@ -14,7 +14,9 @@
  *  - IPC imports (ipc_open_fd, ipc_close) of memory this process exports
  *    on its own context, as a client would: the handle's bytes after the
  *    descriptor cannot make an import anything but the exporter's whole
- *    allocation, and an import that is refused is closed.
+ *    allocation, and an import that is refused is closed;
+ *  - a call whose scratch fits the device's free memory runs though the
+ *    arena's usual margin does not fit.
  * main() points the loader at the driver before anything calls zeInit.
  * Each test runs in its own process (check's fork mode), so each starts
  * the backend and builds the kernels once. A call the validation layer
@@ -479,6 +481,53 @@ START_TEST(test_ipc_not_base) {
 }
 END_TEST
 
+/* ---- device memory ---- */
+
+/*
+ * A call whose device scratch fits in what the device has left, with
+ * 64 KiB to spare, though a quarter more (what an arena grows by) does
+ * not: the call runs. x is nearly all of the scratch of a weight-only
+ * call (1 MiB; y, a flag and their guards take under 4 KiB).
+ */
+START_TEST(test_arena_fits) {
+  enum { M = 64, K = 4096, N = 4 };
+  const size_t mem = 8u << 20, xb = (size_t)M * K * sizeof(float),
+               spare = xb + (64u << 10);
+  const ql_kernel_impl *rp = impl(QL_OP_REPACK), *wo = impl(QL_OP_LINEAR_WO);
+  ql_qweight *q = weight(QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32, N, K, 1);
+  ql_repack_args ra = {.w = q};
+  ze_device_mem_alloc_desc_t dd = {.stype =
+                                       ZE_STRUCTURE_TYPE_DEVICE_MEM_ALLOC_DESC};
+  float *x = malloc(xb), y[M * N], ref[M * N];
+  void *filler = NULL, *more = NULL;
+  client c;
+
+  ck_assert_ptr_nonnull(x);
+  setenv("QL_ZE_TEST_MEM", "8388608", 1); /* read at zeInit */
+  client_open(&c);
+  ck_assert_int_eq(rp->fn.repack(&ra), 0);
+  ck_assert_uint_lt(ra.packed_bytes + spare, mem);
+  ZE_OK(zeMemAllocDevice(c.ctx, &dd, mem - ra.packed_bytes - spare, 64, c.dev,
+                         &filler));
+  ck_assert_int_eq(
+      (int)zeMemAllocDevice(c.ctx, &dd, xb + xb / 4, 64, c.dev, &more),
+      (int)ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY);
+  make_x(11, QL_DTYPE_F32, x, M, K);
+  {
+    ql_linear_args a = {q, ra.packed, QL_DTYPE_F32, x, M, y, NULL};
+    ck_assert_int_eq(wo->fn.linear(&a), 0);
+  }
+  ql_linear_wo_ref(q, QL_DTYPE_F32, x, M, ref);
+  for (int i = 0; i < M * N; i++)
+    ck_assert_float_eq_tol(y[i], ref[i], 1e-3f * (1.0f + fabsf(ref[i])));
+  ZE_OK(zeMemFree(c.ctx, filler));
+  rp->free_packed(ra.packed);
+  ql_qweight_free(q);
+  free(x);
+  client_close(&c);
+}
+END_TEST
+
 int main(void) {
   const char *drv = getenv("QL_ZE_TEST_DRIVER");
   if (drv == NULL || *drv == '\0')
@@ -502,6 +551,7 @@ int main(void) {
   tcase_add_test(tc, test_ipc_pool_offset);
   tcase_add_test(tc, test_ipc_offset_no_leak);
   tcase_add_test(tc, test_ipc_not_base);
+  tcase_add_test(tc, test_arena_fits);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
