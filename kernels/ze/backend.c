@@ -38,7 +38,8 @@
  * a module that does not build, or a wait that outlives the kernel timeout
  * takes the device out of service for good: its ops return QL_EDEVICE from
  * then on and device_error() says why. A lost device cannot run anything
- * again and a hung kernel may never end, so neither is retried.
+ * again and a hung kernel may never end, so neither is retried. A call
+ * that fails with commands queued waits for them before it returns.
  *
  * IPC imports (DESIGN §7, registry.h ipc_open_fd): a client's device
  * allocation, named by its ze IPC handle and the dma-buf descriptor the
@@ -162,6 +163,7 @@ typedef struct zdev {
   ze_kernel_handle_t k[K_COUNT];
   arena dmem;         /* device memory */
   arena hmem;         /* host memory (staging) */
+  int queued;         /* commands appended that no wait_all() has seen end */
 
   atomic_int failed;  /* out of service for good */
   char why[160];      /* set once, before failed */
@@ -630,18 +632,27 @@ static void *take(arena *a, size_t n) {
 
 /* ---- commands ---- */
 
+/* check() for an append to d's list, which then has a command queued
+ * until a wait_all() sees the list's commands end. */
+static int appended(zdev *d, ze_result_t r) {
+  int rc = check(d, r);
+  if (rc == 0)
+    d->queued = 1;
+  return rc;
+}
+
 static int barrier(zdev *d) {
-  return check(d, zeCommandListAppendBarrier(d->list, NULL, 0, NULL));
+  return appended(d, zeCommandListAppendBarrier(d->list, NULL, 0, NULL));
 }
 
 static int copy(zdev *d, void *dst, const void *src, size_t n) {
-  return check(d, zeCommandListAppendMemoryCopy(d->list, dst, src, n, NULL,
-                                                0, NULL));
+  return appended(
+      d, zeCommandListAppendMemoryCopy(d->list, dst, src, n, NULL, 0, NULL));
 }
 
 static int fill(zdev *d, void *dst, unsigned char byte, size_t n) {
-  return check(d, zeCommandListAppendMemoryFill(d->list, dst, &byte, 1, n,
-                                                NULL, 0, NULL));
+  return appended(d, zeCommandListAppendMemoryFill(d->list, dst, &byte, 1, n,
+                                                   NULL, 0, NULL));
 }
 
 /* Waits for everything appended to d's list, for at most the kernel
@@ -653,7 +664,7 @@ static int wait_all(zdev *d) {
   ze_result_t r;
   int rc;
 
-  if ((rc = check(d, zeCommandListAppendBarrier(d->list, d->ev, 0, NULL))) !=
+  if ((rc = appended(d, zeCommandListAppendBarrier(d->list, d->ev, 0, NULL))) !=
       0)
     return rc;
   r = zeEventHostSynchronize(d->ev, (uint64_t)ms * 1000000u);
@@ -664,7 +675,25 @@ static int wait_all(zdev *d) {
   }
   if ((rc = check(d, r)) != 0)
     return rc;
+  d->queued = 0;
   return check(d, zeEventHostReset(d->ev));
+}
+
+/*
+ * Returns a call's result rc once the commands it queued are over: after
+ * a failure, those appended before it may still run, reading and writing
+ * the arenas and the layout that the next call reuses or the caller
+ * frees, so they are waited for (wait_all, bounded by the kernel
+ * timeout). A device whose commands cannot be waited for is taken out of
+ * service, and the call's result is then QL_EDEVICE.
+ */
+static int settle(zdev *d, int rc) {
+  if (rc == 0 || !d->queued || atomic_load(&d->failed))
+    return rc;
+  if (wait_all(d) != 0)
+    return fail(d, "%s",
+                "the commands of a failed call could not be waited for");
+  return rc;
 }
 
 /* zeKernelSetArgumentValue for a run of arguments, keeping the first
@@ -702,8 +731,8 @@ static int launch(zdev *d, const kargs *a, size_t gx, size_t gy) {
   gc.groupCountX = (uint32_t)gx;
   gc.groupCountY = (uint32_t)gy;
   gc.groupCountZ = 1;
-  return check(d, zeCommandListAppendLaunchKernel(d->list, a->k, &gc, NULL, 0,
-                                                  NULL));
+  return appended(
+      d, zeCommandListAppendLaunchKernel(d->list, a->k, &gc, NULL, 0, NULL));
 }
 
 /* QL_EINTERNAL, said on stderr, when the guard after an output of n bytes
@@ -837,6 +866,7 @@ static int make_packed(zdev *d, const ql_qweight *w, packed **out) {
   p = NULL;
   rc = 0;
 fail:
+  rc = settle(d, rc);
   free(img);
   free_packed(p);
   return rc;
@@ -1069,6 +1099,7 @@ static int wo_on(zdev *d, const ql_linear_args *a, unsigned where, size_t mk,
       rc = fetch_y(d, a, yb, &c);
   }
 out:
+  rc = settle(d, rc);
   free_packed(tmp);
   return rc;
 }
@@ -1209,6 +1240,7 @@ static int aq_on(zdev *d, const ql_linear_args *a, unsigned where, size_t mk,
       (rc = guard_ok(c.hg + GUARD, sxb, "sx")) == 0 && c.gsum != NULL)
     rc = guard_ok(c.hg + 2 * GUARD, gb, "gsum");
 out:
+  rc = settle(d, rc);
   free_packed(tmp);
   return rc;
 }
@@ -1345,7 +1377,7 @@ static int run_qrows(const ql_qrows_args *a) {
     return rc;
   if ((rc = enter(&d)) != 0)
     return rc;
-  rc = qrows_on(d, a, src, groups, mk, mg);
+  rc = settle(d, qrows_on(d, a, src, groups, mk, mg));
   leave(d);
   return rc;
 }

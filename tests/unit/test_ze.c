@@ -16,7 +16,8 @@
  *    descriptor cannot make an import anything but the exporter's whole
  *    allocation, and an import that is refused is closed;
  *  - a call whose scratch fits the device's free memory runs though the
- *    arena's usual margin does not fit.
+ *    arena's usual margin does not fit;
+ *  - a call whose append fails waits for what it had queued.
  * main() points the loader at the driver before anything calls zeInit.
  * Each test runs in its own process (check's fork mode), so each starts
  * the backend and builds the kernels once. A call the validation layer
@@ -528,6 +529,69 @@ START_TEST(test_arena_fits) {
 }
 END_TEST
 
+/* ---- failures ---- */
+
+/*
+ * A call whose append fails (out of memory, QL_ZE_TEST_FAULT "oom") after
+ * others were queued returns only once those are over: on a device that
+ * has stopped running them ("hang"), waiting for them outlasts the kernel
+ * timeout, which takes the device out of service and makes the call's
+ * result QL_EDEVICE. The faults strike in quantize_rows, in the upload of
+ * the layout a linear call makes for itself, in staging x, and in the
+ * quantization of an activation-quantized call (counting the commands the
+ * calls append).
+ */
+START_TEST(test_failed_append_hung) {
+  static const char *const faults[] = {"0:0:hang,0:3:oom", "0:0:hang,0:1:oom",
+                                       "0:2:hang,0:5:oom", "0:9:hang,0:11:oom"};
+  const ql_backend *b = ze();
+  ql_backend_config cfg = {.kernel_timeout_ms = 200};
+  const int64_t m = 2, k = 64;
+  float x[2 * 64], sx[2], y[2 * 4];
+  int8_t xq[2 * 64];
+  char why[160] = "";
+  int rc;
+
+  setenv("QL_ZE_TEST_FAULT", faults[_i], 1); /* read at zeInit */
+  ck_assert_int_eq(b->configure(&cfg), 0);
+  make_x(3, QL_DTYPE_F32, x, m, k);
+  if (_i == 0) {
+    rc = qrows(QL_QROWS_I8, QL_DTYPE_F32, x, m, k, 32, xq, sx, NULL);
+  } else {
+    ql_qweight *q = weight(QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32, 4, k, 1);
+    ql_linear_args a = {q, NULL, QL_DTYPE_F32, x, m, y, NULL};
+    rc = impl(_i == 3 ? QL_OP_LINEAR_AQ : QL_OP_LINEAR_WO)->fn.linear(&a);
+    ql_qweight_free(q);
+  }
+  ck_assert_int_eq(rc, QL_EDEVICE);
+  ck_assert_int_eq(b->device_error(0, why, sizeof why), QL_EDEVICE);
+  ck_assert_msg(strstr(why, "did not finish") != NULL, "%s", why);
+}
+END_TEST
+
+/* The same failure on a device that runs what it is given: QL_ENOMEM for
+ * the call, the device in service, and the next call right. */
+START_TEST(test_failed_append) {
+  const ql_backend *b = ze();
+  const int64_t m = 2, k = 64;
+  float x[2 * 64], sx[2], sx2[2];
+  int8_t xq[2 * 64], xq2[2 * 64];
+  char why[160];
+
+  setenv("QL_ZE_TEST_FAULT", "0:3:oom", 1); /* read at zeInit */
+  make_x(3, QL_DTYPE_F32, x, m, k);
+  ck_assert_int_eq(qrows(QL_QROWS_I8, QL_DTYPE_F32, x, m, k, 32, xq, sx, NULL),
+                   QL_ENOMEM);
+  ck_assert_int_eq(b->device_error(0, why, sizeof why), 0);
+  ck_assert_int_eq(qrows(QL_QROWS_I8, QL_DTYPE_F32, x, m, k, 32, xq, sx, NULL),
+                   0);
+  ck_assert_int_eq(
+      ql_quantize_rows_i8_src(QL_DTYPE_F32, x, m, k, 32, xq2, sx2, NULL), 0);
+  ck_assert(memcmp(xq, xq2, sizeof xq) == 0);
+  ck_assert(memcmp(sx, sx2, sizeof sx) == 0);
+}
+END_TEST
+
 int main(void) {
   const char *drv = getenv("QL_ZE_TEST_DRIVER");
   if (drv == NULL || *drv == '\0')
@@ -552,6 +616,8 @@ int main(void) {
   tcase_add_test(tc, test_ipc_offset_no_leak);
   tcase_add_test(tc, test_ipc_not_base);
   tcase_add_test(tc, test_arena_fits);
+  tcase_add_loop_test(tc, test_failed_append_hung, 0, 4);
+  tcase_add_test(tc, test_failed_append);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

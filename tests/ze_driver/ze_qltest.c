@@ -63,13 +63,16 @@
  *    QL_ZE_TEST_IPC_SHIFT=<bytes> adds that many bytes to every pointer
  *    zeMemOpenIpcHandle returns, as a driver whose import does not start
  *    at the base of its allocation would.
- *  - faults: QL_ZE_TEST_FAULT="<dev>:<after>:<kind>[,...]" with kind hang
- *    or lost, as QL_EMU_CUDA_FAULT of the CUDA emulator: after <after>
+ *  - faults: QL_ZE_TEST_FAULT="<dev>:<after>:<kind>[,...]" with kind hang,
+ *    lost or oom, as QL_EMU_CUDA_FAULT of the CUDA emulator: after <after>
  *    more appended commands on device <dev>, "hang" stops it (later
  *    commands never run, their events never signal, waits time out) and
  *    "lost" makes later appends, allocations, command list creation and
  *    waits for events it no longer signals return ZE_RESULT_ERROR_DEVICE_-
- *    LOST. Destroy and free calls still release and succeed then.
+ *    LOST. Destroy and free calls still release and succeed then. "oom"
+ *    makes the next append, once, return ZE_RESULT_ERROR_OUT_OF_DEVICE_-
+ *    MEMORY without queueing anything; it can be armed with a hang or a
+ *    loss of the same device.
  *
  * Everything is thread-safe: one mutex (g.mu) guards every table, event and
  * queue, with one condition variable for every state change (a test
@@ -124,7 +127,7 @@
 #define MAX_FILL_PATTERN 128u
 #define MAX_SCALAR_ARG 64u
 
-enum { FAULT_NONE, FAULT_HANG, FAULT_LOST };
+enum { FAULT_NONE, FAULT_HANG, FAULT_LOST, FAULT_OOM };
 
 typedef struct zdevice {
   uint32_t tag;
@@ -136,6 +139,8 @@ typedef struct zdevice {
   int fault_kind, armed;
   int hung, lost;
   long stop_seq; /* commands numbered above it do not run */
+  long oom_at;   /* "oom": the append after this many fails, once */
+  int oom_armed;
 } zdevice;
 
 typedef struct zcontext {
@@ -392,12 +397,20 @@ static int parse_faults(const char *spec) {
       kind = FAULT_HANG;
     else if (strcmp(c2 + 1, "lost") == 0)
       kind = FAULT_LOST;
+    else if (strcmp(c2 + 1, "oom") == 0)
+      kind = FAULT_OOM;
     else
       kind = FAULT_NONE;
     if (kind == FAULT_NONE || !parse_u64(item, 0, MAX_DEVICES - 1, &dev) ||
         !parse_u64(c1 + 1, 0, LONG_MAX / 2, &after)) {
       ok = 0;
       break;
+    }
+    if (kind == FAULT_OOM) {
+      /* apart from a hang or loss, so that both can be armed */
+      g.devices[dev].oom_armed = 1;
+      g.devices[dev].oom_at = (long)after;
+      continue;
     }
     g.devices[dev].armed = 1;
     g.devices[dev].fault_kind = kind;
@@ -454,7 +467,7 @@ static void init_once(void) {
     g.devices[i].mem_total = v;
   }
   if ((s = getenv("QL_ZE_TEST_FAULT")) != NULL && !parse_faults(s)) {
-    say("QL_ZE_TEST_FAULT=%s: not <dev>:<after>:hang|lost[,...]", s);
+    say("QL_ZE_TEST_FAULT=%s: not <dev>:<after>:hang|lost|oom[,...]", s);
     return;
   }
   for (int i = 0; i < MAX_DEVICES; i++)
@@ -1869,6 +1882,12 @@ static ze_result_t submit(zlist *l, zcmd *c) {
     pthread_mutex_unlock(&g.mu);
     free_cmd(c);
     return ZE_RESULT_ERROR_DEVICE_LOST;
+  }
+  if (d->oom_armed && d->seq >= d->oom_at) {
+    d->oom_armed = 0;
+    pthread_mutex_unlock(&g.mu);
+    free_cmd(c);
+    return ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
   }
   ref_cmd(c);
   n = ++d->seq;
