@@ -194,14 +194,21 @@ fail:
 const ql_kernel_impl *ql_dispatch_dev(const ql_backend *b, ql_op op,
                                       ql_format f, ql_dtype dt, int64_t m,
                                       int64_t n, int64_t k) {
-  const ql_kernel_impl *im;
   if (b == NULL || b->linear_dev == NULL ||
       (op != QL_OP_LINEAR_WO && op != QL_OP_LINEAR_AQ))
     return NULL;
-  im = ql_dispatch(b, op, f, dt, m, n, k);
-  if (im == NULL || im == ql_generic_impl(op) || !b->linear_dev_supports(im))
-    return NULL;
-  return im;
+  /* ql_dispatch()'s order without the host-only implementations: one
+   * that stages host tensors (CUDA's q8c on cuBLASLt, from some rows)
+   * leaves the case to the next, with the same bytes, instead of refusing
+   * it. linear_dev_supports first: a host-only one is not even asked
+   * (its supports() may set up a library). */
+  for (size_t i = 0; i < b->n_impls; i++) {
+    const ql_kernel_impl *im = &b->impls[i];
+    if (im->op == op && b->linear_dev_supports(im) &&
+        handles(im, f, dt, m, n, k))
+      return im;
+  }
+  return NULL;
 }
 
 int ql_run_linear_dev(const ql_backend *b, ql_op op,

@@ -397,8 +397,12 @@ int ql_run_linear_part(const ql_backend *b, ql_op op, const ql_qweight *w,
                        const char **impl);
 
 /*
- * The implementation of op that ql_dispatch() chooses, when b can run it
- * on device tensors (linear_dev_supports); else NULL.
+ * The implementation of op for the case on device tensors: the first of
+ * b's own that b can run on them (linear_dev_supports) and that handles
+ * the case as ql_dispatch() asks it; else NULL (never a generic one).
+ * Implementations that dispatch chooses between by the row count give the
+ * same bytes (DESIGN §4, batch invariance), so one passed over for
+ * reading host memory only changes no result.
  */
 const ql_kernel_impl *ql_dispatch_dev(const ql_backend *b, ql_op op,
                                       ql_format f, ql_dtype dt, int64_t m,

@@ -1825,7 +1825,10 @@ struct table {
 const table impls;
 
 // Our linear kernels read and write device memory in place; not
-// cuda.cublaslt.linear_aq (im[3]), whose fallbacks read host memory.
+// cuda.cublaslt.linear_aq (im[3]), which stages host tensors and whose
+// fallbacks read host memory. Device tensors of a q8c batch that im[3]
+// would take go to cuda.linear_aq (ql_dispatch_dev() passes im[3] over),
+// with IMMA's bytes; f8r AQ has no kernel for them.
 int linear_dev_supports(const ql_kernel_impl* im) {
   return im == &impls.im[1] || im == &impls.im[4];
 }

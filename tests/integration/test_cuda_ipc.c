@@ -10,7 +10,8 @@
  *
  * What it checks: y written into device memory (or inline) equals the
  * inline request's reply byte for byte, weight-only and
- * activation-quantized, with a ready event, and for LinearMulti (one y
+ * activation-quantized (q8c too from the rows where inline batches run
+ * on cuBLASLt's IMMA), with a ready event, and for LinearMulti (one y
  * slice per weight, on the second GPU); each allocation is opened
  * once per session however many requests use it, stays mapped in the
  * daemon while the session lives and is unmapped when it ends; hostile
@@ -245,6 +246,74 @@ START_TEST(round_trip) {
   cudaEventDestroy(ev);
   cudaFree(xa);
   cudaFree(ya);
+  td_layer_free(&l);
+}
+END_TEST
+
+/* q8c activation-quantized from the rows where the daemon runs inline
+ * batches on cuBLASLt's IMMA (QL_CUDA_IMMA_MIN_ROWS unset: 16), which
+ * reads host memory only: with x and y in device memory our tensor-core
+ * kernel runs them, with the inline reply's bytes; AUTO takes the inline
+ * request's path, and its bytes. */
+START_TEST(q8c_aq_imma_rows) {
+  static const uint64_t rows[] = {16, 17, 64};
+  const uint64_t most = 64;
+  td d;
+  unsetenv("QL_CUDA_IMMA_MIN_ROWS");
+  start(&d, NULL);
+  setenv("QL_CUDA_IMMA_MIN_ROWS", "0", 1);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, N, K, 13, 1);
+  ck_assert_int_eq(td_load(c, "ipc/q8i", &l, QL_FORMAT_Q8C, 0, 0, NULL, NULL),
+                   0);
+  float *x = tu_xmalloc(most * K * sizeof(float));
+  float *want = tu_xmalloc(most * N * sizeof(float));
+  float *got = tu_xmalloc(most * N * sizeof(float));
+  uint64_t seed = 47;
+  td_randn(&seed, x, most * K, 1.0f);
+  ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+  unsigned char *xa = dev_alloc(most * K * sizeof(float), x, 0,
+                                most * K * sizeof(float));
+  unsigned char *ya = dev_alloc(most * N * sizeof(float), NULL, 0, 0);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    const uint64_t m = rows[i];
+    const size_t yb = m * N * sizeof(float);
+    const ql_path paths[] = {QL_PATH_ACT_QUANT, QL_PATH_AUTO};
+    ql_cuda_slice xs, ys;
+    ck_assert_int_eq(
+        ql_cuda_slice_from_ptr(&xs, xa, m * K * sizeof(float), NULL), 0);
+    ck_assert_int_eq(ql_cuda_slice_from_ptr(&ys, ya, yb, NULL), 0);
+    for (size_t p = 0; p < 2; p++) {
+      ql_linear_result inl, res;
+      ck_assert_int_eq(ql_linear(c, "ipc/q8i", paths[p], QL_DTYPE_F32, m, K,
+                                 x, N, want, &inl),
+                       0);
+      if (paths[p] == QL_PATH_ACT_QUANT)
+        ck_assert_str_eq(inl.impl, "cuda.cublaslt.linear_aq");
+      ck_assert_int_eq(cudaMemsetAsync(ya, 0x7f, yb, 0), cudaSuccess);
+      ck_assert_int_eq(cudaStreamSynchronize(0), cudaSuccess);
+      int rc = ql_linear_cuda(c, "ipc/q8i", paths[p], QL_DTYPE_F32, m, K,
+                              &xs, N, &ys, NULL, &res);
+      ck_assert_msg(rc == 0, "M=%u, path %d: %d", (unsigned)m, (int)paths[p],
+                    rc);
+      ck_assert_int_eq(res.path, inl.path);
+      if (res.path == QL_PATH_ACT_QUANT)
+        ck_assert_str_eq(res.impl, "cuda.linear_aq");
+      dev_read(got, ya, yb);
+      ck_assert_msg(memcmp(got, want, yb) == 0,
+                    "M=%u, path %d: y in device memory is not the inline "
+                    "reply",
+                    (unsigned)m, (int)paths[p]);
+    }
+  }
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  cudaFree(xa);
+  cudaFree(ya);
+  free(x);
+  free(want);
+  free(got);
   td_layer_free(&l);
 }
 END_TEST
@@ -603,6 +672,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("cuda_ipc");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, round_trip);
+  tcase_add_test(tc, q8c_aq_imma_rows);
   tcase_add_test(tc, multi);
   tcase_add_test(tc, hostile_slices);
   tcase_add_test(tc, kill9_mid_flight);

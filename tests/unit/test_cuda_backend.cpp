@@ -11,7 +11,10 @@
 // when the runtime's copies land late; each wait mode of QL_CUDA_WAIT
 // completes a call and still fails a hung launch after the kernel
 // timeout. Built again with QL_MUT_LAYOUT_NO_SYNC (mutant_layout_sync),
-// it must fail.
+// it must fail. Besides:
+// - q8c activation-quantized on x and y in device memory from
+//   QL_CUDA_IMMA_MIN_ROWS rows runs on our kernel, with the bytes of the
+//   host call on cuBLASLt's IMMA.
 //
 // Each case runs in a child process: QL_CUDA_WAIT is read once per
 // process, and the emulated kernels run on fiber stacks (see
@@ -315,6 +318,60 @@ void late_layout(ql_op op, ql_format f, int64_t m, int64_t n, int64_t k) {
   ql_qweight_free(l.q);
 }
 
+// q8c activation-quantized with x and y in device memory (a CUDA IPC
+// request's), here from QL_CUDA_IMMA_MIN_ROWS (16) rows, where host
+// tensors run on cuBLASLt's IMMA, which reads host memory only: the call
+// runs on our kernel, which reads device memory, with the bytes of the
+// host call (int32 sums are exact, the epilogues the same), whether y is
+// in device memory or not.
+void dev_aq_q8c(int64_t m) {
+  const ql_backend* b = cuda();
+  layer l = make_layer(QL_FORMAT_Q8C, 96, 128);
+  const size_t xb = size_t(m * l.k) * sizeof(float),
+               yb = size_t(m * l.n) * sizeof(float);
+  float* x = static_cast<float*>(malloc(xb));
+  float* want = static_cast<float*>(malloc(yb));
+  float* got = static_cast<float*>(malloc(yb));
+  CHECK(x != nullptr && want != nullptr && got != nullptr);
+  for (int64_t i = 0; i < m * l.k; i++) x[i] = randn();
+  const char* impl = nullptr;
+  CHECK(ql_run_linear(b, QL_OP_LINEAR_AQ, l.q, nullptr, QL_DTYPE_F32, x, m,
+                      want, &impl) == 0);
+  CHECK(impl != nullptr &&
+        strcmp(impl, m >= 16 ? "cuda.cublaslt.linear_aq" : "cuda.linear_aq") ==
+            0);
+  void *dx = nullptr, *dy = nullptr;
+  CHECK(cudaMalloc(&dx, xb) == cudaSuccess);
+  CHECK(cudaMalloc(&dy, yb) == cudaSuccess);
+  CHECK(cudaMemcpy(dx, x, xb, cudaMemcpyHostToDevice) == cudaSuccess);
+  const unsigned wheres[] = {QL_LINEAR_X_DEVICE | QL_LINEAR_Y_DEVICE,
+                             QL_LINEAR_X_DEVICE};
+  for (unsigned where : wheres) {
+    const bool ydev = where & QL_LINEAR_Y_DEVICE;
+    memset(got, 0, yb);
+    CHECK(cudaMemsetAsync(dy, 0, yb, nullptr) == cudaSuccess);
+    ql_linear_dev_args da = {
+        {l.q, nullptr, QL_DTYPE_F32, dx, m, ydev ? dy : got, nullptr},
+        where,
+        nullptr};
+    impl = nullptr;
+    const int rc = ql_run_linear_dev(b, QL_OP_LINEAR_AQ, &da, &impl);
+    if (rc != 0)
+      fprintf(stderr, "M=%lld on device tensors: %d (%s)\n", (long long)m,
+              rc, impl ? impl : "no implementation");
+    CHECK(rc == 0);
+    CHECK(strcmp(impl, "cuda.linear_aq") == 0);
+    if (ydev)
+      CHECK(cudaMemcpy(got, dy, yb, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(memcmp(got, want, yb) == 0);
+  }
+  CHECK(cudaFree(dx) == cudaSuccess && cudaFree(dy) == cudaSuccess);
+  free(x);
+  free(want);
+  free(got);
+  ql_qweight_free(l.q);
+}
+
 uint64_t now_ms() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -398,6 +455,11 @@ int main() {
   in_child("non-finite x: AQ on cuBLASLt, large y untouched", nullptr,
            nullptr,
            [] { untouched(QL_OP_LINEAR_AQ, QL_FORMAT_Q8C, 520, 128, 32); });
+  const int64_t dev_rows[] = {15, 16, 17, 64};
+  for (int64_t m : dev_rows)
+    in_child(m >= 16 ? "AQ q8c on device tensors from the IMMA rows"
+                     : "AQ q8c on device tensors below the IMMA rows",
+             nullptr, nullptr, [m] { dev_aq_q8c(m); });
   in_child("late layout copies: WO q8b asymmetric", nullptr, nullptr,
            [] { late_layout(QL_OP_LINEAR_WO, QL_FORMAT_Q8B, 1, 65, 256); });
   in_child("late layout copies: AQ q4g", nullptr, nullptr,

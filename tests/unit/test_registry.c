@@ -298,6 +298,82 @@ START_TEST(test_linear_dev) {
 }
 END_TEST
 
+/* From 4 rows an AQ of host memory only (as CUDA's q8c on cuBLASLt is),
+ * before one of device memory for every row count of q8c only. */
+static int large_m_calls;
+static int large_m_only(const ql_kernel_impl *im, ql_format f, int64_t m,
+                        int64_t n, int64_t k) {
+  (void)im, (void)f, (void)n, (void)k;
+  large_m_calls++;
+  return m >= 4;
+}
+static const ql_kernel_impl staged_impls[] = {
+    {.name = "staged.linear_aq",
+     .op = QL_OP_LINEAR_AQ,
+     .formats = QL_FMT_BIT(QL_FORMAT_Q8C) | QL_FMT_BIT(QL_FORMAT_Q4G),
+     .dtypes = QL_ALL_DTYPES,
+     .supports = large_m_only,
+     .fn.linear = fake_linear},
+    {.name = "inplace.linear_aq",
+     .op = QL_OP_LINEAR_AQ,
+     .formats = QL_FMT_BIT(QL_FORMAT_Q8C),
+     .dtypes = QL_ALL_DTYPES,
+     .fn.linear = fake_linear},
+};
+static int inplace_only_(const ql_kernel_impl *im) {
+  return im == &staged_impls[1];
+}
+static int inplace_linear_(const ql_kernel_impl *im,
+                           const ql_linear_dev_args *a) {
+  (void)a;
+  return im == &staged_impls[1] ? 778 : QL_ENOTSUP;
+}
+
+/* Device tensors skip an implementation that reads host memory only for
+ * the next one of the backend's that takes them, at every row count; the
+ * skipped one is not even asked about the case. */
+START_TEST(test_linear_dev_next) {
+  ql_backend b = {.name = "staged",
+                  .impls = staged_impls,
+                  .n_impls = 2,
+                  .ipc_handle_bytes = 64,
+                  .ipc_open = ipc_open_,
+                  .ipc_close = ipc_close_,
+                  .ipc_event_open = ev_open_,
+                  .ipc_event_close = ev_close_,
+                  .linear_dev_supports = inplace_only_,
+                  .linear_dev = inplace_linear_};
+  ck_assert_int_eq(ql_backend_check(&b), 0);
+  ck_assert_ptr_eq(ql_dispatch(&b, QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
+                               QL_DTYPE_F32, 8, 8, 16),
+                   &staged_impls[0]);
+  ql_qweight w;
+  memset(&w, 0, sizeof w);
+  w.format = QL_FORMAT_Q8C;
+  w.n = 8;
+  w.k = 16;
+  ql_linear_dev_args a;
+  memset(&a, 0, sizeof a);
+  a.a.w = &w;
+  a.a.dt = QL_DTYPE_F32;
+  a.where = QL_LINEAR_X_DEVICE | QL_LINEAR_Y_DEVICE;
+  large_m_calls = 0;
+  for (int64_t m = 1; m <= 8; m++) {
+    const char *impl = NULL;
+    a.a.m = m;
+    ck_assert_ptr_eq(ql_dispatch_dev(&b, QL_OP_LINEAR_AQ, QL_FORMAT_Q8C,
+                                     QL_DTYPE_F32, m, 8, 16),
+                     &staged_impls[1]);
+    ck_assert_int_eq(ql_run_linear_dev(&b, QL_OP_LINEAR_AQ, &a, &impl), 778);
+    ck_assert_str_eq(impl, "inplace.linear_aq");
+  }
+  ck_assert_int_eq(large_m_calls, 0);
+  /* A case that only the host-only one handles has none: no generic. */
+  ck_assert_ptr_null(ql_dispatch_dev(&b, QL_OP_LINEAR_AQ, QL_FORMAT_Q4G,
+                                     QL_DTYPE_F32, 8, 8, 16));
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("registry");
   TCase *tc = tcase_create("registry");
@@ -306,6 +382,7 @@ int main(void) {
   tcase_add_test(tc, test_dispatch);
   tcase_add_test(tc, test_backend_check_rejects);
   tcase_add_test(tc, test_linear_dev);
+  tcase_add_test(tc, test_linear_dev_next);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
