@@ -1489,9 +1489,9 @@ int lt_on(lane* d, const ql_linear_args* a, size_t mk, size_t xb,
     goto done;
   }
   if (rc == QL_ENOTSUP) {
-    // No algorithm for this (N, K): the answer is cached, so every call of
-    // this shape takes the fallback, whatever its M (q8c: our kernel, the
-    // same bytes).
+    // No algorithm for this (N, K), or one cuBLASLt refused at this M: the
+    // answer is kept for the shape (blaslt.h), so every later call of it
+    // takes the fallback, whatever its M (q8c: our kernel, the same bytes).
     *fallback = true;
     rc = 0;
     goto done;

@@ -347,15 +347,20 @@ int ql__blaslt_gemm_ex(ql__blaslt* lt, int kind, int flags, int64_t n,
     return QL_EINVAL;
   if ((rc = lookup(lt, kind, flags, n, k, &e)) != 0) return rc;
   if (e->rc != 0) return e->rc;
-  if ((rc = make_descs(kind, flags, n, m, k, ldw, ldx, ldacc, &s)) != 0)
-    return rc;
-  // C = D with beta = 0: C is not read.
-  cublasStatus_t st = g_api.cublasLtMatmul(
-      lt->h, s.op, i8 ? static_cast<const void*>(&onei) : &onef, w, s.a, x,
-      s.b, i8 ? static_cast<const void*>(&zeroi) : &zerof, acc, s.d, acc,
-      s.d, &e->algo, nullptr, 0, static_cast<cudaStream_t>(stream));
-  put(&s);
-  return map_status(st);
+  if ((rc = make_descs(kind, flags, n, m, k, ldw, ldx, ldacc, &s)) == 0) {
+    // C = D with beta = 0: C is not read.
+    rc = map_status(g_api.cublasLtMatmul(
+        lt->h, s.op, i8 ? static_cast<const void*>(&onei) : &onef, w, s.a, x,
+        s.b, i8 ? static_cast<const void*>(&zeroi) : &zerof, acc, s.d, acc,
+        s.d, &e->algo, nullptr, 0, static_cast<cudaStream_t>(stream)));
+    put(&s);
+  }
+  // A refusal of this m is kept as the answer for (kind, flags, n, k), as
+  // the heuristic's is: the caller's fallback then takes every m of the
+  // shape, not this one alone, so that a row's result does not depend on
+  // the size of its batch.
+  if (rc == QL_ENOTSUP) e->rc = rc;
+  return rc;
 }
 
 int ql__blaslt_algo_name(ql__blaslt* lt, int kind, int flags, int64_t n,

@@ -82,9 +82,10 @@ enum {
 // tests/bench/fp8_probe.cpp measures how).
 //
 // Enqueued on stream. 0; QL_EINVAL for arguments outside the above;
-// QL_ENOTSUP when cuBLASLt offers no algorithm for the problem (the caller
-// may fall back); QL_ENOMEM; QL_EDEVICE when the launch failed (the caller
-// asks the runtime why).
+// QL_ENOTSUP when cuBLASLt offers no algorithm for the problem or refuses
+// it (the caller may fall back): kept for (kind, flags, n, k), so that
+// every later call of the shape gets it too, whatever its m; QL_ENOMEM;
+// QL_EDEVICE when the launch failed (the caller asks the runtime why).
 //
 // FP8 runs with the flags of ql__blaslt_flags(): fast accumulation off
 // unless the environment asks for it.

@@ -17,6 +17,7 @@ constexpr int kSms = 132;      // what the emulated GPUs report
 constexpr uint64_t kTile = 128;  // the output tile the heuristic reasons in
 
 std::atomic<int> g_present{-1};  // -1: read QL_EMU_CUBLASLT at first use
+std::atomic<int> g_refuse_odd{-1};  // -1: read QL_EMU_CUBLASLT_REFUSE_M
 std::atomic<long> g_matmuls{0};
 
 bool present() {
@@ -27,6 +28,16 @@ bool present() {
     g_present.store(p);
   }
   return p != 0;
+}
+
+bool refuse_odd() {
+  int r = g_refuse_odd.load();
+  if (r < 0) {
+    const char* v = getenv("QL_EMU_CUBLASLT_REFUSE_M");
+    r = v != nullptr && strcmp(v, "odd") == 0 ? 1 : 0;
+    g_refuse_odd.store(r);
+  }
+  return r != 0;
 }
 
 size_t type_size(cudaDataType t) {
@@ -566,6 +577,8 @@ extern "C" cublasStatus_t cublasLtMatmul(
     return CUBLAS_STATUS_INVALID_VALUE;
   cublasStatus_t s = fp8_check(d, ad, bd, cd, dd, &p);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
+  // B's columns are the activations' rows.
+  if (refuse_odd() && p.n % 2 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
   // beta is of the scale type: int32 for IMMA, float for FP8.
   const bool beta0 = p.i8 ? *static_cast<const int32_t*>(beta) == 0
                           : *static_cast<const float*>(beta) == 0.0f;
@@ -631,6 +644,10 @@ extern "C" cublasStatus_t cublasLtMatmul(
 }
 
 extern "C" void ql_emu_blaslt_set_present(int p) { g_present.store(p ? 1 : 0); }
+
+extern "C" void ql_emu_blaslt_set_refuse_odd(int on) {
+  g_refuse_odd.store(on ? 1 : 0);
+}
 
 extern "C" long ql_emu_blaslt_matmuls(void) { return g_matmuls.load(); }
 

@@ -72,6 +72,11 @@
 // - QL_EMU_CUBLASLT=0 (or ql_emu_blaslt_set_present(0)) makes
 //   cublasLtCreate() fail with CUBLAS_STATUS_NOT_INITIALIZED, as on a
 //   machine whose library cannot start; the backend must then decline.
+// - QL_EMU_CUBLASLT_REFUSE_M=odd (or ql_emu_blaslt_set_refuse_odd(1))
+//   makes cublasLtMatmul() refuse (CUBLAS_STATUS_NOT_SUPPORTED) a problem
+//   whose B has an odd number of columns (the activations' rows), after
+//   the heuristic answered for its own problem size: a refusal that
+//   depends on M, which the caller must not let change a row's route.
 //
 // Every function is thread-safe.
 #ifndef QL_CUDA_EMU_BLASLT_H
@@ -234,6 +239,9 @@ cublasStatus_t cublasLtMatmul(
 // Whether cublasLtCreate() succeeds (1, the default unless QL_EMU_CUBLASLT
 // is "0") or fails as a library that cannot start (0).
 void ql_emu_blaslt_set_present(int present);
+// Whether cublasLtMatmul() refuses a B of an odd number of columns (1;
+// the default 0 unless QL_EMU_CUBLASLT_REFUSE_M is "odd").
+void ql_emu_blaslt_set_refuse_odd(int on);
 // Matmuls that ran since the start.
 long ql_emu_blaslt_matmuls(void);
 // The FP8 accumulation model (see the top of this file): bits 0 (exact

@@ -13,8 +13,9 @@
 //   leaves the split out under a reduction-scheme mask of NONE;
 // - the layer: results equal to the triple loop at every M (its algorithm
 //   does not split K even where the heuristic would), a row's bytes the
-//   same at M = 1 and M = 37, its argument checks, and a library that does
-//   not start (QL_EMU_CUBLASLT=0) failing handle creation;
+//   same at M = 1 and M = 37, its argument checks, a matmul refused at one
+//   M refused for its shape at every M, and a library that does not start
+//   (QL_EMU_CUBLASLT=0) failing handle creation;
 // - the layer's FP8 flags (fast accumulation, a bf16 output rounded to
 //   nearest even, refused with IMMA), its algorithm description, and the
 //   reference's limited-precision accumulation model (B = 14: a term lost
@@ -379,6 +380,27 @@ static void test_layer() {
                             nullptr) == QL_EINVAL,
         "layer: n, k not multiples of 16, m < 1, ld < k, unknown kind, no "
         "handle: QL_EINVAL");
+
+  // A matmul that cuBLASLt refuses at one m after its heuristic chose an
+  // algorithm for the shape (the reference's switch: an odd token count):
+  // the refusal stands for the shape at every m, so the caller's fallback
+  // takes them all, and no matmul of it runs; another shape is not
+  // touched.
+  prob pf(32, 2, 96, 0);
+  ql_emu_blaslt_set_refuse_odd(1);
+  const long ran = ql_emu_blaslt_matmuls();
+  check(ql__blaslt_gemm(lt, E, 32, 1, 96, pf.dw, 96, pf.dx, 96, pf.dacc, 32,
+                        nullptr) == QL_ENOTSUP &&
+            ql__blaslt_gemm(lt, E, 32, 2, 96, pf.dw, 96, pf.dx, 96, pf.dacc,
+                            32, nullptr) == QL_ENOTSUP &&
+            ql_emu_blaslt_matmuls() == ran,
+        "layer: a refusal at M=1 holds at M=2 for the shape");
+  prob po(48, 2, 96, 0);
+  check(ql__blaslt_gemm(lt, E, 48, 2, 96, po.dw, 96, po.dx, 96, po.dacc, 48,
+                        nullptr) == 0 &&
+            po.matches(),
+        "layer: another shape at M=2 still runs");
+  ql_emu_blaslt_set_refuse_odd(0);
   ql__blaslt_free(lt);
   ql__blaslt_free(nullptr);
 

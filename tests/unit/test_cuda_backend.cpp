@@ -15,6 +15,8 @@
 // - q8c activation-quantized on x and y in device memory from
 //   QL_CUDA_IMMA_MIN_ROWS rows runs on our kernel, with the bytes of the
 //   host call on cuBLASLt's IMMA.
+// - f8r activation-quantized where cuBLASLt refuses a matmul at some M
+//   runs every M on the generic op.
 //
 // Each case runs in a child process: QL_CUDA_WAIT is read once per
 // process, and the emulated kernels run on fiber stacks (see
@@ -28,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "emu_blaslt.h"
 #include "emu_runtime.h"
 #include "ql_cuda.h"
 #include "ql_kernels.h"
@@ -372,6 +375,37 @@ void dev_aq_q8c(int64_t m) {
   ql_qweight_free(l.q);
 }
 
+// f8r activation-quantized where cuBLASLt refuses a matmul after its
+// heuristic chose an algorithm (the emulation refuses an odd token count,
+// so M = 1, the first call): the refusal holds for the shape, so every M
+// after it, those cuBLASLt would take too, runs on the generic op with its
+// bytes, and no matmul runs. A row alone and in a batch give one result.
+void f8r_refused() {
+  const ql_backend* b = cuda();
+  layer l = make_layer(QL_FORMAT_F8R, 64, 512);
+  const int64_t mmax = 4;
+  float x[mmax * 512], want[mmax * 64], y[mmax * 64];
+  for (float& v : x) v = randn();
+  CHECK(ql_linear_aq_ref(l.q, QL_DTYPE_F32, x, mmax, want) == 0);
+  // The FP8 tensor cores' sums (the emulation's model of an H200), which
+  // are not the generic op's: a row that took cuBLASLt would show.
+  ql_emu_blaslt_set_fp8_acc(14, 32, 128);
+  ql_emu_blaslt_set_refuse_odd(1);
+  const long ran = ql_emu_blaslt_matmuls();
+  const char* impl = nullptr;
+  for (int64_t m = 1; m <= mmax; m++) {
+    CHECK(ql_run_linear(b, QL_OP_LINEAR_AQ, l.q, nullptr, QL_DTYPE_F32, x, m,
+                        y, &impl) == 0);
+    CHECK(strcmp(impl, "cuda.cublaslt.linear_aq") == 0);
+    if (memcmp(y, want, size_t(m * l.n) * sizeof(float)) != 0)
+      fprintf(stderr, "M=%lld: not the bytes of the generic op\n",
+              (long long)m);
+    CHECK(memcmp(y, want, size_t(m * l.n) * sizeof(float)) == 0);
+  }
+  CHECK(ql_emu_blaslt_matmuls() == ran);
+  ql_qweight_free(l.q);
+}
+
 uint64_t now_ms() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -460,6 +494,8 @@ int main() {
     in_child(m >= 16 ? "AQ q8c on device tensors from the IMMA rows"
                      : "AQ q8c on device tensors below the IMMA rows",
              nullptr, nullptr, [m] { dev_aq_q8c(m); });
+  in_child("AQ f8r: a matmul cuBLASLt refuses holds for every M", nullptr,
+           nullptr, f8r_refused);
   in_child("late layout copies: WO q8b asymmetric", nullptr, nullptr,
            [] { late_layout(QL_OP_LINEAR_WO, QL_FORMAT_Q8B, 1, 65, 256); });
   in_child("late layout copies: AQ q4g", nullptr, nullptr,
