@@ -1617,7 +1617,7 @@ int run_qrows(const ql_qrows_args* a) {
   int rc;
   if ((rc = qrows_args(a, &src, &groups)) != 0) return rc;
   if ((rc = enter(&d, a->m)) != 0) return rc;
-  rc = qrows_on(d, a, src, groups);
+  if ((rc = qrows_on(d, a, src, groups)) != 0) quiesce(d);
   leave(d);
   return rc;
 }
