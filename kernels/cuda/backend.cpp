@@ -170,6 +170,7 @@ struct device {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  // lt's making and use
   lane lanes[kLanes];
   std::atomic<bool> failed{false};
+  std::atomic<bool> failing{false};  // why claimed (fail())
   char why[160] = "";             // set once, before failed
   ql__blaslt* lt = nullptr;       // cuBLASLt handle (lt_ready())
   std::atomic<int> lt_state{0};   // 0: not tried, 1: lt made, -1: failed
@@ -186,13 +187,17 @@ device g_dev[kMaxDevices];
 std::atomic<unsigned> g_timeout_ms{kDefaultTimeoutMs};
 thread_local int t_ordinal = 0;
 
-// Takes d out of service; the first reason stays.
+// Takes d out of service; the first reason stays. Two threads may fail
+// the device at once: the one that claims why writes it, and only then
+// sets failed, which readers of why test first; the other waits for that,
+// so that the device is out of service when either returns.
 int fail(device& d, const char* fmt, const char* what) {
-  bool was = d.failed.load();
-  if (!was) {
+  bool claimed = false;
+  if (d.failing.compare_exchange_strong(claimed, true)) {
     snprintf(d.why, sizeof d.why, fmt, what);
     d.failed.store(true);
   }
+  while (!d.failed.load()) sched_yield();
   return QL_EDEVICE;
 }
 
