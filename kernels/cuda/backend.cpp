@@ -592,7 +592,10 @@ int device_info(int o, ql_device_desc* out) {
   cudaDeviceProp p;
   if (o < 0 || o >= kMaxDevices) return QL_EINVAL;
   memset(&p, 0, sizeof p);
-  if (cudaGetDeviceProperties(&p, o) != cudaSuccess) return QL_EDEVICE;
+  if (cudaGetDeviceProperties(&p, o) != cudaSuccess) {
+    (void)cudaGetLastError();  // not an error of the thread's next op
+    return QL_EDEVICE;
+  }
   ql__cuda_device_name(reinterpret_cast<const unsigned char*>(p.uuid.bytes),
                        out->name, sizeof out->name);
   snprintf(out->alias, sizeof out->alias, "cuda:%d", o);

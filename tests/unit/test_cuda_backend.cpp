@@ -17,6 +17,7 @@
 //   host call on cuBLASLt's IMMA.
 // - f8r activation-quantized where cuBLASLt refuses a matmul at some M
 //   runs every M on the generic op.
+// - A failed device_info leaves no error behind for the next op.
 //
 // Each case runs in a child process: QL_CUDA_WAIT is read once per
 // process, and the emulated kernels run on fiber stacks (see
@@ -406,6 +407,27 @@ void f8r_refused() {
   ql_qweight_free(l.q);
 }
 
+// A device that cudaGetDeviceProperties cannot describe leaves no error
+// behind for the next op of the thread to take for its own: the device in
+// use stays in service.
+void info_error_cleared() {
+  const ql_backend* b = cuda();
+  layer l = make_layer(QL_FORMAT_Q4G, 32, 64);
+  float x[64], y[32];
+  for (float& v : x) v = randn();
+  int n = 0;
+  CHECK(cudaGetDeviceCount(&n) == cudaSuccess && n >= 1);
+  CHECK(b->device_bind(0) == 0);
+  ql_device_desc desc;
+  memset(&desc, 0, sizeof desc);
+  CHECK(b->device_info(n, &desc) == QL_EDEVICE);  // one past the last
+  CHECK(ql_run_linear(b, QL_OP_LINEAR_WO, l.q, nullptr, QL_DTYPE_F32, x, 1, y,
+                      nullptr) == 0);
+  char why[160] = "";
+  CHECK(b->device_error(0, why, sizeof why) == 0);
+  ql_qweight_free(l.q);
+}
+
 uint64_t now_ms() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -496,6 +518,8 @@ int main() {
              nullptr, nullptr, [m] { dev_aq_q8c(m); });
   in_child("AQ f8r: a matmul cuBLASLt refuses holds for every M", nullptr,
            nullptr, f8r_refused);
+  in_child("a failed device_info leaves no error behind", nullptr, nullptr,
+           info_error_cleared);
   in_child("late layout copies: WO q8b asymmetric", nullptr, nullptr,
            [] { late_layout(QL_OP_LINEAR_WO, QL_FORMAT_Q8B, 1, 65, 256); });
   in_child("late layout copies: AQ q4g", nullptr, nullptr,
