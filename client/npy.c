@@ -378,11 +378,19 @@ int ql__npy_parse_types(const void *buf, size_t len, unsigned types,
     return rv;
 
   types &= QL__NPY_ALL_TYPES;
-  for (size_t i = 0; i < N_TYPES; i++)
-    if ((types & QL__NPY_BIT(types_known[i].type)) &&
-        word_is(h.descr, h.descr_len, types_known[i].descr))
+  for (size_t i = 0; i < N_TYPES; i++) {
+    const char *want = types_known[i].descr;
+    if (!(types & QL__NPY_BIT(types_known[i].type)))
+      continue;
+    if (word_is(h.descr, h.descr_len, want))
       type = types_known[i].type;
-  if (type == 0 && h.descr_len == 3 && h.descr[0] == '>')
+    /* A byte has no byte order: '<u1', '>i1' and '=u1' are '|u1'. */
+    else if (types_known[i].size == 1 && h.descr_len == 3 &&
+             strchr("<>=|", h.descr[0]) != NULL &&
+             memcmp(h.descr + 1, want + 1, 2) == 0)
+      type = types_known[i].type;
+  }
+  if (type == 0 && h.descr_len == 3 && h.descr[0] == '>' && h.descr[2] != '1')
     return fail(err, errlen, "big-endian data ('%.*s') is not supported",
                 (int)h.descr_len, h.descr);
   if (type == 0) {

@@ -345,6 +345,31 @@ static int all_finite(const float *x, size_t n) {
   return 1;
 }
 
+/*
+ * Whether every dequantized value q·s + z of w is finite: |q|·|s| + |z|
+ * <= FLT_MAX for the largest |q| of the format (8 for q4g, 128 for q8c
+ * and q8b, 448 for f8r), bounded in double. Finite scales and zeros can
+ * still overflow there (q4g's -8·s with s near 2^125, a q8c scale past
+ * FLT_MAX/128), and the kernels that dequantize first would then give
+ * Inf where the reference, which factors the zero or scale out, gives a
+ * number. Returns the index of the first (scale, zero) pair past it, or
+ * -1 for none.
+ */
+int64_t ql__qweight_range_fault(const ql_qweight *w) {
+  size_t count = w->scale_bytes / ql_dtype_size(w->scale_dtype);
+  double qmax = w->format == QL_FORMAT_Q4G   ? 8.0
+                : w->format == QL_FORMAT_F8R ? (double)QL_E4M3_MAX
+                                             : 128.0;
+  for (size_t i = 0; i < count; i++) {
+    double b = qmax * fabs((double)ql_load_f32(w->scale_dtype, w->scale, i));
+    if (w->zero != NULL)
+      b += fabs((double)ql_load_f32(w->scale_dtype, w->zero, i));
+    if (!(b <= (double)FLT_MAX))
+      return (int64_t)i;
+  }
+  return -1;
+}
+
 int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
                         ql_dtype src_dtype, const void *w, const void *bias,
                         ql_qweight **out) {
@@ -434,6 +459,11 @@ int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
     if (rc != 0)
       goto fail;
   }
+  /* A row spanning nearly FLT_MAX: finite scales whose extreme code
+   * dequantizes past it (q8c's -128·amax/127). */
+  rc = QL_ENONFINITE;
+  if (ql__qweight_range_fault(qw) >= 0)
+    goto fail;
   free(row);
   *out = qw;
   return 0;

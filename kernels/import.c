@@ -38,8 +38,10 @@
  * so is q·scale + zero = (u - zp)·scale: the import dequantizes bit for bit
  * as TorchAO does. Rounding zero to bf16 instead changes about one element
  * in ten of the golden vectors (tests/data/golden/q4i_*, meta.txt
- * zero_in_scale_dtype_ndiff). With an f32 scale, zero rounds once; the
- * result is then within one ulp of TorchAO's.
+ * zero_in_scale_dtype_ndiff). With an f32 scale, q·scale, the zero and
+ * their sum each round once: the result is within about half an ulp of
+ * each of |q·scale|, |zero| and itself of TorchAO's, which can be several
+ * ulps of the result when q·scale and zero nearly cancel (6 seen).
  *
  * Every other array keeps its dtype and its bytes; nothing is read before
  * its dtype, shape and byte count have been checked, and the caller's
@@ -55,7 +57,8 @@
 #include "import.h"
 
 /* Sets of array dtypes, a bit per ql_array_dtype. */
-#define BIT(dt) (1u << (dt))
+/* 0 outside [0, 32): a dtype from a caller is tested before its range. */
+#define BIT(dt) ((unsigned)(dt) < 32u ? 1u << (unsigned)(dt) : 0u)
 #define FLOATS (BIT(QL_ADT_F32) | BIT(QL_ADT_F16) | BIT(QL_ADT_BF16))
 #define BYTES (BIT(QL_ADT_U8) | BIT(QL_ADT_I8))
 #define INTS (BIT(QL_ADT_I8) | BIT(QL_ADT_U8) | BIT(QL_ADT_I32))
@@ -301,6 +304,24 @@ static int check_finite(const char *name, ql_dtype dt, const void *arr,
   return 0;
 }
 
+/* Finite scales and zeros whose codes dequantize past FLT_MAX: the
+ * kernels that dequantize first would give Inf where the reference gives
+ * a number (TorchAO's integer zero point form, (u - zp)·s, stays finite
+ * where q·s + (8 - zp)·s does not). cols: as check_finite's. */
+static int check_range(const ql_qweight *w, size_t cols, char *err,
+                       size_t errlen) {
+  int64_t bad = ql__qweight_range_fault(w);
+  if (bad < 0)
+    return 0;
+  float sc = ql_load_f32(w->scale_dtype, w->scale, (size_t)bad);
+  float ze =
+      w->zero != NULL ? ql_load_f32(w->scale_dtype, w->zero, (size_t)bad) : 0;
+  return fail(err, errlen, QL_ENONFINITE,
+              "scale: %g (zero %g) at [%zu,%zu]: its codes dequantize past "
+              "the largest float",
+              (double)sc, (double)ze, (size_t)bad / cols, (size_t)bad % cols);
+}
+
 /* The integer zero point form: scale widened to f32, zero = (8 - zp)·scale
  * in f32 (see the top of the file). */
 static int import_int_zero(const ql_import_desc *d, ql_qweight *w, size_t g,
@@ -518,7 +539,13 @@ static int import(const ql_import_desc *d, int borrow, ql_qweight **out,
          (rc = check_finite("zero", sdt, w->zero, sb / ql_dtype_size(sdt),
                             nn, err, errlen))) ||
         (w->bias != NULL && (rc = check_finite("bias", QL_DTYPE_F32, w->bias,
-                                               nn, 1, err, errlen))))
+                                               nn, 1, err, errlen))) ||
+        (rc = check_range(w,
+                          d->format == QL_FORMAT_Q4G ||
+                                  d->format == QL_FORMAT_Q8B
+                              ? nn
+                              : 1,
+                          err, errlen)))
       goto fail;
     goto built;
   }
@@ -549,6 +576,8 @@ static int import(const ql_import_desc *d, int borrow, ql_qweight **out,
         goto fail;
     }
   }
+  if ((rc = check_range(w, cols, err, errlen)))
+    goto fail;
   if (w->bias != NULL) {
     /* The bias may be unaligned, and ql_to_f32 does not widen in place:
      * from an aligned temporary copy. */

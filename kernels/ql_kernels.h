@@ -171,12 +171,22 @@ int ql_qweight_sizes(ql_format f, uint32_t gs, int64_t n, int64_t k,
  * mirrors). bias [N] (same dtype as w) may be NULL. NaN or Inf anywhere in
  * w or bias fails with QL_ENONFINITE, and so does finite data whose scale
  * or zero is not finite once rounded to the scale dtype (e.g. |w| > ~8.3e6
- * with f16 q8c scales, or a q4g group spanning more than FLT_MAX). Errors:
+ * with f16 q8c scales, or a q4g group spanning more than FLT_MAX), or
+ * whose dequantized values would not be (a row reaching ~3.4e38 in q8c,
+ * whose code -128 is -128/127 of its largest value). Errors:
  * QL_EINVAL for a NULL p, w or out, a bad group size, or asymmetric not 0
  * (or, for q8b, not 0 or 1); then those of ql_qweight_sizes(). On success
  * *out is a new weight the caller owns; on failure *out is NULL and nothing
  * leaks. For q8c and f8r, group_size is set to K.
  */
+/*
+ * The index of w's first (scale, zero) pair whose extreme code dequantizes
+ * past FLT_MAX (|q|max·|s| + |z|, in double), or -1 when every
+ * dequantized value is finite. ql_qweight_quantize() and the imports
+ * refuse such weights with QL_ENONFINITE.
+ */
+int64_t ql__qweight_range_fault(const ql_qweight *w);
+
 int ql_qweight_quantize(const ql_quant_params *p, int64_t n, int64_t k,
                         ql_dtype src_dtype, const void *w, const void *bias,
                         ql_qweight **out);

@@ -2154,6 +2154,100 @@ START_TEST(test_import_borrowed) {
 }
 END_TEST
 
+/*
+ * Finite scales and zeros whose codes dequantize past FLT_MAX are refused
+ * (QL_ENONFINITE), by the imports and the quantizer: kernels that
+ * dequantize first would give Inf where the reference gives a number.
+ * TorchAO's integer zero point form makes such a zero itself: q4g, bf16
+ * scale 2^125, zp 1 is (u - 1)·s, finite, but -8·s overflows.
+ */
+START_TEST(test_dequant_range_refused) {
+  static const ql_format fmts[] = {QL_FORMAT_Q4G, QL_FORMAT_Q8C,
+                                   QL_FORMAT_Q8B, QL_FORMAT_F8R};
+  enum { N = 4, K = 64 };
+  float w[N * K];
+  uint64_t st = 78;
+  char err[256];
+  for (int i = 0; i < N * K; i++)
+    w[i] = (float)tu_rng_gauss(&st);
+  for (int f = 0; f < 4; f++) {
+    int gs = fmts[f] == QL_FORMAT_Q8C || fmts[f] == QL_FORMAT_F8R ? 0 : 32;
+    ql_quant_params p = {fmts[f], (uint32_t)gs, 0, QL_DTYPE_F32};
+    ql_qweight *q = NULL, *v = NULL;
+    ck_assert_int_eq(ql_qweight_quantize(&p, N, K, QL_DTYPE_F32, w, NULL, &q),
+                     0);
+    ck_assert_int_eq(ql__qweight_range_fault(q), -1);
+    ql_import_desc d = desc_of(q);
+    float *sc = q->scale, keep = sc[1];
+    /* the largest scale whose extreme code stays finite, then past it */
+    double qmax = fmts[f] == QL_FORMAT_Q4G   ? 8.0
+                  : fmts[f] == QL_FORMAT_F8R ? 448.0
+                                             : 128.0;
+    float zero1 = q->zero != NULL ? fabsf(((float *)q->zero)[1]) : 0.0f;
+    sc[1] = nextafterf((float)(((double)FLT_MAX - zero1) / qmax), 0.0f);
+    ck_assert_int_eq(ql__qweight_range_fault(q), -1);
+    ck_assert_int_eq(ql_qweight_import(&d, &v, err, sizeof err), 0);
+    ql_qweight_free(v);
+    sc[1] = (float)((double)FLT_MAX / qmax) * 1.001f;
+    ck_assert(isfinite(sc[1]));
+    ck_assert_int_eq(ql__qweight_range_fault(q), 1);
+    ck_assert_int_eq(ql_qweight_import(&d, &v, err, sizeof err),
+                     QL_ENONFINITE);
+    ck_assert_ptr_null(v);
+    ck_assert_ptr_nonnull(strstr(err, "scale"));
+    ck_assert_int_eq(ql_qweight_import_borrowed(&d, &v, err, sizeof err),
+                     QL_ENONFINITE);
+    sc[1] = keep;
+    ql_qweight_free(q);
+  }
+  /* The integer zero point form: 2^125 with zero point 1. */
+  {
+    uint8_t qd[16] = {0}, zp[1] = {1};
+    uint16_t s = 0x7E00; /* bf16 2^125 */
+    ql_import_desc d;
+    ql_qweight *v = NULL;
+    memset(&d, 0, sizeof d);
+    d.format = QL_FORMAT_Q4G;
+    d.group_size = 32;
+    d.n = 1;
+    d.k = 32;
+    d.zero_kind = QL_ZERO_INT;
+    d.qdata = (ql_array){qd, sizeof qd, QL_ADT_U8, 2, {1, 16}};
+    d.scale = (ql_array){&s, 2, QL_ADT_BF16, 2, {1, 1}};
+    d.zero = (ql_array){zp, 1, QL_ADT_U8, 2, {1, 1}};
+    ck_assert_int_eq(ql_qweight_import(&d, &v, err, sizeof err),
+                     QL_ENONFINITE);
+    ck_assert_ptr_null(v);
+    s = 0x7C00; /* 2^121: -8·s + 7·s fits */
+    ck_assert_int_eq(ql_qweight_import(&d, &v, err, sizeof err), 0);
+    float out[32];
+    ck_assert_int_eq(ql_qweight_dequantize(v, out), 0);
+    for (int i = 0; i < 32; i++)
+      ck_assert(isfinite(out[i]));
+    ql_qweight_free(v);
+  }
+  /* The quantizer: a q8c row reaching -FLT_MAX gives -128 for its most
+   * negative value, -128/127 of FLT_MAX. */
+  {
+    float row[K];
+    for (int i = 0; i < K; i++)
+      row[i] = 0.5f;
+    row[3] = -FLT_MAX;
+    ql_quant_params p = {QL_FORMAT_Q8C, 0, 0, QL_DTYPE_F32};
+    ql_qweight *q = (ql_qweight *)&q;
+    ck_assert_int_eq(ql_qweight_quantize(&p, 1, K, QL_DTYPE_F32, row, NULL,
+                                         &q),
+                     QL_ENONFINITE);
+    ck_assert_ptr_null(q);
+    row[3] = -1e38f; /* fits */
+    ck_assert_int_eq(ql_qweight_quantize(&p, 1, K, QL_DTYPE_F32, row, NULL,
+                                         &q),
+                     0);
+    ql_qweight_free(q);
+  }
+}
+END_TEST
+
 static Suite *formats_suite(void) {
   Suite *s = suite_create("formats");
   TCase *tc;
@@ -2201,6 +2295,7 @@ static Suite *formats_suite(void) {
   tcase_add_test(tc, test_f8r_default_scale_dtype);
   tcase_add_test(tc, test_check_and_dequantize_args);
   tcase_add_test(tc, test_import_borrowed);
+  tcase_add_test(tc, test_dequant_range_refused);
   tcase_add_loop_test(tc, test_src_dtype_widening, 0, NCFG);
   tcase_add_loop_test(tc, test_nmse_gaussian, 0, NCFG);
   suite_add_tcase(s, tc);

@@ -361,6 +361,13 @@ static const struct valid_case packed[] = {
      QL__NPY_I32, 1, 1, 1},
     {3, "{'shape': (4, 1), 'fortran_order': False, 'descr': '|i1'}", 4,
      QL__NPY_I8, 2, 4, 1},
+    /* a byte has no byte order: any mark is '|' (cnpy writes '<i1') */
+    {1, "{'descr': '<i1', 'fortran_order': False, 'shape': (1,)}", 1,
+     QL__NPY_I8, 1, 1, 1},
+    {1, "{'descr': '>u1', 'fortran_order': False, 'shape': (2,)}", 2,
+     QL__NPY_U8, 1, 2, 1},
+    {1, "{'descr': '=u1', 'fortran_order': False, 'shape': (2,)}", 2,
+     QL__NPY_U8, 1, 2, 1},
 };
 
 START_TEST(test_packed) {
@@ -413,8 +420,6 @@ END_TEST
  * parse as before, and what is malformed stays malformed. */
 #define I4 "'descr': '<i4', 'fortran_order': False, "
 static const struct bad_case bad_packed[] = {
-    {1, "{'descr': '<i1', 'fortran_order': False, 'shape': (1,)}", 1,
-     "'<i1' is not supported"},
     {1, "{'descr': '|u2', 'fortran_order': False, 'shape': (1,)}", 2,
      "'|u2' is not supported"},
     {1, "{'descr': '|i4', 'fortran_order': False, 'shape': (1,)}", 4,
@@ -423,6 +428,10 @@ static const struct bad_case bad_packed[] = {
      "'<u4' is not supported"},
     {1, "{'descr': '|b1', 'fortran_order': False, 'shape': (1,)}", 1,
      "'|b1' is not supported"},
+    {1, "{'descr': '<b1', 'fortran_order': False, 'shape': (1,)}", 1,
+     "'<b1' is not supported"},
+    {1, "{'descr': '!i1', 'fortran_order': False, 'shape': (1,)}", 1,
+     "'!i1' is not supported"},
     {1, "{'descr': 'i1', 'fortran_order': False, 'shape': (1,)}", 1,
      "not supported"},
     {1, "{'descr': '>i4', 'fortran_order': False, 'shape': (1,)}", 4,
