@@ -47,8 +47,9 @@ static int make_dir(const char *dir, char *made) {
 
 /*
  * Makes the socket directory (0700) if it is missing and checks that an
- * existing one is ours and not writable by others: the directory is the
- * access boundary of the socket.
+ * existing one is ours and writable by no one else: the directory is the
+ * access boundary of the sockets (its group may connect, not replace
+ * them).
  */
 static int prepare_socket_dir(const char *dir, char *made) {
   struct stat st;
@@ -58,8 +59,9 @@ static int prepare_socket_dir(const char *dir, char *made) {
     ql__err("%s is not a directory", dir);
     return QL_EIO;
   }
-  if (st.st_uid != getuid() || (st.st_mode & 0002)) {
-    ql__err("%s must belong to this user and not be world-writable", dir);
+  if (st.st_uid != getuid() || (st.st_mode & 0022)) {
+    ql__err("%s must belong to this user and be writable by no one else "
+            "(mode 0750 or 0700)", dir);
     return QL_EPERM;
   }
   return 0;
@@ -179,10 +181,17 @@ static int stored_placement(ql__server *s, const char *name,
  * keeps the file (a weight over the budget today may fit after a change of
  * configuration: it is never deleted for that).
  */
+/* Each stored weight loaded extends systemd's start timeout by this much
+ * (TimeoutStartSec bounds a start that stops making progress, not a large
+ * store: killed while loading, the daemon would be restarted to load it
+ * again, for good). */
+#define STORE_STEP_USEC (60u * 1000000u)
+
 static int load_stored(void *arg, const char *name, ql_qweight *q,
                        ql_path policy, const uint8_t digest[QL_DIGEST_BYTES],
                        const char *devices) {
   ql__server *s = arg;
+  ql__notify_extend_timeout(STORE_STEP_USEC); /* for the next file */
   ql__weight *w, *existing = NULL;
   ql__placement pl;
   uint64_t mask = 0;
@@ -227,6 +236,7 @@ static int open_store(ql__server *s) {
     return rc;
   }
   ql__notify_status("loading stored weights from %s", s->cfg.state_dir);
+  ql__notify_extend_timeout(STORE_STEP_USEC); /* for the first file */
   rc = ql__store_load_all(s->store, load_stored, s);
   if (rc < 0) {
     ql__err("cannot read the state directory %s: %s", s->cfg.state_dir,
@@ -268,8 +278,11 @@ static int open_admin(ql__server *s) {
   /* (ql__transport_open() logs why it failed) */
   ql__transport_limits lim;
   transport_limits(&s->cfg, &lim);
-  if ((rc = ql__transport_open(s->loop, s->admin_address, &lim,
-                               ql__handle_admin_message, s, &s->admin)) != 0)
+  mode_t um = umask(0117); /* born 0660: see ql__server_run */
+  rc = ql__transport_open(s->loop, s->admin_address, &lim,
+                          ql__handle_admin_message, s, &s->admin);
+  umask(um);
+  if (rc != 0)
     return rc;
   if (chmod(path, 0660) != 0)
     ql__warn("chmod %s: %s", path, strerror(errno));
@@ -552,8 +565,15 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
 
   ql__transport_limits lim;
   transport_limits(cfg, &lim);
-  if ((rc = ql__transport_open(&loop, s->address, &lim, ql__handle_message,
-                               s, &s->transport)) != 0) {
+  /* The sockets are created 0660 (the directory's group is the access
+   * boundary), not made so after: a client that connects as soon as one
+   * appears must not find it closed to its group. (chmod after, too, in
+   * case the transport creates it otherwise.) */
+  mode_t um = umask(0117);
+  rc = ql__transport_open(&loop, s->address, &lim, ql__handle_message, s,
+                          &s->transport);
+  umask(um);
+  if (rc != 0) {
     close_all(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;

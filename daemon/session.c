@@ -1173,8 +1173,10 @@ int ql__sessions_open(ql__server *s) {
   /* The caller owns the directory now (the request socket is bound), so
    * a file here is a leftover of a daemon that died. */
   unlink(o->path);
-  if (bind(o->fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-      listen(o->fd, 128) != 0)
+  mode_t um = umask(0117); /* born 0660, as the request socket */
+  int bound = bind(o->fd, (struct sockaddr *)&sa, sizeof sa);
+  umask(um);
+  if (bound != 0 || listen(o->fd, 128) != 0)
     goto fail;
   /* As for the request socket: the directory's group is the access
    * boundary, so the socket is group-writable whatever the umask. */

@@ -887,6 +887,15 @@ int ql__store_open(const char *state_dir, ql__store **out, char *err,
     rc = fail(err, errlen, QL_EINVAL, "%s is not a directory", state_dir);
     goto fail;
   }
+  /* Its files become weights every client is served, mapped as they are:
+   * anyone else who could write there could plant or truncate one. */
+  if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+    rc = fail(err, errlen, QL_EPERM, "state directory %s must belong to "
+              "this user and be writable by no one else (it is mode %04o, "
+              "uid %u)", state_dir, (unsigned)(st.st_mode & 07777),
+              (unsigned)st.st_uid);
+    goto fail;
+  }
   /* Two daemons on one directory would delete each other's temp files
    * and race on names: one holder at a time. */
   if (flock(s->dirfd, LOCK_EX | LOCK_NB) != 0) {

@@ -1058,6 +1058,130 @@ static void *slow_run(void *p) {
  * requests are still answered (Stats), and the pings resume once the
  * kernel returns.
  */
+/*
+ * A start that loads stored weights asks systemd for more time as it goes
+ * (EXTEND_TIMEOUT_USEC before READY=1): under the unit's TimeoutStartSec
+ * a large store was killed while loading, and restarted to load it again.
+ */
+START_TEST(store_load_extends_start) {
+  char dir[64], st[128], sock[108];
+  snprintf(dir, sizeof dir, "/tmp/ql-extend-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(st, sizeof st, "%s/store", dir);
+  const char *args[] = {"--state-dir", st, NULL};
+  td d;
+  td_start(&d, args);
+  ql_client *a = td_connect_admin(&d);
+  td_layer l;
+  td_layer_make(&l, 16, 64, 7, 0);
+  ck_assert_int_eq(load(a, "ext/w", &l, QL_FORMAT_Q8C, 0, 1, NULL), 0);
+  ql_close(a);
+  ck_assert_int_eq(td_stop(&d), 0);
+
+  snprintf(sock, sizeof sock, "/tmp/ql-notify-x%d", (int)getpid());
+  unlink(sock);
+  int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(nfd, 0);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+  ck_assert_int_eq(bind(nfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  setenv("NOTIFY_SOCKET", sock, 1);
+  td_start(&d, args);
+  unsetenv("NOTIFY_SOCKET");
+  int extended = 0, ready = 0;
+  char buf[512];
+  for (int64_t t0 = td_now_ms(); !ready && td_now_ms() - t0 < 5000;) {
+    struct pollfd p = {nfd, POLLIN, 0};
+    if (poll(&p, 1, 100) != 1)
+      continue;
+    ssize_t n = recv(nfd, buf, sizeof buf - 1, 0);
+    if (n <= 0)
+      continue;
+    if (memmem(buf, (size_t)n, "READY=1", 7) != NULL)
+      ready = 1;
+    else if (memmem(buf, (size_t)n, "EXTEND_TIMEOUT_USEC=", 20) != NULL)
+      extended++;
+  }
+  ck_assert(ready);
+  ck_assert_int_ge(extended, 1);
+  ql_client *c = td_connect(&d);
+  ck_assert(matches(c, "ext/w", &l, QL_FORMAT_Q8C, 0, 8));
+  ql_close(c);
+  td_layer_free(&l);
+  ck_assert_int_eq(td_stop(&d), 0);
+  close(nfd);
+  unlink(sock);
+}
+END_TEST
+
+/* A socket or state directory that others may write is refused: they
+ * could replace the sockets, or plant a weight that every client would be
+ * served. */
+START_TEST(dirs_writable_by_others_refused) {
+  char base[64], run[128], st[128], log[4096];
+  snprintf(base, sizeof base, "/tmp/ql-dirs-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(base));
+  snprintf(run, sizeof run, "%s/run", base);
+  snprintf(st, sizeof st, "%s/store", base);
+  ck_assert_int_eq(mkdir(run, 0700), 0);
+  ck_assert_int_eq(mkdir(st, 0700), 0);
+  const char *args[] = {"--state-dir", st, NULL};
+  td d;
+  ck_assert_int_eq(chmod(st, 0770), 0);
+  ck_assert_int_eq(td_start_or_exit(&d, run, args, log, sizeof log), 1);
+  ck_assert_msg(strstr(log, st) != NULL && strstr(log, "writable") != NULL,
+                "%s", log);
+  ck_assert_int_eq(chmod(st, 0750), 0);
+  ck_assert_int_eq(chmod(run, 0770), 0);
+  ck_assert_int_eq(td_start_or_exit(&d, run, args, log, sizeof log), 1);
+  ck_assert_msg(strstr(log, run) != NULL && strstr(log, "writable") != NULL,
+                "%s", log);
+  ck_assert_int_eq(chmod(run, 0750), 0);
+  ck_assert_int_eq(td_start_or_exit(&d, run, args, log, sizeof log), 0);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* The sockets are born 0660, the mode clients of the directory's group
+ * need: one seen the moment it appears is already so (it was made so
+ * after bind(), and a client connecting at once could find it 0755). */
+START_TEST(sockets_born_with_their_mode) {
+  char base[64], run[128], st[128], path[160];
+  snprintf(base, sizeof base, "/tmp/ql-mode-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(base));
+  snprintf(run, sizeof run, "%s/run", base);
+  snprintf(st, sizeof st, "%s/store", base);
+  snprintf(path, sizeof path, "%s/qlineard.sock", run);
+  ck_assert_int_eq(mkdir(run, 0700), 0);
+  const char *qld = getenv("QLINEARD");
+  ck_assert_ptr_nonnull(qld);
+  mode_t um = umask(022);
+  for (int i = 0; i < 20; i++) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+      int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, 2);
+      execl(qld, qld, "--socket-dir", run, "--state-dir", st, (char *)NULL);
+      _exit(127);
+    }
+    struct stat sb;
+    int64_t t0 = td_now_ms();
+    while (stat(path, &sb) != 0 && td_now_ms() - t0 < 10000)
+      ;
+    ck_assert_msg(td_now_ms() - t0 < 10000, "no socket");
+    ck_assert_msg((sb.st_mode & 0777) == 0660, "start %d: %s born %04o", i,
+                  path, (unsigned)(sb.st_mode & 0777));
+    kill(pid, SIGTERM);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  }
+  umask(um);
+}
+END_TEST
+
 START_TEST(watchdog_hang) {
   char sock[108];
   snprintf(sock, sizeof sock, "/tmp/ql-notify-%d", (int)getpid());
@@ -1150,6 +1274,9 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, disk_full);
   tcase_add_test(tc, runtime_dir_full);
   tcase_add_test(tc, watchdog_hang);
+  tcase_add_test(tc, store_load_extends_start);
+  tcase_add_test(tc, dirs_writable_by_others_refused);
+  tcase_add_test(tc, sockets_born_with_their_mode);
   suite_add_tcase(s, tc);
   return tu_run_suite(s, CK_NORMAL);
 }
