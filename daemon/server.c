@@ -600,6 +600,15 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   /* systemd arms its watchdog at READY; ping at half its period. */
   uint64_t wd = ql__notify_watchdog_usec();
   if (wd > 0) {
+    /* Two ticks without a completion stop the pings: a hang must end in
+     * its device's timeout (QL_EDEVICE, the others serving on) first. */
+    if (cfg->kernel_timeout_ms * 1000u >= wd / 2)
+      ql__warn("kernel_timeout_ms (%llu ms) is not below half the watchdog "
+               "interval (%llu ms): a kernel hung that long gets the whole "
+               "daemon restarted by the watchdog, rather than its device "
+               "taken out of service",
+               (unsigned long long)cfg->kernel_timeout_ms,
+               (unsigned long long)(wd / 1000));
     uv_timer_start(&s->watchdog, on_watchdog, wd / 2000, wd / 2000);
     uv_unref((uv_handle_t *)&s->watchdog);
   }

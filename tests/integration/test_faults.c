@@ -1201,6 +1201,11 @@ START_TEST(watchdog_hang) {
   unsetenv("NOTIFY_SOCKET");
   unsetenv("WATCHDOG_USEC");
   unsetenv("QL_TEST_KERNEL_DELAY_MS");
+  /* the default kernel_timeout_ms (10 s) against a 400 ms watchdog */
+  char *log = td_read_log(&d);
+  ck_assert_msg(strstr(log, "not below half the watchdog interval") != NULL,
+                "%s", log);
+  free(log);
   ql_client *c = td_connect(&d);
   td_layer l;
   td_layer_make(&l, 16, 64, 6, 0);
