@@ -43,7 +43,8 @@ expect() {
 daemon=$!
 export QLINEAR_ADDRESS="ipc://$dir/sock/qlineard.sock"
 i=0
-until [ -S "$dir/sock/qlineard.sock" ]; do
+# admin.sock is bound after the request and session sockets
+until [ -S "$dir/sock/qlineard.sock" ] && [ -S "$dir/sock/admin/admin.sock" ]; do
   i=$((i + 1)); [ $i -lt 200 ] || { echo "daemon did not start"; cat "$dir/daemon.log"; exit 1; }
   sleep 0.05
 done

@@ -37,6 +37,16 @@ def _daemon_env():
     return env
 
 
+def _die_with_parent():
+    """In the daemon's child before exec: SIGTERM when the test process
+    dies (a killed pytest left its daemon running)."""
+    import ctypes
+    import signal
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG,
+                                            int(signal.SIGTERM), 0, 0, 0)
+
+
 class Daemon:
     """A qlineard started for the tests; address is its request socket."""
 
@@ -54,10 +64,13 @@ class Daemon:
             [self.bin, "--socket-dir", sock, "--state-dir",
              os.path.join(self.dir, "state"), "--crossover-rows", "16",
              "--log-level", "info"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=_daemon_env())
+            stdout=self.log, stderr=subprocess.STDOUT, env=_daemon_env(),
+            preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 20
-        path = os.path.join(sock, "qlineard.sock")
-        while not os.path.exists(path):
+        # admin.sock is bound after the request and session sockets
+        paths = [os.path.join(sock, "qlineard.sock"),
+                 os.path.join(sock, "admin", "admin.sock")]
+        while not all(os.path.exists(p) for p in paths):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError("qlineard did not start:\n" + self.text())
