@@ -107,8 +107,9 @@ static int wait_serving(td *d) {
   char path[300];
   snprintf(path, sizeof path, "%s/qlineard.sock", d->dir);
   for (int i = 0; i < 1000; i++) {
-    /* session.sock comes right after qlineard.sock. */
-    if (socket_accepts(path) && td_session_open(d, &d->sess) == 0)
+    /* session.sock comes right after qlineard.sock, admin.sock last. */
+    if (socket_accepts(path) && access(d->admin + 6, F_OK) == 0 &&
+        td_session_open(d, &d->sess) == 0)
       return 0;
     int st;
     if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
