@@ -192,7 +192,7 @@ static void answer_list(ql__server *s, ql__sched_req *list);
  * came to be settled. */
 static void run_settled(ql__server *s) {
   uint64_t done = atomic_load(&s->lin->early_done);
-  settle_wait *w = s->lin->waiting, *rev = NULL, **keep = &s->lin->waiting;
+  settle_wait *w, *rev = NULL, **keep = &s->lin->waiting;
   /* The list is pushed at its head, so targets fall along it: the ones
    * due are its tail. */
   while (*keep != NULL && (*keep)->target > done)

@@ -521,6 +521,8 @@ static int import(const ql_import_desc *d, int borrow, ql_qweight **out,
   w->scale_dtype = sdt;
   w->qdata_bytes = qb;
   w->scale_bytes = sb;
+  /* columns of the [G, N] arrays, for messages; [N] ones are a column */
+  cols = d->format == QL_FORMAT_Q4G || d->format == QL_FORMAT_Q8B ? nn : 1;
   if (borrow) {
     /* Never written through the weight (ql_qweight.borrowed). */
     w->borrowed = 1;
@@ -530,22 +532,13 @@ static int import(const ql_import_desc *d, int borrow, ql_qweight **out,
     w->bias = (float *)d->bias.data;
     if ((rc = check_qdata(d, w, err, errlen)) ||
         (rc = check_finite("scale", sdt, w->scale, sb / ql_dtype_size(sdt),
-                           d->format == QL_FORMAT_Q4G ||
-                                   d->format == QL_FORMAT_Q8B
-                               ? nn
-                               : 1,
-                           err, errlen)) ||
+                           cols, err, errlen)) ||
         (w->zero != NULL &&
          (rc = check_finite("zero", sdt, w->zero, sb / ql_dtype_size(sdt),
                             nn, err, errlen))) ||
         (w->bias != NULL && (rc = check_finite("bias", QL_DTYPE_F32, w->bias,
                                                nn, 1, err, errlen))) ||
-        (rc = check_range(w,
-                          d->format == QL_FORMAT_Q4G ||
-                                  d->format == QL_FORMAT_Q8B
-                              ? nn
-                              : 1,
-                          err, errlen)))
+        (rc = check_range(w, cols, err, errlen)))
       goto fail;
     goto built;
   }
@@ -560,7 +553,6 @@ static int import(const ql_import_desc *d, int borrow, ql_qweight **out,
 
   if ((rc = import_qdata(d, w, err, errlen)))
     goto fail;
-  cols = d->format == QL_FORMAT_Q4G || d->format == QL_FORMAT_Q8B ? nn : 1;
   if (int_zero) {
     if ((rc = import_int_zero(d, w, g, err, errlen)))
       goto fail;

@@ -1058,6 +1058,21 @@ static void *slow_run(void *p) {
  * requests are still answered (Stats), and the pings resume once the
  * kernel returns.
  */
+/* A datagram socket at a fresh path standing in for systemd's
+ * NOTIFY_SOCKET; its path in sock (108 bytes). */
+static int notify_listen(char *sock, const char *tag) {
+  snprintf(sock, 108, "/tmp/ql-notify-%s%d", tag, (int)getpid());
+  unlink(sock);
+  int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(nfd, 0);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+  ck_assert_int_eq(bind(nfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  return nfd;
+}
+
 /*
  * A start that loads stored weights asks systemd for more time as it goes
  * (EXTEND_TIMEOUT_USEC before READY=1): under the unit's TimeoutStartSec
@@ -1078,15 +1093,7 @@ START_TEST(store_load_extends_start) {
   ql_close(a);
   ck_assert_int_eq(td_stop(&d), 0);
 
-  snprintf(sock, sizeof sock, "/tmp/ql-notify-x%d", (int)getpid());
-  unlink(sock);
-  int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  ck_assert_int_ge(nfd, 0);
-  struct sockaddr_un sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sun_family = AF_UNIX;
-  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
-  ck_assert_int_eq(bind(nfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  int nfd = notify_listen(sock, "x");
   setenv("NOTIFY_SOCKET", sock, 1);
   td_start(&d, args);
   unsetenv("NOTIFY_SOCKET");
@@ -1184,15 +1191,7 @@ END_TEST
 
 START_TEST(watchdog_hang) {
   char sock[108];
-  snprintf(sock, sizeof sock, "/tmp/ql-notify-%d", (int)getpid());
-  unlink(sock);
-  int nfd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  ck_assert_int_ge(nfd, 0);
-  struct sockaddr_un sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sun_family = AF_UNIX;
-  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
-  ck_assert_int_eq(bind(nfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  int nfd = notify_listen(sock, "");
   setenv("NOTIFY_SOCKET", sock, 1);
   setenv("WATCHDOG_USEC", "400000", 1);
   setenv("QL_TEST_KERNEL_DELAY_MS", "4000", 1);

@@ -149,9 +149,6 @@ _DTYPE_CODES = {"f32": _lib.QL_DTYPE_F32, "f16": _lib.QL_DTYPE_F16,
 _DTYPE_NAMES = {v: k for k, v in _DTYPE_CODES.items()}
 _DTYPE_SIZES = {_lib.QL_DTYPE_F32: 4, _lib.QL_DTYPE_F16: 2,
                 _lib.QL_DTYPE_BF16: 2}
-# The NumPy dtypes an array given with dtype=NAME may have.
-_DTYPE_CARRIERS = {"f32": ("float32",), "f16": ("float16",),
-                   "bf16": ("bfloat16", "uint16", "int16")}
 
 
 def _dtype_code(arr, dtype):
@@ -197,6 +194,8 @@ _ADT_CARRIERS = {"f32": ("float32",), "f16": ("float16",),
                  "bf16": ("bfloat16", "uint16", "int16"), "i8": ("int8",),
                  "u8": ("uint8",), "i32": ("int32",),
                  "e4m3": ("float8_e4m3fn", "uint8", "int8")}
+# The NumPy dtypes an array given with dtype=NAME (a float) may have.
+_DTYPE_CARRIERS = {k: _ADT_CARRIERS[k] for k in _DTYPE_CODES}
 
 
 def _c_contig(arr):
