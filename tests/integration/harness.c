@@ -1,5 +1,6 @@
 /* harness.c - see harness.h. */
 #include <dirent.h>
+#include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -703,6 +704,44 @@ int td_child_floats(int (*fn)(void *arg, float *out), void *arg, float *y,
   memcpy(y, out, bytes);
   munmap(out, bytes);
   return status;
+}
+
+/* Set in a td_spawn_self() child's environment to the uid it becomes. */
+#define SELF_UID_ENV "QL_TEST_BECOME_UID"
+
+pid_t td_spawn_self(char *const argv[], int as_other) {
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    if (as_other) {
+      char v[16];
+      snprintf(v, sizeof v, "%u", (unsigned)TD_OTHER_UID);
+      if (setenv(SELF_UID_ENV, v, 1) != 0)
+        _exit(3);
+    } else {
+      unsetenv(SELF_UID_ENV);
+    }
+    execv("/proc/self/exe", argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+void td_self_init(void) {
+  const char *v = getenv(SELF_UID_ENV);
+  if (v == NULL)
+    return;
+  char *end;
+  unsigned long uid = strtoul(v, &end, 10);
+  if (*v == '\0' || *end != '\0' || uid != TD_OTHER_UID)
+    _exit(3);
+  unsetenv(SELF_UID_ENV); /* its own children are not marked */
+  /* Groups first (they need root), then the uid: real, effective and
+   * saved, so that nothing can take root back. */
+  if (setgroups(0, NULL) != 0 || setgid(0) != 0 ||
+      setuid((uid_t)uid) != 0 || getuid() != (uid_t)uid ||
+      geteuid() != (uid_t)uid || setuid(0) == 0 || chdir("/") != 0)
+    _exit(3);
 }
 
 int td_run_suite(Suite *s) {

@@ -265,6 +265,32 @@ int td_linear_backend(const td *d, const char *backend, const char *weight,
 int td_child_floats(int (*fn)(void *arg, float *out), void *arg, float *y,
                     size_t n);
 
+/* The user the second-user cases run as: nobody's uid, not the daemon's. */
+#define TD_OTHER_UID 65534
+
+/*
+ * Runs this program again (/proc/self/exe with argv, argv[0] first and
+ * NULL-terminated) in a child and returns its pid. With as_other, the
+ * child becomes TD_OTHER_UID (group 0 kept: the daemon's sockets are
+ * 0660) only after exec, in td_self_init(), so that the program and its
+ * libraries are loaded while it is still root: a build under a directory
+ * the other user cannot enter (a clone in a 0700 home) runs it all the
+ * same. The peer credentials are taken at connect, so the child must not
+ * connect before td_self_init(). as_other needs root (the caller checks
+ * geteuid()). A child that cannot become the other user exits 3; one
+ * whose exec fails, 127.
+ */
+pid_t td_spawn_self(char *const argv[], int as_other);
+
+/*
+ * Called first in main() of a program whose children td_spawn_self()
+ * starts: in such a child started as_other, drops every group but 0 and
+ * becomes TD_OTHER_UID for good (the saved uid too: it cannot become root
+ * again), then moves to "/" (the build directory may be closed to it);
+ * _exit(3) when any of that fails. Does nothing in any other process.
+ */
+void td_self_init(void);
+
 /* Runs the suite (check's CK_NORMAL output) and returns the exit status
  * for main(): 0 when no test failed, else 1. Frees the suite. */
 int td_run_suite(Suite *s);

@@ -1238,9 +1238,8 @@ enum {
   MAP_UID_MAPS     /* as another user: MapWeight answered */
 };
 
-/* The user a MAP_UID_* client runs as (group 0 kept, for the sockets):
- * nobody's uid, not the daemon's. */
-#define OTHER_UID 65534
+/* A MAP_UID_* client runs as TD_OTHER_UID (group 0 kept, for the
+ * sockets), from td_self_init() on. */
 
 /* One mapped launch of h on x (m rows), into out (m·N floats). */
 static int mapped_run(ql_mapped *h, const float *x, uint64_t m, float *out) {
@@ -1285,7 +1284,7 @@ static void mapped_client(const char *address, const char *weight, int what,
   if (what == MAP_UID_REFUSED || what == MAP_UID_MAPS) {
     ql_weight_map wm;
     int rc = ql_map_weight(c, weight, NULL, &wm);
-    if (getuid() != OTHER_UID)
+    if (getuid() != TD_OTHER_UID)
       goto done;
     if (what == MAP_UID_MAPS) {
       ok = rc == 0 && wm.fd >= 0;
@@ -1348,26 +1347,19 @@ static void mc_start(mc *p, const td *d, const char *weight, int what,
   p->out = mkstemp(tmpl);
   ck_assert_int_ge(p->out, 0);
   unlink(tmpl);
-  p->pid = fork();
-  ck_assert_int_ge(p->pid, 0);
-  if (p->pid == 0) {
-    char a[7][32];
-    /* Another user, in group 0 (the daemon's sockets are 0660). */
-    if ((what == MAP_UID_REFUSED || what == MAP_UID_MAPS) &&
-        (setgroups(0, NULL) != 0 || setgid(0) != 0 ||
-         setuid(OTHER_UID) != 0))
-      _exit(3);
-    snprintf(a[0], sizeof a[0], "%d", what);
-    snprintf(a[1], sizeof a[1], "%llu", (unsigned long long)m);
-    snprintf(a[2], sizeof a[2], "%llu", (unsigned long long)seed);
-    snprintf(a[3], sizeof a[3], "%d", p->out);
-    snprintf(a[4], sizeof a[4], "%d", sync_r);
-    snprintf(a[5], sizeof a[5], "%d", sync_w);
-    execl("/proc/self/exe", "test_cuda_daemon", "--mapped-client",
-          d->address, weight, a[0], a[1], a[2], a[3], a[4], a[5],
-          (char *)NULL);
-    _exit(127);
-  }
+  char a[6][32];
+  snprintf(a[0], sizeof a[0], "%d", what);
+  snprintf(a[1], sizeof a[1], "%llu", (unsigned long long)m);
+  snprintf(a[2], sizeof a[2], "%llu", (unsigned long long)seed);
+  snprintf(a[3], sizeof a[3], "%d", p->out);
+  snprintf(a[4], sizeof a[4], "%d", sync_r);
+  snprintf(a[5], sizeof a[5], "%d", sync_w);
+  char *const argv[] = {"test_cuda_daemon", "--mapped-client",
+                        (char *)d->address, (char *)weight, a[0], a[1],
+                        a[2], a[3], a[4], a[5], NULL};
+  /* Another user, in group 0, from after exec (td_spawn_self()). */
+  p->pid =
+      td_spawn_self(argv, what == MAP_UID_REFUSED || what == MAP_UID_MAPS);
 }
 
 /* Waits for p; its wait status, and y (floats of it) when it wrote
@@ -1450,7 +1442,7 @@ END_TEST
 /*
  * What is refused, with the daemon serving on: a weight the session does
  * not hold, a device it is not on, the CPU's layout, another user under
- * mapped_mode = owner (as root: a client run as OTHER_UID), mapped_mode =
+ * mapped_mode = owner (as root: a client run as TD_OTHER_UID), mapped_mode =
  * off; a write through a mapping kills the writer (read-only), not the
  * daemon.
  */
@@ -1670,6 +1662,7 @@ START_TEST(mapped_unload_and_kill) {
 END_TEST
 
 int main(int argc, char **argv) {
+  td_self_init(); /* a mapping client as another user: from here on */
   if (argc > 1 && strcmp(argv[1], "--mapped-client") == 0) {
     if (argc != 10)
       _exit(2); /* never the suite again */
@@ -1696,8 +1689,14 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, regions_pinned_bound);
   tcase_add_test(tc, no_driver);
   tcase_add_test(tc, mapped_two_clients);
-  tcase_add_test(tc, mapped_refused);
   tcase_add_test(tc, mapped_unload_and_kill);
   suite_add_tcase(s, tc);
+  /* The cases with a client of another user, apart so that
+   * test_private_build.sh can run them alone (CK_RUN_CASE=second_uid)
+   * from a copy under a 0700 directory. */
+  TCase *uid = tcase_create("second_uid");
+  tcase_set_timeout(uid, 300);
+  tcase_add_test(uid, mapped_refused);
+  suite_add_tcase(s, uid);
   return td_run_suite(s);
 }
