@@ -180,23 +180,6 @@ int ql__calibrate_busy(const ql__server *s) {
   return s->calib != NULL && s->calib->busy;
 }
 
-uint32_t ql__calibrate_rows(const ql__server *s, const ql__weight *w, int dev,
-                            int *measured) {
-  if (measured != NULL)
-    *measured = 0;
-  if (s->cfg.crossover_rows != 0)
-    return s->cfg.crossover_rows;
-  for (unsigned d = 0; dev < 0 && d < s->n_dev; d++)
-    if (w->devices >> d & 1)
-      dev = (int)d;
-  if (dev >= 0 && dev < QL__MAX_DEVICES && (w->crossover_known >> dev & 1)) {
-    if (measured != NULL)
-      *measured = 1;
-    return w->crossover[dev];
-  }
-  return s->cfg.crossover_default_rows;
-}
-
 /* Gives w its shape's crossover on device dev unless it has one, and its
  * launch times there to the scheduler, which sizes prefill chunks by
  * them. */

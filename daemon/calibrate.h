@@ -40,12 +40,8 @@ void ql__calibrate_start(ql__server *s);
  * measurement. */
 void ql__calibrate_weight(ql__server *s, ql__weight *w);
 
-/* The crossover AUTO requests of w use on device dev now (dev < 0: on the
- * first device that holds it, accelerators first); *measured (may be
- * NULL) is 1 for a measured one, 0 for the default or the config's fixed
- * value. */
-uint32_t ql__calibrate_rows(const ql__server *s, const ql__weight *w, int dev,
-                            int *measured);
+/* The crossover AUTO requests use: ql__weight_crossover_rows (weights.h),
+ * which reads what ql__calibrate_weight gave the weight. */
 
 /* 1 while a measurement is under way (the drain waits). */
 int ql__calibrate_busy(const ql__server *s);

@@ -4,7 +4,6 @@
  * the two writers (--print-config, --help).
  */
 #include "conf.h"
-#include "session.h" /* QL_SESSIONS_MAX */
 
 #include <assert.h>
 #include <errno.h>

@@ -30,6 +30,9 @@
 
 #include "qlineard.h"
 
+/* Sessions open at once (session.c), the bound of max_sessions_per_uid. */
+#define QL_SESSIONS_MAX 256
+
 typedef enum ql__opt_type {
   QL_OPT_PATH,     /* absolute path, no control characters or '"' */
   QL_OPT_UINT,     /* decimal integer */

@@ -14,26 +14,29 @@
 #include <unistd.h>
 
 #include "fastpath.h"
-#include "handlers.h"
 #include "log.h"
 #include "ql_ring.h"
 #include "route.h"
-#include "session.h"
+#include "worker.h"
 
 /* Requests taken from one ring per pass, so that one busy client does not
  * hold the loop. */
 #define BURST 32
 
 struct ql__fastpaths {
-  ql__server *s;
+  uv_loop_t *loop;
+  const uint32_t *spin_us;     /* the owner's, read on every use */
+  const ql__fastpath_ops *ops; /* what rings call up */
+  void *arg;
   uv_idle_t spin;     /* active while any ring is hot */
   ql__fastpath *hot;  /* rings polled on every turn of the loop */
+  ql__fastpath_counts counts;
 };
 
 struct ql__fastpath {
   ql__fastpaths *fps;
-  struct ql__session *ss; /* NULL once the session ended */
-  uint64_t session_id;
+  void *owner;      /* NULL once the owner ended */
+  uint64_t owner_id; /* names it in the log */
   ql_ring ring;     /* our own view: geometry never read back */
   int bell;         /* the eventfd the client writes */
   uv_poll_t poll;   /* on bell */
@@ -85,7 +88,7 @@ static void fp_unref(ql__fastpath *fp) {
 }
 
 static uint64_t spin_ns(const ql__fastpath *fp) {
-  return (uint64_t)fp->fps->s->cfg.ring_spin_us * 1000u;
+  return (uint64_t)*fp->fps->spin_us * 1000u;
 }
 
 static void on_spin(uv_idle_t *h);
@@ -116,12 +119,13 @@ static void unlink_hot(ql__fastpath *fp) {
     }
 }
 
-/* The client broke the ring's rules: its session ends (the ring with it). */
+/* The client broke the ring's rules: its owner ends (the ring with it). */
 static void violation(ql__fastpath *fp, const char *what) {
   ql__warn("session %llu: ring: %s; ending the session",
-           (unsigned long long)fp->session_id, what);
-  if (fp->ss != NULL)
-    ql__session_end(fp->ss, "it broke the rules of its ring");
+           (unsigned long long)fp->owner_id, what);
+  if (fp->owner != NULL)
+    fp->fps->ops->violation(fp->fps->arg, fp->owner,
+                            "it broke the rules of its ring");
 }
 
 /* ------------------------------------------------------------ completions */
@@ -232,8 +236,8 @@ static void post_error(ql__fastpath *fp, uint64_t tag, int code,
   resp.status = &st;
   st.code = code;
   st.message = (char *)msg;
-  fp->fps->s->counters.errors++;
-  fp->fps->s->counters.bytes_out += post(fp, tag, &resp);
+  fp->fps->counts.answered++;
+  fp->fps->counts.bytes_out += post(fp, tag, &resp);
 }
 
 /* ------------------------------------------------------------ requests */
@@ -243,9 +247,9 @@ static void post_error(ql__fastpath *fp, uint64_t tag, int code,
  * Returns the number taken; a broken ring ends the session (fp->dead).
  */
 static unsigned drain(ql__fastpath *fp) {
-  ql__server *s = fp->fps->s;
+  ql__fastpaths *fps = fp->fps;
   unsigned taken = 0;
-  fp->refs++; /* handling may end the session */
+  fp->refs++; /* handling may end the owner */
   while (!fp->dead && taken < BURST) {
     uint32_t avail, room;
     if (ql__ring_sq_avail(&fp->ring, fp->sq_head, &avail) != 0) {
@@ -281,9 +285,8 @@ static unsigned drain(ql__fastpath *fp) {
     ql__ring_sq_release(&fp->ring, ++fp->sq_head);
     fp->in_flight++;
     taken++;
-    s->counters.ring_requests++;
+    fps->counts.taken++;
     if (rc != 0) {
-      s->counters.requests++;
       post_error(fp, tag, rc, "the ring slot claims more bytes than a slot "
                  "holds");
       fp->in_flight--;
@@ -291,7 +294,6 @@ static unsigned drain(ql__fastpath *fp) {
     }
     ring_route *rt = malloc(sizeof *rt);
     if (rt == NULL) {
-      s->counters.requests++;
       post_error(fp, tag, QL_ENOMEM, "out of memory");
       fp->in_flight--;
       continue;
@@ -301,8 +303,7 @@ static unsigned drain(ql__fastpath *fp) {
     rt->tag = tag;
     rt->taken_ns = ql__now_ns();
     fp->refs++;
-    ql__session_touch(fp->ss);
-    ql__handle_ring_message(s, fp->ss, fp->buf, len, rt);
+    fps->ops->message(fps->arg, fp->owner, fp->buf, len, rt);
   }
   fp_unref(fp);
   return taken;
@@ -401,19 +402,30 @@ static void on_bell(uv_poll_t *p, int status, int events) {
 
 /* ------------------------------------------------------------ life */
 
-int ql__fastpaths_open(ql__server *s, ql__fastpaths **out) {
+int ql__fastpaths_open(uv_loop_t *loop, const uint32_t *spin_us,
+                       const ql__fastpath_ops *ops, void *arg,
+                       ql__fastpaths **out) {
   ql__fastpaths *fps = calloc(1, sizeof *fps);
   *out = NULL;
   if (fps == NULL)
     return QL_ENOMEM;
-  fps->s = s;
-  if (uv_idle_init(s->loop, &fps->spin) != 0) {
+  fps->loop = loop;
+  fps->spin_us = spin_us;
+  fps->ops = ops;
+  fps->arg = arg;
+  if (uv_idle_init(loop, &fps->spin) != 0) {
     free(fps);
     return QL_EINTERNAL;
   }
   fps->spin.data = fps;
   *out = fps;
   return 0;
+}
+
+void ql__fastpaths_counts(const ql__fastpaths *fps, ql__fastpath_counts *out) {
+  out->taken += fps->counts.taken;
+  out->answered += fps->counts.answered;
+  out->bytes_out += fps->counts.bytes_out;
 }
 
 static void on_fps_closed(uv_handle_t *h) { free(h->data); }
@@ -424,7 +436,7 @@ void ql__fastpaths_close(ql__fastpaths *fps) {
   uv_close((uv_handle_t *)&fps->spin, on_fps_closed);
 }
 
-int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
+int ql__fastpath_create(ql__fastpaths *fps, void *owner, uint64_t owner_id,
                         uint32_t entries, ql__fastpath **out, int *ring_fd,
                         int *bell_fd, char *err, size_t errlen) {
   int fd = -1, bell = -1, rc;
@@ -465,7 +477,7 @@ int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
   }
   ql__ring_format(base, entries, &fp->ring);
   base = MAP_FAILED; /* fp->ring owns it now */
-  if (uv_poll_init(fps->s->loop, &fp->poll, bell) != 0) {
+  if (uv_poll_init(fps->loop, &fp->poll, bell) != 0) {
     rc = QL_EINTERNAL;
     snprintf(err, errlen, "create_ring: cannot poll the doorbell");
     munmap(fp->ring.hdr, fp->ring.size);
@@ -474,8 +486,8 @@ int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
   fp->poll.data = fp;
   pthread_mutex_init(&fp->cq_mu, NULL);
   fp->fps = fps;
-  fp->ss = ss;
-  fp->session_id = ql__session_id(ss);
+  fp->owner = owner;
+  fp->owner_id = owner_id;
   fp->bell = bell;
   fp->refs = 2; /* the session's and the poll handle's */
   uv_poll_start(&fp->poll, UV_READABLE, on_bell);
@@ -516,7 +528,7 @@ void ql__fastpath_end(ql__fastpath *fp) {
   if (fp == NULL || fp->dead)
     return;
   fp->dead = 1;
-  fp->ss = NULL;
+  fp->owner = NULL;
   unlink_hot(fp);
   uv_close((uv_handle_t *)&fp->poll, on_poll_closed);
   fp_unref(fp); /* the session's */

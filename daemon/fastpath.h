@@ -3,10 +3,12 @@
  * daemon's reader of requests and writer of completions.
  *
  * A ring carries Linear and LinearMulti requests whose results go to the
- * session's regions or device memory; each is handled exactly as on the
- * request socket (handlers.h: the same decoding, checks, quotas, deadlines
- * and scheduler), and its Response is packed into a completion slot
- * instead of a socket. Everything here runs on the loop thread, which never
+ * session's regions or device memory; each is handed up, through the
+ * message callback the rings were opened with, to be handled exactly as
+ * on the request socket (the same decoding, checks, quotas, deadlines and
+ * scheduler), and its Response is packed into a completion slot instead
+ * of a socket. The ring knows nothing of sessions or handlers: it calls
+ * up only through ql__fastpath_ops (as a transport does, transport.h). Everything here runs on the loop thread, which never
  * blocks on the ring: it reads a ring when its doorbell (an eventfd the
  * loop polls) rings, and keeps polling a ring that was busy within the
  * last ring_spin_us without sleeping (a uv_idle handle), so that a client
@@ -26,15 +28,43 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "qlineard.h"
+#include <uv.h>
 
-struct ql__session;
 typedef struct ql__fastpaths ql__fastpaths;
 typedef struct ql__fastpath ql__fastpath;
 
-/* The daemon's set of rings and its spin handle; on success *out is the
- * caller's, released by ql__fastpaths_close(). */
-int ql__fastpaths_open(ql__server *s, ql__fastpaths **out);
+/* What a ring calls up, on the loop thread; arg is ql__fastpaths_open's,
+ * owner the ring's (ql__fastpath_create). */
+typedef struct ql__fastpath_ops {
+  /* A request copied out of owner's ring (len bytes of buf, valid for
+   * the call only): handle it and answer it through route, a ql__route
+   * (route.h) that the callee owns from then on. */
+  void (*message)(void *arg, void *owner, const void *buf, size_t len,
+                  void *route);
+  /* owner's client broke the ring's rules (why says how): end what the
+   * ring belongs to, which ends the ring (ql__fastpath_end). */
+  void (*violation)(void *arg, void *owner, const char *why);
+} ql__fastpath_ops;
+
+/* What the rings counted themselves, for Stats. */
+typedef struct ql__fastpath_counts {
+  uint64_t taken;     /* requests taken from rings */
+  uint64_t answered;  /* of them, answered by the ring itself (a slot it
+                         could not read, no memory for a route) */
+  uint64_t bytes_out; /* bytes of those answers */
+} ql__fastpath_counts;
+
+/* The daemon's set of rings and its spin handle on loop. A ring keeps
+ * polling for *spin_us after it was busy (read on every use: the owner
+ * may change it live, on the loop thread). ops (kept, not copied) and arg
+ * are what rings call up with. On success *out is the caller's, released
+ * by ql__fastpaths_close(). */
+int ql__fastpaths_open(uv_loop_t *loop, const uint32_t *spin_us,
+                       const ql__fastpath_ops *ops, void *arg,
+                       ql__fastpaths **out);
+
+/* Adds what the rings counted so far to *out. */
+void ql__fastpaths_counts(const ql__fastpaths *fps, ql__fastpath_counts *out);
 
 /* Closes the spin handle once every ring ended (ql__fastpath_end); the
  * memory is freed by libuv's close callback. Safe on NULL. */
@@ -43,13 +73,13 @@ void ql__fastpaths_close(ql__fastpaths *fps);
 /*
  * Makes a ring of entries slots per queue (0: QL_RING_DEFAULT_ENTRIES;
  * else a power of two in [QL_RING_MIN_ENTRIES, QL_RING_MAX_ENTRIES]) for
- * session ss. On success *ring_fd (the sealed memfd) and *bell_fd (the
+ * owner (passed to the ops; owner_id names it in the log). On success *ring_fd (the sealed memfd) and *bell_fd (the
  * eventfd the client writes) are descriptors for the caller to pass to the
  * client and then close, and *out is the session's until ql__fastpath_end.
  * QL_EINVAL for a bad size, QL_ENOMEM / QL_EEXHAUSTED / QL_EIO from the
  * system, with err set.
  */
-int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
+int ql__fastpath_create(ql__fastpaths *fps, void *owner, uint64_t owner_id,
                         uint32_t entries, ql__fastpath **out, int *ring_fd,
                         int *bell_fd, char *err, size_t errlen);
 
@@ -57,7 +87,7 @@ int ql__fastpath_create(ql__fastpaths *fps, struct ql__session *ss,
 uint64_t ql__fastpath_bytes(const ql__fastpath *fp);
 
 /*
- * The session ended: the ring reads nothing more, replies still to come
+ * Its owner ended: the ring reads nothing more, replies still to come
  * are dropped, and it is unmapped once the last request that holds it has
  * been answered. Safe on NULL.
  */

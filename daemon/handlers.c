@@ -15,6 +15,7 @@
 #include "linear.h"
 #include "registry.h"
 #include "protocol.h"
+#include "reload.h"
 #include "reply.h"
 #include "session.h"
 #include "store.h"
@@ -32,6 +33,14 @@ typedef struct info_buf {
   Qlinear__V1__DeviceCrossover xo[QL__MAX_DEVICES];
   Qlinear__V1__DeviceCrossover *xos[QL__MAX_DEVICES];
 } info_buf;
+
+/* The crossover AUTO requests of w use on device dev (dev < 0: the first
+ * that holds it), under the config's fixed and default values. */
+static uint32_t crossover_rows(const ql__server *s, const ql__weight *w,
+                               int dev, int *measured) {
+  return ql__weight_crossover_rows(w, dev, s->cfg.crossover_rows,
+                                   s->cfg.crossover_default_rows, measured);
+}
 
 static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
   qlinear__v1__weight_info__init(&b->info);
@@ -54,7 +63,7 @@ static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
   b->info.digest.len = QL_DIGEST_BYTES;
   b->info.bytes_resident = w->bytes + w->dev_bytes;
   int measured;
-  b->info.crossover_rows = ql__calibrate_rows(s, w, -1, &measured);
+  b->info.crossover_rows = crossover_rows(s, w, -1, &measured);
   b->info.crossover_measured = measured != 0;
   b->info.n_devices = 0;
   for (unsigned d = 0; d < s->n_dev; d++) {
@@ -63,7 +72,7 @@ static void fill_info(const ql__server *s, info_buf *b, ql__weight *w) {
     Qlinear__V1__DeviceCrossover *x = &b->xo[b->info.n_devices];
     qlinear__v1__device_crossover__init(x);
     x->device = (char *)s->dev[d].name;
-    x->rows = ql__calibrate_rows(s, w, (int)d, &measured);
+    x->rows = crossover_rows(s, w, (int)d, &measured);
     x->measured = measured != 0;
     b->xos[b->info.n_devices] = x;
     b->devices[b->info.n_devices++] = (char *)s->dev[d].name;
@@ -187,7 +196,7 @@ static void on_load_begin(ql__server *s, ql__session *ss,
   tmpl.has_bias = sp->has_bias;
   tmpl.asymmetric = sp->asymmetric;
   tmpl.persistent = sp->persistent;
-  tmpl.admin = ss == NULL;
+  tmpl.owner = ss != NULL ? ql__session_id(ss) : 0;
   tmpl.last_ns = ql__now_ns();
   if (sp->persistent && ss != NULL) {
     ql__reply_set_error(r, QL_EPERM, "load_begin: persistent loads go through the "
@@ -208,7 +217,8 @@ static void on_load_begin(ql__server *s, ql__session *ss,
     ql__reply_set_error(r, rc, "load_begin: %s", why);
     return;
   }
-  if (ss != NULL && ql__session_upload_room(s, ss) != 0) {
+  if (ss != NULL && ql__uploads_count_owned(s->uploads, tmpl.owner) >=
+                        QL_SESSION_MAX_UPLOADS) {
     ql__reply_set_error(r, QL_EEXHAUSTED, "load_begin: the session already has %d "
               "uploads in progress", QL_SESSION_MAX_UPLOADS);
     return;
@@ -222,8 +232,6 @@ static void on_load_begin(ql__server *s, ql__session *ss,
       ql__reply_set_error(r, rc, "load_begin: cannot allocate %zu bytes", tmpl.total);
     return;
   }
-  if (ss != NULL)
-    ql__session_upload_add(ss, up->id);
   qlinear__v1__load_begin_response__init(out);
   out->upload_id = up->id;
   out->total_bytes = up->total;
@@ -236,12 +244,8 @@ static void on_load_begin(ql__server *s, ql__session *ss,
  * exist. */
 static ql__upload *session_upload(ql__server *s, ql__session *ss,
                                   uint64_t id) {
-  ql__upload *up = ql__uploads_get(s->uploads, id);
-  if (up == NULL)
-    return NULL;
-  if (ss == NULL)
-    return up->admin ? up : NULL;
-  return !up->admin && ql__session_upload_owns(ss, id) ? up : NULL;
+  return ql__uploads_get_owned(s->uploads, id,
+                               ss != NULL ? ql__session_id(ss) : 0);
 }
 
 static void on_load_chunk(ql__server *s, ql__session *ss,
@@ -542,8 +546,6 @@ static void commit_done(uv_work_t *work, int status) {
              (unsigned long long)w->q->n, (unsigned long long)w->q->k,
              w->bytes, (unsigned long long)c->session_id);
   }
-  if (ss != NULL)
-    ql__session_upload_forget(ss, c->up->id);
   if (!later) {
     if (r.status.code == 0)
       reply_committed(s, c->route, c->request_id, w, existing != NULL);
@@ -623,8 +625,6 @@ static void on_load_abort(ql__server *s, ql__session *ss,
     return;
   }
   ql__uploads_remove(s->uploads, up);
-  if (ss != NULL)
-    ql__session_upload_forget(ss, m->upload_id);
   qlinear__v1__load_abort_response__init(out);
   r->resp.body_case = QLINEAR__V1__RESPONSE__BODY_LOAD_ABORT;
   r->resp.load_abort = out;
@@ -795,7 +795,7 @@ static void stats_one(ql__weight *w, void *arg) {
     st->bytes_resident = c->s->dev[d].host ? w->bytes
                                            : w->lay[d].packed_bytes;
     int measured;
-    st->crossover_rows = ql__calibrate_rows(c->s, w, (int)d, &measured);
+    st->crossover_rows = crossover_rows(c->s, w, (int)d, &measured);
     st->crossover_measured = measured != 0;
     ql__linear_stats(c->s, w, d, st, c->hist[c->n][0], c->hist[c->n][1]);
     c->ptrs[c->n] = st;
@@ -836,10 +836,14 @@ static void stats_reply(ql__server *s, ql__request *req, void *route,
     ql__weight_store_foreach(s->weights, stats_one, &sc);
     qlinear__v1__stats_response__init(&stats);
     stats.uptime_ns = ql__now_ns() - s->start_ns;
-    stats.requests = s->counters.requests;
-    stats.errors = s->counters.errors;
+    /* Requests a ring answered itself (a slot it could not read) never
+     * reached handle(): they count here. */
+    ql__fastpath_counts rings = {0, 0, 0};
+    ql__sessions_ring_counts(s, &rings);
+    stats.requests = s->counters.requests + rings.answered;
+    stats.errors = s->counters.errors + rings.answered;
     stats.bytes_in = s->counters.bytes_in;
-    stats.bytes_out = s->counters.bytes_out;
+    stats.bytes_out = s->counters.bytes_out + rings.bytes_out;
     stats.weights = n;
     stats.uploads_in_progress = ql__uploads_count(s->uploads);
     stats.per_weight = sc.ptrs;
@@ -863,7 +867,7 @@ static void stats_reply(ql__server *s, ql__request *req, void *route,
     stats.n_devices = s->n_dev;
     stats.persistent_weights = s->persistent_count;
     stats.rings = ql__sessions_rings(s);
-    stats.ring_requests = s->counters.ring_requests;
+    stats.ring_requests = rings.taken;
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
     r.resp.stats = &stats;
   } while (0);
@@ -1077,7 +1081,16 @@ void ql__handle_admin_message(void *arg, const void *buf, size_t len,
   handle(arg, 1, NULL, buf, len, route);
 }
 
-void ql__handle_ring_message(ql__server *s, ql__session *ss, const void *buf,
-                             size_t len, void *route) {
-  handle(s, 0, ss, buf, len, route);
+static void ring_message(void *arg, void *owner, const void *buf, size_t len,
+                         void *route) {
+  ql__session *ss = owner;
+  ql__session_touch(ss);
+  handle(arg, 0, ss, buf, len, route);
 }
+
+static void ring_violation(void *arg, void *owner, const char *why) {
+  (void)arg;
+  ql__session_end(owner, why);
+}
+
+const ql__fastpath_ops ql__handlers_ring_ops = {ring_message, ring_violation};

@@ -29,11 +29,11 @@ void ql__handle_message(void *arg, const void *body, size_t len, void *route);
 void ql__handle_admin_message(void *arg, const void *body, size_t len,
                               void *route);
 
-/* A request taken from session ss's ring (fastpath.h): handled as on the
- * request socket, for that session, limited to what a ring carries. buf is
- * valid only during the call; route is consumed. */
-void ql__handle_ring_message(ql__server *s, ql__session *ss, const void *buf,
-                             size_t len, void *route);
+/* What sessions' rings call up (fastpath.h), with the ql__server as arg
+ * and the ring's session as owner: a request taken from the ring is
+ * handled as on the request socket, for that session, limited to what a
+ * ring carries; a ring whose rules were broken ends its session. */
+extern const ql__fastpath_ops ql__handlers_ring_ops;
 
 /* Number of requests accepted and not yet answered (commits and linear
  * jobs), for the shutdown drain. */

@@ -9,7 +9,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "calibrate.h"
 #include "devices.h"
 #include "ipc.h"
 #include "linear.h"
@@ -1291,6 +1290,14 @@ static int ze_imports(ql__server *s, ql__session *ss,
   return 1;
 }
 
+/* The crossover AUTO requests of w use on device dev (dev < 0: the first
+ * that holds it), under the config's fixed and default values. */
+static uint32_t crossover_rows(const ql__server *s, const ql__weight *w,
+                               int dev, int *measured) {
+  return ql__weight_crossover_rows(w, dev, s->cfg.crossover_rows,
+                                   s->cfg.crossover_default_rows, measured);
+}
+
 /*
  * The path of an AUTO request of m rows on w (DESIGN §6): weight-only
  * below the crossover of the device it runs on, else activation-quantized.
@@ -1302,14 +1309,14 @@ static int ze_imports(ql__server *s, ql__session *ss,
 static ql_path auto_path(const ql__server *s, const ql__weight *w,
                          uint64_t holders, uint64_t m, int *on) {
   if (*on >= 0)
-    return m < ql__calibrate_rows(s, w, *on, NULL) ? QL_PATH_WEIGHT_ONLY
-                                                   : QL_PATH_ACT_QUANT;
+    return m < crossover_rows(s, w, *on, NULL) ? QL_PATH_WEIGHT_ONLY
+                                               : QL_PATH_ACT_QUANT;
   int aq = 0, wo = 0, best = -1;
   uint64_t best_load = 0;
   for (unsigned d = 0; d < s->n_dev; d++) {
     if (!(holders >> d & 1))
       continue;
-    if (m < ql__calibrate_rows(s, w, (int)d, NULL))
+    if (m < crossover_rows(s, w, (int)d, NULL))
       wo = 1;
     else
       aq = 1;
@@ -1321,8 +1328,8 @@ static ql_path auto_path(const ql__server *s, const ql__weight *w,
   }
   if (aq && wo) {
     *on = best;
-    return m < ql__calibrate_rows(s, w, best, NULL) ? QL_PATH_WEIGHT_ONLY
-                                                    : QL_PATH_ACT_QUANT;
+    return m < crossover_rows(s, w, best, NULL) ? QL_PATH_WEIGHT_ONLY
+                                                : QL_PATH_ACT_QUANT;
   }
   return aq ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY;
 }

@@ -121,7 +121,6 @@ int ql__mul_size(size_t a, size_t b, size_t c, size_t *out);
  * messages. */
 const char *ql__format_name(int f);
 
-/* Weights of one LinearMulti request. */
-#define QL_MULTI_MAX 16
+/* Weights of one LinearMulti request: QL_MULTI_MAX, in ql_defs.h. */
 
 #endif /* QL_PROTOCOL_H */

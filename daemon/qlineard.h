@@ -111,8 +111,8 @@ typedef struct ql__config {
 
 
 typedef struct ql__counters {
-  uint64_t requests; /* requests received (decodable or not) */
-  uint64_t ring_requests; /* of them, through rings */
+  uint64_t requests; /* requests received (decodable or not); those a
+                        ring answered itself are the ring's (fastpath.h) */
   uint64_t errors;   /* replies with a non-zero status */
   uint64_t bytes_in;
   uint64_t bytes_out;
@@ -171,11 +171,5 @@ typedef struct ql__server {
  * argv (kept, not copied) is parsed again on SIGHUP. */
 int ql__server_run(const ql__config *cfg, int argc, char **argv);
 
-/* Reads the configuration again (SIGHUP, or ReloadConfig on the admin
- * socket) and applies what can change live; report says what changed and
- * what needs a restart. All or nothing: a bad file, or device budgets
- * that cannot apply, change nothing and give QL_EINVAL (QL_ENOMEM), report
- * saying why. */
-int ql__server_reload(ql__server *s, char *report, size_t len);
 
 #endif /* QLINEARD_H */

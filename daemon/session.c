@@ -21,7 +21,6 @@
 #include "ipc.h"
 #include "log.h"
 #include "protocol.h"
-#include "linear.h"
 #include "ql_ring.h"
 #include "session.h"
 
@@ -60,8 +59,6 @@ struct ql__session {
   uint64_t region_bytes;
   hold **held; /* weights this session holds */
   size_t n_held, cap_held;
-  uint64_t uploads[QL_SESSION_MAX_UPLOADS]; /* uploads it began */
-  size_t n_uploads;
   ql__ipc_table *ipc;    /* IPC imports (ipc.h), NULL until the first */
   ql__fastpath *ring;    /* its ring (fastpath.h), or NULL */
   ql__weight **mapped;   /* weights it mapped (one reference each): their
@@ -71,6 +68,9 @@ struct ql__session {
   ql__session *next;     /* every session */
   ql__session *tok_next; /* open sessions by token */
 };
+
+/* What may run when a session ends (ql__sessions_add_end_hook). */
+#define MAX_END_HOOKS 4
 
 struct ql__sessions {
   ql__server *s;
@@ -83,6 +83,11 @@ struct ql__sessions {
   ql__session *by_token[TOKEN_BUCKETS];
   hold *holds[HOLD_BUCKETS];
   ql__fastpaths *rings; /* every session's ring (fastpath.h) */
+  struct {
+    void (*fn)(void *arg, uint64_t session_id);
+    void *arg;
+  } end_hooks[MAX_END_HOOKS]; /* ql__sessions_add_end_hook */
+  size_t n_end_hooks;
   uint64_t next_session_id, next_region_id;
   uint64_t regions, region_bytes; /* over every session */
   int closing_handles;            /* close callbacks still to come */
@@ -332,40 +337,6 @@ int ql__session_release(ql__server *s, ql__session *ss, const char *name) {
   return 0;
 }
 
-/* ---------------------------------------------------------------- uploads */
-
-int ql__session_upload_room(ql__server *s, ql__session *ss) {
-  /* Forget uploads that ended without us (the idle sweep). */
-  for (size_t i = 0; i < ss->n_uploads;) {
-    if (ql__uploads_get(s->uploads, ss->uploads[i]) == NULL)
-      ss->uploads[i] = ss->uploads[--ss->n_uploads];
-    else
-      i++;
-  }
-  return ss->n_uploads < QL_SESSION_MAX_UPLOADS ? 0 : QL_EEXHAUSTED;
-}
-
-void ql__session_upload_add(ql__session *ss, uint64_t id) {
-  if (ss->n_uploads < QL_SESSION_MAX_UPLOADS)
-    ss->uploads[ss->n_uploads++] = id;
-}
-
-int ql__session_upload_owns(const ql__session *ss, uint64_t id) {
-  for (size_t i = 0; i < ss->n_uploads; i++)
-    if (ss->uploads[i] == id)
-      return 1;
-  return 0;
-}
-
-void ql__session_upload_forget(ql__session *ss, uint64_t id) {
-  for (size_t i = 0; i < ss->n_uploads; i++) {
-    if (ss->uploads[i] == id) {
-      ss->uploads[i] = ss->uploads[--ss->n_uploads];
-      return;
-    }
-  }
-}
-
 /* --------------------------------------------------------------- sessions */
 
 uid_t ql__session_uid(const ql__session *ss) { return ss->uid; }
@@ -411,6 +382,23 @@ void ql__sessions_expire(ql__server *s, uint64_t lease_ns) {
       session_end(ss, "its lease expired");
     }
   }
+}
+
+int ql__sessions_add_end_hook(ql__server *s,
+                              void (*fn)(void *arg, uint64_t session_id),
+                              void *arg) {
+  ql__sessions *o = s->sessions;
+  if (o == NULL || o->n_end_hooks >= MAX_END_HOOKS)
+    return QL_EEXHAUSTED;
+  o->end_hooks[o->n_end_hooks].fn = fn;
+  o->end_hooks[o->n_end_hooks].arg = arg;
+  o->n_end_hooks++;
+  return 0;
+}
+
+void ql__sessions_ring_counts(const ql__server *s, ql__fastpath_counts *out) {
+  if (s->sessions != NULL)
+    ql__fastpaths_counts(s->sessions->rings, out);
 }
 
 uint64_t ql__sessions_rings(const ql__server *s) {
@@ -471,8 +459,10 @@ static void session_end(ql__session *ss, const char *why) {
   o->count--;
   /* Its ring reads nothing more; replies still to come are dropped. */
   ring_destroy(ss);
-  /* Its waiting requests go first: their replies go nowhere now. */
-  ql__linear_session_ended(s, ss->id);
+  /* Its waiting requests go first (the dispatcher's hook): their replies
+   * go nowhere now. */
+  for (size_t i = 0; i < o->n_end_hooks; i++)
+    o->end_hooks[i].fn(o->end_hooks[i].arg, ss->id);
   size_t nreg = ss->n_regions, nheld = ss->n_held;
   /* Imports that requests still use close when the last one ends. */
   size_t nipc = ql__ipc_table_free(ss->ipc);
@@ -485,12 +475,8 @@ static void session_end(ql__session *ss, const char *why) {
    * layouts it mapped may go now. */
   while (ss->n_mapped > 0)
     ql__weight_unref(ss->mapped[--ss->n_mapped]);
-  for (size_t i = 0; i < ss->n_uploads; i++) {
-    ql__upload *up = ql__uploads_get(s->uploads, ss->uploads[i]);
-    if (up != NULL && !up->committing)
-      ql__uploads_remove(s->uploads, up);
-  }
-  ss->n_uploads = 0;
+  /* (One being committed finds its session gone when it completes.) */
+  (void)ql__uploads_drop_owner(s->uploads, ss->id);
   OPENSSL_cleanse(ss->token, sizeof ss->token);
   ql__info("session %llu (pid %ld) ended: %s; %zu region%s destroyed, %zu "
            "weight%s released, %zu IPC allocation%s let go",
@@ -585,8 +571,8 @@ static int ring_create(ql__session *ss, uint32_t entries, ql__fastpath **out,
              (unsigned long long)ss->region_bytes);
     return QL_EEXHAUSTED;
   }
-  int rc = ql__fastpath_create(o->rings, ss, entries, out, ring_fd, bell_fd,
-                               err, errlen);
+  int rc = ql__fastpath_create(o->rings, ss, ss->id, entries, out, ring_fd,
+                               bell_fd, err, errlen);
   if (rc != 0)
     return rc;
   ss->ring = *out;
@@ -1141,7 +1127,8 @@ static void on_listener_closed(uv_handle_t *h) {
   free(o);
 }
 
-int ql__sessions_open(ql__server *s) {
+int ql__sessions_open(ql__server *s, const ql__fastpath_ops *ring_ops,
+                      void *ring_arg) {
   struct sockaddr_un sa;
   int rc = QL_EIO;
   ql__sessions *o = calloc(1, sizeof *o);
@@ -1151,7 +1138,8 @@ int ql__sessions_open(ql__server *s) {
   }
   o->s = s;
   o->fd = -1;
-  if (ql__fastpaths_open(s, &o->rings) != 0) {
+  if (ql__fastpaths_open(s->loop, &s->cfg.ring_spin_us, ring_ops, ring_arg,
+                         &o->rings) != 0) {
     ql__err("cannot open the session socket: out of memory");
     free(o);
     return QL_ENOMEM;

@@ -26,10 +26,12 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "conf.h"
+#include "fastpath.h"
 #include "qlineard.h"
 
 /* Limits, in one place until they become config options. */
-#define QL_SESSIONS_MAX 256           /* sessions open at once */
+/* QL_SESSIONS_MAX, sessions open at once: conf.h (an option bounds by it) */
 #define QL_SESSION_MAX_REGIONS 64     /* regions of one session */
 #define QL_SESSION_MAX_REGION_BYTES ((uint64_t)4 << 30) /* their sizes */
 #define QL_SESSION_MAX_WEIGHTS 1024   /* weights one session holds */
@@ -55,10 +57,27 @@ typedef struct ql__session ql__session;
 /*
  * Binds <socket_dir>/session.sock (replacing a file left there: the caller
  * has made sure no other daemon owns the directory) and starts accepting
- * sessions on s->loop; s->sessions is set on success. Returns 0 or a QL_E*
- * code (logged); on failure nothing is left open.
+ * sessions on s->loop; s->sessions is set on success. Sessions' rings
+ * (fastpath.h) call up through ring_ops (kept, not copied) with ring_arg,
+ * each with the ring's session as its owner. Returns 0 or a QL_E* code
+ * (logged); on failure nothing is left open.
  */
-int ql__sessions_open(ql__server *s);
+int ql__sessions_open(ql__server *s, const ql__fastpath_ops *ring_ops,
+                      void *ring_arg);
+
+/*
+ * Adds fn to what runs when a session ends (its socket closed, its lease
+ * expired, ql__session_end, or the daemon stopping), after its ring has
+ * stopped reading and before its regions and holds are released; fn gets
+ * arg and the session's id. At most a few (QL_EEXHAUSTED past that), each
+ * added once, on the loop thread, before the loop runs.
+ */
+int ql__sessions_add_end_hook(ql__server *s,
+                              void (*fn)(void *arg, uint64_t session_id),
+                              void *arg);
+
+/* Adds what the sessions' rings counted themselves to *out (Stats). */
+void ql__sessions_ring_counts(const ql__server *s, ql__fastpath_counts *out);
 
 /*
  * Ends every session (releasing what they hold, as if each client had
@@ -114,17 +133,6 @@ int ql__session_hold(ql__server *s, ql__session *ss, ql__weight *w);
  * QL_EPERM if it mapped it (MapWeight): that hold ends with the session.
  */
 int ql__session_release(ql__server *s, ql__session *ss, const char *name);
-
-/*
- * Uploads belong to the session that began them. upload_room is 0 when the
- * session may begin another (QL_EEXHAUSTED otherwise); upload_add records
- * one (after upload_room said yes; it cannot fail then); upload_owns tells
- * whether the session began upload id; upload_forget drops the record.
- */
-int ql__session_upload_room(ql__server *s, ql__session *ss);
-void ql__session_upload_add(ql__session *ss, uint64_t id);
-int ql__session_upload_owns(const ql__session *ss, uint64_t id);
-void ql__session_upload_forget(ql__session *ss, uint64_t id);
 
 /* The lease, a backstop for a peer that keeps its socket open but is gone
  * (stopped, or its descriptor leaked into a process that never exits):

@@ -749,7 +749,7 @@ static int parse(const uint8_t *buf, size_t len, int borrow,
               "imported weight");
     goto done;
   }
-  if ((rc = ql__weight_digest(q, digest)) != 0) {
+  if ((rc = ql__qweight_digest(q, digest)) != 0) {
     rc = fail(err, errlen, rc == QL_ENOMEM ? QL_ENOMEM : QL_EINTERNAL,
               "cannot compute the digest");
     goto done;
@@ -1219,7 +1219,7 @@ int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
   if ((rc = ql_qweight_check(q)) != 0)
     return fail(err, errlen, QL_EINVAL, "not a canonical weight (%s)",
                 ql_err_name(rc));
-  if ((rc = ql__weight_digest(q, check)) != 0)
+  if ((rc = ql__qweight_digest(q, check)) != 0)
     return fail(err, errlen, rc, "cannot compute the digest");
   if (memcmp(check, digest, QL_DIGEST_BYTES) != 0)
     return fail(err, errlen, QL_EINVAL, "digest does not match the weight");

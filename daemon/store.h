@@ -8,7 +8,7 @@
  * an flock on the directory for the store's life):
  *
  *   <digest>-<tag>.safetensors   one file per stored name. <digest> is the
- *       64 hex digits of the weight's content digest (ql__weight_digest),
+ *       64 hex digits of the weight's content digest (ql__qweight_digest),
  *       <tag> the first 32 hex digits of SHA-256("qlinear-store-name\0" +
  *       name). The client's name never becomes a path (names hold '/'),
  *       yet the file of a name is found without an index: two names with
@@ -51,7 +51,7 @@
 #include <stdint.h>
 
 #include "ql_kernels.h"
-#include "weights.h"
+#include "digest.h"
 
 /* Largest JSON header accepted (ours are under 2 KiB). */
 #define QL_STORE_MAX_HEADER ((uint64_t)65536)
@@ -103,7 +103,7 @@ int ql__store_load_all(ql__store *s, ql__store_load_cb cb, void *arg);
 
 /*
  * Writes q (canonical, checked with ql_qweight_check) under name
- * (ql__name_valid) with its digest (must equal ql__weight_digest(q): it is
+ * (ql__name_valid) with its digest (must equal ql__qweight_digest(q): it is
  * recomputed and compared, since a wrong one would make the file fail at
  * the next start) and path policy. Atomic and durable when it returns 0:
  * a temp file in the directory (O_CREAT|O_EXCL, 0640), every byte written,

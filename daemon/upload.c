@@ -97,6 +97,37 @@ ql__upload *ql__uploads_get(ql__uploads *u, uint64_t id) {
   return NULL;
 }
 
+ql__upload *ql__uploads_get_owned(ql__uploads *u, uint64_t id,
+                                  uint64_t owner) {
+  ql__upload *up = ql__uploads_get(u, id);
+  return up != NULL && up->owner == owner ? up : NULL;
+}
+
+size_t ql__uploads_count_owned(const ql__uploads *u, uint64_t owner) {
+  size_t n = 0;
+  for (const ql__upload *up = u->head; up; up = up->next)
+    n += up->owner == owner;
+  return n;
+}
+
+size_t ql__uploads_drop_owner(ql__uploads *u, uint64_t owner) {
+  size_t n = 0;
+  ql__upload **pp = &u->head;
+  while (*pp) {
+    ql__upload *up = *pp;
+    if (up->owner == owner && !up->committing) {
+      *pp = up->next;
+      u->count--;
+      u->bytes -= cost_of(up);
+      upload_free(up);
+      n++;
+    } else {
+      pp = &up->next;
+    }
+  }
+  return n;
+}
+
 int ql__upload_append(ql__upload *up, uint64_t offset, const void *data,
                       size_t len, uint64_t now_ns) {
   if (up->committing)

@@ -38,8 +38,8 @@ typedef struct ql__upload {
   int has_bias;
   int asymmetric;       /* q8b */
   int persistent;       /* store it in the state directory */
-  int admin;            /* begun on the admin socket, which owns it (no
-                           session does) */
+  uint64_t owner;       /* the id of the session that began it, which
+                           alone may continue it; 0: the admin socket */
   uint64_t devices;     /* bit d: the load named device d; 0: it named
                            none (the default placement) */
   int packed;           /* arrays below, not float data */
@@ -73,6 +73,18 @@ int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
 
 /* The upload of that id, or NULL. */
 ql__upload *ql__uploads_get(ql__uploads *u, uint64_t id);
+
+/* The upload of that id if owner began it, else NULL: another's upload is
+ * not found, exactly like one that does not exist. */
+ql__upload *ql__uploads_get_owned(ql__uploads *u, uint64_t id,
+                                  uint64_t owner);
+
+/* How many uploads owner has in progress, committing ones included. */
+size_t ql__uploads_count_owned(const ql__uploads *u, uint64_t owner);
+
+/* Removes owner's uploads but those committing (whose commit finds the
+ * owner gone); returns how many were removed. */
+size_t ql__uploads_drop_owner(ql__uploads *u, uint64_t owner);
 
 /*
  * Appends len bytes at offset. QL_ESEQUENCE unless offset equals the bytes

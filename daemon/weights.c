@@ -2,7 +2,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <openssl/evp.h>
 
 #include "store.h"
 #include "weights.h"
@@ -88,32 +87,23 @@ void ql__weight_store_free(ql__weight_store *s) {
   free(s);
 }
 
-int ql__weight_digest(const ql_qweight *q, uint8_t out[QL_DIGEST_BYTES]) {
-  int rc = QL_EINTERNAL;
-  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-  if (ctx == NULL)
-    return QL_ENOMEM;
-  uint64_t hdr[7] = {1 /* layout version */, (uint64_t)q->format,
-                     q->group_size, (uint64_t)q->n, (uint64_t)q->k,
-                     (uint64_t)q->scale_dtype, q->bias != NULL};
-  unsigned int len = 0;
-  if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1 ||
-      EVP_DigestUpdate(ctx, "qlinear-weight", 14) != 1 ||
-      EVP_DigestUpdate(ctx, hdr, sizeof hdr) != 1 ||
-      EVP_DigestUpdate(ctx, q->qdata, q->qdata_bytes) != 1 ||
-      EVP_DigestUpdate(ctx, q->scale, q->scale_bytes) != 1)
-    goto done;
-  if (q->zero != NULL && EVP_DigestUpdate(ctx, q->zero, q->scale_bytes) != 1)
-    goto done;
-  if (q->bias != NULL &&
-      EVP_DigestUpdate(ctx, q->bias, (size_t)q->n * sizeof(float)) != 1)
-    goto done;
-  if (EVP_DigestFinal_ex(ctx, out, &len) != 1 || len != QL_DIGEST_BYTES)
-    goto done;
-  rc = 0;
-done:
-  EVP_MD_CTX_free(ctx);
-  return rc;
+uint32_t ql__weight_crossover_rows(const ql__weight *w, int dev,
+                                   uint32_t fixed, uint32_t dflt,
+                                   int *measured) {
+  if (measured != NULL)
+    *measured = 0;
+  if (fixed != 0)
+    return fixed;
+  /* Device indices are bits of w->devices, accelerators first. */
+  for (unsigned d = 0; dev < 0 && d < QL__MAX_DEVICES; d++)
+    if (w->devices >> d & 1)
+      dev = (int)d;
+  if (dev >= 0 && dev < QL__MAX_DEVICES && (w->crossover_known >> dev & 1)) {
+    if (measured != NULL)
+      *measured = 1;
+    return w->crossover[dev];
+  }
+  return dflt;
 }
 
 int ql__weight_create(const char *name, ql_qweight *q, ql_path policy,
@@ -220,7 +210,7 @@ int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
     return QL_ENOMEM;
   if (digest != NULL) {
     memcpy(w->digest, digest, QL_DIGEST_BYTES);
-  } else if ((rc = ql__weight_digest(q, w->digest)) != 0) {
+  } else if ((rc = ql__qweight_digest(q, w->digest)) != 0) {
     free(w);
     return rc;
   }

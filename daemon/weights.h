@@ -11,9 +11,9 @@
 #include <stdint.h>
 
 #include "ql_kernels.h"
+#include "digest.h"
 #include "registry.h"
 
-#define QL_DIGEST_BYTES 32
 /* Devices one daemon serves (devices.h); weights keep a layout on each. */
 #define QL__MAX_DEVICES 16
 
@@ -181,12 +181,19 @@ void ql__weight_store_foreach(ql__weight_store *s,
                               void (*fn)(ql__weight *, void *), void *arg);
 size_t ql__weight_store_count(const ql__weight_store *s);
 
+/*
+ * The crossover AUTO requests of w use on device dev now (dev < 0: on the
+ * first device that holds it, accelerators first): fixed when it is not 0
+ * (the config's crossover_rows), else the measured one calibrate.c gave
+ * w there, else dflt (crossover_default_rows). *measured (may be NULL) is
+ * 1 for a measured one, 0 for the default or the fixed value.
+ */
+uint32_t ql__weight_crossover_rows(const ql__weight *w, int dev,
+                                   uint32_t fixed, uint32_t dflt,
+                                   int *measured);
+
 void ql__weight_ref(ql__weight *w);
 /* Drops one reference; the last one frees the weight. Safe on NULL. */
 void ql__weight_unref(ql__weight *w);
-
-/* SHA-256 of the canonical form: a header (format, group size, shape,
- * scale dtype, bias flag) followed by every array. */
-int ql__weight_digest(const ql_qweight *q, uint8_t out[QL_DIGEST_BYTES]);
 
 #endif /* QL_WEIGHTS_H */

@@ -73,6 +73,12 @@ const char *ql_err_name(int err);
  * them. */
 #define QL_CUDA_IPC_HANDLE_BYTES 64
 
+/* Bytes of a weight's content digest: SHA-256 of its canonical form. */
+#define QL_DIGEST_BYTES 32
+
+/* The most weights one LinearMulti request applies to its x. */
+#define QL_MULTI_MAX 16
+
 /* Bytes of a Level Zero IPC memory handle (ze_ipc_mem_handle_t:
  * ZE_MAX_IPC_HANDLE_SIZE), as ImportZeIpcRequest carries it. */
 #define QL_ZE_IPC_HANDLE_BYTES 64

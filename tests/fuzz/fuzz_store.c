@@ -20,7 +20,7 @@
 
 #include "protocol.h"
 #include "store.h"
-#include "weights.h"
+#include "digest.h"
 
 #define CHECK(cond)                                                            \
   do {                                                                         \
@@ -113,7 +113,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (rc == 0) {
     CHECK(w.q != NULL && ql_qweight_check(w.q) == 0);
     CHECK(ql__name_valid(w.name) && ql_path_valid(w.policy));
-    CHECK(ql__weight_digest(w.q, digest) == 0);
+    CHECK(ql__qweight_digest(w.q, digest) == 0);
     CHECK(memcmp(digest, w.digest, QL_DIGEST_BYTES) == 0);
     CHECK(ql__store_file_name(w.name, w.digest, file) == 0);
     CHECK(strchr(file, '/') == NULL);

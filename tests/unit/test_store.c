@@ -71,7 +71,7 @@ static ql_qweight *small_q(uint64_t seed) {
 }
 
 static void digest_of(const ql_qweight *q, uint8_t d[QL_DIGEST_BYTES]) {
-  ck_assert_int_eq(ql__weight_digest(q, d), 0);
+  ck_assert_int_eq(ql__qweight_digest(q, d), 0);
 }
 
 static void same_q(const ql_qweight *a, const ql_qweight *b) {

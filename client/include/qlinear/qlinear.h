@@ -65,7 +65,7 @@ extern "C" {
 #define QL_DEVICES_STR_MAX 256  /* comma-joined device lists */
 #define QL_MAX_DEVICES 16       /* devices reported by ql_hello() */
 #define QL_INSTANCE_ID_BYTES 16 /* the daemon's random instance id */
-#define QL_DIGEST_BYTES 32      /* SHA-256 of a weight's canonical form */
+/* QL_DIGEST_BYTES (ql_defs.h): the SHA-256 of a weight's canonical form */
 #define QL_ADDRESS_MAX 512      /* a buffer that holds any default address */
 
 #define QL_DEFAULT_TIMEOUT_MS 30000
@@ -515,7 +515,7 @@ QL_EXPORT int ql_linear(ql_client *c, const char *weight, ql_path path,
  * results come back in one reply: together they must fit the daemon's
  * message cap (QL_ETOOBIG otherwise).
  */
-#define QL_MULTI_MAX 16
+/* QL_MULTI_MAX: in ql_defs.h, the wire's limit */
 QL_EXPORT int ql_linear_multi(ql_client *c, size_t count,
                               const char *const *weights, ql_path path,
                               ql_dtype dtype, uint64_t m, uint64_t k,
