@@ -3,22 +3,29 @@
 # against a real qlineard, which their conftest.py starts on a private
 # socket directory, with the libqlinear of this build.
 #
-# The interpreter is Debian's /usr/bin/python3 with python3-numpy,
-# python3-pytest and python3-torch (deploy/bootstrap installs them), not
-# whatever python3 comes first on PATH: QL_PYTHON overrides it. A missing
-# module fails the test rather than skipping it, so CI cannot go green
-# without having run them.
+# The interpreter is the python of the venv deploy/python-env makes, with
+# the pinned PyTorch stack of deploy/requirements-test.txt (deploy/test
+# makes it and passes it as QL_PYTHON), not whatever python3 comes first
+# on PATH: QL_PYTHON overrides it. A missing venv or module fails the test
+# rather than skipping it, so CI cannot go green without having run them.
 set -u
 : "${QLINEARD:?run through make check}" "${QL_SRCDIR:?}" "${QL_BUILDDIR:?}"
-py=${QL_PYTHON:-/usr/bin/python3}
+if [ -z "${QL_PYTHON:-}" ]; then
+  QL_PYTHON=$("$QL_SRCDIR/deploy/python-env" --find) || {
+    echo "FAIL: no Python test environment: run deploy/python-env (deploy/test does)"
+    exit 1
+  }
+fi
+py=$QL_PYTHON
 
 if ! "$py" -c 'import numpy, pytest, torch' 2>"${TMPDIR:-/tmp}/ql-py-$$.err"; then
-  echo "FAIL: $py lacks numpy, pytest or torch (deploy/bootstrap installs them):"
+  echo "FAIL: $py lacks numpy, pytest or torch (deploy/python-env installs them):"
   cat "${TMPDIR:-/tmp}/ql-py-$$.err"
   rm -f "${TMPDIR:-/tmp}/ql-py-$$.err"
   exit 1
 fi
 rm -f "${TMPDIR:-/tmp}/ql-py-$$.err"
+echo "python: $py, torch $("$py" -c 'import torch; print(torch.__version__)')"
 
 QLINEAR_LIB="$QL_BUILDDIR/.libs/libqlinear.so.0"
 # A sanitizer build's library needs the ASan runtime loaded before the
