@@ -1,9 +1,12 @@
 /*
  * fuzz_ring.c - libFuzzer target for the daemon's reader of a ring that a
- * hostile client writes (DESIGN §7, proto/ql_ring.h, daemon/fastpath.c).
+ * hostile client writes (DESIGN §7, proto/ql_ring.h): the daemon's own
+ * ring code, daemon/fastpath.c, linked as it is, on a libuv loop of its
+ * own, with ops (fastpath.h) that stand in for the request handlers.
  *
- * Each input formats a ring of ENTRIES slots in a heap buffer (so that ASan
- * sees any access outside it) and is read as a script of operations:
+ * Each input makes a ring of ENTRIES slots with ql__fastpath_create(),
+ * maps its memfd as the client does, and is read as a script of
+ * operations:
  *
  *  - the client's writes, arbitrary or near the indices the daemon
  *    publishes: sq_tail, cq_head, waiters, the flags, an SQ slot's tag,
@@ -11,15 +14,16 @@
  *    the daemon's own line, a well-formed submission through
  *    ql__ring_sq_publish() and a consumption of completions through
  *    ql__ring_cq_avail() and ql__ring_cq_release();
- *  - the daemon's steps, exactly as drain() takes a request: sq_avail
- *    (EPROTO ends the session), cq_room (likewise), the room check,
- *    sq_copy into a private QL_RING_MSG_MAX buffer, sq_release, then the
- *    copy through ql__request_decode() with handlers.c's budget,
- *    ql__request_check_strings() and ql__request_validate(), and a small
- *    packed Response posted into the CQ with ql__ring_cq_publish() (the
- *    fallback for a reply too large as post() has it); the arm before
- *    sleeping as on_spin() does it; and a restart (a new session's ring,
- *    its counters started anywhere, to reach the 32-bit wrap).
+ *  - the doorbell rung and the loop run once (the daemon's drain(), its
+ *    arming before it sleeps, its spinning on a hot ring);
+ *  - what the handlers do with a request the ring handed up: decoded with
+ *    ql__request_decode() under handlers.c's budget, checked with
+ *    ql__request_check_strings() and ql__request_validate(), and answered
+ *    at once, or held and answered later (reply, early reply from another
+ *    thread then done, or dropped), so that requests stay in flight and
+ *    the ring's room accounting is reached;
+ *  - a restart: the ring ended (as its session ends) and a new one made,
+ *    with the answers of the old one's held requests still to come.
  *
  * Meanwhile a second thread keeps rewriting the mapping: from the SQ's
  * message bytes only up to anything in it, headers and CQ included, as
@@ -27,17 +31,19 @@
  * writes) and joined at the end of the input.
  *
  * Invariants (abort() on a violation, so that libFuzzer reports it): a
- * copy is never longer than QL_RING_MSG_MAX; each take moves the daemon's
- * private head and tail by exactly one and never past what sq_avail
- * reported; the daemon's view of the CQ never holds more than ENTRIES
- * unconsumed completions; the index checks answer what unsigned
- * arithmetic says they must; the daemon's geometry never changes whatever
- * the mapping says; and, while nothing but the daemon writes the CQ, every
- * completion unpacks as a Response of the length its slot says.
+ * message handed up is never longer than QL_RING_MSG_MAX, and never comes
+ * from a ring that ended or whose rules were found broken; while the
+ * client plays by the rules on the CQ side, the daemon never has more
+ * than ENTRIES completions outstanding, and, while nothing but the daemon
+ * writes the CQ, every completion unpacks as a Response of the length its
+ * slot says; the ring's counts (ql__fastpaths_counts) add up; and at the
+ * end every handle closes (uv_loop_close succeeds) and, under the
+ * sanitizers, nothing leaks.
  *
  * Built under libFuzzer by 'make fuzz' and, with replay_main.c, run over the
  * seed corpus in tests/fuzz/corpus/ring/ by 'make check'.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -46,15 +52,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <uv.h>
+
+#include "fastpath.h"
 #include "protocol.h"
 #include "ql_ring.h"
+#include "route.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define ENTRIES 4u
-/* As fastpath.c: requests taken per drain. */
-#define BURST 32
 /* As handlers.c: the bytes a message carries plus room for its structure. */
 #define BUDGET_SLACK ((size_t)1 << 20)
 /* Writes the second thread makes per input at most. */
@@ -62,6 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Operations per input at most (a long input is a long script, not a
  * slow one). */
 #define MAX_OPS 512
+/* Requests held by the stand-in handlers at once. */
+#define HELD 8
 
 #define CHECK(c)                                                               \
   do {                                                                         \
@@ -96,17 +108,162 @@ static uint64_t u64(script *s) {
   return v | (uint64_t)u32(s) << 32;
 }
 
-/* ------------------------------------------------------------- the ring */
+/* ------------------------------------------------------------- state */
 
-/* The daemon's side: what struct ql__fastpath keeps privately. */
-typedef struct reader {
-  ql_ring ring; /* from ql__ring_format: never read back from the mapping */
-  uint8_t *base;
-  int dead;
-  uint32_t sq_head, cq_tail, consumed, in_flight;
-  int want_room;
-  uint8_t buf[QL_RING_MSG_MAX];
-} reader;
+/* One ring, as its owner (a session) sees it. */
+typedef struct ring_owner {
+  int ended;  /* ql__fastpath_end() called */
+  int broken; /* the ring reported a violation */
+} ring_owner;
+
+/* A request the stand-in handlers hold, with the request id to answer. */
+typedef struct held {
+  void *route;
+  uint64_t id;
+  ring_owner *owner;
+} held;
+
+typedef struct fuzz {
+  uv_loop_t loop;
+  ql__fastpaths *fps;
+  uint32_t spin_us;
+  ql__fastpath *fp;
+  ring_owner *owner; /* the current ring's */
+  ring_owner owners[8];
+  unsigned n_owners;
+  uint8_t *base; /* the client's mapping */
+  size_t size;
+  int bell;
+  ql_ring view; /* the client's view (ql__ring_attach) */
+  held held[HELD];
+  unsigned n_held;
+  int hold; /* the handlers hold what comes (else answer at once) */
+  /* Completions posted into the current ring and released by the client;
+   * cq_honest while the client moved cq_head only by the rules (and the
+   * second thread never writes it). */
+  uint64_t posted, released;
+  uint64_t answered0; /* the rings' own answers when it was made */
+  int cq_honest;
+  int cq_pristine; /* only the daemon writes the CQ */
+  uint64_t handed_up; /* messages the ring handed up */
+} fuzz;
+
+static fuzz F;
+
+/* ------------------------------------------------------------- handlers */
+
+/* A reply as ql__reply_error() makes it: request_id and a status. */
+static int answer(void *route, uint64_t id, int code, const char *text,
+                  ring_owner *o) {
+  ql__msg_response resp;
+  Qlinear__V1__Status st;
+  qlinear__v1__response__init(&resp);
+  qlinear__v1__status__init(&st);
+  resp.request_id = id;
+  resp.status = &st;
+  st.code = code;
+  st.message = (char *)text;
+  int rc = ql__route_reply(route, &resp, NULL);
+  /* A ring that ended takes no completion (QL_ESESSION); a live one
+   * always does: the room was reserved when the request was taken. */
+  CHECK(o->ended ? rc == QL_ESESSION : rc == 0);
+  if (rc == 0 && o == F.owner)
+    F.posted++;
+  return rc;
+}
+
+/* What handle() does with a ring request before it reaches a handler. */
+static void on_message(void *arg, void *owner, const void *buf, size_t len,
+                       void *route) {
+  ring_owner *o = owner;
+  char err[256] = "";
+  (void)arg;
+  CHECK(o == F.owner && !o->ended && !o->broken);
+  CHECK(len <= QL_RING_MSG_MAX && route != NULL);
+  F.handed_up++;
+  ql__request *req = (ql__request *)&req;
+  int rc = ql__request_decode(buf, len, len + BUDGET_SLACK, &req, err,
+                              sizeof err);
+  CHECK(memchr(err, '\0', sizeof err) != NULL);
+  uint64_t id = 0;
+  if (rc != 0) {
+    CHECK((rc == QL_EPROTO || rc == QL_ENOMEM) && req == NULL);
+  } else {
+    CHECK(req != NULL && req->msg != NULL && req->used <= req->limit);
+    id = req->msg->request_id;
+    if ((rc = ql__request_check_strings(buf, len, err, sizeof err)) == 0)
+      rc = ql__request_validate(req->msg, err, sizeof err);
+    CHECK(memchr(err, '\0', sizeof err) != NULL);
+    CHECK(rc <= 0 && rc > QL_ERRNO_MIN_);
+    ql__request_free(req);
+  }
+  if (F.hold && F.n_held < HELD) {
+    F.held[F.n_held++] = (held){route, id, o};
+    return;
+  }
+  answer(route, id, rc, rc != 0 ? err : "", o);
+}
+
+/* The ring's rules were broken: its session ends, which ends the ring
+ * (from inside the ring's own drain). */
+static void on_violation(void *arg, void *owner, const char *why) {
+  ring_owner *o = owner;
+  (void)arg;
+  CHECK(why != NULL && why[0] != '\0');
+  CHECK(o == F.owner && !o->ended);
+  o->broken = 1;
+  o->ended = 1;
+  ql__fastpath_end(F.fp);
+}
+
+static const ql__fastpath_ops fuzz_ops = {on_message, on_violation};
+
+/* A device worker's early reply: from another thread, then done() on the
+ * loop's. */
+typedef struct early_arg {
+  void *route;
+  uint64_t id;
+  int rc;
+} early_arg;
+
+static void *early_thread(void *p) {
+  early_arg *a = p;
+  ql__msg_response resp;
+  Qlinear__V1__Status st;
+  qlinear__v1__response__init(&resp);
+  qlinear__v1__status__init(&st);
+  resp.request_id = a->id;
+  resp.status = &st;
+  a->rc = ql__route_early(a->route, &resp);
+  return NULL;
+}
+
+/* Answers (how: 0 reply, 1 early then done, 2 drop) held request i. */
+static void release_held(unsigned i, int how) {
+  held h = F.held[i];
+  F.held[i] = F.held[--F.n_held];
+  if (how == 2) {
+    ql__route_drop(h.route);
+    return;
+  }
+  if (how == 1 && ql__route_has_early(h.route)) {
+    early_arg a = {h.route, h.id, -1};
+    pthread_t th;
+    if (pthread_create(&th, NULL, early_thread, &a) == 0)
+      pthread_join(th, NULL);
+    else
+      early_thread(&a);
+    CHECK(a.rc == 1);
+    ql__route_done(h.route, NULL);
+    /* A completion nobody reads lands in an ended ring's memory. */
+    if (h.owner == F.owner && !h.owner->ended)
+      F.posted++;
+    return;
+  }
+  answer(h.route, h.id, 0, "", h.owner);
+}
+
+/* ------------------------------------------------------------- the ring */
 
 /* The second thread's state. */
 typedef struct scribbler {
@@ -117,10 +274,6 @@ typedef struct scribbler {
   uint64_t rng;
   atomic_int started, stop;
 } scribbler;
-
-/* Whether only the daemon writes the CQ (the script never does, nor the
- * second thread but in mode 3): the completions are then checked. */
-static int cq_pristine;
 
 static uint64_t next_rng(uint64_t *s) {
   uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
@@ -181,189 +334,74 @@ static void *scribble(void *arg) {
   return NULL;
 }
 
-/* The daemon's geometry is its own: nothing written to the mapping
- * changes it. */
-static void check_view(const reader *d) {
-  CHECK(d->ring.entries == ENTRIES);
-  CHECK((uint8_t *)d->ring.hdr == d->base);
-  CHECK((uint8_t *)d->ring.sq == d->base + QL_RING_HDR_BYTES);
-  CHECK((uint8_t *)d->ring.cq ==
-        d->base + QL_RING_HDR_BYTES + ENTRIES * QL_RING_ENTRY_BYTES);
-  CHECK(d->ring.size == ql__ring_size(ENTRIES));
-  /* Never more completions outstanding than slots, whatever the client
-   * did: the daemon overwrites nothing the client has not consumed. */
-  CHECK(d->cq_tail - d->consumed <= ENTRIES);
+/* The daemon turns the loop once (what it does between two polls). */
+static void run_once(void) { uv_run(&F.loop, UV_RUN_NOWAIT); }
+
+/* The client rings the doorbell, and the daemon's loop turns. */
+static void ring_bell(void) {
+  uint64_t one = 1;
+  while (write(F.bell, &one, sizeof one) < 0 && errno == EINTR)
+    ;
+  run_once();
 }
 
-/* post(): packs resp into the next CQ slot, the fallback for a reply too
- * large for a slot included, and publishes it. */
-static void post(reader *d, uint64_t tag, const ql__msg_response *resp) {
-  size_t len = qlinear__v1__response__get_packed_size(resp);
-  ql__msg_response small;
-  Qlinear__V1__Status st;
-  if (len > QL_RING_MSG_MAX) {
-    qlinear__v1__response__init(&small);
-    qlinear__v1__status__init(&st);
-    small.request_id = resp->request_id;
-    small.status = &st;
-    st.code = QL_ETOOBIG;
-    st.message = "the reply does not fit a ring slot";
-    resp = &small;
-    len = qlinear__v1__response__get_packed_size(resp);
+/* While the client plays by the rules, the daemon never has more
+ * completions outstanding than slots: it overwrites nothing the client
+ * has not consumed. */
+static void check_room(void) {
+  ql__fastpath_counts c = {0, 0, 0};
+  ql__fastpaths_counts(F.fps, &c);
+  /* What the ring answered itself (a slot it could not read) is posted
+   * into it too. */
+  uint64_t posted = F.posted + (c.answered - F.answered0);
+  if (F.cq_honest)
+    CHECK(posted - F.released <= ENTRIES);
+}
+
+/* A new ring for a new owner (the previous one ended first), at its
+ * counters' start: ql__fastpath_create starts them at 0, so the client
+ * moves them on by the rules to reach the 32-bit wrap cheaply. */
+static void make_ring(void) {
+  char err[256];
+  int ring_fd = -1, bell_fd = -1;
+  CHECK(F.n_owners < sizeof F.owners / sizeof F.owners[0]);
+  F.owner = &F.owners[F.n_owners++];
+  memset(F.owner, 0, sizeof *F.owner);
+  int rc = ql__fastpath_create(F.fps, F.owner, F.n_owners, ENTRIES, &F.fp,
+                               &ring_fd, &bell_fd, err, sizeof err);
+  CHECK(rc == 0);
+  F.size = ql__ring_size(ENTRIES);
+  F.base = mmap(NULL, F.size, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd, 0);
+  CHECK(F.base != MAP_FAILED);
+  close(ring_fd);
+  F.bell = bell_fd;
+  CHECK(ql__ring_attach(F.base, F.size, &F.view) == 0);
+  F.posted = F.released = 0;
+  ql__fastpath_counts c = {0, 0, 0};
+  ql__fastpaths_counts(F.fps, &c);
+  F.answered0 = c.answered;
+}
+
+/* The ring's session ends: the ring is ended, the client unmaps it. */
+static void end_ring(void) {
+  if (!F.owner->ended) {
+    F.owner->ended = 1;
+    ql__fastpath_end(F.fp);
   }
-  CHECK(len <= QL_RING_MSG_MAX);
-  uint8_t *msg = ql__ring_cq_msg(&d->ring, d->cq_tail);
-  CHECK(msg >= d->base + QL_RING_HDR_BYTES + ENTRIES * QL_RING_ENTRY_BYTES);
-  CHECK(msg + QL_RING_MSG_MAX <= d->base + d->ring.size);
-  CHECK(qlinear__v1__response__pack(resp, msg) == len);
-  if (ql__ring_cq_publish(&d->ring, d->cq_tail, tag, (uint32_t)len))
-    ql__ring_wake(&d->ring);
-  d->cq_tail++;
-}
-
-/* A reply as ql__reply_error() makes it: request_id and a status. */
-static void reply(reader *d, uint64_t tag, uint64_t id, int code,
-                  const char *text) {
-  ql__msg_response resp;
-  Qlinear__V1__Status st;
-  qlinear__v1__response__init(&resp);
-  qlinear__v1__status__init(&st);
-  resp.request_id = id;
-  resp.status = &st;
-  st.code = code;
-  st.message = (char *)text;
-  post(d, tag, &resp);
-}
-
-/* What handle() does with a ring request before it reaches a handler. */
-static void handle(reader *d, uint64_t tag, size_t len) {
-  char err[256] = "";
-  ql__request *req = (ql__request *)&req;
-  int rc = ql__request_decode(d->buf, len, len + BUDGET_SLACK, &req, err,
-                              sizeof err);
-  CHECK(memchr(err, '\0', sizeof err) != NULL);
-  if (rc != 0) {
-    CHECK((rc == QL_EPROTO || rc == QL_ENOMEM) && req == NULL);
-    reply(d, tag, 0, rc, err);
-    return;
-  }
-  CHECK(req != NULL && req->msg != NULL && req->used <= req->limit);
-  uint64_t id = req->msg->request_id;
-  if ((rc = ql__request_check_strings(d->buf, len, err, sizeof err)) == 0)
-    rc = ql__request_validate(req->msg, err, sizeof err);
-  CHECK(memchr(err, '\0', sizeof err) != NULL);
-  CHECK(rc <= 0 && rc > QL_ERRNO_MIN_);
-  ql__request_free(req);
-  reply(d, tag, id, rc, rc != 0 ? err : "");
-}
-
-/*
- * One turn of drain()'s loop. Returns 1 when a request was taken, 0 when
- * there was none or no room, -1 when the ring broke its rules (the
- * session ends: the reader is dead until a restart).
- */
-static int take(reader *d) {
-  uint32_t avail = 0xDEAD, room = 0xDEAD;
-  if (d->dead)
-    return -1;
-  int rc = ql__ring_sq_avail(&d->ring, d->sq_head, &avail);
-  if (rc != 0) {
-    CHECK(rc == QL_EPROTO && avail == 0);
-    d->dead = 1;
-    return -1;
-  }
-  CHECK(avail <= ENTRIES);
-  if (avail == 0)
-    return 0;
-  uint32_t consumed = d->consumed;
-  rc = ql__ring_cq_room(&d->ring, d->cq_tail, &d->consumed, &room);
-  if (rc != 0) {
-    CHECK(rc == QL_EPROTO && d->consumed == consumed && room == 0);
-    d->dead = 1;
-    return -1;
-  }
-  /* Accepted: forward from what was accepted before, not past tail. */
-  CHECK(d->consumed - consumed <= d->cq_tail - consumed);
-  CHECK(room == ENTRIES - (d->cq_tail - d->consumed));
-  CHECK(room <= ENTRIES);
-  if (d->in_flight >= room) {
-    d->want_room = 1;
-    return 0;
-  }
-  d->want_room = 0;
-  uint32_t head0 = d->sq_head, tail0 = d->cq_tail;
-  uint64_t tag = 0;
-  size_t len = (size_t)-1;
-  rc = ql__ring_sq_copy(&d->ring, d->sq_head, &tag, d->buf, &len);
-  CHECK(len <= QL_RING_MSG_MAX);
-  CHECK(rc == 0 || (rc == QL_ETOOBIG && len == 0));
-  ql__ring_sq_release(&d->ring, ++d->sq_head);
-  d->in_flight++;
-  if (rc != 0)
-    reply(d, tag, 0, rc,
-          "the ring slot claims more bytes than a slot holds");
-  else
-    handle(d, tag, len);
-  d->in_flight--; /* answered at once: no handler runs later */
-  CHECK(d->sq_head - head0 == 1 && d->sq_head - head0 <= avail);
-  CHECK(d->cq_tail - tail0 == 1);
-  check_view(d);
-  return 1;
-}
-
-/* drain(): up to BURST requests. */
-static void drain(reader *d) {
-  uint32_t head0 = d->sq_head;
-  int taken = 0;
-  while (taken < BURST && take(d) == 1)
-    taken++;
-  CHECK(d->sq_head - head0 == (uint32_t)taken);
-}
-
-/* on_spin()'s arm before the reader sleeps. With nothing but the script
- * writing the header (modes 0 and 1), its answer is checked. */
-static void arm(reader *d, int mode) {
-  if (d->dead)
-    return;
-  ql_ring_hdr *h = d->ring.hdr;
-  _Atomic uint32_t *flag = d->want_room ? &h->blocked : &h->idle;
-  uint32_t seen = d->want_room ? atomic_load(&h->cq_head)
-                               : atomic_load(&h->sq_tail);
-  int moved = ql__ring_arm(&d->ring, flag, d->sq_head, d->consumed);
-  CHECK(moved == 0 || moved == 1);
-  if (mode <= 1) {
-    CHECK(moved == (seen != (d->want_room ? d->consumed : d->sq_head)));
-    CHECK(atomic_load(flag) == (uint32_t)!moved);
-  }
-}
-
-/* A new session's ring, its counters at start (as if it had run a long
- * time: so the wrap of the 32-bit counters is reached). */
-static void restart(reader *d, uint32_t start) {
-  memset(d->base, 0, d->ring.size ? d->ring.size : ql__ring_size(ENTRIES));
-  ql__ring_format(d->base, ENTRIES, &d->ring);
-  ql_ring_hdr *h = d->ring.hdr;
-  atomic_store(&h->sq_tail, start);
-  atomic_store(&h->cq_head, start);
-  atomic_store(&h->sq_head, start);
-  atomic_store(&h->cq_tail, start);
-  atomic_store(&h->idle, 1); /* as ql__fastpath_create leaves it */
-  d->dead = 0;
-  d->sq_head = d->cq_tail = d->consumed = start;
-  d->in_flight = 0;
-  d->want_room = 0;
-  cq_pristine = 1;
-  check_view(d);
+  munmap(F.base, F.size);
+  close(F.bell);
+  F.base = NULL;
+  run_once(); /* the poll handle's close */
 }
 
 /* The client: completions from its cq_head. While only the daemon wrote
  * the CQ, every slot holds zeros or the last Response the daemon packed
  * there (it writes a slot before it publishes it), so each one read must
  * unpack, whatever cq_head the client made up. */
-static void consume(reader *d, script *s) {
-  ql_ring_hdr *h = d->ring.hdr;
+static void consume(script *s) {
+  ql_ring_hdr *h = F.view.hdr;
   uint32_t head = atomic_load(&h->cq_head), n = 0;
-  if (ql__ring_cq_avail(&d->ring, head, &n) != 0) {
+  if (ql__ring_cq_avail(&F.view, head, &n) != 0) {
     CHECK(n == 0);
     return;
   }
@@ -372,8 +410,8 @@ static void consume(reader *d, script *s) {
   if (k > n)
     k = n;
   for (uint32_t i = 0; i < k; i++) {
-    const ql_ring_entry *e = &d->ring.cq[(head + i) & (ENTRIES - 1)];
-    if (cq_pristine) {
+    const ql_ring_entry *e = &F.view.cq[(head + i) & (ENTRIES - 1)];
+    if (F.cq_pristine) {
       CHECK(e->len <= QL_RING_MSG_MAX && e->flags == 0);
       ql__msg_response *r =
           qlinear__v1__response__unpack(NULL, e->len, e->msg);
@@ -381,15 +419,16 @@ static void consume(reader *d, script *s) {
       qlinear__v1__response__free_unpacked(r, NULL);
     }
   }
-  ql__ring_cq_release(&d->ring, head + k);
+  ql__ring_cq_release(&F.view, head + k);
+  F.released += k;
 }
 
 /* The client's well-formed submission: a slot at its sq_tail, then
  * ql__ring_sq_publish(). */
-static void submit(reader *d, script *s) {
-  ql_ring_hdr *h = d->ring.hdr;
+static void submit(script *s) {
+  ql_ring_hdr *h = F.view.hdr;
   uint32_t tail = atomic_load(&h->sq_tail);
-  ql_ring_entry *e = &d->ring.sq[tail & (ENTRIES - 1)];
+  ql_ring_entry *e = &F.view.sq[tail & (ENTRIES - 1)];
   uint64_t tag = u8(s);
   size_t n = u16(s) % (QL_RING_MSG_MAX + 1);
   if (n > left(s))
@@ -399,14 +438,14 @@ static void submit(reader *d, script *s) {
   e->flags = 0;
   memcpy(e->msg, s->p, n);
   s->p += n;
-  ql__ring_sq_publish(&d->ring, tail);
+  ql__ring_sq_publish(&F.view, tail);
 }
 
 enum {
   OP_SQ_TAIL,      /* u32 */
   OP_SQ_TAIL_NEAR, /* i8 from the daemon's published sq_head */
   OP_CQ_HEAD,      /* u32 */
-  OP_CQ_HEAD_NEAR, /* u8: in range when < 0x80, else i8 off consumed */
+  OP_CQ_HEAD_NEAR, /* i8 from the daemon's published cq_tail */
   OP_WAITERS,      /* u32 */
   OP_FLAGS,        /* u32 idle, u32 blocked */
   OP_SLOT,         /* u8 slot, u64 tag, u16 len, min(len, left) bytes */
@@ -415,38 +454,45 @@ enum {
   OP_POKE_HDR,     /* u16 offset, u8 count (< 16), count bytes */
   OP_DAEMON_LINE,  /* u32 sq_head, u32 cq_tail: the daemon's, rewritten */
   OP_SUBMIT,       /* u8 tag, u16 len, bytes */
-  OP_TAKE,
-  OP_DRAIN,
-  OP_ARM,
+  OP_BELL,         /* the doorbell, and a turn of the loop */
+  OP_RUN,          /* a turn of the loop alone (a hot ring is polled) */
+  OP_HOLD,         /* u8: odd, the handlers hold what comes */
+  OP_ANSWER,       /* u8 which held, u8 how (reply, early, drop) */
   OP_CONSUME,      /* u8 how many (at most what is there) */
-  OP_RESTART,      /* u32 start */
+  OP_RESTART,      /* u8 spin: the ring ends, a new one is made */
   OP_COUNT_
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   script s = {data, data + size};
-  size_t bytes = ql__ring_size(ENTRIES);
-  static reader d;
-  memset(&d, 0, sizeof d);
-  d.base = aligned_alloc(QL_RING_HDR_BYTES, bytes);
-  CHECK(d.base != NULL);
-  restart(&d, 0);
-
+  memset(&F, 0, sizeof F);
+  CHECK(uv_loop_init(&F.loop) == 0);
   uint8_t first = u8(&s);
-  scribbler w = {.base = d.base, .size = bytes, .mode = first & 3,
+  /* Mostly no spinning (each turn is the script's), sometimes a hot ring
+   * that the spin handle keeps polling. */
+  F.spin_us = first & 4 ? 1000000 : 0;
+  CHECK(ql__fastpaths_open(&F.loop, &F.spin_us, &fuzz_ops, NULL, &F.fps) ==
+        0);
+  make_ring();
+  F.cq_pristine = 1;
+  F.cq_honest = 1;
+
+  scribbler w = {.base = F.base, .size = F.size, .mode = first & 3,
                  .rng = first * 0x100000001b3ull ^ size};
   atomic_init(&w.started, 0);
   atomic_init(&w.stop, 0);
+  if (w.mode == 3)
+    F.cq_pristine = 0;
+  if (w.mode >= 2)
+    F.cq_honest = 0;
   pthread_t th;
   int threaded = pthread_create(&th, NULL, scribble, &w) == 0;
   /* The script runs while the thread writes, not before it starts. */
   while (threaded && !atomic_load(&w.started))
     sched_yield();
-  if (w.mode == 3)
-    cq_pristine = 0;
 
-  ql_ring_hdr *h = d.ring.hdr;
   for (int ops = 0; ops < MAX_OPS && left(&s) > 0; ops++) {
+    ql_ring_hdr *h = F.view.hdr;
     uint8_t op = u8(&s) % OP_COUNT_;
     switch (op) {
     case OP_SQ_TAIL:
@@ -458,14 +504,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       break;
     case OP_CQ_HEAD:
       atomic_store(&h->cq_head, u32(&s));
+      F.cq_honest = 0;
       break;
-    case OP_CQ_HEAD_NEAR: {
-      uint8_t v = u8(&s);
-      uint32_t out = d.cq_tail - d.consumed;
-      atomic_store(&h->cq_head, v < 0x80 ? d.consumed + v % (out + 1)
-                                         : d.consumed + (uint32_t)(int8_t)v);
+    case OP_CQ_HEAD_NEAR:
+      atomic_store(&h->cq_head,
+                   atomic_load(&h->cq_tail) + (uint32_t)(int8_t)u8(&s));
+      F.cq_honest = 0;
       break;
-    }
     case OP_WAITERS:
       atomic_store(&h->waiters, u32(&s));
       break;
@@ -474,7 +519,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       atomic_store(&h->blocked, u32(&s));
       break;
     case OP_SLOT: {
-      ql_ring_entry *e = &d.ring.sq[u8(&s) & (ENTRIES - 1)];
+      ql_ring_entry *e = &F.view.sq[u8(&s) & (ENTRIES - 1)];
       e->tag = u64(&s);
       uint16_t n = u16(&s);
       e->len = n;
@@ -486,7 +531,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       break;
     }
     case OP_SLOT_LEN: {
-      ql_ring_entry *e = &d.ring.sq[u8(&s) & (ENTRIES - 1)];
+      ql_ring_entry *e = &F.view.sq[u8(&s) & (ENTRIES - 1)];
       uint8_t kind = u8(&s);
       e->len = kind & 1 ? u32(&s) : QL_RING_MSG_MAX - 8 + (kind >> 1) % 17;
       break;
@@ -495,45 +540,83 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       size_t off = u16(&s) % QL_RING_HDR_BYTES;
       size_t n = u8(&s) % 16;
       for (size_t i = 0; i < n && off + i < QL_RING_HDR_BYTES; i++)
-        d.base[off + i] = u8(&s);
+        F.base[off + i] = u8(&s);
+      F.cq_honest = 0; /* cq_head may be among them */
       break;
     }
     case OP_DAEMON_LINE:
+      /* The daemon publishes these and never reads them back. */
       atomic_store(&h->sq_head, u32(&s));
       atomic_store(&h->cq_tail, u32(&s));
-      /* The daemon publishes these and never reads them back: its own
-       * counters go on (check_view). */
       break;
     case OP_SUBMIT:
-      submit(&d, &s);
+      submit(&s);
       break;
-    case OP_TAKE:
-      take(&d);
+    case OP_BELL:
+      ring_bell();
       break;
-    case OP_DRAIN:
-      drain(&d);
+    case OP_RUN:
+      run_once();
       break;
-    case OP_ARM:
-      arm(&d, w.mode);
+    case OP_HOLD:
+      F.hold = u8(&s) & 1;
       break;
-    case OP_CONSUME:
-      consume(&d, &s);
-      break;
-    case OP_RESTART:
-      restart(&d, u32(&s));
-      if (w.mode == 3)
-        cq_pristine = 0;
+    case OP_ANSWER: {
+      uint8_t which = u8(&s), how = u8(&s);
+      if (F.n_held > 0)
+        release_held(which % F.n_held, how % 3);
       break;
     }
-    check_view(&d);
+    case OP_CONSUME:
+      consume(&s);
+      break;
+    case OP_RESTART: {
+      uint8_t spin = u8(&s);
+      /* A few rings per input (held requests keep pointers to their
+       * owners). */
+      if (F.n_owners >= sizeof F.owners / sizeof F.owners[0])
+        break;
+      /* The old mapping goes: the second thread moves to the new one. */
+      atomic_store(&w.stop, 1);
+      if (threaded)
+        pthread_join(th, NULL);
+      end_ring();
+      F.spin_us = spin & 1 ? 1000000 : 0;
+      make_ring();
+      F.cq_honest = w.mode < 2;
+      F.cq_pristine = w.mode != 3;
+      w.base = F.base;
+      atomic_store(&w.started, 0);
+      atomic_store(&w.stop, 0);
+      threaded = pthread_create(&th, NULL, scribble, &w) == 0;
+      while (threaded && !atomic_load(&w.started))
+        sched_yield();
+      break;
+    }
+    }
+    check_room();
   }
-  /* Whatever the script left, the reader takes what it can. */
-  drain(&d);
-  check_view(&d);
+  /* Whatever the script left: the client rings once more, every held
+   * request is answered, and the client takes its completions. */
+  ring_bell();
+  while (F.n_held > 0)
+    release_held(0, 0);
+  check_room();
 
   atomic_store(&w.stop, 1);
   if (threaded)
     pthread_join(th, NULL);
-  free(d.base);
+
+  ql__fastpath_counts c = {0, 0, 0};
+  ql__fastpaths_counts(F.fps, &c);
+  /* Every request taken was handed up or answered by the ring itself. */
+  CHECK(c.taken == F.handed_up + c.answered);
+  CHECK(c.answered == 0 || c.bytes_out > 0);
+
+  end_ring();
+  ql__fastpaths_close(F.fps);
+  uv_run(&F.loop, UV_RUN_DEFAULT);
+  /* Every handle of the rings closed: nothing is left on the loop. */
+  CHECK(uv_loop_close(&F.loop) == 0);
   return 0;
 }
