@@ -360,12 +360,29 @@ def _build_tree_lib():
     return path if os.path.exists(path) else None
 
 
+def _recorded():
+    """The paths setup.py recorded when this package was built (a pip
+    install; a source checkout has none): [library path, ...]."""
+    try:
+        from . import _paths
+    except ImportError:
+        return []
+    out = []
+    if getattr(_paths, "PKG_CONFIG_LIBDIR", None):
+        out.append(os.path.join(_paths.PKG_CONFIG_LIBDIR, _LIB_NAME))
+    if getattr(_paths, "BUILD_TREE_LIB", None):
+        out.append(_paths.BUILD_TREE_LIB)
+    return out
+
+
 def find_library(path=None):
     """Where libqlinear is, as a path or a name dlopen() resolves.
 
     In this order: ``path`` if given; the environment variable QLINEAR_LIB;
-    the libdir pkg-config gives for ``qlinear``; the dynamic linker's own
-    search (ctypes.util.find_library); the build tree around this package.
+    the libdir pkg-config gives for ``qlinear``; what the package's build
+    recorded (qlinear.pc's libdir, then the in-tree build of the source
+    tree it was installed from); the dynamic linker's own search
+    (ctypes.util.find_library); the build tree around this package.
     Raises OSError when none of them has it.
     """
     if path:
@@ -378,6 +395,9 @@ def find_library(path=None):
         cand = os.path.join(libdir, _LIB_NAME)
         if os.path.exists(cand):
             return cand
+    for cand in _recorded():
+        if os.path.exists(cand):
+            return cand
     name = ctypes.util.find_library("qlinear")
     if name:
         return name
@@ -385,7 +405,8 @@ def find_library(path=None):
     if built:
         return built
     raise OSError("libqlinear not found: set QLINEAR_LIB to its path, or "
-                  "install qlinear where pkg-config finds qlinear.pc")
+                  "install qlinear where pkg-config finds qlinear.pc, or "
+                  "pip install the package after building libqlinear")
 
 
 _loaded = {}

@@ -122,3 +122,13 @@ def nmse(y, ref):
     y = np.asarray(y, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     return float(np.sum((y - ref) ** 2) / np.sum(ref ** 2))
+
+
+@pytest.fixture(params=["no_grad", "inference_mode"])
+def grad_mode(request):
+    """Each torch test runs under torch.no_grad() and again under
+    torch.inference_mode(): the two ways inference is run, which differ
+    (inference tensors have no version counter)."""
+    import torch
+    return torch.no_grad if request.param == "no_grad" \
+        else torch.inference_mode

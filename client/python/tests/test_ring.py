@@ -72,7 +72,7 @@ def test_ring_false(daemon, rng):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("path", ["wo", "aq"])
-def test_qlinear_same_bytes(pair, dtype, path):
+def test_qlinear_same_bytes(pair, dtype, path, grad_mode):
     """A QLinear module on a ring client and on a message client (the same
     resident weight) give byte-identical y on random inputs, small ones
     (ql_linear(), inline on the message path) and large ones (staged
@@ -88,7 +88,7 @@ def test_qlinear_same_bytes(pair, dtype, path):
     g = torch.Generator().manual_seed(22)
     for shape in [(1, 96), (3, 96), (2, 7, 96), (40, 96), (3, 50, 96)]:
         x = torch.randn(shape, generator=g).to(dtype)
-        with torch.no_grad():
+        with grad_mode():
             yr, ym = qr(x), qm(x)
         assert yr.shape == shape[:-1] + (80,) and yr.dtype == dtype
         assert same_bytes(yr, ym), shape
@@ -109,7 +109,7 @@ class QKV(nn.Module):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f16", "bf16"])
-def test_fused_group_same_bytes(pair, dtype):
+def test_fused_group_same_bytes(pair, dtype, grad_mode):
     """A fused q/k/v group (one ql_linear_multi() per forward) on a ring
     client and on a message client gives byte-identical outputs, and so
     does Client.linear_multi() on NumPy arrays."""
@@ -124,7 +124,7 @@ def test_fused_group_same_bytes(pair, dtype):
     g = torch.Generator().manual_seed(24)
     for i, shape in enumerate([(2, 64), (1, 9, 64), (4, 16, 64)]):
         x = torch.randn(shape, generator=g).to(dtype)
-        with torch.no_grad():
+        with grad_mode():
             yr, ym = mr(x), mm(x)
         assert same_bytes(yr, ym), shape
         assert gr.enabled and gm.enabled

@@ -102,7 +102,7 @@ MODEL_BOUND = {"q8c": 0.03, "f8r": 0.15, "q4g128": 0.3, "q8b128": 0.03}
                                       ("f8r", "wo"), ("f8r", "aq"),
                                       ("q4g128", "wo"), ("q4g128", "aq"),
                                       ("q8b128", "wo")])
-def test_swap_matches_model(client, fmt, path):
+def test_swap_matches_model(client, fmt, path, grad_mode):
     """Every layer's output, for the input it really got, within the
     format's error model (quant.py), and the model's output close to the
     unmodified model's."""
@@ -118,7 +118,7 @@ def test_swap_matches_model(client, fmt, path):
         lambda mod, inp, out, name=name: seen.__setitem__(name, (inp[0], out)))
         for name, q in swapped.items()]
     x = inputs()
-    with torch.no_grad():
+    with grad_mode():
         y = model(x)
         y_ref = ref(x)
     for h in hooks:
@@ -139,14 +139,14 @@ def test_swap_matches_model(client, fmt, path):
     assert 0.5 < measured / expected < 1.5, measured / expected
 
 
-def test_fusion(client):
+def test_fusion(client, grad_mode):
     """q/k/v and gate/up run as one ql_linear_multi() each, with the bytes
     of separate calls."""
     plain, fused = make_model(), make_model()
     qt.swap_linears(plain, client, format="q8c", fuse=None, path="wo")
     sw = qt.swap_linears(fused, client, format="q8c", path="wo")
     x = inputs()
-    with torch.no_grad():
+    with grad_mode():
         yp, yf = plain(x), fused(x)
     assert torch.equal(yp, yf)
     groups = {id(q._group): q._group for q in sw.values() if q._group}
@@ -165,7 +165,7 @@ def test_fusion(client):
                         fuse=[("blocks.0.attn.k_proj", "head")])
 
 
-def test_fusion_steps_aside_for_other_inputs(client):
+def test_fusion_steps_aside_for_other_inputs(client, grad_mode):
     torch.manual_seed(3)
     m = Cross()
     ref = copy.deepcopy(m)
@@ -173,7 +173,7 @@ def test_fusion_steps_aside_for_other_inputs(client):
     group = sw["query"]._group
     assert group is not None
     x, ctx = torch.randn(3, D), torch.randn(3, D)
-    with torch.no_grad():
+    with grad_mode():
         y1, y2 = m(x, ctx), m(x, ctx)
         # The same computed member by member.
         alone = sw["query"]._run(x) + sw["key"]._run(ctx) * \
@@ -183,7 +183,7 @@ def test_fusion_steps_aside_for_other_inputs(client):
     assert torch.equal(y1, alone) and torch.equal(y2, alone)
     assert rel_err(y1, y_ref) < 0.05
     # Same input for all three: now they agree as well.
-    with torch.no_grad():
+    with grad_mode():
         assert rel_err(m(x, x), ref(x, x)) < 0.05
 
 
@@ -204,7 +204,7 @@ def test_filter_and_names(client):
         qt.swap_linears(nn.Linear(4, 4), client)
 
 
-def test_copy_of_swapped_model(client):
+def test_copy_of_swapped_model(client, grad_mode):
     """A deep copy of a swapped model shares the client (the session) and
     its weights; a client cannot be pickled."""
     import pickle
@@ -215,14 +215,14 @@ def test_copy_of_swapped_model(client):
     g, g2 = m.blocks[0].attn.q_proj._group, m2.blocks[0].attn.q_proj._group
     assert g2 is not g and g2.members[0] is m2.blocks[0].attn.q_proj
     x = inputs()
-    with torch.no_grad():
+    with grad_mode():
         assert torch.equal(m(x), m2(x))
     assert g.fused_calls == g2.fused_calls == 1
     with pytest.raises(TypeError):
         pickle.dumps(client)
 
 
-def test_same_model_shared(daemon, client):
+def test_same_model_shared(daemon, client, grad_mode):
     """The same model offloaded twice (another session: another process
     would be the same) uploads identical names and shares every weight."""
     a = make_model()
@@ -234,7 +234,7 @@ def test_same_model_shared(daemon, client):
         assert [q.weight_name for q in sa.values()] == \
             [q.weight_name for q in sb.values()]
         x = inputs()
-        with torch.no_grad():
+        with grad_mode():
             assert torch.equal(a(x), b(x))
     # A different model under the same module paths gets other names.
     c = make_model(seed=11)
@@ -242,7 +242,7 @@ def test_same_model_shared(daemon, client):
     assert not any(q.info.shared for q in sc.values())
 
 
-def test_tied_module_uploaded_once(client):
+def test_tied_module_uploaded_once(client, grad_mode):
     torch.manual_seed(1)
     lin = nn.Linear(D, D)
     m = nn.Sequential(lin, nn.ReLU(), lin)
@@ -250,12 +250,12 @@ def test_tied_module_uploaded_once(client):
     sw = qt.swap_linears(m, client, format="q8c")
     assert sorted(sw) == ["0", "2"] and sw["0"] is sw["2"] is m[0] is m[2]
     x = torch.randn(4, D)
-    with torch.no_grad():
+    with grad_mode():
         assert rel_err(m(x), ref(x)) < 0.03
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_models(client, dtype):
+def test_half_models(client, dtype, grad_mode):
     """A model in f16/bf16 uploads its weights in that dtype and computes
     in it."""
     model = make_model()
@@ -269,7 +269,7 @@ def test_half_models(client, dtype):
     # torch: compare one layer, then the bf16 model end to end.
     layer = model.blocks[0].gate_proj
     xl = torch.randn(5, D)
-    with torch.no_grad():
+    with grad_mode():
         y = layer(xl.to(dtype))
         assert y.dtype == dtype and y.shape == (5, F)
         assert rel_err(y.float(), ref.blocks[0].gate_proj(xl)) < 0.03
@@ -279,7 +279,7 @@ def test_half_models(client, dtype):
             assert rel_err(yb.float(), ref(x)) < 0.1
 
 
-def test_inputs(client, daemon):
+def test_inputs(client, daemon, grad_mode):
     torch.manual_seed(2)
     lin = nn.Linear(64, 32)
     q = qt.QLinear.from_linear(lin, client, "q8c", path="wo")
@@ -287,28 +287,41 @@ def test_inputs(client, daemon):
     assert q(torch.empty(0, 64)).shape == (0, 32)
     # A strided view is made contiguous.
     x = torch.randn(64, 10).t()
-    with torch.no_grad():
+    with grad_mode():
         assert torch.equal(q(x), q(x.contiguous()))
     # An input already in a region of the client is read in place.
     with client.region(1 << 16) as r:
         xr = qt.region_tensor(r, (10, 64))
         xr.copy_(x)
-        with torch.no_grad():
+        with grad_mode():
             assert torch.equal(q(xr), q(x.contiguous()))
+    # Bad input names the layer, what it takes and what it was given.
     with pytest.raises(qlinear.QLinearError) as e:
         q(torch.randn(3, 63))
     assert e.value.code == qlinear.QL_ESHAPE
+    assert q.weight_name in str(e.value) and "[..., 64]" in str(e.value) \
+        and "(3, 63)" in str(e.value)
     with pytest.raises(qlinear.QLinearError) as e:
         q(torch.randn(3, 64, dtype=torch.float64))
     assert e.value.code == qlinear.QL_EDTYPE
-    # Tensors not on the CPU are refused (a meta tensor stands in for CUDA
-    # on a machine without a GPU; the check is the same).
+    assert q.weight_name in str(e.value) and "float64" in str(e.value)
+    # A meta (or fake) input gets the fake kernel's result: shape, dtype,
+    # device, no data read.
+    with grad_mode():
+        ym = q(torch.empty(3, 7, 64, device="meta", dtype=torch.bfloat16))
+    assert ym.device.type == "meta" and ym.shape == (3, 7, 32)
+    assert ym.dtype == torch.bfloat16 and ym.is_contiguous()
+    # Inference only: an input that requires grad raises while grad mode
+    # is on, instead of returning an output without history.
+    xg = torch.randn(2, 64, requires_grad=True)
     with pytest.raises(qlinear.QLinearError) as e:
-        q(torch.empty(3, 64, device="meta"))
-    assert e.value.code == qlinear.QL_ENOTSUP
+        q(xg)
+    assert e.value.code == qlinear.QL_ENOTSUP and "grad" in str(e.value)
+    with grad_mode():
+        assert torch.equal(q(xg), q(xg.detach()))
 
 
-def test_mapped_mode_refusals(client):
+def test_mapped_mode_refusals(client, grad_mode):
     """Mapped mode's arguments are checked before anything is mapped; the
     module stays usable through the daemon. (Mapping itself needs a GPU:
     test_cuda_daemon covers it on the emulated runtime.)"""
@@ -339,11 +352,12 @@ def test_mapped_mode_refusals(client):
     direct = qt.QLinear(client, q.weight_name, 64, 32, path="wo")
     assert direct.mode == "call"
     x = torch.randn(2, 64)
-    with torch.no_grad():
+    with grad_mode():
         assert q(x).shape == (2, 32)
 
 
-def test_second_session_holds_without_upload(daemon, client):
+def test_second_session_holds_without_upload(daemon, client,
+                                              grad_mode):
     """A second process of the same model (here a second session) holds
     the resident weight by name: nothing is sent, and it computes the same
     bytes; the weight outlives the session that loaded it."""
@@ -363,10 +377,10 @@ def test_second_session_holds_without_upload(daemon, client):
         # the float weight is 64 KiB: only a small request went out
         assert sent < 4096, sent
         x = torch.randn(3, 256)
-        with torch.no_grad():
+        with grad_mode():
             ya = a(x)
         client.unload(a.weight_name)
-        with torch.no_grad():
+        with grad_mode():
             yb = b(x)
         assert torch.equal(ya, yb)
         # the same name with another format is refused, not mixed up
