@@ -37,7 +37,7 @@ typedef struct ql__device {
   ql__worker *worker;     /* runs its batches */
   unsigned lanes;         /* the worker's threads: batches at once (1 for
                              the host, batches_in_flight otherwise) */
-  unsigned busy;          /* batches on the worker, <= lanes (linear.c) */
+  unsigned busy;          /* batches on the worker, <= lanes (batch.c) */
   int failed;             /* out of service: its requests fail QL_EDEVICE */
   uint64_t wd_completed;  /* the watchdog's last look at the worker */
   int wd_misses;
@@ -110,7 +110,7 @@ int ql__devices_placement_mask(const struct ql__server *s, uint64_t mask,
                                ql__placement *pl, char *err, size_t errlen);
 
 /* Takes d out of service after rc (QL_EDEVICE), once: logged at error
- * level with the reason. Its queued work is answered by linear.c. */
+ * level with the reason. Its queued work is answered by the dispatcher (batch.c). */
 void ql__device_fail(struct ql__server *s, ql__device *d, int rc);
 
 /* Bit d set for each device d out of service. */

@@ -39,7 +39,5 @@ extern const ql__fastpath_ops ql__handlers_ring_ops;
  * jobs), for the shutdown drain. */
 size_t ql__handlers_in_flight(const ql__server *s);
 
-/* Drops uploads idle for longer than the configured timeout. */
-void ql__handlers_expire_uploads(ql__server *s);
 
 #endif /* QL_HANDLERS_H */

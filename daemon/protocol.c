@@ -234,7 +234,7 @@ static int check_slice(const char *what, const Qlinear__V1__RegionSlice *sl,
 }
 
 /* The stateless part of a Level Zero IPC slice: an import named, an
- * aligned offset. Bounds need the import: linear.c checks them against
+ * aligned offset. Bounds need the import: admit.c checks them against
  * the allocation's real size. */
 static int check_ze(const char *what, const Qlinear__V1__ZeIpcSlice *sl,
                     size_t es, char *err, size_t errlen) {
@@ -254,7 +254,7 @@ static int check_ze(const char *what, const Qlinear__V1__ZeIpcSlice *sl,
 
 /* The stateless part of a CUDA IPC slice: handles of the right size, a
  * device named, an aligned offset. Bounds need the opened allocation:
- * linear.c checks them against its real size. */
+ * admit.c checks them against its real size. */
 static int check_cuda(const char *what, const Qlinear__V1__CudaIpcSlice *sl,
                       size_t es, char *err, size_t errlen) {
   if (sl->mem_handle.len != QL_CUDA_IPC_HANDLE_BYTES) {

@@ -134,7 +134,7 @@ typedef struct ql__server {
                                     (session.h) */
   ql__weight_store *weights;
   ql__uploads *uploads;
-  struct ql__linear_state *lin; /* the scheduler and its timers (linear.c) */
+  struct ql__linear_state *lin; /* the scheduler and its timers (batch.c) */
   struct ql__calib *calib;      /* crossovers (calibrate.c) */
   ql__device dev[QL__MAX_DEVICES]; /* devices.h */
   unsigned n_dev;

@@ -29,6 +29,7 @@
 #include "notify.h"
 #include "qlineard.h"
 #include "reload.h"
+#include "serve.h"
 #include "store.h"
 
 /*
@@ -120,7 +121,7 @@ static int clear_stale_socket(const char *path) {
 
 static void on_sweep(uv_timer_t *t) {
   ql__server *s = t->data;
-  ql__handlers_expire_uploads(s);
+  ql__serve_expire_uploads(s);
   ql__sessions_expire(s, s->cfg.session_lease_ms * 1000000u);
 }
 

@@ -80,7 +80,7 @@ typedef struct ql__weight {
   int storing;                     /* a store write of it is running */
   ql__weight_stats stats[QL__MAX_DEVICES]; /* by device */
   /* The scheduler's queue keys, one per (activation dtype, path): one
-   * launch takes one dtype and runs one path (linear.c: QL_SCHED_KEYS). */
+   * launch takes one dtype and runs one path (linear_impl.h: N_KEYS). */
   char sched_key[8];
   /* The measured crossover of its shape on each device (calibrate.h),
    * valid where bit d of crossover_known is set. */

@@ -976,7 +976,7 @@ END_TEST
 
 /* CUDA IPC slices, stateless part: 64-byte handles, an optional 64-byte
  * event, a device, an aligned offset, x's exact length; one kind of y. The
- * bounds need the opened allocation (linear.c). */
+ * bounds need the opened allocation (admit.c). */
 START_TEST(test_validate_linear_cuda) {
   static uint8_t h[QL_CUDA_IPC_HANDLE_BYTES + 1];
   Qlinear__V1__CudaIpcSlice xc, yc;

@@ -1,0 +1,86 @@
+/*
+ * serve.h - what the request handlers share: handlers.c (the body switch
+ * and the gates of the three entry points) calls load.c (LoadBegin,
+ * Chunk, Commit, Abort and the persistent writes) and query.c (Hello,
+ * List, Stats, Hold, Unload, and the WeightInfo both answer with). Loop
+ * thread only. Each ql__serve_* takes the server, the request's session
+ * (NULL: the admin socket) and its body, and fills the reply r, whose
+ * pointers refer to the caller's buffer; a status in r is the error.
+ */
+#ifndef QL_SERVE_H
+#define QL_SERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol.h"
+#include "qlineard.h"
+#include "reply.h"
+#include "session.h"
+
+/* A WeightInfo and the storage its pointers refer to. */
+typedef struct ql__info_buf {
+  Qlinear__V1__WeightInfo info;
+  Qlinear__V1__WeightSpec spec;
+  char *devices[QL__MAX_DEVICES];
+  Qlinear__V1__DeviceCrossover xo[QL__MAX_DEVICES];
+  Qlinear__V1__DeviceCrossover *xos[QL__MAX_DEVICES];
+} ql__info_buf;
+
+/* Describes w for a reply (List, Hold, a commit) into b. */
+void ql__fill_info(const ql__server *s, ql__info_buf *b, ql__weight *w);
+
+/* Hello's reply and its storage. */
+typedef struct ql__hello_buf {
+  Qlinear__V1__HelloResponse hr;
+  Qlinear__V1__Device dev[QL__MAX_DEVICES];
+  Qlinear__V1__Device *devs[QL__MAX_DEVICES];
+} ql__hello_buf;
+
+void ql__serve_hello(ql__server *s, const Qlinear__V1__HelloRequest *h,
+                     ql__reply *r, ql__hello_buf *b);
+
+/* load.c: chunked uploads. ql__serve_load_commit returns 1 when it
+ * answers later (the commit runs off the loop; it owns route then), 0
+ * when r holds the answer now. */
+void ql__serve_load_begin(ql__server *s, ql__session *ss,
+                          const Qlinear__V1__LoadBeginRequest *b,
+                          ql__reply *r, Qlinear__V1__LoadBeginResponse *out);
+void ql__serve_load_chunk(ql__server *s, ql__session *ss,
+                          const Qlinear__V1__LoadChunkRequest *c,
+                          ql__reply *r, Qlinear__V1__LoadChunkResponse *out);
+int ql__serve_load_commit(ql__server *s, ql__session *ss, uint64_t id,
+                          const Qlinear__V1__LoadCommitRequest *m,
+                          void *route, ql__reply *r);
+void ql__serve_load_abort(ql__server *s, ql__session *ss,
+                          const Qlinear__V1__LoadAbortRequest *m,
+                          ql__reply *r, Qlinear__V1__LoadAbortResponse *out);
+
+/* Drops uploads idle for longer than the configured timeout (the
+ * server's sweep). */
+void ql__serve_expire_uploads(ql__server *s);
+
+/* query.c */
+void ql__serve_unload(ql__server *s, ql__session *ss,
+                      const Qlinear__V1__UnloadWeightRequest *m, ql__reply *r,
+                      Qlinear__V1__UnloadWeightResponse *out);
+void ql__serve_hold(ql__server *s, ql__session *ss,
+                    const Qlinear__V1__HoldWeightRequest *m, ql__reply *r,
+                    ql__info_buf *b, Qlinear__V1__HoldWeightResponse *out);
+/* List's reply and the storage its pointers refer to (ql__serve_list;
+ * freed by ql__list_buf_free after the reply is sent). */
+typedef struct ql__list_buf {
+  const ql__server *s;
+  Qlinear__V1__ListWeightsResponse list;
+  ql__info_buf *bufs;
+  Qlinear__V1__WeightInfo **ptrs;
+  size_t n;
+} ql__list_buf;
+void ql__serve_list(ql__server *s, ql__reply *r, ql__list_buf *lb);
+void ql__list_buf_free(ql__list_buf *lb); /* safe on a zeroed one */
+/* Answers a Stats request (ql__linear_when_settled's callback: every
+ * launch answered so far is accounted). Consumes req and route. */
+void ql__serve_stats(ql__server *s, ql__request *req, void *route,
+                     uint64_t arg);
+
+#endif /* QL_SERVE_H */
