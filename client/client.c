@@ -608,11 +608,28 @@ static int exchange(ql_client *c, Request *req, BodyCase want, int timeout_ms,
 
 /* ------------------------------------------------------------ addresses */
 
-QL_EXPORT int ql_default_address(char *buf, size_t len) {
+/* The system service's request socket (deploy/qlineard.service). */
+#define SYSTEM_ADDRESS "ipc:///run/qlinear/qlineard.sock"
+
+static const char *system_address(void) {
+  const char *env = getenv("QLINEAR_SYSTEM_ADDRESS");
+  return env != NULL && env[0] != '\0' ? env : SYSTEM_ADDRESS;
+}
+
+/* Whether an ipc:// address names an existing socket file. */
+static int ipc_socket_exists(const char *address) {
+  struct stat st;
+  return strncmp(address, "ipc://", 6) == 0 &&
+         stat(address + 6, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* ql_default_address(), and whether it fell back to the system service's
+ * socket (*system). */
+static int default_address(char *buf, size_t len, int *system) {
   const char *env, *rt;
   int n;
 
-  err_clear();
+  *system = 0;
   if (buf == NULL || len == 0)
     return err_set(QL_EINVAL, "no buffer for the address");
   env = getenv("QLINEAR_ADDRESS");
@@ -628,7 +645,23 @@ QL_EXPORT int ql_default_address(char *buf, size_t len) {
     buf[0] = '\0';
     return err_set(QL_EINVAL, "the address does not fit %zu bytes", len);
   }
+  /* No per-user daemon, but the system service runs: that one. */
+  if ((env == NULL || env[0] == '\0') && !ipc_socket_exists(buf) &&
+      ipc_socket_exists(system_address())) {
+    n = snprintf(buf, len, "%s", system_address());
+    if (n < 0 || (size_t)n >= len) {
+      buf[0] = '\0';
+      return err_set(QL_EINVAL, "the address does not fit %zu bytes", len);
+    }
+    *system = 1;
+  }
   return 0;
+}
+
+QL_EXPORT int ql_default_address(char *buf, size_t len) {
+  int system;
+  err_clear();
+  return default_address(buf, len, &system);
 }
 
 QL_EXPORT int ql_default_admin_address(char *buf, size_t len) {
@@ -643,14 +676,17 @@ QL_EXPORT int ql_default_admin_address(char *buf, size_t len) {
     n = snprintf(buf, len, "%s", env);
   } else {
     char *slash;
-    if (ql_default_address(base, sizeof base) != 0 ||
+    int system;
+    if (default_address(base, sizeof base, &system) != 0 ||
         (slash = strrchr(base, '/')) == NULL) {
       buf[0] = '\0';
       return err_set(QL_EINVAL, "no default address to put the admin "
                                 "socket beside");
     }
     *slash = '\0';
-    n = snprintf(buf, len, "%s/admin/admin.sock", base);
+    /* The system service keeps it apart: <socket dir>-admin/admin.sock. */
+    n = snprintf(buf, len, system ? "%s-admin/admin.sock"
+                                  : "%s/admin/admin.sock", base);
   }
   if (n < 0 || (size_t)n >= len) {
     buf[0] = '\0';
@@ -1215,6 +1251,12 @@ QL_EXPORT int ql_connect(const char *address, const ql_connect_opts *opts,
   }
   if (address[0] == '\0')
     return err_set(QL_EINVAL, "empty address");
+  /* The daemon serves local sockets only: another transport would wait
+   * for a connection that never comes. */
+  if (strncmp(address, "ipc://", 6) != 0)
+    return err_set(QL_EINVAL, "address %.200s: qlineard serves ipc:// "
+                              "addresses only (it has no network "
+                              "listener)", address);
 
   if ((c = calloc(1, sizeof *c)) == NULL)
     return err_set(QL_ENOMEM, "allocating the client");

@@ -8,6 +8,8 @@
  * 1 when a call or a file fails (the message says which and why), 2 for
  * usage errors.
  */
+#include "config.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -156,12 +158,14 @@ static int connect_ctx(ctx *cx) {
   opts.timeout_ms = cx->timeout_ms;
   opts.client_name = "qlinearctl";
   opts.admin = cx->admin;
+  /* The address to name in a failure, found first: ql_default_address()
+   * after a failed connect would clear the reason it failed. */
+  char def[QL_ADDRESS_MAX];
+  const char *a = cx->address;
+  if (a == NULL)
+    a = ql_default_address(def, sizeof def) == 0 ? def : "default address";
   int rv = ql_connect(cx->address, &opts, &cx->client);
   if (rv != 0) {
-    char def[QL_ADDRESS_MAX];
-    const char *a = cx->address;
-    if (a == NULL)
-      a = ql_default_address(def, sizeof def) == 0 ? def : "default address";
     snprintf(what, sizeof what, "connect %s", a);
     return fail_ql(what, rv);
   }
@@ -388,6 +392,11 @@ static int cmd_status(ctx *cx, int argc, char **argv) {
 
 /* ------------------------------------------------------------ list */
 
+static int by_name(const void *a, const void *b) {
+  return strcmp(((const ql_weight_info *)a)->name,
+                ((const ql_weight_info *)b)->name);
+}
+
 static int cmd_list(ctx *cx, int argc, char **argv) {
   static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
                                        {NULL, 0, NULL, 0}};
@@ -409,6 +418,8 @@ static int cmd_list(ctx *cx, int argc, char **argv) {
     return rv;
   if ((rv = ql_list(cx->client, &w, &n)) != 0)
     return fail_ql("list", rv);
+  /* By name: the daemon answers in its table's order. */
+  qsort(w, n, sizeof *w, by_name);
 
   for (size_t i = 0; i < n; i++) {
     int len = (int)strlen(w[i].name);
@@ -584,6 +595,13 @@ static int cmd_load(ctx *cx, int argc, char **argv) {
     goto done;
   }
   printf("loaded %s%s\n", d.name, shared ? " (shared)" : "");
+  /* A weight lives while a session holds it: this command's session ends
+   * when it exits. Say so, not only in the manual. */
+  if (!cx->admin)
+    printf("note: %s is held by this command's session only and is "
+           "unloaded when qlinearctl exits; a serving process loads (or "
+           "holds) it itself, and --admin load --persistent keeps it\n",
+           d.name);
 
 done:
   ql__npy_free(&w);
@@ -1815,6 +1833,7 @@ int main(int argc, char **argv) {
       {"timeout", required_argument, NULL, 't'},
       {"admin", no_argument, NULL, 'A'},
       {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},
       {NULL, 0, NULL, 0}};
   ctx cx = {NULL, 0, 0, NULL};
   int ch, rv;
@@ -1844,6 +1863,11 @@ int main(int argc, char **argv) {
       break;
     case 'h':
       fputs(usage_text, stdout);
+      return 0;
+    case 'V':
+      /* The client's own version; 'status' gives the daemon's. */
+      printf("qlinearctl %s (protocol %u)\n", PACKAGE_VERSION,
+             QL_PROTOCOL_VERSION);
       return 0;
     default:
       return usage_error("unknown option or missing argument: '%s'",

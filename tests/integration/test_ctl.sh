@@ -137,6 +137,50 @@ while "$ctl" list >"$dir/out" 2>&1 && grep -q "demo/held" "$dir/out" && [ $i -lt
 done
 grep -q "demo/held" "$dir/out" && bad "demo/held outlived the last session holding it" || ok
 
+# The traps of the CLI: --version; a load without --admin says the weight
+# goes with this command; list is sorted; an address of another transport
+# is refused at once (only ipc:// is served), and a missing socket says
+# so, its directory missing too.
+expect 0 "--version" -- "$ctl" --version
+grep -q "^qlinearctl [0-9]" "$dir/out" || bad "--version: $(cat "$dir/out")"
+expect 0 "load without --admin" -- "$ctl" load demo/brief "$work/w.npy" --format q8c
+grep -q "unloaded when qlinearctl exits" "$dir/out" || bad "a session load does not say it ends with the command: $(cat "$dir/out")"
+expect 0 "load zz" -- "$ctl" --admin load sort/zz "$work/w.npy" --format q8c --persistent
+expect 0 "load aa" -- "$ctl" --admin load sort/aa "$work/w.npy" --format q8c --persistent
+expect 0 "load mm" -- "$ctl" --admin load sort/mm "$work/w.npy" --format q8c --persistent
+expect 0 "list, sorted" -- "$ctl" list
+order=$(grep -o '^sort/[a-z]*' "$dir/out" | tr '\n' ' ')
+[ "$order" = "sort/aa sort/mm sort/zz " ] || bad "list is not sorted by name: $order"
+for w in sort/zz sort/aa sort/mm; do
+  expect 0 "unload $w" -- "$ctl" --admin unload "$w"
+done
+start=$(date +%s)
+expect 1 "a tcp:// address" -- "$ctl" -a tcp://127.0.0.1:1 status
+[ $(($(date +%s) - start)) -lt 5 ] || bad "a tcp:// address was not refused at once"
+grep -q "ipc:// addresses only" "$dir/err" || bad "tcp:// refusal: $(cat "$dir/err")"
+expect 1 "socket directory missing" -- env QLINEAR_ADDRESS="ipc://$dir/nodir/qlineard.sock" "$ctl" status
+grep -q "is qlineard running" "$dir/err" || bad "no hint when the socket directory is missing: $(cat "$dir/err")"
+
+# With no per-user daemon, the client finds the system service's socket
+# (QLINEAR_SYSTEM_ADDRESS stands in for /run/qlinear/qlineard.sock), and
+# --admin its admin socket in <socket dir>-admin.
+"$QLINEARD" --socket-dir "$dir/sys" --admin-dir "$dir/sys-admin" --log-level debug 2>"$dir/sys.log" &
+sysd=$!
+i=0
+until [ -S "$dir/sys/qlineard.sock" ] && [ -S "$dir/sys-admin/admin.sock" ]; do
+  i=$((i + 1)); [ $i -lt 200 ] || { bad "the second daemon did not start"; cat "$dir/sys.log"; break; }
+  sleep 0.05
+done
+mkdir -p "$dir/rt"
+expect 0 "the system service's socket" -- env -u QLINEAR_ADDRESS XDG_RUNTIME_DIR="$dir/rt" QLINEAR_SYSTEM_ADDRESS="ipc://$dir/sys/qlineard.sock" "$ctl" status
+grep -q "ipc://$dir/sys/qlineard.sock" "$dir/out" || bad "status did not reach the system socket: $(cat "$dir/out" "$dir/err")"
+expect 0 "the system service's admin socket" -- env -u QLINEAR_ADDRESS -u QLINEAR_ADMIN_ADDRESS XDG_RUNTIME_DIR="$dir/rt" QLINEAR_SYSTEM_ADDRESS="ipc://$dir/sys/qlineard.sock" "$ctl" --admin list
+# A per-user daemon, when there is one, comes first.
+expect 0 "the per-user socket first" -- env -u QLINEAR_ADDRESS XDG_RUNTIME_DIR="$dir/userrt" QLINEAR_SYSTEM_ADDRESS="ipc://$dir/sys/qlineard.sock" sh -c 'mkdir -p "$XDG_RUNTIME_DIR" && ln -s "$1" "$XDG_RUNTIME_DIR/qlinear" && "$2" status' sh "$dir/sock" "$ctl"
+grep -q "qlinear/qlineard.sock" "$dir/out" && ! grep -q "$dir/sys/" "$dir/out" || bad "the system socket was taken over a running per-user daemon: $(cat "$dir/out")"
+kill -TERM "$sysd"
+wait "$sysd" || bad "the second daemon exited $?"
+
 # The daemon survived all of it and stops cleanly.
 kill -TERM "$daemon"
 wait "$daemon"

@@ -376,7 +376,11 @@ typedef struct ql_ze_slice {
  *     XDG_RUNTIME_DIR is set and starts with "/" (the XDG spec says to
  *     ignore a relative one);
  *  3. else "ipc:///tmp/qlinear-<uid>/qlineard.sock", <uid> being the real
- *     uid (getuid()) in decimal.
+ *     uid (getuid()) in decimal;
+ *  and when the socket of 2 or 3 does not exist (no per-user daemon runs)
+ *  but the system service's does, the system service's:
+ *  QLINEAR_SYSTEM_ADDRESS if set and not empty, else
+ *  "ipc:///run/qlinear/qlineard.sock" (deploy/qlineard.service).
  * Returns 0, or QL_EINVAL if buf is NULL or the address does not fit (buf
  * then holds ""). QL_ADDRESS_MAX bytes suffice unless the environment holds
  * longer paths. Thread-safe as far as getenv() is.
@@ -387,8 +391,10 @@ QL_EXPORT int ql_default_address(char *buf, size_t len);
  * Writes the default admin socket address into buf (len bytes): the
  * environment variable QLINEAR_ADMIN_ADDRESS if it is set and not empty,
  * else "admin/admin.sock" in the directory of ql_default_address() (where
- * a daemon without admin_dir in its config puts it). The system service's
- * admin socket is ipc:///run/qlinear-admin/admin.sock: set the variable.
+ * a daemon without admin_dir in its config puts it); when
+ * ql_default_address() fell back to the system service, its admin socket:
+ * "admin.sock" in the directory of that socket's directory with "-admin"
+ * appended (ipc:///run/qlinear-admin/admin.sock, its admin_dir).
  * Returns 0, or QL_EINVAL (buf then holds "").
  */
 QL_EXPORT int ql_default_admin_address(char *buf, size_t len);
