@@ -106,6 +106,38 @@ else
   bad "a client does not compile against the installed header and library"
 fi
 
+# The README's C quick start, as printed there, built against the
+# installed tree and run against the installed daemon: it must connect,
+# load, compute and print y.
+sed -n '/^\/\* quickstart.c: /,/^```$/p' "$QL_SRCDIR/README.md" | sed '$d' \
+  >"$work/quickstart.c"
+if [ "$(wc -l <"$work/quickstart.c")" -lt 15 ]; then
+  bad "no quick start program in README.md"
+elif ${QL_CC:-cc} -std=c11 -Wall -Wextra -Werror ${QL_SAN_FLAGS:-} \
+  -o "$work/quickstart" "$work/quickstart.c" $flags; then
+  qs="$work/qs-sock"
+  "$dest$QL_BINDIR/qlineard" --socket-dir "$qs" --crossover-rows 16 \
+    2>"$work/qs-daemon.log" &
+  qsd=$!
+  i=0
+  until [ -S "$qs/qlineard.sock" ] && [ -S "$qs/admin/admin.sock" ]; do
+    i=$((i + 1))
+    [ $i -lt 200 ] || break
+    sleep 0.05
+  done
+  if QLINEAR_ADDRESS="ipc://$qs/qlineard.sock" LD_LIBRARY_PATH="$dest$QL_LIBDIR" \
+    "$work/quickstart" >"$work/qs.out" 2>&1 &&
+    grep -q '^y\[0\]\[0\.\.3\] = ' "$work/qs.out"; then
+    cat "$work/qs.out"
+  else
+    bad "the README's quick start did not run: $(cat "$work/qs.out" "$work/qs-daemon.log")"
+  fi
+  kill -TERM "$qsd"
+  wait "$qsd" || bad "the installed qlineard exited $? on SIGTERM"
+else
+  bad "the README's quick start does not compile against the installed tree"
+fi
+
 # Reinstalling keeps an edited config; uninstall removes everything else.
 echo "# edited" >>"$dest$conf/qlineard.conf"
 run_make install
