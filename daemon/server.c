@@ -28,6 +28,7 @@
 #include "log.h"
 #include "notify.h"
 #include "qlineard.h"
+#include "heap.h"
 #include "reload.h"
 #include "serve.h"
 #include "store.h"
@@ -427,6 +428,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
       test_hook("QL_TEST_PIECE_DELAY_US", 1000000,
                 "a launch in parts sleeps that many us between its pieces");
   ql__log_set_level(cfg->log_level);
+  ql__heap_setup();
   signal(SIGPIPE, SIG_IGN);
   /* SIGHUP's default action ends the process: until its handler is in
    * place (after the store has loaded), a reload sent during the start

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "heap.h"
 #include "upload.h"
 
 /* Uploads in progress at once: each costs a lookup on every chunk. */
@@ -33,8 +34,10 @@ int ql__uploads_create(size_t max_bytes, ql__uploads **out) {
 static void upload_free(ql__upload *up) {
   if (up == NULL)
     return;
+  size_t bytes = up->total;
   free(up->data);
   free(up);
+  ql__heap_release(bytes);
 }
 
 void ql__uploads_free(ql__uploads *u) {

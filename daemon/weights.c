@@ -4,6 +4,7 @@
 
 
 #include "store.h"
+#include "heap.h"
 #include "weights.h"
 
 #define NBUCKETS 1024
@@ -358,7 +359,9 @@ void ql__weight_unref(ql__weight *w) {
     uncount(w);
   if (w->on_free != NULL)
     w->on_free(w, w->on_free_arg);
+  size_t bytes = w->bytes + w->dev_bytes;
   free_layouts(w);
   ql_qweight_free(w->q);
   free(w);
+  ql__heap_release(bytes);
 }
