@@ -841,7 +841,7 @@ def commit_cubin(repo, commit, cache, arch="sm_90", source="linear_wo.cu"):
 
 # ---------------------------------------------------------------- calibration
 
-# The measured figures (README: "GPU kernels against the memory's peak",
+# The measured figures (docs/performance.md: "GPU kernels against the memory's peak",
 # the mapped-mode table, ncu's count quoted there), each with the commit
 # whose kernels were measured: (device, op, format, N, K, M, commit, us).
 # The H200 cases fit the parameters; the H100 cases only check them.
@@ -890,7 +890,7 @@ CASES = [
     ("H100", "aq", "q4g", 14336, 4096, 1, "6487ed0", 24.4),
 ]
 # ncu on wo_stream_kernel, q4g, M = 1, 14336x4096 (H200): 14.9 million
-# warp instructions after the division-free loop (README). Paired with
+# warp instructions after the division-free loop (docs/performance.md). Paired with
 # 6487ed0, the build of the README's table; 2cf3f54 (division-free, before
 # the 2048-value steps) beside it.
 NCU_CASES = [("H200", "wo", "q4g", 14336, 4096, 1, "6487ed0", 14.9e6),

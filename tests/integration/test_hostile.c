@@ -1,6 +1,6 @@
 /*
  * test_hostile.c - hostile values in every field of every request type
- * (DESIGN §7, README "Security model"): raw protobuf messages where
+ * (DESIGN §7, docs/security.md): raw protobuf messages where
  * libqlinear would refuse to send them, the library otherwise. Each input
  * must get its documented QL_E* code with a message, while another client
  * process keeps being served correct results, and afterwards the resident

@@ -4,7 +4,7 @@
 # emulation's limited-precision model (QL_EMU_FP8_ACC_BITS, _BLOCK,
 # _PROMOTE: emu_blaslt.h) must be measured back as the parameters it was
 # given, in two settings, with every random error inside the draft bound
-# (err/bnd <= 1). The same probe then measures a real GPU (README, "CUDA
+# (err/bnd <= 1). The same probe then measures a real GPU (docs/backends/cuda.md, "CUDA
 # backend").
 set -u
 : "${QL_FP8_PROBE_EMU:?run through make check}"
