@@ -189,8 +189,12 @@ static uint32_t crossover_rows(const ql__server *s, const ql__weight *w,
  * the least work queued (the lowest index on a tie), so that the path
  * follows the device's own crossover; otherwise the scheduler places it.
  */
-static ql_path auto_path(const ql__server *s, const ql__weight *w,
+static ql_path auto_path(const ql__server *s, ql__weight *w,
                          uint64_t holders, uint64_t m, int *on) {
+  /* The crossovers consulted stay what they are now (weights.h,
+   * crossover_used) unless the config fixes them. */
+  if (s->cfg.crossover_rows == 0)
+    w->crossover_used |= *on >= 0 ? (uint64_t)1 << *on : holders;
   if (*on >= 0)
     return m < crossover_rows(s, w, *on, NULL) ? QL_PATH_WEIGHT_ONLY
                                                : QL_PATH_ACT_QUANT;
@@ -559,9 +563,124 @@ void ql__linear_resubmit(ql__server *s, ql__request *req, void *route,
   ql__request_free(req);
 }
 
+/* ------------------------------------------------ waiting for a crossover */
+
+/* An AUTO request that waits for a crossover being measured. */
+typedef struct xover_wait {
+  ql__weight *w; /* one reference: the weight it waits on */
+  ql__request *req;
+  void *route;
+  uint64_t session_id;
+  struct xover_wait *next;
+} xover_wait;
+
+/*
+ * Whether a request on weights names[0..n) with path want must wait
+ * before it is routed: it leaves the path to the crossover, and the
+ * crossover of one of those weights on a device that holds it is still
+ * being measured (crossover_pending). It waits instead of being answered
+ * by the default crossover and its repeat, moments later, by the measured
+ * one: once a weight has answered, the same request gets the same bytes
+ * (DESIGN §6, weights.h). Returns 1 when req waits (the wait owns req and
+ * route then), 0 when it goes on, -1 when too many wait (r says so).
+ */
+static int crossover_waits(ql__server *s, ql__session *ss, ql__request *req,
+                           void *route, char *const *names, size_t n,
+                           ql_path want, ql__reply *r) {
+  struct ql__linear_state *l = s->lin;
+  ql__weight *w = NULL;
+  if (want != QL_PATH_AUTO || s->cfg.crossover_rows != 0)
+    return 0;
+  for (size_t i = 0; i < n && w == NULL; i++) {
+    ql__weight *c = ql__weight_store_get(s->weights, names[i]);
+    if (c != NULL && c->policy == QL_PATH_AUTO &&
+        (c->crossover_pending & c->devices) != 0)
+      w = c;
+  }
+  if (w == NULL)
+    return 0;
+  xover_wait *x;
+  if (l->n_xwaiting >= s->cfg.max_queue || (x = malloc(sizeof *x)) == NULL) {
+    ql__reply_set_error(r, QL_EEXHAUSTED, "linear: weight '%s': %zu requests "
+                        "already wait for its crossover to be measured; try "
+                        "again", w->name, l->n_xwaiting);
+    return -1;
+  }
+  ql__weight_ref(w);
+  x->w = w;
+  x->req = req;
+  x->route = route;
+  x->session_id = ql__session_id(ss);
+  x->next = NULL;
+  *l->xwaiting_tail = x;
+  l->xwaiting_tail = &x->next;
+  l->n_xwaiting++;
+  return 1;
+}
+
+void ql__linear_crossover_ready(ql__server *s, ql__weight *w) {
+  struct ql__linear_state *l = s->lin;
+  xover_wait *ready = NULL, **rt = &ready;
+  if (l == NULL)
+    return;
+  /* Taken off first, in order: a request taken again may wait again
+   * (another device of the weight still measuring), at the end. */
+  for (xover_wait **pp = &l->xwaiting; *pp != NULL;) {
+    xover_wait *x = *pp;
+    if (x->w == w) {
+      *pp = x->next;
+      l->n_xwaiting--;
+      x->next = NULL;
+      *rt = x;
+      rt = &x->next;
+    } else {
+      pp = &x->next;
+    }
+  }
+  l->xwaiting_tail = &l->xwaiting;
+  while (*l->xwaiting_tail != NULL)
+    l->xwaiting_tail = &(*l->xwaiting_tail)->next;
+  while (ready != NULL) {
+    xover_wait *x = ready;
+    ready = x->next;
+    ql__linear_resubmit(s, x->req, x->route, x->session_id);
+    ql__weight_unref(x->w);
+    free(x);
+  }
+}
+
+void ql__lin_drop_xwaiting(ql__server *s, uint64_t session_id, int code) {
+  struct ql__linear_state *l = s->lin;
+  for (xover_wait **pp = &l->xwaiting; *pp != NULL;) {
+    xover_wait *x = *pp;
+    if (session_id != 0 && x->session_id != session_id) {
+      pp = &x->next;
+      continue;
+    }
+    *pp = x->next;
+    l->n_xwaiting--;
+    if (code != 0)
+      ql__reply_error(s, x->route, x->req->msg->request_id, code,
+                      code == QL_ESHUTDOWN ? "daemon is stopping"
+                                           : "not answered");
+    else
+      ql__route_drop(x->route);
+    ql__request_free(x->req);
+    ql__weight_unref(x->w);
+    free(x);
+  }
+  l->xwaiting_tail = &l->xwaiting;
+  while (*l->xwaiting_tail != NULL)
+    l->xwaiting_tail = &(*l->xwaiting_tail)->next;
+}
+
 int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
                       void *route, ql__reply *r) {
   const Qlinear__V1__LinearRequest *l = req->msg->linear;
+  int wt = crossover_waits(s, ss, req, route, (char *const *)&l->weight, 1,
+                           (ql_path)l->path, r);
+  if (wt != 0)
+    return wt > 0;
   return submit_one(s, ss, req, route, NULL, 0, l->weight, l->x,
                     (ql_path)l->path, l->y_out, l->y_out_cuda, l->y_out_ze,
                     l->device, r);
@@ -571,6 +690,10 @@ int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
                             void *route, ql__reply *r) {
   const Qlinear__V1__LinearMultiRequest *l = req->msg->linear_multi;
   size_t inline_bytes = 0;
+  int wt = crossover_waits(s, ss, req, route, l->weights, l->n_weights,
+                           (ql_path)l->path, r);
+  if (wt != 0)
+    return wt > 0;
   /* What can be checked before anything runs: every weight exists and
    * takes x, and the inline results fit one reply. */
   for (size_t i = 0; i < l->n_weights; i++) {

@@ -152,6 +152,7 @@ int ql__linear_open(ql__server *s) {
   uv_poll_start(&l->retry_poll, UV_READABLE, on_retry);
   l->timers = 1;
   l->cpu_saturated = cpu_saturated(s);
+  l->xwaiting_tail = &l->xwaiting;
   s->lin = l;
   ql__weight_store_set_free_hook(s->weights, on_weight_freed, s);
   return 0;
@@ -183,6 +184,7 @@ void ql__linear_close(ql__server *s) {
     uv_run(s->loop, UV_RUN_NOWAIT);
   }
   /* (The workers are closed: nothing is pending; this is a backstop.) */
+  ql__lin_drop_xwaiting(s, 0, 0);
   while (s->lin->waiting != NULL) {
     settle_wait *w = s->lin->waiting;
     s->lin->waiting = w->next;
@@ -203,7 +205,7 @@ void ql__linear_close(ql__server *s) {
 }
 
 size_t ql__linear_in_flight(const ql__server *s) {
-  return s->lin ? s->lin->in_flight : 0;
+  return s->lin ? s->lin->in_flight + s->lin->n_xwaiting : 0;
 }
 
 void ql__linear_set_times(ql__server *s, ql__weight *w, unsigned dev,
@@ -746,6 +748,7 @@ void ql__linear_session_ended(ql__server *s, uint64_t session_id) {
     return;
   ql__sched_remove_session(s->lin->sched, session_id, QL_ESESSION, &out);
   ql__lin_answer_list(s, out);
+  ql__lin_drop_xwaiting(s, session_id, 0); /* nobody to answer */
 }
 
 void ql__linear_cancel_waiting(ql__server *s) {
@@ -754,6 +757,7 @@ void ql__linear_cancel_waiting(ql__server *s) {
     return;
   ql__sched_remove_all(s->lin->sched, QL_ESHUTDOWN, &out);
   ql__lin_answer_list(s, out);
+  ql__lin_drop_xwaiting(s, 0, QL_ESHUTDOWN);
 }
 
 void ql__linear_stats(const ql__server *s, const ql__weight *w, unsigned dev,

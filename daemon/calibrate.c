@@ -183,13 +183,27 @@ int ql__calibrate_busy(const ql__server *s) {
 /* Gives w its shape's crossover on device dev unless it has one, and its
  * launch times there to the scheduler, which sizes prefill chunks by
  * them. */
+/* w's crossover on dev is no longer to be measured (known, or given up):
+ * the requests waiting for it go on. */
+static void not_pending(ql__server *s, ql__weight *w, unsigned dev) {
+  uint64_t bit = (uint64_t)1 << dev;
+  if (!(w->crossover_pending & bit))
+    return;
+  w->crossover_pending &= ~bit;
+  ql__linear_crossover_ready(s, w);
+}
+
 static void set_known(ql__server *s, ql__weight *w, unsigned dev,
                       const ql__xover_entry *e) {
-  if (w->crossover_known >> dev & 1)
-    return;
-  w->crossover[dev] = e->rows;
-  w->crossover_known |= (uint64_t)1 << dev;
-  ql__linear_set_times(s, w, dev, e->m, e->wo_ns, e->aq_ns, e->n);
+  uint64_t bit = (uint64_t)1 << dev;
+  /* One already known stays, and so does the default one that answered
+   * requests while nothing was measured (crossover_used). */
+  if (!(w->crossover_known & bit) && !(w->crossover_used & bit)) {
+    w->crossover[dev] = e->rows;
+    w->crossover_known |= bit;
+    ql__linear_set_times(s, w, dev, e->m, e->wo_ns, e->aq_ns, e->n);
+  }
+  not_pending(s, w, dev);
 }
 
 typedef struct apply_ctx {
@@ -310,6 +324,9 @@ static void measure_done(ql__job *job) {
     if (mj->rc != 0 && !s->stopping)
       ql__warn("crossover of %s on %s: not measured (%s)", mj->w->name,
                d->alias, ql_strerror(mj->rc));
+    /* Its requests go on with the default (another weight of the shape
+     * may measure it later; this one keeps what it answered with). */
+    not_pending(s, mj->w, d->index);
   } else if (lookup(c, mj->key) == NULL) {
     uint32_t rows = ql_crossover_choose(&mj->res);
     char what[64] = "never";
@@ -346,6 +363,7 @@ static void next_measurement(ql__server *s) {
       set_known(s, p.w, p.dev, e);
     } else if (!p.w->in_store || d->failed) {
       /* Gone, or nothing to measure on. */
+      not_pending(s, p.w, p.dev);
     } else if (ql_dispatch(d->b, QL_OP_LINEAR_AQ, p.w->q->format,
                            QL_DTYPE_F32, 1, p.w->q->n, p.w->q->k) == NULL) {
       /* No activation-quantized path there: nothing to time. */
@@ -365,6 +383,9 @@ static void next_measurement(ql__server *s) {
         continue; /* the job holds p.w's reference */
       }
       free(mj);
+      not_pending(s, p.w, p.dev);
+    } else {
+      not_pending(s, p.w, p.dev);
     }
     ql__weight_unref(p.w);
   }
@@ -410,6 +431,7 @@ void ql__calibrate_weight(ql__server *s, ql__weight *w) {
     c->pending[c->n_pending].w = w;
     c->pending[c->n_pending].dev = d;
     c->n_pending++;
+    w->crossover_pending |= (uint64_t)1 << d;
   }
   next_measurement(s);
 }

@@ -80,6 +80,10 @@ void ql__linear_resubmit(ql__server *s, ql__request *req, void *route,
 /* Linear requests accepted and not yet answered. */
 size_t ql__linear_in_flight(const ql__server *s);
 
+/* w's crossover on some device is known, or no longer to be measured
+ * (calibrate.c): the AUTO requests that waited for it are taken again. */
+void ql__linear_crossover_ready(ql__server *s, ql__weight *w);
+
 /* The measured launch times of w on device dev (n sizes: m[i] rows took
  * wo_ns[i] weight-only and aq_ns[i] activation-quantized, 0 = no such
  * path), given to the scheduler's queues of w there for every activation

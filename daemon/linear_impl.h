@@ -118,6 +118,10 @@ struct ql__linear_state {
    * a steady stream of later replies cannot hold it back. */
   _Atomic uint64_t early_sent, early_done;
   struct settle_wait *waiting;
+  /* AUTO requests waiting for a crossover being measured (admit.c),
+   * oldest first. */
+  struct xover_wait *xwaiting, **xwaiting_tail;
+  size_t n_xwaiting;
   /* Per device: its batches in parts on the worker, and those stopped
    * for decode work (oldest first), to go on with when it has run. */
   batch_job *in_parts[QL__MAX_DEVICES];
@@ -181,6 +185,10 @@ const ql_kernel_impl *ql__lin_kernel(const ql_backend *b, const ql_qweight *q,
 const ql_kernel_impl *ql__lin_kernel_dev(const ql_backend *b,
                                          const ql_qweight *q, ql_path path,
                                          ql_dtype dt, int64_t m);
+
+/* admit.c: the requests that wait for a crossover. Drops those of
+ * session_id (0: all), answering each with code when it is not 0. */
+void ql__lin_drop_xwaiting(ql__server *s, uint64_t session_id, int code);
 
 /* answer.c */
 /* Makes r the reply to Linear request j, which ended with rc and ran

@@ -86,6 +86,16 @@ typedef struct ql__weight {
    * valid where bit d of crossover_known is set. */
   uint32_t crossover[QL__MAX_DEVICES];
   uint64_t crossover_known;
+  /* Bit d: its shape's crossover on device d is being (or is to be)
+   * measured (calibrate.c): AUTO requests wait until it is known or
+   * given up (admit.c), so that none is answered by a crossover about to
+   * change. */
+  uint64_t crossover_pending;
+  /* Bit d: an AUTO request was routed by its crossover on device d: from
+   * then on that crossover stays for the weight's life there (a later
+   * measurement does not apply), so the same request always gets the
+   * same path, kernel and bytes. */
+  uint64_t crossover_used;
   /* Called with the weight before it is freed (its last reference gone),
    * when it was ever in a store: set from the store's hook at insert. */
   void (*on_free)(struct ql__weight *w, void *arg);

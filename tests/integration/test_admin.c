@@ -755,6 +755,81 @@ START_TEST(crossover_measured_and_cached) {
 }
 END_TEST
 
+/*
+ * Answers do not change under a client while a new weight's crossover is
+ * measured: AUTO requests of 1, 4, 8 and 12 rows sent from the moment it
+ * is loaded, while its shape is measured and after, get the same path,
+ * kernel and bytes for the same rows. They wait for the measurement
+ * instead of being answered by the default crossover and, moments later,
+ * by the measured one; the one they are answered by is the measured one.
+ */
+START_TEST(answers_time_invariant) {
+  enum { N = 2048, K = 2048, ROUNDS_AFTER = 3 };
+  static const uint64_t ms[] = {1, 4, 8, 12};
+  const char *args[] = {"--crossover-rows", "0", NULL};
+  td d;
+  td_layer l;
+  uint64_t seed = 5;
+  td_layer_make(&l, N, K, 21, 1);
+  float *x = tu_xmalloc(12 * K * sizeof(float));
+  float *y = tu_xmalloc(12 * N * sizeof(float));
+  float *first[4];
+  ql_linear_result res, first_res[4];
+  td_randn(&seed, x, 12 * K, 1.0f);
+  td_start(&d, args);
+  ql_client *c = td_connect(&d);
+  ck_assert_int_eq(load(c, "tinv", &l, QL_FORMAT_Q8C, 0, 0, NULL), 0);
+  int after = -1, rounds = 0;
+  while (after < ROUNDS_AFTER) {
+    for (int i = 0; i < 4; i++) {
+      int rc = ql_linear(c, "tinv", QL_PATH_AUTO, QL_DTYPE_F32, ms[i], K, x,
+                         N, y, &res);
+      ck_assert_msg(rc == 0, "linear: %s", ql_errmsg());
+      if (rounds == 0) {
+        first[i] = tu_xmalloc(ms[i] * N * sizeof(float));
+        memcpy(first[i], y, ms[i] * N * sizeof(float));
+        first_res[i] = res;
+        continue;
+      }
+      ck_assert_msg(res.path == first_res[i].path &&
+                        strcmp(res.impl, first_res[i].impl) == 0,
+                    "round %d, %llu rows: %s path %d, first %s path %d",
+                    rounds, (unsigned long long)ms[i], res.impl, res.path,
+                    first_res[i].impl, first_res[i].path);
+      ck_assert_msg(memcmp(y, first[i], ms[i] * N * sizeof(float)) == 0,
+                    "round %d, %llu rows: other bytes than the first reply",
+                    rounds, (unsigned long long)ms[i]);
+    }
+    rounds++;
+    ql_weight_info wi;
+    ck_assert_int_eq(resident(c, "tinv", &wi), 0);
+    if (after >= 0 || wi.crossover_measured)
+      after++;
+    ck_assert_msg(rounds < 2000, "the crossover was never measured");
+  }
+  /* The path each size took is the measured crossover's. */
+  ql_weight_info wi;
+  ck_assert_int_eq(resident(c, "tinv", &wi), 0);
+  ck_assert_int_eq(wi.crossover_measured, 1);
+  for (int i = 0; i < 4; i++) {
+    ql_path want = ms[i] < wi.crossover_rows ? QL_PATH_WEIGHT_ONLY
+                                             : QL_PATH_ACT_QUANT;
+    ck_assert_msg(first_res[i].path == want,
+                  "%llu rows ran path %d, the measured crossover (%u) "
+                  "says %d", (unsigned long long)ms[i], first_res[i].path,
+                  wi.crossover_rows, want);
+    free(first[i]);
+  }
+  fprintf(stderr, "answers_time_invariant: %d rounds, crossover %u\n",
+          rounds, wi.crossover_rows);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+  free(x);
+  free(y);
+  td_layer_free(&l);
+}
+END_TEST
+
 /* cpu_level = c runs the plain C kernels. */
 START_TEST(cpu_level_option) {
   td d;
@@ -1035,6 +1110,7 @@ int main(void) {
   tcase_add_test(tc, store_from_quantizer_v1);
   tcase_add_test(tc, session_lease);
   tcase_add_test(tc, crossover_measured_and_cached);
+  tcase_add_test(tc, answers_time_invariant);
   tcase_add_test(tc, cpu_level_option);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
