@@ -55,14 +55,14 @@ void ql__serve_load_begin(ql__server *s, ql__session *ss,
                             (int64_t)sp->n, (int64_t)sp->k,
                             sdt ? sdt : QL_DTYPE_F32, NULL, NULL, NULL);
   if (rc != 0) {
-    ql__reply_set_error(r, rc, "load_begin: %llux%llu is not a valid %s weight",
+    ql__reply_set_error(r, rc, "load: %llux%llu is not a valid %s weight",
               (unsigned long long)sp->n, (unsigned long long)sp->k,
               ql__format_name((int)sp->format));
     return;
   }
   if (b->packed != NULL) {
     if (packed_template(b->packed, &tmpl, &tmpl.total) != 0) {
-      ql__reply_set_error(r, QL_ESHAPE, "load_begin: packed arrays overflow");
+      ql__reply_set_error(r, QL_ESHAPE, "load: packed arrays overflow");
       return;
     }
   } else {
@@ -70,7 +70,7 @@ void ql__serve_load_begin(ql__server *s, ql__session *ss,
     if (ql__mul_size(sp->n, sp->k, es, &wbytes) != 0 ||
         (sp->has_bias && ql__mul_size(sp->n, 1, es, &bbytes) != 0) ||
         wbytes > SIZE_MAX - bbytes) {
-      ql__reply_set_error(r, QL_ESHAPE, "load_begin: weight size overflows");
+      ql__reply_set_error(r, QL_ESHAPE, "load: weight size overflows");
       return;
     }
     tmpl.total = wbytes + bbytes;
@@ -89,12 +89,12 @@ void ql__serve_load_begin(ql__server *s, ql__session *ss,
   tmpl.owner = ss != NULL ? ql__session_id(ss) : 0;
   tmpl.last_ns = ql__now_ns();
   if (sp->persistent && ss != NULL) {
-    ql__reply_set_error(r, QL_EPERM, "load_begin: persistent loads go through the "
+    ql__reply_set_error(r, QL_EPERM, "load: persistent loads go through the "
               "admin socket");
     return;
   }
   if (sp->persistent && s->store == NULL) {
-    ql__reply_set_error(r, QL_ENOTSUP, "load_begin: the daemon has no state "
+    ql__reply_set_error(r, QL_ENOTSUP, "load: the daemon has no state "
               "directory (state_dir) to store persistent weights in");
     return;
   }
@@ -104,22 +104,22 @@ void ql__serve_load_begin(ql__server *s, ql__session *ss,
   if (b->n_devices > 0 &&
       (rc = ql__devices_resolve(s, b->devices, b->n_devices, &tmpl.devices,
                                 why, sizeof why)) != 0) {
-    ql__reply_set_error(r, rc, "load_begin: %s", why);
+    ql__reply_set_error(r, rc, "load: %s", why);
     return;
   }
   if (ss != NULL && ql__uploads_count_owned(s->uploads, tmpl.owner) >=
                         QL_SESSION_MAX_UPLOADS) {
-    ql__reply_set_error(r, QL_EEXHAUSTED, "load_begin: the session already has %d "
+    ql__reply_set_error(r, QL_EEXHAUSTED, "load: the session already has %d "
               "uploads in progress", QL_SESSION_MAX_UPLOADS);
     return;
   }
   ql__upload *up;
   if ((rc = ql__uploads_begin(s->uploads, &tmpl, &up)) != 0) {
     if (rc == QL_EEXHAUSTED)
-      ql__reply_set_error(r, rc, "load_begin: the upload budget cannot hold %zu more "
+      ql__reply_set_error(r, rc, "load: the upload budget cannot hold %zu more "
                 "bytes (or too many uploads are in progress)", tmpl.total);
     else
-      ql__reply_set_error(r, rc, "load_begin: cannot allocate %zu bytes", tmpl.total);
+      ql__reply_set_error(r, rc, "load: cannot allocate %zu bytes", tmpl.total);
     return;
   }
   qlinear__v1__load_begin_response__init(out);
@@ -143,25 +143,25 @@ void ql__serve_load_chunk(ql__server *s, ql__session *ss,
                           Qlinear__V1__LoadChunkResponse *out) {
   ql__upload *up = session_upload(s, ss, c->upload_id);
   if (up == NULL) {
-    ql__reply_set_error(r, QL_ENOTFOUND, "load_chunk: no upload %llu",
+    ql__reply_set_error(r, QL_ENOTFOUND, "load: no upload %llu",
               (unsigned long long)c->upload_id);
     return;
   }
   if (c->data.len > s->cfg.max_chunk_bytes) {
-    ql__reply_set_error(r, QL_ETOOBIG, "load_chunk: %zu bytes, the limit is %zu",
+    ql__reply_set_error(r, QL_ETOOBIG, "load: %zu bytes, the limit is %zu",
               c->data.len, s->cfg.max_chunk_bytes);
     return;
   }
   int rc = ql__upload_append(up, c->offset, c->data.data, c->data.len,
                              ql__now_ns());
   if (rc == QL_ESEQUENCE)
-    ql__reply_set_error(r, rc, "load_chunk: offset %llu, expected %zu",
+    ql__reply_set_error(r, rc, "load: offset %llu, expected %zu",
               (unsigned long long)c->offset, up->received);
   else if (rc == QL_ESHAPE)
-    ql__reply_set_error(r, rc, "load_chunk: %zu bytes at %zu exceed the %zu expected",
+    ql__reply_set_error(r, rc, "load: %zu bytes at %zu exceed the %zu expected",
               c->data.len, up->received, up->total);
   else if (rc != 0)
-    ql__reply_set_error(r, QL_ESEQUENCE, "load_chunk: upload is being committed");
+    ql__reply_set_error(r, QL_ESEQUENCE, "load: upload is being committed");
   if (rc != 0)
     return;
   qlinear__v1__load_chunk_response__init(out);
@@ -299,7 +299,7 @@ static void store_done(uv_work_t *work, int status) {
     ql__reply_init(&r, sw->request_id);
     /* The store's explanation names files of the state directory: it
      * goes to the log only (replies never echo paths). */
-    ql__reply_set_error(&r, sw->rc, "load_commit: the weight could not be "
+    ql__reply_set_error(&r, sw->rc, "load: the weight could not be "
                         "stored (%s); nothing was kept, the daemon's log has "
                         "the details", ql_strerror(sw->rc));
     ql__reply_send(s, sw->route, &r);
@@ -326,13 +326,13 @@ static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
     return 0;
   }
   if (w->storing) {
-    ql__reply_set_error(r, QL_EEXHAUSTED, "load_commit: weight '%s' is being stored "
+    ql__reply_set_error(r, QL_EEXHAUSTED, "load: weight '%s' is being stored "
               "by another load; try again", w->name);
     return 0;
   }
   store_work *sw = calloc(1, sizeof *sw);
   if (sw == NULL) {
-    ql__reply_set_error(r, QL_ENOMEM, "load_commit: out of memory");
+    ql__reply_set_error(r, QL_ENOMEM, "load: out of memory");
     return 0;
   }
   sw->s = s;
@@ -359,7 +359,7 @@ static int commit_admin(ql__server *s, ql__upload *up, ql__weight *w,
   sw->work.data = sw;
   if (uv_queue_work(s->loop, &sw->work, store_run, store_done) != 0) {
     free(sw);
-    ql__reply_set_error(r, QL_EINTERNAL, "load_commit: cannot queue work");
+    ql__reply_set_error(r, QL_EINTERNAL, "load: cannot queue work");
     return 0;
   }
   ql__weight_ref(w);
@@ -380,34 +380,34 @@ static void commit_done(uv_work_t *work, int status) {
   if (status != 0 && c->rc == 0)
     c->rc = QL_EINTERNAL;
   if (c->rc != 0 && c->err[0] != '\0') {
-    ql__reply_set_error(&r, c->rc, "load_commit: %s", c->err);
+    ql__reply_set_error(&r, c->rc, "load: %s", c->err);
   } else if (c->rc == QL_ENONFINITE) {
-    ql__reply_set_error(&r, c->rc, "load_commit: NaN or Inf in the weight or bias");
+    ql__reply_set_error(&r, c->rc, "load: NaN or Inf in the weight or bias");
   } else if (c->rc != 0) {
-    ql__reply_set_error(&r, c->rc, "load_commit: cannot quantize: %s",
+    ql__reply_set_error(&r, c->rc, "load: cannot quantize: %s",
               ql_strerror(c->rc));
   } else if (!c->admin && ss == NULL) {
     /* Nobody would hold the weight: it is not stored. */
-    ql__reply_set_error(&r, QL_ESESSION, "load_commit: the session ended before the "
+    ql__reply_set_error(&r, QL_ESESSION, "load: the session ended before the "
               "commit completed");
   } else if ((rc = ql__weight_store_insert(s->weights, c->w, &existing)) ==
              QL_EEXIST) {
-    ql__reply_set_error(&r, rc, "load_commit: a weight named '%s' with other "
+    ql__reply_set_error(&r, rc, "load: a weight named '%s' with other "
               "content is resident", c->w->name);
   } else if (rc == QL_ENOMEM) {
-    ql__reply_set_error(&r, rc, "load_commit: %zu more bytes would exceed the cpu "
+    ql__reply_set_error(&r, rc, "load: %zu more bytes would exceed the cpu "
               "budget (%zu of %zu bytes in use), or its %zu bytes of device "
               "layouts a device's budget", c->w->bytes,
               ql__weight_store_bytes(s->weights),
               ql__weight_store_budget(s->weights), c->w->dev_bytes);
   } else if (rc != 0) {
-    ql__reply_set_error(&r, rc, "load_commit: %s", ql_strerror(rc));
+    ql__reply_set_error(&r, rc, "load: %s", ql_strerror(rc));
   } else if (existing != NULL && (c->up->devices & ~existing->devices) != 0) {
     /* Shared loads keep the resident weight where it is (no copy is added
      * behind its holders' backs). */
     char on[256];
     ql__devices_list(s, existing->devices, on, sizeof on);
-    ql__reply_set_error(&r, QL_EEXIST, "load_commit: weight '%s' with this "
+    ql__reply_set_error(&r, QL_EEXIST, "load: weight '%s' with this "
                         "content is resident on %s, not on every device the "
                         "load names; hold it there, or name those devices",
                         existing->name, on);
@@ -424,10 +424,10 @@ static void commit_done(uv_work_t *work, int status) {
     (void)ql__weight_store_drop_unheld(s->weights,
                                        existing ? existing : c->w);
     if (rc == QL_EEXHAUSTED)
-      ql__reply_set_error(&r, rc, "load_commit: the session already holds %d "
+      ql__reply_set_error(&r, rc, "load: the session already holds %d "
                 "weights", QL_SESSION_MAX_WEIGHTS);
     else
-      ql__reply_set_error(&r, rc, "load_commit: out of memory");
+      ql__reply_set_error(&r, rc, "load: out of memory");
   } else {
     w = existing ? existing : c->w;
     ql__calibrate_weight(s, w);
@@ -452,22 +452,22 @@ int ql__serve_load_commit(ql__server *s, ql__session *ss, uint64_t id,
                           ql__reply *r) {
   ql__upload *up = session_upload(s, ss, m->upload_id);
   if (up == NULL) {
-    ql__reply_set_error(r, QL_ENOTFOUND, "load_commit: no upload %llu",
+    ql__reply_set_error(r, QL_ENOTFOUND, "load: no upload %llu",
               (unsigned long long)m->upload_id);
     return 0;
   }
   if (up->committing) {
-    ql__reply_set_error(r, QL_ESEQUENCE, "load_commit: already committing");
+    ql__reply_set_error(r, QL_ESEQUENCE, "load: already committing");
     return 0;
   }
   if (up->received != up->total) {
-    ql__reply_set_error(r, QL_ESHAPE, "load_commit: received %zu of %zu bytes",
+    ql__reply_set_error(r, QL_ESHAPE, "load: received %zu of %zu bytes",
               up->received, up->total);
     return 0;
   }
   commit_work *c = calloc(1, sizeof *c);
   if (c == NULL) {
-    ql__reply_set_error(r, QL_ENOMEM, "load_commit: out of memory");
+    ql__reply_set_error(r, QL_ENOMEM, "load: out of memory");
     return 0;
   }
   char why[200];
@@ -478,9 +478,9 @@ int ql__serve_load_commit(ql__server *s, ql__session *ss, uint64_t id,
   if (rc != 0) {
     free(c);
     if (up->devices != 0)
-      ql__reply_set_error(r, rc, "load_commit: %s", why);
+      ql__reply_set_error(r, rc, "load: %s", why);
     else
-      ql__reply_set_error(r, rc, "load_commit: every device is out of "
+      ql__reply_set_error(r, rc, "load: every device is out of "
                           "service");
     return 0;
   }
@@ -493,7 +493,7 @@ int ql__serve_load_commit(ql__server *s, ql__session *ss, uint64_t id,
   c->work.data = c;
   if (uv_queue_work(s->loop, &c->work, commit_run, commit_done) != 0) {
     free(c);
-    ql__reply_set_error(r, QL_EINTERNAL, "load_commit: cannot queue work");
+    ql__reply_set_error(r, QL_EINTERNAL, "load: cannot queue work");
     return 0;
   }
   up->committing = 1;
@@ -506,12 +506,12 @@ void ql__serve_load_abort(ql__server *s, ql__session *ss,
                           Qlinear__V1__LoadAbortResponse *out) {
   ql__upload *up = session_upload(s, ss, m->upload_id);
   if (up == NULL) {
-    ql__reply_set_error(r, QL_ENOTFOUND, "load_abort: no upload %llu",
+    ql__reply_set_error(r, QL_ENOTFOUND, "load abort: no upload %llu",
               (unsigned long long)m->upload_id);
     return;
   }
   if (up->committing) {
-    ql__reply_set_error(r, QL_ESEQUENCE, "load_abort: upload is being committed");
+    ql__reply_set_error(r, QL_ESEQUENCE, "load abort: upload is being committed");
     return;
   }
   ql__uploads_remove(s->uploads, up);

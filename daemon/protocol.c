@@ -120,25 +120,25 @@ static int validate_array(const char *what, const Qlinear__V1__ArraySpec *a,
                           char *err, size_t errlen) {
   size_t es = ql_array_dtype_size((int)a->dtype), bytes;
   if (es == 0) {
-    seterr(err, errlen, "load_begin: %s: unknown dtype %d", what,
+    seterr(err, errlen, "load: %s: unknown dtype %d", what,
            (int)a->dtype);
     return QL_EDTYPE;
   }
   if (a->n_shape < 1 || a->n_shape > 2) {
-    seterr(err, errlen, "load_begin: %s: %zu dims (want 1 or 2)", what,
+    seterr(err, errlen, "load: %s: %zu dims (want 1 or 2)", what,
            a->n_shape);
     return QL_ESHAPE;
   }
   for (size_t i = 0; i < a->n_shape; i++) {
     if (a->shape[i] == 0 || a->shape[i] > QL_MAX_DIM) {
-      seterr(err, errlen, "load_begin: %s: dim %zu is %llu", what, i,
+      seterr(err, errlen, "load: %s: dim %zu is %llu", what, i,
              (unsigned long long)a->shape[i]);
       return QL_ESHAPE;
     }
   }
   if (ql__mul_size(a->shape[0], a->n_shape == 2 ? a->shape[1] : 1, es,
                    &bytes) != 0) {
-    seterr(err, errlen, "load_begin: %s: size overflows", what);
+    seterr(err, errlen, "load: %s: size overflows", what);
     return QL_ESHAPE;
   }
   return 0;
@@ -148,18 +148,18 @@ static int validate_packed(const Qlinear__V1__PackedSpec *p, int has_bias,
                            char *err, size_t errlen) {
   int rc;
   if (p->qdata == NULL || p->scale == NULL) {
-    seterr(err, errlen, "load_begin: packed: %s missing",
+    seterr(err, errlen, "load: packed: %s missing",
            p->qdata == NULL ? "qdata" : "scale");
     return QL_EINVAL;
   }
   if (has_bias != (p->bias != NULL)) {
-    seterr(err, errlen, "load_begin: packed: bias %s",
+    seterr(err, errlen, "load: packed: bias %s",
            has_bias ? "declared but missing" : "given but not declared");
     return QL_EINVAL;
   }
   if (p->zero_kind != QLINEAR__V1__ZERO_KIND__ZERO_FLOAT &&
       p->zero_kind != QLINEAR__V1__ZERO_KIND__ZERO_INT) {
-    seterr(err, errlen, "load_begin: packed: unknown zero kind %d",
+    seterr(err, errlen, "load: packed: unknown zero kind %d",
            (int)p->zero_kind);
     return QL_EINVAL;
   }
@@ -175,45 +175,45 @@ static int validate_spec(const Qlinear__V1__WeightSpec *s, int packed,
                          char *err, size_t errlen) {
   int rc;
   if (s == NULL) {
-    seterr(err, errlen, "load_begin: missing spec");
+    seterr(err, errlen, "load: missing spec");
     return QL_EINVAL;
   }
-  if ((rc = check_name("load_begin", s->name, err, errlen)) != 0)
+  if ((rc = check_name("load", s->name, err, errlen)) != 0)
     return rc;
   if (!ql_format_valid((int)s->format)) {
-    seterr(err, errlen, "load_begin: unknown format %d", (int)s->format);
+    seterr(err, errlen, "load: unknown format %d", (int)s->format);
     return QL_EFORMAT;
   }
   int fmt = (int)s->format;
   int grouped = fmt == QL_FORMAT_Q4G || fmt == QL_FORMAT_Q8B;
   if (grouped && s->group_size != 32 && s->group_size != 64 &&
       s->group_size != 128 && s->group_size != 256) {
-    seterr(err, errlen, "load_begin: %s %s %u (want 32, 64, 128 or 256)",
+    seterr(err, errlen, "load: %s %s %u (want 32, 64, 128 or 256)",
            fmt == QL_FORMAT_Q4G ? "q4g" : "q8b",
            fmt == QL_FORMAT_Q4G ? "group size" : "block size", s->group_size);
     return QL_EINVAL;
   }
   if (s->asymmetric && fmt != QL_FORMAT_Q8B) {
-    seterr(err, errlen, "load_begin: only q8b has a symmetric and an "
+    seterr(err, errlen, "load: only q8b has a symmetric and an "
            "asymmetric form");
     return QL_EINVAL;
   }
   if (s->n == 0 || s->k == 0 || s->n > QL_MAX_DIM || s->k > QL_MAX_DIM) {
-    seterr(err, errlen, "load_begin: shape %llux%llu out of range",
+    seterr(err, errlen, "load: shape %llux%llu out of range",
            (unsigned long long)s->n, (unsigned long long)s->k);
     return QL_ESHAPE;
   }
   if (!packed && !ql_dtype_valid((int)s->dtype)) {
-    seterr(err, errlen, "load_begin: unknown data dtype %d", (int)s->dtype);
+    seterr(err, errlen, "load: unknown data dtype %d", (int)s->dtype);
     return QL_EDTYPE;
   }
   if (s->scale_dtype != 0 && !ql_dtype_valid((int)s->scale_dtype)) {
-    seterr(err, errlen, "load_begin: unknown scale dtype %d",
+    seterr(err, errlen, "load: unknown scale dtype %d",
            (int)s->scale_dtype);
     return QL_EDTYPE;
   }
   if (!ql_path_valid((int)s->policy)) {
-    seterr(err, errlen, "load_begin: unknown policy %d", (int)s->policy);
+    seterr(err, errlen, "load: unknown policy %d", (int)s->policy);
     return QL_EINVAL;
   }
   return 0;
@@ -464,14 +464,14 @@ int ql__request_validate(const ql__msg_request *req, char *err,
     /* 16: the daemon's most devices (QL__MAX_DEVICES); 63: the longest
      * device name (ql_device_desc.name). Which exist is the handler's. */
     if (rc == 0 && b->n_devices > 16) {
-      seterr(err, errlen, "load_begin: %zu devices, at most 16",
+      seterr(err, errlen, "load: %zu devices, at most 16",
              b->n_devices);
       return QL_EINVAL;
     }
     for (size_t i = 0; rc == 0 && i < b->n_devices; i++) {
       size_t n = strlen(b->devices[i]);
       if (n == 0 || n > 63) {
-        seterr(err, errlen, "load_begin: device %zu: a name of %zu bytes",
+        seterr(err, errlen, "load: device %zu: a name of %zu bytes",
                i, n);
         return QL_EINVAL;
       }
@@ -480,7 +480,7 @@ int ql__request_validate(const ql__msg_request *req, char *err,
   }
   case QLINEAR__V1__REQUEST__BODY_LOAD_CHUNK:
     if (req->load_chunk->data.len == 0) {
-      seterr(err, errlen, "load_chunk: empty chunk");
+      seterr(err, errlen, "load: empty chunk");
       return QL_EINVAL;
     }
     return 0;

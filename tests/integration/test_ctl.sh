@@ -82,6 +82,9 @@ expect 0 "load again" -- "$ctl" load demo/proj "$work/w.npy" --format q4g128 --b
 grep -q "shared" "$dir/out" || bad "second load not reported as shared"
 expect 1 "load other content" -- "$ctl" load demo/proj "$work/w.npy" --format q8c
 grep -qi "exist" "$dir/err" || bad "no 'exists' message: $(cat "$dir/err")"
+# The daemon's messages name what the user did, not its internal stages.
+grep -q "load_commit\|load_begin\|load_chunk" "$dir/err" &&
+  bad "an internal stage name in the message: $(cat "$dir/err")" || ok
 
 # Bad input: clear message, exit 1 (usage errors exit 2).
 printf 'not a numpy file' >"$work/bad.npy"
