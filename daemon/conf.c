@@ -1,7 +1,7 @@
 /*
  * conf.c - see conf.h. The table of options comes first; below it are the
  * parsers of each type, the INI reader, the command line, the reload and
- * the two writers (--print-config, --help).
+ * the writers (--print-config, --help, the manual page qlineard.conf(5)).
  */
 #include "conf.h"
 
@@ -1341,4 +1341,292 @@ void ql__config_help(FILE *f) {
     }
     fprintf(f, "%s\n", o->flags & QL_OPT_LIVE ? " [SIGHUP]" : "");
   }
+}
+
+/* ------------------------------------------------------------ man page */
+
+/*
+ * qlineard.conf(5), in roff: the text about the file around one entry per
+ * option of the table, so that the page cannot drift from the table (nor
+ * from --help, which prints the same entries). Nothing in it depends on
+ * the machine or the environment: socket_dir's default, computed at start,
+ * is described by its help text rather than shown.
+ */
+
+enum { ROFF_LITERAL = 1 }; /* '-' as \- (options, values: copy-pastable) */
+
+/* s as roff text in the middle of a line, or at its start when bol: a
+ * backslash becomes \e, and a '.' or '\'' that begins a line is kept from
+ * being read as a request by \&. */
+static void roff_put(FILE *f, const char *s, int bol, unsigned how) {
+  for (; *s != '\0'; s++) {
+    if (bol && (*s == '.' || *s == '\''))
+      fputs("\\&", f);
+    bol = *s == '\n';
+    if (*s == '\\')
+      fputs("\\e", f);
+    else if (*s == '-' && (how & ROFF_LITERAL))
+      fputs("\\-", f);
+    else
+      fputc(*s, f);
+  }
+}
+
+/* A help text as a sentence of its own line: capitalized when its first
+ * word is a plain lower-case word (not an option name), with a full
+ * stop. */
+static void roff_sentence(FILE *f, const char *help) {
+  size_t first = strcspn(help, " ");
+  int plain = first > 0;
+  for (size_t i = 0; i < first; i++)
+    plain &= help[i] >= 'a' && help[i] <= 'z';
+  if (plain) {
+    fputc(help[0] - 'a' + 'A', f);
+    roff_put(f, help + 1, 0, 0);
+  } else {
+    roff_put(f, help, 1, 0);
+  }
+  size_t n = strlen(help);
+  fputs(n > 0 && help[n - 1] == '.' ? "\n" : ".\n", f);
+}
+
+static const char man_head[] =
+    ".SH NAME\n"
+    "qlineard.conf \\- configuration file of qlineard, the qlinear daemon\n"
+    ".SH SYNOPSIS\n"
+    ".I /etc/qlinear/qlineard.conf\n"
+    ".SH DESCRIPTION\n"
+    ".BR qlineard (8)\n"
+    "reads its options from the file that\n"
+    ".B \\-\\-config\n"
+    "names; without it no file is read.\n"
+    "The system service\n"
+    ".RB ( qlineard.service )\n"
+    "runs\n"
+    ".B qlineard \\-\\-config /etc/qlinear/qlineard.conf\n"
+    "(the directory follows the\n"
+    ".I sysconfdir\n"
+    "given to configure: with the default prefix it is\n"
+    ".IR /usr/local/etc/qlinear ).\n"
+    ".PP\n"
+    "Every option has a default; the file replaces the defaults, and the\n"
+    "command line replaces the file.\n"
+    "Each option below is also the argument\n"
+    "\\fB\\-\\-\\fR\\fIname value\\fR or\n"
+    "\\fB\\-\\-\\fR\\fIname\\fR\\fB=\\fR\\fIvalue\\fR,\n"
+    "the name written with dashes for its underscores\n"
+    "(\\fB\\-\\-max\\-queue 64\\fR), or\n"
+    "\\fB\\-\\-set\\fR \\fIname\\fR\\fB=\\fR\\fIvalue\\fR with the name as in\n"
+    "the file.\n"
+    ".B qlineard \\-\\-config\n"
+    ".I FILE\n"
+    ".B \\-\\-print\\-config\n"
+    "prints the configuration in effect, in the syntax of this file, and\n"
+    "exits;\n"
+    ".B qlineard \\-\\-help\n"
+    "lists the options as this page does.\n"
+    ".SH FILE FORMAT\n"
+    "An INI file of at most 64 KiB:\n"
+    ".IP \\(bu 2\n"
+    "Options go under the section\n"
+    ".BR [qlineard] ,\n"
+    "one\n"
+    ".IB key \" = \" value\n"
+    "per line.\n"
+    "It is the only section: another one is an error, and so is an option\n"
+    "before the section header.\n"
+    ".IP \\(bu 2\n"
+    "A line whose first character other than a blank is\n"
+    ".B #\n"
+    "or\n"
+    ".B ;\n"
+    "is a comment, and so is the rest of a line from a\n"
+    ".B #\n"
+    "or\n"
+    ".B ;\n"
+    "that follows a blank.\n"
+    ".IP \\(bu 2\n"
+    "Blanks around keys and values are ignored.\n"
+    "A value may be put in double quotes, and must be to be empty or to\n"
+    "hold a\n"
+    ".B #\n"
+    "or\n"
+    ".B ;\n"
+    "after a blank.\n"
+    ".IP \\(bu 2\n"
+    "Lines end in LF or CR LF and hold at most 4096 bytes; a UTF\\-8 byte\n"
+    "order mark at the start of the file is skipped.\n"
+    ".IP \\(bu 2\n"
+    "Keys are written exactly as below, with underscores, and each at most\n"
+    "once.\n"
+    "An unknown key, a key given twice or a value that does not parse stops\n"
+    "the daemon before it serves (or fails a reload), with a message that\n"
+    "names the file and the line:\n"
+    ".RS\n"
+    ".PP\n"
+    ".EX\n"
+    "qlineard.conf:12: max_queue: 0 is not in [1, 1048576]\n"
+    ".EE\n"
+    ".RE\n"
+    ".SH VALUES\n"
+    ".TP\n"
+    ".I PATH\n"
+    "An absolute path, without control characters or double quotes.\n"
+    "Where an option says so, an empty value (\\fB\\(dq\\(dq\\fR) means none.\n"
+    ".TP\n"
+    ".I N\n"
+    "A decimal integer.\n"
+    ".TP\n"
+    ".I SIZE\n"
+    "A number of bytes: an integer with an optional binary suffix\n"
+    ".BR K \", \" M \", \" G \" or \" T\n"
+    "(or KiB, MiB, GiB, TiB; in any case): 64M is 64 MiB.\n"
+    "KB, MB and the like are refused as ambiguous.\n"
+    ".TP\n"
+    ".I TIME\n"
+    "A duration: an integer with an optional suffix\n"
+    ".BR ms \", \" s \", \" min \" or \" h ;\n"
+    "a bare number is milliseconds.\n"
+    ".TP\n"
+    ".I PERCENT\n"
+    "A percentage with at most two decimals and an optional\n"
+    ".BR % ,\n"
+    "e.g. 87.5.\n"
+    ".TP\n"
+    ".I A,B,...\n"
+    "A list of distinct items separated by commas, blanks around each item\n"
+    "ignored; \\fB\\(dq\\(dq\\fR is the empty list.\n"
+    ".TP\n"
+    ".IB a | b | c\n"
+    "One of the names listed, in any case.\n"
+    ".PP\n"
+    "A number outside the range given with its option is an error.\n"
+    ".SH OPTIONS\n"
+    "In the order of\n"
+    ".BR \"qlineard \\-\\-help\" .\n"
+    "An option marked\n"
+    ".B [SIGHUP]\n"
+    "takes a new value at a reload; a change to any other one needs a\n"
+    "restart.\n";
+
+static const char man_bool[] =
+    ".PP\n"
+    "A\n"
+    ".BR yes | no\n"
+    "option also takes true/false, on/off or 1/0.\n";
+
+static const char man_tail[] =
+    ".SH RELOAD\n"
+    "SIGHUP\n"
+    "(\\fBsystemctl reload qlineard\\fR, or \\fBqlinearctl \\-\\-admin "
+    "reload\\fR,\n"
+    "which prints what changed) makes the daemon read the file again, with\n"
+    "the same command line on top of it.\n"
+    "A reload is all or nothing: a file that does not parse, or device\n"
+    "budgets that cannot apply, change nothing, and\n"
+    ".B qlinearctl \\-\\-admin reload\n"
+    "says why and fails.\n"
+    "Otherwise the options marked\n"
+    ".B [SIGHUP]\n"
+    "take their new values at once (weights already resident stay, even\n"
+    "past a lowered budget); for any other option that changed, the log\n"
+    "names its running and its configured value, and the running one stays\n"
+    "until a restart.\n"
+    ".SH EXAMPLE\n"
+    ".EX\n"
+    "# /etc/qlinear/qlineard.conf\n"
+    "[qlineard]\n"
+    "socket_dir = /run/qlinear\n"
+    "admin_dir = /run/qlinear\\-admin\n"
+    "state_dir = /var/lib/qlinear\n"
+    "required_devices = cuda:0          # refuse to start without it\n"
+    "device_budget_bytes = cuda:0=20G\n"
+    "kernel_timeout_ms = 5s\n"
+    "max_queue = 256\n"
+    "log_level = notice\n"
+    ".EE\n"
+    ".SH FILES\n"
+    ".TP\n"
+    ".I /etc/qlinear/qlineard.conf\n"
+    "The service's configuration: a copy of the example, put in place by\n"
+    "the first\n"
+    ".BR \"make install\" ,\n"
+    "which never overwrites it after.\n"
+    ".TP\n"
+    ".I /etc/qlinear/qlineard.conf.example\n"
+    "Every option, commented out with its default, and the directories of\n"
+    "the service.\n"
+    ".SH SEE ALSO\n"
+    ".BR qlineard (8),\n"
+    ".BR qlinearctl (1),\n"
+    ".BR libqlinear (3),\n"
+    ".BR systemctl (1)\n";
+
+void ql__config_man(FILE *f, const char *version) {
+  char def[PATH_MAX + 64], lo[32], hi[32], dash[64];
+  ql__config cfg;
+  int any_bool = 0;
+
+  ql__config_init_defaults(&cfg);
+  fputs(".\\\" qlineard.conf.5 - made by `qlineard --print-man-conf` from "
+        "the table of\n"
+        ".\\\" options in daemon/conf.c, which `qlineard --help` prints too: "
+        "edit the\n"
+        ".\\\" table, not this file.\n", f);
+  fputs(".TH QLINEARD.CONF 5 \"\" \"qlinear ", f);
+  roff_put(f, version, 0, 0);
+  fputs("\" \"File Formats Manual\"\n.nh\n.ad l\n", f);
+  fputs(man_head, f);
+  for (size_t i = 0; i < N_OPTIONS; i++) {
+    const ql__option *o = &options[i];
+    any_bool |= o->type == QL_OPT_BOOL;
+    dashed(o, dash, sizeof dash);
+    fputs(".TP\n\\fB", f);
+    roff_put(f, o->name, 1, ROFF_LITERAL);
+    fputs("\\fR = ", f);
+    if (o->type == QL_OPT_ENUM) {
+      for (const ql__opt_name *n = o->names; n->name != NULL; n++) {
+        fputs(n == o->names ? "\\fB" : "\\fR|\\fB", f);
+        roff_put(f, n->name, 0, ROFF_LITERAL);
+      }
+      fputs("\\fR", f);
+    } else {
+      fputs("\\fI", f);
+      roff_put(f, types[o->type].metavar, 0, ROFF_LITERAL);
+      fputs("\\fR", f);
+    }
+    fputs("\\ \\ (\\fB\\-\\-", f);
+    roff_put(f, dash, 0, ROFF_LITERAL);
+    fputs("\\fR)\n", f);
+    roff_sentence(f, o->help);
+    fputs(".br\n", f);
+    if (o->def == NULL) {
+      fputs("Default: computed at start, as said above", f);
+    } else {
+      ql__option_format(o, &cfg, def, sizeof def);
+      if (def[0] == '\0') {
+        fputs("Default: empty", f);
+      } else {
+        fputs("Default: \\fB", f);
+        roff_put(f, def, 0, ROFF_LITERAL);
+        fputs("\\fR", f);
+      }
+    }
+    if (o->type == QL_OPT_UINT || o->type == QL_OPT_SIZE ||
+        o->type == QL_OPT_DURATION) {
+      format_units(o->min, units_of(o->type), lo, sizeof lo);
+      format_units(o->max, units_of(o->type), hi, sizeof hi);
+      fprintf(f, "; %s to %s", lo, hi);
+    } else if (o->type == QL_OPT_PERCENT) {
+      format_percent_value(o->min, lo, sizeof lo);
+      format_percent_value(o->max, hi, sizeof hi);
+      fprintf(f, "; %s to %s", lo, hi);
+    } else if (o->type == QL_OPT_LIST) {
+      fprintf(f, "; at most %" PRIu64 " items", o->max);
+    }
+    fputs(o->flags & QL_OPT_LIVE ? ". \\fB[SIGHUP]\\fR\n" : ".\n", f);
+  }
+  if (any_bool)
+    fputs(man_bool, f);
+  fputs(man_tail, f);
 }

@@ -177,4 +177,12 @@ void ql__config_dump(const ql__config *cfg, FILE *f);
 /* Writes the usage and every option with its default and range (--help). */
 void ql__config_help(FILE *f);
 
+/* Writes the manual page qlineard.conf(5) in roff: the file's syntax, its
+ * values and the reload, around one entry per option of the table with
+ * its type, default, range and [SIGHUP] as --help gives them (the hidden
+ * `qlineard --print-man-conf`, from which make builds
+ * man/qlineard.conf.5). version goes into the title line. The page does
+ * not depend on the environment. */
+void ql__config_man(FILE *f, const char *version);
+
 #endif /* QL_CONF_H */

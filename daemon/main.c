@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "conf.h"
 #include "qlineard.h"
@@ -14,6 +15,11 @@ int main(int argc, char **argv) {
   ql__cmdline cl;
   char err[1024];
 
+  /* Hidden (not in --help): make writes man/qlineard.conf.5 with it. */
+  if (argc == 2 && strcmp(argv[1], "--print-man-conf") == 0) {
+    ql__config_man(stdout, PACKAGE_VERSION);
+    return fflush(stdout) == 0 ? 0 : 1;
+  }
   if (ql__config_from_args(argc, argv, &cfg, &cl, err, sizeof err) != 0) {
     fprintf(stderr, "qlineard: %s\n", err);
     fprintf(stderr, "(qlineard --help lists the options)\n");
