@@ -418,8 +418,10 @@ static int cmd_list(ctx *cx, int argc, char **argv) {
     return rv;
   if ((rv = ql_list(cx->client, &w, &n)) != 0)
     return fail_ql("list", rv);
-  /* By name: the daemon answers in its table's order. */
-  qsort(w, n, sizeof *w, by_name);
+  /* By name: the daemon answers in its table's order (w is NULL when n
+   * is 0, which qsort may not be given). */
+  if (n > 1)
+    qsort(w, n, sizeof *w, by_name);
 
   for (size_t i = 0; i < n; i++) {
     int len = (int)strlen(w[i].name);
