@@ -618,6 +618,13 @@ static int crossover_waits(ql__server *s, ql__session *ss, ql__request *req,
   return 1;
 }
 
+/* Points xwaiting_tail at the list's end again after removals. */
+static void retail(struct ql__linear_state *l) {
+  l->xwaiting_tail = &l->xwaiting;
+  while (*l->xwaiting_tail != NULL)
+    l->xwaiting_tail = &(*l->xwaiting_tail)->next;
+}
+
 void ql__linear_crossover_ready(ql__server *s, ql__weight *w) {
   struct ql__linear_state *l = s->lin;
   xover_wait *ready = NULL, **rt = &ready;
@@ -637,9 +644,7 @@ void ql__linear_crossover_ready(ql__server *s, ql__weight *w) {
       pp = &x->next;
     }
   }
-  l->xwaiting_tail = &l->xwaiting;
-  while (*l->xwaiting_tail != NULL)
-    l->xwaiting_tail = &(*l->xwaiting_tail)->next;
+  retail(l);
   while (ready != NULL) {
     xover_wait *x = ready;
     ready = x->next;
@@ -669,9 +674,7 @@ void ql__lin_drop_xwaiting(ql__server *s, uint64_t session_id, int code) {
     ql__weight_unref(x->w);
     free(x);
   }
-  l->xwaiting_tail = &l->xwaiting;
-  while (*l->xwaiting_tail != NULL)
-    l->xwaiting_tail = &(*l->xwaiting_tail)->next;
+  retail(l);
 }
 
 int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,

@@ -494,6 +494,24 @@ syntax:
   return QL_EINVAL;
 }
 
+/* o's bounds as its values are written (with units, or as a percent)
+ * into lo and hi (len bytes each); 0 when o has no numeric range. The
+ * --help text and qlineard.conf(5) both print them. */
+static int format_bounds(const ql__option *o, char *lo, char *hi, size_t len) {
+  if (o->type == QL_OPT_UINT || o->type == QL_OPT_SIZE ||
+      o->type == QL_OPT_DURATION) {
+    format_units(o->min, units_of(o->type), lo, len);
+    format_units(o->max, units_of(o->type), hi, len);
+    return 1;
+  }
+  if (o->type == QL_OPT_PERCENT) {
+    format_percent_value(o->min, lo, len);
+    format_percent_value(o->max, hi, len);
+    return 1;
+  }
+  return 0;
+}
+
 static void format_percent(const ql__option *o, const void *field, char *buf,
                            size_t len) {
   format_percent_value(load_u(field, o->size), buf, len);
@@ -1329,16 +1347,8 @@ void ql__config_help(FILE *f) {
     write_wrapped(f, o->help);
     ql__option_format(o, &cfg, def, sizeof def);
     fprintf(f, "      default %s", def[0] != '\0' ? def : "empty");
-    if (o->type == QL_OPT_UINT || o->type == QL_OPT_SIZE ||
-        o->type == QL_OPT_DURATION) {
-      format_units(o->min, units_of(o->type), lo, sizeof lo);
-      format_units(o->max, units_of(o->type), hi, sizeof hi);
+    if (format_bounds(o, lo, hi, sizeof lo))
       fprintf(f, ", %s to %s", lo, hi);
-    } else if (o->type == QL_OPT_PERCENT) {
-      format_percent_value(o->min, lo, sizeof lo);
-      format_percent_value(o->max, hi, sizeof hi);
-      fprintf(f, ", %s to %s", lo, hi);
-    }
     fprintf(f, "%s\n", o->flags & QL_OPT_LIVE ? " [SIGHUP]" : "");
   }
 }
@@ -1612,14 +1622,7 @@ void ql__config_man(FILE *f, const char *version) {
         fputs("\\fR", f);
       }
     }
-    if (o->type == QL_OPT_UINT || o->type == QL_OPT_SIZE ||
-        o->type == QL_OPT_DURATION) {
-      format_units(o->min, units_of(o->type), lo, sizeof lo);
-      format_units(o->max, units_of(o->type), hi, sizeof hi);
-      fprintf(f, "; %s to %s", lo, hi);
-    } else if (o->type == QL_OPT_PERCENT) {
-      format_percent_value(o->min, lo, sizeof lo);
-      format_percent_value(o->max, hi, sizeof hi);
+    if (format_bounds(o, lo, hi, sizeof lo)) {
       fprintf(f, "; %s to %s", lo, hi);
     } else if (o->type == QL_OPT_LIST) {
       fprintf(f, "; at most %" PRIu64 " items", o->max);

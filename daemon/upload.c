@@ -34,10 +34,38 @@ int ql__uploads_create(size_t max_bytes, ql__uploads **out) {
 static void upload_free(ql__upload *up) {
   if (up == NULL)
     return;
-  size_t bytes = up->total;
   free(up->data);
   free(up);
+}
+
+/* Unlinks *pp from u and frees it; returns the bytes its data held. */
+static size_t unlink_free(ql__uploads *u, ql__upload **pp) {
+  ql__upload *up = *pp;
+  size_t bytes = up->total;
+  *pp = up->next;
+  u->count--;
+  u->bytes -= cost_of(up);
+  upload_free(up);
+  return bytes;
+}
+
+/* Removes every upload but those committing for which keep() is 0;
+ * returns how many, and gives the heap back once for all of them. */
+static size_t remove_unless(ql__uploads *u,
+                            int (*keep)(const ql__upload *, const void *),
+                            const void *arg) {
+  size_t n = 0, bytes = 0;
+  ql__upload **pp = &u->head;
+  while (*pp) {
+    if (!(*pp)->committing && !keep(*pp, arg)) {
+      bytes += unlink_free(u, pp);
+      n++;
+    } else {
+      pp = &(*pp)->next;
+    }
+  }
   ql__heap_release(bytes);
+  return n;
 }
 
 void ql__uploads_free(ql__uploads *u) {
@@ -113,22 +141,12 @@ size_t ql__uploads_count_owned(const ql__uploads *u, uint64_t owner) {
   return n;
 }
 
+static int other_owner(const ql__upload *up, const void *owner) {
+  return up->owner != *(const uint64_t *)owner;
+}
+
 size_t ql__uploads_drop_owner(ql__uploads *u, uint64_t owner) {
-  size_t n = 0;
-  ql__upload **pp = &u->head;
-  while (*pp) {
-    ql__upload *up = *pp;
-    if (up->owner == owner && !up->committing) {
-      *pp = up->next;
-      u->count--;
-      u->bytes -= cost_of(up);
-      upload_free(up);
-      n++;
-    } else {
-      pp = &up->next;
-    }
-  }
-  return n;
+  return remove_unless(u, other_owner, &owner);
 }
 
 int ql__upload_append(ql__upload *up, uint64_t offset, const void *data,
@@ -148,31 +166,21 @@ int ql__upload_append(ql__upload *up, uint64_t offset, const void *data,
 void ql__uploads_remove(ql__uploads *u, ql__upload *up) {
   for (ql__upload **pp = &u->head; *pp; pp = &(*pp)->next) {
     if (*pp == up) {
-      *pp = up->next;
-      u->count--;
-      u->bytes -= cost_of(up);
-      upload_free(up);
+      ql__heap_release(unlink_free(u, pp));
       return;
     }
   }
 }
 
+/* The idle deadline of ql__uploads_expire: {now_ns, idle_ns}. */
+static int still_active(const ql__upload *up, const void *arg) {
+  const uint64_t *t = arg;
+  return t[0] - up->last_ns <= t[1];
+}
+
 size_t ql__uploads_expire(ql__uploads *u, uint64_t now_ns, uint64_t idle_ns) {
-  size_t n = 0;
-  ql__upload **pp = &u->head;
-  while (*pp) {
-    ql__upload *up = *pp;
-    if (!up->committing && now_ns - up->last_ns > idle_ns) {
-      *pp = up->next;
-      u->count--;
-      u->bytes -= cost_of(up);
-      upload_free(up);
-      n++;
-    } else {
-      pp = &up->next;
-    }
-  }
-  return n;
+  const uint64_t t[2] = {now_ns, idle_ns};
+  return remove_unless(u, still_active, t);
 }
 
 size_t ql__uploads_count(const ql__uploads *u) { return u->count; }
