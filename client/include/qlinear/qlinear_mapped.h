@@ -1,6 +1,7 @@
 /*
- * qlinear_mapped.h - mapped mode (libqlinear-cuda): run qlinear's GPU
- * kernels in this process, on the daemon's resident copy of a weight.
+ * qlinear_mapped.h - libqlinear-cuda: mapped mode (run qlinear's GPU
+ * kernels in this process, on the daemon's resident copy of a weight), and
+ * ql_cuda_call_slices() for call mode from device pointers (at the end).
  *
  * A call to another process costs a round trip of tens of microseconds
  * and cannot be captured in a CUDA graph, while a decode linear takes a
@@ -90,6 +91,25 @@ QL_EXPORT void ql_mapped_shape(const ql_mapped *h, uint64_t *n, uint64_t *k);
  * graph that captured it must not run again. NULL is a no-op.
  */
 QL_EXPORT void ql_mapped_close(ql_mapped *h);
+
+/*
+ * Call mode from device pointers, for callers that do not compile
+ * <qlinear/qlinear_cuda.h> against a runtime of their own (the Python
+ * binding): fills *xs and *ys, for ql_linear_cuda(), with the x_bytes at x
+ * and the y_bytes at y, and records on stream (a cudaStream_t of their
+ * device; NULL: its legacy default stream) an interprocess event that *xs
+ * names as x's ready event, so the daemon reads x after the work queued
+ * before. The event is this thread's, one per device, recorded again by
+ * the thread's next call: make the ql_linear_cuda() call before that.
+ * Leaves the calling thread's current device as it was. Returns 0;
+ * QL_EINVAL (a NULL or empty argument, memory that is not device memory,
+ * x and y on two devices, a range that leaves its allocation); QL_ENOTSUP
+ * (the runtime cannot export the memory: e.g. PyTorch's expandable
+ * segments); QL_EDEVICE (the event could not be made or recorded).
+ */
+QL_EXPORT int ql_cuda_call_slices(const void *x, size_t x_bytes, void *y,
+                                  size_t y_bytes, void *stream,
+                                  ql_cuda_slice *xs, ql_cuda_slice *ys);
 
 #ifdef __cplusplus
 }

@@ -28,6 +28,7 @@ QL_DEVICES_STR_MAX = 256
 QL_MAX_DEVICES = 16
 QL_INSTANCE_ID_BYTES = 16
 QL_DIGEST_BYTES = 32
+QL_CUDA_IPC_HANDLE_BYTES = 64
 QL_ADDRESS_MAX = 512
 QL_HIST_BUCKETS = 32
 QL_MULTI_MAX = 16
@@ -78,7 +79,7 @@ C_CONSTANTS = [
     "QL_NAME_MAX", "QL_DEVICE_NAME_MAX", "QL_DEVICE_KIND_MAX",
     "QL_DEVICE_ALIAS_MAX", "QL_VERSION_MAX", "QL_IMPL_MAX",
     "QL_DEVICES_STR_MAX", "QL_MAX_DEVICES", "QL_INSTANCE_ID_BYTES",
-    "QL_DIGEST_BYTES", "QL_ADDRESS_MAX", "QL_HIST_BUCKETS", "QL_MULTI_MAX",
+    "QL_DIGEST_BYTES", "QL_CUDA_IPC_HANDLE_BYTES", "QL_ADDRESS_MAX", "QL_HIST_BUCKETS", "QL_MULTI_MAX",
     "QL_PROTOCOL_VERSION", "QL_ENVELOPE_BYTES",
     "QL_DTYPE_F32", "QL_DTYPE_F16", "QL_DTYPE_BF16",
     "QL_FORMAT_Q4G", "QL_FORMAT_Q8C", "QL_FORMAT_Q8B", "QL_FORMAT_F8R",
@@ -273,11 +274,23 @@ class ql_slice(ctypes.Structure):
     ]
 
 
+class ql_cuda_slice(ctypes.Structure):
+    _fields_ = [
+        ("mem_handle", ctypes.c_ubyte * QL_CUDA_IPC_HANDLE_BYTES),
+        ("offset", ctypes.c_uint64),
+        ("length", ctypes.c_uint64),
+        ("device", ctypes.c_char * QL_DEVICE_NAME_MAX),
+        ("has_ready_event", ctypes.c_int),
+        ("ready_event", ctypes.c_ubyte * QL_CUDA_IPC_HANDLE_BYTES),
+    ]
+
+
 # Every struct above, by its C name, for the layout test.
 STRUCTS = [
     ql_connect_opts, ql_device_info, ql_hello_info, ql_load_desc,
     ql_packed_array, ql_packed_desc, ql_weight_info, ql_linear_result,
     ql_weight_stats, ql_device_memory, ql_stats_info, ql_region, ql_slice,
+    ql_cuda_slice,
 ]
 
 # -------------------------------------------------------------- prototypes
@@ -324,6 +337,12 @@ _PROTOTYPES = {
                                         ctypes.c_uint64, _P(ql_slice),
                                         ctypes.c_void_p,
                                         _P(ql_linear_result)]),
+    "ql_linear_cuda": (ctypes.c_int, [_c_client_p, ctypes.c_char_p, c_enum,
+                                      c_enum, ctypes.c_uint64,
+                                      ctypes.c_uint64, _P(ql_cuda_slice),
+                                      ctypes.c_uint64, _P(ql_cuda_slice),
+                                      ctypes.c_void_p,
+                                      _P(ql_linear_result)]),
     "ql_region_create": (ctypes.c_int, [_c_client_p, ctypes.c_size_t,
                                         _P(_P(ql_region))]),
     "ql_region_destroy": (ctypes.c_int, [_c_client_p, _P(ql_region)]),
@@ -434,8 +453,9 @@ def _declared(lib, prototypes):
 
 
 # ------------------------------------------------------- libqlinear-cuda
-# Mapped mode (client/include/qlinear/qlinear_mapped.h): built only where
-# the CUDA toolkit is, beside libqlinear.
+# Mapped mode and call mode's slices of device pointers
+# (client/include/qlinear/qlinear_mapped.h): built only where the CUDA
+# toolkit is, beside libqlinear.
 _MAPPED_PROTOTYPES = {
     "ql_mapped_open": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p,
                                       ctypes.c_char_p, ctypes.c_int,
@@ -449,13 +469,33 @@ _MAPPED_PROTOTYPES = {
                                ctypes.POINTER(ctypes.c_uint64)]),
     "ql_mapped_close": (None, [ctypes.c_void_p]),
 }
+_CUDA_CALL_PROTOTYPES = {
+    "ql_cuda_call_slices": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t,
+                                           ctypes.c_void_p, ctypes.c_size_t,
+                                           ctypes.c_void_p,
+                                           ctypes.POINTER(ql_cuda_slice),
+                                           ctypes.POINTER(ql_cuda_slice)]),
+}
 QL_MAPPED_MAX_ROWS = 4096
 
 
 def load_mapped(path=None):
-    """The libqlinear-cuda CDLL: QLINEAR_CUDA_LIB, else the file beside
-    libqlinear (``path`` as for load()), else the dynamic linker's search.
-    Raises OSError when it is not there (a build without CUDA)."""
+    """The libqlinear-cuda CDLL with mapped mode declared (see
+    _load_cuda())."""
+    return _load_cuda(path, "mapped", _MAPPED_PROTOTYPES)
+
+
+def load_cuda_call(path=None):
+    """The libqlinear-cuda CDLL with ql_cuda_call_slices() declared: call
+    mode on CUDA tensors."""
+    return _load_cuda(path, "call", _CUDA_CALL_PROTOTYPES)
+
+
+def _load_cuda(path, what, prototypes):
+    """libqlinear-cuda: QLINEAR_CUDA_LIB, else the file beside libqlinear
+    (``path`` as for load()), else the dynamic linker's search, with the
+    prototypes of ``what`` declared. Raises OSError when it is not there
+    (a build without CUDA)."""
     env = os.environ.get("QLINEAR_CUDA_LIB")
     where = env
     if not where:
@@ -467,11 +507,11 @@ def load_mapped(path=None):
     if not where:
         raise OSError("libqlinear-cuda not found (qlinear built without "
                       "CUDA?): set QLINEAR_CUDA_LIB to its path")
-    key = ("mapped", where)
+    key = (what, where)
     lib = _loaded.get(key)
     if lib is not None:
         return lib
     load(path)  # libqlinear first: the one the client handles belong to
-    lib = _declared(ctypes.CDLL(where), _MAPPED_PROTOTYPES)
+    lib = _declared(ctypes.CDLL(where), prototypes)
     _loaded[key] = lib
     return lib

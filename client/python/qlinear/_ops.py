@@ -10,7 +10,12 @@ data, and the real kernel runs eagerly (inductor calls it from the
 generated code), so a swapped model compiles with no graph break.
 
     torch.ops.qlinear.linear(x, ident, out_features, path) -> y
-        call mode: the daemon computes y (CPU tensors). Tagged
+        call mode: the daemon computes y. CPU tensors travel in the
+        request (or through a shared region); CUDA tensors stay on the
+        GPU, read and written by the daemon in place through CUDA IPC
+        (libqlinear-cuda's ql_cuda_call_slices(), then
+        ql_linear_cuda()), after the work queued on the current stream.
+        Tagged
         cudagraph_unsafe: it talks to another process, so it cannot be
         captured in a CUDA graph and the compiler splits the graph there.
     torch.ops.qlinear.linear_multi(x, idents, out_features, path) -> [y]
@@ -196,15 +201,29 @@ def _named(name, e):
     return QLinearError(e.code, "layer %s: %s" % (name, e.message or e.name))
 
 
-def _cpu_only(name, x):
-    if x.device.type != "cpu":
-        # The C API serves CUDA tensors by CUDA IPC (ql_linear_cuda(),
-        # qlinear_cuda.h); this binding does not pass device memory yet.
-        raise _err("QL_ENOTSUP", "layer %s: a %s input in call mode; the "
-                   "Python binding passes CPU tensors only (the C API's "
-                   "ql_linear_cuda() serves CUDA tensors by CUDA IPC; from "
-                   "Python use mode=\"mapped\" or a CPU input)"
-                   % (name, x.device))
+def _call_device(name, x):
+    """x's device type, when call mode serves it (CPU, CUDA)."""
+    if x.device.type not in ("cpu", "cuda"):
+        raise _err("QL_ENOTSUP", "layer %s: a %s input in call mode; call "
+                   "mode takes CPU and CUDA tensors" % (name, x.device))
+    return x.device.type
+
+
+def _run_one(client, name, x2, y, path):
+    """One call-mode request of the [m, k] contiguous x2 into y: CUDA
+    tensors by CUDA IPC on x2's current stream, CPU ones through
+    linear_raw()."""
+    m, k = x2.shape
+    n = y.shape[-1]
+    dt = _DTYPES[x2.dtype]
+    p = _PATHS.get(path, path)
+    if x2.device.type == "cuda":
+        stream = torch.cuda.current_stream(x2.device).cuda_stream
+        client.linear_cuda_raw(name, dt, m, k, x2.data_ptr(), n,
+                               y.data_ptr(), stream=stream, path=p)
+    else:
+        client.linear_raw(name, dt, m, k, x2.data_ptr(), n, y.data_ptr(),
+                          path=p)
 
 
 def _refuse_grad(ctx, inputs, output):
@@ -231,15 +250,14 @@ def linear(x: torch.Tensor, ident: torch.Tensor, out_features: int,
            path: int) -> torch.Tensor:
     """y = x·Wᵀ + b by the daemon, W named by ident (call mode)."""
     name, client = _resolve(ident)
-    _cpu_only(name, x)
+    _call_device(name, x)
     try:
         k = _check_x(name, client, x, out_features)
         x2 = x.detach().reshape(-1, k).contiguous()
-        y = torch.empty(tuple(x.shape[:-1]) + (out_features,), dtype=x.dtype)
+        y = torch.empty(tuple(x.shape[:-1]) + (out_features,), dtype=x.dtype,
+                        device=x.device)
         if x2.shape[0] > 0:
-            client.linear_raw(name, _DTYPES[x.dtype], x2.shape[0], k,
-                              x2.data_ptr(), out_features, y.data_ptr(),
-                              path=_PATHS.get(path, path))
+            _run_one(client, name, x2, y.view(-1, out_features), path)
     except QLinearError as e:
         raise _named(name, e) from None
     if observers:
@@ -269,9 +287,10 @@ def linear_multi(x: torch.Tensor, idents: list[torch.Tensor],
     resolved = [_resolve(i) for i in idents]
     names = [r[0] for r in resolved]
     client = resolved[0][1]
-    _cpu_only(names[0], x)
+    dev = _call_device(names[0], x)
     lead = tuple(x.shape[:-1])
-    ys = [torch.empty(lead + (n,), dtype=x.dtype) for n in out_features]
+    ys = [torch.empty(lead + (n,), dtype=x.dtype, device=x.device)
+          for n in out_features]
     try:
         ks = {_check_x(nm, c, x, n)
               for (nm, c), n in zip(resolved, out_features)}
@@ -283,7 +302,12 @@ def linear_multi(x: torch.Tensor, idents: list[torch.Tensor],
         dt = _DTYPES[x.dtype]
         p = _PATHS.get(path, path)
         one = all(c is client for _, c in resolved)
-        if one and client.multi_fits(dt, m, k, out_features):
+        if dev == "cuda":
+            # One CUDA IPC request a weight: y stays on the GPU, so no
+            # message size bounds it, and the multi request is inline only.
+            for (nm, c), y, n in zip(resolved, ys, out_features):
+                _run_one(c, nm, x2, y.view(-1, n), path)
+        elif one and client.multi_fits(dt, m, k, out_features):
             client.linear_multi_raw(names, dt, m, k, x2.data_ptr(),
                                     list(out_features),
                                     [y.data_ptr() for y in ys], path=p)

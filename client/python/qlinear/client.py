@@ -557,6 +557,7 @@ class Client:
     def __init__(self, address=None, *, timeout_ms=0, name="python",
                  admin=False, lib=None, ring=True):
         self._lib = _lib.load(lib)
+        self._lib_path = lib  # libqlinear-cuda is looked for beside it
         self._c = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -1017,6 +1018,54 @@ class Client:
                         ctypes.memmove(y_ptr, s.address + yoff, yb)
                 finally:
                     self._give_scratch(s)
+        return LinearInfo(_PATH_NAMES.get(res.path, str(res.path)),
+                          _s(res.impl))
+
+    def linear_cuda_raw(self, weight, dtype, m, k, x_ptr, n, y_ptr, *,
+                        stream=None, path="auto"):
+        """y = x·Wᵀ (+ b) on CUDA device memory, by CUDA IPC (call mode):
+        x_ptr holds [m, k] elements of ``dtype`` in device memory, [m, n]
+        results are written at y_ptr on the same device, and the call
+        returns once they are there. ``stream`` (a cudaStream_t as an int;
+        None: the legacy default stream) is where x is produced: the
+        daemon reads x after the work queued there before the call
+        (libqlinear-cuda records an interprocess event on it). The device
+        must hold the weight. Returns a LinearInfo."""
+        dt = dtype if isinstance(dtype, int) else _DTYPE_CODES.get(dtype)
+        if dt not in _DTYPE_SIZES:
+            raise QLinearError(_lib.ERRORS["QL_EDTYPE"],
+                               "dtype %r: f32, f16 or bf16" % (dtype,))
+        p = _path_code(path)
+        esz = _DTYPE_SIZES[dt]
+        xb, yb = m * k * esz, m * n * esz
+        try:
+            C = _lib.load_cuda_call(self._lib_path)
+        except OSError as e:
+            raise QLinearError(_lib.ERRORS["QL_ENOTSUP"],
+                               "CUDA input in call mode needs "
+                               "libqlinear-cuda: %s" % e) from None
+        xs, ys = _lib.ql_cuda_slice(), _lib.ql_cuda_slice()
+        rv = C.ql_cuda_call_slices(x_ptr, xb, y_ptr, yb, stream or None,
+                                   ctypes.byref(xs), ctypes.byref(ys))
+        if rv < 0:
+            why = {
+                _lib.ERRORS["QL_EINVAL"]:
+                    "x and y must be device memory of one CUDA device, "
+                    "each inside one allocation",
+                _lib.ERRORS["QL_ENOTSUP"]:
+                    "the CUDA runtime cannot export this memory by CUDA "
+                    "IPC (PyTorch's expandable_segments allocator cannot)",
+                _lib.ERRORS["QL_EDEVICE"]:
+                    "the CUDA runtime refused to record x's ready event",
+            }.get(rv, "the CUDA runtime refused the slices")
+            raise QLinearError(rv, "x at 0x%x (%d bytes), y at 0x%x "
+                               "(%d bytes): %s" % (x_ptr, xb, y_ptr, yb, why))
+        res = _lib.ql_linear_result()
+        L = self._lib
+        with self._call() as c:
+            _check(L, L.ql_linear_cuda(c, weight.encode(), p, dt, m, k,
+                                       ctypes.byref(xs), n, ctypes.byref(ys),
+                                       None, ctypes.byref(res)))
         return LinearInfo(_PATH_NAMES.get(res.path, str(res.path)),
                           _s(res.impl))
 

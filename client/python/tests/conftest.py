@@ -50,8 +50,13 @@ def _die_with_parent():
 class Daemon:
     """A qlineard started for the tests; address is its request socket."""
 
-    def __init__(self):
-        self.bin = os.environ.get("QLINEARD") or os.path.join(TOP, "qlineard")
+    def __init__(self, bin=None, env=None):
+        """bin: the daemon (default $QLINEARD); env: variables added to
+        its environment."""
+        self.bin = bin or os.environ.get("QLINEARD") or \
+            os.path.join(TOP, "qlineard")
+        denv = _daemon_env()
+        denv.update(env or {})
         self.dir = tempfile.mkdtemp(prefix="ql-py-")
         os.chmod(self.dir, 0o700)
         sock = os.path.join(self.dir, "sock")
@@ -64,7 +69,7 @@ class Daemon:
             [self.bin, "--socket-dir", sock, "--state-dir",
              os.path.join(self.dir, "state"), "--crossover-rows", "16",
              "--log-level", "info"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=_daemon_env(),
+            stdout=self.log, stderr=subprocess.STDOUT, env=denv,
             preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 20
         # admin.sock is bound after the request and session sockets
