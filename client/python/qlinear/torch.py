@@ -24,11 +24,14 @@ cudagraph_unsafe); mapped mode is.
 
 Inference only: an input that requires grad with grad mode on raises.
 CPU tensors go through the client's shared-memory regions. CUDA tensors in
-call mode are refused with QL_ENOTSUP: the C API serves them by CUDA IPC
-(ql_linear_cuda(), qlinear_cuda.h), but this binding does not pass device
-memory yet; mapped mode (map()) runs on CUDA tensors in this process.
+call mode stay on the GPU: the daemon reads x and writes y in place by CUDA
+IPC (ql_linear_cuda(), through libqlinear-cuda), after the work queued on
+the current stream, on a GPU that holds the weight. Mapped mode (map())
+runs qlinear's kernel on CUDA tensors in this process instead, with no
+round trip.
 """
 
+import functools
 import hashlib
 import re
 import threading
@@ -551,4 +554,35 @@ def swap_linears(model, client, format="q4g128", filter=None, *,
                        "ungrouped, at most %d, with equal in_features"
                        % (g, _lib.QL_MULTI_MAX))
         _FusedGroup(members)
+    if swapped:
+        _guard_resize(model)
     return swapped
+
+
+def _resize_guarded(model, *args, **kwargs):
+    """A swapped model's resize_token_embeddings(): refused, before
+    anything changes, while the output embeddings are a QLinear (their
+    rows are in qlineard and cannot be extended here; Hugging Face's own
+    method would resize the input embeddings first, then fail on the
+    head with a TypeError and leave the model half resized)."""
+    head = model.get_output_embeddings() \
+        if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, QLinear):
+        raise _err("QL_ENOTSUP", "resize_token_embeddings: the output "
+                   "embeddings (%s) are resident in qlineard and cannot be "
+                   "resized in this process; resize before swap_linears(), "
+                   "or swap with a filter that leaves them out; nothing "
+                   "was changed" % head.weight_name)
+    return type(model).resize_token_embeddings(model, *args, **kwargs)
+
+
+def _guard_resize(model):
+    """Puts _resize_guarded in front of a Hugging Face model's
+    resize_token_embeddings (an attribute of this instance, so its class
+    and other instances are untouched; a functools.partial of a module
+    function, so the model still pickles)."""
+    if not callable(getattr(type(model), "resize_token_embeddings", None)) \
+            or "resize_token_embeddings" in model.__dict__:
+        return
+    model.__dict__["resize_token_embeddings"] = functools.partial(
+        _resize_guarded, model)

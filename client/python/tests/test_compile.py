@@ -309,11 +309,16 @@ def test_hf_utilities(mclient, grad_mode):
     assert isinstance(head, qt.QLinear)
     assert head.weight.shape == (128, 64) and head.weight.dtype == \
         torch.float32 and head.in_features == 64 and head.out_features == 128
-    # Transformers refuses a head that is not an nn.Linear by itself (it
-    # has resized the input embeddings by then: resize before swapping).
-    with pytest.raises(TypeError) as e:
+    # Refused before anything changes (transformers' own method would
+    # resize the input embeddings, then fail on the head).
+    with pytest.raises(qlinear.QLinearError) as e:
         m.resize_token_embeddings(136)
-    assert "QLinear" in str(e.value)
+    assert "lm_head" in str(e.value) and "before swap_linears" in \
+        str(e.value)
+    assert m.get_input_embeddings().weight.shape == (128, 64)
+    assert m.config.vocab_size == 128
+    with grad_mode():
+        assert m(ids_of(), use_cache=False).logits.shape == (2, 6, 128)
     # What reads the weight's data gets the reason.
     with pytest.raises(qlinear.QLinearError) as e:
         head.weight.data[:4].clone()
