@@ -20,12 +20,6 @@ typedef Qlinear__V1__Response ql__msg_response;
 typedef Qlinear__V1__SessionRequest ql__msg_session_request;
 typedef Qlinear__V1__SessionResponse ql__msg_session_response;
 
-/* Bytes of a session token (Request.session_token). */
-#define QL_SESSION_TOKEN_BYTES 16
-
-/* Largest packet on the session socket, either way. */
-#define QL_SESSION_MSG_MAX 4096
-
 /* A decoded request and the allocator budget its memory came from. */
 typedef struct ql__request {
   ql__msg_request *msg;       /* owned; freed by ql__request_free() */

@@ -79,6 +79,12 @@ const char *ql_err_name(int err);
 /* The most weights one LinearMulti request applies to its x. */
 #define QL_MULTI_MAX 16
 
+/* Bytes of a session token (Request.session_token, SessionOpen's reply). */
+#define QL_SESSION_TOKEN_BYTES 16
+
+/* Largest packet on the session socket, either way. */
+#define QL_SESSION_MSG_MAX 4096
+
 /* Bytes of a Level Zero IPC memory handle (ze_ipc_mem_handle_t:
  * ZE_MAX_IPC_HANDLE_SIZE), as ImportZeIpcRequest carries it. */
 #define QL_ZE_IPC_HANDLE_BYTES 64

@@ -1,5 +1,5 @@
 /*
- * fuzz_npy.c - libFuzzer target for the .npy parser (client/npy.c), the
+ * fuzz_npy.c - libFuzzer target for the .npy parser (client/ctl/npy.c), the
  * part of qlinearctl that reads untrusted files.
  *
  * Beyond "no crash, no out-of-bounds read", it checks what a caller relies

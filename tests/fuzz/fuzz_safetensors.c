@@ -1,8 +1,8 @@
 /*
  * fuzz_safetensors.c - libFuzzer target for the safetensors reader
- * (client/safetensors.c), the part of `qlinearctl import` that reads
+ * (client/ctl/safetensors.c), the part of `qlinearctl import` that reads
  * untrusted checkpoint files, and for the GPTQ/AWQ conversion that reads
- * the tensors it hands out (client/ckpt_import.c).
+ * the tensors it hands out (client/ctl/ckpt_import.c).
  *
  * Beyond "no crash, no out-of-bounds read", it checks what a caller relies
  * on: an accepted file's tensors lie inside the input, have exactly the

@@ -1,6 +1,6 @@
 /*
  * test_fastpath.c - the session ring (proto/ql_ring.h, daemon/fastpath.c,
- * client/fastpath.c) against a real qlineard: replies byte-identical to the
+ * client/lib/ring.c) against a real qlineard: replies byte-identical to the
  * message path; hostile slots and indices written by a raw client that
  * maps the ring itself; a client killed mid-request; one that stops
  * consuming completions; a session ended with requests in flight; x

@@ -29,8 +29,8 @@ for b in $(echo "$row" | grep -o '`[a-z_]*\.c`' | tr -d '`'); do
 done
 # client/ speaks the protocol only (DESIGN's layout): none of its files
 # includes a header that only the daemon has.
-for f in "$QL_SRCDIR"/client/*.c "$QL_SRCDIR"/client/*.cpp \
-  "$QL_SRCDIR"/client/*.h "$QL_SRCDIR"/client/include/qlinear/*.h; do
+for f in "$QL_SRCDIR"/client/*/*.c "$QL_SRCDIR"/client/*/*.cpp \
+  "$QL_SRCDIR"/client/*/*.h "$QL_SRCDIR"/client/include/qlinear/*.h; do
   [ -f "$f" ] || continue
   for h in $(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f"); do
     b=$(basename "$h")

@@ -1,6 +1,6 @@
 /*
  * test_ckpt_import.c - GPTQ and AWQ layers converted to the canonical form
- * (client/ckpt_import.c).
+ * (client/ctl/ckpt_import.c).
  *
  * The checkpoints in tests/data/ckpt/ were packed by auto-gptq 0.7.1 and
  * autoawq 0.2.9 (tests/data/make_ckpt.py); beside each is the packer's own

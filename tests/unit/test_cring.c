@@ -1,5 +1,5 @@
 /*
- * test_cring.c - libqlinear's end of the session ring (client/fastpath.c)
+ * test_cring.c - libqlinear's end of the session ring (client/lib/ring.c)
  * against a daemon played in this process, which breaks the ring's rules:
  * a descriptor that is not the sealed memfd of the size announced, a
  * consumer index the daemon overwrites, a completion nobody asked for.
@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/fastpath.h"
+#include "client/lib/ring.h"
 #include "ql_defs.h"
 #include "ql_ring.h"
 #include "testutil.h"

@@ -1,5 +1,5 @@
 /*
- * test_npy.c - the .npy reader and writer of qlinearctl (client/npy.c):
+ * test_npy.c - the .npy reader and writer of qlinearctl (client/ctl/npy.c):
  * round trips through memory and files, headers as numpy writes them in
  * every version, and every malformed header, truncation and overflow we
  * could think of, each of which must fail cleanly with QL_EBADFILE and a

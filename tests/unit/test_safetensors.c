@@ -1,6 +1,6 @@
 /*
  * test_safetensors.c - the safetensors reader of qlinearctl import
- * (client/safetensors.c): files as the format's writers make them, and
+ * (client/ctl/safetensors.c): files as the format's writers make them, and
  * every malformed one we could think of (truncated, header larger than the
  * file, overlapping offsets, wrong dtypes and shapes, bad JSON), each of
  * which must fail with its own error code and a message naming the problem.

@@ -2,7 +2,7 @@
 torch.ops.qlinear.linear runs for a CUDA tensor), end to end on the
 emulated CUDA runtime: this process allocates "device" memory through
 libqlinear-cuda's call-mode helper built against the emulated runtime
-($QL_CUDAEMU_CLIENT_LIB, client/cuda_call.cpp, loaded as libqlinear-cuda
+($QL_CUDAEMU_CLIENT_LIB, client/cuda/cuda_call.cpp, loaded as libqlinear-cuda
 through QLINEAR_CUDA_LIB), and the daemon is qlineard-cudaemu on the same
 two emulated GPUs (memfd-backed allocations it maps through their IPC
 handles).

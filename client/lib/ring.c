@@ -1,4 +1,4 @@
-/* fastpath.c - see fastpath.h. */
+/* ring.c - libqlinear's end of a session's ring: see ring.h. */
 #include "config.h"
 
 #include <errno.h>
@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fastpath.h"
+#include "ring.h"
 #include "ql_defs.h"
 #include "ql_ring.h"
 

@@ -1,5 +1,5 @@
 /*
- * fastpath.h - libqlinear's end of a session's ring (proto/ql_ring.h):
+ * ring.h - libqlinear's end of a session's ring (proto/ql_ring.h):
  * requests packed into submission slots, replies copied out of completion
  * slots, each calling thread spinning briefly and then sleeping on the
  * ring's futex until its own reply is there.
@@ -8,8 +8,8 @@
  * requests are in flight (a call that finds no free slot is told to use
  * the message path instead). Internal to the library.
  */
-#ifndef QL_CLIENT_FASTPATH_H
-#define QL_CLIENT_FASTPATH_H
+#ifndef QL_CLIENT_RING_H
+#define QL_CLIENT_RING_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -62,4 +62,4 @@ int ql__cring_call(ql__cring *r, const Qlinear__V1__Request *req,
  * copy: the session is the parent's). */
 void ql__cring_disable(ql__cring *r);
 
-#endif /* QL_CLIENT_FASTPATH_H */
+#endif /* QL_CLIENT_RING_H */
