@@ -381,7 +381,7 @@ static void close_all(ql__server *s) {
   s->transport = NULL;
   ql__transport_close(s->admin);
   s->admin = NULL;
-  ql__sessions_close(s); /* ends every session: releases what they hold */
+  ql__serve_sessions_close(s); /* ends every session, and what it held */
   uv_close((uv_handle_t *)&s->sig_int, NULL);
   uv_close((uv_handle_t *)&s->sig_term, NULL);
   uv_close((uv_handle_t *)&s->sig_hup, NULL);
@@ -540,7 +540,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
   }
-  if (ql__sessions_open(s, &ql__handlers_ring_ops, s) != 0 ||
+  if (ql__serve_sessions_open(s, &ql__handlers_ring_ops, s) != 0 ||
       ql__sessions_add_end_hook(s, linear_session_ended, s) != 0 ||
       open_admin(s) != 0) {
     close_all(s);
