@@ -30,7 +30,7 @@
 
 #include "qlineard.h"
 
-/* Sessions open at once (session.c), the bound of max_sessions_per_uid. */
+/* Sessions open at once (sessionsock.c), the bound of max_sessions_per_uid. */
 #define QL_SESSIONS_MAX 256
 
 typedef enum ql__opt_type {

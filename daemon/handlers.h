@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 
+#include "fastpath.h"
 #include "qlineard.h"
 #include "session.h"
 

@@ -130,8 +130,9 @@ typedef struct ql__server {
   char made_socket_dir[PATH_MAX], made_admin_dir[PATH_MAX];
   struct ql__store *store; /* the state directory, or NULL: none */
   size_t persistent_count; /* weights with a file in the store */
-  struct ql__sessions *sessions; /* session.sock and its sessions
-                                    (session.h) */
+  struct ql__sessions *sessions; /* the session registry (session.h) */
+  /* session.sock, its packets and the sessions' rings (session_ops.c) */
+  struct ql__session_plane *session_plane;
   ql__weight_store *weights;
   ql__uploads *uploads;
   struct ql__linear_state *lin; /* the scheduler and its timers (batch.c) */

@@ -311,7 +311,8 @@ void ql__serve_stats(ql__server *s, ql__request *req, void *route,
     /* Requests a ring answered itself (a slot it could not read) never
      * reached handle(): they count here. */
     ql__fastpath_counts rings = {0, 0, 0};
-    ql__sessions_ring_counts(s, &rings);
+    uint64_t n_rings = 0;
+    ql__serve_ring_counts(s, &rings, &n_rings);
     stats.requests = s->counters.requests + rings.answered;
     stats.errors = s->counters.errors + rings.answered;
     stats.bytes_in = s->counters.bytes_in;
@@ -338,7 +339,7 @@ void ql__serve_stats(ql__server *s, ql__request *req, void *route,
     stats.devices = devs;
     stats.n_devices = s->n_dev;
     stats.persistent_weights = s->persistent_count;
-    stats.rings = ql__sessions_rings(s);
+    stats.rings = n_rings;
     stats.ring_requests = rings.taken;
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
     r.resp.stats = &stats;

@@ -3,9 +3,12 @@
  * and the gates of the three entry points) calls load.c (LoadBegin,
  * Chunk, Commit, Abort and the persistent writes) and query.c (Hello,
  * List, Stats, Hold, Unload, and the WeightInfo both answer with). Loop
- * thread only. Each ql__serve_* takes the server, the request's session
- * (NULL: the admin socket) and its body, and fills the reply r, whose
- * pointers refer to the caller's buffer; a status in r is the error.
+ * thread only. Each ql__serve_* that answers a request takes the server,
+ * the request's session (NULL: the admin socket) and its body, and fills
+ * the reply r, whose pointers refer to the caller's buffer; a status in r
+ * is the error. The session plane (session_ops.c: session.sock's packets
+ * and the sessions' rings) is opened and closed by the server through
+ * ql__serve_sessions_*.
  */
 #ifndef QL_SERVE_H
 #define QL_SERVE_H
@@ -13,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fastpath.h"
 #include "protocol.h"
 #include "qlineard.h"
 #include "reply.h"
@@ -82,5 +86,25 @@ void ql__list_buf_free(ql__list_buf *lb); /* safe on a zeroed one */
  * launch answered so far is accounted). Consumes req and route. */
 void ql__serve_stats(ql__server *s, ql__request *req, void *route,
                      uint64_t arg);
+
+/* session_ops.c: the session plane. Opens the session registry
+ * (s->sessions), the sessions' rings, whose requests call up through
+ * ring_ops (kept, not copied) with ring_arg, each with its session as the
+ * owner, and <socket_dir>/session.sock (replacing a file left there: the
+ * caller has made sure no other daemon owns the directory), whose packets
+ * it answers; s->session_plane is set on success. Its end hook is the
+ * registry's first: a session's ring stops before anything else hears of
+ * its end. Returns 0 or a QL_E* code (logged); on failure nothing is left
+ * open. */
+int ql__serve_sessions_open(ql__server *s, const ql__fastpath_ops *ring_ops,
+                            void *ring_arg);
+/* Ends every session, closes the rings and stops listening (removing
+ * session.sock). Safe on a server without sessions and when called
+ * twice. */
+void ql__serve_sessions_close(ql__server *s);
+/* What the sessions' rings counted themselves, added to *out, and the
+ * number of sessions with a ring (Stats). */
+void ql__serve_ring_counts(const ql__server *s, ql__fastpath_counts *out,
+                           uint64_t *rings);
 
 #endif /* QL_SERVE_H */

@@ -49,12 +49,14 @@ static int make_dir(const char *dir, char *made) {
 }
 
 /*
- * Makes the socket directory (0700) if it is missing and checks that an
- * existing one is ours and writable by no one else: the directory is the
- * access boundary of the sockets (its group may connect, not replace
- * them).
+ * Makes dir (0700) if it is missing and checks that an existing one is a
+ * directory of the daemon's effective user (the owner of what it creates
+ * there) that grants none of the mode bits forbidden; want says, in the
+ * log, what it must be instead. The directory is the access boundary of
+ * the sockets in it.
  */
-static int prepare_socket_dir(const char *dir, char *made) {
+static int prepare_private_dir(const char *dir, char *made, mode_t forbidden,
+                               const char *want) {
   struct stat st;
   if (make_dir(dir, made) != 0)
     return QL_EIO;
@@ -62,12 +64,19 @@ static int prepare_socket_dir(const char *dir, char *made) {
     ql__err("%s is not a directory", dir);
     return QL_EIO;
   }
-  if (st.st_uid != getuid() || (st.st_mode & 0022)) {
-    ql__err("%s must belong to this user and be writable by no one else "
-            "(mode 0750 or 0700)", dir);
+  if (st.st_uid != geteuid() || (st.st_mode & forbidden)) {
+    ql__err("%s must belong to this user and %s", dir, want);
     return QL_EPERM;
   }
   return 0;
+}
+
+/* The socket directory: its group may connect, nobody else may replace
+ * the sockets. */
+static int prepare_socket_dir(const char *dir, char *made) {
+  return prepare_private_dir(dir, made, 0022,
+                             "be writable by no one else (mode 0750 or "
+                             "0700)");
 }
 
 /*
@@ -76,19 +85,9 @@ static int prepare_socket_dir(const char *dir, char *made) {
  * A missing one is made 0700, for the daemon's own user only.
  */
 static int prepare_admin_dir(const char *dir, char *made) {
-  struct stat st;
-  if (make_dir(dir, made) != 0)
-    return QL_EIO;
-  if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    ql__err("%s is not a directory", dir);
-    return QL_EIO;
-  }
-  if (st.st_uid != geteuid() || (st.st_mode & 0007)) {
-    ql__err("%s must belong to this user and give others no access "
-            "(mode 0750 or 2750, group: the admin group)", dir);
-    return QL_EPERM;
-  }
-  return 0;
+  return prepare_private_dir(dir, made, 0007,
+                             "give others no access (mode 0750 or 2750, "
+                             "group: the admin group)");
 }
 
 /*
@@ -381,7 +380,7 @@ static void close_all(ql__server *s) {
   s->transport = NULL;
   ql__transport_close(s->admin);
   s->admin = NULL;
-  ql__sessions_close(s); /* ends every session: releases what they hold */
+  ql__serve_sessions_close(s); /* ends every session, and what it held */
   uv_close((uv_handle_t *)&s->sig_int, NULL);
   uv_close((uv_handle_t *)&s->sig_term, NULL);
   uv_close((uv_handle_t *)&s->sig_hup, NULL);
@@ -540,7 +539,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
   }
-  if (ql__sessions_open(s, &ql__handlers_ring_ops, s) != 0 ||
+  if (ql__serve_sessions_open(s, &ql__handlers_ring_ops, s) != 0 ||
       ql__sessions_add_end_hook(s, linear_session_ended, s) != 0 ||
       open_admin(s) != 0) {
     close_all(s);

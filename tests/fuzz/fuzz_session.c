@@ -2,7 +2,7 @@
  * fuzz_session.c - libFuzzer target for the session socket's message
  * decoder (DESIGN §7).
  *
- * Runs what the daemon runs on a packet from session.sock (daemon/session.c):
+ * Runs what the daemon runs on a packet from session.sock (session_ops.c):
  * ql__session_request_decode() with the daemon's budget (the packet's size
  * plus 16 KiB), then ql__session_request_validate(), then
  * ql__session_request_free(). Any input must end in an error code or a
@@ -25,7 +25,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* Same budget as session.c. */
+/* Same budget as session_ops.c. */
 #define BUDGET_SLACK 16384
 
 static void check_err(const char *err, size_t errlen) {
