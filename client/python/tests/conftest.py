@@ -48,9 +48,11 @@ def _die_with_parent():
 
 
 class Daemon:
-    """A qlineard started for the tests; address is its request socket."""
+    """A qlineard started for the tests; address is its request socket.
+    args are further command-line arguments (the metrics tests' own
+    daemons)."""
 
-    def __init__(self):
+    def __init__(self, args=()):
         self.bin = os.environ.get("QLINEARD") or os.path.join(TOP, "qlineard")
         self.dir = tempfile.mkdtemp(prefix="ql-py-")
         os.chmod(self.dir, 0o700)
@@ -63,7 +65,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [self.bin, "--socket-dir", sock, "--state-dir",
              os.path.join(self.dir, "state"), "--crossover-rows", "16",
-             "--log-level", "info"],
+             "--log-level", "info"] + list(args),
             stdout=self.log, stderr=subprocess.STDOUT, env=_daemon_env(),
             preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 20
