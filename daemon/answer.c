@@ -117,6 +117,14 @@ static void release_device(lin_req *j) {
   j->ready = NULL;
 }
 
+/* A request that ended with success, from its admission to end_ns: the
+ * latency histogram of its path. */
+static void count_latency(ql__server *s, const lin_req *j, uint64_t end_ns) {
+  int p = ql__path_slot(j->path);
+  if (p >= 0 && j->sr.enqueue_ns != 0 && end_ns >= j->sr.enqueue_ns)
+    ql__hist_add(&s->mcounts.latency[p], end_ns - j->sr.enqueue_ns);
+}
+
 /* A part of a LinearMulti is done: its result moves to the parent, which
  * is answered with the last part. */
 static void part_done(ql__server *s, lin_req *j, int rc) {
@@ -137,6 +145,8 @@ static void part_done(ql__server *s, lin_req *j, int rc) {
   if (rc == 0) {
     j->w->stats[j->sr.on_device].requests++;
     j->w->stats[j->sr.on_device].rows += j->sr.rows;
+    ql__metrics_count_request(s, j->w, j->sr.on_device, j->sr.rows);
+    count_latency(s, j, ql__now_ns());
   }
   ql__weight_unref(j->w);
   ql__region_unref(j->xr);
@@ -209,7 +219,11 @@ static void answer(ql__server *s, lin_req *j) {
     st->rows += j->sr.rows;
     if (j->impl != NULL)
       st->impl = j->impl;
+    ql__metrics_count_request(s, j->w, j->sr.on_device, j->sr.rows);
   }
+  /* An early reply left when its launch ended, not now. */
+  if (rc == 0)
+    count_latency(s, j, j->early ? j->done_ns : ql__now_ns());
   if (j->early) {
     ql__route_done(j->route, &s->counters.bytes_out);
     /* Called from batch_done, after the launch was accounted. */

@@ -318,6 +318,7 @@ static void batch_run(ql__job *job) {
     st->rows += j->sr.rows;
     if (bj->impl != NULL)
       st->impl = bj->impl;
+    ql__metrics_count_request(bj->s, j->w, bj->d->index, j->sr.rows);
     ql__reply r;
     linear_body b;
     ql__lin_reply(j, 0, bj->impl, &r, &b);
@@ -558,15 +559,21 @@ static void batch_done(ql__job *job) {
     if (rc != 0 && j->rc == 0)
       j->rc = rc;
     j->impl = bj->impl;
+    j->done_ns = job->end_ns;
   }
   if (device_rc != 0)
     ql__device_fail(s, d, device_rc);
   st->batches++;
-  if (of(b->slice[0].req)->path == QL_PATH_WEIGHT_ONLY)
+  int wo = of(b->slice[0].req)->path == QL_PATH_WEIGHT_ONLY;
+  if (wo)
     st->wo_batches++;
   else
     st->aq_batches++;
   st->kernel_ns += kernel_ns;
+  s->mcounts.dev[d->index].batches[wo ? 0 : 1]++;
+  s->mcounts.dev[d->index].kernel_ns += kernel_ns;
+  if (bj->rc == 0)
+    ql__hist_add(&s->mcounts.launch[wo ? 0 : 1], kernel_ns);
   /* The worker's end: replies may have left then (early), and the
    * clients' next rows with them. A failure holds nothing. */
   b->end_ns = bj->rc == 0 ? job->end_ns : 0;
@@ -705,6 +712,10 @@ static void pump_lanes(ql__server *s, ql__device *d) {
       if (j->first_ns == 0) {
         j->first_ns = now;
         j->w->stats[d->index].queue_ns += now - j->sr.enqueue_ns;
+        s->mcounts.dev[d->index].queue_ns += now - j->sr.enqueue_ns;
+        int p = ql__path_slot(j->path);
+        if (p >= 0)
+          ql__hist_add(&s->mcounts.queue[p], now - j->sr.enqueue_ns);
       }
     }
     if (d->failed)

@@ -16,7 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "listen.h"
 #include "log.h"
+#include "metrics.h"
 #include "ql_defs.h"
 
 #define MAX_FILE_BYTES (64u << 10) /* a config file, whole */
@@ -28,6 +30,7 @@
 static void default_socket_dir(char *buf, size_t len);
 static int check_device(const char *s, char *why, size_t whylen);
 static int check_device_budget(const char *s, char *why, size_t whylen);
+static int check_loopback(const char *s, char *why, size_t whylen);
 
 static const ql__opt_name cpu_levels[] = {
     {"auto", QL_CPU_LEVEL_OPT_AUTO},         {"c", QL_CPU_LEVEL_OPT_C},
@@ -219,6 +222,20 @@ static const ql__option options[] = {
              "into their own process (MapWeight): owner, those of the "
              "daemon's own user or root; any, every session; off, none. A "
              "mapping client could change the weight for every client"},
+    {.name = "metrics_listen", .type = QL_OPT_ADDRESS,
+     .flags = QL_OPT_EMPTY_OK, FIELD(metrics_listen),
+     .max = QL_LISTEN_ADDR_MAX, .def = "", .check = check_loopback,
+     .help = "serve Prometheus metrics over HTTP at /metrics on this "
+             "loopback address (127.0.0.0/8, [::1] or localhost) and port, "
+             "e.g. 127.0.0.1:9464; every local user can read them. Empty: "
+             "no listener, unless systemd hands over a socket named "
+             "metrics (qlineard-metrics.socket), which is served instead"},
+    {.name = "metrics_weights", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
+     FIELD(metrics_weights), .min = 0, .max = QL_METRICS_WEIGHTS_MAX,
+     .def = "0",
+     .help = "weights named in the metrics: the N with the most requests "
+             "get a few series each, labelled by weight name; 0: no weight "
+             "names, only totals per daemon, device, format and path"},
     {.name = "log_level", .type = QL_OPT_ENUM, .flags = QL_OPT_LIVE,
      FIELD(log_level), .names = log_levels, .def = "info",
      .help = "lines less important than this are dropped"},
@@ -562,6 +579,45 @@ static void format_path(const ql__option *o, const void *field, char *buf,
   snprintf(buf, len, "%.*s", (int)o->size, (const char *)field);
 }
 
+/* ------------------------------------------------------------ addresses */
+
+/* ADDRESS: "" (none, with QL_OPT_EMPTY_OK) or a HOST:PORT that the
+ * option's check accepts (metrics_listen: loopback only, listen.h). */
+static int parse_address(const ql__option *o, const char *v, void *field,
+                         char *why, size_t whylen) {
+  char e[ECHO_MAX + 8];
+  size_t n = strlen(v);
+  if (n == 0) {
+    if (o->flags & QL_OPT_EMPTY_OK) {
+      memset(field, 0, 1);
+      return 0;
+    }
+    snprintf(why, whylen, "empty value (expected HOST:PORT)");
+    return QL_EINVAL;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (!path_char_ok((unsigned char)v[i])) {
+      snprintf(why, whylen, "'%s': control character or '\"' in an address",
+               echo(v, e, sizeof e));
+      return QL_EINVAL;
+    }
+  if (n > o->max || n >= o->size) {
+    snprintf(why, whylen, "'%s' is longer than %" PRIu64 " bytes",
+             echo(v, e, sizeof e), o->max);
+    return QL_EINVAL;
+  }
+  if (o->check != NULL && o->check(v, why, whylen) != 0)
+    return QL_EINVAL;
+  memcpy(field, v, n + 1);
+  return 0;
+}
+
+static int check_loopback(const char *s, char *why, size_t whylen) {
+  return ql__listen_parse_loopback(s, NULL, NULL, why, whylen) != 0
+             ? QL_EINVAL
+             : 0;
+}
+
 /* The default socket directory: the rule of ql_default_address(), which
  * the client follows too, as long as it makes a valid path. */
 static void default_socket_dir(char *buf, size_t len) {
@@ -813,6 +869,7 @@ static const type_ops types[QL_OPT_TYPE_COUNT_] = {
     [QL_OPT_ENUM] = {NULL, parse_enum, format_enum},
     [QL_OPT_LIST] = {"A,B,...", parse_list, format_list},
     [QL_OPT_PERCENT] = {"PERCENT", parse_percent, format_percent},
+    [QL_OPT_ADDRESS] = {"HOST:PORT", parse_address, format_path},
 };
 
 int ql__option_parse(const ql__option *o, const char *value, void *base,
@@ -1502,6 +1559,16 @@ static const char man_head[] =
     "A percentage with at most two decimals and an optional\n"
     ".BR % ,\n"
     "e.g. 87.5.\n"
+    ".TP\n"
+    ".I HOST:PORT\n"
+    "A loopback address and a TCP port:\n"
+    ".BR 127.0.0.1:9464 ,\n"
+    ".B [::1]:9464\n"
+    "or\n"
+    ".BR localhost:9464 .\n"
+    "Any other address is refused; names other than localhost are not\n"
+    "looked up.\n"
+    "An empty value (\\fB\\(dq\\(dq\\fR) means none.\n"
     ".TP\n"
     ".I A,B,...\n"
     "A list of distinct items separated by commas, blanks around each item\n"

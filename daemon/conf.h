@@ -46,12 +46,15 @@ typedef enum ql__opt_type {
   QL_OPT_PERCENT,  /* a percentage with up to two decimals and an
                       optional '%' ("87.5"), stored as uint32_t in
                       hundredths of a percent (8750) */
+  QL_OPT_ADDRESS,  /* a listen address HOST:PORT, printable, no '"'
+                      (stored as a string; check says which ones) */
   QL_OPT_TYPE_COUNT_
 } ql__opt_type;
 
 enum {
   QL_OPT_LIVE = 1u << 0,     /* a SIGHUP reload applies a new value */
-  QL_OPT_EMPTY_OK = 1u << 1, /* PATH: "" is allowed (means "none") */
+  QL_OPT_EMPTY_OK = 1u << 1, /* PATH, ADDRESS: "" is allowed (means
+                                "none") */
   QL_OPT_KEYED = 1u << 2,    /* LIST: items are KEY=VALUE, and a key may
                                 appear once */
 };
@@ -69,16 +72,16 @@ typedef struct ql__option {
   size_t offset;    /* of the field in ql__config */
   size_t size;      /* of the field: 4 or 8 for numbers; capacity for PATH */
   /* UINT, SIZE, DURATION, PERCENT (in hundredths): the accepted range.
-   * PATH: max is the longest accepted length in bytes. LIST: max is the
-   * most items. */
+   * PATH, ADDRESS: max is the longest accepted length in bytes. LIST: max
+   * is the most items. */
   uint64_t min, max;
   /* The default as text, parsed by the same parser as a file value (so it
    * obeys the same rules); NULL when def_fn computes it at start. */
   const char *def;
   void (*def_fn)(char *buf, size_t len);
   const ql__opt_name *names; /* ENUM: the accepted names, NULL-terminated */
-  /* PATH, LIST: an extra rule for a value or a list item; writes why it
-   * refused into why. NULL when the type's rules are enough. */
+  /* PATH, ADDRESS, LIST: an extra rule for a value or a list item; writes
+   * why it refused into why. NULL when the type's rules are enough. */
   int (*check)(const char *s, char *why, size_t whylen);
   const char *help; /* one line for --help and the example config */
 } ql__option;

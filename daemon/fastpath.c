@@ -237,6 +237,7 @@ static void post_error(ql__fastpath *fp, uint64_t tag, int code,
   st.code = code;
   st.message = (char *)msg;
   fp->fps->counts.answered++;
+  fp->fps->counts.errors[ql__err_slot(code)]++;
   fp->fps->counts.bytes_out += post(fp, tag, &resp);
 }
 
@@ -426,6 +427,8 @@ void ql__fastpaths_counts(const ql__fastpaths *fps, ql__fastpath_counts *out) {
   out->taken += fps->counts.taken;
   out->answered += fps->counts.answered;
   out->bytes_out += fps->counts.bytes_out;
+  for (unsigned i = 0; i <= QL__ERR_SLOTS; i++)
+    out->errors[i] += fps->counts.errors[i];
 }
 
 static void on_fps_closed(uv_handle_t *h) { free(h->data); }

@@ -30,6 +30,8 @@
 
 #include <uv.h>
 
+#include "metrics.h"
+
 typedef struct ql__fastpaths ql__fastpaths;
 typedef struct ql__fastpath ql__fastpath;
 
@@ -46,12 +48,14 @@ typedef struct ql__fastpath_ops {
   void (*violation)(void *arg, void *owner, const char *why);
 } ql__fastpath_ops;
 
-/* What the rings counted themselves, for Stats. */
+/* What the rings counted themselves, for Stats and the metrics. */
 typedef struct ql__fastpath_counts {
   uint64_t taken;     /* requests taken from rings */
   uint64_t answered;  /* of them, answered by the ring itself (a slot it
                          could not read, no memory for a route) */
   uint64_t bytes_out; /* bytes of those answers */
+  uint64_t errors[QL__ERR_SLOTS + 1]; /* those answers by code
+                                         (ql__err_slot) */
 } ql__fastpath_counts;
 
 /* The daemon's set of rings and its spin handle on loop. A ring keeps

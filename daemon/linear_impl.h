@@ -73,6 +73,8 @@ typedef struct lin_req {
   int early;        /* its reply went from the worker (route.h early) */
   const char *impl; /* of its last launch (static) */
   uint64_t first_ns; /* when its first rows started (0: not yet) */
+  uint64_t done_ns;  /* when the launch that finished it ended (the time
+                        of an early reply) */
 } lin_req;
 
 /* One launch on a device worker. */

@@ -15,6 +15,8 @@
 #include <uv.h>
 
 #include "devices.h"
+#include "listen.h"
+#include "metrics.h"
 #include "registry.h"
 #include "transport.h"
 #include "upload.h"
@@ -107,6 +109,9 @@ typedef struct ql__config {
                                     (8750: 87.5 %) */
   ql__config_list device_budget_bytes; /* "DEVICE=SIZE" items: a device's
                                           budget, instead of the percent */
+  char metrics_listen[QL_LISTEN_ADDR_MAX + 1]; /* HOST:PORT of /metrics,
+                                                  loopback; "" = none */
+  uint32_t metrics_weights; /* weights named in /metrics; 0 = none */
 } ql__config;
 
 
@@ -116,7 +121,34 @@ typedef struct ql__counters {
   uint64_t errors;   /* replies with a non-zero status */
   uint64_t bytes_in;
   uint64_t bytes_out;
+  uint64_t errors_by_code[QL__ERR_SLOTS + 1]; /* of them, by code
+                                                 (ql__err_slot) */
 } ql__counters;
+
+/*
+ * What the metrics count besides the per-weight counters (ql__weight_stats,
+ * which go with their weight): totals per device, per format and per path
+ * that only ever grow, as Prometheus counters must. Loop thread, but for
+ * the atomic ones, which a device worker adds to for the replies it sends
+ * itself (route.h, early).
+ */
+typedef struct ql__metrics_counts {
+  struct ql__metrics_dev {
+    _Atomic uint64_t requests; /* Linear requests and LinearMulti parts
+                                  answered with success */
+    _Atomic uint64_t rows;     /* their rows */
+    uint64_t batches[2];       /* launches, by path (ql__path_slot) */
+    uint64_t kernel_ns;        /* time in launches */
+    uint64_t queue_ns;         /* time requests waited for their first */
+  } dev[QL__MAX_DEVICES];
+  struct ql__metrics_fmt {
+    _Atomic uint64_t requests, rows; /* as above, by format */
+  } fmt[QL__FMT_SLOTS];
+  /* By path: a successful request from its admission to its answer
+   * (latency), every request to its first launch (queue), and each
+   * successful launch. */
+  ql__hist latency[2], queue[2], launch[2];
+} ql__metrics_counts;
 
 typedef struct ql__server {
   ql__config cfg;
@@ -166,6 +198,8 @@ typedef struct ql__server {
                                    time it asks whether to stop, so that
                                    it lasts long enough to be stopped */
   ql__counters counters;
+  ql__metrics_counts mcounts; /* metrics.h */
+  ql__metrics *metrics;       /* the /metrics listener, or NULL: none */
 } ql__server;
 
 /* Runs the daemon until SIGINT/SIGTERM; returns the process exit status.

@@ -310,7 +310,7 @@ void ql__serve_stats(ql__server *s, ql__request *req, void *route,
     stats.uptime_ns = ql__now_ns() - s->start_ns;
     /* Requests a ring answered itself (a slot it could not read) never
      * reached handle(): they count here. */
-    ql__fastpath_counts rings = {0, 0, 0};
+    ql__fastpath_counts rings = {0};
     uint64_t n_rings = 0;
     ql__serve_ring_counts(s, &rings, &n_rings);
     stats.requests = s->counters.requests + rings.answered;

@@ -27,6 +27,7 @@ void ql__reply_send(ql__server *s, void *route, ql__reply *r) {
   }
   if (r->status.code != 0) {
     s->counters.errors++;
+    s->counters.errors_by_code[ql__err_slot(r->status.code)]++;
     ql__debug("request %llu failed: %s: %s",
               (unsigned long long)r->resp.request_id,
               ql_err_name(r->status.code), r->msg);

@@ -29,6 +29,7 @@
 #include "notify.h"
 #include "qlineard.h"
 #include "heap.h"
+#include "metrics.h"
 #include "reload.h"
 #include "serve.h"
 #include "store.h"
@@ -381,6 +382,8 @@ static void close_all(ql__server *s) {
   ql__transport_close(s->admin);
   s->admin = NULL;
   ql__serve_sessions_close(s); /* ends every session, and what it held */
+  ql__metrics_close(s->metrics);
+  s->metrics = NULL;
   uv_close((uv_handle_t *)&s->sig_int, NULL);
   uv_close((uv_handle_t *)&s->sig_term, NULL);
   uv_close((uv_handle_t *)&s->sig_hup, NULL);
@@ -539,9 +542,11 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
   }
+  /* The metrics listener (opt-in) before the admin socket, which comes
+   * last: whoever waits for admin.sock to appear finds it listening. */
   if (ql__serve_sessions_open(s, &ql__handlers_ring_ops, s) != 0 ||
       ql__sessions_add_end_hook(s, linear_session_ended, s) != 0 ||
-      open_admin(s) != 0) {
+      ql__metrics_open(s, &s->metrics) != 0 || open_admin(s) != 0) {
     close_all(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;

@@ -745,6 +745,19 @@ void ql__transport_stop(ql__transport *t) {
   }
 }
 
+void ql__transport_counts_get(const ql__transport *t,
+                              ql__transport_counts *out) {
+  memset(out, 0, sizeof *out);
+  if (t == NULL)
+    return;
+  out->accepted = t->stats.accepted;
+  out->refused = t->stats.refused;
+  out->malformed = t->stats.malformed;
+  out->timed_out = t->stats.timed_out;
+  out->overflowed = t->stats.overflowed;
+  out->open = t->stats.open;
+}
+
 void ql__transport_close(ql__transport *t) {
   if (t == NULL || t->closing)
     return;

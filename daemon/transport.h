@@ -88,6 +88,20 @@ void ql__transport_drop(void *route);
  * be sent. */
 void ql__transport_stop(ql__transport *t);
 
+/* What a socket counted since it opened (the metrics). */
+typedef struct ql__transport_counts {
+  uint64_t accepted;   /* connections accepted */
+  uint64_t refused;    /* of them, closed at once: a cap was reached */
+  uint64_t malformed;  /* closed for a malformed stream */
+  uint64_t timed_out;  /* closed by frame_timeout_ms */
+  uint64_t overflowed; /* closed past a reply or buffer bound */
+  unsigned open;       /* connections open now */
+} ql__transport_counts;
+
+/* t's counts into *out; all zero for NULL (a socket not open). */
+void ql__transport_counts_get(const ql__transport *t,
+                              ql__transport_counts *out);
+
 /* Closes every connection and the listening socket and removes its file,
  * and logs how many connections were refused or closed for cause; safe on
  * NULL. Routes still held stay valid (their replies are dropped).

@@ -351,7 +351,7 @@ static void ring_bell(void) {
  * completions outstanding than slots: it overwrites nothing the client
  * has not consumed. */
 static void check_room(void) {
-  ql__fastpath_counts c = {0, 0, 0};
+  ql__fastpath_counts c = {0};
   ql__fastpaths_counts(F.fps, &c);
   /* What the ring answered itself (a slot it could not read) is posted
    * into it too. */
@@ -379,7 +379,7 @@ static void make_ring(void) {
   F.bell = bell_fd;
   CHECK(ql__ring_attach(F.base, F.size, &F.view) == 0);
   F.posted = F.released = 0;
-  ql__fastpath_counts c = {0, 0, 0};
+  ql__fastpath_counts c = {0};
   ql__fastpaths_counts(F.fps, &c);
   F.answered0 = c.answered;
 }
@@ -612,7 +612,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (threaded)
     pthread_join(th, NULL);
 
-  ql__fastpath_counts c = {0, 0, 0};
+  ql__fastpath_counts c = {0};
   ql__fastpaths_counts(F.fps, &c);
   /* Every request taken was handed up or answered by the ring itself. */
   CHECK(c.taken == F.handed_up + c.answered);

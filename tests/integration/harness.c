@@ -26,6 +26,15 @@
 
 int td_fix_crossover = 1;
 
+/* What td_hand_over() set for the next daemon: -1, none. */
+static int hand_fd = -1;
+static const char *hand_names;
+
+void td_hand_over(int fd, const char *names) {
+  hand_fd = fd;
+  hand_names = names;
+}
+
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -87,11 +96,29 @@ static void spawn_daemon(td *d, const char *dir, const char *const *args) {
   for (int i = 0; args && args[i] && n < 31; i++)
     argv[n++] = args[i];
   argv[n] = NULL;
+  int give = hand_fd;
+  const char *give_names = hand_names;
+  hand_fd = -1; /* for this daemon only */
   d->pid = fork();
   ck_assert_int_ge(d->pid, 0);
   if (d->pid == 0) {
     /* A failed test ends its process early: take the daemon with it. */
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    /* systemd's way (sd_listen_fds(3)): descriptor 3, and LISTEN_PID
+     * naming the process that execs, before the log's descriptor is
+     * opened (it could be 3). */
+    if (give >= 0) {
+      char pid[24];
+      if (give == 3 ? fcntl(3, F_SETFD, 0) != 0 : dup2(give, 3) != 3)
+        _exit(126);
+      snprintf(pid, sizeof pid, "%ld", (long)getpid());
+      setenv("LISTEN_PID", pid, 1);
+      setenv("LISTEN_FDS", "1", 1);
+      if (give_names != NULL)
+        setenv("LISTEN_FDNAMES", give_names, 1);
+      else
+        unsetenv("LISTEN_FDNAMES");
+    }
     int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd >= 0) {
       dup2(fd, 2);

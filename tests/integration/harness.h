@@ -60,6 +60,12 @@ void td_start_in(td *d, const char *dir, const char *const *args);
 int td_start_or_exit(td *d, const char *dir, const char *const *args,
                      char *log, size_t len);
 
+/* The next daemon td_start*() starts is handed fd (which the test keeps
+ * open) as systemd hands over a socket unit's socket: as descriptor 3,
+ * with LISTEN_PID its own pid, LISTEN_FDS=1 and LISTEN_FDNAMES=names
+ * (NULL: unset). */
+void td_hand_over(int fd, const char *names);
+
 /* Sends SIGTERM and returns the daemon's exit status (-1 if it was killed
  * by a signal or did not stop within 20 s). Closes d->sess and removes the
  * directory. */

@@ -14,7 +14,7 @@ bad() {
 
 run_pkgs=$("$QL_SRCDIR/deploy/bootstrap" --run --list) || bad "bootstrap --run --list"
 test_pkgs=$("$QL_SRCDIR/deploy/bootstrap" --list) || bad "bootstrap --list"
-for p in build-essential libuv1-dev libnanomsg-dev libprotobuf-c-dev \
+for p in build-essential libuv1-dev libnanomsg-dev libprotobuf-c-dev libmicrohttpd-dev \
   protobuf-c-compiler check libjansson-dev libssl-dev; do
   echo "$run_pkgs" | grep -qx "$p" || bad "running needs $p, not in --run"
 done

@@ -40,7 +40,8 @@ for f in "$QL_LIBDIR/libqlinear.so" "$QL_INCLUDEDIR/qlinear/qlinear.h" \
   "$QL_INCLUDEDIR/qlinear/ql_defs.h" "$QL_INCLUDEDIR/qlinear/qlinear_cuda.h" \
   "$QL_INCLUDEDIR/qlinear/qlinear_ze.h" \
   "$QL_PKGCONFIGDIR/qlinear.pc" \
-  "$QL_UNITDIR/qlineard.service" "$QL_SYSUSERSDIR/qlinear.conf" \
+  "$QL_UNITDIR/qlineard.service" "$QL_UNITDIR/qlineard-metrics.socket" \
+  "$QL_SYSUSERSDIR/qlinear.conf" \
   "$QL_TMPFILESDIR/qlinear.conf" "$conf/qlineard.conf.example" \
   "$conf/qlineard.conf"; do
   [ -f "$dest$f" ] || bad "$f is missing"

@@ -3,10 +3,12 @@
 # `systemd-analyze security --offline=yes` must score it at 2.0 or less
 # (DESIGN §10). This never skips: deploy/bootstrap installs systemd, so a
 # missing systemd-analyze is a failure. `systemd-analyze verify` runs too,
-# unless it cannot work in this environment at all (checked on a trivial
-# unit first), which is the only thing allowed to skip, with the reason.
+# on the service and on qlineard-metrics.socket (the metrics listener it
+# is handed), unless it cannot work in this environment at all (checked
+# on a trivial unit first), which is the only thing allowed to skip, with
+# the reason.
 set -u
-: "${QL_UNIT:?run through make check}" "${QLINEARD:?}"
+: "${QL_UNIT:?run through make check}" "${QLINEARD:?}" "${QL_SOCKET_UNIT:?}"
 
 MAX_EXPOSURE=2.0
 fail=0
@@ -49,8 +51,14 @@ fi
 for want in Type=notify WatchdogSec= User=qlinear Group=qlinear \
   RuntimeDirectory=qlinear StateDirectory=qlinear ProtectSystem=strict \
   DevicePolicy=closed NoNewPrivileges=yes RestrictAddressFamilies=AF_UNIX \
-  PrivateNetwork=yes SystemCallFilter=@system-service; do
+  PrivateNetwork=yes IPAddressDeny=any SystemCallFilter=@system-service; do
   grep -q "^$want" "$dir/qlineard.service" || bad "the unit has no $want"
+done
+# The metrics socket: loopback, named as the daemon looks for it, handed
+# to the service (whose sandbox above stays as it is).
+for want in ListenStream=127.0.0.1:9464 FileDescriptorName=metrics \
+  Service=qlineard.service IPAddressDeny=any WantedBy=sockets.target; do
+  grep -qx "$want" "$QL_SOCKET_UNIT" || bad "qlineard-metrics.socket has no $want"
 done
 grep -q '^ExecStart=/' "$dir/qlineard.service" ||
   bad "ExecStart is not an absolute path"
@@ -71,14 +79,17 @@ if ! systemd-analyze verify --man=no "$dir/v/ql-control.service" \
   sed 's/^/  /' "$dir/control.out"
 else
   # Warnings about other units of this machine are not ours to fix.
+  cp "$QL_SOCKET_UNIT" "$dir/v/qlineard-metrics.socket"
   systemd-analyze verify --man=no "$dir/v/qlineard.service" \
-    >"$dir/verify.out" 2>&1
+    "$dir/v/qlineard-metrics.socket" >"$dir/verify.out" 2>&1
   rc=$?
   cat "$dir/verify.out"
-  if [ "$rc" -ne 0 ] || grep -q 'qlineard\.service' "$dir/verify.out"; then
-    bad "systemd-analyze verify complains about the unit (exit $rc)"
+  if [ "$rc" -ne 0 ] ||
+    grep -q 'qlineard\.service\|qlineard-metrics\.socket' "$dir/verify.out"
+  then
+    bad "systemd-analyze verify complains about the units (exit $rc)"
   else
-    echo "ok: systemd-analyze verify"
+    echo "ok: systemd-analyze verify (qlineard.service, qlineard-metrics.socket)"
   fi
 fi
 

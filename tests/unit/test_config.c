@@ -10,8 +10,10 @@
  * part of the interface (the "file:line: key: reason" shape), and against
  * a fragment elsewhere; every failure must also leave the config as it was.
  */
+#include <arpa/inet.h>
 #include <check.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 #include <unistd.h>
 
 #include "conf.h"
+#include "listen.h"
 #include "log.h"
 #include "xover.h"
 #include "testutil.h"
@@ -193,6 +196,7 @@ START_TEST(test_table_invariants) {
         ck_assert_uint_le(o->max, UINT32_MAX);
       break;
     case QL_OPT_PATH:
+    case QL_OPT_ADDRESS:
       ck_assert_uint_lt(o->max, o->size);
       break;
     case QL_OPT_ENUM:
@@ -226,7 +230,8 @@ START_TEST(test_table_invariants) {
       "cpu_level", "kernel_timeout_ms", "accel_budget_percent",
       "device_budget_bytes", "batches_in_flight", "max_connections",
       "max_connections_per_uid", "max_sessions_per_uid", "frame_timeout_ms",
-      "max_buffered_bytes", "ring_spin_us", "mapped_mode"};
+      "max_buffered_bytes", "ring_spin_us", "mapped_mode", "metrics_listen",
+      "metrics_weights"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
@@ -1201,6 +1206,9 @@ START_TEST(test_reload_each) {
     case QL_OPT_PATH:
       v = "/changed";
       break;
+    case QL_OPT_ADDRESS:
+      v = "127.0.0.1:9464";
+      break;
     case QL_OPT_LIST:
       v = o->flags & QL_OPT_KEYED ? "cuda:0=1G" : "cpu";
       break;
@@ -1359,6 +1367,159 @@ START_TEST(test_xover_file) {
 }
 END_TEST
 
+/* metrics_listen: loopback addresses only, each refusal saying why; the
+ * parser (listen.h) gives the address the listener binds. */
+START_TEST(test_metrics_listen) {
+  static const struct {
+    const char *v, *why; /* why NULL: accepted */
+  } cases[] = {
+      {"127.0.0.1:9464", NULL},
+      {"127.1.2.3:1", NULL},
+      {"127.255.255.255:65535", NULL},
+      {"[::1]:9464", NULL},
+      {"localhost:9464", NULL},
+      {"LocalHost:80", NULL},
+      {"", NULL}, /* none */
+      {"0.0.0.0:9464", "not a loopback address"},
+      {"192.0.2.1:9464", "not a loopback address"},
+      {"128.0.0.1:9464", "not a loopback address"},
+      {"[::]:9464", "not a loopback address"},
+      {"[::ffff:127.0.0.1]:9464", "not a loopback address"},
+      {"[fe80::1]:9464", "not a loopback address"},
+      {"::1:9464", "in brackets"},
+      {"[::1]9464", "not [IPV6]:PORT"},
+      {"[::1", "not [IPV6]:PORT"},
+      {"[zz]:1", "not an IPv6 address"},
+      {"example.com:9464", "names are not looked up"},
+      {"127.0.0.1", "has no port"},
+      {"127.0.0.1:", "port"},
+      {"127.0.0.1:0", "port"},
+      {"127.0.0.1:65536", "port"},
+      {"127.0.0.1:09464", "port"},
+      {"127.0.0.1:+80", "port"},
+      {"127.0.0.1: 80", "port"},
+      {"127.0.0.01:80", "not an IPv4 address"},
+      {"127.1:80", "not an IPv4 address"},
+      {":80", "not an IPv4 address"},
+      {"127.0.0.1:80:80", "in brackets"},
+      {"127.0.0.1:123456789012345678901234567890", "longer than"},
+      {"127.0.0.1\t:80", "control character"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ql__config c;
+    char err[512] = "";
+    ql__config_init_defaults(&c);
+    int rc = ql__config_set(&c, "metrics_listen", cases[i].v, err, sizeof err);
+    if (cases[i].why == NULL) {
+      ck_assert_msg(rc == 0, "%s: %s", cases[i].v, err);
+      ck_assert_str_eq(c.metrics_listen, cases[i].v);
+    } else {
+      ck_assert_msg(rc == QL_EINVAL, "accepted: %s", cases[i].v);
+      ck_assert_msg(strstr(err, "metrics_listen: ") == err &&
+                        strstr(err, cases[i].why) != NULL,
+                    "%s: '%s' does not say '%s'", cases[i].v, err,
+                    cases[i].why);
+      ck_assert_str_eq(c.metrics_listen, ""); /* unchanged */
+    }
+  }
+  /* The address the listener binds. */
+  struct sockaddr_storage sa;
+  socklen_t len = 0;
+  char why[256];
+  ck_assert_int_eq(
+      ql__listen_parse_loopback("localhost:9464", &sa, &len, why, sizeof why),
+      0);
+  ck_assert_int_eq(sa.ss_family, AF_INET);
+  ck_assert_uint_eq(len, sizeof(struct sockaddr_in));
+  ck_assert_uint_eq(ntohs(((struct sockaddr_in *)&sa)->sin_port), 9464);
+  ck_assert_uint_eq(ntohl(((struct sockaddr_in *)&sa)->sin_addr.s_addr),
+                    INADDR_LOOPBACK);
+  ck_assert_int_eq(
+      ql__listen_parse_loopback("[::1]:1", &sa, &len, why, sizeof why), 0);
+  ck_assert_int_eq(sa.ss_family, AF_INET6);
+  ck_assert(IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&sa)->sin6_addr));
+  /* The command line names the option in its message. */
+  ql__config c;
+  ql__cmdline cl;
+  char err[512];
+  const char *args[] = {"--metrics-listen", "0.0.0.0:9464", NULL};
+  ck_assert_int_eq(from_args(args, &c, &cl, err, sizeof err), QL_EINVAL);
+  ck_assert_msg(strstr(err, "--metrics-listen: '0.0.0.0:9464' is not a "
+                            "loopback address") == err, "%s", err);
+}
+END_TEST
+
+/* systemd's handover: the descriptor of a name, or nothing for another
+ * process, or a clear refusal of malformed values. */
+START_TEST(test_listen_fds) {
+  char why[256];
+  int fd = -1, n = -1;
+  /* Not handed over, or to another process (inherited variables). */
+  ck_assert_int_eq(ql__listen_fds_find(NULL, NULL, NULL, 42, "metrics", &fd,
+                                       &n, why, sizeof why), 0);
+  ck_assert_int_eq(n, 0);
+  ck_assert_int_eq(ql__listen_fds_find("41", "1", "metrics", 42, "metrics",
+                                       &fd, &n, why, sizeof why), 0);
+  ck_assert_int_eq(n, 0);
+  /* Ours. */
+  ck_assert_int_eq(ql__listen_fds_find("42", "1", "metrics", 42, "metrics",
+                                       &fd, &n, why, sizeof why), 1);
+  ck_assert_int_eq(fd, 3);
+  ck_assert_int_eq(n, 1);
+  ck_assert_int_eq(ql__listen_fds_find("42", "3", "a:b c:metrics", 42,
+                                       "metrics", &fd, &n, why, sizeof why),
+                   1);
+  ck_assert_int_eq(fd, 5);
+  ck_assert_int_eq(n, 3);
+  /* Handed over, but none by that name (or no names at all). */
+  ck_assert_int_eq(ql__listen_fds_find("42", "2", "a:b", 42, "metrics", &fd,
+                                       &n, why, sizeof why), 0);
+  ck_assert_int_eq(n, 2);
+  ck_assert_int_eq(ql__listen_fds_find("42", "1", NULL, 42, "metrics", &fd,
+                                       &n, why, sizeof why), 0);
+  ck_assert_int_eq(ql__listen_fds_find("42", "0", "", 42, "metrics", &fd, &n,
+                                       why, sizeof why), 0);
+  /* Malformed. */
+  static const struct {
+    const char *pid, *fds, *names, *why;
+  } bad[] = {
+      {"x", "1", "metrics", "LISTEN_PID"},
+      {"042", "1", "metrics", "LISTEN_PID"},
+      {"-42", "1", "metrics", "LISTEN_PID"},
+      {"", "1", "metrics", "LISTEN_PID"},
+      {"42", "", "metrics", "LISTEN_FDS"},
+      {"42", "1x", "metrics", "LISTEN_FDS"},
+      {"42", "1025", "metrics", "LISTEN_FDS"},
+      {"42", "99999999999", "metrics", "LISTEN_FDS"},
+      {"42", "1", "a:metrics", "more descriptors"},
+      {"42", "3", "a:metrics", "names 2 descriptors"},
+      {"42", "2", "metrics:", "empty"},
+      {"42", "2", ":metrics", "empty"},
+      {"42", "1", "", "empty"},
+      {"42", "2", "metrics:metrics", "twice"},
+      {"42", "1", "met\nrics", "printable"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    why[0] = '\0';
+    ck_assert_msg(ql__listen_fds_find(bad[i].pid, bad[i].fds, bad[i].names, 42,
+                                      "metrics", &fd, &n, why,
+                                      sizeof why) == QL_EINVAL,
+                  "accepted %s/%s/%s", bad[i].pid, bad[i].fds, bad[i].names);
+    ck_assert_msg(strstr(why, bad[i].why) != NULL, "'%s' does not say '%s'",
+                  why, bad[i].why);
+  }
+  /* A name past systemd's 255 bytes. */
+  char lng[300];
+  memset(lng, 'a', 256);
+  lng[256] = '\0';
+  ck_assert_int_eq(ql__listen_fds_find("42", "1", lng, 42, "metrics", &fd, &n,
+                                       why, sizeof why), QL_EINVAL);
+  lng[255] = '\0';
+  ck_assert_int_eq(ql__listen_fds_find("42", "1", lng, 42, "metrics", &fd, &n,
+                                       why, sizeof why), 0);
+}
+END_TEST
+
 /* The options meant to change without a restart. */
 START_TEST(test_live_set) {
   static const char *live[] = {"max_upload_bytes", "upload_idle_ms",
@@ -1372,7 +1533,8 @@ START_TEST(test_live_set) {
                                "session_max_requests",
                                "crossover_default_rows", "decode_max_rows",
                                "accel_budget_percent", "device_budget_bytes",
-                               "ring_spin_us", "mapped_mode"};
+                               "ring_spin_us", "mapped_mode",
+                               "metrics_weights"};
   size_t n, nlive = 0;
   const ql__option *t = ql__config_options(&n);
   for (size_t i = 0; i < n; i++)
@@ -1615,6 +1777,8 @@ static Suite *config_suite(void) {
   tc = tcase_create("reload");
   tcase_add_test(tc, test_reload);
   tcase_add_test(tc, test_reload_each);
+  tcase_add_test(tc, test_metrics_listen);
+  tcase_add_test(tc, test_listen_fds);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("writers");

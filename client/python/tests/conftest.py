@@ -48,11 +48,13 @@ def _die_with_parent():
 
 
 class Daemon:
-    """A qlineard started for the tests; address is its request socket."""
+    """A qlineard started for the tests; address is its request socket.
+    args are further command-line arguments (the metrics tests' own
+    daemons)."""
 
-    def __init__(self, bin=None, env=None):
-        """bin: the daemon (default $QLINEARD); env: variables added to
-        its environment."""
+    def __init__(self, args=(), bin=None, env=None):
+        """args: more daemon options; bin: the daemon (default
+        $QLINEARD); env: variables added to its environment."""
         self.bin = bin or os.environ.get("QLINEARD") or \
             os.path.join(TOP, "qlineard")
         denv = _daemon_env()
@@ -68,7 +70,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [self.bin, "--socket-dir", sock, "--state-dir",
              os.path.join(self.dir, "state"), "--crossover-rows", "16",
-             "--log-level", "info"],
+             "--log-level", "info"] + list(args),
             stdout=self.log, stderr=subprocess.STDOUT, env=denv,
             preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 20
