@@ -25,6 +25,7 @@
 #include "metrics.h"
 #include "qlineard.h"
 #include "scheduler.h"
+#include "serve.h"
 #include "session.h"
 
 /* ------------------------------------------------------------ counters */
@@ -247,7 +248,8 @@ static void tally_one(ql__weight *w, void *arg) {
 
 static void daemon_totals(text *t, const ql__server *s) {
   ql__fastpath_counts rings = {0};
-  ql__sessions_ring_counts(s, &rings);
+  uint64_t n_rings = 0;
+  ql__serve_ring_counts(s, &rings, &n_rings);
   head(t, "qlinear_build_info", "gauge",
        "The daemon's version, as a label; the value is 1.");
   tprintf(t, "qlinear_build_info{version=\"%s\",protocol=\"%u\"} 1\n",
@@ -292,7 +294,7 @@ static void daemon_totals(text *t, const ql__server *s) {
   tprintf(t, "qlinear_region_bytes %" PRIu64 "\n", region_bytes);
   head(t, "qlinear_rings", "gauge",
        "Sessions with a ring (the shared-memory fast path).");
-  tprintf(t, "qlinear_rings %" PRIu64 "\n", ql__sessions_rings(s));
+  tprintf(t, "qlinear_rings %" PRIu64 "\n", n_rings);
 
   static const char *const sockets[2] = {"request", "admin"};
   ql__transport_counts tc[2];

@@ -627,7 +627,7 @@ static void settle(void) {
   if (S.sessions == NULL)
     return;
   uint64_t ns, nr, nb, nrings = 0;
-  ql__fastpath_counts fc = {0, 0, 0};
+  ql__fastpath_counts fc = {0};
   ql__sessions_counts(&S, &ns, &nr, &nb);
   ql__serve_ring_counts(&S, &fc, &nrings);
   CHECK(ns == sessions && nr == regions && nb == bytes && nrings == rings);
