@@ -16,9 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "listen.h"
+#include "net/listen.h"
 #include "log.h"
-#include "metrics.h"
 #include "ql_defs.h"
 
 #define MAX_FILE_BYTES (64u << 10) /* a config file, whole */

@@ -24,11 +24,107 @@
 #ifndef QL_CONF_H
 #define QL_CONF_H
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "qlineard.h"
+#include "net/listen.h" /* QL_LISTEN_ADDR_MAX */
+#include "ql_defs.h"
+
+/* The most weights metrics_weights may name (serve/metrics.h). */
+#define QL_METRICS_WEIGHTS_MAX 256
+
+/* cpu_level values; names in conf.c. */
+enum {
+  QL_CPU_LEVEL_OPT_AUTO,
+  QL_CPU_LEVEL_OPT_C,
+  QL_CPU_LEVEL_OPT_AVX2,
+  QL_CPU_LEVEL_OPT_AVX2VNNI,
+  QL_CPU_LEVEL_OPT_AVX512
+};
+
+/* mapped_mode values; names in conf.c. A mapping can be made writable by
+ * its importer whatever the daemon asks (the exported descriptor carries
+ * no access right), so the choice is whose sessions may map. */
+enum {
+  QL_MAPPED_OFF,   /* MapWeight refused */
+  QL_MAPPED_OWNER, /* sessions of the daemon's own user, or of root */
+  QL_MAPPED_ANY    /* every session (a host whose clients trust each
+                      other) */
+};
+
+/* A list option's value, e.g. required_devices = cpu,cuda:0: up to
+ * QL_CONFIG_LIST_MAX distinct items, each a NUL-terminated name. */
+#define QL_CONFIG_LIST_MAX 16
+#define QL_CONFIG_ITEM_MAX 64
+typedef struct ql__config_list {
+  unsigned n;
+  char item[QL_CONFIG_LIST_MAX][QL_CONFIG_ITEM_MAX];
+} ql__config_list;
+
+/* Options. Each field is described once in the table of conf.c (type,
+ * default, bounds, whether SIGHUP changes it); main.c fills them from the
+ * config file and the command line through that table. */
+typedef struct ql__config {
+  char socket_dir[PATH_MAX]; /* directory of qlineard.sock; created 0700 */
+  size_t max_message_bytes;  /* larger messages are refused (NN_RCVMAXSIZE) */
+  uint32_t max_connections; /* per request socket, open at once */
+  uint32_t max_connections_per_uid; /* of one peer uid */
+  uint32_t max_sessions_per_uid; /* sessions of one peer uid */
+  uint64_t frame_timeout_ms; /* a half-sent message or unread reply */
+  size_t max_buffered_bytes; /* half-received messages and unread replies
+                                of one socket's connections */
+  size_t max_chunk_bytes;    /* largest LoadChunk payload */
+  size_t max_upload_bytes;   /* all uploads in progress together */
+  uint64_t upload_idle_ms;   /* an idle upload is dropped after this */
+  uint64_t session_lease_ms; /* a session idle this long ends; 0: never */
+  uint32_t ring_spin_us;     /* a quiet ring is polled this long before
+                                the loop sleeps on its doorbell */
+  size_t max_queue;          /* waiting requests per (weight, device,
+                                path) queue */
+  uint32_t max_batch_rows;   /* rows of one launch */
+  uint32_t decode_max_rows;  /* requests up to this are decode work */
+  uint32_t prefill_chunk_rows; /* most rows of a prefill launch; 0: none */
+  uint32_t prefill_chunk_us; /* a prefill launch's time budget while
+                                decode work is about; 0: none */
+  uint64_t max_queue_delay_us; /* a small batch may wait this long */
+  uint64_t decode_hold_us; /* the most a decode launch waits for the rows
+                              of the one before to come back */
+  size_t session_max_requests; /* requests of one session in the queues */
+  size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */
+  size_t max_pinned_bytes;   /* region bytes page-locked for devices' DMA,
+                                over every session; 0: none */
+  uint64_t drain_ms;         /* shutdown: queued work not started by then
+                                is answered QL_ESHUTDOWN */
+  uint32_t crossover_rows;   /* AUTO: rows below this run weight-only;
+                                0: measured per shape (calibrate.h) */
+  uint32_t crossover_default_rows; /* until a shape's is measured */
+  int log_level;             /* QL_LOG_* */
+  int mapped_mode;           /* QL_MAPPED_*: whether sessions may map
+                                weight layouts into their own process */
+  char state_dir[PATH_MAX];  /* persistent weight store; "" = none */
+  char admin_dir[PATH_MAX];  /* directory of admin.sock; "" =
+                                <socket_dir>/admin */
+  uint32_t cpu_threads;      /* CPU worker threads; 0 = online CPUs */
+  int cpu_level;             /* QL_CPU_LEVEL_OPT_*: the highest kernel
+                                level to use; 0 = the best detected */
+  size_t cpu_budget_bytes;   /* weight bytes resident on the CPU; 0 = no
+                                limit */
+  uint64_t kernel_timeout_ms; /* an accelerator launch not done by then
+                                 takes its device out of service */
+  uint32_t batches_in_flight; /* worker threads (lanes) of an accelerator,
+                                 1 .. QL__WORKER_MAX_THREADS; at start */
+  ql__config_list required_devices; /* must be present before READY=1 */
+  uint32_t accel_budget_percent; /* an accelerator's weight budget, in
+                                    hundredths of a percent of its memory
+                                    (8750: 87.5 %) */
+  ql__config_list device_budget_bytes; /* "DEVICE=SIZE" items: a device's
+                                          budget, instead of the percent */
+  char metrics_listen[QL_LISTEN_ADDR_MAX + 1]; /* HOST:PORT of /metrics,
+                                                  loopback; "" = none */
+  uint32_t metrics_weights; /* weights named in /metrics; 0 = none */
+} ql__config;
 
 /* Sessions open at once (sessionsock.c), the bound of max_sessions_per_uid. */
 #define QL_SESSIONS_MAX 256

@@ -22,17 +22,17 @@
 #include <openssl/crypto.h>
 
 #include "conf.h"
-#include "handlers.h"
-#include "calibrate.h"
-#include "linear.h"
+#include "serve/handlers.h"
+#include "dispatch/calibrate.h"
+#include "dispatch/linear.h"
 #include "log.h"
 #include "notify.h"
 #include "qlineard.h"
 #include "heap.h"
-#include "metrics.h"
-#include "reload.h"
-#include "serve.h"
-#include "store.h"
+#include "serve/metrics.h"
+#include "serve/reload.h"
+#include "serve/serve.h"
+#include "state/store.h"
 
 /*
  * mkdir(dir, 0700), remembering in made (PATH_MAX bytes) a directory it
@@ -415,6 +415,8 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     return 1;
   }
   s->cfg = *cfg;
+  s->replies.cap = &s->cfg.max_message_bytes;
+  s->replies.counters = &s->counters;
   s->argc = argc;
   s->argv = argv;
   s->loop = &loop;

@@ -1,5 +1,5 @@
 /*
- * fuzz_listen.c - libFuzzer target for the two parsers of daemon/listen.c:
+ * fuzz_listen.c - libFuzzer target for the two parsers of daemon/net/listen.c:
  * the loopback listen address (metrics_listen, from a config file or the
  * command line) and systemd's socket handover (LISTEN_PID, LISTEN_FDS,
  * LISTEN_FDNAMES, from the environment).
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "listen.h"
+#include "net/listen.h"
 #include "ql_defs.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,10 +1,10 @@
 /*
  * fuzz_ring.c - libFuzzer target for the daemon's reader of a ring that a
  * hostile client writes (DESIGN §7, proto/ql_ring.h): the daemon's own
- * ring code, daemon/fastpath.c, linked as it is, on a libuv loop of its
- * own, with ops (fastpath.h) that stand in for the request handlers.
+ * ring code, daemon/net/ring.c, linked as it is, on a libuv loop of its
+ * own, with ops (net/ring.h) that stand in for the request handlers.
  *
- * Each input makes a ring of ENTRIES slots with ql__fastpath_create(),
+ * Each input makes a ring of ENTRIES slots with ql__dring_create(),
  * maps its memfd as the client does, and is read as a script of
  * operations:
  *
@@ -36,7 +36,7 @@
  * client plays by the rules on the CQ side, the daemon never has more
  * than ENTRIES completions outstanding, and, while nothing but the daemon
  * writes the CQ, every completion unpacks as a Response of the length its
- * slot says; the ring's counts (ql__fastpaths_counts) add up; and at the
+ * slot says; the ring's counts (ql__drings_counts) add up; and at the
  * end every handle closes (uv_loop_close succeeds) and, under the
  * sanitizers, nothing leaks.
  *
@@ -57,10 +57,10 @@
 
 #include <uv.h>
 
-#include "fastpath.h"
-#include "protocol.h"
+#include "net/ring.h"
+#include "wire/protocol.h"
 #include "ql_ring.h"
-#include "route.h"
+#include "wire/route.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -112,7 +112,7 @@ static uint64_t u64(script *s) {
 
 /* One ring, as its owner (a session) sees it. */
 typedef struct ring_owner {
-  int ended;  /* ql__fastpath_end() called */
+  int ended;  /* ql__dring_end() called */
   int broken; /* the ring reported a violation */
 } ring_owner;
 
@@ -125,9 +125,9 @@ typedef struct held {
 
 typedef struct fuzz {
   uv_loop_t loop;
-  ql__fastpaths *fps;
+  ql__drings *fps;
   uint32_t spin_us;
-  ql__fastpath *fp;
+  ql__dring *fp;
   ring_owner *owner; /* the current ring's */
   ring_owner owners[8];
   unsigned n_owners;
@@ -213,10 +213,10 @@ static void on_violation(void *arg, void *owner, const char *why) {
   CHECK(o == F.owner && !o->ended);
   o->broken = 1;
   o->ended = 1;
-  ql__fastpath_end(F.fp);
+  ql__dring_end(F.fp);
 }
 
-static const ql__fastpath_ops fuzz_ops = {on_message, on_violation};
+static const ql__dring_ops fuzz_ops = {on_message, on_violation};
 
 /* A device worker's early reply: from another thread, then done() on the
  * loop's. */
@@ -351,8 +351,8 @@ static void ring_bell(void) {
  * completions outstanding than slots: it overwrites nothing the client
  * has not consumed. */
 static void check_room(void) {
-  ql__fastpath_counts c = {0};
-  ql__fastpaths_counts(F.fps, &c);
+  ql__dring_counts c = {0};
+  ql__drings_counts(F.fps, &c);
   /* What the ring answered itself (a slot it could not read) is posted
    * into it too. */
   uint64_t posted = F.posted + (c.answered - F.answered0);
@@ -361,7 +361,7 @@ static void check_room(void) {
 }
 
 /* A new ring for a new owner (the previous one ended first), at its
- * counters' start: ql__fastpath_create starts them at 0, so the client
+ * counters' start: ql__dring_create starts them at 0, so the client
  * moves them on by the rules to reach the 32-bit wrap cheaply. */
 static void make_ring(void) {
   char err[256];
@@ -369,7 +369,7 @@ static void make_ring(void) {
   CHECK(F.n_owners < sizeof F.owners / sizeof F.owners[0]);
   F.owner = &F.owners[F.n_owners++];
   memset(F.owner, 0, sizeof *F.owner);
-  int rc = ql__fastpath_create(F.fps, F.owner, F.n_owners, ENTRIES, &F.fp,
+  int rc = ql__dring_create(F.fps, F.owner, F.n_owners, ENTRIES, &F.fp,
                                &ring_fd, &bell_fd, err, sizeof err);
   CHECK(rc == 0);
   F.size = ql__ring_size(ENTRIES);
@@ -379,8 +379,8 @@ static void make_ring(void) {
   F.bell = bell_fd;
   CHECK(ql__ring_attach(F.base, F.size, &F.view) == 0);
   F.posted = F.released = 0;
-  ql__fastpath_counts c = {0};
-  ql__fastpaths_counts(F.fps, &c);
+  ql__dring_counts c = {0};
+  ql__drings_counts(F.fps, &c);
   F.answered0 = c.answered;
 }
 
@@ -388,7 +388,7 @@ static void make_ring(void) {
 static void end_ring(void) {
   if (!F.owner->ended) {
     F.owner->ended = 1;
-    ql__fastpath_end(F.fp);
+    ql__dring_end(F.fp);
   }
   munmap(F.base, F.size);
   close(F.bell);
@@ -473,7 +473,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   /* Mostly no spinning (each turn is the script's), sometimes a hot ring
    * that the spin handle keeps polling. */
   F.spin_us = first & 4 ? 1000000 : 0;
-  CHECK(ql__fastpaths_open(&F.loop, &F.spin_us, &fuzz_ops, NULL, &F.fps) ==
+  CHECK(ql__drings_open(&F.loop, &F.spin_us, &fuzz_ops, NULL, &F.fps) ==
         0);
   make_ring();
   F.cq_pristine = 1;
@@ -612,14 +612,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (threaded)
     pthread_join(th, NULL);
 
-  ql__fastpath_counts c = {0};
-  ql__fastpaths_counts(F.fps, &c);
+  ql__dring_counts c = {0};
+  ql__drings_counts(F.fps, &c);
   /* Every request taken was handed up or answered by the ring itself. */
   CHECK(c.taken == F.handed_up + c.answered);
   CHECK(c.answered == 0 || c.bytes_out > 0);
 
   end_ring();
-  ql__fastpaths_close(F.fps);
+  ql__drings_close(F.fps);
   uv_run(&F.loop, UV_RUN_DEFAULT);
   /* Every handle of the rings closed: nothing is left on the loop. */
   CHECK(uv_loop_close(&F.loop) == 0);

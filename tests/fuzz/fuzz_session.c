@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "protocol.h"
+#include "wire/protocol.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

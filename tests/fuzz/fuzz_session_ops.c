@@ -1,7 +1,7 @@
 /*
  * fuzz_session_ops.c - libFuzzer target for what session.sock's packets do
- * (DESIGN §7): the daemon's own session_packet (daemon/session_ops.c), the
- * session registry (session.c), the rings (fastpath.c) and the IPC table
+ * (DESIGN §7): the daemon's own session_packet (daemon/serve/session_ops.c), the
+ * session registry (session.c), the rings (net/ring.c) and the IPC table
  * (ipc.c), linked as they are, on a libuv loop of the target's own.
  *
  * What stands in: the listener (sessionsock.h), so that a connection is a
@@ -59,17 +59,17 @@
 
 #include <uv.h>
 
-#include "devices.h"
-#include "fastpath.h"
-#include "ipc.h"
+#include "state/devices.h"
+#include "net/ring.h"
+#include "state/ipc.h"
 #include "log.h"
-#include "protocol.h"
+#include "wire/protocol.h"
 #include "ql_ring.h"
 #include "qlineard.h"
-#include "route.h"
-#include "serve.h"
-#include "session.h"
-#include "sessionsock.h"
+#include "wire/route.h"
+#include "serve/serve.h"
+#include "state/session.h"
+#include "net/sessionsock.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -577,7 +577,7 @@ static void ring_violation(void *arg, void *owner, const char *why) {
   ql__session_end(owner, why);
 }
 
-static const ql__fastpath_ops ring_ops = {ring_message, ring_violation};
+static const ql__dring_ops ring_ops = {ring_message, ring_violation};
 
 /* The dispatcher's end hook, added after the plane's: by then the session
  * has left the registry and its connection is closed. */
@@ -627,7 +627,7 @@ static void settle(void) {
   if (S.sessions == NULL)
     return;
   uint64_t ns, nr, nb, nrings = 0;
-  ql__fastpath_counts fc = {0};
+  ql__dring_counts fc = {0};
   ql__sessions_counts(&S, &ns, &nr, &nb);
   ql__serve_ring_counts(&S, &fc, &nrings);
   CHECK(ns == sessions && nr == regions && nb == bytes && nrings == rings);

@@ -1,6 +1,6 @@
 /*
  * fuzz_spframe.c - libFuzzer target for the request sockets' SP-over-IPC
- * frame parser (daemon/spframe.c), the first code that sees the bytes a
+ * frame parser (daemon/wire/spframe.c), the first code that sees the bytes a
  * local process writes to qlineard.sock or admin.sock.
  *
  * Input: byte 0 picks the cap on a frame's payload (small caps make the
@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "ql_defs.h"
-#include "spframe.h"
+#include "wire/spframe.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,5 +1,5 @@
 /*
- * fuzz_store.c - libFuzzer target for ql__store_parse() (daemon/store.c),
+ * fuzz_store.c - libFuzzer target for ql__store_parse() (daemon/state/store.c),
  * the validator of persistent weight store files: the input is the whole
  * contents of one file, as ql__store_load_all() maps it.
  *
@@ -18,9 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "protocol.h"
-#include "store.h"
-#include "digest.h"
+#include "wire/protocol.h"
+#include "state/store.h"
+#include "state/digest.h"
 
 #define CHECK(cond)                                                            \
   do {                                                                         \

@@ -1,6 +1,6 @@
 /*
  * fuzz_transport.c - libFuzzer target for the request socket's listener
- * (daemon/transport.c on daemon/spframe.c), in process: a real transport
+ * (daemon/net/transport.c on daemon/wire/spframe.c), in process: a real transport
  * on a libuv loop and a private socket, and each input played as the byte
  * stream of one connecting peer.
  *
@@ -28,7 +28,7 @@
 
 #include <uv.h>
 
-#include "transport.h"
+#include "net/transport.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

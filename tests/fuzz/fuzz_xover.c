@@ -1,6 +1,6 @@
 /*
  * fuzz_xover.c - libFuzzer target for the crossover cache file parser
- * (daemon/xover.c), which reads a file of the state directory at start.
+ * (daemon/dispatch/xover.c), which reads a file of the state directory at start.
  *
  * Beyond "no crash, no out-of-bounds read": an accepted file yields only
  * keys of printable ASCII that fit the key buffer, distinct, with rows of
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "ql_defs.h"
-#include "xover.h"
+#include "dispatch/xover.h"
 
 #define CHECK(cond)                                                            \
   do {                                                                         \

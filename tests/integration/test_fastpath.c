@@ -1,5 +1,5 @@
 /*
- * test_fastpath.c - the session ring (proto/ql_ring.h, daemon/fastpath.c,
+ * test_fastpath.c - the session ring (proto/ql_ring.h, daemon/net/ring.c,
  * client/lib/ring.c) against a real qlineard: replies byte-identical to the
  * message path; hostile slots and indices written by a raw client that
  * maps the ring itself; a client killed mid-request; one that stops

@@ -1,6 +1,6 @@
 /*
  * test_transport.c - the request socket's own SP-over-IPC listener
- * (daemon/transport.c, daemon/spframe.c) against a live qlineard: every
+ * (daemon/net/transport.c, daemon/wire/spframe.c) against a live qlineard: every
  * kind of malformed stream a local process can write, replayed byte for
  * byte, must close that connection and nothing else, while another client
  * process keeps being served the same results; plain libnanomsg REQ

@@ -22,9 +22,9 @@
 #include <unistd.h>
 
 #include "conf.h"
-#include "listen.h"
+#include "net/listen.h"
 #include "log.h"
-#include "xover.h"
+#include "dispatch/xover.h"
 #include "testutil.h"
 
 #ifndef QL_EXAMPLE_CONF

@@ -425,7 +425,7 @@ static size_t quantize_diff(const gcase *c, ql_dtype sdt, char *msg,
  * The default quantization of a case (whose values and scale dtype
  * quantize_diff() found to be TorchAO's) is the weight ql_qweight_import()
  * makes of TorchAO's packed tensors: every field the daemon's digest
- * covers (daemon/weights.c) is equal, so a load() and a load_packed() of
+ * covers (daemon/state/weights.c) is equal, so a load() and a load_packed() of
  * it share one copy.
  */
 static void same_weight_as_torchao(const gcase *c, const ql_qweight *w) {

@@ -1,5 +1,5 @@
 /*
- * test_ipc.c - daemon/ipc.c, a session's table of imported device
+ * test_ipc.c - daemon/state/ipc.c, a session's table of imported device
  * allocations, against a fake backend whose opens and closes are counted
  * and whose "device memory" is plain heap (so that ASan sees any use of a
  * closed import). The table is full at QL_SESSION_MAX_IPC imports; a new
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ipc.h"
+#include "state/ipc.h"
 #include "testutil.h"
 
 #define HANDLE_BYTES 64

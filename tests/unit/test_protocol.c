@@ -1,5 +1,5 @@
 /*
- * test_protocol.c - unit tests for daemon/protocol.c: the request decoder
+ * test_protocol.c - unit tests for daemon/wire/protocol.c: the request decoder
  * with its allocation budget, stateless validation, weight names, the
  * overflow-checked size product, region slice bounds and the session
  * socket's message decoder.
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "protocol.h"
+#include "wire/protocol.h"
 #include "testutil.h"
 
 /* The budget the daemon gives a message (handlers.c). */

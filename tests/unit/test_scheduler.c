@@ -13,7 +13,7 @@
 
 #include <check.h>
 
-#include "scheduler.h"
+#include "dispatch/scheduler.h"
 #include "testutil.h"
 
 #define WO QL_PATH_WEIGHT_ONLY

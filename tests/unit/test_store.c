@@ -1,5 +1,5 @@
 /*
- * test_store.c - the persistent weight store (daemon/store.c): round trips
+ * test_store.c - the persistent weight store (daemon/state/store.c): round trips
  * of every format through a real state directory, the atomic write and
  * what a crash leaves behind, every kind of corrupt file (moved aside with
  * a log line while the others still load), removal, names with '/', the
@@ -22,9 +22,9 @@
 
 #include <jansson.h>
 
-#include "store.h"
+#include "state/store.h"
 #include "testutil.h"
-#include "weights.h"
+#include "state/weights.h"
 
 /* ------------------------------------------------------------- helpers */
 

@@ -11,7 +11,7 @@
 #include <check.h>
 
 #include "testutil.h"
-#include "weights.h"
+#include "state/weights.h"
 
 static ql_qweight *make_q(uint64_t seed, ql_format f) {
   enum { N = 8, K = 64 };

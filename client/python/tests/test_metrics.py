@@ -1,4 +1,4 @@
-"""The daemon's /metrics (daemon/metrics.c, docs/operations.md "Metrics"),
+"""The daemon's /metrics (daemon/serve/metrics.c, docs/operations.md "Metrics"),
 parsed whole by prometheus_client's own parser: the families and their
 types, each path's latency histograms (cumulative buckets ending in +Inf,
 the same bounds everywhere, counts that match the requests sent), no
