@@ -32,12 +32,21 @@ QLINEAR_LIB="$QL_BUILDDIR/.libs/libqlinear.so.0"
 # interpreter: preload it; the interpreter's own allocations at exit are
 # not ours to report (leak checking stays on for the daemon).
 asan=$(ldd "$QLINEAR_LIB" 2>/dev/null | sed -n 's/.*\(libasan[^ ]*\) => \([^ ]*\).*/\2/p')
+ubsan=$(ldd "$QLINEAR_LIB" 2>/dev/null | sed -n 's/.*\(libubsan[^ ]*\) => \([^ ]*\).*/\2/p')
 if [ -n "$asan" ]; then
   # conftest.py gives the daemon these back (QL_DAEMON_*)
   QL_DAEMON_ASAN_OPTIONS=${ASAN_OPTIONS-}
   QL_DAEMON_LD_PRELOAD=${LD_PRELOAD-}
   export QL_DAEMON_ASAN_OPTIONS QL_DAEMON_LD_PRELOAD
-  LD_PRELOAD="$asan${LD_PRELOAD:+ $LD_PRELOAD}"
+  # libstdc++ with it: the interpreter does not link it, so without it
+  # ASan's __cxa_throw interceptor finds no real one, and the first C++
+  # exception torch throws (opcheck provokes some) stops the process.
+  cxx=$(/sbin/ldconfig -p 2>/dev/null |
+    sed -n 's/.*libstdc++\.so\.6 (libc6,x86-64) => \(.*\)/\1/p' | head -1)
+  # And the UBSan runtime, which the C++ check libraries (the emulated
+  # CUDA client, tests/integration/libqlinear-cudaemu) need but, linked by
+  # libtool with -nostdlib, do not name.
+  LD_PRELOAD="$asan${ubsan:+ $ubsan}${cxx:+ $cxx}${LD_PRELOAD:+ $LD_PRELOAD}"
   ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
   export LD_PRELOAD ASAN_OPTIONS
 fi
