@@ -558,6 +558,7 @@ class Client:
                  admin=False, lib=None, ring=True):
         self._lib = _lib.load(lib)
         self._lib_path = lib  # libqlinear-cuda is looked for beside it
+        self._cuda_call = None  # libqlinear-cuda, once a CUDA call found it
         self._c = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -1039,7 +1040,9 @@ class Client:
         esz = _DTYPE_SIZES[dt]
         xb, yb = m * k * esz, m * n * esz
         try:
-            C = _lib.load_cuda_call(self._lib_path)
+            # Found once: the search stats files, and this is per call.
+            C = self._cuda_call or _lib.load_cuda_call(self._lib_path)
+            self._cuda_call = C
         except OSError as e:
             raise QLinearError(_lib.ERRORS["QL_ENOTSUP"],
                                "CUDA input in call mode needs "
