@@ -93,6 +93,8 @@ typedef struct ql__config {
                               of the one before to come back */
   size_t session_max_requests; /* requests of one session in the queues */
   size_t max_queued_bytes;   /* tensor bytes held by waiting jobs */
+  uint32_t uid_share;        /* percent of a shared budget one uid may
+                                hold (tenants.h, upload.h) */
   size_t max_pinned_bytes;   /* region bytes page-locked for devices' DMA,
                                 over every session; 0: none */
   uint64_t drain_ms;         /* shutdown: queued work not started by then

@@ -20,6 +20,7 @@
 #include "serve/metrics.h"
 #include "registry.h"
 #include "net/transport.h"
+#include "state/tenants.h"
 #include "state/upload.h"
 #include "state/weights.h"
 #include "state/worker.h"
@@ -86,6 +87,7 @@ typedef struct ql__server {
   uint64_t start_ns;
   size_t commits_running; /* LoadCommit quantizations in the thread pool */
   size_t queued_bytes;    /* x and y bytes of accepted linear jobs */
+  ql__tenants tenants;    /* what each uid holds of the shared budgets */
   int stopping;           /* SIGINT/SIGTERM seen: new requests refused */
   atomic_int cancel;      /* drain deadline passed: jobs not yet run are
                              answered QL_ESHUTDOWN (read by workers) */

@@ -490,6 +490,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     ql__err("cannot start: %s", ql_strerror(rc));
     goto fail;
   }
+  ql__uploads_set_share(s->uploads, cfg->uid_share);
   if (ql__devices_open(s, &bc) != 0 || check_required_devices(s) != 0)
     goto fail;
   /* Before the store loads: weights tell the scheduler when they go. */
@@ -601,6 +602,7 @@ fail:
   ql__devices_close(s); /* no-op for workers already closed */
   ql__devices_free(s);
   ql__uploads_free(s->uploads);
+  ql__tenants_clear(&s->tenants);
   ql__calibrate_close(s);
   ql__weight_store_free(s->weights);
   ql__linear_close(s);

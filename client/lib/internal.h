@@ -49,7 +49,9 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include <openssl/evp.h>
 #include "ql_ring.h"
+#include "ql_source.h"
 #include "qlinear.pb-c.h"
 #include "qlinear/qlinear.h"
 #include "ring.h"

@@ -40,6 +40,11 @@ static int weight_info_from(const Qlinear__V1__WeightInfo *w,
   out->policy = (int)sp->policy;
   out->scale_dtype = (int)sp->scale_dtype;
   memcpy(out->digest, w->digest.data, QL_DIGEST_BYTES);
+  /* Absent (a stored plain-named weight, an older daemon) or whole. */
+  if (w->source_digest.len == QL_DIGEST_BYTES) {
+    memcpy(out->source_digest, w->source_digest.data, QL_DIGEST_BYTES);
+    out->has_source_digest = 1;
+  }
   out->bytes_resident = w->bytes_resident;
   out->crossover_rows = w->crossover_rows;
   out->crossover_measured = w->crossover_measured ? 1 : 0;
@@ -534,4 +539,103 @@ QL_EXPORT int ql_lookup(ql_client *c, const char *name, ql_weight_info *out) {
     ql__err_set(rv, "no weight named %s is resident", name);
   free(arr);
   return rv;
+}
+
+/* ------------------------------------------------------ source digests */
+
+/* SHA-256 of sp's header and the n segments, into out. */
+static int source_hash(const ql_source_spec *sp, const segment *segs, int n,
+                       uint8_t out[QL_DIGEST_BYTES]) {
+  uint8_t hdr[QL_SOURCE_HEADER_BYTES];
+  unsigned int len = 0;
+  int ok;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  if (ctx == NULL)
+    return ql__err_set(QL_ENOMEM, "cannot allocate a digest context");
+  ql_source_header(sp, hdr);
+  ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 &&
+       EVP_DigestUpdate(ctx, hdr, sizeof hdr) == 1;
+  for (int i = 0; ok && i < n; i++)
+    ok = segs[i].len == 0 ||
+         EVP_DigestUpdate(ctx, segs[i].p, (size_t)segs[i].len) == 1;
+  ok = ok && EVP_DigestFinal_ex(ctx, out, &len) == 1 &&
+       len == QL_DIGEST_BYTES;
+  EVP_MD_CTX_free(ctx);
+  return ok ? 0 : ql__err_set(QL_EINTERNAL, "SHA-256 failed");
+}
+
+QL_EXPORT int ql_source_digest_float(const ql_load_desc *d,
+                                     uint32_t quantizer_version,
+                                     uint8_t out[QL_DIGEST_BYTES]) {
+  uint64_t nk, wbytes, bbytes;
+  ql_source_spec sp;
+  int rv;
+
+  ql__err_clear();
+  if (d == NULL || d->data == NULL || out == NULL)
+    return ql__err_set(QL_EINVAL, "descriptor, data or out is NULL");
+  if (!ql_dtype_valid(d->dtype))
+    return ql__err_set(QL_EDTYPE, "data type %d is not f32, f16 or bf16",
+                       (int)d->dtype);
+  size_t esz = ql_dtype_size(d->dtype);
+  if (!ql__mul_ok(d->n, d->k, &nk) || !ql__mul_ok(nk, esz, &wbytes) ||
+      !ql__mul_ok(d->bias != NULL ? d->n : 0, esz, &bbytes) ||
+      wbytes > SIZE_MAX - bbytes)
+    return ql__err_set(QL_ETOOBIG, "weight of shape [%llu, %llu] is too large",
+                       (unsigned long long)d->n, (unsigned long long)d->k);
+  /* The fields exactly as ql_load_float() sends them. */
+  memset(&sp, 0, sizeof sp);
+  sp.quantizer_version = quantizer_version;
+  sp.format = (uint32_t)d->format;
+  sp.group_size = d->group_size;
+  sp.dtype = (uint32_t)d->dtype;
+  sp.has_bias = d->bias != NULL;
+  sp.policy = (uint32_t)d->policy;
+  sp.scale_dtype = (uint32_t)d->scale_dtype;
+  sp.asymmetric = d->asymmetric != 0;
+  sp.n = d->n;
+  sp.k = d->k;
+  segment segs[2] = {{d->data, wbytes}, {d->bias, bbytes}};
+  if ((rv = source_hash(&sp, segs, 2, out)) != 0)
+    return rv;
+  return 0;
+}
+
+QL_EXPORT int ql_source_digest_packed(const ql_packed_desc *d,
+                                      uint8_t out[QL_DIGEST_BYTES]) {
+  static const char *names[4] = {"qdata", "scale", "zero", "bias"};
+  Qlinear__V1__ArraySpec as;
+  uint64_t shape[2];
+  segment segs[4];
+  ql_source_spec sp;
+  int nseg = 0, rv;
+
+  ql__err_clear();
+  if (d == NULL || d->qdata.data == NULL || d->scale.data == NULL ||
+      out == NULL)
+    return ql__err_set(QL_EINVAL, "descriptor, qdata, scale or out is NULL");
+  memset(&sp, 0, sizeof sp);
+  sp.packed = 1;
+  sp.format = (uint32_t)d->format;
+  sp.group_size = d->group_size;
+  sp.has_bias = d->bias.data != NULL;
+  sp.policy = (uint32_t)d->policy;
+  sp.asymmetric = d->asymmetric != 0;
+  sp.zero_kind = (uint32_t)d->zero_kind;
+  sp.n = d->n;
+  sp.k = d->k;
+  const ql_packed_array *arr[4] = {&d->qdata, &d->scale, &d->zero, &d->bias};
+  for (int i = 0; i < 4; i++) {
+    if (arr[i]->data == NULL)
+      continue;
+    if ((rv = packed_array(names[i], arr[i], &as, shape, &segs[nseg])) != 0)
+      return rv;
+    sp.arrays[i].present = 1;
+    sp.arrays[i].dtype = (uint32_t)arr[i]->dtype;
+    sp.arrays[i].ndim = (uint32_t)arr[i]->ndim;
+    sp.arrays[i].shape[0] = arr[i]->shape[0];
+    sp.arrays[i].shape[1] = arr[i]->ndim == 2 ? arr[i]->shape[1] : 1;
+    nseg++;
+  }
+  return source_hash(&sp, segs, nseg, out);
 }

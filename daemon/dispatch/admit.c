@@ -426,6 +426,24 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
                         "already queued", s->queued_bytes);
     return 0;
   }
+  /* While other users are connected, one user's share of the queues. */
+  ql__tenant *tn = ss != NULL ? ql__session_tenant(ss) : NULL;
+  if (tn != NULL && s->tenants.active >= 2) {
+    size_t share_b = ql__tenant_share(s->cfg.max_queued_bytes,
+                                      s->cfg.uid_share);
+    size_t share_j = ql__tenant_share(s->cfg.max_queue, s->cfg.uid_share);
+    if (tn->queued_jobs >= share_j || tn->queued_bytes > share_b ||
+        cost > share_b - tn->queued_bytes) {
+      ql__tenant_refused(&s->tenants, tn->uid, "the request queues");
+      ql__reply_set_error(r, QL_EEXHAUSTED, "linear: uid %u has %zu "
+                          "requests (%zu bytes) queued, its share "
+                          "(uid_share = %u%% of max_queue and "
+                          "max_queued_bytes) while other users are "
+                          "connected", (unsigned)tn->uid, tn->queued_jobs,
+                          tn->queued_bytes, (unsigned)s->cfg.uid_share);
+      return 0;
+    }
+  }
   /* The ready event is opened per request (it is recorded anew for each
    * x) and last, so that nothing can fail with it open but the queueing. */
   void *ready = NULL;
@@ -521,6 +539,11 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
   j->ready = ready;
   j->ready_dev = ipc_dev;
   s->queued_bytes += cost;
+  if (tn != NULL) {
+    tn->queued_bytes += cost;
+    tn->queued_jobs++;
+    j->tenant = tn;
+  }
   s->lin->in_flight++;
   /* Deadlines are checked at every launch; while a long batch runs this
    * timer answers the expired ones on time. */

@@ -206,6 +206,12 @@ static void answer(ql__server *s, lin_req *j) {
   linear_body b;
   int rc = j->sr.status != 0 ? j->sr.status : j->rc;
   s->queued_bytes -= j->cost;
+  if (j->tenant != NULL) {
+    j->tenant->queued_bytes -= j->cost;
+    j->tenant->queued_jobs--;
+    ql__tenant_release(&s->tenants, j->tenant);
+    j->tenant = NULL;
+  }
   if (--s->lin->in_flight == 0)
     uv_timer_stop(&s->lin->expire);
   if (j->parent != NULL) {

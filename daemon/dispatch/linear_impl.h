@@ -67,6 +67,8 @@ typedef struct lin_req {
   size_t x_row, y_row; /* bytes of one row of x and of y */
   size_t y_bytes;
   size_t cost;      /* bytes counted in s->queued_bytes */
+  ql__tenant *tenant; /* its session's uid, which counts it and cost
+                         (NULL: not counted) */
   ql_dtype dt;
   ql_path path;
   int rc;           /* the first error of a batch it was in */

@@ -87,6 +87,7 @@ void ql__serve_load_begin(ql__server *s, ql__session *ss,
   tmpl.asymmetric = sp->asymmetric;
   tmpl.persistent = sp->persistent;
   tmpl.owner = ss != NULL ? ql__session_id(ss) : 0;
+  tmpl.uid = ss != NULL ? ql__session_uid(ss) : 0;
   tmpl.last_ns = ql__now_ns();
   if (sp->persistent && ss != NULL) {
     ql__reply_set_error(r, QL_EPERM, "load: persistent loads go through the "
@@ -115,7 +116,17 @@ void ql__serve_load_begin(ql__server *s, ql__session *ss,
   }
   ql__upload *up;
   if ((rc = ql__uploads_begin(s->uploads, &tmpl, &up)) != 0) {
-    if (rc == QL_EEXHAUSTED)
+    if (rc == QL_EPERM) {
+      size_t b, n;
+      ql__uploads_of_uid(s->uploads, tmpl.uid, &b, &n);
+      ql__tenant_refused(&s->tenants, tmpl.uid, "uploads");
+      ql__reply_set_error(r, QL_EEXHAUSTED, "load: uid %u's uploads in "
+                          "progress (%zu, %zu bytes) and %zu more bytes "
+                          "would pass its share (uid_share = %u%% of "
+                          "max_upload_bytes and of the uploads)",
+                          (unsigned)tmpl.uid, n, b, tmpl.total,
+                          (unsigned)s->cfg.uid_share);
+    } else if (rc == QL_EEXHAUSTED)
       ql__reply_set_error(r, rc, "load: the upload budget cannot hold %zu more "
                 "bytes (or too many uploads are in progress)", tmpl.total);
     else
@@ -184,15 +195,60 @@ typedef struct commit_work {
   int rc;
   char err[200]; /* from the import, naming the array */
   ql__placement place; /* where the weight goes, chosen at commit */
+  uint8_t source[QL_DIGEST_BYTES]; /* the upload's source digest */
 } commit_work;
 
 /* Builds the canonical weight of an upload: quantizes float data, or
  * checks and imports packed arrays. Thread-pool thread; reads only the
  * upload, which nobody changes while it commits. */
+/* The source-digest fields (ql_source.h) of an upload, as its LoadBegin
+ * sent them. */
+static void source_spec(const ql__upload *up, ql_source_spec *sp) {
+  memset(sp, 0, sizeof *sp);
+  sp->packed = up->packed != 0;
+  sp->quantizer_version = up->packed ? 0 : QL_QUANTIZER_VERSION;
+  sp->format = (uint32_t)up->format;
+  sp->group_size = up->group_size;
+  sp->dtype = up->packed ? 0 : (uint32_t)up->dtype;
+  sp->has_bias = up->has_bias != 0;
+  sp->policy = (uint32_t)up->policy;
+  sp->scale_dtype = (uint32_t)up->scale_dtype;
+  sp->asymmetric = up->asymmetric != 0;
+  sp->zero_kind = up->packed ? (uint32_t)up->zero_kind : 0;
+  sp->n = up->n;
+  sp->k = up->k;
+  for (int i = 0; up->packed && i < QL__ARR_N; i++) {
+    const ql__upload_array *a = &up->arrays[i];
+    if (!a->present)
+      continue;
+    sp->arrays[i].present = 1;
+    sp->arrays[i].dtype = (uint32_t)a->dtype;
+    sp->arrays[i].ndim = (uint32_t)a->ndim;
+    sp->arrays[i].shape[0] = (uint64_t)a->shape[0];
+    sp->arrays[i].shape[1] = (uint64_t)a->shape[1];
+  }
+}
+
 static void commit_run(uv_work_t *work) {
   commit_work *c = work->data;
   ql__upload *up = c->up;
   ql_qweight *q = NULL;
+  /* What was sent, hashed here (never what the loader claims): a
+   * content-addressed name must be the digest of these bytes. */
+  ql_source_spec sp;
+  uint8_t named[QL_DIGEST_BYTES];
+  source_spec(up, &sp);
+  if ((c->rc = ql__source_digest(&sp, up->data, up->received, c->source)) !=
+      0)
+    return;
+  if (ql_source_name_digest(up->name, named) &&
+      memcmp(named, c->source, QL_DIGEST_BYTES) != 0) {
+    c->rc = QL_ENAME;
+    snprintf(c->err, sizeof c->err, "the name ends in a source digest and "
+             "the content sent has another (quantizer version %d)",
+             up->packed ? 0 : QL_QUANTIZER_VERSION);
+    return;
+  }
   if (up->packed) {
     ql_import_desc d;
     memset(&d, 0, sizeof d);
@@ -228,10 +284,13 @@ static void commit_run(uv_work_t *work) {
   if (c->rc != 0)
     return;
   c->rc = ql__weight_create(up->name, q, up->policy, &c->place, &c->w);
-  if (c->rc != 0)
+  if (c->rc != 0) {
     ql_qweight_free(q);
-  else
+  } else {
     c->w->placed = up->devices != 0;
+    memcpy(c->w->source, c->source, QL_DIGEST_BYTES);
+    c->w->has_source = 1;
+  }
 }
 
 /* ------------------------------------------------------ persistent loads */
@@ -430,6 +489,13 @@ static void commit_done(uv_work_t *work, int status) {
       ql__reply_set_error(&r, rc, "load: out of memory");
   } else {
     w = existing ? existing : c->w;
+    /* This uid sent content that is (or quantizes to exactly) w: it may
+     * hold w by name from its other sessions. */
+    ql__weight_add_loader(w, ql__session_uid(ss));
+    if (!w->has_source) {
+      memcpy(w->source, c->source, QL_DIGEST_BYTES);
+      w->has_source = 1;
+    }
     ql__calibrate_weight(s, w);
     ql__info("%s weight %s (%llux%llu, %zu bytes) for session %llu",
              existing ? "shared" : "loaded", w->name,

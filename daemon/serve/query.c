@@ -42,6 +42,8 @@ void ql__fill_info(const ql__server *s, ql__info_buf *b, ql__weight *w) {
   b->info.spec = &b->spec;
   b->info.digest.data = w->digest;
   b->info.digest.len = QL_DIGEST_BYTES;
+  b->info.source_digest.data = w->has_source ? w->source : NULL;
+  b->info.source_digest.len = w->has_source ? QL_DIGEST_BYTES : 0;
   b->info.bytes_resident = w->bytes + w->dev_bytes;
   int measured;
   b->info.crossover_rows = crossover_rows(s, w, -1, &measured);
@@ -190,10 +192,23 @@ void ql__serve_hold(ql__server *s, ql__session *ss,
                         m->name);
     return;
   }
+  /* A digest given is the canonical form's or the source's; either binds
+   * the hold to that content. */
   if (m->digest.len == QL_DIGEST_BYTES &&
-      memcmp(m->digest.data, w->digest, QL_DIGEST_BYTES) != 0) {
+      memcmp(m->digest.data, w->digest, QL_DIGEST_BYTES) != 0 &&
+      !(w->has_source &&
+        memcmp(m->digest.data, w->source, QL_DIGEST_BYTES) == 0)) {
     ql__reply_set_error(r, QL_EEXIST, "hold: weight '%s' holds another "
                         "content than the digest given", m->name);
+    return;
+  }
+  if (m->digest.len == 0 && !ql__weight_holdable(w, ql__session_uid(ss))) {
+    ql__reply_set_error(r, QL_EPERM, "hold: weight '%s' was loaded by "
+                        "another user under a plain name: hold it with its "
+                        "digest, or name it by its content", m->name);
+    ql__info("session %llu (uid %u) refused weight %s of another user",
+             (unsigned long long)ql__session_id(ss),
+             (unsigned)ql__session_uid(ss), m->name);
     return;
   }
   if ((rc = ql__session_hold(s, ss, w)) != 0) {

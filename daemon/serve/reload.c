@@ -45,6 +45,7 @@ int ql__server_reload(ql__server *s, char *report, size_t len) {
   free(parsed);
   ql__log_set_level(s->cfg.log_level);
   ql__uploads_set_max(s->uploads, s->cfg.max_upload_bytes);
+  ql__uploads_set_share(s->uploads, s->cfg.uid_share);
   ql__weight_store_set_budget(s->weights, s->cfg.cpu_budget_bytes);
   ql__linear_configure(s);
   /* A crossover no longer fixed is measured for the weights already

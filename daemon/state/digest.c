@@ -29,3 +29,23 @@ done:
   EVP_MD_CTX_free(ctx);
   return rc;
 }
+
+int ql__source_digest(const ql_source_spec *spec, const void *data,
+                      size_t len, uint8_t out[QL_DIGEST_BYTES]) {
+  int rc = QL_EINTERNAL;
+  uint8_t hdr[QL_SOURCE_HEADER_BYTES];
+  unsigned int olen = 0;
+  EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+  if (ctx == NULL)
+    return QL_ENOMEM;
+  ql_source_header(spec, hdr);
+  if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1 ||
+      EVP_DigestUpdate(ctx, hdr, sizeof hdr) != 1 ||
+      (len > 0 && EVP_DigestUpdate(ctx, data, len) != 1) ||
+      EVP_DigestFinal_ex(ctx, out, &olen) != 1 || olen != QL_DIGEST_BYTES)
+    goto done;
+  rc = 0;
+done:
+  EVP_MD_CTX_free(ctx);
+  return rc;
+}

@@ -37,6 +37,8 @@ struct ql__session {
   pid_t pid; /* SO_PEERCRED at accept */
   uid_t uid;
   gid_t gid;
+  ql__tenant *tenant;   /* its uid's, counted from SessionOpen on (NULL:
+                           none could be made: not counted) */
   char client_name[64]; /* printable, for logs */
   uint8_t token[QL_SESSION_TOKEN_BYTES];
   int open;  /* SessionOpen answered: the token is valid */
@@ -375,6 +377,8 @@ void ql__session_map_add(ql__session *ss, ql__weight *w) {
 
 uid_t ql__session_uid(const ql__session *ss) { return ss->uid; }
 
+ql__tenant *ql__session_tenant(const ql__session *ss) { return ss->tenant; }
+
 pid_t ql__session_pid(const ql__session *ss) { return ss->pid; }
 
 uint64_t ql__session_id(const ql__session *ss) { return ss->id; }
@@ -493,6 +497,8 @@ static void copy_printable(char *dst, size_t len, const char *src) {
 const uint8_t *ql__session_begin(ql__session *ss, const char *client_name) {
   ql__sessions *o = ss->owner;
   ss->open = 1;
+  if ((ss->tenant = ql__tenant_get(&o->s->tenants, ss->uid)) != NULL)
+    ql__tenant_session_open(&o->s->tenants, ss->tenant);
   ss->tok_next = o->by_token[ss->token[0]];
   o->by_token[ss->token[0]] = ss;
   copy_printable(ss->client_name, sizeof ss->client_name, client_name);
@@ -522,6 +528,10 @@ void ql__session_end(ql__session *ss, const char *why) {
       *pp = ss->next;
       break;
     }
+  }
+  if (ss->open && ss->tenant != NULL) {
+    ql__tenant_session_end(&s->tenants, ss->tenant);
+    ss->tenant = NULL;
   }
   if (ss->open) {
     for (ql__session **pp = &o->by_token[ss->token[0]]; *pp;

@@ -135,6 +135,9 @@ void ql__session_touch(ql__session *ss);
 
 /* The peer's uid and pid (SO_PEERCRED at accept). */
 uid_t ql__session_uid(const ql__session *ss);
+
+/* Its uid's tenant (tenants.h), or NULL when it is not counted. */
+struct ql__tenant *ql__session_tenant(const ql__session *ss);
 pid_t ql__session_pid(const ql__session *ss);
 
 /* ------------------------------------------------------------- regions */

@@ -15,6 +15,7 @@ struct ql__uploads {
   size_t count;
   size_t bytes;     /* sum of costs */
   size_t max_bytes;
+  unsigned share_pct; /* of max_bytes and MAX_UPLOADS, per uid */
 };
 
 /* What an upload counts against the budget: its data and its record. */
@@ -27,6 +28,7 @@ int ql__uploads_create(size_t max_bytes, ql__uploads **out) {
   if (u == NULL)
     return QL_ENOMEM;
   u->max_bytes = max_bytes;
+  u->share_pct = 100;
   *out = u;
   return 0;
 }
@@ -88,6 +90,18 @@ int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
       u->bytes > u->max_bytes || /* the budget shrank on SIGHUP */
       cost_of(tmpl) > u->max_bytes - u->bytes)
     return QL_EEXHAUSTED;
+  /* One user's share, so that a slow upload of one cannot hold the whole
+   * budget against the others. */
+  if (tmpl->owner != 0 && u->share_pct < 100) {
+    size_t b, n;
+    ql__uploads_of_uid(u, tmpl->uid, &b, &n);
+    size_t share_b = u->max_bytes / 100 * u->share_pct +
+                     u->max_bytes % 100 * u->share_pct / 100;
+    size_t share_n = MAX_UPLOADS * u->share_pct / 100;
+    if (n + 1 > (share_n > 0 ? share_n : 1) || b > share_b ||
+        cost_of(tmpl) > share_b - b)
+      return QL_EPERM;
+  }
   ql__upload *up = malloc(sizeof *up);
   if (up == NULL)
     return QL_ENOMEM;
@@ -115,6 +129,20 @@ int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
   u->bytes += cost_of(up);
   *out = up;
   return 0;
+}
+
+void ql__uploads_set_share(ql__uploads *u, unsigned pct) {
+  u->share_pct = pct < 1 ? 1 : pct > 100 ? 100 : pct;
+}
+
+void ql__uploads_of_uid(const ql__uploads *u, uid_t uid, size_t *bytes,
+                        size_t *count) {
+  *bytes = *count = 0;
+  for (const ql__upload *up = u->head; up != NULL; up = up->next)
+    if (up->owner != 0 && up->uid == uid) {
+      *bytes += cost_of(up);
+      (*count)++;
+    }
 }
 
 void ql__uploads_set_max(ql__uploads *u, size_t max_bytes) {

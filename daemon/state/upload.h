@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "ql_defs.h"
 
@@ -40,6 +41,7 @@ typedef struct ql__upload {
   int persistent;       /* store it in the state directory */
   uint64_t owner;       /* the id of the session that began it, which
                            alone may continue it; 0: the admin socket */
+  uid_t uid;            /* its session's uid (owner 0: not counted) */
   uint64_t devices;     /* bit d: the load named device d; 0: it named
                            none (the default placement) */
   int packed;           /* arrays below, not float data */
@@ -63,10 +65,22 @@ void ql__uploads_free(ql__uploads *u); /* safe on NULL */
 /* Changes the byte budget (SIGHUP); uploads in progress stay. */
 void ql__uploads_set_max(ql__uploads *u, size_t max_bytes);
 
+/* The percent of the byte budget, and of the uploads in progress, that
+ * the uploads of one uid may take (uid_share; 100 at creation). Uploads of
+ * the admin socket (owner 0) are not counted against a uid. */
+void ql__uploads_set_share(ql__uploads *u, unsigned pct);
+
+/* What the uploads of uid (of sessions: owner != 0) hold: bytes counted
+ * against the budget and their number. */
+void ql__uploads_of_uid(const ql__uploads *u, uid_t uid, size_t *bytes,
+                        size_t *count);
+
 /*
  * Starts an upload described by tmpl (all fields but id, data, received,
  * last_ns, next are taken from it; total must be set). On success *out is
- * owned by the table. QL_EEXHAUSTED when the byte budget is used up.
+ * owned by the table. QL_EEXHAUSTED when the byte budget is used up, and
+ * QL_EPERM when it would take tmpl->uid past its share (a session's
+ * upload).
  */
 int ql__uploads_begin(ql__uploads *u, const ql__upload *tmpl,
                       ql__upload **out);

@@ -215,6 +215,9 @@ int ql__weight_create_known(const char *name, ql_qweight *q, ql_path policy,
     free(w);
     return rc;
   }
+  /* A content-addressed name says what was loaded under it: a stored
+   * weight's name was checked when it was loaded. */
+  w->has_source = ql_source_name_digest(name, w->source);
   w->q = q;
   w->bytes = q->qdata_bytes + q->scale_bytes * (q->zero ? 2 : 1) +
              (q->bias ? (size_t)q->n * sizeof(float) : 0);
@@ -364,4 +367,22 @@ void ql__weight_unref(ql__weight *w) {
   ql_qweight_free(w->q);
   free(w);
   ql__heap_release(bytes);
+}
+
+void ql__weight_add_loader(ql__weight *w, uid_t uid) {
+  for (int i = 0; i < w->n_loaders; i++)
+    if (w->loaders[i] == uid)
+      return;
+  if (w->n_loaders < QL__WEIGHT_LOADERS)
+    w->loaders[w->n_loaders++] = uid;
+}
+
+int ql__weight_holdable(const ql__weight *w, uid_t uid) {
+  uint8_t d[QL_DIGEST_BYTES];
+  if (w->pinned || ql_source_name_digest(w->name, d))
+    return 1;
+  for (int i = 0; i < w->n_loaders; i++)
+    if (w->loaders[i] == uid)
+      return 1;
+  return 0;
 }

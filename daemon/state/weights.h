@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "ql_kernels.h"
 #include "state/digest.h"
@@ -58,6 +59,9 @@ typedef struct ql__placement {
   } at[QL__MAX_DEVICES];
 } ql__placement;
 
+/* How many loader uids a weight remembers. */
+#define QL__WEIGHT_LOADERS 16
+
 typedef struct ql__weight {
   char name[256];
   ql_qweight *q;                   /* canonical form, owned */
@@ -65,6 +69,16 @@ typedef struct ql__weight {
   ql__weight_layout lay[QL__MAX_DEVICES]; /* by device; see devices */
   ql_path policy;                  /* AUTO, WEIGHT_ONLY or ACT_QUANT */
   uint8_t digest[QL_DIGEST_BYTES]; /* SHA-256 of the canonical form */
+  /* The source digest (ql_source.h) of what its load sent: the commit's
+   * own, or a content-addressed name's (a stored weight). has_source: 0
+   * when neither is known. */
+  uint8_t source[QL_DIGEST_BYTES];
+  int has_source;
+  /* The uids whose sessions loaded this content (the first
+   * QL__WEIGHT_LOADERS): they may hold it by a plain name without a
+   * digest (ql__weight_holdable()). */
+  uid_t loaders[QL__WEIGHT_LOADERS];
+  int n_loaders;
   size_t bytes;                    /* host bytes: the canonical arrays and
                                       the layouts of host devices */
   size_t dev_bytes;                /* layouts on other devices, summed */
@@ -172,6 +186,19 @@ int ql__weight_cache_layout(const ql__weight *w, struct ql__store *cache);
  */
 int ql__weight_store_insert(ql__weight_store *s, ql__weight *w,
                             ql__weight **existing);
+
+/* Records that a session of uid loaded w's content (at most
+ * QL__WEIGHT_LOADERS uids are kept; more are not recorded). */
+void ql__weight_add_loader(ql__weight *w, uid_t uid);
+
+/*
+ * Whether a session of uid may hold w by name without naming a digest:
+ * when w's name is content-addressed (its content is what the name says,
+ * whoever loaded it), w was loaded through the admin socket (the admin is
+ * trusted), or uid loaded this content itself. Another user's weight under
+ * a plain name could be anything: that one is held by digest only.
+ */
+int ql__weight_holdable(const ql__weight *w, uid_t uid);
 
 /* The weight of that name, or NULL. No reference is taken. */
 ql__weight *ql__weight_store_get(ql__weight_store *s, const char *name);

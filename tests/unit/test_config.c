@@ -231,7 +231,7 @@ START_TEST(test_table_invariants) {
       "device_budget_bytes", "batches_in_flight", "max_connections",
       "max_connections_per_uid", "max_sessions_per_uid", "frame_timeout_ms",
       "max_buffered_bytes", "ring_spin_us", "mapped_mode", "metrics_listen",
-      "metrics_weights"};
+      "metrics_weights", "uid_share"};
   ck_assert_uint_eq(n, sizeof fields / sizeof fields[0]);
   for (size_t i = 0; i < n; i++)
     ck_assert_ptr_nonnull(ql__config_find(fields[i]));
@@ -1534,7 +1534,7 @@ START_TEST(test_live_set) {
                                "crossover_default_rows", "decode_max_rows",
                                "accel_budget_percent", "device_budget_bytes",
                                "ring_spin_us", "mapped_mode",
-                               "metrics_weights"};
+                               "metrics_weights", "uid_share"};
   size_t n, nlive = 0;
   const ql__option *t = ql__config_options(&n);
   for (size_t i = 0; i < n; i++)

@@ -232,6 +232,11 @@ typedef struct ql_weight_info {
   /* Their names joined by ",", e.g. "cpu,cuda:0"; ends in "..." if the list
    * did not fit. */
   char devices[QL_DEVICES_STR_MAX];
+  /* The source digest of its load (ql_source_digest_float()), valid when
+   * has_source_digest is 1 (0: the daemon does not know it, e.g. a stored
+   * weight under a plain name). */
+  uint8_t source_digest[QL_DIGEST_BYTES];
+  int has_source_digest;
 } ql_weight_info;
 
 /* How a ql_linear() call was served. */
@@ -451,6 +456,26 @@ QL_EXPORT int ql_load_float(ql_client *c, const ql_load_desc *d,
 QL_EXPORT int ql_load_packed(ql_client *c, const ql_packed_desc *d,
                              ql_weight_info *info_out, int *shared_out);
 
+/*
+ * The source digest of a float load (docs/security.md): the SHA-256 the
+ * daemon computes over what ql_load_float(d) sends, for a daemon whose
+ * quantizer version (ql_hello_info.quantizer_version) is
+ * quantizer_version. A name ending in ".src-" and its 64 lowercase hex
+ * digits is content-addressed: the daemon loads only that content under
+ * it, so such a name can be held by anyone without a digest and can never
+ * be taken by other content. d->name, devices, persistent and progress do
+ * not count. 0, or QL_EINVAL / QL_EDTYPE / QL_ETOOBIG as ql_load_float().
+ * Reads the data: as slow as SHA-256 over it.
+ */
+QL_EXPORT int ql_source_digest_float(const ql_load_desc *d,
+                                     uint32_t quantizer_version,
+                                     uint8_t out[QL_DIGEST_BYTES]);
+
+/* The same for ql_load_packed(d) (no quantizer version: nothing is
+ * quantized). */
+QL_EXPORT int ql_source_digest_packed(const ql_packed_desc *d,
+                                      uint8_t out[QL_DIGEST_BYTES]);
+
 /* Drops this session's hold on the weight called name (the daemon unloads
  * a weight no session holds). QL_ENOTFOUND when there is no such weight,
  * QL_EPERM when only other sessions hold it or the admin socket keeps it.
@@ -461,10 +486,13 @@ QL_EXPORT int ql_unload(ql_client *c, const char *name);
 /* Makes this session a holder of the resident weight called name, as
  * loading the same content would, without sending it: a process that knows
  * the weight another one loaded (by name, and by digest when digest is not
- * NULL). It stays resident while the session holds it; ql_unload() drops
- * the hold. *out (may be NULL) describes it. QL_ENOTFOUND when no weight
- * has that name, QL_EEXIST when its digest is another, QL_EPERM on an
- * admin client. */
+ * NULL: the weight's digest, or the source digest of its load, see
+ * ql_source_digest_float()). It stays resident while the session holds it;
+ * ql_unload() drops the hold. *out (may be NULL) describes it. QL_ENOTFOUND
+ * when no weight has that name, QL_EEXIST when its digest is another,
+ * QL_EPERM on an admin client, and without a digest when another user
+ * loaded the weight under a plain name (not content-addressed, not from the
+ * admin socket): such a weight could be anything. */
 QL_EXPORT int ql_hold(ql_client *c, const char *name,
                       const uint8_t digest[QL_DIGEST_BYTES],
                       ql_weight_info *out);

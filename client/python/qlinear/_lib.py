@@ -196,6 +196,8 @@ class ql_weight_info(ctypes.Structure):
         ("crossover_measured", ctypes.c_int),
         ("n_devices", ctypes.c_size_t),
         ("devices", ctypes.c_char * QL_DEVICES_STR_MAX),
+        ("source_digest", ctypes.c_uint8 * QL_DIGEST_BYTES),
+        ("has_source_digest", ctypes.c_int),
     ]
 
 
@@ -315,6 +317,11 @@ _PROTOTYPES = {
     "ql_unload": (ctypes.c_int, [_c_client_p, ctypes.c_char_p]),
     "ql_hold": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
                                ctypes.c_char_p, _P(ql_weight_info)]),
+    "ql_source_digest_float": (ctypes.c_int, [_P(ql_load_desc),
+                                              ctypes.c_uint32,
+                                              ctypes.c_char_p]),
+    "ql_source_digest_packed": (ctypes.c_int, [_P(ql_packed_desc),
+                                               ctypes.c_char_p]),
     "ql_reload_config": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
                                         ctypes.c_size_t]),
     "ql_list": (ctypes.c_int, [_c_client_p, _P(_P(ql_weight_info)),

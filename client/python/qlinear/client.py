@@ -23,7 +23,7 @@ __all__ = [
     "QLinearError", "Client", "Region", "WeightInfo", "HelloInfo", "Device",
     "Stats", "WeightStats", "DeviceMemory", "LinearInfo", "parse_format",
     "format_name", "default_address", "default_admin_address", "strerror",
-    "err_name",
+    "err_name", "source_digest",
 ]
 
 # Error codes as module constants, QL_EINVAL and friends.
@@ -292,6 +292,9 @@ class WeightInfo:
     crossover_measured: bool
     devices: list
     shared: bool = None
+    #: the source digest of its load in hex (qlinear.source_digest()), or
+    #: None where the daemon does not know it
+    source_digest: str = None
 
 
 @dataclasses.dataclass
@@ -368,7 +371,9 @@ def _weight_info(wi, shared=None):
         digest=bytes(wi.digest).hex(), bytes_resident=wi.bytes_resident,
         crossover_rows=wi.crossover_rows,
         crossover_measured=bool(wi.crossover_measured),
-        devices=[d for d in _s(wi.devices).split(",") if d], shared=shared)
+        devices=[d for d in _s(wi.devices).split(",") if d], shared=shared,
+        source_digest=bytes(wi.source_digest).hex()
+        if wi.has_source_digest else None)
 
 
 def _addr(arr):
@@ -528,6 +533,57 @@ def _devices_arg(devices):
     if not isinstance(devices, str):
         devices = ",".join(devices)
     return devices.encode()
+
+def _float_desc(name, weight, bias, format, dtype, policy, scale_dtype):
+    """The ql_load_desc of a float load (name may be None), and the arrays
+    it points into, which must outlive it."""
+    fmt, group, asym = parse_format(format)
+    w = _c_contig(weight)
+    if w.ndim != 2:
+        raise QLinearError(_lib.ERRORS["QL_ESHAPE"],
+                           "weight has shape %s, not [n, k]" % (w.shape,))
+    dt = _dtype_code(w, dtype)
+    b = None
+    if bias is not None:
+        b = _c_contig(bias)
+        if b.shape != (w.shape[0],) or _dtype_code(b, dtype) != dt:
+            raise QLinearError(_lib.ERRORS["QL_ESHAPE"],
+                               "bias %s %s does not match weight %s %s"
+                               % (b.shape, b.dtype, w.shape, w.dtype))
+    d = _lib.ql_load_desc()
+    d.name = name.encode() if name is not None else None
+    d.format = fmt
+    d.group_size = group
+    d.asymmetric = int(asym)
+    d.n, d.k = w.shape
+    d.dtype = dt
+    d.data = w.ctypes.data
+    d.bias = b.ctypes.data if b is not None else None
+    d.policy = _path_code(policy)
+    d.scale_dtype = 0 if scale_dtype is None else \
+        _DTYPE_CODES.get(scale_dtype, -1)
+    return d, (w, b)
+
+
+def source_digest(weight, bias=None, *, format="q4g128", dtype=None,
+                  policy="auto", scale_dtype=None, quantizer_version,
+                  lib=None):
+    """The source digest (32 bytes) of load(name, weight, bias, format=...,
+    dtype=..., policy=..., scale_dtype=...) on a daemon whose quantizer
+    version is ``quantizer_version`` (Client.hello().quantizer_version):
+    the SHA-256 the daemon computes over what that load sends
+    (ql_source_digest_float()). A name ending in ".src-" and its hex form
+    is content-addressed: the daemon loads only this content under it
+    (docs/security.md)."""
+    d, keep = _float_desc(None, weight, bias, format, dtype, policy,
+                          scale_dtype)
+    lib = lib or _lib.load()
+    out = ctypes.create_string_buffer(32)
+    _check(lib, lib.ql_source_digest_float(ctypes.byref(d),
+                                           quantizer_version, out))
+    del keep  # the arrays d points into live until here
+    return out.raw
+
 
 class Client:
     """A session with qlineard (ql_connect()).
@@ -747,31 +803,8 @@ class Client:
         or the CPU when there is none. Returns the WeightInfo; its ``shared``
         is True when identical content was already resident by that name
         (loading other content under it raises QL_EEXIST)."""
-        fmt, group, asym = parse_format(format)
-        w = _c_contig(weight)
-        if w.ndim != 2:
-            raise QLinearError(_lib.ERRORS["QL_ESHAPE"],
-                               "weight has shape %s, not [n, k]" % (w.shape,))
-        dt = _dtype_code(w, dtype)
-        b = None
-        if bias is not None:
-            b = _c_contig(bias)
-            if b.shape != (w.shape[0],) or _dtype_code(b, dtype) != dt:
-                raise QLinearError(_lib.ERRORS["QL_ESHAPE"],
-                                   "bias %s %s does not match weight %s %s"
-                                   % (b.shape, b.dtype, w.shape, w.dtype))
-        d = _lib.ql_load_desc()
-        d.name = name.encode()
-        d.format = fmt
-        d.group_size = group
-        d.asymmetric = int(asym)
-        d.n, d.k = w.shape
-        d.dtype = dt
-        d.data = w.ctypes.data
-        d.bias = b.ctypes.data if b is not None else None
-        d.policy = _path_code(policy)
-        d.scale_dtype = 0 if scale_dtype is None else \
-            _DTYPE_CODES.get(scale_dtype, -1)
+        d, keep = _float_desc(name, weight, bias, format, dtype, policy,
+                              scale_dtype)
         d.persistent = int(bool(persistent))
         d.devices = _devices_arg(devices)
         cb, cb_error = _progress_cb(progress)

@@ -32,7 +32,6 @@ round trip.
 """
 
 import functools
-import hashlib
 import re
 import threading
 import weakref
@@ -43,7 +42,7 @@ from torch import nn
 
 from . import _lib, _ops
 from ._ops import default_client, set_default_client, weight_ident
-from .client import QLinearError, format_name, parse_format
+from .client import QLinearError, format_name, parse_format, source_digest
 
 __all__ = ["QLinear", "swap_linears", "weight_name", "region_tensor",
            "FUSE_PATTERNS", "set_default_client", "default_client",
@@ -80,33 +79,33 @@ def _host_bytes(t):
 def weight_name(linear, format, module_name="", prefix="", *,
                 quantizer_version, scale_dtype=None, policy="auto"):
     """The daemon-side name of a linear layer's weight in ``format``:
-    ``prefix`` + the module path + the format + 24 hex digits of a SHA-256
-    over the format, shape, dtype, weight and bias, and the version of the
-    daemon's quantization rules: pass the daemon's own,
-    ``Client.hello().quantizer_version`` (1 adds nothing, so names from
-    daemons of version 1 stay as they were).
-    Equal layers get equal names, in any process, so the daemon shares
-    them; different content never collides on a name (which the daemon
-    would refuse), and neither does a weight quantized by other rules (a
-    persistent one stored by an older daemon). A ``scale_dtype`` or
-    ``policy`` other than the defaults is hashed too: the weight is
-    another one, which must not be served to a caller of the defaults,
-    nor refuse its load."""
+    ``prefix`` + the module path + "/" + the format + ".src-" + the 64 hex
+    digits of the source digest of the load QLinear.from_linear() makes
+    (qlinear.source_digest(): a SHA-256 over the format, shape, dtype,
+    policy, scale dtype, weight and bias, and the version of the daemon's
+    quantization rules: pass the daemon's own,
+    ``Client.hello().quantizer_version``).
+
+    Such a name is content-addressed: the daemon checks the digest against
+    the bytes it receives and loads nothing else under the name, so
+    whoever loaded it first (another process of the same model, or
+    another user), the weight held by this name is this content, and
+    nobody can take the name with other content (docs/security.md).
+    Equal layers get equal names in any process, so the daemon shares
+    them; a weight quantized by other rules, or with another
+    ``scale_dtype`` or ``policy``, gets another name."""
     w = linear.weight.detach().cpu()
-    b = linear.bias.detach().cpu() if linear.bias is not None else None
-    h = hashlib.sha256()
-    rules = "" if quantizer_version == 1 else "|q%d" % quantizer_version
-    if scale_dtype is not None:
-        rules += "|s%s" % scale_dtype
-    if policy != "auto":
-        rules += "|p%s" % policy
-    h.update(("%s|%s|%s|%s%s\n" % (format, tuple(w.shape), w.dtype,
-                                   b is not None, rules)).encode())
-    h.update(memoryview(_host_bytes(w)).cast("B"))
-    if b is not None:
-        h.update(memoryview(_host_bytes(b.to(w.dtype))).cast("B"))
+    if w.dtype not in _DTYPES:
+        w = w.float()
+    b = linear.bias.detach().cpu().to(w.dtype) \
+        if linear.bias is not None else None
+    digest = source_digest(_host_bytes(w),
+                           _host_bytes(b) if b is not None else None,
+                           format=format, dtype=_DTYPES[w.dtype],
+                           policy=policy, scale_dtype=scale_dtype,
+                           quantizer_version=quantizer_version)
     path = _NAME_BAD.sub("_", module_name or "linear")
-    tail = "/%s-%s" % (format, h.hexdigest()[:24])
+    tail = "/%s.src-%s" % (format, digest.hex())
     # The protocol caps names at 255 bytes: shorten the path, keep the tail.
     room = 255 - len(prefix) - len(tail)
     if room < 1:

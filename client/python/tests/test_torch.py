@@ -198,7 +198,7 @@ def test_filter_and_names(client):
     assert sorted(sw2) == ["blocks.0.gate_proj", "blocks.0.up_proj",
                            "blocks.1.gate_proj", "blocks.1.up_proj"]
     name = sw2["blocks.0.up_proj"].weight_name
-    assert name.startswith("torch/Tiny/blocks.0.up_proj/q4g64-")
+    assert name.startswith("torch/Tiny/blocks.0.up_proj/q4g64.src-")
     assert client.lookup(name).format == "q4g64"
     with pytest.raises(qlinear.QLinearError):
         qt.swap_linears(nn.Linear(4, 4), client)

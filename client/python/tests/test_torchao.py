@@ -4,7 +4,6 @@ load() of the float weight and a load_packed() of TorchAO's own tensors
 give one weight, one digest, one resident copy. Also: what an explicit
 scale dtype means, and weight names that carry the quantizer's version."""
 
-import hashlib
 import os
 
 import numpy as np
@@ -132,17 +131,17 @@ def test_weight_name_carries_quantizer_version(client):
     v1 = qt.weight_name(lin, "q8c", "l", quantizer_version=1)
     with pytest.raises(TypeError):  # the daemon's version must be given
         qt.weight_name(lin, "q8c", "l")
-    # version 1 names are those of earlier releases
+    # the name is content-addressed: the source digest of the load, which
+    # hashes the daemon's quantizer version with the content
     w, b = lin.weight.detach(), lin.bias.detach()
-    h = hashlib.sha256()
-    h.update(("q8c|%s|%s|True\n" % (tuple(w.shape), w.dtype)).encode())
-    h.update(w.numpy().tobytes())
-    h.update(b.numpy().tobytes())
-    assert v1 == "l/q8c-" + h.hexdigest()[:24]
+    assert v1 == "l/q8c.src-" + qlinear.source_digest(
+        w.numpy(), b.numpy(), format="q8c", quantizer_version=1).hex()
     v2 = qt.weight_name(lin, "q8c", "l", quantizer_version=2)
-    assert v2 != v1 and v2.startswith("l/q8c-")
+    assert v2 != v1 and v2.startswith("l/q8c.src-") and len(v2) == len(v1)
     qv = client.hello().quantizer_version
     assert qv == 2
     m = qt.QLinear.from_linear(lin, client, "q8c", module_name="l")
     assert m.weight_name == qt.weight_name(lin, "q8c", "l",
                                            quantizer_version=qv)
+    # the daemon computed the same digest from the bytes it received
+    assert m.weight_name.endswith(".src-" + m.info.source_digest)
