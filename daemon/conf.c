@@ -200,10 +200,11 @@ static const ql__option options[] = {
     {.name = "uid_share", .type = QL_OPT_UINT, .flags = QL_OPT_LIVE,
      FIELD(uid_share), .min = 1, .max = 100, .def = "50",
      .help = "percent of a budget all users share that one user (uid) may "
-             "hold: of max_upload_bytes and of the uploads in progress "
-             "always; of max_queued_bytes and max_queue (its queued "
-             "requests on all weights together) while sessions of two or "
-             "more users are open"},
+             "hold: of max_upload_bytes, of the uploads in progress and of "
+             "max_buffered_bytes (at least two messages; this one as it "
+             "was at start) always; of max_queued_bytes and max_queue (its "
+             "queued requests on all weights together) while sessions of "
+             "two or more users are open"},
     {.name = "max_pinned_bytes", .type = QL_OPT_SIZE, .flags = QL_OPT_LIVE,
      FIELD(max_pinned_bytes), .min = 0, .max = (uint64_t)1 << 44,
      .def = "8G",

@@ -258,6 +258,7 @@ static void transport_limits(const ql__config *cfg, ql__transport_limits *l) {
   l->max_conns_per_uid = cfg->max_connections_per_uid;
   l->frame_timeout_ms = cfg->frame_timeout_ms;
   l->max_buffered = cfg->max_buffered_bytes;
+  l->uid_share = cfg->uid_share;
 }
 
 /* Binds admin.sock in admin_dir, group- but not world-accessible. */

@@ -38,6 +38,7 @@ typedef struct uid_count {
   struct uid_count *next;
   uid_t uid;
   unsigned n;
+  size_t buffered; /* partial frames and queued replies of its connections */
 } uid_count;
 
 /*
@@ -56,6 +57,7 @@ typedef struct conn {
   uint64_t id; /* for logs */
   pid_t pid;
   uid_t uid;
+  uid_count *u; /* its uid's count; NULL once closed */
   ql__sp_parser parser;
   /* A frame that spans reads: in[0..in_len) of in_cap, and the bytes it
    * must reach before it parses further (in_need). NULL when none. */
@@ -151,6 +153,17 @@ static void on_conn_closed(uv_handle_t *h) {
   conn_unref(c);
 }
 
+/* The most one uid's connections may buffer: uid_share of the total (all
+ * of it without a share), at least the largest message. */
+static size_t uid_bound(const ql__transport *t) {
+  unsigned pct = t->lim.uid_share;
+  if (pct == 0 || pct >= 100)
+    return t->lim.max_buffered;
+  size_t b = t->lim.max_buffered / 100 * pct +
+             t->lim.max_buffered % 100 * pct / 100;
+  return b > t->max_out ? b : t->max_out;
+}
+
 static uid_count *uid_find(ql__transport *t, uid_t uid) {
   for (uid_count *u = t->uids; u != NULL; u = u->next)
     if (u->uid == uid)
@@ -189,8 +202,10 @@ static void conn_close(conn *c) {
   if (c->next != NULL)
     c->next->prev = c->prev;
   t->stats.open--;
-  uid_release(t, c->uid);
   t->buffered -= c->out_bytes + c->in_cap;
+  c->u->buffered -= c->out_bytes + c->in_cap;
+  c->u = NULL;
+  uid_release(t, c->uid);
   for (outbuf *o = c->out_head, *next; o != NULL; o = next) {
     next = o->next;
     free(o);
@@ -257,6 +272,7 @@ static int conn_flush(conn *c) {
     o->off += (size_t)n;
     c->out_bytes -= (size_t)n;
     c->t->buffered -= (size_t)n;
+    c->u->buffered -= (size_t)n;
     c->tx_ms = uv_now(c->t->loop);
     if (o->off < o->len)
       break;
@@ -306,6 +322,17 @@ static int conn_send(conn *c, outbuf *o) {
     free(o);
     return QL_EEXHAUSTED;
   }
+  if (c->u->buffered + left > uid_bound(t)) {
+    ql__notice("%s: uid %lu reached its share of the buffered bytes "
+               "(uid_share): a reply of %zu bytes not queued",
+               t->path, (unsigned long)c->uid, left);
+    conn_fail(c, &t->stats.overflowed,
+              "%zu reply bytes would pass uid %lu's share (%zu bytes) of "
+              "the buffered bytes", left, (unsigned long)c->uid,
+              uid_bound(t));
+    free(o);
+    return QL_EEXHAUSTED;
+  }
   o->next = NULL;
   if (c->out_tail != NULL)
     c->out_tail->next = o;
@@ -314,6 +341,7 @@ static int conn_send(conn *c, outbuf *o) {
   c->out_tail = o;
   c->out_bytes += left;
   t->buffered += left;
+  c->u->buffered += left;
   conn_watch(c);
   return 0;
 }
@@ -406,6 +434,17 @@ static int conn_grow(conn *c, size_t least) {
               "all connections", c->in_need, t->lim.max_buffered);
     return -1;
   }
+  /* One user's half-sent frames cannot take what the others need. */
+  if (c->u->buffered - c->in_cap + cap > uid_bound(t)) {
+    ql__notice("%s: uid %lu reached its share of the buffered bytes "
+               "(uid_share): a connection closed", t->path,
+               (unsigned long)c->uid);
+    conn_fail(c, &t->stats.overflowed,
+              "a frame of %zu bytes would pass uid %lu's share (%zu bytes) "
+              "of the bytes buffered for all connections", c->in_need,
+              (unsigned long)c->uid, uid_bound(t));
+    return -1;
+  }
   uint8_t *in = realloc(c->in, cap);
   if (in == NULL) {
     conn_fail(c, &t->stats.overflowed, "no memory for a %zu-byte frame",
@@ -413,6 +452,7 @@ static int conn_grow(conn *c, size_t least) {
     return -1;
   }
   t->buffered = t->buffered - c->in_cap + cap;
+  c->u->buffered = c->u->buffered - c->in_cap + cap;
   c->in = in;
   c->in_cap = cap;
   return 0;
@@ -420,6 +460,8 @@ static int conn_grow(conn *c, size_t least) {
 
 static void conn_drop_input(conn *c) {
   c->t->buffered -= c->in_cap;
+  if (c->u != NULL) /* (closed: in_cap is 0 already) */
+    c->u->buffered -= c->in_cap;
   free(c->in);
   c->in = NULL;
   c->in_len = c->in_cap = 0;
@@ -566,6 +608,7 @@ static void conn_accept(ql__transport *t, int fd) {
   c->id = ++t->next_id;
   c->pid = cred.pid;
   c->uid = cred.uid;
+  c->u = u;
   c->poll.data = c;
   c->rx_ms = c->tx_ms = uv_now(t->loop);
   ql__sp_parser_init(&c->parser, QL__SP_PROTO_REQ,

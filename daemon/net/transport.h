@@ -48,6 +48,8 @@ typedef struct ql__transport_limits {
                                  connection */
   size_t max_buffered;        /* partial frames and queued replies of all
                                  connections together */
+  unsigned uid_share;         /* percent of max_buffered one uid's
+                                 connections may hold (0 or 100: all) */
 } ql__transport_limits;
 
 /*

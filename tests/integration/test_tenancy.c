@@ -13,12 +13,15 @@
  * The cases that need a second uid are a TCase of their own
  * ("second_uid"), skipped with a message where this does not run as root.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,6 +93,59 @@ static void run(const td *d, const char *name, float *y) {
 #define BIG_N 256
 #define BIG_K 1024
 
+/* The frame the buffered-bytes case leaves half sent: 15 MiB. */
+#define HALF_FRAME ((size_t)15 << 20)
+
+/* A raw connection to address (ipc://PATH) with the SP header and all but
+ * the last byte of a HALF_FRAME frame sent; -1 when it failed (the daemon
+ * may close it on the way). No check asserts: this runs outside the
+ * suite. */
+static int half_frame(const char *address) {
+  static const uint8_t hello[8] = {0, 'S', 'P', 0, 0, 48, 0, 0};
+  static uint8_t chunk[1 << 16];
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", address + 6);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+    goto fail;
+  /* The SP header, then an ipc frame: type 1 and a 64-bit length. */
+  uint8_t hdr[8 + 1 + 8];
+  memcpy(hdr, hello, 8);
+  hdr[8] = 1;
+  for (int i = 0; i < 8; i++)
+    hdr[9 + i] = (uint8_t)((uint64_t)HALF_FRAME >> (56 - 8 * i));
+  if (send(fd, hdr, sizeof hdr, MSG_NOSIGNAL) != (ssize_t)sizeof hdr)
+    goto fail;
+  chunk[0] = 0x80; /* a request id's top bit, as REQ sends it */
+  for (size_t left = HALF_FRAME - 1; left > 0;) {
+    size_t n = left < sizeof chunk ? left : sizeof chunk;
+    ssize_t w = send(fd, chunk, n, MSG_NOSIGNAL);
+    if (w <= 0)
+      goto fail;
+    left -= (size_t)w;
+    chunk[0] = 0;
+  }
+  return fd;
+fail:
+  if (fd >= 0)
+    close(fd);
+  return -1;
+}
+
+/* 1 while the daemon keeps fd open (after what it has read settled). */
+static int still_open(int fd) {
+  uint8_t b[64];
+  usleep(200 * 1000);
+  for (;;) {
+    ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (n > 0)
+      continue; /* its SP header */
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+}
+
 /* ql_progress_cb of a kept upload: arg is {in, out}. */
 static void hold_upload(void *arg, uint64_t done, uint64_t total) {
   const int *fds = arg;
@@ -151,6 +207,25 @@ static void other_client(int argc, char **argv) {
     ld.progress = hold_upload;
     ld.progress_arg = fds;
     rc = ql_load_float(c, &ld, NULL, NULL);
+  } else if (strcmp(argv[3], "halfsend") == 0 && argc == 6) {
+    /* NCONN raw connections (argv[5]) to the request socket, each with
+     * all but the last byte of a HALF_FRAME-byte frame sent; writes how
+     * many the daemon kept open, then waits until stdin closes. */
+    int n = atoi(argv[5]), fds[16], open_n = 0;
+    if (n < 1 || n > 16)
+      _exit(100);
+    for (int i = 0; i < n; i++)
+      fds[i] = half_frame(argv[2]);
+    for (int i = 0; i < n; i++)
+      open_n += fds[i] >= 0 && still_open(fds[i]);
+    char line[16];
+    int len = snprintf(line, sizeof line, "%d\n", open_n);
+    if (write(out, line, (size_t)len) != len)
+      _exit(102);
+    char b;
+    while (read(in, &b, 1) > 0)
+      ;
+    rc = 0;
   } else if (strcmp(argv[3], "flood") == 0 && argc == 6) {
     /* Linear requests on NAME one after another for SECONDS seconds. */
     float x[8 * K], y[8 * N];
@@ -506,6 +581,43 @@ START_TEST(queue_share) {
 }
 END_TEST
 
+/*
+ * Buffered bytes: the other user holds four 15 MiB frames half sent
+ * (--max-buffered-bytes 64M): with uid_share 50 % the daemon keeps two of
+ * its connections and closes the rest, and this user's 4 MiB upload chunk
+ * then gets through. Without a share all four stayed, 60 MiB, and this
+ * user's connection was dropped.
+ */
+START_TEST(buffered_share) {
+  static const char *const args[] = {"--max-buffered-bytes", "64M",
+                                     "--max-message-bytes", "16M", NULL};
+  td d;
+  td_start(&d, args);
+  ck_assert_int_eq(chmod(d.dir, 0750), 0);
+  int in, out;
+  pid_t pid = other_start(&d, "halfsend", "-", "4", &in, &out);
+  char line[16] = "";
+  ck_assert_int_gt(read(out, line, sizeof line - 1), 0);
+  int kept = atoi(line);
+  ck_assert_msg(kept >= 1 && kept <= 2, "the other user kept %d of 4", kept);
+  ql_client *c = td_connect(&d);
+  /* [1024, 1024] floats: one 4 MiB chunk. */
+  static float w[1024 * 1024];
+  for (size_t i = 0; i < sizeof w / sizeof *w; i++)
+    w[i] = (float)(i % 13) * 0.01f;
+  td_layer l = {1024, 1024, w, NULL};
+  int rc = load(c, "victim/chunky", &l, NULL);
+  ck_assert_msg(rc == 0, "the victim's load: %d %s", rc, ql_errmsg());
+  char *log = td_read_log(&d);
+  ck_assert_msg(strstr(log, "uid 65534 reached its share of the buffered "
+                            "bytes") != NULL, "the log names no uid");
+  free(log);
+  ck_assert_int_eq(other_wait(pid, in, out), 0);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   td_self_init(); /* the other user's process: from here on */
   if (argc > 1 && strcmp(argv[1], "--client") == 0)
@@ -521,6 +633,7 @@ int main(int argc, char **argv) {
     tcase_add_test(uid, squatting_refused);
     tcase_add_test(uid, upload_share);
     tcase_add_test(uid, queue_share);
+    tcase_add_test(uid, buffered_share);
     suite_add_tcase(s, uid);
   } else {
     printf("SKIP (part): not root: no second user to squat with; the "
