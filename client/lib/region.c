@@ -89,6 +89,25 @@ static int destroy_remote(ql_client *c, uint64_t id) {
   return rv;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/* Allocates every page of a fresh mapping, as this process's memory: one
+ * madvise where the kernel has it, else a write to each page (zero, as
+ * the pages are: the region's bytes do not change). */
+static int populate(uint8_t *base, size_t size) {
+  if (madvise(base, size, MADV_POPULATE_WRITE) == 0)
+    return 0;
+  if (errno != EINVAL && errno != ENOSYS)
+    return ql__err_set(errno == ENOMEM ? QL_ENOMEM : QL_EIO,
+                       "populating the region: %s", strerror(errno));
+  long page = sysconf(_SC_PAGESIZE);
+  for (size_t off = 0; off < size; off += (size_t)page)
+    ((volatile uint8_t *)base)[off] = 0;
+  return 0;
+}
+
 QL_EXPORT int ql_region_create(ql_client *c, size_t size, ql_region **out) {
   Qlinear__V1__SessionRequest req = QLINEAR__V1__SESSION_REQUEST__INIT;
   Qlinear__V1__CreateRegionRequest cr =
@@ -141,6 +160,10 @@ QL_EXPORT int ql_region_create(ql_client *c, size_t size, ql_region **out) {
                      strerror(errno));
     goto fail;
   }
+  /* The pages are ours to populate: the daemon refuses requests on pages
+   * nobody wrote rather than fault them into its own memory. */
+  if ((rv = populate(base, size)) != 0)
+    goto fail;
   if ((node = calloc(1, sizeof *node)) == NULL) {
     rv = ql__err_set(QL_ENOMEM, "allocating the region");
     goto fail;

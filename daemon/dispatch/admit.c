@@ -36,6 +36,23 @@ static ql__region *slice_region(ql__session *ss, const char *what,
   return reg;
 }
 
+/* 1 when the pages of slice sl of reg are populated (ql__region_populated),
+ * else r is set and 0. Checked after every other check of the slice. */
+static int slice_populated(const ql__region *reg, const char *what,
+                           const Qlinear__V1__RegionSlice *sl, ql__reply *r) {
+  if (ql__region_populated(reg, sl->offset, sl->length))
+    return 1;
+  ql__reply_set_error(r, QL_EINVAL, "linear: %s: region %llu has pages in "
+                      "[%llu, +%llu) its client never wrote (or that are "
+                      "swapped out): the daemon does not fault in a "
+                      "client's memory; write them first (libqlinear "
+                      "populates the regions it makes)", what,
+                      (unsigned long long)reg->id,
+                      (unsigned long long)sl->offset,
+                      (unsigned long long)sl->length);
+  return 0;
+}
+
 /*
  * The device of a request's device tensors, from where x's (dx) and y's
  * (dy) memory is, either NULL: one device, and the request's own when it
@@ -415,6 +432,9 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
       return 0;
     }
   }
+  if ((xr != NULL && !slice_populated(xr, "x", xs, r)) ||
+      (yr != NULL && !slice_populated(yr, "y_out", ys, r)))
+    return 0;
   /* Waiting requests hold their inline x and their inline y: bound both.
    * Region and device memory are the session's and bounded there. */
   size_t cost = (xr || xm ? 0 : x->inline_data.len) +

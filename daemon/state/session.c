@@ -231,6 +231,29 @@ int ql__session_region_destroy(ql__session *ss, uint64_t id) {
 
 struct ql__ipc_table **ql__session_ipc(ql__session *ss) { return &ss->ipc; }
 
+int ql__region_populated(const ql__region *reg, uint64_t off, uint64_t len) {
+  static long page;
+  if (page == 0)
+    page = sysconf(_SC_PAGESIZE);
+  if (len == 0)
+    return 1;
+  uint64_t pg = (uint64_t)page;
+  uint64_t first = off / pg, last = (off + len - 1) / pg;
+  unsigned char vec[1024];
+  for (uint64_t p = first; p <= last;) {
+    uint64_t n = last - p + 1;
+    if (n > sizeof vec)
+      n = sizeof vec;
+    if (mincore(reg->base + p * pg, (size_t)(n * pg), vec) != 0)
+      return 0;
+    for (uint64_t i = 0; i < n; i++)
+      if (!(vec[i] & 1))
+        return 0;
+    p += n;
+  }
+  return 1;
+}
+
 ql__region *ql__session_region(ql__session *ss, uint64_t id) {
   for (ql__region *r = ss->regions; r; r = r->next)
     if (r->id == id)

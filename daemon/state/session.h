@@ -162,6 +162,15 @@ int ql__session_region_destroy(ql__session *ss, uint64_t id);
  * not found. No reference is taken. */
 ql__region *ql__session_region(ql__session *ss, uint64_t id);
 
+/*
+ * 1 when every page of reg's bytes [off, off + len) (which fit it) is in
+ * memory, else 0. A region's pages are its client's to populate (libqlinear
+ * does when it makes one): a page the daemon touched first would be
+ * allocated to, and charged against, the daemon's memory, so requests on
+ * pages nobody wrote are refused instead (docs/security.md).
+ */
+int ql__region_populated(const ql__region *reg, uint64_t off, uint64_t len);
+
 /* A job's reference to a region; the last unref unmaps it. Loop thread. */
 void ql__region_ref(ql__region *r);
 void ql__region_unref(ql__region *r);

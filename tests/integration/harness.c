@@ -472,6 +472,12 @@ int td_region_create(td_session *s, uint64_t size, uint64_t *id, int *fd) {
     ck_assert_int_ge(rfd, 0);
     *id = r->create_region->region_id;
     *fd = rfd;
+    /* Its pages are the client's to populate, as libqlinear does: the
+     * daemon refuses requests on pages nobody wrote. */
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
+    ck_assert_ptr_ne(p, MAP_FAILED);
+    ck_assert_int_eq(madvise(p, size, MADV_POPULATE_WRITE), 0);
+    munmap(p, size);
   } else {
     ck_assert_msg(r->status->message && r->status->message[0],
                   "error reply without a message");

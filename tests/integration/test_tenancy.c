@@ -396,6 +396,89 @@ START_TEST(content_names_take_their_content) {
 }
 END_TEST
 
+/* A region of the harness's session made raw, without populating it (as a
+ * hostile client would leave it): its id. */
+static uint64_t raw_region(td *d, uint64_t size) {
+  Qlinear__V1__SessionRequest req;
+  Qlinear__V1__CreateRegionRequest cr;
+  qlinear__v1__session_request__init(&req);
+  qlinear__v1__create_region_request__init(&cr);
+  cr.size = size;
+  req.body_case = QLINEAR__V1__SESSION_REQUEST__BODY_CREATE_REGION;
+  req.create_region = &cr;
+  int fd = -1;
+  Qlinear__V1__SessionResponse *r = td_session_call(&d->sess, &req, &fd,
+                                                    5000);
+  ck_assert_ptr_nonnull(r);
+  ck_assert_int_eq(r->status ? r->status->code : 0, 0);
+  uint64_t id = r->create_region->region_id;
+  qlinear__v1__session_response__free_unpacked(r, NULL);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  return id;
+}
+
+/*
+ * Memory the daemon would touch for a client: x and y_out in a region
+ * whose pages its client never wrote are refused, not faulted into the
+ * daemon's memory (which is what the daemon, not the client, would be
+ * charged for): the daemon's resident set stays within a few MiB while
+ * 64 MiB of x and 24 MiB of y are asked for, again and again.
+ */
+START_TEST(untouched_regions_refused) {
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, N, K, 1, 1);
+  ck_assert_int_eq(load(c, "w", &l, NULL), 0);
+  const uint64_t m = 131072, xlen = m * K * 4, ylen = m * N * 4;
+  uint64_t id = raw_region(&d, xlen + ylen);
+  long before = td_daemon_rss_kib(&d);
+  for (int i = 0; i < 4; i++) {
+    Qlinear__V1__Request req;
+    Qlinear__V1__LinearRequest lin;
+    Qlinear__V1__Tensor x;
+    Qlinear__V1__RegionSlice xs, ys;
+    uint64_t shape[2] = {m, K};
+    qlinear__v1__request__init(&req);
+    qlinear__v1__linear_request__init(&lin);
+    qlinear__v1__tensor__init(&x);
+    qlinear__v1__region_slice__init(&xs);
+    qlinear__v1__region_slice__init(&ys);
+    req.body_case = QLINEAR__V1__REQUEST__BODY_LINEAR;
+    req.request_id = 100 + (uint64_t)i;
+    req.linear = &lin;
+    lin.weight = "w";
+    lin.x = &x;
+    lin.path = QLINEAR__V1__PATH__PATH_WEIGHT_ONLY;
+    x.dtype = QLINEAR__V1__DTYPE__DTYPE_F32;
+    x.shape = shape;
+    x.n_shape = 2;
+    x.data_case = QLINEAR__V1__TENSOR__DATA_REGION;
+    x.region = &xs;
+    xs.region_id = id;
+    xs.offset = 0;
+    xs.length = xlen;
+    ys.region_id = id;
+    ys.offset = xlen;
+    ys.length = ylen;
+    lin.y_out = &ys;
+    Qlinear__V1__Response *resp = td_call(&d, &req, 20000);
+    ck_assert_ptr_nonnull(resp);
+    ck_assert_int_eq(resp->status->code, QL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(resp->status->message, "never wrote"));
+    qlinear__v1__response__free_unpacked(resp, NULL);
+  }
+  long after = td_daemon_rss_kib(&d);
+  ck_assert_msg(after - before < 8 * 1024, "the daemon's RSS grew by %ld KiB",
+                after - before);
+  td_layer_free(&l);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* ---------------------------------------------------------- second uid */
 
 /*
@@ -626,6 +709,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("one_uid");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, content_names_take_their_content);
+  tcase_add_test(tc, untouched_regions_refused);
   suite_add_tcase(s, tc);
   if (geteuid() == 0) {
     TCase *uid = tcase_create("second_uid");
