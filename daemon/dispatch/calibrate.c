@@ -398,7 +398,18 @@ void ql__calibrate_start(ql__server *s) {
   next_measurement(s);
 }
 
+static void calibrate(ql__server *s, ql__weight *w, const uid_t *uid);
+
 void ql__calibrate_weight(ql__server *s, ql__weight *w) {
+  calibrate(s, w, NULL);
+}
+
+void ql__calibrate_weight_by(ql__server *s, ql__weight *w, uid_t uid) {
+  calibrate(s, w, &uid);
+}
+
+/* uid NULL: not counted against a user (the admin socket, the store). */
+static void calibrate(ql__server *s, ql__weight *w, const uid_t *uid) {
   struct ql__calib *c = s->calib;
   char key[QL_XOVER_KEY_MAX];
   if (c == NULL)
@@ -419,6 +430,12 @@ void ql__calibrate_weight(ql__server *s, ql__weight *w) {
       queued = c->pending[i].w == w && c->pending[i].dev == d;
     if (queued)
       continue;
+    /* A stream of loads of new shapes would keep the device measuring. */
+    if (uid != NULL &&
+        !ql__tenant_calib_take(&s->tenants, *uid, ql__now_ns())) {
+      ql__tenant_refused(&s->tenants, *uid, "crossover measurements");
+      continue;
+    }
     if (c->n_pending == c->cap_pending) {
       size_t cap = c->cap_pending ? 2 * c->cap_pending : 8;
       pending *p = realloc(c->pending, cap * sizeof *p);

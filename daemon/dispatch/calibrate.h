@@ -40,6 +40,12 @@ void ql__calibrate_start(ql__server *s);
  * measurement. */
 void ql__calibrate_weight(ql__server *s, ql__weight *w);
 
+/* The same for a weight a session of uid loaded: the measurements its load
+ * starts are bounded per uid (tenants.h, QL_TENANT_CALIB_BURST); past
+ * that the weight keeps the default crossover, and a later load of its
+ * shape may measure it. */
+void ql__calibrate_weight_by(ql__server *s, ql__weight *w, uid_t uid);
+
 /* The crossover AUTO requests use: ql__weight_crossover_rows (weights.h),
  * which reads what ql__calibrate_weight gave the weight. */
 

@@ -496,7 +496,7 @@ static void commit_done(uv_work_t *work, int status) {
       memcpy(w->source, c->source, QL_DIGEST_BYTES);
       w->has_source = 1;
     }
-    ql__calibrate_weight(s, w);
+    ql__calibrate_weight_by(s, w, ql__session_uid(ss));
     ql__info("%s weight %s (%llux%llu, %zu bytes) for session %llu",
              existing ? "shared" : "loaded", w->name,
              (unsigned long long)w->q->n, (unsigned long long)w->q->k,

@@ -13,6 +13,7 @@ ql__tenant *ql__tenant_get(ql__tenants *t, uid_t uid) {
   if (tn == NULL)
     return NULL;
   tn->uid = uid;
+  tn->calib_tokens = QL_TENANT_CALIB_BURST;
   tn->next = t->head;
   t->head = tn;
   return tn;
@@ -30,7 +31,9 @@ void ql__tenant_session_end(ql__tenants *t, ql__tenant *tn) {
 }
 
 void ql__tenant_release(ql__tenants *t, ql__tenant *tn) {
-  if (tn->sessions != 0 || tn->queued_jobs != 0 || tn->queued_bytes != 0)
+  /* A bucket not yet full is kept: a new session would refill it. */
+  if (tn->sessions != 0 || tn->queued_jobs != 0 || tn->queued_bytes != 0 ||
+      tn->calib_tokens < QL_TENANT_CALIB_BURST)
     return;
   for (ql__tenant **pp = &t->head; *pp != NULL; pp = &(*pp)->next)
     if (*pp == tn) {
@@ -67,4 +70,24 @@ void ql__tenant_refused(ql__tenants *t, uid_t uid, const char *what) {
                (unsigned long long)tn->refused, tn->refused == 1 ? "" : "s");
   }
   ql__tenant_release(t, tn);
+}
+
+int ql__tenant_calib_take(ql__tenants *t, uid_t uid, uint64_t now_ns) {
+  ql__tenant *tn = ql__tenant_get(t, uid);
+  if (tn == NULL)
+    return 0;
+  if (tn->calib_tokens < QL_TENANT_CALIB_BURST) {
+    uint64_t n = (now_ns - tn->calib_ns) / QL_TENANT_CALIB_REFILL_NS;
+    if (n > 0) {
+      tn->calib_tokens = n >= QL_TENANT_CALIB_BURST - tn->calib_tokens
+                             ? QL_TENANT_CALIB_BURST
+                             : tn->calib_tokens + (uint32_t)n;
+      tn->calib_ns += n * QL_TENANT_CALIB_REFILL_NS;
+    }
+  }
+  if (tn->calib_tokens == 0)
+    return 0;
+  if (tn->calib_tokens-- == QL_TENANT_CALIB_BURST)
+    tn->calib_ns = now_ns; /* the refill clock starts at the first */
+  return 1;
 }

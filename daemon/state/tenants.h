@@ -18,12 +18,22 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* Crossover measurements one uid's loads may start: this many at once,
+ * then one a minute (calibrate.h). */
+#define QL_TENANT_CALIB_BURST 8
+#define QL_TENANT_CALIB_REFILL_NS ((uint64_t)60000000000u)
+
 typedef struct ql__tenant {
   uid_t uid;
   unsigned sessions;   /* open sessions of this uid */
   size_t queued_bytes; /* inline x and y bytes of its queued requests */
   size_t queued_jobs;  /* its queued requests (fused parts each count) */
   uint64_t refused;    /* requests refused for its share (stats) */
+  /* Crossover measurements its loads may still start (a token bucket of
+   * QL_TENANT_CALIB_BURST, one more every QL_TENANT_CALIB_REFILL_NS), and
+   * when it was last refilled. */
+  uint32_t calib_tokens;
+  uint64_t calib_ns;
   uint64_t logged_ns;  /* when a refusal was last logged (1 a second) */
   struct ql__tenant *next;
 } ql__tenant;
@@ -47,6 +57,10 @@ void ql__tenant_release(ql__tenants *t, ql__tenant *tn);
 /* Counts a refusal of uid's request for its share of what (a budget's
  * name) and logs it, at most once a second per uid, naming the uid. */
 void ql__tenant_refused(ql__tenants *t, uid_t uid, const char *what);
+
+/* 1 when a load of uid may start one more crossover measurement now (a
+ * token is taken), else 0. */
+int ql__tenant_calib_take(ql__tenants *t, uid_t uid, uint64_t now_ns);
 
 /* pct percent of budget, at least 1. */
 size_t ql__tenant_share(size_t budget, unsigned pct);

@@ -479,6 +479,59 @@ START_TEST(untouched_regions_refused) {
 }
 END_TEST
 
+/*
+ * Crossover measurements one uid's loads start are bounded: ten weights of
+ * new shapes, of which QL_TENANT_CALIB_BURST (8) are measured and the rest
+ * keep the default crossover, and the log names the uid.
+ */
+START_TEST(calibrations_bounded) {
+  td_fix_crossover = 0; /* measure (this test's process only) */
+  td d;
+  td_start(&d, NULL);
+  ql_client *c = td_connect(&d);
+  enum { W = 10, BURST = 8 };
+  for (int i = 0; i < W; i++) {
+    td_layer l;
+    char name[32];
+    td_layer_make(&l, 16 * (uint64_t)(i + 1), 64, 10 + (uint64_t)i, 0);
+    snprintf(name, sizeof name, "shape%d", i);
+    ck_assert_int_eq(load(c, name, &l, NULL), 0);
+    td_layer_free(&l);
+  }
+  int measured = 0;
+  for (int64_t end = td_now_ms() + 60000; td_now_ms() < end;) {
+    measured = 0;
+    for (int i = 0; i < W; i++) {
+      char name[32];
+      ql_weight_info wi;
+      snprintf(name, sizeof name, "shape%d", i);
+      ck_assert_int_eq(ql_lookup(c, name, &wi), 0);
+      measured += wi.crossover_measured;
+    }
+    if (measured >= BURST)
+      break;
+    usleep(100 * 1000);
+  }
+  ck_assert_int_eq(measured, BURST);
+  usleep(500 * 1000); /* nothing more comes */
+  for (int i = BURST; i < W; i++) {
+    char name[32];
+    ql_weight_info wi;
+    snprintf(name, sizeof name, "shape%d", i);
+    ck_assert_int_eq(ql_lookup(c, name, &wi), 0);
+    ck_assert_int_eq(wi.crossover_measured, 0);
+  }
+  char *log = td_read_log(&d);
+  char want[96];
+  snprintf(want, sizeof want, "uid %u reached its share of crossover "
+           "measurements", (unsigned)geteuid());
+  ck_assert_msg(strstr(log, want) != NULL, "the log names no uid");
+  free(log);
+  ql_close(c);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* ---------------------------------------------------------- second uid */
 
 /*
@@ -710,6 +763,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, content_names_take_their_content);
   tcase_add_test(tc, untouched_regions_refused);
+  tcase_add_test(tc, calibrations_bounded);
   suite_add_tcase(s, tc);
   if (geteuid() == 0) {
     TCase *uid = tcase_create("second_uid");
