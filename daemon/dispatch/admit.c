@@ -519,6 +519,7 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
                                             : QL_PATH_ACT_QUANT;
   j->sr.rows = (uint32_t)m;
   j->sr.session = ql__session_id(ss);
+  j->sr.tenant = (uint64_t)ql__session_uid(ss) + 1; /* a launch's fairness */
   /* A deadline past what the nanosecond clock can express (centuries) is
    * no deadline: computed naively it would wrap into the past. */
   uint64_t dl_ns = 0;

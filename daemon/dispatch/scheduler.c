@@ -687,10 +687,49 @@ static uint64_t hold_due(const ql__sched *s, const queue *q) {
   return release;
 }
 
-/* Moves up to a batch of rows from the head of q into b. */
-static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
+/* The tenants, and the requests looked at, of fill()'s first pass. */
+#define FAIR_TENANTS 16
+#define FAIR_SCAN 256
+
+/*
+ * Puts take rows of r (which follows prev in q; NULL: the head) into b,
+ * and takes r out of q once all its rows are dispatched. 1 when r stays
+ * queued, 0 when it left.
+ */
+static int take_rows(ql__sched *s, queue *q, ql__sched_req *prev,
+                     ql__sched_req *r, uint32_t take, uint64_t now_ns,
+                     ql__sched_batch *b, uint32_t *room) {
   device *dv = &s->dev[q->slot->device];
   ql__sched_stats *st = &q->slot->stats;
+  if (r->dispatched == 0) {
+    assert(r->deadline_ns == 0 || r->deadline_ns > now_ns);
+    uint64_t waited = now_ns > r->enqueue_ns ? now_ns - r->enqueue_ns : 0;
+    st->queue_ns += waited;
+    st->queue_hist[ql__sched_hist_bucket(waited)]++;
+  }
+  b->slice[b->n++] = (ql__sched_slice){r, r->dispatched, take};
+  b->rows += take;
+  r->dispatched += take;
+  *room -= take;
+  q->rows -= take;
+  dv->queued_cost -= (uint64_t)take * r->charge;
+  if (r->dispatched != r->rows)
+    return 1;
+  if (prev != NULL)
+    prev->next = r->next;
+  else
+    q->head = r->next;
+  if (q->tail == r)
+    q->tail = prev;
+  r->next = NULL;
+  q->n--;
+  return 0;
+}
+
+/* Moves up to a batch of rows from q into b: the oldest request of each
+ * tenant first, then oldest first. */
+static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
+  device *dv = &s->dev[q->slot->device];
   uint32_t room =
       q->cls == AQ ? prefill_rows(s, q, now_ns) : batch_cap(s, q->cls);
   /* A hold that ran its time out without its rows makes the next ones
@@ -708,29 +747,37 @@ static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
     q->hold_rows = 0;
     q->hold_from = 0;
   }
+  /* Several tenants waiting: the oldest request of each (whole, the
+   * head's rows as they fit) goes first, so that one user's many requests
+   * do not make another's wait for several launches. One tenant: the head
+   * only, as below. */
+  uint64_t seen[FAIR_TENANTS];
+  unsigned nseen = 0, scanned = 0;
+  for (ql__sched_req *prev = NULL, *r = q->head;
+       r != NULL && room > 0 && b->n < b->cap && nseen < FAIR_TENANTS &&
+       scanned < FAIR_SCAN;
+       scanned++) {
+    ql__sched_req *next = r->next;
+    unsigned i = 0;
+    while (i < nseen && seen[i] != r->tenant)
+      i++;
+    uint32_t left = r->rows - r->dispatched;
+    if (i < nseen || (r != q->head && left > room)) {
+      prev = r;
+      r = next;
+      continue;
+    }
+    seen[nseen++] = r->tenant;
+    if (take_rows(s, q, prev, r, left < room ? left : room, now_ns, b,
+                  &room))
+      prev = r; /* still queued (the head, cut) */
+    r = next;
+  }
   while (q->head != NULL && room > 0 && b->n < b->cap) {
     ql__sched_req *r = q->head;
     uint32_t left = r->rows - r->dispatched;
-    uint32_t take = left < room ? left : room;
-    if (r->dispatched == 0) {
-      assert(r->deadline_ns == 0 || r->deadline_ns > now_ns);
-      uint64_t waited = now_ns > r->enqueue_ns ? now_ns - r->enqueue_ns : 0;
-      st->queue_ns += waited;
-      st->queue_hist[ql__sched_hist_bucket(waited)]++;
-    }
-    b->slice[b->n++] = (ql__sched_slice){r, r->dispatched, take};
-    b->rows += take;
-    r->dispatched += take;
-    room -= take;
-    q->rows -= take;
-    dv->queued_cost -= (uint64_t)take * r->charge;
-    if (r->dispatched == r->rows) {
-      q->head = r->next;
-      if (q->head == NULL)
-        q->tail = NULL;
-      r->next = NULL;
-      q->n--;
-    }
+    (void)take_rows(s, q, NULL, r, left < room ? left : room, now_ns, b,
+                    &room);
   }
   if (q->n == 0)
     deactivate(dv, q);

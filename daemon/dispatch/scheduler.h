@@ -163,6 +163,10 @@ struct ql__sched_req {
   ql_path path;         /* QL_PATH_WEIGHT_ONLY or QL_PATH_ACT_QUANT */
   uint32_t rows;        /* M, >= 1 */
   uint64_t session;     /* for the quota and ql__sched_remove_session() */
+  uint64_t tenant;      /* who asked (the daemon: its uid + 1; 0: nobody
+                           in particular): a launch takes the oldest
+                           request of each tenant waiting before more of
+                           any one's (fill() in scheduler.c) */
   uint64_t deadline_ns; /* answer DEADLINE_EXCEEDED rather than start the
                            request at or after this time; 0 = none */
 

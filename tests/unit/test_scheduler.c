@@ -221,6 +221,54 @@ END_TEST
  * at the head. A fake kernel (y = 2x + 1 on each batch row) gathers x by
  * slice and scatters y back: each request gets exactly its own rows.
  */
+/* Tenants: with another tenant's requests queued first, a launch takes
+ * the oldest request of each tenant before more of the first one's; with
+ * one tenant the order is oldest first, as test_fifo. */
+START_TEST(test_tenants) {
+  ql__sched_config c = cfg_default();
+  c.max_batch_rows = 16;
+  ql__sched *s = mk(&c);
+  enum { A = 6 };
+  ql__sched_req a[A], v, v2;
+  for (int i = 0; i < A; i++) {
+    rq(&a[i], &W1, WO, 8, 1);
+    a[i].tenant = 7;
+    ck_assert_int_eq(ql__sched_submit(s, &a[i], (uint64_t)i), 0);
+  }
+  rq(&v, &W1, WO, 1, 2);
+  v.tenant = 9;
+  ck_assert_int_eq(ql__sched_submit(s, &v, 10), 0);
+  rq(&v2, &W1, WO, 1, 2);
+  v2.tenant = 9;
+  ck_assert_int_eq(ql__sched_submit(s, &v2, 11), 0);
+  ql__sched_batch b;
+  ql__sched_slice sl[8];
+  ql__sched_req *fin;
+  bt(&b, sl, 8);
+  ck_assert_int_eq(ql__sched_next(s, 0, 20, &b), 0);
+  /* a[0] whole, v (the other tenant's oldest), then a[1] cut to fit. */
+  ck_assert_uint_eq(b.rows, 16);
+  ck_assert_uint_eq(b.n, 3);
+  slice_is(&b, 0, &a[0], 0, 8);
+  slice_is(&b, 1, &v, 0, 1);
+  slice_is(&b, 2, &a[1], 0, 7);
+  ql__sched_complete(s, &b, 1000, &fin);
+  ck_assert_int_eq(list_len(fin), 2);
+  ck_assert(in_list(fin, &a[0]) && in_list(fin, &v));
+  /* Next: a[1]'s last row (the head), v2, a[2] whole, a[3] cut. */
+  bt(&b, sl, 8);
+  ck_assert_int_eq(ql__sched_next(s, 0, 2000, &b), 0);
+  slice_is(&b, 0, &a[1], 7, 1);
+  slice_is(&b, 1, &v2, 0, 1);
+  slice_is(&b, 2, &a[2], 0, 8);
+  slice_is(&b, 3, &a[3], 0, 6);
+  ql__sched_complete(s, &b, 3000, &fin);
+  ck_assert_int_eq(list_len(fin), 3);
+  ql__sched_remove_all(s, QL_ESHUTDOWN, &fin);
+  ql__sched_free(s);
+}
+END_TEST
+
 START_TEST(test_coalesce) {
   enum { K = 3, NR = 6 };
   static const uint32_t rows[NR] = {3, 1, 5, 2, 4, 7}; /* 22 rows */
@@ -2240,6 +2288,7 @@ int main(void) {
   tcase_add_test(tc, test_config);
   tcase_add_test(tc, test_submit_invalid);
   tcase_add_test(tc, test_fifo);
+  tcase_add_test(tc, test_tenants);
   tcase_add_test(tc, test_coalesce);
   tcase_add_test(tc, test_wo_before_aq);
   tcase_add_test(tc, test_prefill_chunks);
