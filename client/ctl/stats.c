@@ -204,6 +204,16 @@ static void print_stats_table(const ql_stats_info *s) {
              ql__ctl_human_bytes(d->budget_bytes, b2, sizeof b2));
     putchar('\n');
   }
+  /* One line a user: its share of the budgets (uid_share). */
+  for (size_t i = 0; i < s->n_users; i++) {
+    const ql_user_stats *u = &s->users[i];
+    printf("user          uid %" PRIu32 ": %" PRIu32 " sessions, %" PRIu64
+           " requests queued (%s), %" PRIu64 " uploads (%s), %" PRIu64
+           " refused for its share\n",
+           u->uid, u->sessions, u->queued_requests,
+           ql__ctl_human_bytes(u->queued_bytes, b1, sizeof b1), u->uploads,
+           ql__ctl_human_bytes(u->upload_bytes, b2, sizeof b2), u->refused);
+  }
   if (s->n_per_weight == 0)
     return;
 

@@ -6,11 +6,13 @@
 /* ------------------------------------------------------------ stats */
 
 /* ql_stats_info and its per-weight array in one allocation, so that one free()
- * releases both. */
+ * releases both; the users follow the weights (w[n_per_weight] on). */
 struct stats_block {
   ql_stats_info s;
   ql_weight_stats w[];
 };
+_Static_assert(sizeof(ql_weight_stats) % _Alignof(ql_user_stats) == 0,
+               "the users after the weights are aligned");
 
 QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
   Qlinear__V1__StatsRequest sr = QLINEAR__V1__STATS_REQUEST__INIT;
@@ -31,12 +33,15 @@ QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
     goto fail;
 
   const Qlinear__V1__StatsResponse *st = resp->stats;
-  size_t n = st->n_per_weight;
-  if (n > (SIZE_MAX - sizeof *b) / sizeof b->w[0]) {
-    rv = ql__err_set(QL_EPROTO, "%zu per-weight entries", n);
+  size_t n = st->n_per_weight, nu = st->n_users;
+  if (n > (SIZE_MAX - sizeof *b) / sizeof b->w[0] / 2 ||
+      nu > (SIZE_MAX - sizeof *b) / sizeof(ql_user_stats) / 2) {
+    rv = ql__err_set(QL_EPROTO, "%zu per-weight and %zu user entries", n,
+                     nu);
     goto fail;
   }
-  if ((b = calloc(1, sizeof *b + n * sizeof b->w[0])) == NULL) {
+  if ((b = calloc(1, sizeof *b + n * sizeof b->w[0] +
+                         nu * sizeof(ql_user_stats))) == NULL) {
     rv = ql__err_set(QL_ENOMEM, "allocating statistics of %zu weights", n);
     goto fail;
   }
@@ -95,6 +100,20 @@ QL_EXPORT int ql_stats(ql_client *c, ql_stats_info **out) {
     for (size_t b = 0; b < ws->n_kernel_hist && b < QL_HIST_BUCKETS; b++)
       o->kernel_hist[b] = ws->kernel_hist[b];
   }
+  /* (ql_weight_stats is a multiple of 8 bytes: the users stay aligned.) */
+  ql_user_stats *users = (ql_user_stats *)(void *)(b->w + n);
+  for (size_t i = 0; i < nu; i++) {
+    const Qlinear__V1__UserStats *us = st->users[i];
+    if (us == NULL) {
+      rv = ql__err_set(QL_EPROTO, "empty user entry");
+      goto fail;
+    }
+    users[i] = (ql_user_stats){us->uid, us->sessions, us->queued_requests,
+                               us->queued_bytes, us->uploads,
+                               us->upload_bytes, us->refused};
+  }
+  b->s.n_users = nu;
+  b->s.users = nu > 0 ? users : NULL;
   qlinear__v1__response__free_unpacked(resp, NULL);
   *out = &b->s;
   return 0;

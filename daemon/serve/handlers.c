@@ -185,7 +185,10 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
   case QLINEAR__V1__REQUEST__BODY_STATS:
     /* After the loop has accounted every launch whose reply a worker
      * sent itself: what a client was answered is in what it reads. */
-    ql__linear_when_settled(s, ql__serve_stats, req, route, 0);
+    /* arg: the uid whose share it shows, + 1 (0: the admin's, all). */
+    ql__linear_when_settled(s, ql__serve_stats, req, route,
+                            ss != NULL ? (uint64_t)ql__session_uid(ss) + 1
+                                       : 0);
     return; /* the reply owns req and route now */
   case QLINEAR__V1__REQUEST__BODY_RELOAD:
     if ((rc = ql__server_reload(s, report, sizeof report)) != 0) {

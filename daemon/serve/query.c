@@ -308,7 +308,8 @@ void ql__serve_stats(ql__server *s, ql__request *req, void *route,
   Qlinear__V1__DeviceStats *devs[QL__MAX_DEVICES];
   Qlinear__V1__StatsResponse stats;
   stats_ctx sc = {s, NULL, NULL, NULL, 0};
-  (void)arg;
+  Qlinear__V1__UserStats *users = NULL, **uptrs = NULL;
+  size_t n_users = 0;
   ql__reply_init(&r, req->msg->request_id);
   do {
     size_t n = ql__weight_store_count(s->weights);
@@ -356,6 +357,33 @@ void ql__serve_stats(ql__server *s, ql__request *req, void *route,
     stats.persistent_weights = s->persistent_count;
     stats.rings = n_rings;
     stats.ring_requests = rings.taken;
+    /* The users (arg: one uid + 1, or 0 for all). */
+    size_t cap = 0;
+    for (ql__tenant *tn = s->tenants.head; tn != NULL; tn = tn->next)
+      cap++;
+    if (cap > 0 && ((users = calloc(cap, sizeof *users)) == NULL ||
+                    (uptrs = calloc(cap, sizeof *uptrs)) == NULL)) {
+      ql__reply_set_error(&r, QL_ENOMEM, "stats: out of memory");
+      break;
+    }
+    for (ql__tenant *tn = s->tenants.head; tn != NULL; tn = tn->next) {
+      if (arg != 0 && (uint64_t)tn->uid + 1 != arg)
+        continue;
+      Qlinear__V1__UserStats *u = &users[n_users];
+      size_t ub, un;
+      qlinear__v1__user_stats__init(u);
+      u->uid = (uint32_t)tn->uid;
+      u->sessions = tn->sessions;
+      u->queued_requests = tn->queued_jobs;
+      u->queued_bytes = tn->queued_bytes;
+      ql__uploads_of_uid(s->uploads, tn->uid, &ub, &un);
+      u->uploads = un;
+      u->upload_bytes = ub;
+      u->refused = tn->refused;
+      uptrs[n_users++] = u;
+    }
+    stats.users = uptrs;
+    stats.n_users = n_users;
     r.resp.body_case = QLINEAR__V1__RESPONSE__BODY_STATS;
     r.resp.stats = &stats;
   } while (0);
@@ -363,5 +391,7 @@ void ql__serve_stats(ql__server *s, ql__request *req, void *route,
   free(sc.st);
   free(sc.ptrs);
   free(sc.hist);
+  free(users);
+  free(uptrs);
   ql__request_free(req);
 }

@@ -652,6 +652,26 @@ START_TEST(upload_share) {
   ck_assert_msg(strstr(log, "uid 65534 reached its share of uploads") != NULL,
                 "the log does not name the uid: %s", log);
   free(log);
+  /* Stats name the uid too: the admin sees every user, a session its own
+   * uid only. */
+  ql_client *adm = td_connect_admin(&d);
+  ql_stats_info *st = NULL;
+  ck_assert_int_eq(ql_stats(adm, &st), 0);
+  const ql_user_stats *other = NULL;
+  for (size_t i = 0; i < st->n_users; i++)
+    if (st->users[i].uid == TD_OTHER_UID)
+      other = &st->users[i];
+  ck_assert_ptr_nonnull(other);
+  ck_assert_uint_eq(other->uploads, (uint64_t)kept);
+  ck_assert_uint_ge(other->upload_bytes, (uint64_t)kept * BIG_N * BIG_K * 4);
+  ck_assert_uint_ge(other->refused, 1);
+  ck_assert_uint_eq(other->sessions, (uint32_t)kept);
+  ql_stats_free(st);
+  ck_assert_int_eq(ql_stats(c, &st), 0);
+  ck_assert_uint_eq(st->n_users, 1);
+  ck_assert_uint_eq(st->users[0].uid, geteuid());
+  ql_stats_free(st);
+  ql_close(adm);
   for (int i = 0; i < kept; i++)
     ck_assert_int_eq(other_wait(pid[i], in[i], out[i]), 0);
   ql_close(c);

@@ -284,6 +284,18 @@ typedef struct ql_device_memory {
 
 /* The daemon's counters (Stats). One allocation: free it with
  * ql_stats_free() (or ql_free()), never per_weight on its own. */
+/* What one user (uid) holds of the daemon's shared budgets (uid_share in
+ * qlineard.conf(5)). */
+typedef struct ql_user_stats {
+  uint32_t uid;
+  uint32_t sessions;        /* open now */
+  uint64_t queued_requests; /* waiting or running (fused parts each) */
+  uint64_t queued_bytes;    /* their inline x and y bytes */
+  uint64_t uploads;         /* in progress */
+  uint64_t upload_bytes;    /* what they count against max_upload_bytes */
+  uint64_t refused;         /* refused for its share since first seen */
+} ql_user_stats;
+
 typedef struct ql_stats_info {
   uint64_t uptime_ns;           /* since the daemon started */
   uint64_t requests;            /* requests received, of every kind */
@@ -305,6 +317,10 @@ typedef struct ql_stats_info {
   uint64_t rings;               /* sessions with a ring (the fast path) */
   uint64_t ring_requests;       /* requests received through rings, of
                                    all sessions (included in requests) */
+  /* Users: every uid counted on an admin client, this client's own uid
+   * otherwise; inside this allocation, NULL when n_users is 0. */
+  size_t n_users;
+  ql_user_stats *users;
 } ql_stats_info;
 
 /*

@@ -237,6 +237,18 @@ class ql_device_memory(ctypes.Structure):
     ]
 
 
+class ql_user_stats(ctypes.Structure):
+    _fields_ = [
+        ("uid", ctypes.c_uint32),
+        ("sessions", ctypes.c_uint32),
+        ("queued_requests", ctypes.c_uint64),
+        ("queued_bytes", ctypes.c_uint64),
+        ("uploads", ctypes.c_uint64),
+        ("upload_bytes", ctypes.c_uint64),
+        ("refused", ctypes.c_uint64),
+    ]
+
+
 class ql_stats_info(ctypes.Structure):
     _fields_ = [
         ("uptime_ns", ctypes.c_uint64),
@@ -257,6 +269,8 @@ class ql_stats_info(ctypes.Structure):
         ("devices", ql_device_memory * QL_MAX_DEVICES),
         ("rings", ctypes.c_uint64),
         ("ring_requests", ctypes.c_uint64),
+        ("n_users", ctypes.c_size_t),
+        ("users", ctypes.POINTER(ql_user_stats)),
     ]
 
 

@@ -21,7 +21,7 @@ from . import _lib
 
 __all__ = [
     "QLinearError", "Client", "Region", "WeightInfo", "HelloInfo", "Device",
-    "Stats", "WeightStats", "DeviceMemory", "LinearInfo", "parse_format",
+    "Stats", "WeightStats", "DeviceMemory", "UserStats", "LinearInfo", "parse_format",
     "format_name", "default_address", "default_admin_address", "strerror",
     "err_name", "source_digest",
 ]
@@ -353,6 +353,21 @@ class Stats:
     n_devices_total: int
     rings: int = 0          # sessions with a ring (the fast path)
     ring_requests: int = 0  # requests received through rings
+    #: UserStats of every uid (an admin client) or of this client's own
+    users: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class UserStats:
+    """What one user (uid) holds of the daemon's shared budgets
+    (ql_user_stats; uid_share in qlineard.conf(5))."""
+    uid: int
+    sessions: int
+    queued_requests: int
+    queued_bytes: int
+    uploads: int
+    upload_bytes: int
+    refused: int
 
 
 def _s(chars):
@@ -931,7 +946,11 @@ class Client:
                                       d.budget_bytes)
                          for d in s.devices[:s.n_devices]],
                 n_devices_total=s.n_devices_total, rings=s.rings,
-                ring_requests=s.ring_requests)
+                ring_requests=s.ring_requests,
+                users=[UserStats(u.uid, u.sessions, u.queued_requests,
+                                 u.queued_bytes, u.uploads, u.upload_bytes,
+                                 u.refused)
+                       for u in (s.users[i] for i in range(s.n_users))])
         finally:
             self._lib.ql_stats_free(p)
 

@@ -3,6 +3,7 @@ both paths of every format against the format's error model, regions,
 linear_multi, and the errors the daemon and the library report."""
 
 import ctypes
+import os
 
 import numpy as np
 import pytest
@@ -349,6 +350,9 @@ def test_stats(client, rng):
     assert ws[0].wo_batches >= 1 and ws[0].aq_batches == 0
     assert sum(ws[0].kernel_hist) == ws[0].batches
     assert s.devices[0].device == "cpu" and s.devices[0].bytes_resident > 0
+    # this session's own uid, and only it, with nothing queued now
+    assert [u.uid for u in s.users] == [os.getuid()]
+    assert s.users[0].sessions >= 1 and s.users[0].queued_requests == 0
 
 
 def test_session_end_frees(daemon, rng):
