@@ -33,6 +33,7 @@ typedef struct imp_state {
   imp_layer *layers;
   size_t n_layers, skipped;
   size_t skipped_float; /* float weights of a quantized checkpoint */
+  size_t skipped_embed; /* embeddings: never quantized as a linear */
   ql__ck_config cfg;
   char cfg_source[4200]; /* where cfg came from, "" for nowhere */
 } imp_state;
@@ -55,6 +56,21 @@ static void imp_free(imp_state *s) {
 static int ends_with(const char *s, const char *suffix) {
   size_t a = strlen(s), b = strlen(suffix);
   return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/*
+ * Whether layer x (a tensor name less ".weight") is an embedding table
+ * rather than a linear: its module's name (the last component) says
+ * "embed" (embed_tokens, embed_in, embed_positions, word_embeddings, ...)
+ * or is GPT-2's wte / wpe. A checkpoint has no module types, and both are
+ * 2-D float matrices; a lookup table quantized as a linear would be a
+ * weight no model ever multiplies by.
+ */
+static int is_embedding(const char *x) {
+  const char *last = strrchr(x, '.');
+  last = last != NULL ? last + 1 : x;
+  return strstr(last, "embed") != NULL || strcmp(last, "wte") == 0 ||
+         strcmp(last, "wpe") == 0;
 }
 
 /* The tensor called name in any of the files, or NULL. */
@@ -301,6 +317,10 @@ static int imp_plan(imp_state *s, const regex_t *match, const char *prefix,
       if (stem >= sizeof x)
         return ql__ctl_fail_local(t->name, QL_EINVAL, "tensor name too long");
       snprintf(x, sizeof x, "%.*s", (int)stem, t->name);
+      if (is_embedding(x)) {
+        s->skipped_embed++;
+        continue;
+      }
       if (!tao && !quant && !is_float(t->dtype)) {
         if (t->ndim == 2 || imp_find2(s, x, ".qzeros") != NULL ||
             imp_find2(s, x, ".weight_scale") != NULL)
@@ -463,6 +483,41 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/*
+ * The one naming rule (qlinear.torch.weight_name()): prefix + the layer +
+ * "/" + its format + ".src-" + the hex of the source digest of its load,
+ * which is pd's (packed) or fd's (float, for a daemon of quantizer version
+ * qv). Replaces L->wname. 0, or the library's error, reported.
+ */
+static int content_name(imp_layer *L, const char *prefix,
+                        const ql_packed_desc *pd, const ql_load_desc *fd,
+                        uint32_t qv, ql_format ffmt, uint32_t fgroup,
+                        int fasym) {
+  uint8_t dg[QL_DIGEST_BYTES];
+  char f[24], src[64], hex[2 * QL_DIGEST_BYTES + 1];
+  int rv = pd != NULL ? ql_source_digest_packed(pd, dg)
+                      : ql_source_digest_float(fd, qv, dg);
+  if (rv != 0)
+    return ql__ctl_fail_ql(L->name, rv);
+  imp_describe(L, ffmt, fgroup, fasym, src, sizeof src, f, sizeof f);
+  for (int i = 0; i < QL_DIGEST_BYTES; i++)
+    snprintf(hex + 2 * i, 3, "%02x", dg[i]);
+  size_t len = strlen(prefix) + strlen(L->name) + strlen(f) + 6 +
+               sizeof hex;
+  char *n = malloc(len);
+  if (n == NULL)
+    return ql__ctl_fail_local(L->name, QL_ENOMEM, "out of memory");
+  snprintf(n, len, "%s%s/%s.src-%s", prefix, L->name, f, hex);
+  if (strlen(n) >= QL_NAME_MAX) {
+    free(n);
+    return ql__ctl_fail_local(L->name, QL_ENAME, "content-addressed name "
+                              "of %zu bytes (--prefix shorter)", len - 1);
+  }
+  free(L->wname);
+  L->wname = n;
+  return 0;
+}
+
 /* The arrays of a quantized layer as ql_load_packed() takes them:
  * TorchAO's as saved, or the canonical form GPTQ/AWQ were converted to;
  * with its bias. */
@@ -522,7 +577,8 @@ int ql__cmd_import(ctx *cx, int argc, char **argv) {
     OPT_DEVICES,
     OPT_DRY,
     OPT_POLICY,
-    OPT_SCALE
+    OPT_SCALE,
+    OPT_NAMES
   };
   static const struct option opts[] = {
       {"format", required_argument, NULL, OPT_FORMAT},
@@ -534,12 +590,13 @@ int ql__cmd_import(ctx *cx, int argc, char **argv) {
       {"dry-run", no_argument, NULL, OPT_DRY},
       {"policy", required_argument, NULL, OPT_POLICY},
       {"scale-dtype", required_argument, NULL, OPT_SCALE},
+      {"names", required_argument, NULL, OPT_NAMES},
       {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
   const char *fmt_arg = NULL, *match_arg = NULL, *prefix = "", *devices = NULL;
   ql_format ffmt = QL_FORMAT_Q4G;
   uint32_t fgroup = 128;
-  int fasym = 0, persist = 0, dry = 0, ch, rv = 0, sdt = 0;
+  int fasym = 0, persist = 0, dry = 0, ch, rv = 0, sdt = 0, content = 0;
   ql_path policy = QL_PATH_AUTO;
   regex_t re;
   int have_re = 0;
@@ -588,9 +645,16 @@ int ql__cmd_import(ctx *cx, int argc, char **argv) {
         return ql__ctl_usage_error(
             "import: --scale-dtype '%s' (bf16, f16 or f32)", optarg);
       break;
+    case OPT_NAMES:
+      if (strcmp(optarg, "content") != 0 && strcmp(optarg, "plain") != 0)
+        return ql__ctl_usage_error("import: --names '%s' (plain or content)",
+                                   optarg);
+      content = strcmp(optarg, "content") == 0;
+      break;
     case 'h':
       puts("usage: qlinearctl import CHECKPOINT.safetensors|INDEX.json ...\n"
            "         [--format FMT] [--match REGEX] [--prefix NAME/]\n"
+           "         [--names plain|content]\n"
            "         [--policy auto|weight-only] [--scale-dtype DTYPE]\n"
            "         [--persist] [--devices LIST] [--dry-run]");
       return 0;
@@ -660,11 +724,23 @@ int ql__cmd_import(ctx *cx, int argc, char **argv) {
       printf("%zu float weights of this quantized checkpoint skipped: "
              "--format FMT imports them too, quantized to FMT\n",
              s.skipped_float);
+    if (s.skipped_embed > 0)
+      printf("%zu embeddings skipped: they are lookup tables, not "
+             "linears\n", s.skipped_embed);
     goto done;
   }
 
   if ((rv = ql__ctl_connect_ctx(cx)) != 0)
     goto done;
+  uint32_t qversion = 1;
+  if (content) {
+    ql_hello_info h;
+    if ((rv = ql_hello(cx->client, &h)) != 0) {
+      rv = ql__ctl_fail_ql("import: hello", rv);
+      goto done;
+    }
+    qversion = h.quantizer_version;
+  }
   bar.on = isatty(STDERR_FILENO);
   for (size_t i = 0; i < s.n_layers; i++) {
     imp_layer *L = &s.layers[i];
@@ -682,6 +758,14 @@ int ql__cmd_import(ctx *cx, int argc, char **argv) {
       d.devices = devices;
       d.progress = imp_draw;
       d.progress_arg = &bar;
+      if (content) {
+        d.bias = (ql_packed_array){0};
+        d.name = NULL;
+        if ((rv = content_name(L, prefix, &d, NULL, 0, ffmt, fgroup,
+                               fasym)) != 0)
+          goto fail_layer;
+        d.name = L->wname;
+      }
       rv = ql_load_packed(cx->client, &d, &info, &sh);
       ql__ck_canon_free(&L->canon); /* its metadata no longer needed */
     } else {
@@ -701,8 +785,16 @@ int ql__cmd_import(ctx *cx, int argc, char **argv) {
       d.devices = devices;
       d.progress = imp_draw;
       d.progress_arg = &bar;
+      if (content) {
+        d.bias = NULL;
+        if ((rv = content_name(L, prefix, NULL, &d, qversion, ffmt, fgroup,
+                               fasym)) != 0)
+          goto fail_layer;
+        d.name = L->wname;
+      }
       rv = ql_load_float(cx->client, &d, &info, &sh);
     }
+  fail_layer:
     if (rv != 0) {
       char what[QL_NAME_MAX + 64];
       if (bar.last >= 0)
@@ -733,6 +825,11 @@ summary : {
     printf("  %zu float weights of this quantized checkpoint skipped "
            "(--format FMT imports them too)\n",
            s.skipped_float);
+  if (s.skipped_embed > 0)
+    printf("  %zu embeddings skipped (lookup tables, not linears)\n",
+           s.skipped_embed);
+  if (content && imported > 0)
+    printf("  content-addressed names; biases stay with the model\n");
   if (imported > 0 && ql_stats(cx->client, &st) == 0) {
     for (size_t i = 0; i < st->n_devices; i++)
       printf("  %s: %s resident\n", st->devices[i].device,

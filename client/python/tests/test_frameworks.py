@@ -1,0 +1,256 @@
+"""The framework entry points: TorchAO's quantize_ with
+qlinear.torchao.QlinearConfig, and Hugging Face's from_pretrained with
+qlinear.hf.QlinearConfig. Both give modules whose forward is the op that
+swap_linears' modules run, on weights whose bytes are TorchAO's own, and
+both refuse a bad config before anything is uploaded."""
+
+import copy
+import importlib.util
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig
+from torchao.quantization import quantize_
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import qlinear
+import qlinear.hf as qh
+import qlinear.torch as qt
+import qlinear.torchao as qa
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _tiny_llama(seed=0, dtype=torch.bfloat16, hidden=64):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256,
+                      max_position_embeddings=64, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+IDS = torch.tensor([[1, 5, 9, 33, 2, 7]])
+
+
+def _logits(model):
+    with torch.inference_mode():
+        return model(IDS).logits
+
+
+def _linears(model):
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m, nn.Linear)]
+
+
+@pytest.fixture
+def cfg(daemon):
+    return dict(address=daemon.address)
+
+
+def test_quantize_whole_model_is_swap_linears(daemon, client, cfg):
+    """quantize_ offloads every linear in place and the model answers
+    exactly as swap_linears' does (the same weights, the same op)."""
+    base = _tiny_llama()
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+    quantize_(a, qa.QlinearConfig(format="q8c", **cfg))
+    lins = _linears(a)
+    assert len(lins) == 15  # 7 a layer, and lm_head
+    for name, m in lins:
+        assert isinstance(m.weight, qa.QlinearTensor), name
+        assert m.weight.weight_name.endswith(
+            ".src-" + client.lookup(m.weight.weight_name).source_digest)
+    qt.swap_linears(b, client, format="q8c")
+    ya, yb = _logits(a), _logits(b)
+    assert torch.equal(ya, yb)
+    yf = _logits(base)
+    assert (ya.float() - yf.float()).abs().max() < 0.05 * yf.abs().max()
+
+
+def test_quantize_one_module_in_place(cfg):
+    """Given a single module, quantize_ keeps only in-place changes: the
+    weight becomes a QlinearTensor, the module stays an nn.Linear."""
+    lin = nn.Linear(128, 32).to(torch.bfloat16)
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = lin(x)
+    quantize_(lin, qa.QlinearConfig(format="q8c", **cfg))
+    assert type(lin) is nn.Linear and isinstance(lin.weight, qa.QlinearTensor)
+    assert lin.weight.shape == (32, 128) and lin.weight.dtype == torch.bfloat16
+    with torch.inference_mode():
+        y = lin(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 32)
+    assert (y.float() - want.float()).abs().max() < 0.05 * want.abs().max()
+    # Its data is not here: anything but linear says so.
+    with pytest.raises(qlinear.QLinearError):
+        lin.weight.t()
+
+
+def test_quantize_compiles_and_exports(cfg):
+    base = _tiny_llama(seed=3)
+    m = copy.deepcopy(base)
+    quantize_(m, qa.QlinearConfig(format="q4g32", **cfg))
+    want = _logits(m)
+    torch._dynamo.reset()
+    cm = torch.compile(m, fullgraph=True)
+    with torch.inference_mode():
+        got = cm(IDS).logits
+    # Inductor fuses the model's own bf16 ops (norms, rope) its own way:
+    # close, not bit-equal; the linears are the same op.
+    assert (got.float() - want.float()).abs().max() < 0.02 * want.abs().max()
+    lin = m.model.layers[0].mlp.down_proj
+    ep = torch.export.export(lin, (torch.randn(2, 128,
+                                               dtype=torch.bfloat16),))
+    assert any("qlinear.linear" in str(n.target) for n in ep.graph.nodes)
+
+
+def _golden_module():
+    """tests/data/make_golden.py: it installs the int4 packing TorchAO
+    imports from a CUDA-only package, so Int4WeightOnlyConfig runs here."""
+    path = os.path.join(HERE, "..", "..", "..", "tests", "data",
+                        "make_golden.py")
+    spec = importlib.util.spec_from_file_location("make_golden", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def test_torchao_configs_hold_the_same_bytes(client, cfg):
+    """A layer quantized by TorchAO's own Int8WeightOnlyConfig and
+    Int4WeightOnlyConfig and the same layer offloaded by qlinear hold one
+    weight: TorchAO's tensors, loaded packed, have qlinear's digest."""
+    _golden_module()
+    torch.manual_seed(11)
+    src = nn.Linear(256, 48, bias=False).to(torch.bfloat16)
+    # int8 per channel
+    ao = copy.deepcopy(src)
+    quantize_(ao, Int8WeightOnlyConfig())
+    ql = copy.deepcopy(src)
+    quantize_(ql, qa.QlinearConfig(format="q8c", **cfg))
+    mine = client.lookup(ql.weight.weight_name)
+    t = ao.weight
+    scale = t.scale.float().reshape(-1).numpy()
+    b = client.load_packed("py/fw/ao-int8", "q8c", 48, 256,
+                           t.qdata.numpy(), scale)
+    assert b.digest == mine.digest
+    # int4 groupwise, group 128
+    ao4 = copy.deepcopy(src)
+    quantize_(ao4, Int4WeightOnlyConfig(group_size=128,
+                                        int4_packing_format="plain"))
+    ql4 = copy.deepcopy(src)
+    quantize_(ql4, qa.QlinearConfig(format="q4g128", **cfg))
+    mine4 = client.lookup(ql4.weight.weight_name)
+    t4 = ao4.weight
+    b4 = client.load_packed("py/fw/ao-int4", "q4g128", 48, 256,
+                            t4.qdata.numpy().view(np.uint8),
+                            (_bits(t4.scale), "bf16"),
+                            (_bits(t4.zero_point), "bf16"))
+    assert b4.digest == mine4.digest
+
+
+def test_config_refused_before_upload(daemon, client, cfg):
+    lin = nn.Linear(100, 16)
+    before = {w.name for w in client.list()}
+    with pytest.raises(qlinear.QLinearError) as e:
+        quantize_(lin, qa.QlinearConfig(format="q9z", **cfg))
+    assert "Linear(in_features=100" in str(e.value)
+    with pytest.raises(qlinear.QLinearError) as e:
+        quantize_(lin, qa.QlinearConfig(format="q4g64", **cfg))
+    assert e.value.code == qlinear.QL_ESHAPE and "100" in str(e.value)
+    assert isinstance(lin.weight, nn.Parameter) and \
+        not isinstance(lin.weight, qa.QlinearTensor)
+    with pytest.raises(qlinear.QLinearError) as e:
+        quantize_(lin, qa.QlinearConfig(
+            format="q8c", address="ipc://" + daemon.dir + "/nobody.sock"))
+    assert e.value.code == qlinear.QL_ECONNECT
+    assert {w.name for w in client.list()} == before
+
+
+def _saved(tmp_path, model):
+    d = str(tmp_path / "float")
+    model.save_pretrained(d)
+    return d
+
+
+def test_from_pretrained_uploads_as_it_loads(tmp_path, client, cfg):
+    """from_pretrained with qlinear's config: every decoder linear is a
+    QlinearTensor, embeddings, norms and lm_head stay float in the client,
+    and the answers are swap_linears' on the same float model."""
+    base = _tiny_llama(seed=5)
+    d = _saved(tmp_path, base)
+    q = AutoModelForCausalLM.from_pretrained(
+        d, quantization_config=qh.QlinearConfig(format="q8c", **cfg),
+        dtype=torch.bfloat16)
+    assert q.config.quantization_config.quant_method == "qlinear"
+    offloaded = [n for n, m in _linears(q)
+                 if isinstance(m.weight, qa.QlinearTensor)]
+    assert len(offloaded) == 14 and "lm_head" not in offloaded
+    name = q.model.layers[1].mlp.gate_proj.weight.weight_name
+    assert name.startswith("hf/model.layers.1.mlp.gate_proj/q8c.src-")
+    for n, p in q.named_parameters():
+        if not isinstance(p, qa.QlinearTensor):
+            assert "proj" not in n, n  # no float linear weight is left
+    assert type(q.model.embed_tokens) is nn.Embedding
+    assert not isinstance(q.model.embed_tokens.weight, qa.QlinearTensor)
+    # The same float checkpoint loaded as is (the same attention and
+    # rotary set-up) and then swapped.
+    ref = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16)
+    qt.swap_linears(ref, client, format="q8c",
+                    filter=lambda n, m: n != "lm_head")
+    assert torch.equal(_logits(q), _logits(ref))
+
+
+def test_from_pretrained_refuses_before_upload(tmp_path, daemon, client):
+    base = _tiny_llama(seed=6, hidden=48)  # intermediate 96
+    d = _saved(tmp_path, base)
+    before = {w.name for w in client.list()}
+    with pytest.raises(qlinear.QLinearError) as e:
+        AutoModelForCausalLM.from_pretrained(
+            d, quantization_config=qh.QlinearConfig(
+                format="q4g64", address=daemon.address))
+    assert e.value.code == qlinear.QL_ESHAPE
+    assert "model.layers.0" in str(e.value)
+    with pytest.raises(qlinear.QLinearError) as e:
+        AutoModelForCausalLM.from_pretrained(
+            d, quantization_config=qh.QlinearConfig(
+                format="q8c",
+                address="ipc://" + daemon.dir + "/nobody.sock"))
+    assert e.value.code == qlinear.QL_ECONNECT
+    assert {w.name for w in client.list()} == before
+
+
+def test_import_names_what_from_pretrained_finds(tmp_path, daemon, client):
+    """One naming rule: an admin's `qlinearctl import --names content
+    --prefix hf/` of a float checkpoint makes the very weights that
+    from_pretrained then holds (nothing more is uploaded), and skips the
+    embedding, which is no linear."""
+    base = _tiny_llama(seed=8)
+    d = _saved(tmp_path, base)
+    ctl = os.path.join(os.environ.get("QL_BUILDDIR", "."), "qlinearctl")
+    out = subprocess.run(
+        [ctl, "--admin", "--address", daemon.admin_address, "import",
+         os.path.join(d, "model.safetensors"), "--format", "q8c",
+         "--prefix", "hf/", "--names", "content"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "1 embeddings skipped" in out.stdout
+    names = {w.name for w in client.list()}
+    assert not any("embed_tokens" in n for n in names)
+    q = AutoModelForCausalLM.from_pretrained(
+        d, quantization_config=qh.QlinearConfig(format="q8c",
+                                                address=daemon.address),
+        dtype=torch.bfloat16)
+    held = {m.weight.weight_name for _, m in _linears(q)
+            if isinstance(m.weight, qa.QlinearTensor)}
+    assert len(held) == 14 and held <= names
+    assert {w.name for w in client.list()} == names  # nothing uploaded
+    for n in held:
+        assert client.lookup(n).source_digest in n
