@@ -69,6 +69,7 @@ ql__session *ql__session_find(ql__server *s, const uint8_t *token,
   return NULL;
 }
 uint64_t ql__session_id(const ql__session *ss) { return ss == SS_A ? 1 : 2; }
+uid_t ql__session_uid(const ql__session *ss) { return ss == SS_A ? 1000 : 1001; }
 void ql__session_touch(ql__session *ss) {
   (void)ss;
   fk.touched++;
