@@ -118,6 +118,15 @@ class QlinearTensor(TorchAOBaseTensor):
         self.path_code = path_code
         self.weight_name = weight_name
 
+    def __reduce_ex__(self, protocol):
+        # A pickle would hold the ident, not the weight: a checkpoint
+        # without its weights is refused rather than written.
+        raise QLinearError(_lib.ERRORS["QL_ENOTSUP"],
+                           "weight %s is resident in qlineard: torch.save and "
+                           "pickle cannot save it (save the float model, or "
+                           "the daemon's weights with qlinearctl)"
+                           % self.weight_name)
+
     def __repr__(self):
         return "QlinearTensor(%r, [%d, %d], %s)" % (
             self.weight_name, self.out_features, self.in_features,

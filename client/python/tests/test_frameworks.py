@@ -254,3 +254,28 @@ def test_import_names_what_from_pretrained_finds(tmp_path, daemon, client):
     assert {w.name for w in client.list()} == names  # nothing uploaded
     for n in held:
         assert client.lookup(n).source_digest in n
+
+
+def test_no_checkpoint_without_its_weights(tmp_path, cfg):
+    """What cannot be saved says so: save_pretrained of a model loaded
+    with qlinear's config, and torch.save of an offloaded weight, raise
+    instead of writing a checkpoint that lacks the linear weights."""
+    import io
+    d = _saved(tmp_path, _tiny_llama(seed=9))
+    q = AutoModelForCausalLM.from_pretrained(
+        d, quantization_config=qh.QlinearConfig(format="q8c", **cfg),
+        dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="not serializable"):
+        q.save_pretrained(str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    with pytest.raises(qlinear.QLinearError, match="torch.save"):
+        torch.save(q.state_dict(), io.BytesIO())
+    lin = nn.Linear(64, 16)
+    quantize_(lin, qa.QlinearConfig(format="q8c", **cfg))
+    with pytest.raises(qlinear.QLinearError, match="resident in qlineard"):
+        torch.save(lin, io.BytesIO())
+    # A deep copy is still the same offloaded weight.
+    c = copy.deepcopy(lin)
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        assert torch.equal(c(x), lin(x))
