@@ -102,4 +102,8 @@ int bench_daemon(int argc, char **argv);
 /* `qlinear-bench crossover` (bench_crossover.c). */
 int bench_crossover(int argc, char **argv);
 
+/* `qlinear-bench model` (bench_model_run.c): runs tests/bench/bench_model.py
+ * with this build's paths; returns only on failure. */
+int bench_model(int argc, char **argv);
+
 #endif /* QL_BENCH_H */

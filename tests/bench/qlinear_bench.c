@@ -126,6 +126,9 @@ static void usage(FILE *f) {
       "daemon --help)\n"
       "       qlinear-bench crossover [--shapes NxK,..] [--formats ..] "
       "(WO vs AQ per M, the crossover, its regret)\n"
+      "       qlinear-bench model [options]  (a causal LM through qlineard "
+      "against\n"
+      "                         bf16 and TorchAO; model --help)\n"
       "       qlinear-bench restart [--gib G] [--pairs P] [--daemon PATH]\n"
       "                             [--cache warm|cold|both]\n"
       "                         (restart time with G GiB of stored weights,\n"
@@ -992,6 +995,8 @@ int main(int argc, char **argv) {
     return ql_bench_restart(argc - 1, argv + 1);
   if (argc > 1 && strcmp(argv[1], "crossover") == 0)
     return bench_crossover(argc - 1, argv + 1);
+  if (argc > 1 && strcmp(argv[1], "model") == 0)
+    return bench_model(argc - 1, argv + 1);
   /* The daemon bench has options of its own and needs no re-exec: it
    * calls no BLAS and sets the CPU pool's size itself. */
   if (argc > 1 && strcmp(argv[1], "daemon") == 0)
