@@ -41,7 +41,10 @@ static void bystander_main(const td *d, int stop, int out) {
         errors++;
         continue;
       }
-      served++;
+      /* The first answer tells the parent the bystander is serving, so
+       * that the test's attack starts only then (td_bystander_start). */
+      if (served++ == 0 && write(out, "R", 1) != 1)
+        _exit(4);
       if ((path == QL_PATH_WEIGHT_ONLY
                ? ql_linear_wo_ref(q, QL_DTYPE_F32, x, 3, ref)
                : ql_linear_aq_ref(q, QL_DTYPE_F32, x, 3, ref)) != 0 ||
@@ -72,6 +75,13 @@ void td_bystander_start(const td *d, td_bystander *b) {
   close(out[1]);
   b->stop = st[1];
   b->out = out[0];
+  /* Serving before the test goes on (a loaded machine, a sanitizer build
+   * can make its start slower than a short test). */
+  struct pollfd pf = {out[0], POLLIN, 0};
+  char r = 0;
+  ck_assert_msg(poll(&pf, 1, 60000) == 1 && read(out[0], &r, 1) == 1 &&
+                    r == 'R',
+                "the bystander did not start serving within 60 s");
 }
 
 void td_bystander_end(td_bystander *b) {
