@@ -348,6 +348,11 @@ def prefill(model, ids):
     return dt
 
 
+def progress(msg):
+    """Where the bench is, on stderr (a full run takes minutes)."""
+    print("qlinear-bench model: " + msg, file=sys.stderr, flush=True)
+
+
 def med(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
@@ -439,6 +444,7 @@ def run_inprocess(a, variants, client, daemon_pid):
         gc.collect()
         setup[v] = time.perf_counter() - t0
         PEAK.sample()
+        progress("%s ready (%.1f s)" % (v, setup[v]))
 
     live = [v for v in variants if v in models]
     res = {v: {"decode": [], "prefill": [], "agree": [], "err": [],
@@ -446,6 +452,8 @@ def run_inprocess(a, variants, client, daemon_pid):
 
     for r in range(a.rounds + 1):  # round 0: warm-up, untimed
         order = live[r % len(live):] + live[:r % len(live)]
+        progress("round %d of %d%s" % (r, a.rounds,
+                                      " (warm-up)" if r == 0 else ""))
         for v in order:
             kind = VARIANTS[v][0]
             n = a.slow_new if v in SLOW else a.new
@@ -705,7 +713,8 @@ def parse(argv):
     g("--seed", type=int, default=0)
     g("--variants", default="bf16,ao_int8wo,ao_int4,ao_int8dq,floor,"
       "ql_q4_auto,ql_q4_wo,ql_q8_auto,ql_q8_wo,ql_q4_auto_compiled",
-      help="comma-separated, of: " + ",".join(VARIANTS))
+      help="comma-separated, of: " + ",".join(VARIANTS) + " (bf16, the "
+      "reference, is always added; empty: none, for --procs alone)")
     g("--skip", default="", help="variants left out of --variants")
     g("--threads", type=int, default=0,
       help="torch threads of this process (default: torch's)")
@@ -731,7 +740,7 @@ def parse(argv):
     for v in a.variant_list + a.proc_variants.split(","):
         if v not in VARIANTS:
             p.error("no variant %r (%s)" % (v, ",".join(VARIANTS)))
-    if "bf16" not in a.variant_list:
+    if a.variant_list and "bf16" not in a.variant_list:
         a.variant_list.insert(0, "bf16")  # the reference
     a.proc_ks = [int(x) for x in a.procs.split(",") if x]
     return a
@@ -788,6 +797,7 @@ def main(argv):
             prow = []
             for k in a.proc_ks:
                 for v in a.proc_variants.split(","):
+                    progress("%d x %s" % (k, v))
                     r = run_procs(a, k, v, dpid)
                     print(json.dumps(r), flush=True)
                     prow.append(r)
