@@ -79,6 +79,7 @@ class _Upload(ConversionOps):
         path = full_layer_name.rsplit(".", 1)[0]
         _qao.offload_linear(module, self.hf_quantizer.ao_config, path,
                             module_name=path)
+        self.hf_quantizer.uploaded.append(module.weight.weight_name)
         if missing_keys is not None:
             missing_keys.discard(full_layer_name)
         module._is_hf_initialized = True
@@ -97,6 +98,7 @@ class QlinearHfQuantizer(HfQuantizer):
         super().__init__(quantization_config, **kwargs)
         self.ao_config = quantization_config.torchao_config()
         self.modules_to_not_convert = []
+        self.uploaded = []  # names this load offloaded, in order
 
     def validate_environment(self, *args, **kwargs):
         if self.pre_quantized:
@@ -119,6 +121,25 @@ class QlinearHfQuantizer(HfQuantizer):
         for name, mod in model.named_modules():
             if isinstance(mod, torch.nn.Linear) and self._converts(name):
                 self.ao_config.check(mod, name)
+
+    def _process_model_after_weight_loading(self, model, **kwargs):
+        # A layer the checkpoint did not have would run as a float layer
+        # the loader made up: the load fails, and releases what it held.
+        for name, mod in model.named_modules():
+            if (isinstance(mod, torch.nn.Linear) and self._converts(name) and
+                    not isinstance(mod.weight, _qao.QlinearTensor)):
+                client = _qao.client_for(self.ao_config.address)
+                for n in self.uploaded:
+                    try:
+                        client.unload(n)
+                    except QLinearError:
+                        pass
+                self.uploaded = []
+                raise QLinearError(
+                    _qao._lib.ERRORS["QL_ENOTFOUND"],
+                    "%s: the checkpoint has no weight for this layer; "
+                    "nothing of this load stays resident" % name)
+        return model
 
     def param_needs_quantization(self, model, param_name, **kwargs):
         module, tensor_name = get_module_from_name(model, param_name)

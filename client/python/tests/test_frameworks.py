@@ -279,3 +279,22 @@ def test_no_checkpoint_without_its_weights(tmp_path, cfg):
     x = torch.randn(2, 64)
     with torch.no_grad():
         assert torch.equal(c(x), lin(x))
+
+
+def test_from_pretrained_missing_weight(tmp_path, daemon, client):
+    """A checkpoint without one linear weight fails naming the layer, and
+    the layers it had offloaded are released."""
+    from safetensors.torch import load_file, save_file
+    base = _tiny_llama(seed=10)
+    d = _saved(tmp_path, base)
+    f = os.path.join(d, "model.safetensors")
+    t = load_file(f)
+    del t["model.layers.1.mlp.down_proj.weight"]
+    save_file(t, f, metadata={"format": "pt"})
+    with pytest.raises(qlinear.QLinearError) as e:
+        AutoModelForCausalLM.from_pretrained(
+            d, quantization_config=qh.QlinearConfig(
+                format="q8c", address=daemon.address, prefix="hf-miss/"),
+            dtype=torch.bfloat16)
+    assert "model.layers.1.mlp.down_proj" in str(e.value)
+    assert not [w for w in client.list() if w.name.startswith("hf-miss/")]
