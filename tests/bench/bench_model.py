@@ -52,7 +52,6 @@ processes (clients + daemon).
 
 import argparse
 import copy
-import ctypes
 import gc
 import json
 import os
@@ -409,7 +408,7 @@ def find_daemon(a):
 
 
 # ------------------------------------------------------------- in process
-def run_inprocess(a, variants, client, daemon_pid):
+def run_inprocess(a, variants, client):
     base = build_model(a)
     gen = torch.Generator().manual_seed(a.seed + 1)
     prompt = torch.randint(0, a.vocab, (1, a.prompt), generator=gen)
@@ -785,7 +784,7 @@ def main(argv):
                     " " + " ".join(a.daemon_arg) if a.daemon_arg else ""))
         rows = []
         if a.variant_list:
-            rows, base = run_inprocess(a, a.variant_list, client, dpid)
+            rows, base = run_inprocess(a, a.variant_list, client)
             del base
             gc.collect()
             dpss = pss_kib(dpid) if dpid else None
