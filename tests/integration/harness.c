@@ -582,6 +582,28 @@ int td_daemon_fds(const td *d) {
   return n;
 }
 
+int td_daemon_fd_limit(const td *d, int spare) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)d->pid);
+  enum { MAXFD = 1 << 16 };
+  unsigned char *open_ = calloc(MAXFD, 1);
+  ck_assert_ptr_nonnull(open_);
+  DIR *dd = opendir(path);
+  ck_assert_ptr_nonnull(dd);
+  struct dirent *e;
+  while ((e = readdir(dd)) != NULL) {
+    long fd = strtol(e->d_name, NULL, 10);
+    if (e->d_name[0] != '.' && fd >= 0 && fd < MAXFD)
+      open_[fd] = 1;
+  }
+  closedir(dd);
+  int fd = 0, free_ = 0;
+  for (; fd < MAXFD && free_ < spare; fd++)
+    free_ += !open_[fd];
+  free(open_);
+  return fd;
+}
+
 int td_sanitized(void) {
   const char *f = getenv("QL_SAN_FLAGS");
   return f != NULL && strstr(f, "sanitize") != NULL;

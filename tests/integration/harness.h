@@ -189,6 +189,11 @@ int64_t td_now_ms(void);
  * /proc; abort the test when they cannot be read. */
 long td_daemon_rss_kib(const td *d);
 int td_daemon_fds(const td *d);
+/* The RLIMIT_NOFILE that leaves the daemon exactly spare free descriptor
+ * numbers: the kernel hands out the lowest free number and fails with
+ * EMFILE at the limit, so a count of open descriptors is not enough once
+ * closed connections left holes below the highest one. */
+int td_daemon_fd_limit(const td *d, int spare);
 
 /* 1 in a --enable-sanitizers build (make check exports its flags): RSS
  * says little there, ASan keeps freed memory in quarantine. */
