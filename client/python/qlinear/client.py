@@ -649,6 +649,7 @@ class Client:
         self._scratch_free = []
         self._scratch_all = []
         self._shapes = {}           # weight name -> (n, k), from load/lookup
+        self._held = set()          # names this session loaded or holds
         opts = _lib.ql_connect_opts()
         opts.timeout_ms = timeout_ms
         opts.client_name = name.encode()
@@ -831,6 +832,7 @@ class Client:
                  ctypes.byref(shared))
         self._uploaded(name, cb_error)
         self._shapes[name] = (info.n, info.k)
+        self._held.add(name)
         return _weight_info(info, bool(shared.value))
 
     def load_packed(self, name, format, n, k, qdata, scale, zero=None,
@@ -878,12 +880,14 @@ class Client:
                  ctypes.byref(info), ctypes.byref(shared))
         self._uploaded(name, cb_error)
         self._shapes[name] = (info.n, info.k)
+        self._held.add(name)
         return _weight_info(info, bool(shared.value))
 
     def unload(self, name):
         """Drops this session's hold on a weight (ql_unload())."""
         self._shapes.pop(name, None)
         self._do(self._lib.ql_unload, name.encode())
+        self._held.discard(name)
 
     def hold(self, name, digest=None):
         """Makes this session a holder of a weight already resident
@@ -899,6 +903,7 @@ class Client:
         self._do(self._lib.ql_hold, name.encode(), digest,
                  ctypes.byref(info))
         self._shapes[name] = (info.n, info.k)
+        self._held.add(name)
         return _weight_info(info, True)
 
     def list(self):

@@ -24,8 +24,10 @@ it, and is added after the op; the daemon holds the weight alone.
 """
 
 import dataclasses
+import sys
 import threading
 import types
+import weakref
 from typing import Optional
 
 import torch
@@ -38,7 +40,8 @@ from . import _lib, _ops
 from .client import Client, QLinearError, parse_format
 from .torch import _DTYPES, _host_bytes, weight_name
 
-__all__ = ["QlinearConfig", "QlinearTensor", "client_for", "offload_linear"]
+__all__ = ["QlinearConfig", "QlinearTensor", "client_for", "offload_linear",
+           "offload_linears"]
 
 aten = torch.ops.aten
 
@@ -155,25 +158,20 @@ def _no_data(func, types_, args, kwargs):
                        "runs on it" % (func, w.weight_name))
 
 
-def offload_linear(linear, config, what="layer", module_name=None):
-    """What the quantize_ handler does to one nn.Linear, in place: checks
-    config against it, uploads (or holds) its weight, and replaces
-    linear.weight by a QlinearTensor. ``module_name`` (its path in the
-    model, when known: quantize_ does not say it) goes into the weight's
-    name; else its class and shape do. ``what`` names it in errors.
-    Returns linear."""
-    config.check(linear, what)
-    client = client_for(config.address)
+def _offload_weight(linear, config, client, what, module_name):
+    """Uploads (or holds) linear's weight as config says; returns its
+    name. Nothing of the module changes."""
     w = linear.weight.detach().cpu()
     if w.dtype not in _DTYPES:
         w = w.float()
     # The daemon holds the weight only: the bias stays the module's.
     src = types.SimpleNamespace(weight=w, bias=None)
     hi = client.hello_info or client.hello()
-    if module_name is None:
+    if not module_name:
         module_name = "%s_%dx%d" % (type(linear).__name__, linear.out_features,
                                     linear.in_features)
-    name = weight_name(src, config.format, module_name, config.prefix, quantizer_version=hi.quantizer_version,
+    name = weight_name(src, config.format, module_name, config.prefix,
+                       quantizer_version=hi.quantizer_version,
                        scale_dtype=config.scale_dtype, policy=config.policy)
     try:
         client.hold(name)
@@ -186,23 +184,132 @@ def offload_linear(linear, config, what="layer", module_name=None):
                         scale_dtype=config.scale_dtype)
         except QLinearError as e2:
             raise QLinearError(e2.code, "%s: %s" % (what, e2)) from None
+    return name
+
+
+def _set_weight(linear, config, client, name):
+    """Gives linear the QlinearTensor of the resident weight name."""
     t = QlinearTensor(_ops.weight_ident(name, client), linear.out_features,
-                      linear.in_features, w.dtype,
+                      linear.in_features, linear.weight.dtype
+                      if linear.weight.dtype in _DTYPES else torch.float32,
                       _ops.PATH_CODES[config.path], name)
     linear.weight = torch.nn.Parameter(t, requires_grad=False)
     if linear.bias is not None:
         # Inference only, as the op: no gradient flows into the layer.
         linear.bias.requires_grad_(False)
-    return linear
+
+
+def _check_linear(module, config, what):
+    if not isinstance(module, torch.nn.Linear):
+        raise QLinearError(_lib.ERRORS["QL_EINVAL"],
+                           "%s: QlinearConfig applies to nn.Linear, not %s"
+                           % (what, type(module).__name__))
+    if isinstance(module.weight, QlinearTensor):
+        raise QLinearError(_lib.ERRORS["QL_EEXIST"],
+                           "%s: its weight is already offloaded (%s)"
+                           % (what, module.weight.weight_name))
+    config.check(module, what)
+
+
+def offload_linear(linear, config, what="layer", module_name=None):
+    """What the quantize_ handler does to one nn.Linear, in place: checks
+    config against it, uploads (or holds) its weight, and replaces
+    linear.weight by a QlinearTensor. ``module_name`` (its path in the
+    model, when known) goes into the weight's name; else its class and
+    shape do. ``what`` names it in errors. Returns linear."""
+    return offload_linears([(module_name, linear)], config, what)[0]
+
+
+def offload_linears(layers, config, what=None):
+    """offload_linear() for many layers as one step: ``layers`` is a list
+    of (module path or None, nn.Linear). Every layer is checked before
+    anything is uploaded, and if an upload fails, what this call uploaded
+    or held is released and no module is changed, so that a failed call
+    leaves neither half an offloaded model nor weights resident for it.
+    ``what`` names a single layer in errors (else each layer's path).
+    Returns the modules."""
+    names = []
+    for path, lin in layers:
+        label = what or path or "%s(in_features=%d, out_features=%d)" % (
+            type(lin).__name__, getattr(lin, "in_features", 0),
+            getattr(lin, "out_features", 0))
+        names.append(label)
+        _check_linear(lin, config, label)
+    client = client_for(config.address)  # no daemon: fails here
+    held_before = set(client._held)
+    done = []
+    try:
+        for (path, lin), label in zip(layers, names):
+            done.append(_offload_weight(lin, config, client, label, path))
+    except BaseException:
+        for n in done:
+            if n not in held_before:
+                try:
+                    client.unload(n)
+                except QLinearError:
+                    pass
+        raise
+    for (_, lin), name in zip(layers, done):
+        _set_weight(lin, config, client, name)
+    return [lin for _, lin in layers]
+
+
+def _quantize_call():
+    """The model and filter of the quantize_ call this handler runs in,
+    from the frames of TorchAO's module walk
+    (quant_api._replace_with_custom_fn_if_matches_filter, whose outermost
+    call has the whole model), or None when it runs from anywhere else."""
+    f = sys._getframe(2)
+    outer = None
+    while f is not None:
+        code = f.f_code
+        if code.co_name == "_replace_with_custom_fn_if_matches_filter" and \
+                code.co_filename.endswith("quant_api.py"):
+            outer = f
+        f = f.f_back
+    if outer is None:
+        return None
+    loc = outer.f_locals
+    model, filter_fn = loc.get("model"), loc.get("filter_fn")
+    if not isinstance(model, torch.nn.Module) or not callable(filter_fn):
+        return None
+    return model, filter_fn, loc.get("cur_fqn") or ""
+
+
+def _selected(module, filter_fn, fqn):
+    """(path, module) of each module quantize_ gives the handler, in its
+    order: TorchAO's walk, which does not descend into a module its filter
+    selects."""
+    if filter_fn(module, fqn[:-1]):
+        return [(fqn[:-1], module)]
+    out = []
+    for name, child in list(module.named_children()):
+        out += _selected(child, filter_fn, "%s%s." % (fqn, name))
+    return out
+
+
+# Modules the running quantize_ call offloaded ahead of their turn: the
+# handler, called for each of them later, takes them as done.
+_ahead = weakref.WeakSet()
 
 
 @register_quantize_module_handler(QlinearConfig)
 def _qlinear_transform(module, config):
-    if not isinstance(module, torch.nn.Linear):
-        raise QLinearError(_lib.ERRORS["QL_EINVAL"],
-                           "QlinearConfig applies to nn.Linear, not %s"
-                           % type(module).__name__)
-    return offload_linear(module, config, "%s(in_features=%d, "
-                          "out_features=%d)" % (type(module).__name__,
-                                                module.in_features,
-                                                module.out_features))
+    if module in _ahead:
+        _ahead.discard(module)
+        return module
+    call = _quantize_call()
+    if call is None:  # not from quantize_'s walk: this module alone
+        return offload_linear(module, config)
+    # The whole call at once, on its first module: every selected layer is
+    # checked before the first upload, each is named by its path, and a
+    # failure leaves nothing resident and no module changed.
+    model, filter_fn, fqn = call
+    layers = _selected(model, filter_fn, fqn)
+    if not any(m is module for _, m in layers):
+        return offload_linear(module, config)
+    offload_linears(layers, config)
+    for _, m in layers:
+        if m is not module:
+            _ahead.add(m)
+    return module

@@ -7,6 +7,7 @@ both refuse a bad config before anything is uploaded."""
 import copy
 import importlib.util
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -88,6 +89,56 @@ def test_quantize_one_module_in_place(cfg):
     # Its data is not here: anything but linear says so.
     with pytest.raises(qlinear.QLinearError):
         lin.weight.t()
+
+
+def test_quantize_fails_whole(daemon, client, cfg):
+    """A whole-model quantize_ is one step: a layer the config cannot
+    offload fails it, naming the layer, before anything is uploaded; the
+    layers are named by their paths."""
+    torch.manual_seed(11)
+    m = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 48),
+                      nn.Linear(48, 16))  # K = 48: no q4g32
+    before = {w.name for w in client.list()}
+    with pytest.raises(qlinear.QLinearError) as e:
+        quantize_(m, qa.QlinearConfig(format="q4g32", prefix="whole/", **cfg))
+    assert e.value.code == qlinear.QL_ESHAPE
+    assert ": 3: in_features 48 " in str(e.value)
+    assert not any(isinstance(x.weight, qa.QlinearTensor) for _, x in
+                   _linears(m))
+    assert {w.name for w in client.list()} == before
+    # The config that fits every layer: each named by its path.
+    quantize_(m, qa.QlinearConfig(format="q8c", prefix="whole/", **cfg))
+    names = [x.weight.weight_name for _, x in _linears(m)]
+    assert [n.split("/")[1] for n in names] == ["0", "2", "3"]
+
+
+def test_quantize_failure_releases(client):
+    """A daemon that refuses a layer midway (its weight budget is full):
+    quantize_ fails naming that layer, what it had uploaded is unloaded,
+    and no module was changed, so the model still runs as it was."""
+    from conftest import Daemon
+    d = Daemon(["--cpu-budget-bytes", "12000"])
+    try:
+        torch.manual_seed(12)
+        m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64),
+                          nn.Linear(64, 64), nn.Linear(64, 64))
+        x = torch.randn(2, 64)
+        with torch.no_grad():
+            want = m(x)
+        c = qlinear.Client(d.address)
+        with pytest.raises(qlinear.QLinearError) as e:
+            quantize_(m, qa.QlinearConfig(format="q8c", address=d.address))
+        assert e.value.code == qlinear.QL_ENOMEM, e.value
+        assert re.search(r": [123]: ", str(e.value)), e.value
+        assert c.list() == []
+        assert not any(isinstance(x_.weight, qa.QlinearTensor)
+                       for _, x_ in _linears(m))
+        with torch.no_grad():
+            assert torch.equal(m(x), want)
+        c.close()
+    finally:
+        qa._clients.pop(d.address, None)
+        d.stop()
 
 
 def test_quantize_compiles_and_exports(cfg):
