@@ -1,8 +1,12 @@
 /*
  * fuzz_safetensors.c - libFuzzer target for the safetensors reader
- * (client/ctl/safetensors.c), the part of `qlinearctl import` that reads
- * untrusted checkpoint files, and for the GPTQ/AWQ conversion that reads
- * the tensors it hands out (client/ctl/ckpt_import.c).
+ * (client/lib/safetensors.c), the part of `qlinearctl import` that reads
+ * untrusted checkpoint files, for the GPTQ/AWQ conversion that reads the
+ * tensors it hands out (client/lib/ckpt_import.c), and for the parser of
+ * the quantization_config JSON beside them (ql__ck_config_parse(), which
+ * ql_ckpt_convert() runs on whatever its caller read): a metadata value
+ * under "quantization_config" is parsed as that file, and what it gives
+ * drives the conversion.
  *
  * Beyond "no crash, no out-of-bounds read", it checks what a caller relies
  * on: an accepted file's tensors lie inside the input, have exactly the
@@ -64,6 +68,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ql__ck_canon c;
     ql__ck_config cfg = {.present = 1, .bits = 4, .sym = -1,
                          .desc_act = -1};
+    const char *qc = ql__st_meta(f, "quantization_config");
+    if (qc != NULL) {
+      ql__ck_config parsed;
+      int prv = ql__ck_config_parse(qc, strlen(qc), &parsed, err, sizeof err);
+      CHECK(prv == 0 || (prv == QL_EBADFILE && err[0] != '\0'));
+      CHECK(prv != 0 || parsed.bits >= 0);
+      if (prv == 0)
+        cfg = parsed;
+    }
     for (int pass = 0; pass < 2; pass++) {
       /* The check alone refuses what the conversion refuses and gives
        * its sizes, allocating nothing. */

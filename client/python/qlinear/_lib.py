@@ -301,12 +301,33 @@ class ql_cuda_slice(ctypes.Structure):
     ]
 
 
+# qlinear_ckpt.h: quantized checkpoint layers converted to packed arrays.
+class ql_ckpt_tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("bytes", ctypes.c_uint64),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.c_uint64 * 2),
+    ]
+
+
+class ql_ckpt_layer(ctypes.Structure):
+    _fields_ = [
+        ("desc", ql_packed_desc),
+        ("method", ctypes.c_int),
+        ("bits", ctypes.c_int),
+        ("src_group", ctypes.c_uint32),
+        ("symmetric", ctypes.c_int),
+    ]
+
+
 # Every struct above, by its C name, for the layout test.
 STRUCTS = [
     ql_connect_opts, ql_device_info, ql_hello_info, ql_load_desc,
     ql_packed_array, ql_packed_desc, ql_weight_info, ql_linear_result,
     ql_weight_stats, ql_device_memory, ql_stats_info, ql_region, ql_slice,
-    ql_cuda_slice,
+    ql_cuda_slice, ql_ckpt_tensor, ql_ckpt_layer,
 ]
 
 # -------------------------------------------------------------- prototypes
@@ -336,6 +357,11 @@ _PROTOTYPES = {
                                               ctypes.c_char_p]),
     "ql_source_digest_packed": (ctypes.c_int, [_P(ql_packed_desc),
                                                ctypes.c_char_p]),
+    "ql_ckpt_convert": (ctypes.c_int, [ctypes.c_char_p, _P(ql_ckpt_tensor),
+                                       _P(ql_ckpt_tensor), _P(ql_ckpt_tensor),
+                                       _P(ql_ckpt_tensor), ctypes.c_char_p,
+                                       ctypes.c_size_t,
+                                       _P(_P(ql_ckpt_layer))]),
     "ql_reload_config": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
                                         ctypes.c_size_t]),
     "ql_list": (ctypes.c_int, [_c_client_p, _P(_P(ql_weight_info)),

@@ -23,7 +23,7 @@ __all__ = [
     "QLinearError", "Client", "Region", "WeightInfo", "HelloInfo", "Device",
     "Stats", "WeightStats", "DeviceMemory", "UserStats", "LinearInfo", "parse_format",
     "format_name", "default_address", "default_admin_address", "strerror",
-    "err_name", "source_digest",
+    "err_name", "source_digest", "packed_source_digest",
 ]
 
 # Error codes as module constants, QL_EINVAL and friends.
@@ -600,6 +600,50 @@ def source_digest(weight, bias=None, *, format="q4g128", dtype=None,
     return out.raw
 
 
+def _packed_desc(name, format, n, k, qdata, scale, zero, bias, zero_kind,
+                 policy):
+    """The ql_packed_desc of Client.load_packed()'s arguments, and the
+    arrays it points into, which must outlive its use."""
+    fmt, group, asym = parse_format(format)
+    if fmt == _lib.QL_FORMAT_F8R and isinstance(qdata, np.ndarray) and \
+            qdata.dtype == np.uint8:
+        qdata = (qdata, "e4m3")  # f8r bytes can only be e4m3
+    d = _lib.ql_packed_desc()
+    d.name = name.encode() if name is not None else None
+    d.format = fmt
+    d.group_size = group
+    d.asymmetric = int(asym)
+    d.n, d.k = n, k
+    if zero_kind not in ("float", "int"):
+        raise QLinearError(_lib.ERRORS["QL_EINVAL"],
+                           "zero_kind %r: float or int" % (zero_kind,))
+    d.zero_kind = _lib.QL_ZERO_INT if zero_kind == "int" else \
+        _lib.QL_ZERO_FLOAT
+    keep = []
+    for field, arr in (("qdata", qdata), ("scale", scale), ("zero", zero),
+                       ("bias", bias)):
+        pa, held = _packed(arr, field)
+        setattr(d, field, pa)
+        keep.append(held)
+    d.policy = _path_code(policy)
+    return d, keep
+
+
+def packed_source_digest(format, n, k, qdata, scale, zero=None, bias=None, *,
+                         zero_kind="float", policy="auto", lib=None):
+    """The source digest (32 bytes) of Client.load_packed() with these
+    arguments (ql_source_digest_packed()): the name of an already-quantized
+    weight ending in ".src-" and its hex form is content-addressed, as for
+    source_digest()."""
+    d, keep = _packed_desc(None, format, n, k, qdata, scale, zero, bias,
+                           zero_kind, policy)
+    lib = lib or _lib.load()
+    out = ctypes.create_string_buffer(32)
+    _check(lib, lib.ql_source_digest_packed(ctypes.byref(d), out))
+    del keep  # the arrays d points into live until here
+    return out.raw
+
+
 class Client:
     """A session with qlineard (ql_connect()).
 
@@ -847,28 +891,8 @@ class Client:
         (array, "e4m3") for float8 held in uint8. ``zero_kind="int"`` is
         int4 with integer zero points. ``devices`` as in load(). Returns
         the WeightInfo as load()."""
-        fmt, group, asym = parse_format(format)
-        if fmt == _lib.QL_FORMAT_F8R and isinstance(qdata, np.ndarray) and \
-                qdata.dtype == np.uint8:
-            qdata = (qdata, "e4m3")  # f8r bytes can only be e4m3
-        d = _lib.ql_packed_desc()
-        d.name = name.encode()
-        d.format = fmt
-        d.group_size = group
-        d.asymmetric = int(asym)
-        d.n, d.k = n, k
-        if zero_kind not in ("float", "int"):
-            raise QLinearError(_lib.ERRORS["QL_EINVAL"],
-                               "zero_kind %r: float or int" % (zero_kind,))
-        d.zero_kind = _lib.QL_ZERO_INT if zero_kind == "int" else \
-            _lib.QL_ZERO_FLOAT
-        keep = []
-        for field, arr in (("qdata", qdata), ("scale", scale), ("zero", zero),
-                           ("bias", bias)):
-            pa, held = _packed(arr, field)
-            setattr(d, field, pa)
-            keep.append(held)
-        d.policy = _path_code(policy)
+        d, keep = _packed_desc(name, format, n, k, qdata, scale, zero, bias,
+                               zero_kind, policy)
         d.persistent = int(bool(persistent))
         d.devices = _devices_arg(devices)
         cb, cb_error = _progress_cb(progress)

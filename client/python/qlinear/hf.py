@@ -18,7 +18,18 @@ format, a group size that a layer's in_features is not a multiple of, or
 a daemon that is not running raise QLinearError naming the layer, with
 nothing uploaded. Names come from qlinear.torch.weight_name() with the
 layer's path, content-addressed (docs/security.md).
+
+Checkpoints another method quantized load through the same quantizer when
+from_pretrained is given a QlinearConfig: GPTQ and AWQ layers are
+converted exactly (qlinear.checkpoint.convert_quantized(), the conversion
+`qlinearctl import` does) and TorchAO's safetensors tensors (Int4Tensor,
+Int8Tensor, Float8Tensor) are uploaded as they are, each under the
+content-addressed name of what is sent. save_pretrained is refused
+(is_serializable is false) rather than write a checkpoint without the
+linear weights.
 """
+
+import copy
 
 import torch
 from transformers.core_model_loading import ConversionOps
@@ -29,6 +40,9 @@ from transformers.quantizers.quantizers_utils import (get_module_from_name,
                                                       should_convert_module)
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
+from transformers.quantizers import auto as _hf_auto
+
+from . import checkpoint as _ckpt
 from . import torchao as _qao
 from .client import QLinearError
 
@@ -54,12 +68,81 @@ class QlinearConfig(QuantizationConfigMixin):
         self.scale_dtype = scale_dtype
         self.modules_to_not_convert = modules_to_not_convert
 
+    def to_dict(self):
+        # The address is this machine's, not the model's: never saved.
+        d = dict(super().to_dict())
+        d.pop("address", None)
+        d.pop("source_quantization", None)
+        return d
+
+    def get_loading_attributes(self):
+        """What a config given to from_pretrained changes in the one a
+        saved checkpoint carries: where the daemon is."""
+        return {"address": self.address} if self.address is not None else {}
+
     def torchao_config(self):
         """The same settings as a qlinear.torchao.QlinearConfig."""
         return _qao.QlinearConfig(format=self.format, address=self.address,
                                   path=self.path, prefix=self.prefix,
                                   policy=self.policy,
                                   scale_dtype=self.scale_dtype)
+
+
+# from_pretrained of a saved checkpoint given a QlinearConfig too takes the
+# address from it (merge_quantization_configs).
+if QlinearConfig not in _hf_auto.LOADING_ATTRIBUTES_CONFIG_TYPES:
+    _hf_auto.LOADING_ATTRIBUTES_CONFIG_TYPES = (
+        tuple(_hf_auto.LOADING_ATTRIBUTES_CONFIG_TYPES) + (QlinearConfig,))
+
+# Checkpoints another method quantized (GPTQ, AWQ, TorchAO's own): a
+# QlinearConfig given to from_pretrained takes their layers to qlineard,
+# where transformers would otherwise insist on the checkpoint's own method.
+_SOURCE_METHODS = ("gptq", "awq", "torchao")
+_merge = _hf_auto.AutoHfQuantizer.merge_quantization_configs.__func__
+
+
+def _merge_configs(cls, quantization_config, quantization_config_from_args):
+    if isinstance(quantization_config_from_args, QlinearConfig):
+        d = quantization_config if isinstance(quantization_config, dict) \
+            else quantization_config.to_dict()
+        method = d.get("quant_method")
+        method = getattr(method, "value", method)
+        if method != "qlinear":
+            if method not in _SOURCE_METHODS:
+                raise QLinearError(
+                    _qao._lib.ERRORS["QL_ENOTSUP"],
+                    "this checkpoint is quantized with %r: qlinear loads "
+                    "GPTQ, AWQ and TorchAO checkpoints" % (method,))
+            cfg = copy.copy(quantization_config_from_args)
+            cfg.source_quantization = dict(d, quant_method=method)
+            return cfg
+    return _merge(cls, quantization_config, quantization_config_from_args)
+
+
+if getattr(_hf_auto.AutoHfQuantizer.merge_quantization_configs, "__func__",
+           None) is not _merge_configs:
+    _hf_auto.AutoHfQuantizer.merge_quantization_configs = classmethod(
+        _merge_configs)
+
+
+def _release(hf_quantizer):
+    """A failed load: what it had uploaded or held is released."""
+    client = _qao.client_for(hf_quantizer.ao_config.address)
+    for n in hf_quantizer.uploaded:
+        if n not in hf_quantizer.held_before:
+            try:
+                client.unload(n)
+            except QLinearError:
+                pass
+    hf_quantizer.uploaded = []
+
+
+def _done(module, full_layer_name, missing_keys):
+    if missing_keys is not None:
+        missing_keys.discard(full_layer_name)
+    module._is_hf_initialized = True
+    for p in module.parameters(recurse=False):
+        p._is_hf_initialized = True
 
 
 class _Upload(ConversionOps):
@@ -77,14 +160,87 @@ class _Upload(ConversionOps):
         module._parameters[tensor_name] = torch.nn.Parameter(
             value, requires_grad=False)
         path = full_layer_name.rsplit(".", 1)[0]
-        _qao.offload_linear(module, self.hf_quantizer.ao_config, path,
-                            module_name=path)
+        try:
+            _qao.offload_linear(module, self.hf_quantizer.ao_config, path,
+                                module_name=path)
+        except BaseException:
+            _release(self.hf_quantizer)
+            raise
         self.hf_quantizer.uploaded.append(module.weight.weight_name)
-        if missing_keys is not None:
-            missing_keys.discard(full_layer_name)
-        module._is_hf_initialized = True
-        for p in module.parameters(recurse=False):
-            p._is_hf_initialized = True
+        _done(module, full_layer_name, missing_keys)
+        return {}
+
+
+class _Reload(ConversionOps):
+    """Runs as from_pretrained reads each weight of a checkpoint that
+    save_pretrained wrote (TorchAO tensors flattened into safetensors):
+    rebuilds the TorchAO tensor and attaches its module to the daemon
+    (qlinear.checkpoint.attach())."""
+
+    def __init__(self, hf_quantizer):
+        self.hf_quantizer = hf_quantizer
+
+    def convert(self, input_dict, source_patterns=None, model=None,
+                full_layer_name=None, missing_keys=None, **kwargs):
+        from torchao.prototype.safetensors.safetensors_support import \
+            unflatten_tensor_state_dict
+        q = self.hf_quantizer
+        module, _ = get_module_from_name(model, full_layer_name)
+        path = full_layer_name.rsplit(".", 1)[0]
+        try:
+            parts = {}
+            for suffix, value in input_dict.items():
+                value = value[0] if isinstance(value, list) else value
+                parts["%s.%s" % (path, suffix)] = value
+            sd, _ = unflatten_tensor_state_dict(parts, q.metadata)
+            t = sd.get(full_layer_name)
+            if t is None:
+                raise QLinearError(
+                    _qao._lib.ERRORS["QL_EINVAL"],
+                    "%s: the checkpoint's tensors %s do not make its weight"
+                    % (path, ", ".join(sorted(input_dict))))
+            name = _ckpt.attach(module, path, t,
+                                q.entries.get(full_layer_name), q.ao_config)
+        except BaseException:
+            _release(q)
+            raise
+        q.uploaded.append(name)
+        _done(module, full_layer_name, missing_keys)
+        return {}
+
+
+class _ReloadQuantized(ConversionOps):
+    """Runs as from_pretrained reads each layer of a GPTQ or AWQ
+    checkpoint (X.qweight, X.qzeros, X.scales, X.g_idx): converts it
+    exactly (qlinear.checkpoint.convert_quantized()) and uploads it as it
+    is, or holds it when the daemon has that content already."""
+
+    def __init__(self, hf_quantizer):
+        self.hf_quantizer = hf_quantizer
+
+    def convert(self, input_dict, source_patterns=None, model=None,
+                full_layer_name=None, missing_keys=None, **kwargs):
+        q = self.hf_quantizer
+        module, _ = get_module_from_name(model, full_layer_name)
+        path = full_layer_name.rsplit(".", 1)[0]
+        try:
+            parts = {}
+            for suffix, value in input_dict.items():
+                parts[suffix] = value[0] if isinstance(value, list) else value
+            packed = _ckpt.convert_quantized(
+                path, parts.get("qweight"), parts.get("qzeros"),
+                parts.get("scales"), parts.get("g_idx"), q.source)
+            client = _qao.client_for(q.ao_config.address)
+            dtype = module.weight.dtype if module.weight is not None else \
+                torch.float32
+            name, dtype = _ckpt.acquire_packed(module, path, packed, None,
+                                               q.ao_config, client, dtype)
+            _qao._set_weight(module, q.ao_config, client, name, dtype)
+        except BaseException:
+            _release(q)
+            raise
+        q.uploaded.append(name)
+        _done(module, full_layer_name, missing_keys)
         return {}
 
 
@@ -99,28 +255,127 @@ class QlinearHfQuantizer(HfQuantizer):
         self.ao_config = quantization_config.torchao_config()
         self.modules_to_not_convert = []
         self.uploaded = []  # names this load offloaded, in order
+        self.held_before = set()
+        self.metadata = {}
+        self.entries = {}
+        # The checkpoint's own quantization_config when another method made
+        # it (from_pretrained given a QlinearConfig), else None.
+        self.source = getattr(quantization_config, "source_quantization",
+                              None)
+        self.method = (self.source or {}).get("quant_method", "qlinear")
 
     def validate_environment(self, *args, **kwargs):
-        if self.pre_quantized:
-            raise QLinearError(
-                _qao._lib.ERRORS["QL_ENOTSUP"],
-                "this checkpoint was saved quantized with method 'qlinear'; "
-                "reloading such a checkpoint is not supported yet: load the "
-                "float checkpoint with a QlinearConfig")
         # A daemon that is not running fails here, before any weight.
-        _qao.client_for(self.ao_config.address)
+        client = _qao.client_for(self.ao_config.address)
+        self.held_before = set(client._held)
 
     def _converts(self, name):
         return should_convert_module(name, self.modules_to_not_convert)
 
-    def _process_model_before_weight_loading(self, model, **kwargs):
+    def _process_model_before_weight_loading(self, model, checkpoint_files=None,
+                                             **kwargs):
         self.modules_to_not_convert = self.get_modules_to_not_convert(
             model, self.quantization_config.modules_to_not_convert,
             getattr(model, "_keep_in_fp32_modules", None))
+        if self.pre_quantized:
+            self._read_metadata(checkpoint_files)
+            if self.method in ("gptq", "awq"):
+                self._read_shapes(checkpoint_files)
         # Every layer is checked before the first weight is read.
         for name, mod in model.named_modules():
             if isinstance(mod, torch.nn.Linear) and self._converts(name):
-                self.ao_config.check(mod, name)
+                if self.pre_quantized and self.method in ("gptq", "awq"):
+                    self._check_quantized(mod, name)
+                elif self.pre_quantized:
+                    self._check_saved(mod, name)
+                else:
+                    self.ao_config.check(mod, name)
+
+    def _read_metadata(self, checkpoint_files):
+        from safetensors import safe_open
+        md = {}
+        for f in checkpoint_files or []:
+            if not str(f).endswith(".safetensors"):
+                raise QLinearError(
+                    _qao._lib.ERRORS["QL_EINVAL"],
+                    "%s: a qlinear checkpoint is safetensors" % f)
+            with safe_open(f, framework="pt") as h:
+                md.update(h.metadata() or {})
+        self.metadata = md
+        self.entries = _ckpt.entries(md)
+
+    def _read_shapes(self, checkpoint_files):
+        from safetensors import safe_open
+        self.shapes = {}
+        for f in checkpoint_files or []:
+            with safe_open(f, framework="pt") as h:
+                for key in h.keys():
+                    self.shapes[key] = list(h.get_slice(key).get_shape())
+
+    def _check_quantized(self, mod, name):
+        """A GPTQ or AWQ layer has its tensors, and a qweight of the
+        module's shape (the conversion checks everything else as it
+        reads each layer)."""
+        qw = self.shapes.get(name + ".qweight")
+        if qw is None:
+            if name + ".weight" in self.shapes:
+                return  # left in float by its quantizer: loaded as it is
+            raise QLinearError(_qao._lib.ERRORS["QL_ENOTFOUND"],
+                               "%s: the checkpoint has no %s.qweight"
+                               % (name, name))
+        for part in ("qzeros", "scales"):
+            if name + "." + part not in self.shapes:
+                raise QLinearError(_qao._lib.ERRORS["QL_ENOTFOUND"],
+                                   "%s: the checkpoint has no %s.%s"
+                                   % (name, name, part))
+        bits = int((self.source or {}).get("bits") or 4)
+        k, n = mod.in_features, mod.out_features
+        want = [k * bits // 32, n] if self.method == "gptq" else \
+            [k, n * bits // 32]
+        if len(qw) != 2 or qw != want:
+            raise QLinearError(_qao._lib.ERRORS["QL_ESHAPE"],
+                               "%s: %s.qweight is %s; a %d-bit %s layer of "
+                               "[%d, %d] has %s" % (name, name, qw, bits,
+                                                   self.method.upper(), n, k,
+                                                   want))
+
+    def _check_saved(self, mod, name):
+        """A saved layer agrees with its module: a TorchAO tensor of a
+        format qlinear serves, of the module's shape (from the metadata,
+        before any tensor is read)."""
+        import json
+        raw = self.metadata.get(name + ".weight")
+        if raw is None:
+            return  # a float weight: loaded as it is, or missing (after)
+        try:
+            desc = json.loads(raw)
+            kind = desc.get("_type")
+            data = desc.get("_data") or {}
+            bs = list(data.get("block_size") or [])
+            shape = list(data.get("shape") or [])
+        except (ValueError, AttributeError, TypeError):
+            raise QLinearError(_qao._lib.ERRORS["QL_EINVAL"],
+                               "%s: the checkpoint's description of its "
+                               "weight is not valid JSON" % name) from None
+        if kind == "Tensor":
+            return
+        if kind not in ("Int4Tensor", "Int8Tensor", "Float8Tensor"):
+            raise QLinearError(_qao._lib.ERRORS["QL_ENOTSUP"],
+                               "%s: a TorchAO %s cannot be loaded into "
+                               "qlineard (Int4Tensor, Int8Tensor and "
+                               "Float8Tensor can)" % (name, kind))
+        want = [mod.out_features, mod.in_features]
+        if shape and shape != want:
+            raise QLinearError(_qao._lib.ERRORS["QL_ESHAPE"],
+                               "%s: the checkpoint's weight is %s, the layer "
+                               "%s" % (name, shape, want))
+        ok = (len(bs) == 2 and bs[0] == 1 and
+              (bs[1] in (32, 64, 128, 256) if kind == "Int4Tensor"
+               else bs[1] == mod.in_features))
+        if not ok:
+            raise QLinearError(_qao._lib.ERRORS["QL_ESHAPE"],
+                               "%s: %s block size %s is no qlinear format"
+                               % (name, kind, bs))
 
     def _process_model_after_weight_loading(self, model, **kwargs):
         # A layer the checkpoint did not have would run as a float layer
@@ -128,13 +383,7 @@ class QlinearHfQuantizer(HfQuantizer):
         for name, mod in model.named_modules():
             if (isinstance(mod, torch.nn.Linear) and self._converts(name) and
                     not isinstance(mod.weight, _qao.QlinearTensor)):
-                client = _qao.client_for(self.ao_config.address)
-                for n in self.uploaded:
-                    try:
-                        client.unload(n)
-                    except QLinearError:
-                        pass
-                self.uploaded = []
+                _release(self)
                 raise QLinearError(
                     _qao._lib.ERRORS["QL_ENOTFOUND"],
                     "%s: the checkpoint has no weight for this layer; "
@@ -142,6 +391,8 @@ class QlinearHfQuantizer(HfQuantizer):
         return model
 
     def param_needs_quantization(self, model, param_name, **kwargs):
+        if self.pre_quantized:
+            return False  # its layers come through get_weight_conversions
         module, tensor_name = get_module_from_name(model, param_name)
         return (isinstance(module, torch.nn.Linear) and
                 tensor_name == "weight" and
@@ -150,7 +401,27 @@ class QlinearHfQuantizer(HfQuantizer):
     def get_quantize_ops(self):
         return _Upload(self)
 
+    @property
+    def serialized_names(self):
+        # The parts a checkpoint holds for a linear weight: TorchAO's
+        # serializer's (a qlinear or TorchAO checkpoint), or GPTQ's and
+        # AWQ's tensors; a layer is collected from them
+        # (get_weight_conversions()).
+        if not self.pre_quantized:
+            return {}
+        if self.method in ("gptq", "awq"):
+            return {"weight": ["qweight", "qzeros", "scales", "g_idx"]}
+        return {"weight": ["_weight_qdata", "_weight_scale",
+                           "_weight_zero_point", "_weight_act_pre_scale"]}
+
+    def get_load_operations(self):
+        if self.method in ("gptq", "awq"):
+            return {"deserialize": _ReloadQuantized}
+        return {"deserialize": _Reload}
+
     def is_serializable(self):
+        # The protocol returns no weight's packed bytes yet: transformers
+        # refuses the save rather than write a checkpoint without them.
         return False
 
     @property

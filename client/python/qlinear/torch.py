@@ -44,7 +44,8 @@ from . import _lib, _ops
 from ._ops import default_client, set_default_client, weight_ident
 from .client import QLinearError, format_name, parse_format, source_digest
 
-__all__ = ["QLinear", "swap_linears", "weight_name", "region_tensor",
+__all__ = ["QLinear", "swap_linears", "weight_name", "content_name",
+           "region_tensor",
            "FUSE_PATTERNS", "set_default_client", "default_client",
            "weight_ident"]
 
@@ -104,6 +105,15 @@ def weight_name(linear, format, module_name="", prefix="", *,
                            format=format, dtype=_DTYPES[w.dtype],
                            policy=policy, scale_dtype=scale_dtype,
                            quantizer_version=quantizer_version)
+    return content_name(prefix, module_name, format, digest)
+
+
+def content_name(prefix, module_name, format, digest):
+    """The one naming rule of weights loaded from Python (and `qlinearctl
+    import --names content`): ``prefix`` + the module path (characters a
+    name cannot hold as "_", shortened from the front to fit) + "/" + the
+    format + ".src-" + the hex of the source digest (32 bytes) of what the
+    load sends."""
     path = _NAME_BAD.sub("_", module_name or "linear")
     tail = "/%s.src-%s" % (format, digest.hex())
     # The protocol caps names at 255 bytes: shorten the path, keep the tail.

@@ -187,11 +187,14 @@ def _offload_weight(linear, config, client, what, module_name):
     return name
 
 
-def _set_weight(linear, config, client, name):
-    """Gives linear the QlinearTensor of the resident weight name."""
+def _set_weight(linear, config, client, name, dtype=None):
+    """Gives linear the QlinearTensor of the resident weight name, for
+    activations of ``dtype`` (None: the module's weight's)."""
+    if dtype is None:
+        dtype = linear.weight.dtype if linear.weight.dtype in _DTYPES else \
+            torch.float32
     t = QlinearTensor(_ops.weight_ident(name, client), linear.out_features,
-                      linear.in_features, linear.weight.dtype
-                      if linear.weight.dtype in _DTYPES else torch.float32,
+                      linear.in_features, dtype,
                       _ops.PATH_CODES[config.path], name)
     linear.weight = torch.nn.Parameter(t, requires_grad=False)
     if linear.bias is not None:

@@ -349,3 +349,169 @@ def test_from_pretrained_missing_weight(tmp_path, daemon, client):
             dtype=torch.bfloat16)
     assert "model.layers.1.mlp.down_proj" in str(e.value)
     assert not [w for w in client.list() if w.name.startswith("hf-miss/")]
+
+
+def _offloaded_names(model):
+    return {n: m.weight.weight_name for n, m in _linears(model)
+            if isinstance(m.weight, qa.QlinearTensor)}
+
+
+def _pack_gptq_awq(w, method, gs=32):
+    """w [N, K] float32 quantized to 4-bit asymmetric groups of gs along K
+    and packed as GPTQ (v1 zero points) or AWQ GEMM packs it; returns the
+    tensors and the dequantized weight (u - z)·s."""
+    n, k = w.shape
+    g = k // gs
+    wg = w.reshape(n, g, gs)
+    lo = np.minimum(wg.min(-1), 0)
+    hi = np.maximum(wg.max(-1), 0)
+    s = ((hi - lo) / 15).astype(np.float16)
+    s[s == 0] = 1
+    sf = s.astype(np.float32)
+    z = np.clip(np.round(-lo / sf), 1, 15).astype(np.int64)  # [N, G]
+    u = np.clip(np.round(wg / sf[..., None]) + z[..., None], 0,
+                15).astype(np.int64).reshape(n, k)
+    deq = ((u.reshape(n, g, gs) - z[..., None]) *
+           sf[..., None]).reshape(n, k)
+    uk = u.T  # [K, N]
+    if method == "gptq":
+        qw = np.zeros((k // 8, n), np.int64)
+        for i in range(8):
+            qw |= uk[i::8] << (4 * i)
+        zt = (z.T - 1) & 0xF  # [G, N], v1 stores z - 1
+        qz = np.zeros((g, n // 8), np.int64)
+        for i in range(8):
+            qz |= zt[:, i::8] << (4 * i)
+    else:
+        order = [0, 2, 4, 6, 1, 3, 5, 7]
+        qw = np.zeros((k, n // 8), np.int64)
+        for i in range(8):
+            qw |= uk[:, order[i]::8] << (4 * i)
+        zt = z.T
+        qz = np.zeros((g, n // 8), np.int64)
+        for i in range(8):
+            qz |= zt[:, order[i]::8] << (4 * i)
+    t = {"qweight": torch.from_numpy(qw.astype(np.uint32).view(np.int32)),
+         "qzeros": torch.from_numpy(qz.astype(np.uint32).view(np.int32)),
+         "scales": torch.from_numpy(s.T.copy())}
+    if method == "gptq":
+        t["g_idx"] = torch.from_numpy((np.arange(k) // gs).astype(np.int32))
+    return t, deq
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_from_pretrained_of_gptq_awq(tmp_path, daemon, client, method):
+    """A GPTQ or AWQ checkpoint loaded with qlinear's config: each layer is
+    converted exactly (the canonical weight is the packer's (u - z)·s, as
+    `qlinearctl import` makes it: the same digests) and uploaded as it is;
+    the model answers as the float model of those dequantized weights."""
+    import json
+    from safetensors.torch import save_file
+    base = _tiny_llama(seed=17, dtype=torch.float32)
+    ref = copy.deepcopy(base)
+    d = str(tmp_path / method)
+    base.save_pretrained(d)
+    sd = {k: v.clone() for k, v in base.state_dict().items()}
+    for name, m in _linears(base):
+        if name == "lm_head":
+            continue
+        t, deq = _pack_gptq_awq(m.weight.detach().numpy(), method)
+        del sd[name + ".weight"]
+        for part, v in t.items():
+            sd["%s.%s" % (name, part)] = v
+        ref.get_submodule(name).weight.data = torch.from_numpy(
+            deq.astype(np.float32))
+    save_file(sd, os.path.join(d, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json")) as f:
+        conf = json.load(f)
+    conf["quantization_config"] = (
+        {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False,
+         "desc_act": False, "checkpoint_format": "gptq"}
+        if method == "gptq" else
+        {"quant_method": "awq", "bits": 4, "group_size": 32,
+         "zero_point": True, "version": "gemm"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(conf, f)
+    q = AutoModelForCausalLM.from_pretrained(
+        d, quantization_config=qh.QlinearConfig(address=daemon.address,
+                                                prefix=method + "/"),
+        dtype=torch.float32)
+    names = _offloaded_names(q)
+    assert len(names) == 14
+    assert all(("/q4g32.src-" in n) for n in names.values())
+    got = {n: client.lookup(w).digest for n, w in names.items()}
+    # qlinearctl import of the same file makes the same canonical weights.
+    ctl = os.path.join(os.environ.get("QL_BUILDDIR", "."), "qlinearctl")
+    out = subprocess.run(
+        [ctl, "--admin", "--address", daemon.admin_address, "import",
+         os.path.join(d, "model.safetensors"), "--prefix",
+         "ctl-%s/" % method, "--match", "layers"],
+        capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr + out.stdout
+    for n in names:
+        assert client.lookup("ctl-%s/%s" % (method, n)).digest == got[n], n
+    want = _logits(ref)
+    have = _logits(q)
+    assert (have - want).abs().max() < 0.005 * want.abs().max()
+
+
+def test_from_pretrained_of_a_torchao_checkpoint(tmp_path, daemon, client):
+    """A checkpoint Hugging Face saved with TorchAO's own method
+    (Int8WeightOnlyConfig) loaded with qlinear's config holds TorchAO's
+    bytes, which are qlinear's q8c of the float model: the very weights
+    from_pretrained of the float checkpoint makes, the same logits."""
+    from transformers import TorchAoConfig
+    base = _tiny_llama(seed=18)
+    fd = _saved(tmp_path, base)
+    tq = AutoModelForCausalLM.from_pretrained(
+        fd, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()),
+        dtype=torch.bfloat16)
+    td = str(tmp_path / "torchao")
+    tq.save_pretrained(td)
+    q = AutoModelForCausalLM.from_pretrained(
+        td, quantization_config=qh.QlinearConfig(address=daemon.address,
+                                                prefix="tao/"),
+        dtype=torch.bfloat16)
+    names = _offloaded_names(q)
+    assert len(names) == 14
+    f = AutoModelForCausalLM.from_pretrained(
+        fd, quantization_config=qh.QlinearConfig(format="q8c",
+                                                address=daemon.address,
+                                                prefix="tao-f/"),
+        dtype=torch.bfloat16)
+    fnames = _offloaded_names(f)
+    for n in names:
+        assert client.lookup(names[n]).digest == \
+            client.lookup(fnames[n]).digest, n
+    assert torch.equal(_logits(q), _logits(f))
+
+
+def test_convert_quantized_refuses_bad_layers():
+    """ql_ckpt_convert() on bad tensors or a config that disagrees: an
+    error naming the tensor or the config, never a converted layer."""
+    import qlinear.checkpoint as qc
+    w = np.random.default_rng(19).standard_normal((16, 64)).astype(
+        np.float32)
+    t, _ = _pack_gptq_awq(w, "gptq")
+    ok = qc.convert_quantized("m.l", t["qweight"], t["qzeros"], t["scales"],
+                              t["g_idx"])
+    assert ok["format"] == "q4g32" and (ok["n"], ok["k"]) == (16, 64)
+    with pytest.raises(qlinear.QLinearError) as e:
+        qc.convert_quantized("m.l", t["qweight"].float(), t["qzeros"],
+                             t["scales"], t["g_idx"])
+    assert e.value.code == qlinear.QL_EDTYPE and "m.l.qweight" in str(e.value)
+    with pytest.raises(qlinear.QLinearError) as e:
+        qc.convert_quantized("m.l", t["qweight"], t["qzeros"], t["scales"],
+                             t["g_idx"], {"quant_method": "gptq",
+                                          "bits": "four"})
+    assert e.value.code == qlinear.QL_EBADFILE and "bits" in str(e.value)
+    with pytest.raises(qlinear.QLinearError) as e:
+        qc.convert_quantized("m.l", t["qweight"], t["qzeros"], t["scales"],
+                             t["g_idx"], {"quant_method": "gptq", "bits": 8})
+    assert e.value.code == qlinear.QL_EFORMAT
+    with pytest.raises(qlinear.QLinearError) as e:
+        qc.convert_quantized("m.l", t["qweight"][:, :8], t["qzeros"],
+                             t["scales"], t["g_idx"])
+    assert e.value.code == qlinear.QL_EFORMAT
+    assert "m.l.qweight: shape [8,8]" in str(e.value)

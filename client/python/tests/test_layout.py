@@ -18,7 +18,8 @@ from conftest import TOP
 
 def _c_program():
     lines = ["#include <stddef.h>", "#include <stdio.h>",
-             "#include <qlinear/qlinear.h>", "int main(void) {"]
+             "#include <qlinear/qlinear.h>",
+             "#include <qlinear/qlinear_ckpt.h>", "int main(void) {"]
     for st in _lib.STRUCTS:
         c = st.__name__
         lines.append('printf("%s %%zu\\n", sizeof(%s));' % (c, c))
