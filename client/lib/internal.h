@@ -193,5 +193,9 @@ int ql__session_call_fd(ql_client *c, Qlinear__V1__SessionRequest *req,
 int ql__check_name(const char *name);
 /* *out = a * b; false on overflow. */
 bool ql__mul_ok(uint64_t a, uint64_t b, uint64_t *out);
+/* Fills *out from a WeightInfo of the daemon; QL_EPROTO when it is not
+ * whole (error text set). */
+int ql__weight_info_from(const Qlinear__V1__WeightInfo *w,
+                         ql_weight_info *out);
 
 #endif /* QL_CLIENT_INTERNAL_H */

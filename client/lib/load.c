@@ -18,8 +18,8 @@ int ql__check_name(const char *name) {
 }
 
 /* Fills *out from a WeightInfo of the daemon. */
-static int weight_info_from(const Qlinear__V1__WeightInfo *w,
-                            ql_weight_info *out) {
+int ql__weight_info_from(const Qlinear__V1__WeightInfo *w,
+                         ql_weight_info *out) {
   int rv;
   memset(out, 0, sizeof *out);
   if (w == NULL || w->spec == NULL)
@@ -203,7 +203,7 @@ static int upload(ql_client *c, Qlinear__V1__LoadBeginRequest *br,
     goto fail;
   /* Committed: from here on the weight exists, so no abort. */
   begun = false;
-  if ((rv = weight_info_from(resp->load_commit->weight, &info)) != 0)
+  if ((rv = ql__weight_info_from(resp->load_commit->weight, &info)) != 0)
     goto fail;
   if (info_out != NULL)
     *info_out = info;
@@ -445,7 +445,7 @@ QL_EXPORT int ql_hold(ql_client *c, const char *name,
                      &resp)) != 0)
     return rv;
   if (out != NULL)
-    rv = weight_info_from(resp->hold->weight, out);
+    rv = ql__weight_info_from(resp->hold->weight, out);
   qlinear__v1__response__free_unpacked(resp, NULL);
   return rv;
 }
@@ -501,7 +501,7 @@ QL_EXPORT int ql_list(ql_client *c, ql_weight_info **out, size_t *count) {
       goto fail;
     }
     for (size_t i = 0; i < n; i++)
-      if ((rv = weight_info_from(resp->list->weights[i], &arr[i])) != 0)
+      if ((rv = ql__weight_info_from(resp->list->weights[i], &arr[i])) != 0)
         goto fail;
   }
   qlinear__v1__response__free_unpacked(resp, NULL);

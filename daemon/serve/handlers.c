@@ -141,6 +141,7 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
   ql__info_buf hold_info;
   char report[1024];
   ql__list_buf lc = {0};
+  ql__export_buf eb = {0};
 
   switch (m->body_case) {
   case QLINEAR__V1__REQUEST__BODY_HELLO:
@@ -169,6 +170,9 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
     break;
   case QLINEAR__V1__REQUEST__BODY_LIST:
     ql__serve_list(s, &r, &lc);
+    break;
+  case QLINEAR__V1__REQUEST__BODY_EXPORT_WEIGHT:
+    ql__serve_export(s, ss, m->export_weight, &r, &eb);
     break;
   case QLINEAR__V1__REQUEST__BODY_LINEAR:
   case QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI:
@@ -206,6 +210,7 @@ static void handle(ql__server *s, int admin, ql__session *ring_ss,
   }
   ql__reply_send(&s->replies, route, &r);
   ql__list_buf_free(&lc);
+  ql__export_buf_free(&eb);
   ql__request_free(req);
 }
 

@@ -2,7 +2,8 @@
  * serve.h - what the request handlers share: handlers.c (the body switch
  * and the gates of the three entry points) calls load.c (LoadBegin,
  * Chunk, Commit, Abort and the persistent writes) and query.c (Hello,
- * List, Stats, Hold, Unload, and the WeightInfo both answer with). Loop
+ * List, Stats, Hold, Unload, and the WeightInfo both answer with) and
+ * export.c (ExportWeight). Loop
  * thread only. Each ql__serve_* that answers a request takes the server,
  * the request's session (NULL: the admin socket) and its body, and fills
  * the reply r, whose pointers refer to the caller's buffer; a status in r
@@ -86,6 +87,22 @@ void ql__list_buf_free(ql__list_buf *lb); /* safe on a zeroed one */
  * launch answered so far is accounted). Consumes req and route. */
 void ql__serve_stats(ql__server *s, ql__request *req, void *route,
                      uint64_t arg);
+
+/* export.c: ExportWeight's reply and the storage its pointers refer to.
+ * data is the chunk's copy, freed by ql__export_buf_free after the reply
+ * is sent (safe on a zeroed buffer). */
+typedef struct ql__export_buf {
+  Qlinear__V1__ExportWeightResponse resp;
+  ql__info_buf info;
+  Qlinear__V1__PackedSpec packed;
+  Qlinear__V1__ArraySpec arr[4]; /* qdata, scale, zero, bias */
+  uint64_t shape[4][2];
+  uint8_t *data;
+} ql__export_buf;
+void ql__serve_export(ql__server *s, ql__session *ss,
+                      const Qlinear__V1__ExportWeightRequest *m, ql__reply *r,
+                      ql__export_buf *b);
+void ql__export_buf_free(ql__export_buf *b);
 
 /* session_ops.c: the session plane. Opens the session registry
  * (s->sessions), the sessions' rings, whose requests call up through

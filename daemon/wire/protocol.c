@@ -494,6 +494,8 @@ int ql__request_validate(const ql__msg_request *req, char *err,
       return QL_EINVAL;
     }
     return check_name("hold", req->hold->name, err, errlen);
+  case QLINEAR__V1__REQUEST__BODY_EXPORT_WEIGHT:
+    return check_name("export", req->export_weight->name, err, errlen);
   case QLINEAR__V1__REQUEST__BODY_LINEAR:
     return validate_linear(req->linear, err, errlen);
   case QLINEAR__V1__REQUEST__BODY_LINEAR_MULTI:

@@ -1232,6 +1232,181 @@ START_TEST(test_hold) {
 }
 END_TEST
 
+/* An ExportWeight request sent with session s's token: the reply, which
+ * the caller frees. */
+static Qlinear__V1__Response *raw_export(const td *d, const td_session *s,
+                                         const char *name, uint64_t offset,
+                                         uint64_t max_bytes) {
+  Qlinear__V1__Request req = QLINEAR__V1__REQUEST__INIT;
+  Qlinear__V1__ExportWeightRequest er =
+      QLINEAR__V1__EXPORT_WEIGHT_REQUEST__INIT;
+  er.name = (char *)name;
+  er.offset = offset;
+  er.max_bytes = max_bytes;
+  req.request_id = 77;
+  req.body_case = QLINEAR__V1__REQUEST__BODY_EXPORT_WEIGHT;
+  req.export_weight = &er;
+  Qlinear__V1__Response *resp = td_call_as(d, s, &req, 10000);
+  ck_assert_ptr_nonnull(resp);
+  ck_assert_ptr_nonnull(resp->status);
+  return resp;
+}
+
+/* Export: every format read back in several chunks is the weight's
+ * canonical form (loaded again, it has the same digest, and computes the
+ * same bytes); a session reads only what it holds, the admin anything. */
+START_TEST(test_export) {
+  td d;
+  const char *args[] = {"--max-chunk-bytes", "16384", NULL};
+  td_start(&d, args);
+  ql_client *a = td_connect(&d), *b = td_connect(&d);
+  ql_client *adm = td_connect_admin(&d);
+  td_layer l;
+  /* K odd: q4g's last byte of a row has a padding nibble */
+  td_layer_make(&l, 256, 131, 9, 1);
+  static const struct {
+    const char *name;
+    ql_format f;
+    uint32_t gs;
+    int asym;
+  } fm[] = {{"ex/q4g", QL_FORMAT_Q4G, 32, 0},
+            {"ex/q8c", QL_FORMAT_Q8C, 0, 0},
+            {"ex/q8b", QL_FORMAT_Q8B, 64, 1},
+            {"ex/f8r", QL_FORMAT_F8R, 0, 0}};
+  float x[2 * 131], y0[2 * 256], y1[2 * 256];
+  for (int i = 0; i < 2 * 131; i++)
+    x[i] = (float)(i % 7) - 3.0f;
+  for (size_t i = 0; i < sizeof fm / sizeof fm[0]; i++) {
+    ql_load_desc ld;
+    memset(&ld, 0, sizeof ld);
+    ld.name = fm[i].name;
+    ld.format = fm[i].f;
+    ld.group_size = fm[i].gs;
+    ld.asymmetric = fm[i].asym;
+    ld.n = l.n;
+    ld.k = l.k;
+    ld.dtype = QL_DTYPE_F32;
+    ld.data = l.w;
+    ld.bias = l.b;
+    ql_weight_info wi;
+    int rc = ql_load_float(a, &ld, &wi, NULL);
+    ck_assert_msg(rc == 0, "%s: %s", fm[i].name, ql_errmsg());
+    ql_exported_weight *e = NULL;
+    rc = ql_export_weight(a, fm[i].name, &e);
+    ck_assert_msg(rc == 0, "%s: %s: %s", fm[i].name, ql_strerror(rc),
+                  ql_errmsg());
+    ck_assert_str_eq(e->info.name, fm[i].name);
+    ck_assert_mem_eq(e->info.digest, wi.digest, QL_DIGEST_BYTES);
+    ck_assert_int_eq(e->packed.format, fm[i].f);
+    ck_assert_uint_eq(e->packed.n, 256);
+    ck_assert_uint_eq(e->packed.k, 131);
+    ck_assert_ptr_nonnull(e->packed.bias.data);
+    ck_assert_int_eq(e->packed.zero.data != NULL,
+                     fm[i].f == QL_FORMAT_Q4G || fm[i].asym);
+    /* more than one chunk was read */
+    ck_assert_uint_gt(e->bytes, 16384);
+    ck_assert_uint_eq((uintptr_t)e->packed.scale.data % 64, 0);
+    /* loaded again under another name: the same canonical content */
+    char again[64];
+    snprintf(again, sizeof again, "%s.again", fm[i].name);
+    ql_packed_desc pd = e->packed;
+    pd.name = again;
+    ql_weight_info wi2;
+    rc = ql_load_packed(a, &pd, &wi2, NULL);
+    ck_assert_msg(rc == 0, "%s: reload: %s", fm[i].name, ql_errmsg());
+    ck_assert_mem_eq(wi2.digest, wi.digest, QL_DIGEST_BYTES);
+    ck_assert_int_eq(ql_linear(a, fm[i].name, QL_PATH_WEIGHT_ONLY,
+                               QL_DTYPE_F32, 2, 131, x, 256, y0, NULL), 0);
+    ck_assert_int_eq(ql_linear(a, again, QL_PATH_WEIGHT_ONLY, QL_DTYPE_F32, 2,
+                               131, x, 256, y1, NULL), 0);
+    ck_assert_mem_eq(y0, y1, sizeof y0);
+    /* the admin reads any weight, to the same bytes */
+    ql_exported_weight *ea = NULL;
+    ck_assert_int_eq(ql_export_weight(adm, fm[i].name, &ea), 0);
+    ck_assert_uint_eq(ea->bytes, e->bytes);
+    ck_assert_mem_eq(ea->packed.qdata.data, e->packed.qdata.data,
+                     e->packed.qdata.shape[0] * e->packed.qdata.shape[1]);
+    ql_free(ea);
+    ql_free(e);
+  }
+
+  /* b holds nothing: the weight exists, but is not its to read */
+  ql_exported_weight *e = (void *)1;
+  ck_assert_int_eq(ql_export_weight(b, "ex/q8c", &e), QL_EPERM);
+  ck_assert_ptr_null(e);
+  ck_assert_ptr_nonnull(strstr(ql_errmsg(), "ex/q8c"));
+  ck_assert_int_eq(ql_export_weight(b, "ex/none", &e), QL_ENOTFOUND);
+  ck_assert_int_eq(ql_export_weight(b, "../x", &e), QL_ENAME);
+  ck_assert_int_eq(ql_export_weight(NULL, "ex/q8c", &e), QL_EINVAL);
+  /* after a hold it is */
+  ql_weight_info wi;
+  ck_assert_int_eq(ql_lookup(a, "ex/q8c", &wi), 0);
+  ck_assert_int_eq(ql_hold(b, "ex/q8c", wi.digest, NULL), 0);
+  ck_assert_int_eq(ql_export_weight(b, "ex/q8c", &e), 0);
+  ck_assert_mem_eq(e->info.digest, wi.digest, QL_DIGEST_BYTES);
+  uint64_t total = e->bytes;
+  ql_free(e);
+
+  /* The raw request: max_bytes bounds a chunk, the chunk size bounds
+   * max_bytes, the end of the stream is an empty chunk, past it an error;
+   * a session holding nothing is refused, no session at all too. */
+  Qlinear__V1__Response *r = raw_export(&d, &d.sess, "ex/q8c", 0, 100);
+  ck_assert_int_eq(r->status->code, QL_EPERM);
+  qlinear__v1__response__free_unpacked(r, NULL);
+  r = raw_export(&d, NULL, "ex/q8c", 0, 100);
+  ck_assert_int_eq(r->status->code, QL_ESESSION);
+  qlinear__v1__response__free_unpacked(r, NULL);
+  Qlinear__V1__Request hreq = QLINEAR__V1__REQUEST__INIT;
+  Qlinear__V1__HoldWeightRequest hr = QLINEAR__V1__HOLD_WEIGHT_REQUEST__INIT;
+  hr.name = "ex/q8c";
+  hr.digest.data = wi.digest;
+  hr.digest.len = QL_DIGEST_BYTES;
+  hreq.request_id = 78;
+  hreq.body_case = QLINEAR__V1__REQUEST__BODY_HOLD;
+  hreq.hold = &hr;
+  ck_assert_int_eq(raw_code(&d, &hreq), 0);
+  static const struct {
+    uint64_t offset, max_bytes, want;
+  } cut[] = {{0, 100, 100}, {0, 0, 16384}, {0, 1u << 30, 16384},
+             {5, 7, 7}, {0, 0, 0} /* total - 10: set below */};
+  for (size_t i = 0; i < sizeof cut / sizeof cut[0]; i++) {
+    uint64_t off = i == 4 ? total - 10 : cut[i].offset;
+    uint64_t want = i == 4 ? 10 : cut[i].want;
+    r = raw_export(&d, &d.sess, "ex/q8c", off, cut[i].max_bytes);
+    ck_assert_int_eq(r->status->code, 0);
+    ck_assert_int_eq(r->body_case, QLINEAR__V1__RESPONSE__BODY_EXPORT_WEIGHT);
+    ck_assert_uint_eq(r->export_weight->total_bytes, total);
+    ck_assert_uint_eq(r->export_weight->offset, off);
+    ck_assert_uint_eq(r->export_weight->data.len, want);
+    ck_assert_ptr_nonnull(r->export_weight->packed);
+    ck_assert_ptr_nonnull(r->export_weight->packed->qdata);
+    ck_assert_ptr_null(r->export_weight->packed->zero);
+    ck_assert_mem_eq(r->export_weight->weight->digest.data, wi.digest,
+                     QL_DIGEST_BYTES);
+    qlinear__v1__response__free_unpacked(r, NULL);
+  }
+  r = raw_export(&d, &d.sess, "ex/q8c", total, 0);
+  ck_assert_int_eq(r->status->code, 0);
+  ck_assert_uint_eq(r->export_weight->data.len, 0);
+  qlinear__v1__response__free_unpacked(r, NULL);
+  r = raw_export(&d, &d.sess, "ex/q8c", total + 1, 0);
+  ck_assert_int_eq(r->status->code, QL_EINVAL);
+  ck_assert_ptr_nonnull(strstr(r->status->message, "past the end"));
+  qlinear__v1__response__free_unpacked(r, NULL);
+  r = raw_export(&d, &d.sess, "ex/../x", 0, 0);
+  ck_assert_int_lt(r->status->code, 0);
+  qlinear__v1__response__free_unpacked(r, NULL);
+  ql_close(b);
+  ck_assert_int_eq(ql_export_weight(adm, "ex/q8c", &e), 0);
+  ql_free(e);
+  ql_close(adm);
+  ql_close(a);
+  td_layer_free(&l);
+  ck_assert(td_alive(&d));
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("sessions");
   TCase *tc = tcase_create("sessions");
@@ -1247,6 +1422,7 @@ int main(void) {
   tcase_add_test(tc, test_zero_copy_equals_inline);
   tcase_add_test(tc, test_destroy_in_flight);
   tcase_add_test(tc, test_hold);
+  tcase_add_test(tc, test_export);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

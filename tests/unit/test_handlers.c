@@ -127,6 +127,13 @@ void ql__serve_list(ql__server *s, ql__reply *r, ql__list_buf *lb) {
   called("list", NULL);
 }
 void ql__list_buf_free(ql__list_buf *lb) { (void)lb; }
+void ql__serve_export(ql__server *s, ql__session *ss,
+                      const Qlinear__V1__ExportWeightRequest *m, ql__reply *r,
+                      ql__export_buf *b) {
+  (void)s, (void)m, (void)r, (void)b;
+  called("export", ss);
+}
+void ql__export_buf_free(ql__export_buf *b) { (void)b; }
 void ql__serve_stats(ql__server *s, ql__request *req, void *route,
                      uint64_t arg) {
   (void)s, (void)req, (void)route, (void)arg;

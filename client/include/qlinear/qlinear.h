@@ -513,6 +513,32 @@ QL_EXPORT int ql_hold(ql_client *c, const char *name,
                       const uint8_t digest[QL_DIGEST_BYTES],
                       ql_weight_info *out);
 
+/* A resident weight read back (ql_export_weight()): one allocation. */
+typedef struct ql_exported_weight {
+  ql_weight_info info;   /* the weight, as the read began */
+  /* Its canonical arrays, as ql_load_packed() takes them (the upload of
+   * packed gives the same digest): name points at info.name, the arrays
+   * into this allocation (each 64-byte aligned); qdata i8 (q4g: two codes
+   * a byte, even k low; f8r: e4m3 bytes), scale and zero in
+   * info.scale_dtype, zero_kind QL_ZERO_FLOAT, bias f32; progress,
+   * persistent and devices are left 0. */
+  ql_packed_desc packed;
+  uint64_t bytes;        /* of the four arrays together */
+} ql_exported_weight;
+
+/*
+ * Reads the resident weight called name back in its canonical form, in
+ * requests of at most the daemon's chunk size, so that a client can save
+ * it (docs/protocol.md, ExportWeight). A session reads only the weights it
+ * holds (it loaded them or ql_hold() succeeded): QL_EPERM for another
+ * resident weight, QL_ENOTFOUND for none; an admin client reads any. On
+ * success *out is the caller's, freed with ql_free(); on failure it is
+ * NULL. A weight replaced under its name between two of the requests
+ * (another digest) is QL_EEXIST, and nothing is returned.
+ */
+QL_EXPORT int ql_export_weight(ql_client *c, const char *name,
+                               ql_exported_weight **out);
+
 /* Admin client only (QL_EPERM otherwise): makes the daemon read its
  * configuration again, as SIGHUP does. report (len bytes, may be NULL)
  * receives what changed and what needs a restart, NUL-terminated. */

@@ -201,6 +201,14 @@ class ql_weight_info(ctypes.Structure):
     ]
 
 
+class ql_exported_weight(ctypes.Structure):
+    _fields_ = [
+        ("info", ql_weight_info),
+        ("packed", ql_packed_desc),
+        ("bytes", ctypes.c_uint64),
+    ]
+
+
 class ql_linear_result(ctypes.Structure):
     _fields_ = [
         ("path", c_enum),
@@ -352,6 +360,8 @@ _PROTOTYPES = {
     "ql_unload": (ctypes.c_int, [_c_client_p, ctypes.c_char_p]),
     "ql_hold": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
                                ctypes.c_char_p, _P(ql_weight_info)]),
+    "ql_export_weight": (ctypes.c_int, [_c_client_p, ctypes.c_char_p,
+                                        _P(_P(ql_exported_weight))]),
     "ql_source_digest_float": (ctypes.c_int, [_P(ql_load_desc),
                                               ctypes.c_uint32,
                                               ctypes.c_char_p]),

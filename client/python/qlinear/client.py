@@ -21,7 +21,8 @@ from . import _lib
 
 __all__ = [
     "QLinearError", "Client", "Region", "WeightInfo", "HelloInfo", "Device",
-    "Stats", "WeightStats", "DeviceMemory", "UserStats", "LinearInfo", "parse_format",
+    "Stats", "WeightStats", "DeviceMemory", "UserStats", "LinearInfo",
+    "ExportedWeight", "parse_format",
     "format_name", "default_address", "default_admin_address", "strerror",
     "err_name", "source_digest", "packed_source_digest",
 ]
@@ -372,6 +373,54 @@ class UserStats:
 
 def _s(chars):
     return chars.decode(errors="replace")
+
+
+@dataclasses.dataclass
+class ExportedWeight:
+    """A resident weight read back in its canonical packed form
+    (Client.export_weight()). The arrays are numpy copies, in the layouts
+    load_packed() takes: qdata int8 [n, ceil(k/2)] for q4g (two codes a
+    byte, even k low), int8 [n, k] for q8c and q8b, uint8 e4m3 bytes
+    [n, k] for f8r; scale (and zero) [G, n] or [n] in ``scale_dtype``
+    (bf16 held in uint16); bias float32 [n] or None. load_args() gives
+    load_packed()'s arguments back: loaded again, the weight has the same
+    digest."""
+    info: WeightInfo
+    format: str
+    n: int
+    k: int
+    qdata: np.ndarray
+    scale: np.ndarray
+    zero: np.ndarray
+    bias: np.ndarray
+    scale_dtype: str
+
+    def load_args(self):
+        """(format, n, k, qdata, scale, zero, bias) for load_packed()."""
+        def tag(a):
+            if a is None or self.scale_dtype != "bf16":
+                return a
+            return (a, "bf16")
+        qdata = (self.qdata, "e4m3") if self.format == "f8r" else self.qdata
+        return (self.format, self.n, self.k, qdata, tag(self.scale),
+                tag(self.zero), self.bias)
+
+
+_ADT_NP = {_lib.QL_ADT_F32: np.float32, _lib.QL_ADT_F16: np.float16,
+           _lib.QL_ADT_BF16: np.uint16, _lib.QL_ADT_I8: np.int8,
+           _lib.QL_ADT_U8: np.uint8, _lib.QL_ADT_F8E4M3: np.uint8,
+           _lib.QL_ADT_I32: np.int32}
+
+
+def _array_of(pa):
+    """A numpy copy of one ql_packed_array, or None when it is absent."""
+    if not pa.data:
+        return None
+    shape = tuple(pa.shape[i] for i in range(pa.ndim))
+    dt = np.dtype(_ADT_NP[pa.dtype])
+    count = int(np.prod(shape))
+    buf = (ctypes.c_uint8 * (count * dt.itemsize)).from_address(pa.data)
+    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape).copy()
 
 
 def _weight_info(wi, shared=None):
@@ -929,6 +978,26 @@ class Client:
         self._shapes[name] = (info.n, info.k)
         self._held.add(name)
         return _weight_info(info, True)
+
+    def export_weight(self, name):
+        """Reads the resident weight called name back in its canonical
+        packed form (ql_export_weight()), as an ExportedWeight. A session
+        reads only the weights it holds (it loaded them, or hold()
+        succeeded): QL_EPERM for another resident weight, QL_ENOTFOUND
+        when there is none."""
+        p = ctypes.POINTER(_lib.ql_exported_weight)()
+        self._do(self._lib.ql_export_weight, name.encode(), ctypes.byref(p))
+        try:
+            e = p.contents
+            info = _weight_info(e.info)
+            pk = e.packed
+            return ExportedWeight(
+                info=info, format=info.format, n=pk.n, k=pk.k,
+                qdata=_array_of(pk.qdata), scale=_array_of(pk.scale),
+                zero=_array_of(pk.zero), bias=_array_of(pk.bias),
+                scale_dtype=info.scale_dtype)
+        finally:
+            self._lib.ql_free(ctypes.cast(p, ctypes.c_void_p))
 
     def list(self):
         """The resident weights (ql_list()), as WeightInfo."""

@@ -305,6 +305,37 @@ def test_load_packed_f8r_and_q4g(client, rng):
     assert np.all(y > 0)
 
 
+def test_export_weight(client, daemon, rng):
+    """export_weight() reads a weight back as load_packed() takes it: the
+    same digest again, bf16 scales tagged, and only for a holder."""
+    n, k = 24, 96
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    for fmt, scale_dtype in (("q4g32", "bf16"), ("q8c", None),
+                             ("q8b32a", "f16"), ("f8r", None)):
+        name = "py/export/" + fmt
+        info = client.load(name, w, b, format=fmt, scale_dtype=scale_dtype)
+        e = client.export_weight(name)
+        assert e.info.digest == info.digest and e.format == fmt
+        assert (e.n, e.k) == (n, k)
+        assert e.qdata.shape == (n, k // 2 if fmt.startswith("q4g") else k)
+        assert e.bias.dtype == np.float32 and np.array_equal(e.bias, b)
+        assert (e.zero is not None) == (fmt in ("q4g32", "q8b32a"))
+        again = client.load_packed(name + ".again", *e.load_args())
+        assert again.digest == info.digest
+        x = rng.standard_normal((3, k)).astype(np.float32)
+        assert np.array_equal(client.linear(name, x, path="wo"),
+                              client.linear(name + ".again", x, path="wo"))
+    assert client.export_weight("py/export/q4g32").scale.dtype == np.uint16
+    with qlinear.Client(daemon.address) as other:
+        with pytest.raises(qlinear.QLinearError) as e:
+            other.export_weight("py/export/q8c")
+        assert e.value.code == qlinear.QL_EPERM
+        with pytest.raises(qlinear.QLinearError) as e:
+            other.export_weight("py/export/none")
+        assert e.value.code == qlinear.QL_ENOTFOUND
+
+
 def test_daemon_errors(client, rng):
     w = rng.standard_normal((8, 32)).astype(np.float32)
     for name, code in (("../x", qlinear.QL_ENAME), ("/abs", qlinear.QL_ENAME),
