@@ -18,6 +18,13 @@ an upload; otherwise the arrays are uploaded as they are (load_packed)
 under the content-addressed name of what is sent
 (``<prefix><module path>/<format>.src-<packed source digest>``,
 docs/security.md), which any process loading the same file finds.
+
+save() and state_dict() are the other way: every offloaded linear's
+weight is read back from the daemon (Client.export_weight()) as the
+TorchAO tensor of its bytes, so that the file is a TorchAO checkpoint
+that holds every weight, and load() (or from_pretrained) makes the same
+model again, in another daemon too. A weight with no TorchAO form (q8b)
+is refused before anything is written.
 """
 
 import json
@@ -29,8 +36,9 @@ from . import _lib
 from .client import QLinearError, packed_source_digest, parse_format
 from .torch import content_name
 
-__all__ = ["load", "attach", "acquire", "acquire_packed", "entries",
-           "packed_of", "convert_quantized", "METADATA_KEY"]
+__all__ = ["load", "save", "state_dict", "to_torchao", "attach", "acquire",
+           "acquire_packed", "entries", "packed_of", "convert_quantized",
+           "METADATA_KEY"]
 
 METADATA_KEY = "qlinear"
 
@@ -230,6 +238,96 @@ def load(model, path, config):
         raise _err("QL_EINVAL", "tensors the model has no place for: %s"
                    % ", ".join(sorted(unexpected)[:8]))
     return [n for n, _ in got]
+
+
+def _torch_of(a, dt):
+    """A numpy array of ExportedWeight as a torch tensor of dtype dt
+    (bf16 arrives as uint16 bits, e4m3 as bytes)."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if dt == torch.bfloat16:
+        return t.view(torch.int16).view(torch.bfloat16)
+    if dt == torch.float8_e4m3fn:
+        return t.view(torch.float8_e4m3fn)
+    return t
+
+
+def to_torchao(e, dtype=torch.float32, what=None):
+    """The TorchAO tensor of an ExportedWeight: Int4Tensor for q4g,
+    Int8Tensor for q8c, Float8Tensor for f8r, holding its arrays as they
+    are (TorchAO's own layouts); ``dtype`` is the layer's float dtype.
+    q8b, which TorchAO has no tensor for, is QL_ENOTSUP."""
+    from torchao.quantization import Float8Tensor, Int4Tensor, Int8Tensor
+    what = what or e.info.name
+    sdt = _TORCH_DTYPES.get(e.scale_dtype)
+    if sdt is None:
+        raise _err("QL_EDTYPE", "%s: scale dtype %s" % (what, e.scale_dtype))
+    n, k = e.n, e.k
+    fmt = e.info.format_code
+    if fmt == _lib.QL_FORMAT_Q4G:
+        if k % 2:
+            raise _err("QL_ENOTSUP", "%s: q4g with an odd K (%d) has no "
+                       "TorchAO Int4Tensor" % (what, k))
+        return Int4Tensor(_torch_of(e.qdata, torch.int8),
+                          _torch_of(e.scale, sdt), _torch_of(e.zero, sdt),
+                          [1, e.info.group_size], torch.Size([n, k]))
+    if fmt == _lib.QL_FORMAT_Q8C:
+        scale = _torch_of(e.scale, sdt).reshape(n, 1)
+        return Int8Tensor(_torch_of(e.qdata, torch.int8), scale, [1, k],
+                          dtype, zero_point=torch.zeros(n, 1,
+                                                        dtype=torch.int8))
+    if fmt == _lib.QL_FORMAT_F8R:
+        scale = _torch_of(e.scale, sdt).reshape(n, 1)
+        return Float8Tensor(_torch_of(e.qdata, torch.float8_e4m3fn), scale,
+                            block_size=[1, k], dtype=dtype)
+    raise _err("QL_ENOTSUP", "%s: a %s weight has no TorchAO tensor and "
+               "cannot be saved (q4g, q8c and f8r can)" % (what, e.format))
+
+
+def state_dict(model):
+    """The model's state as a TorchAO safetensors checkpoint holds it:
+    (tensors, metadata), TorchAO's flattened form of every offloaded
+    linear's weight read back from the daemon, the other tensors as they
+    are, and in the metadata the "qlinear" entries (each weight's daemon
+    name, digest and float dtype) that let load() attach to weights still
+    resident. Every weight is read before anything is returned: a weight
+    that cannot be saved raises, naming its layer."""
+    from torchao.prototype.safetensors.safetensors_support import \
+        flatten_tensor_state_dict
+    from . import _ops
+    from .torchao import QlinearTensor
+    sd = model.state_dict()
+    out, info = {}, {}
+    for key, t in sd.items():
+        if not isinstance(t, QlinearTensor):
+            out[key] = t
+            continue
+        name, client = _ops._resolve(t.ident)
+        try:
+            e = client.export_weight(name)
+        except QLinearError as err:
+            raise QLinearError(err.code, "%s: %s" % (key, err)) from None
+        if e.bias is not None:
+            raise _err("QL_ENOTSUP", "%s: weight %s has a bias in the "
+                       "daemon; the module's own bias is what is saved"
+                       % (key, name))
+        out[key] = to_torchao(e, t.orig_dtype, key)
+        info[key] = {"name": name, "digest": e.info.digest,
+                     "dtype": _DTYPE_NAMES.get(t.orig_dtype, "f32")}
+    tensors, metadata = flatten_tensor_state_dict(out)
+    metadata = dict(metadata)
+    metadata[METADATA_KEY] = json.dumps(info, sort_keys=True)
+    return tensors, metadata
+
+
+def save(model, path):
+    """Writes state_dict(model) to the safetensors file ``path``: a
+    checkpoint that load() reads back into a model of the same
+    architecture (or any TorchAO user reads as TorchAO tensors)."""
+    from safetensors.torch import save_file
+    tensors, metadata = state_dict(model)
+    metadata.setdefault("format", "pt")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, path,
+              metadata=metadata)
 
 
 def _ckpt_tensor(t, what):

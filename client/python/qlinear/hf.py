@@ -24,9 +24,11 @@ from_pretrained is given a QlinearConfig: GPTQ and AWQ layers are
 converted exactly (qlinear.checkpoint.convert_quantized(), the conversion
 `qlinearctl import` does) and TorchAO's safetensors tensors (Int4Tensor,
 Int8Tensor, Float8Tensor) are uploaded as they are, each under the
-content-addressed name of what is sent. save_pretrained is refused
-(is_serializable is false) rather than write a checkpoint without the
-linear weights.
+content-addressed name of what is sent. save_pretrained reads every
+offloaded weight back from the daemon and writes it as TorchAO's tensor
+of its bytes (qlinear.checkpoint.state_dict()), which from_pretrained
+reloads through this quantizer; a weight with no TorchAO form (q8b)
+fails the save before a file is written.
 """
 
 import copy
@@ -419,10 +421,15 @@ class QlinearHfQuantizer(HfQuantizer):
             return {"deserialize": _ReloadQuantized}
         return {"deserialize": _Reload}
 
+    def get_state_dict_and_metadata(self, model):
+        # Every offloaded weight read back from the daemon as TorchAO's
+        # tensors (qlinear.checkpoint.state_dict()): the checkpoint holds
+        # all of them, and from_pretrained reloads it through _Reload.
+        from . import checkpoint
+        return checkpoint.state_dict(model)
+
     def is_serializable(self):
-        # The protocol returns no weight's packed bytes yet: transformers
-        # refuses the save rather than write a checkpoint without them.
-        return False
+        return True
 
     @property
     def is_trainable(self):

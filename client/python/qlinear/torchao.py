@@ -126,8 +126,8 @@ class QlinearTensor(TorchAOBaseTensor):
         # without its weights is refused rather than written.
         raise QLinearError(_lib.ERRORS["QL_ENOTSUP"],
                            "weight %s is resident in qlineard: torch.save and "
-                           "pickle cannot save it (save the float model, or "
-                           "the daemon's weights with qlinearctl)"
+                           "pickle cannot save it (qlinear.checkpoint.save() "
+                           "or save_pretrained() write its bytes)"
                            % self.weight_name)
 
     def __repr__(self):

@@ -308,17 +308,14 @@ def test_import_names_what_from_pretrained_finds(tmp_path, daemon, client):
 
 
 def test_no_checkpoint_without_its_weights(tmp_path, cfg):
-    """What cannot be saved says so: save_pretrained of a model loaded
-    with qlinear's config, and torch.save of an offloaded weight, raise
-    instead of writing a checkpoint that lacks the linear weights."""
+    """torch.save and pickle of an offloaded weight raise instead of
+    writing a checkpoint that lacks the linear weights (save_pretrained
+    writes them: test_save_pretrained_and_reload)."""
     import io
     d = _saved(tmp_path, _tiny_llama(seed=9))
     q = AutoModelForCausalLM.from_pretrained(
         d, quantization_config=qh.QlinearConfig(format="q8c", **cfg),
         dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="not serializable"):
-        q.save_pretrained(str(tmp_path / "out"))
-    assert not (tmp_path / "out" / "model.safetensors").exists()
     with pytest.raises(qlinear.QLinearError, match="torch.save"):
         torch.save(q.state_dict(), io.BytesIO())
     lin = nn.Linear(64, 16)
@@ -515,3 +512,123 @@ def test_convert_quantized_refuses_bad_layers():
                              t["scales"], t["g_idx"])
     assert e.value.code == qlinear.QL_EFORMAT
     assert "m.l.qweight: shape [8,8]" in str(e.value)
+
+
+def test_save_pretrained_and_reload(tmp_path, daemon, client):
+    """save_pretrained of an offloaded model writes every linear's packed
+    weight, read back from the daemon, as TorchAO tensors; from_pretrained
+    of that directory gives the same logits in a fresh daemon (the same
+    digests, uploaded from the file) and, in the daemon that still has
+    the weights, attaches to them by name and digest."""
+    from safetensors import safe_open
+    import json
+    from conftest import Daemon
+    base = _tiny_llama(seed=23)
+    fd = _saved(tmp_path, base)
+    q = AutoModelForCausalLM.from_pretrained(
+        fd, quantization_config=qh.QlinearConfig(address=daemon.address,
+                                                 format="q4g32",
+                                                 prefix="save/"),
+        dtype=torch.bfloat16)
+    want = _logits(q)
+    names = _offloaded_names(q)
+    assert len(names) == 14
+    sd = str(tmp_path / "saved")
+    q.save_pretrained(sd)
+    with safe_open(os.path.join(sd, "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        meta = f.metadata()
+        entries = json.loads(meta["qlinear"])
+        for n, w in names.items():
+            assert n + ".weight" not in keys, n
+            assert n + "._weight_qdata" in keys, n
+            assert entries[n + ".weight"]["name"] == w
+            client.hold(w)  # export reads only what the session holds
+            e = client.export_weight(w)
+            assert entries[n + ".weight"]["digest"] == e.info.digest
+            assert np.array_equal(
+                f.get_tensor(n + "._weight_qdata").numpy(), e.qdata), n
+            assert np.array_equal(
+                f.get_tensor(n + "._weight_scale").view(torch.int16)
+                .numpy().view(np.uint16), e.scale), n
+    assert "lm_head.weight" in keys and "model.embed_tokens.weight" in keys
+    with open(os.path.join(sd, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    assert qc["quant_method"] == "qlinear" and "address" not in qc
+
+    fresh = Daemon()
+    try:
+        r = AutoModelForCausalLM.from_pretrained(
+            sd, quantization_config=qh.QlinearConfig(address=fresh.address),
+            dtype=torch.bfloat16)
+        rn = _offloaded_names(r)
+        assert set(rn) == set(names)
+        with qlinear.Client(fresh.address) as fc:
+            for n in names:
+                assert fc.lookup(rn[n]).digest == \
+                    client.lookup(names[n]).digest, n
+        assert torch.equal(_logits(r), want)
+        del r
+    finally:
+        fresh.stop()
+    # The daemon that has the weights: held by their names, no upload.
+    before = len(client.list())
+    r2 = AutoModelForCausalLM.from_pretrained(
+        sd, quantization_config=qh.QlinearConfig(address=daemon.address),
+        dtype=torch.bfloat16)
+    assert _offloaded_names(r2) == names
+    assert len(client.list()) == before
+    assert torch.equal(_logits(r2), want)
+
+
+def test_save_refuses_what_it_cannot_write(tmp_path, daemon):
+    """A model with a q8b layer (no TorchAO tensor) is refused whole,
+    naming the layer, and leaves no checkpoint file behind; torch.save
+    still refuses a QlinearTensor."""
+    import qlinear.checkpoint as qc
+    base = _tiny_llama(seed=24, dtype=torch.float32)
+    fd = _saved(tmp_path, base)
+    q = AutoModelForCausalLM.from_pretrained(
+        fd, quantization_config=qh.QlinearConfig(address=daemon.address,
+                                                 format="q8b32"),
+        dtype=torch.float32)
+    sd = str(tmp_path / "saved")
+    with pytest.raises(qlinear.QLinearError) as e:
+        q.save_pretrained(sd)
+    assert e.value.code == qlinear.QL_ENOTSUP and "q8b" in e.value.message
+    assert "model.layers." in e.value.message
+    assert not os.path.exists(os.path.join(sd, "model.safetensors"))
+    with pytest.raises(qlinear.QLinearError):
+        qc.save(q, str(tmp_path / "x.safetensors"))
+    assert not os.path.exists(str(tmp_path / "x.safetensors"))
+    with pytest.raises(qlinear.QLinearError):
+        torch.save(q.state_dict(), str(tmp_path / "y.pt"))
+
+
+def test_checkpoint_save_of_quantize_(tmp_path, daemon, client):
+    """quantize_ with qlinear's config, then qlinear.checkpoint.save: the
+    file holds TorchAO's Int8Tensor/Float8Tensor of the daemon's bytes, and
+    checkpoint.load of it into a fresh float model gives the same
+    outputs."""
+    import qlinear.checkpoint as qc
+    from safetensors import safe_open
+    for fmt, kind in (("q8c", "Int8Tensor"), ("f8r", "Float8Tensor")):
+        torch.manual_seed(25)
+        m = nn.Sequential(nn.Linear(64, 32), nn.ReLU(),
+                          nn.Linear(32, 16)).to(torch.bfloat16)
+        fresh = copy.deepcopy(m)
+        quantize_(m, qa.QlinearConfig(format=fmt, address=daemon.address,
+                                      prefix="ckpt-%s/" % fmt))
+        x = torch.randn(5, 64, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            want = m(x)
+        path = str(tmp_path / ("%s.safetensors" % fmt))
+        qc.save(m, path)
+        with safe_open(path, "pt") as f:
+            meta = f.metadata()
+            assert kind in meta["0.weight"] and kind in meta["2.weight"]
+            assert "0.bias" in set(f.keys())
+        got = qc.load(fresh, path, qa.QlinearConfig(address=daemon.address))
+        assert got == [m[0].weight.weight_name, m[2].weight.weight_name]
+        with torch.inference_mode():
+            assert torch.equal(fresh(x), want)
