@@ -9,48 +9,157 @@
 /* ------------------------------------------------------------ arrival */
 
 /*
- * Looks up a slice in the session's regions and checks its bounds the only
- * safe way, off <= size && len <= size - off (protocol.c has already
- * checked its alignment and, for x, its length). Sets r and returns NULL
- * when it does not fit.
+ * How one weight's computation on x is admitted (submit_one): the
+ * request's tensors are described once (tensor_ref) and resolved where
+ * they live; then the device, the shape, the path and the budgets are
+ * checked, each step returning 0 or the QL_E* code it also wrote into the
+ * reply with its message; make_job queues what passed.
  */
-static ql__region *slice_region(ql__session *ss, const char *what,
-                                const Qlinear__V1__RegionSlice *sl,
-                                ql__reply *r) {
-  ql__region *reg = ql__session_region(ss, sl->region_id);
-  if (reg == NULL) {
-    ql__reply_set_error(r, QL_ENOTFOUND, "linear: %s: the session has no "
-                        "region %llu", what,
-                        (unsigned long long)sl->region_id);
-    return NULL;
-  }
-  if (!ql__slice_valid(sl->offset, sl->length, reg->size)) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: %s: %llu bytes at offset %llu "
-                        "do not fit region %llu of %llu bytes", what,
-                        (unsigned long long)sl->length,
-                        (unsigned long long)sl->offset,
-                        (unsigned long long)reg->id,
-                        (unsigned long long)reg->size);
-    return NULL;
-  }
-  return reg;
+
+/* Sets r's error and is code: a refusal is one statement. */
+#define REFUSE(r, code, ...) (ql__reply_set_error((r), (code), __VA_ARGS__), (code))
+
+/* Where one tensor of a request is. */
+typedef enum tensor_kind {
+  IN_MESSAGE, /* x inline in the request, or y inline in the reply */
+  IN_REGION,  /* a slice of one of the session's shared-memory regions */
+  IN_CUDA,    /* a slice of a CUDA allocation, by IPC handle */
+  IN_ZE,      /* a slice of a Level Zero import of the session's */
+} tensor_kind;
+
+/* One tensor of a request, described once from the message
+ * (describe_tensors) and then resolved (resolve_tensor). */
+typedef struct tensor_ref {
+  tensor_kind kind;
+  const char *what;        /* its name in errors: "x", "y_out", ... */
+  uint64_t offset, length; /* the slice (not IN_MESSAGE) */
+  uint64_t id;             /* the region (IN_REGION) or import (IN_ZE) */
+  const Qlinear__V1__CudaIpcSlice *cuda; /* IN_CUDA: handle, device, event */
+  ql__region *region;      /* IN_REGION once resolved (no reference) */
+  ql__ipc_mem *mem;        /* IN_CUDA, IN_ZE once resolved (no reference) */
+} tensor_ref;
+
+/* One weight's computation on x, as the request states it: a Linear
+ * request (mu NULL) or part index of a LinearMulti (mu). */
+typedef struct linear_call {
+  ql__request *req;
+  void *route;
+  multi *mu;
+  unsigned index;
+  const char *weight;
+  const Qlinear__V1__Tensor *x;
+  ql_path want; /* the request's path */
+  const Qlinear__V1__RegionSlice *ys; /* at most one of the three y's */
+  const Qlinear__V1__CudaIpcSlice *yc;
+  const Qlinear__V1__ZeIpcSlice *yz;
+  const char *device; /* the request's device ("" for any) */
+} linear_call;
+
+/* What admission decides for a call, step by step. */
+typedef struct linear_plan {
+  ql__weight *w;
+  tensor_ref x, y;
+  ql__device *ipc_dev; /* the device of its device tensors, or NULL */
+  const char *device;  /* the device asked for, or ipc_dev's */
+  uint64_t holders;    /* the devices in service that hold w */
+  int on;              /* its device (index), or -1: the scheduler's */
+  uint64_t m;          /* rows of x */
+  ql_dtype dt;
+  size_t esz, y_bytes;
+  ql_path path;
+  size_t cost;         /* bytes counted against the queue budgets */
+  ql__tenant *tenant;  /* the uid that counts it, or NULL */
+} linear_plan;
+
+/* The x and y of c as tagged descriptors, unresolved. */
+static void describe_tensors(const linear_call *c, tensor_ref *x,
+                             tensor_ref *y) {
+  *x = (tensor_ref){.kind = IN_MESSAGE, .what = "x"};
+  *y = (tensor_ref){.kind = IN_MESSAGE, .what = "y"};
+  const Qlinear__V1__Tensor *t = c->x;
+  if (t->data_case == QLINEAR__V1__TENSOR__DATA_REGION)
+    *x = (tensor_ref){IN_REGION, "x", t->region->offset, t->region->length,
+                      t->region->region_id, NULL, NULL, NULL};
+  else if (t->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC)
+    *x = (tensor_ref){IN_CUDA, "x", t->cuda_ipc->offset,
+                      t->cuda_ipc->length, 0, t->cuda_ipc, NULL, NULL};
+  else if (t->data_case == QLINEAR__V1__TENSOR__DATA_ZE_IPC)
+    *x = (tensor_ref){IN_ZE, "x", t->ze_ipc->offset, t->ze_ipc->length,
+                      t->ze_ipc->import_id, NULL, NULL, NULL};
+  if (c->ys != NULL)
+    *y = (tensor_ref){IN_REGION, "y_out", c->ys->offset, c->ys->length,
+                      c->ys->region_id, NULL, NULL, NULL};
+  else if (c->yc != NULL)
+    *y = (tensor_ref){IN_CUDA, "y_out_cuda", c->yc->offset, c->yc->length,
+                      0, c->yc, NULL, NULL};
+  else if (c->yz != NULL)
+    *y = (tensor_ref){IN_ZE, "y_out_ze", c->yz->offset, c->yz->length,
+                      c->yz->import_id, NULL, NULL, NULL};
 }
 
-/* 1 when the pages of slice sl of reg are populated (ql__region_populated),
- * else r is set and 0. Checked after every other check of the slice. */
-static int slice_populated(const ql__region *reg, const char *what,
-                           const Qlinear__V1__RegionSlice *sl, ql__reply *r) {
-  if (ql__region_populated(reg, sl->offset, sl->length))
-    return 1;
-  ql__reply_set_error(r, QL_EINVAL, "linear: %s: region %llu has pages in "
-                      "[%llu, +%llu) its client never wrote (or that are "
-                      "swapped out): the daemon does not fault in a "
-                      "client's memory; write them first (libqlinear "
-                      "populates the regions it makes)", what,
-                      (unsigned long long)reg->id,
-                      (unsigned long long)sl->offset,
-                      (unsigned long long)sl->length);
-  return 0;
+static int on_device(const tensor_ref *t) {
+  return t->kind == IN_CUDA || t->kind == IN_ZE;
+}
+
+/*
+ * Resolves t: finds its region or import (a CUDA import is opened on dev
+ * at its first use) and checks that the slice is inside its real size the
+ * only safe way, off <= size && len <= size - off (protocol.c has already
+ * checked its alignment and, for x, its length). keep: the import of the
+ * request's other tensor (or NULL), which the request holds no reference
+ * to yet and a full table must not let go of. Another session's import or
+ * region is not in this one's tables: not found.
+ */
+static int resolve_tensor(ql__session *ss, const ql__device *dev,
+                          tensor_ref *t, const ql__ipc_mem *keep,
+                          ql__reply *r) {
+  uint64_t size;
+  const char *of;
+  if (t->kind == IN_MESSAGE)
+    return 0;
+  if (t->kind == IN_REGION) {
+    if ((t->region = ql__session_region(ss, t->id)) == NULL)
+      return REFUSE(r, QL_ENOTFOUND, "linear: %s: the session has no region "
+                    "%llu", t->what, (unsigned long long)t->id);
+    size = t->region->size;
+    of = "region";
+  } else if (t->kind == IN_ZE) {
+    if ((t->mem = ql__ipc_find(*ql__session_ipc(ss), t->id)) == NULL)
+      return REFUSE(r, QL_ENOTFOUND, "linear: %s: the session has no Level "
+                    "Zero import %llu", t->what, (unsigned long long)t->id);
+    size = t->mem->size;
+    of = "Level Zero allocation";
+  } else {
+    char err[256];
+    int rc = ql__ipc_get(ql__session_ipc(ss), dev, ql__session_id(ss),
+                         t->cuda->mem_handle.data, t->cuda->mem_handle.len,
+                         keep, &t->mem, err, sizeof err);
+    if (rc != 0)
+      return REFUSE(r, rc, "linear: %s: %s", t->what, err);
+    size = t->mem->size;
+    of = "CUDA allocation";
+  }
+  if (ql__slice_valid(t->offset, t->length, size))
+    return 0;
+  if (t->kind == IN_REGION)
+    return REFUSE(r, QL_EINVAL, "linear: %s: %llu bytes at offset %llu do "
+                  "not fit region %llu of %llu bytes", t->what,
+                  (unsigned long long)t->length,
+                  (unsigned long long)t->offset, (unsigned long long)t->id,
+                  (unsigned long long)size);
+  return REFUSE(r, QL_EINVAL, "linear: %s: %llu bytes at offset %llu do not "
+                "fit the %s of %llu bytes", t->what,
+                (unsigned long long)t->length, (unsigned long long)t->offset,
+                of, (unsigned long long)size);
+}
+
+/* The memory of a resolved tensor at its offset (NULL: IN_MESSAGE). */
+static uint8_t *tensor_base(const tensor_ref *t) {
+  if (t->region != NULL)
+    return t->region->base + t->offset;
+  if (t->mem != NULL)
+    return (uint8_t *)t->mem->base + t->offset;
+  return NULL;
 }
 
 /*
@@ -58,136 +167,153 @@ static int slice_populated(const ql__region *reg, const char *what,
  * (dy) memory is, either NULL: one device, and the request's own when it
  * names one (asked), since an allocation is mapped on the device it lives
  * on and its request runs there. kind and ywhat name the tensors in
- * errors. Sets r and returns NULL when it does not add up.
+ * errors.
  */
-static ql__device *one_device(ql__server *s, ql__device *dx, ql__device *dy,
-                              const char *asked, const char *kind,
-                              const char *ywhat, ql__reply *r) {
-  if (dx != NULL && dy != NULL && dx != dy) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: x is in the memory of %s, "
-                        "%s in that of %s: a request runs on one device",
-                        dx->alias, ywhat, dy->alias);
-    return NULL;
-  }
-  ql__device *d = dx != NULL ? dx : dy;
-  if (asked[0] != '\0' && ql__device_find(s, asked) != d) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: the request asks for device "
-                        "'%.64s', its %s tensors are in the memory of %s",
-                        asked, kind, d->alias);
-    return NULL;
-  }
-  return d;
-}
-
-/*
- * The device of a request's CUDA IPC tensors (x, y or both; NULL when it
- * has none): the device their slices name, which must be one, must take
- * imports, and must be the request's own device when it names one: an
- * allocation is mapped on the device it lives on, and its request runs
- * there. Sets r and returns 0 when it does not add up.
- */
-static int ipc_device(ql__server *s, const Qlinear__V1__CudaIpcSlice *xc,
-                      const Qlinear__V1__CudaIpcSlice *yc, const char *asked,
+static int one_device(ql__server *s, ql__device *dx, ql__device *dy,
+                      const char *asked, const char *kind, const char *ywhat,
                       ql__device **out, ql__reply *r) {
-  ql__device *dx = NULL, *dy = NULL, *d;
-  if (xc != NULL && (dx = ql__device_find(s, xc->device)) == NULL) {
-    ql__reply_set_error(r, QL_ENOTFOUND, "linear: x: no device '%.64s'",
-                        xc->device);
-    return 0;
-  }
-  if (yc != NULL && (dy = ql__device_find(s, yc->device)) == NULL) {
-    ql__reply_set_error(r, QL_ENOTFOUND, "linear: y_out_cuda: no device "
-                        "'%.64s'", yc->device);
-    return 0;
-  }
-  if ((d = one_device(s, dx, dy, asked, "CUDA IPC", "y_out_cuda", r)) ==
-      NULL)
-    return 0;
-  if (d->b->ipc_open == NULL) {
-    ql__reply_set_error(r, QL_ENOTSUP, "linear: device %s takes no CUDA IPC "
-                        "memory", d->alias);
-    return 0;
-  }
+  if (dx != NULL && dy != NULL && dx != dy)
+    return REFUSE(r, QL_EINVAL, "linear: x is in the memory of %s, %s in "
+                  "that of %s: a request runs on one device", dx->alias,
+                  ywhat, dy->alias);
+  ql__device *d = dx != NULL ? dx : dy;
+  if (asked[0] != '\0' && ql__device_find(s, asked) != d)
+    return REFUSE(r, QL_EINVAL, "linear: the request asks for device "
+                  "'%.64s', its %s tensors are in the memory of %s", asked,
+                  kind, d->alias);
   *out = d;
-  return 1;
+  return 0;
 }
 
 /*
- * The session's import of a CUDA IPC slice on d (opened at its first use),
- * with the slice checked against the allocation's real size the only safe
- * way. keep: the import of the request's other tensor (or NULL), which the
- * request holds no reference to yet and a full table must not let go of.
- * Sets r and returns NULL when it cannot be opened or does not fit.
+ * The device of the request's device tensors (p->ipc_dev, which then
+ * becomes p->device; NULL when it has none). Level Zero tensors name
+ * imports of the session's, resolved here, whose device they are on; CUDA
+ * IPC tensors name their device, which must take imports.
  */
-static ql__ipc_mem *ipc_slice(ql__session *ss, const ql__device *d,
-                              const char *what,
-                              const Qlinear__V1__CudaIpcSlice *sl,
-                              const ql__ipc_mem *keep, ql__reply *r) {
-  char err[256];
-  ql__ipc_mem *m;
-  int rc = ql__ipc_get(ql__session_ipc(ss), d, ql__session_id(ss),
-                       sl->mem_handle.data, sl->mem_handle.len, keep, &m, err,
-                       sizeof err);
-  if (rc != 0) {
-    ql__reply_set_error(r, rc, "linear: %s: %s", what, err);
-    return NULL;
+static int tensor_device(ql__server *s, ql__session *ss, linear_plan *p,
+                         ql__reply *r) {
+  tensor_ref *x = &p->x, *y = &p->y;
+  ql__device *dx = NULL, *dy = NULL;
+  int rc = 0;
+  int cuda = x->kind == IN_CUDA || y->kind == IN_CUDA;
+  int ze = x->kind == IN_ZE || y->kind == IN_ZE;
+  if (cuda && ze)
+    return REFUSE(r, QL_EINVAL, "linear: CUDA and Level Zero IPC tensors in "
+                  "one request");
+  if (ze) {
+    if ((x->kind == IN_ZE && (rc = resolve_tensor(ss, NULL, x, NULL, r))) ||
+        (y->kind == IN_ZE && (rc = resolve_tensor(ss, NULL, y, NULL, r))))
+      return rc;
+    if ((rc = one_device(s, x->mem ? &s->dev[x->mem->dev->index] : NULL,
+                         y->mem ? &s->dev[y->mem->dev->index] : NULL,
+                         p->device, "Level Zero", "y_out_ze", &p->ipc_dev,
+                         r)) != 0)
+      return rc;
+  } else if (cuda) {
+    if (x->kind == IN_CUDA &&
+        (dx = ql__device_find(s, x->cuda->device)) == NULL)
+      return REFUSE(r, QL_ENOTFOUND, "linear: x: no device '%.64s'",
+                    x->cuda->device);
+    if (y->kind == IN_CUDA &&
+        (dy = ql__device_find(s, y->cuda->device)) == NULL)
+      return REFUSE(r, QL_ENOTFOUND, "linear: y_out_cuda: no device "
+                    "'%.64s'", y->cuda->device);
+    if ((rc = one_device(s, dx, dy, p->device, "CUDA IPC", "y_out_cuda",
+                         &p->ipc_dev, r)) != 0)
+      return rc;
+    if (p->ipc_dev->b->ipc_open == NULL)
+      return REFUSE(r, QL_ENOTSUP, "linear: device %s takes no CUDA IPC "
+                    "memory", p->ipc_dev->alias);
   }
-  if (!ql__slice_valid(sl->offset, sl->length, m->size)) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: %s: %llu bytes at offset %llu "
-                        "do not fit the CUDA allocation of %llu bytes", what,
-                        (unsigned long long)sl->length,
-                        (unsigned long long)sl->offset,
-                        (unsigned long long)m->size);
-    return NULL;
+  if (p->ipc_dev != NULL)
+    p->device = p->ipc_dev->name;
+  return 0;
+}
+
+/* The device: the one asked for, which must hold the weight and be in
+ * service, else (p->on < 0) the scheduler's choice among those that do. */
+static int choose_device(ql__server *s, linear_plan *p, ql__reply *r) {
+  const ql__weight *w = p->w;
+  char on_list[256];
+  p->holders = w->devices & ~ql__devices_failed(s);
+  p->on = -1;
+  if (p->device[0] != '\0') {
+    const ql__device *d = ql__device_find(s, p->device);
+    if (d == NULL || !(w->devices >> d->index & 1)) {
+      ql__devices_list(s, w->devices, on_list, sizeof on_list);
+      return REFUSE(r, QL_ENOTFOUND, "linear: no device '%.64s' holds "
+                    "weight '%s' (it is on: %s)", p->device, w->name,
+                    on_list);
+    }
+    if (d->failed)
+      return REFUSE(r, QL_EDEVICE, "linear: device %s is out of service",
+                    d->alias);
+    p->on = (int)d->index;
+  } else if (p->holders == 0) {
+    ql__devices_list(s, w->devices, on_list, sizeof on_list);
+    return REFUSE(r, QL_EDEVICE, "linear: every device that holds weight "
+                  "'%s' is out of service (%s)", w->name, on_list);
   }
-  return m;
+  return 0;
+}
+
+/* x against the weight: K, the rows, and the result's bytes, which an
+ * inline y must fit in one reply (a region takes any size). */
+static int check_shape(const ql__server *s, const linear_call *c,
+                       linear_plan *p, ql__reply *r) {
+  const ql__weight *w = p->w;
+  uint64_t k = c->x->shape[1];
+  p->m = c->x->shape[0];
+  if (k != (uint64_t)w->q->k)
+    return REFUSE(r, QL_ESHAPE, "linear: x has K=%llu, weight '%s' has "
+                  "K=%lld", (unsigned long long)k, w->name,
+                  (long long)w->q->k);
+  if (p->m > UINT32_MAX)
+    return REFUSE(r, QL_ESHAPE, "linear: %llu rows are too many",
+                  (unsigned long long)p->m);
+  p->dt = (ql_dtype)c->x->dtype;
+  p->esz = ql_dtype_size(p->dt);
+  if (ql__mul_size(p->m, (size_t)w->q->n, p->esz, &p->y_bytes) != 0)
+    return REFUSE(r, QL_ESHAPE, "linear: the [%llu,%lld] result overflows",
+                  (unsigned long long)p->m, (long long)w->q->n);
+  if (p->y.kind == IN_MESSAGE &&
+      p->y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES)
+    return REFUSE(r, QL_ETOOBIG, "linear: the [%llu,%lld] result exceeds "
+                  "the %zu-byte message cap", (unsigned long long)p->m,
+                  (long long)w->q->n, s->cfg.max_message_bytes);
+  return 0;
 }
 
 /*
- * A request's Level Zero tensors (x, y or both): the session's imports
- * they name, on one device, which must be the request's own when it names
- * one, and each slice inside its allocation's real size. Sets r and
- * returns 0 when it does not add up.
+ * Resolves what tensor_device left (regions, CUDA imports), then checks
+ * what does not depend on where y is: it holds exactly the [m, n] result,
+ * and, when x is in the same region or allocation, the two do not
+ * overlap. Both slices were checked to be inside that memory, so the sums
+ * cannot wrap.
  */
-static int ze_imports(ql__server *s, ql__session *ss,
-                      const Qlinear__V1__ZeIpcSlice *xz,
-                      const Qlinear__V1__ZeIpcSlice *yz, const char *asked,
-                      ql__device **dev, ql__ipc_mem **xm, ql__ipc_mem **ym,
-                      ql__reply *r) {
-  const Qlinear__V1__ZeIpcSlice *sl[2] = {xz, yz};
-  static const char *const what[2] = {"x", "y_out_ze"};
-  ql__ipc_mem *m[2] = {NULL, NULL};
-  for (int i = 0; i < 2; i++) {
-    if (sl[i] == NULL)
-      continue;
-    /* Another session's import is not in this table: not found. */
-    m[i] = ql__ipc_find(*ql__session_ipc(ss), sl[i]->import_id);
-    if (m[i] == NULL) {
-      ql__reply_set_error(r, QL_ENOTFOUND, "linear: %s: the session has no "
-                          "Level Zero import %llu", what[i],
-                          (unsigned long long)sl[i]->import_id);
-      return 0;
-    }
-    if (!ql__slice_valid(sl[i]->offset, sl[i]->length, m[i]->size)) {
-      ql__reply_set_error(r, QL_EINVAL, "linear: %s: %llu bytes at offset "
-                          "%llu do not fit the Level Zero allocation of %llu "
-                          "bytes", what[i],
-                          (unsigned long long)sl[i]->length,
-                          (unsigned long long)sl[i]->offset,
-                          (unsigned long long)m[i]->size);
-      return 0;
-    }
-  }
-  ql__device *d = one_device(
-      s, m[0] ? &s->dev[m[0]->dev->index] : NULL,
-      m[1] ? &s->dev[m[1]->dev->index] : NULL, asked, "Level Zero",
-      "y_out_ze", r);
-  if (d == NULL)
+static int resolve_tensors(ql__session *ss, linear_plan *p, ql__reply *r) {
+  tensor_ref *x = &p->x, *y = &p->y;
+  int rc = 0;
+  if ((x->region == NULL && x->mem == NULL &&
+       (rc = resolve_tensor(ss, p->ipc_dev, x, NULL, r)) != 0) ||
+      (y->region == NULL && y->mem == NULL &&
+       (rc = resolve_tensor(ss, p->ipc_dev, y, x->mem, r)) != 0))
+    return rc;
+  if (y->kind == IN_MESSAGE)
     return 0;
-  *dev = d;
-  *xm = m[0];
-  *ym = m[1];
-  return 1;
+  if (y->length != p->y_bytes)
+    return REFUSE(r, QL_ESHAPE, "linear: the %s slice holds %llu bytes, "
+                  "[%llu,%lld] of %zu-byte elements needs %zu", y->what,
+                  (unsigned long long)y->length, (unsigned long long)p->m,
+                  (long long)p->w->q->n, p->esz, p->y_bytes);
+  int same = x->kind == y->kind &&
+             (x->region != NULL ? x->region == y->region : x->mem == y->mem);
+  if (same && x->offset < y->offset + y->length &&
+      y->offset < x->offset + x->length)
+    return REFUSE(r, QL_EINVAL, "linear: the x and %s slices overlap",
+                  y->what);
+  return 0;
 }
 
 /* The crossover AUTO requests of w use on device dev (dev < 0: the first
@@ -239,331 +365,204 @@ static ql_path auto_path(const ql__server *s, ql__weight *w,
 }
 
 /*
- * The checks of a y slice that do not depend on what memory holds it
- * (what: "y_out", "y_out_cuda", "y_out_ze"): it holds exactly the
- * [m, n] result of y_bytes, and, when x is in the same region or
- * allocation (same), the two do not overlap. Both slices were checked to
- * be inside that memory, so the sums cannot wrap. Sets r and returns 0
- * when they fail.
+ * The path: the request's own choice, else the weight's policy, else by
+ * the request's own row count (DESIGN §6), never by what it is batched
+ * with: that keeps its reply reproducible. Where no implementation can
+ * run the activation-quantized path (q8b is weight-only; int8 AQ
+ * accumulates in int32, which bounds K for q8c), a chosen path falls back
+ * to weight-only and a forced one is refused. Device tensors need an
+ * implementation of the device's own that reads them where they are
+ * (linear_dev); AQ without one falls back the same way.
  */
-static int y_length_ok(const char *what, uint64_t len, uint64_t m, int64_t n,
-                       size_t esz, size_t y_bytes, ql__reply *r) {
-  if (len == y_bytes)
-    return 1;
-  ql__reply_set_error(r, QL_ESHAPE, "linear: the %s slice holds %llu bytes, "
-                      "[%llu,%lld] of %zu-byte elements needs %zu", what,
-                      (unsigned long long)len, (unsigned long long)m,
-                      (long long)n, esz, y_bytes);
-  return 0;
-}
-
-static int apart(const char *what, int same, uint64_t xoff, uint64_t xlen,
-                 uint64_t yoff, uint64_t ylen, ql__reply *r) {
-  if (!same || xoff >= yoff + ylen || yoff >= xoff + xlen)
-    return 1;
-  ql__reply_set_error(r, QL_EINVAL, "linear: the x and %s slices overlap",
-                      what);
-  return 0;
-}
-
-/*
- * Checks and queues one weight's computation on x: a Linear request (mu
- * NULL: the new lin_req owns req and route) or part index of a LinearMulti
- * (mu owns them). Returns 1 when queued, else 0 with r set.
- */
-static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
-                      void *route, multi *mu, unsigned index,
-                      const char *weight, const Qlinear__V1__Tensor *x,
-                      ql_path want, const Qlinear__V1__RegionSlice *ys,
-                      const Qlinear__V1__CudaIpcSlice *yc,
-                      const Qlinear__V1__ZeIpcSlice *yz,
-                      const char *device, ql__reply *r) {
-  const Qlinear__V1__RegionSlice *xs =
-      x->data_case == QLINEAR__V1__TENSOR__DATA_REGION ? x->region : NULL;
-  const Qlinear__V1__CudaIpcSlice *xc =
-      x->data_case == QLINEAR__V1__TENSOR__DATA_CUDA_IPC ? x->cuda_ipc : NULL;
-  const Qlinear__V1__ZeIpcSlice *xz =
-      x->data_case == QLINEAR__V1__TENSOR__DATA_ZE_IPC ? x->ze_ipc : NULL;
-  ql__device *ipc_dev = NULL;
-  ql__ipc_mem *xm = NULL, *ym = NULL;
-  uint64_t now = ql__now_ns();
-  ql__weight *w = ql__weight_store_get(s->weights, weight);
-  if (w == NULL) {
-    ql__reply_set_error(r, QL_ENOTFOUND, "linear: no weight named '%s'",
-                        weight);
-    return 0;
-  }
-  /* Device tensors run where their memory is. */
-  if ((xc != NULL || yc != NULL) && (xz != NULL || yz != NULL)) {
-    ql__reply_set_error(r, QL_EINVAL, "linear: CUDA and Level Zero IPC "
-                        "tensors in one request");
-    return 0;
-  }
-  if (xz != NULL || yz != NULL) {
-    if (!ze_imports(s, ss, xz, yz, device, &ipc_dev, &xm, &ym, r))
-      return 0;
-    device = ipc_dev->name;
-  }
-  if (xc != NULL || yc != NULL) {
-    if (!ipc_device(s, xc, yc, device, &ipc_dev, r))
-      return 0;
-    device = ipc_dev->name;
-  }
-  /* The device: the one asked for, which must hold the weight and be in
-   * service, else the scheduler's choice among those that do. */
-  uint64_t holders = w->devices & ~ql__devices_failed(s);
-  int on = -1;
-  if (device[0] != '\0') {
-    const ql__device *d = ql__device_find(s, device);
-    char on_list[256];
-    ql__devices_list(s, w->devices, on_list, sizeof on_list);
-    if (d == NULL || !(w->devices >> d->index & 1)) {
-      ql__reply_set_error(r, QL_ENOTFOUND, "linear: no device '%.64s' holds "
-                          "weight '%s' (it is on: %s)", device, w->name,
-                          on_list);
-      return 0;
-    }
-    if (d->failed) {
-      ql__reply_set_error(r, QL_EDEVICE, "linear: device %s is out of "
-                          "service", d->alias);
-      return 0;
-    }
-    on = (int)d->index;
-  } else if (holders == 0) {
-    char on_list[256];
-    ql__devices_list(s, w->devices, on_list, sizeof on_list);
-    ql__reply_set_error(r, QL_EDEVICE, "linear: every device that holds "
-                        "weight '%s' is out of service (%s)", w->name,
-                        on_list);
-    return 0;
-  }
-  uint64_t m = x->shape[0], k = x->shape[1];
-  if (k != (uint64_t)w->q->k) {
-    ql__reply_set_error(r, QL_ESHAPE, "linear: x has K=%llu, weight '%s' has "
-                        "K=%lld", (unsigned long long)k, w->name,
-                        (long long)w->q->k);
-    return 0;
-  }
-  if (m > UINT32_MAX) {
-    ql__reply_set_error(r, QL_ESHAPE, "linear: %llu rows are too many",
-                        (unsigned long long)m);
-    return 0;
-  }
-  ql_dtype dt = (ql_dtype)x->dtype;
-  size_t esz = ql_dtype_size(dt), y_bytes;
-  if (ql__mul_size(m, (size_t)w->q->n, esz, &y_bytes) != 0) {
-    ql__reply_set_error(r, QL_ESHAPE, "linear: the [%llu,%lld] result "
-                        "overflows", (unsigned long long)m,
-                        (long long)w->q->n);
-    return 0;
-  }
-  /* Only an inline y travels in the reply: a region takes any size. */
-  if (ys == NULL && yc == NULL && yz == NULL && y_bytes > s->cfg.max_message_bytes - QL_ENVELOPE_BYTES) {
-    ql__reply_set_error(r, QL_ETOOBIG, "linear: the [%llu,%lld] result "
-                        "exceeds the %zu-byte message cap",
-                        (unsigned long long)m, (long long)w->q->n,
-                        s->cfg.max_message_bytes);
-    return 0;
-  }
-  ql__region *xr = NULL, *yr = NULL;
-  if (xs != NULL && (xr = slice_region(ss, "x", xs, r)) == NULL)
-    return 0;
-  if (ys != NULL) {
-    if ((yr = slice_region(ss, "y_out", ys, r)) == NULL)
-      return 0;
-    if (!y_length_ok("y_out", ys->length, m, w->q->n, esz, y_bytes, r) ||
-        !apart("y_out", xr == yr, xs ? xs->offset : 0, xs ? xs->length : 0,
-               ys->offset, ys->length, r))
-      return 0;
-  }
-  if (yz != NULL &&
-      (!y_length_ok("y_out_ze", yz->length, m, w->q->n, esz, y_bytes, r) ||
-       !apart("y_out_ze", xm == ym, xz ? xz->offset : 0,
-              xz ? xz->length : 0, yz->offset, yz->length, r)))
-    return 0;
-  if (xc != NULL && (xm = ipc_slice(ss, ipc_dev, "x", xc, NULL, r)) == NULL)
-    return 0;
-  if (yc != NULL &&
-      (!y_length_ok("y_out_cuda", yc->length, m, w->q->n, esz, y_bytes, r) ||
-       (ym = ipc_slice(ss, ipc_dev, "y_out_cuda", yc, xm, r)) == NULL ||
-       !apart("y_out_cuda", xm == ym, xc ? xc->offset : 0,
-              xc ? xc->length : 0, yc->offset, yc->length, r)))
-    return 0;
-  /* Path: the request's own choice, else the weight's policy, else by the
-   * request's own row count (DESIGN §6), never by what it is batched
-   * with: that keeps its reply reproducible. */
+static int choose_path(ql__server *s, ql_path want, linear_plan *p,
+                       ql__reply *r) {
+  ql__weight *w = p->w;
+  int64_t m = (int64_t)p->m;
   ql_path path = want;
   if (path == QL_PATH_AUTO)
     path = w->policy;
   if (path == QL_PATH_AUTO)
-    path = auto_path(s, w, holders, m, &on);
-  /* Where no implementation can run the activation-quantized path (q8b is
-   * weight-only; int8 AQ accumulates in int32, which bounds K for q8c), a
-   * chosen path falls back to weight-only and a forced one is refused. */
+    path = auto_path(s, w, p->holders, p->m, &p->on);
   if (path == QL_PATH_ACT_QUANT &&
-      ql__lin_kernel(on >= 0 ? s->dev[on].b : NULL, w->q, QL_PATH_ACT_QUANT, dt,
-             (int64_t)m) == NULL) {
-    if (want == QL_PATH_ACT_QUANT) {
-      ql__reply_set_error(r, QL_ENOTSUP, "linear: %s weight '%s' (K=%lld) has "
-                          "no activation-quantized path",
-                          ql__format_name(w->q->format), w->name,
-                          (long long)w->q->k);
-      return 0;
-    }
+      ql__lin_kernel(p->on >= 0 ? s->dev[p->on].b : NULL, w->q,
+                     QL_PATH_ACT_QUANT, p->dt, m) == NULL) {
+    if (want == QL_PATH_ACT_QUANT)
+      return REFUSE(r, QL_ENOTSUP, "linear: %s weight '%s' (K=%lld) has no "
+                    "activation-quantized path",
+                    ql__format_name(w->q->format), w->name,
+                    (long long)w->q->k);
     path = QL_PATH_WEIGHT_ONLY;
   }
-  /* Device tensors need an implementation of the device's own that reads
-   * them where they are (linear_dev); AQ without one falls back as above. */
-  if (ipc_dev != NULL) {
-    const ql_kernel_impl *im = ql__lin_kernel_dev(ipc_dev->b, w->q, path, dt,
-                                          (int64_t)m);
+  if (p->ipc_dev != NULL) {
+    const ql_kernel_impl *im =
+        ql__lin_kernel_dev(p->ipc_dev->b, w->q, path, p->dt, m);
     if (im == NULL && path == QL_PATH_ACT_QUANT &&
         want != QL_PATH_ACT_QUANT) {
       path = QL_PATH_WEIGHT_ONLY;
-      im = ql__lin_kernel_dev(ipc_dev->b, w->q, path, dt, (int64_t)m);
+      im = ql__lin_kernel_dev(p->ipc_dev->b, w->q, path, p->dt, m);
     }
-    if (im == NULL) {
-      ql__reply_set_error(r, QL_ENOTSUP, "linear: no %s kernel of %s reads "
-                          "device memory for %s weight '%s'",
-                          path == QL_PATH_ACT_QUANT ? "activation-quantized"
-                                                    : "weight-only",
-                          ipc_dev->alias, ql__format_name(w->q->format),
-                          w->name);
-      return 0;
-    }
+    if (im == NULL)
+      return REFUSE(r, QL_ENOTSUP, "linear: no %s kernel of %s reads device "
+                    "memory for %s weight '%s'",
+                    path == QL_PATH_ACT_QUANT ? "activation-quantized"
+                                              : "weight-only",
+                    p->ipc_dev->alias, ql__format_name(w->q->format),
+                    w->name);
   }
-  if ((xr != NULL && !slice_populated(xr, "x", xs, r)) ||
-      (yr != NULL && !slice_populated(yr, "y_out", ys, r)))
+  p->path = path;
+  return 0;
+}
+
+/* The pages of a region tensor are populated (ql__region_populated):
+ * checked after every other check of the slice. */
+static int check_populated(const tensor_ref *t, ql__reply *r) {
+  if (t->region == NULL ||
+      ql__region_populated(t->region, t->offset, t->length))
     return 0;
-  /* Waiting requests hold their inline x and their inline y: bound both.
-   * Region and device memory are the session's and bounded there. */
-  size_t cost = (xr || xm ? 0 : x->inline_data.len) +
-                (yr || ym ? 0 : y_bytes);
+  return REFUSE(r, QL_EINVAL, "linear: %s: region %llu has pages in "
+                "[%llu, +%llu) its client never wrote (or that are swapped "
+                "out): the daemon does not fault in a client's memory; write "
+                "them first (libqlinear populates the regions it makes)",
+                t->what, (unsigned long long)t->region->id,
+                (unsigned long long)t->offset, (unsigned long long)t->length);
+}
+
+/*
+ * The queue budgets. Waiting requests hold their inline x and their
+ * inline y: bound both (region and device memory are the session's and
+ * bounded there), in all and, while other users are connected, per user.
+ */
+static int check_budget(ql__server *s, ql__session *ss,
+                        const linear_call *c, linear_plan *p, ql__reply *r) {
+  p->cost = (p->x.kind == IN_MESSAGE ? c->x->inline_data.len : 0) +
+            (p->y.kind == IN_MESSAGE ? p->y_bytes : 0);
   /* (A reload may have set the bound below what is queued already.) */
   if (s->queued_bytes > s->cfg.max_queued_bytes ||
-      cost > s->cfg.max_queued_bytes - s->queued_bytes) {
-    ql__reply_set_error(r, QL_EEXHAUSTED, "linear: %zu bytes of requests are "
-                        "already queued", s->queued_bytes);
-    return 0;
-  }
-  /* While other users are connected, one user's share of the queues. */
+      p->cost > s->cfg.max_queued_bytes - s->queued_bytes)
+    return REFUSE(r, QL_EEXHAUSTED, "linear: %zu bytes of requests are "
+                  "already queued", s->queued_bytes);
   ql__tenant *tn = ss != NULL ? ql__session_tenant(ss) : NULL;
-  if (tn != NULL && s->tenants.active >= 2) {
-    size_t share_b = ql__tenant_share(s->cfg.max_queued_bytes,
-                                      s->cfg.uid_share);
-    size_t share_j = ql__tenant_share(s->cfg.max_queue, s->cfg.uid_share);
-    if (tn->queued_jobs >= share_j || tn->queued_bytes > share_b ||
-        cost > share_b - tn->queued_bytes) {
-      ql__tenant_refused(&s->tenants, tn->uid, "the request queues");
-      ql__reply_set_error(r, QL_EEXHAUSTED, "linear: uid %u has %zu "
-                          "requests (%zu bytes) queued, its share "
-                          "(uid_share = %u%% of max_queue and "
-                          "max_queued_bytes) while other users are "
-                          "connected", (unsigned)tn->uid, tn->queued_jobs,
-                          tn->queued_bytes, (unsigned)s->cfg.uid_share);
-      return 0;
-    }
-  }
-  /* The ready event is opened per request (it is recorded anew for each
-   * x) and last, so that nothing can fail with it open but the queueing. */
+  p->tenant = tn;
+  if (tn == NULL || s->tenants.active < 2)
+    return 0;
+  size_t share_b = ql__tenant_share(s->cfg.max_queued_bytes,
+                                    s->cfg.uid_share);
+  size_t share_j = ql__tenant_share(s->cfg.max_queue, s->cfg.uid_share);
+  if (tn->queued_jobs < share_j && tn->queued_bytes <= share_b &&
+      p->cost <= share_b - tn->queued_bytes)
+    return 0;
+  ql__tenant_refused(&s->tenants, tn->uid, "the request queues");
+  return REFUSE(r, QL_EEXHAUSTED, "linear: uid %u has %zu requests (%zu "
+                "bytes) queued, its share (uid_share = %u%% of max_queue and "
+                "max_queued_bytes) while other users are connected",
+                (unsigned)tn->uid, tn->queued_jobs, tn->queued_bytes,
+                (unsigned)s->cfg.uid_share);
+}
+
+/*
+ * Makes the job of an admitted plan and queues it. The ready event is
+ * opened per request (it is recorded anew for each x) and first here, so
+ * that nothing can fail with it open but the queueing. On success the job
+ * holds its references and, for a Linear request, owns req and route.
+ */
+static int make_job(ql__server *s, ql__session *ss, const linear_call *c,
+                    linear_plan *p, ql__reply *r) {
+  const Qlinear__V1__CudaIpcSlice *xc = p->x.cuda;
+  ql__device *dev = p->ipc_dev;
+  ql__weight *w = p->w;
   void *ready = NULL;
+  uint64_t now = ql__now_ns();
   if (xc != NULL && xc->ready_event.len != 0) {
-    int erc = ipc_dev->b->ipc_event_open(ipc_dev->ordinal,
-                                         xc->ready_event.data,
-                                         xc->ready_event.len, &ready);
-    if (erc != 0) {
-      ql__reply_set_error(r, erc, "linear: x: device %s cannot open the "
-                          "ready event handle%s", ipc_dev->alias,
-                          erc == QL_EINVAL ? " (not an interprocess event of "
-                                             "a live process)" : "");
-      return 0;
-    }
+    int erc = dev->b->ipc_event_open(dev->ordinal, xc->ready_event.data,
+                                     xc->ready_event.len, &ready);
+    if (erc != 0)
+      return REFUSE(r, erc, "linear: x: device %s cannot open the ready "
+                    "event handle%s", dev->alias,
+                    erc == QL_EINVAL ? " (not an interprocess event of a "
+                                       "live process)" : "");
   }
+  int y_ours = p->y.kind == IN_MESSAGE;
   lin_req *j = calloc(1, sizeof *j);
-  if (j == NULL || (yr == NULL && ym == NULL &&
-                    (j->y = malloc(y_bytes ? y_bytes : 1)) == NULL)) {
+  if (j == NULL ||
+      (y_ours && (j->y = malloc(p->y_bytes ? p->y_bytes : 1)) == NULL)) {
     free(j);
     if (ready != NULL)
-      ipc_dev->b->ipc_event_close(ipc_dev->ordinal, ready);
-    ql__reply_set_error(r, QL_ENOMEM, "linear: out of memory");
-    return 0;
+      dev->b->ipc_event_close(dev->ordinal, ready);
+    return REFUSE(r, QL_ENOMEM, "linear: out of memory");
   }
   j->s = s;
-  j->parent = mu;
-  j->index = index;
-  if (mu == NULL) {
-    j->route = route;
-    j->req = req;
+  j->parent = c->mu;
+  j->index = c->index;
+  if (c->mu == NULL) {
+    j->route = c->route;
+    j->req = c->req;
   }
   j->w = w;
-  j->xr = xr;
-  j->yr = yr;
-  j->x = xr   ? xr->base + xs->offset
-         : xm ? xm->base + (xc ? xc->offset : xz->offset)
-              : x->inline_data.data;
-  if (yr)
-    j->y = yr->base + ys->offset;
-  if (ym)
-    j->y = ym->base + (yc ? yc->offset : yz->offset);
-  j->where = (xm ? QL_LINEAR_X_DEVICE : 0u) | (ym ? QL_LINEAR_Y_DEVICE : 0u);
-  j->x_row = (size_t)k * esz;
-  j->y_row = (size_t)w->q->n * esz;
-  j->y_bytes = y_bytes;
-  j->cost = cost;
-  j->dt = dt;
-  j->path = path;
-  j->sr.weight = &w->sched_key[key_index(dt, path)];
-  j->sr.device = on;
-  j->sr.holders = holders;
-  j->sr.path = m <= s->cfg.decode_max_rows ? QL_PATH_WEIGHT_ONLY
-                                            : QL_PATH_ACT_QUANT;
-  j->sr.rows = (uint32_t)m;
+  j->xr = p->x.region;
+  j->yr = p->y.region;
+  j->x = p->x.kind == IN_MESSAGE ? c->x->inline_data.data
+                                 : tensor_base(&p->x);
+  if (!y_ours)
+    j->y = tensor_base(&p->y);
+  j->where = (on_device(&p->x) ? QL_LINEAR_X_DEVICE : 0u) |
+             (on_device(&p->y) ? QL_LINEAR_Y_DEVICE : 0u);
+  j->x_row = (size_t)w->q->k * p->esz;
+  j->y_row = (size_t)w->q->n * p->esz;
+  j->y_bytes = p->y_bytes;
+  j->cost = p->cost;
+  j->dt = p->dt;
+  j->path = p->path;
+  j->sr.weight = &w->sched_key[key_index(p->dt, p->path)];
+  j->sr.device = p->on;
+  j->sr.holders = p->holders;
+  j->sr.cls = p->m <= s->cfg.decode_max_rows ? QL_SCHED_DECODE
+                                             : QL_SCHED_PREFILL;
+  j->sr.rows = (uint32_t)p->m;
   j->sr.session = ql__session_id(ss);
   j->sr.tenant = (uint64_t)ql__session_uid(ss) + 1; /* a launch's fairness */
   /* A deadline past what the nanosecond clock can express (centuries) is
    * no deadline: computed naively it would wrap into the past. */
   uint64_t dl_ns = 0;
-  if (req->msg->deadline_us != 0 &&
-      (__builtin_mul_overflow(req->msg->deadline_us, (uint64_t)1000, &dl_ns) ||
+  if (c->req->msg->deadline_us != 0 &&
+      (__builtin_mul_overflow(c->req->msg->deadline_us, (uint64_t)1000,
+                              &dl_ns) ||
        __builtin_add_overflow(dl_ns, now, &dl_ns)))
     dl_ns = 0;
   j->sr.deadline_ns = dl_ns;
   int rc = ql__sched_submit(s->lin->sched, &j->sr, now);
   if (rc != 0) {
-    if (yr == NULL && ym == NULL)
+    if (y_ours)
       free(j->y);
     free(j);
     if (ready != NULL)
-      ipc_dev->b->ipc_event_close(ipc_dev->ordinal, ready);
+      dev->b->ipc_event_close(dev->ordinal, ready);
     if (rc == QL_EEXHAUSTED)
-      ql__reply_set_error(r, rc, "linear: the queue of '%s' is full, or the "
-                          "session has %zu requests waiting", w->name,
-                          ql__sched_session_count(s->lin->sched,
-                                                  ql__session_id(ss)));
-    else if (rc == QL_EDEADLINE)
-      ql__reply_set_error(r, rc, "linear: the deadline passed on arrival");
-    else
-      ql__reply_set_error(r, rc, "linear: %s", ql_strerror(rc));
-    return 0;
+      return REFUSE(r, rc, "linear: the queue of '%s' is full, or the "
+                    "session has %zu requests waiting", w->name,
+                    ql__sched_session_count(s->lin->sched,
+                                            ql__session_id(ss)));
+    if (rc == QL_EDEADLINE)
+      return REFUSE(r, rc, "linear: the deadline passed on arrival");
+    return REFUSE(r, rc, "linear: %s", ql_strerror(rc));
   }
   ql__weight_ref(w);
-  if (xr)
-    ql__region_ref(xr);
-  if (yr)
-    ql__region_ref(yr);
-  if (xm)
-    ql__ipc_ref(xm);
-  if (ym)
-    ql__ipc_ref(ym);
-  j->xm = xm;
-  j->ym = ym;
+  if (j->xr)
+    ql__region_ref(j->xr);
+  if (j->yr)
+    ql__region_ref(j->yr);
+  j->xm = p->x.mem;
+  j->ym = p->y.mem;
+  if (j->xm)
+    ql__ipc_ref(j->xm);
+  if (j->ym)
+    ql__ipc_ref(j->ym);
   j->ready = ready;
-  j->ready_dev = ipc_dev;
-  s->queued_bytes += cost;
-  if (tn != NULL) {
-    tn->queued_bytes += cost;
-    tn->queued_jobs++;
-    j->tenant = tn;
+  j->ready_dev = dev;
+  s->queued_bytes += p->cost;
+  if (p->tenant != NULL) {
+    p->tenant->queued_bytes += p->cost;
+    p->tenant->queued_jobs++;
+    j->tenant = p->tenant;
   }
   s->lin->in_flight++;
   /* Deadlines are checked at every launch; while a long batch runs this
@@ -571,7 +570,28 @@ static int submit_one(ql__server *s, ql__session *ss, ql__request *req,
   if (j->sr.deadline_ns != 0 && !uv_is_active((uv_handle_t *)&s->lin->expire))
     uv_timer_start(&s->lin->expire, ql__lin_on_expire, 5, 5);
   ql__lin_pump(s);
-  return 1;
+  return 0;
+}
+
+/*
+ * Checks and queues one weight's computation on x (c: a Linear request,
+ * whose new job owns req and route, or part of a LinearMulti, whose multi
+ * owns them). Returns 1 when queued, else 0 with r set.
+ */
+static int submit_one(ql__server *s, ql__session *ss, const linear_call *c,
+                      ql__reply *r) {
+  linear_plan p = {.device = c->device};
+  if ((p.w = ql__weight_store_get(s->weights, c->weight)) == NULL) {
+    ql__reply_set_error(r, QL_ENOTFOUND, "linear: no weight named '%s'",
+                        c->weight);
+    return 0;
+  }
+  describe_tensors(c, &p.x, &p.y);
+  return tensor_device(s, ss, &p, r) == 0 && choose_device(s, &p, r) == 0 &&
+         check_shape(s, c, &p, r) == 0 && resolve_tensors(ss, &p, r) == 0 &&
+         choose_path(s, c->want, &p, r) == 0 &&
+         check_populated(&p.x, r) == 0 && check_populated(&p.y, r) == 0 &&
+         check_budget(s, ss, c, &p, r) == 0 && make_job(s, ss, c, &p, r) == 0;
 }
 
 int ql__linear_quota_waits(ql__server *s, ql__session *ss) {
@@ -728,9 +748,16 @@ int ql__linear_submit(ql__server *s, ql__session *ss, ql__request *req,
                            (ql_path)l->path, r);
   if (wt != 0)
     return wt > 0;
-  return submit_one(s, ss, req, route, NULL, 0, l->weight, l->x,
-                    (ql_path)l->path, l->y_out, l->y_out_cuda, l->y_out_ze,
-                    l->device, r);
+  linear_call c = {.req = req,
+                   .route = route,
+                   .weight = l->weight,
+                   .x = l->x,
+                   .want = (ql_path)l->path,
+                   .ys = l->y_out,
+                   .yc = l->y_out_cuda,
+                   .yz = l->y_out_ze,
+                   .device = l->device};
+  return submit_one(s, ss, &c, r);
 }
 
 int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
@@ -781,11 +808,18 @@ int ql__linear_submit_multi(ql__server *s, ql__session *ss, ql__request *req,
     ql__reply pr;
     ql__reply_init(&pr, 0);
     mu->pending++;
-    if (!submit_one(s, ss, req, route, mu, (unsigned)i, l->weights[i], l->x,
-                    (ql_path)l->path, l->n_y_out ? l->y_out[i] : NULL,
-                    l->n_y_out_cuda ? l->y_out_cuda[i] : NULL,
-                    l->n_y_out_ze ? l->y_out_ze[i] : NULL, l->device,
-                    &pr)) {
+    linear_call c = {.req = req,
+                     .route = route,
+                     .mu = mu,
+                     .index = (unsigned)i,
+                     .weight = l->weights[i],
+                     .x = l->x,
+                     .want = (ql_path)l->path,
+                     .ys = l->n_y_out ? l->y_out[i] : NULL,
+                     .yc = l->n_y_out_cuda ? l->y_out_cuda[i] : NULL,
+                     .yz = l->n_y_out_ze ? l->y_out_ze[i] : NULL,
+                     .device = l->device};
+    if (!submit_one(s, ss, &c, &pr)) {
       mu->pending--;
       if (i == 0) {
         /* Nothing runs: answer with the part's own error. */

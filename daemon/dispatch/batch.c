@@ -725,7 +725,7 @@ static void pump_lanes(ql__server *s, ql__device *d) {
     int spare = !d->host || !s->lin->cpu_saturated;
     /* Prefill on a device whose kernels stop runs in parts, unless a
      * request's tensors are device memory (run slice by slice). */
-    bj->in_parts = d->b->linear_parts && bj->b.path == QL_PATH_ACT_QUANT;
+    bj->in_parts = d->b->linear_parts && bj->b.cls == QL_SCHED_PREFILL;
     for (uint32_t i = 0; i < bj->b.n; i++) {
       lin_req *j = of(bj->b.slice[i].req);
       ql__route_dispatched(j->parent ? j->parent->route : j->route, spare);

@@ -6,7 +6,7 @@
 #include "dispatch/scheduler.h"
 
 /* The two classes of queue, in priority order. */
-enum { WO = 0, AQ = 1, NCLASS = 2 };
+enum { DEC = 0, PRE = 1, NCLASS = 2 };
 
 /*
  * A small open-addressing table from uint64_t keys to uint64_t values with
@@ -24,10 +24,10 @@ typedef struct map {
 #define MAP_NONE SIZE_MAX
 #define MAP_MIN_CAP 16
 
-/* A queue: the waiting requests of one (weight, device, path). */
+/* A queue: the waiting requests of one (weight, device, class). */
 struct ql__sched_queue {
   struct slot *slot;
-  int cls;                    /* WO or AQ */
+  int cls;                    /* DEC or PRE */
   ql__sched_req *head, *tail; /* FIFO, linked through req->next */
   size_t n;                   /* waiting requests, a partly started head too */
   uint64_t rows;              /* rows not yet dispatched */
@@ -185,10 +185,13 @@ static void map_delete(map *m, size_t i) {
 
 /* ------------------------------------------------------------- helpers */
 
-static int path_class(ql_path p) { return p == QL_PATH_ACT_QUANT ? AQ : WO; }
+/* A queue index (DEC, PRE) and the public class, both ways. */
+static int class_index(ql__sched_class c) {
+  return c == QL_SCHED_PREFILL ? PRE : DEC;
+}
 
-static ql_path class_path(int cls) {
-  return cls == AQ ? QL_PATH_ACT_QUANT : QL_PATH_WEIGHT_ONLY;
+static ql__sched_class index_class(int i) {
+  return i == PRE ? QL_SCHED_PREFILL : QL_SCHED_DECODE;
 }
 
 static uint64_t clamp_rate(uint64_t ns) {
@@ -232,7 +235,7 @@ uint64_t ql__sched_hist_lower_ns(unsigned bucket) {
  * time: max_batch_rows, and prefill_chunk_rows for prefill. */
 static uint32_t batch_cap(const ql__sched *s, int cls) {
   uint32_t cap = s->cfg.max_batch_rows;
-  if (cls == AQ && s->cfg.prefill_chunk_rows != 0 &&
+  if (cls == PRE && s->cfg.prefill_chunk_rows != 0 &&
       s->cfg.prefill_chunk_rows < cap)
     cap = s->cfg.prefill_chunk_rows;
   return cap;
@@ -303,7 +306,7 @@ static void curve_learn(queue *q, uint32_t m, uint64_t ns) {
  * leaves gaps between them, and a prefill started whole in one of them
  * would hold up the next request for all its rows. */
 static int decode_active(const device *dv, uint64_t now_ns) {
-  return dv->active[WO] != NULL || dv->running[WO] > 0 ||
+  return dv->active[DEC] != NULL || dv->running[DEC] > 0 ||
          (dv->decode_ns != 0 && now_ns >= dv->decode_ns &&
           now_ns - dv->decode_ns < QL_SCHED_DECODE_WINDOW_NS);
 }
@@ -319,7 +322,7 @@ static int decode_active(const device *dv, uint64_t now_ns) {
  */
 static uint32_t prefill_rows(const ql__sched *s, const queue *q,
                              uint64_t now_ns) {
-  uint32_t cap = batch_cap(s, AQ);
+  uint32_t cap = batch_cap(s, PRE);
   const device *dv = &s->dev[q->slot->device];
   unsigned lanes = s->cfg.lanes[q->slot->device];
   if (s->cfg.prefill_chunk_us == 0 || lanes > 1 ||
@@ -538,7 +541,7 @@ int ql__sched_configure(ql__sched *s, const ql__sched_config *cfg) {
 
 int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
   if (r == NULL || r->weight == NULL || r->rows == 0 ||
-      (r->path != QL_PATH_WEIGHT_ONLY && r->path != QL_PATH_ACT_QUANT))
+      (r->cls != QL_SCHED_DECODE && r->cls != QL_SCHED_PREFILL))
     return QL_EINVAL;
   unsigned nd = s->cfg.n_devices;
   uint64_t all = nd == 64 ? UINT64_MAX : ((uint64_t)1 << nd) - 1, cand;
@@ -558,7 +561,7 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
     return QL_EEXHAUSTED;
 
   /* The device with room and the earliest estimated completion. */
-  int cls = path_class(r->path), best = -1;
+  int cls = class_index(r->cls), best = -1;
   uint64_t best_est = 0;
   for (unsigned d = 0; d < nd; d++) {
     if (!(cand >> d & 1))
@@ -612,7 +615,7 @@ int ql__sched_submit(ql__sched *s, ql__sched_req *r, uint64_t now_ns) {
     activate(dv, q);
   q->rows += r->rows;
   dv->queued_cost += (uint64_t)r->rows * r->charge;
-  if (cls == WO) {
+  if (cls == DEC) {
     dv->decode_ns = now_ns;
     /* The first row back after a completion that set a hold starts its
      * wait; one later than a whole hold after it finds clients that do
@@ -658,7 +661,7 @@ static uint64_t delay_due(const ql__sched *s, const queue *q) {
 /* rows, but no more than a decode launch takes (max_batch_rows may have
  * been lowered since a hold was set). */
 static uint32_t decode_rows(const ql__sched *s, uint64_t rows) {
-  uint32_t most = batch_cap(s, WO);
+  uint32_t most = batch_cap(s, DEC);
   return rows < most ? (uint32_t)rows : most;
 }
 
@@ -731,7 +734,7 @@ static int take_rows(ql__sched *s, queue *q, ql__sched_req *prev,
 static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
   device *dv = &s->dev[q->slot->device];
   uint32_t room =
-      q->cls == AQ ? prefill_rows(s, q, now_ns) : batch_cap(s, q->cls);
+      q->cls == PRE ? prefill_rows(s, q, now_ns) : batch_cap(s, q->cls);
   /* A hold that ran its time out without its rows makes the next ones
    * skip: the clients it waited for went elsewhere. One that ended
    * otherwise (a deadline, a new curve) says nothing either way. */
@@ -782,7 +785,7 @@ static void fill(ql__sched *s, queue *q, uint64_t now_ns, ql__sched_batch *b) {
   if (q->n == 0)
     deactivate(dv, q);
   b->weight = q->slot->weight;
-  b->path = class_path(q->cls);
+  b->cls = index_class(q->cls);
   b->queue = q;
   b->cost = (uint64_t)b->rows * q->ns_per_row;
   dv->running_cost += b->cost;
@@ -795,7 +798,7 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
   b->n = 0;
   b->rows = 0;
   b->weight = NULL;
-  b->path = QL_PATH_AUTO;
+  b->cls = 0;
   b->device = device;
   b->retry_ns = 0;
   b->expired = NULL;
@@ -818,15 +821,15 @@ int ql__sched_next(ql__sched *s, unsigned device, uint64_t now_ns,
   int decode_held = 0;
   const struct device *dv = &s->dev[device];
   unsigned lanes = s->cfg.lanes[device];
-  for (int c = 0; c < (b->decode_only ? AQ : NCLASS) && best == NULL; c++) {
+  for (int c = 0; c < (b->decode_only ? PRE : NCLASS) && best == NULL; c++) {
     /* A device of several lanes keeps one free for decode while decode
      * work is about: prefill waits for a running prefill to end rather
      * than take it. */
-    if (c == AQ && ((lanes > 1 && s->cfg.prefill_chunk_us != 0 &&
-                     dv->running[AQ] + 1 >= lanes &&
+    if (c == PRE && ((lanes > 1 && s->cfg.prefill_chunk_us != 0 &&
+                     dv->running[PRE] + 1 >= lanes &&
                      decode_active(dv, now_ns)) ||
                     (decode_held &&
-                     dv->running[WO] + dv->running[AQ] + 1 >= lanes)))
+                     dv->running[DEC] + dv->running[PRE] + 1 >= lanes)))
       break;
     for (queue *q = dv->active[c]; q != NULL; q = q->act_next) {
       /* The later of the two holds. A stopped prefill gives way to decode
@@ -863,7 +866,7 @@ uint64_t ql__sched_yield_ns(const ql__sched *s, unsigned device,
    * decode hold does not count here: while a launch runs, the rows it
    * waits for gather anyway. */
   const queue *best = NULL;
-  for (const queue *q = s->dev[device].active[WO]; q != NULL;
+  for (const queue *q = s->dev[device].active[DEC]; q != NULL;
        q = q->act_next)
     if (delay_due(s, q) <= now_ns &&
         (best == NULL || q->head->seq < best->head->seq))
@@ -872,7 +875,7 @@ uint64_t ql__sched_yield_ns(const ql__sched *s, unsigned device,
     return 0;
   /* Half the decode launch: with the piece running when asked and the
    * hand-over, its wait stays below its own time. */
-  uint32_t cap = batch_cap(s, WO);
+  uint32_t cap = batch_cap(s, DEC);
   uint64_t est =
       launch_ns(best, best->rows < cap ? (uint32_t)best->rows : cap) / 2;
   uint64_t budget = s->cfg.prefill_chunk_us * 1000u;
@@ -885,7 +888,7 @@ uint64_t ql__sched_decode_due_ns(const ql__sched *s, unsigned device,
       s->cfg.prefill_chunk_us == 0)
     return 0;
   uint64_t first = 0;
-  for (const queue *q = s->dev[device].active[WO]; q != NULL;
+  for (const queue *q = s->dev[device].active[DEC]; q != NULL;
        q = q->act_next) {
     uint64_t due = delay_due(s, q);
     if (due > now_ns && (first == 0 || due < first))
@@ -915,10 +918,10 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
     dv->running[q->cls]--;
     q->running--;
     st->batches++;
-    if (q->cls == AQ)
-      st->aq_batches++;
+    if (q->cls == PRE)
+      st->prefill_batches++;
     else
-      st->wo_batches++;
+      st->decode_batches++;
     st->rows += b->rows;
     if (kernel_ns != 0) {
       st->kernel_ns += kernel_ns;
@@ -950,7 +953,7 @@ void ql__sched_complete(ql__sched *s, ql__sched_batch *b, uint64_t kernel_ns,
     /* Their clients' next rows may be worth waiting for (decode_hold_us):
      * the rows waiting now and those answered. Another batch of the queue
      * completing while a hold waits adds its rows to it. */
-    if (q->cls == WO && s->hold_ns != 0 && back != 0 && b->end_ns != 0) {
+    if (q->cls == DEC && s->hold_ns != 0 && back != 0 && b->end_ns != 0) {
       if (q->hold_rows != 0 && q->rows < decode_rows(s, q->hold_rows) &&
           (q->hold_from == 0 ||
            b->end_ns < sat_add(q->hold_from, s->hold_ns))) {
@@ -1041,14 +1044,14 @@ void ql__sched_forget(ql__sched *s, const void *weight) {
 }
 
 int ql__sched_set_cost(ql__sched *s, const void *weight, unsigned device,
-                       ql_path path, uint64_t ns_per_row) {
+                       ql__sched_class cls, uint64_t ns_per_row) {
   if (weight == NULL || device >= s->cfg.n_devices ||
-      (path != QL_PATH_WEIGHT_ONLY && path != QL_PATH_ACT_QUANT))
+      (cls != QL_SCHED_DECODE && cls != QL_SCHED_PREFILL))
     return QL_EINVAL;
   slot *sl = slot_get(s, device, weight);
   if (sl == NULL)
     return QL_ENOMEM;
-  queue *q = &sl->q[path_class(path)];
+  queue *q = &sl->q[class_index(cls)];
   q->ns_per_row = clamp_rate(ns_per_row);
   q->measured = 1;
   return 0;
@@ -1079,13 +1082,14 @@ int ql__sched_set_curve(ql__sched *s, const void *weight, unsigned device,
 }
 
 uint64_t ql__sched_launch_ns(const ql__sched *s, const void *weight,
-                             unsigned device, ql_path path, uint32_t rows) {
+                             unsigned device, ql__sched_class cls,
+                             uint32_t rows) {
   const slot *sl =
       device < s->cfg.n_devices ? slot_find(s, device, weight) : NULL;
   if (sl == NULL || rows == 0 ||
-      (path != QL_PATH_WEIGHT_ONLY && path != QL_PATH_ACT_QUANT))
+      (cls != QL_SCHED_DECODE && cls != QL_SCHED_PREFILL))
     return 0;
-  return launch_ns(&sl->q[path_class(path)], rows);
+  return launch_ns(&sl->q[class_index(cls)], rows);
 }
 
 int ql__sched_stats_get(const ql__sched *s, const void *weight, unsigned device,
@@ -1099,12 +1103,12 @@ int ql__sched_stats_get(const ql__sched *s, const void *weight, unsigned device,
 }
 
 size_t ql__sched_waiting(const ql__sched *s, const void *weight,
-                         unsigned device, ql_path path) {
+                         unsigned device, ql__sched_class cls) {
   const slot *sl =
       device < s->cfg.n_devices ? slot_find(s, device, weight) : NULL;
-  if (sl == NULL || (path != QL_PATH_WEIGHT_ONLY && path != QL_PATH_ACT_QUANT))
+  if (sl == NULL || (cls != QL_SCHED_DECODE && cls != QL_SCHED_PREFILL))
     return 0;
-  return sl->q[path_class(path)].n;
+  return sl->q[class_index(cls)].n;
 }
 
 size_t ql__sched_session_count(const ql__sched *s, uint64_t session) {

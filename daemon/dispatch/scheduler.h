@@ -1,6 +1,6 @@
 /*
  * scheduler.h - the policy that turns waiting Linear requests into kernel
- * launches (DESIGN §6): one queue per (weight, device, path), coalescing,
+ * launches (DESIGN §6): one queue per (weight, device, class), coalescing,
  * decode before prefill, prefill in chunks sized by time while decode
  * work is about, oldest-first fairness,
  * backpressure, deadlines and per-(weight, device) counters.
@@ -18,11 +18,12 @@
  * How the daemon uses it:
  *
  *   submit   the caller embeds a ql__sched_req in its job, fills the "in"
- *            fields (the path already resolved: WEIGHT_ONLY or ACT_QUANT)
+ *            fields (the class: DECODE or PREFILL; its kernel path is
+ *            the caller's, in the weight key)
  *            and calls ql__sched_submit(). Nothing is allocated per
  *            request; the request links into its queue through itself.
  *   next     when a worker of device d is free it calls ql__sched_next(),
- *            which returns a batch: one weight, one path, and a list of
+ *            which returns a batch: one weight, one class, and a list of
  *            slices (request, first row, row count) to run as one launch.
  *            Batch row i is row i of the slices laid end to end, so the
  *            caller gathers x rows in slice order and scatters y the same
@@ -154,13 +155,23 @@ typedef struct ql__sched_config {
  * smaller).
  */
 typedef struct ql__sched_req ql__sched_req;
+
+/* The two classes of work the scheduler keeps apart (DESIGN §6): decode,
+ * few rows and latency first, and prefill, many rows. A queue is one
+ * (weight, device, class); which kernel path a request takes is the
+ * caller's concern, carried in its weight key. (0 is no class.) */
+typedef enum ql__sched_class {
+  QL_SCHED_DECODE = 1,
+  QL_SCHED_PREFILL = 2,
+} ql__sched_class;
 struct ql__sched_req {
   /* In: set by the caller before ql__sched_submit(), unchanged after. */
   const void *weight;   /* opaque key: only the same key coalesces */
   int device;           /* run on this device, or -1: the best of holders */
   uint64_t holders;     /* with device -1: bit d set if device d holds the
                            weight; ignored otherwise */
-  ql_path path;         /* QL_PATH_WEIGHT_ONLY or QL_PATH_ACT_QUANT */
+  ql__sched_class cls;  /* decode or prefill (the caller's kernel path
+                           is its own, in weight) */
   uint32_t rows;        /* M, >= 1 */
   uint64_t session;     /* for the quota and ql__sched_remove_session() */
   uint64_t tenant;      /* who asked (the daemon: its uid + 1; 0: nobody
@@ -200,7 +211,7 @@ typedef struct ql__sched_batch {
   ql__sched_slice *slice; /* room for cap slices (cap >= max_batch_rows
                              never limits a batch) */
   uint32_t cap;
-  int decode_only; /* take decode (WEIGHT_ONLY class) work only: the
+  int decode_only; /* take decode (QL_SCHED_DECODE) work only: the
                       caller has a stopped prefill launch to go on with */
   /* Set before ql__sched_complete() (which zeroes it): when the launch
    * ended, on the clock of now_ns; a decode hold (decode_hold_us) counts
@@ -210,8 +221,8 @@ typedef struct ql__sched_batch {
   /* Out: set by ql__sched_next(). */
   uint32_t n;         /* slices; 0 = nothing to run now */
   uint32_t rows;      /* their rows, <= max_batch_rows */
-  const void *weight; /* every slice's weight, path and device */
-  ql_path path;
+  const void *weight; /* every slice's weight, class and device */
+  ql__sched_class cls;
   unsigned device;
   /* With n == 0: the time at which a queue held by max_queue_delay_us
    * or decode_hold_us becomes due, so call again then (or when a request
@@ -231,8 +242,8 @@ typedef struct ql__sched_stats {
   uint64_t requests;   /* requests whose rows were all computed */
   uint64_t rows;       /* rows computed */
   uint64_t batches;    /* launches */
-  uint64_t wo_batches; /* launches on the weight-only path */
-  uint64_t aq_batches; /* launches on the activation-quantized path */
+  uint64_t decode_batches;  /* launches of decode work */
+  uint64_t prefill_batches; /* launches of prefill work */
   uint64_t expired;    /* requests handed back with QL_EDEADLINE */
   uint64_t queue_ns;   /* sum of waits from submit to the first launch */
   uint64_t kernel_ns;  /* sum of measured launch times */
@@ -264,12 +275,12 @@ int ql__sched_configure(ql__sched *s, const ql__sched_config *cfg);
  * Queues req at now_ns. Returns 0, after which the scheduler holds req
  * until it hands it back; or, with nothing changed and req still wholly
  * the caller's:
- *   QL_EINVAL     a field out of range (no weight, no rows, a path other
- *                 than WEIGHT_ONLY/ACT_QUANT, no such device)
+ *   QL_EINVAL     a field out of range (no weight, no rows, a class other
+ *                 than DECODE/PREFILL, no such device)
  *   QL_ENOTFOUND  device -1 and no device in holders
  *   QL_EDEADLINE  deadline_ns is already due (<= now_ns)
  *   QL_EEXHAUSTED the session's quota is used up, or the queue of
- *                 (weight, device, path) is full; with device -1, full on
+ *                 (weight, device, class) is full; with device -1, full on
  *                 every holder
  *   QL_ENOMEM
  * With device -1 the request joins, among the holders whose queue has
@@ -366,12 +377,12 @@ void ql__sched_remove_all(ql__sched *s, int code, ql__sched_req **out);
 void ql__sched_forget(ql__sched *s, const void *weight);
 
 /*
- * Sets the estimated kernel time per row of (weight, device, path), e.g.
+ * Sets the estimated kernel time per row of (weight, device, class), e.g.
  * from the crossover calibration (clamped to 1 .. QL_SCHED_MAX_NS_PER_ROW).
  * Returns 0, QL_EINVAL or QL_ENOMEM.
  */
 int ql__sched_set_cost(ql__sched *s, const void *weight, unsigned device,
-                       ql_path path, uint64_t ns_per_row);
+                       ql__sched_class cls, uint64_t ns_per_row);
 
 /*
  * Sets the launch-time curve of weight's queues on device (both classes:
@@ -385,20 +396,21 @@ int ql__sched_set_curve(ql__sched *s, const void *weight, unsigned device,
                         const uint32_t *rows, const uint64_t *ns, size_t n);
 
 /* The estimated time in ns of a launch of rows rows from the queue of
- * (weight, device, path) (the curve, or rows x ns_per_row without one);
+ * (weight, device, class) (the curve, or rows x ns_per_row without one);
  * 0 when that queue has never been seen. */
 uint64_t ql__sched_launch_ns(const ql__sched *s, const void *weight,
-                             unsigned device, ql_path path, uint32_t rows);
+                             unsigned device, ql__sched_class cls,
+                             uint32_t rows);
 
 /* Copies the counters of (weight, device) to *out; QL_ENOTFOUND when it
  * has never had a request or a cost (or was forgotten). */
 int ql__sched_stats_get(const ql__sched *s, const void *weight, unsigned device,
                         ql__sched_stats *out);
 
-/* Requests waiting in the queue of (weight, device, path), counting one
+/* Requests waiting in the queue of (weight, device, class), counting one
  * whose rows have partly started. */
 size_t ql__sched_waiting(const ql__sched *s, const void *weight,
-                         unsigned device, ql_path path);
+                         unsigned device, ql__sched_class cls);
 
 /* The session's requests in the scheduler (what its quota counts). */
 size_t ql__sched_session_count(const ql__sched *s, uint64_t session);

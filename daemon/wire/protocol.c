@@ -221,7 +221,8 @@ static int validate_spec(const Qlinear__V1__WeightSpec *s, int packed,
 
 /* The stateless part of a region slice: an offset aligned to the element
  * size (the mapping is page-aligned, so the kernels see aligned elements).
- * Bounds need the region: handlers.c checks them with ql__slice_valid(). */
+ * Bounds need the region: dispatch/admit.c checks them with
+ * ql__slice_valid(). */
 static int check_slice(const char *what, const Qlinear__V1__RegionSlice *sl,
                        size_t es, char *err, size_t errlen) {
   if (sl->offset % es != 0) {
@@ -360,7 +361,7 @@ static int validate_linear(const Qlinear__V1__LinearRequest *l, char *err,
   }
   if ((rc = validate_x(l->x, &es, err, errlen)) != 0)
     return rc;
-  /* y_out's length depends on the weight's N: handlers.c checks it. */
+  /* y_out's length depends on the weight's N: dispatch/admit.c checks it. */
   if (l->y_out != NULL &&
       (rc = check_slice("y_out", l->y_out, es, err, errlen)) != 0)
     return rc;

@@ -3,7 +3,9 @@
  *
  * Everything here is pure (no sockets, no loop) so the request fuzz target
  * runs the same code the daemon runs. Checks that need daemon state (does
- * the weight exist, does K match) belong to handlers.c.
+ * the weight exist, does K match, does a slice fit its memory) belong to
+ * the handlers (serve/) and to a Linear request's admission
+ * (dispatch/admit.c).
  */
 #ifndef QL_PROTOCOL_H
 #define QL_PROTOCOL_H
@@ -47,7 +49,8 @@ void ql__request_free(ql__request *r);
  * set, enum values are known, names are well formed, shapes are positive
  * and match the inline data or region slice length without overflow,
  * region slice offsets are aligned to the element size. The session token
- * and whether a slice lies inside its region are for handlers.c. Returns 0
+ * (serve/handlers.c) and whether a slice lies inside its region
+ * (dispatch/admit.c) are checked where the state is. Returns 0
  * or a QL_E* code with the reason in err.
  */
 int ql__request_validate(const ql__msg_request *req, char *err,

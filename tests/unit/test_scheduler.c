@@ -16,8 +16,8 @@
 #include "dispatch/scheduler.h"
 #include "testutil.h"
 
-#define WO QL_PATH_WEIGHT_ONLY
-#define AQ QL_PATH_ACT_QUANT
+#define WO QL_SCHED_DECODE
+#define AQ QL_SCHED_PREFILL
 #define US 1000u /* ns */
 
 /* Weight keys: only their addresses matter. */
@@ -42,12 +42,12 @@ static ql__sched *mk(const ql__sched_config *c) {
 }
 
 /* A request for device 0 without a deadline. */
-static void rq(ql__sched_req *r, const void *w, ql_path p, uint32_t rows,
+static void rq(ql__sched_req *r, const void *w, ql__sched_class p, uint32_t rows,
                uint64_t session) {
   memset(r, 0, sizeof *r);
   r->weight = w;
   r->device = 0;
-  r->path = p;
+  r->cls = p;
   r->rows = rows;
   r->session = session;
 }
@@ -134,9 +134,9 @@ START_TEST(test_submit_invalid) {
   ck_assert_int_eq(ql__sched_submit(s, &r, 0), QL_EINVAL);
   rq(&r, &W1, WO, 0, 1);
   ck_assert_int_eq(ql__sched_submit(s, &r, 0), QL_EINVAL);
-  rq(&r, &W1, QL_PATH_AUTO, 1, 1);
+  rq(&r, &W1, (ql__sched_class)0, 1, 1);
   ck_assert_int_eq(ql__sched_submit(s, &r, 0), QL_EINVAL);
-  rq(&r, &W1, (ql_path)7, 1, 1);
+  rq(&r, &W1, (ql__sched_class)7, 1, 1);
   ck_assert_int_eq(ql__sched_submit(s, &r, 0), QL_EINVAL);
   rq(&r, &W1, WO, 1, 1);
   r.device = 2;
@@ -157,7 +157,7 @@ START_TEST(test_submit_invalid) {
   ck_assert_int_eq(ql__sched_next(s, 0, 0, &b), QL_EINVAL);
   ck_assert_uint_eq(b.n, 0);
   ck_assert_int_eq(ql__sched_set_cost(s, &W1, 2, WO, 1), QL_EINVAL);
-  ck_assert_int_eq(ql__sched_set_cost(s, &W1, 0, QL_PATH_AUTO, 1), QL_EINVAL);
+  ck_assert_int_eq(ql__sched_set_cost(s, &W1, 0, (ql__sched_class)0, 1), QL_EINVAL);
   ck_assert_int_eq(ql__sched_set_cost(s, NULL, 0, WO, 1), QL_EINVAL);
   ql__sched_stats st;
   ck_assert_int_eq(ql__sched_stats_get(s, &W1, 0, &st), QL_ENOTFOUND);
@@ -190,7 +190,7 @@ START_TEST(test_fifo) {
     ck_assert_int_eq(ql__sched_next(s, 0, 10, &b), 0);
     ck_assert_uint_eq(b.n, k < 2 ? 2 : 1);
     ck_assert_ptr_eq(b.weight, &W1);
-    ck_assert_int_eq(b.path, WO);
+    ck_assert_int_eq(b.cls, WO);
     ck_assert_uint_eq(b.device, 0);
     for (uint32_t i = 0; i < b.n; i++)
       slice_is(&b, i, &r[2 * k + (int)i], 0, 1);
@@ -286,7 +286,7 @@ START_TEST(test_coalesce) {
     ck_assert_int_eq(ql__sched_submit(s, &r[i], 0), 0);
   }
   memset(y, 0, sizeof y);
-  /* Another queue (other weight, other path) never joins. */
+  /* Another queue (other weight, other class) never joins. */
   ql__sched_req other, other2;
   rq(&other, &W2, WO, 1, 1);
   rq(&other2, &W1, AQ, 1, 1);
@@ -300,7 +300,7 @@ START_TEST(test_coalesce) {
     bt(&b, sl, 16);
     ck_assert_int_eq(ql__sched_next(s, 0, 5, &b), 0);
     ck_assert_ptr_eq(b.weight, &W1);
-    ck_assert_int_eq(b.path, WO);
+    ck_assert_int_eq(b.cls, WO);
     ck_assert_uint_eq(b.rows, want_rows[k]);
     if (k == 0) {
       slice_is(&b, 0, &r[0], 0, 3);
@@ -389,15 +389,15 @@ START_TEST(test_wo_before_aq) {
   ql__sched_req *fin;
   bt(&b, sl, 8);
   ck_assert_int_eq(ql__sched_next(s, 0, 30, &b), 0);
-  ck_assert_int_eq(b.path, WO);
+  ck_assert_int_eq(b.cls, WO);
   slice_is(&b, 0, &d1, 0, 1);
   bt(&b, sl, 8);
   ck_assert_int_eq(ql__sched_next(s, 0, 30, &b), 0);
-  ck_assert_int_eq(b.path, WO);
+  ck_assert_int_eq(b.cls, WO);
   slice_is(&b, 0, &d2, 0, 1);
   bt(&b, sl, 8);
   ck_assert_int_eq(ql__sched_next(s, 0, 30, &b), 0);
-  ck_assert_int_eq(b.path, AQ);
+  ck_assert_int_eq(b.cls, AQ);
   slice_is(&b, 0, &p, 0, 32);
   ql__sched_complete(s, &b, 0, &fin);
   ck_assert_ptr_eq(fin, &p);
@@ -424,7 +424,7 @@ START_TEST(test_prefill_chunks) {
   ql__sched_req *fin;
   bt(&b1, s1, 4);
   ck_assert_int_eq(ql__sched_next(s, 0, 1, &b1), 0);
-  ck_assert_int_eq(b1.path, AQ);
+  ck_assert_int_eq(b1.cls, AQ);
   slice_is(&b1, 0, &p, 0, 4);
   ck_assert_uint_eq(b1.n, 1);
   ck_assert_uint_eq(ql__sched_waiting(s, &W1, 0, AQ), 1);
@@ -435,7 +435,7 @@ START_TEST(test_prefill_chunks) {
   ck_assert_int_eq(ql__sched_submit(s, &p2, 3), 0);
   bt(&bd, sd, 4);
   ck_assert_int_eq(ql__sched_next(s, 0, 4, &bd), 0);
-  ck_assert_int_eq(bd.path, WO);
+  ck_assert_int_eq(bd.cls, WO);
   slice_is(&bd, 0, &d, 0, 1);
   bt(&b2, s2, 4);
   ck_assert_int_eq(ql__sched_next(s, 0, 5, &b2), 0);
@@ -479,8 +479,8 @@ START_TEST(test_prefill_chunks) {
   }
   ql__sched_stats st;
   ck_assert_int_eq(ql__sched_stats_get(s, &W1, 0, &st), 0);
-  ck_assert_uint_eq(st.aq_batches, 4);
-  ck_assert_uint_eq(st.wo_batches, 3);
+  ck_assert_uint_eq(st.prefill_batches, 4);
+  ck_assert_uint_eq(st.decode_batches, 3);
   ck_assert_uint_eq(st.requests, 3);
   ck_assert_uint_eq(st.rows, 53);
   ql__sched_free(s);
@@ -494,7 +494,7 @@ END_TEST
  */
 START_TEST(test_fairness) {
   for (int cls = 0; cls < 2; cls++) {
-    ql_path p = cls ? AQ : WO;
+    ql__sched_class p = cls ? AQ : WO;
     ql__sched_config c = cfg_default();
     c.max_batch_rows = 2;
     c.max_queue = 1024;
@@ -609,7 +609,7 @@ START_TEST(test_delay) {
   ck_assert_int_eq(ql__sched_submit(s, &r[7], 310 * US), 0);
   bt(&b, sl, 8);
   ck_assert_int_eq(ql__sched_next(s, 0, 320 * US, &b), 0);
-  ck_assert_int_eq(b.path, AQ);
+  ck_assert_int_eq(b.cls, AQ);
   slice_is(&b, 0, &r[7], 0, 4);
   ql__sched_complete(s, &b, 0, &fin);
   bt(&b, sl, 8);
@@ -1129,7 +1129,7 @@ START_TEST(test_exhausted) {
   ck_assert_uint_eq(ql__sched_waiting(s, &W1, 0, WO), 2);
   ck_assert_uint_eq(ql__sched_session_count(s, 2), 0);
   ck_assert_uint_eq(ql__sched_device_load(s, 0), load);
-  /* Another path or weight is another queue. */
+  /* Another class or weight is another queue. */
   rq(&r[2], &W1, AQ, 1, 1);
   ck_assert_int_eq(ql__sched_submit(s, &r[2], 1), 0);
   /* Session 1 has 3 requests: its quota. */
@@ -1472,8 +1472,8 @@ START_TEST(test_stats) {
   ck_assert_uint_eq(st.requests, 3);
   ck_assert_uint_eq(st.rows, 15);
   ck_assert_uint_eq(st.batches, 3);
-  ck_assert_uint_eq(st.wo_batches, 1);
-  ck_assert_uint_eq(st.aq_batches, 2);
+  ck_assert_uint_eq(st.decode_batches, 1);
+  ck_assert_uint_eq(st.prefill_batches, 2);
   ck_assert_uint_eq(st.expired, 0);
   ck_assert_uint_eq(st.queue_ns, 5000 + 5000 + 100000);
   ck_assert_uint_eq(st.kernel_ns, 73000);
@@ -1898,7 +1898,7 @@ END_TEST
  * A model of what the scheduler holds, checked after every operation of a
  * long random run: every request comes back exactly once with the right
  * status; its rows are dispatched in order, each exactly once (each slice
- * starts where the previous one ended); batches never mix weights, paths
+ * starts where the previous one ended); batches never mix weights, classes
  * or devices and never exceed their row cap or slice room; nothing starts
  * after its deadline; quotas and queue bounds hold; and, without
  * max_queue_delay_us, the policy itself: decode before prefill, the
@@ -1932,7 +1932,7 @@ typedef struct pstate {
 
 static mreq *M(ql__sched_req *r) { return (mreq *)r; }
 
-static uint32_t cap_of(const ql__sched_config *c, ql_path p) {
+static uint32_t cap_of(const ql__sched_config *c, ql__sched_class p) {
   uint32_t cap = c->max_batch_rows;
   if (p == AQ && c->prefill_chunk_rows && c->prefill_chunk_rows < cap)
     cap = c->prefill_chunk_rows;
@@ -1947,7 +1947,7 @@ static int waiting(const mreq *q) {
 
 static int same_queue(const mreq *a, const mreq *b) {
   return a->r.weight == b->r.weight && a->r.on_device == b->r.on_device &&
-         a->r.path == b->r.path;
+         a->r.cls == b->r.cls;
 }
 
 static void hand_back(pstate *ps, ql__sched_req *r, int status) {
@@ -1972,8 +1972,8 @@ static void p_submit(pstate *ps, uint64_t *rng) {
   memset(q, 0, sizeof *q);
   ql__sched_req *r = &q->r;
   r->weight = ps->weights[tu_rng_next(rng) % 3];
-  r->path = tu_rng_next(rng) % 3 ? WO : AQ;
-  r->rows = 1 + (uint32_t)(tu_rng_next(rng) % (r->path == AQ ? 30 : 6));
+  r->cls = tu_rng_next(rng) % 3 ? WO : AQ;
+  r->rows = 1 + (uint32_t)(tu_rng_next(rng) % (r->cls == AQ ? 30 : 6));
   r->session = tu_rng_next(rng) % P_SESS;
   unsigned nd = ps->c.n_devices;
   if (tu_rng_next(rng) % 2) {
@@ -2002,7 +2002,7 @@ static void p_submit(pstate *ps, uint64_t *rng) {
     for (unsigned d = 0; d < nd; d++)
       if (cand >> d & 1)
         full &=
-            ql__sched_waiting(ps->s, r->weight, d, r->path) >= ps->c.max_queue;
+            ql__sched_waiting(ps->s, r->weight, d, r->cls) >= ps->c.max_queue;
     REQUIRE(quota || full, "EEXHAUSTED with room");
     return;
   }
@@ -2014,7 +2014,7 @@ static void p_submit(pstate *ps, uint64_t *rng) {
   q->in = 1;
   ps->sess_in[r->session]++;
   ps->nm++;
-  REQUIRE(ql__sched_waiting(ps->s, r->weight, r->on_device, r->path) <=
+  REQUIRE(ql__sched_waiting(ps->s, r->weight, r->on_device, r->cls) <=
               ps->c.max_queue,
           "queue over its bound");
 }
@@ -2056,7 +2056,7 @@ static void p_next(pstate *ps, uint64_t *rng) {
     REQUIRE(b->retry_ns <= ps->now + held * US, "retry_ns past the holds");
     return;
   }
-  uint32_t cap = cap_of(&ps->c, b->path), rows = 0;
+  uint32_t cap = cap_of(&ps->c, b->cls), rows = 0;
   REQUIRE(b->n <= b->cap, "slice room");
   REQUIRE(b->device == dev, "device");
   const mreq *first = M(b->slice[0].req);
@@ -2073,11 +2073,11 @@ static void p_next(pstate *ps, uint64_t *rng) {
       const mreq *q = &ps->m[i];
       if (!waiting(q) || q->r.on_device != dev)
         continue;
-      REQUIRE(!(b->path == AQ && q->r.path == WO),
+      REQUIRE(!(b->cls == AQ && q->r.cls == WO),
               "prefill launched with decode %d waiting", i);
       /* (A decode queue waiting for its rows to come back may be
        * passed by another.) */
-      if (q->r.path == b->path && ps->c.decode_hold_us == 0)
+      if (q->r.cls == b->cls && ps->c.decode_hold_us == 0)
         REQUIRE(q->r.seq >= first->r.seq, "request %d is older", i);
     }
   }
@@ -2086,7 +2086,7 @@ static void p_next(pstate *ps, uint64_t *rng) {
     ql__sched_slice *sl = &b->slice[i];
     mreq *q = M(sl->req);
     REQUIRE(waiting(q), "slice of a request not waiting");
-    REQUIRE(sl->req->weight == b->weight && sl->req->path == b->path &&
+    REQUIRE(sl->req->weight == b->weight && sl->req->cls == b->cls &&
                 sl->req->on_device == dev,
             "batch mixes queues");
     REQUIRE(sl->req->seq > prev_seq, "slices out of order");
@@ -2205,9 +2205,9 @@ static void p_check_counts(pstate *ps, int queues) {
         for (int i = 0; i < ps->nm; i++) {
           const mreq *q = &ps->m[i];
           n += waiting(q) && q->r.weight == ps->weights[w] &&
-               q->r.on_device == d && q->r.path == (ql_path)p;
+               q->r.on_device == d && q->r.cls == (ql__sched_class)p;
         }
-        REQUIRE(ql__sched_waiting(ps->s, ps->weights[w], d, (ql_path)p) == n,
+        REQUIRE(ql__sched_waiting(ps->s, ps->weights[w], d, (ql__sched_class)p) == n,
                 "queue (%d, %u, %d) length", w, d, p);
       }
 }
