@@ -88,20 +88,13 @@ typedef struct ql__server {
   size_t commits_running; /* LoadCommit quantizations in the thread pool */
   size_t queued_bytes;    /* x and y bytes of accepted linear jobs */
   ql__tenants tenants;    /* what each uid holds of the shared budgets */
+  size_t listeners_open;  /* server.c's listeners opened (close_all closes
+                             them in reverse) */
   int stopping;           /* SIGINT/SIGTERM seen: new requests refused */
   atomic_int cancel;      /* drain deadline passed: jobs not yet run are
                              answered QL_ESHUTDOWN (read by workers) */
   uint64_t stop_ns;       /* when stopping began */
   int quiet_ticks;        /* drain ticks with nothing in flight */
-  uint64_t test_delay_ms; /* QL_TEST_KERNEL_DELAY_MS: tests only, every
-                             linear job sleeps this long first */
-  uint64_t test_early_delay_ms; /* QL_TEST_EARLY_DELAY_MS: tests only, a
-                                   job that replied early sleeps this long
-                                   before the loop hears of it */
-  uint64_t test_piece_delay_us; /* QL_TEST_PIECE_DELAY_US: tests only, a
-                                   launch in parts sleeps this long each
-                                   time it asks whether to stop, so that
-                                   it lasts long enough to be stopped */
   ql__counters counters;
   ql__reply_sink replies; /* cap and counters for wire/reply.c */
   ql__metrics_counts mcounts; /* metrics.h */

@@ -25,6 +25,7 @@
 #include "serve/handlers.h"
 #include "dispatch/calibrate.h"
 #include "dispatch/linear.h"
+#include "faults.h"
 #include "log.h"
 #include "notify.h"
 #include "qlineard.h"
@@ -375,40 +376,237 @@ static void on_hup(uv_signal_t *sig, int signum) {
   (void)ql__server_reload(sig->data, rep, sizeof rep);
 }
 
-static void close_all(ql__server *s) {
-  /* Workers first: completing a job replies through the transport. */
-  ql__devices_close(s);
-  ql__transport_close(s->transport);
-  s->transport = NULL;
-  ql__transport_close(s->admin);
-  s->admin = NULL;
-  ql__serve_sessions_close(s); /* ends every session, and what it held */
-  ql__metrics_close(s->metrics);
-  s->metrics = NULL;
+/* ------------------------------------------------------------ modules */
+
+/*
+ * The daemon's parts, in two tables opened in order and closed in
+ * reverse from the last one opened: the state (what requests work on),
+ * opened before any socket so that clients never see a half-loaded
+ * daemon, and the listeners, which are libuv handles closed through the
+ * loop (close_all). An open returns 0 or a QL_E* code having logged why;
+ * a close is safe on what a failed open left. The device workers are
+ * joined before anything closes (ql__devices_close): completing a job
+ * replies through the transport and touches the dispatcher's state.
+ */
+typedef struct module {
+  const char *name;
+  int (*open)(ql__server *s);
+  void (*close)(ql__server *s);
+} module;
+
+/* The CPU backend's settings from the config (its threads, SIMD level,
+ * kernel timeout), for its configure and for ql__devices_open. */
+static ql_backend_config backend_config(const ql__config *cfg) {
+  static const char *const levels[] = {"auto", "c", "avx2", "avx2vnni",
+                                       "avx512"};
+  ql_backend_config bc = {cfg->cpu_threads, levels[cfg->cpu_level],
+                          (unsigned)cfg->kernel_timeout_ms};
+  return bc;
+}
+
+static void tenants_close(ql__server *s) { ql__tenants_clear(&s->tenants); }
+
+static int weights_open(ql__server *s) {
+  int rc = ql__weight_store_create(s->cfg.cpu_budget_bytes, &s->weights);
+  if (rc != 0)
+    ql__err("cannot start: %s", ql_strerror(rc));
+  return rc;
+}
+
+static void weights_close(ql__server *s) {
+  ql__weight_store_free(s->weights);
+  s->weights = NULL;
+}
+
+static int uploads_open(ql__server *s) {
+  int rc = ql__uploads_create(s->cfg.max_upload_bytes, &s->uploads);
+  if (rc != 0) {
+    ql__err("cannot start: %s", ql_strerror(rc));
+    return rc;
+  }
+  ql__uploads_set_share(s->uploads, s->cfg.uid_share);
+  return 0;
+}
+
+static void uploads_close(ql__server *s) {
+  ql__uploads_free(s->uploads);
+  s->uploads = NULL;
+}
+
+static int devices_open(ql__server *s) {
+  ql_backend_config bc = backend_config(&s->cfg);
+  int rc = ql__devices_open(s, &bc);
+  return rc != 0 ? rc : check_required_devices(s);
+}
+
+/* (Its workers were joined before any module closed.) */
+static void devices_close(ql__server *s) { ql__devices_free(s); }
+
+/* Before the store loads: weights tell the scheduler when they go. */
+static int dispatch_open(ql__server *s) {
+  int rc = ql__linear_open(s);
+  if (rc != 0)
+    ql__err("cannot start the scheduler: %s", ql_strerror(rc));
+  return rc;
+}
+
+static int calibrate_open(ql__server *s) {
+  int rc = ql__calibrate_open(s);
+  if (rc != 0)
+    ql__err("cannot start the scheduler: %s", ql_strerror(rc));
+  return rc;
+}
+
+static int store_open(ql__server *s) {
+  return s->cfg.state_dir[0] != '\0' ? open_store(s) : 0;
+}
+
+static void store_close(ql__server *s) {
+  ql__store_close(s->store);
+  s->store = NULL;
+}
+
+static const module state_modules[] = {
+    {"tenants", NULL, tenants_close},
+    {"weights", weights_open, weights_close},
+    {"uploads", uploads_open, uploads_close},
+    {"devices", devices_open, devices_close},
+    {"dispatch", dispatch_open, ql__linear_close},
+    {"calibration", calibrate_open, ql__calibrate_close},
+    {"store", store_open, store_close},
+};
+
+/* The loop's signal and timer handles; these cannot fail on a valid loop
+ * (libuv only checks arguments). SIGHUP, blocked until now, goes to the
+ * loop from here on. */
+static int signals_open(ql__server *s) {
+  uv_signal_init(s->loop, &s->sig_int);
+  uv_signal_init(s->loop, &s->sig_term);
+  uv_signal_init(s->loop, &s->sig_hup);
+  uv_timer_init(s->loop, &s->sweep);
+  uv_timer_init(s->loop, &s->drain);
+  uv_timer_init(s->loop, &s->watchdog);
+  s->sig_int.data = s->sig_term.data = s->sig_hup.data = s;
+  s->sweep.data = s->drain.data = s->watchdog.data = s;
+  if (uv_signal_start(&s->sig_int, on_signal, SIGINT) != 0 ||
+      uv_signal_start(&s->sig_term, on_signal, SIGTERM) != 0 ||
+      uv_signal_start(&s->sig_hup, on_hup, SIGHUP) != 0 ||
+      uv_timer_start(&s->sweep, on_sweep, 250, 250) != 0) {
+    ql__err("cannot install signal handlers");
+    return QL_EINTERNAL;
+  }
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
+  /* The sweep timer must not keep the loop alive on its own. */
+  uv_unref((uv_handle_t *)&s->sweep);
+  return 0;
+}
+
+static void signals_close(ql__server *s) {
   uv_close((uv_handle_t *)&s->sig_int, NULL);
   uv_close((uv_handle_t *)&s->sig_term, NULL);
   uv_close((uv_handle_t *)&s->sig_hup, NULL);
   uv_close((uv_handle_t *)&s->sweep, NULL);
   uv_close((uv_handle_t *)&s->drain, NULL);
   uv_close((uv_handle_t *)&s->watchdog, NULL);
-  ql__linear_close_timers(s);
 }
 
-/* A test hook's value from the environment variable name (0 when unset),
- * at most max, said in the log with what it does. */
-static uint64_t test_hook(const char *name, uint64_t max, const char *what) {
-  const char *v = getenv(name);
-  if (v == NULL)
-    return 0;
-  uint64_t n = strtoull(v, NULL, 10);
-  if (n > max)
-    n = max;
-  ql__warn("%s=%llu: %s", name, (unsigned long long)n, what);
-  return n;
+/*
+ * The request socket. It is created 0660 (the directory's group is the
+ * access boundary), not made so after: a client that connects as soon as
+ * one appears must not find it closed to its group. (chmod after, too, in
+ * case the transport creates it otherwise.)
+ */
+static int transport_open(ql__server *s) {
+  ql__transport_limits lim;
+  transport_limits(&s->cfg, &lim);
+  mode_t um = umask(0117);
+  int rc = ql__transport_open(s->loop, s->address, &lim, ql__handle_message,
+                              s, &s->transport);
+  umask(um);
+  if (rc != 0)
+    return rc; /* (ql__transport_open() logs why) */
+  if (chmod(s->address + 6, 0660) != 0) /* after "ipc://" */
+    ql__warn("chmod %s: %s", s->address + 6, strerror(errno));
+  return 0;
+}
+
+static void transport_close(ql__server *s) {
+  ql__transport_close(s->transport);
+  s->transport = NULL;
+}
+
+static int sessions_open(ql__server *s) {
+  int rc = ql__serve_sessions_open(s, &ql__handlers_ring_ops, s);
+  return rc != 0 ? rc : ql__sessions_add_end_hook(s, linear_session_ended, s);
+}
+
+/* Ends every session, and what it held. */
+static void sessions_close(ql__server *s) { ql__serve_sessions_close(s); }
+
+static int metrics_open(ql__server *s) {
+  return ql__metrics_open(s, &s->metrics);
+}
+
+static void metrics_close(ql__server *s) {
+  ql__metrics_close(s->metrics);
+  s->metrics = NULL;
+}
+
+static void admin_close(ql__server *s) {
+  ql__transport_close(s->admin);
+  s->admin = NULL;
+}
+
+/* The metrics listener (opt-in) before the admin socket, which comes
+ * last: whoever waits for admin.sock to appear finds it listening. */
+static const module listeners[] = {
+    {"signals", signals_open, signals_close},
+    {"transport", transport_open, transport_close},
+    {"sessions", sessions_open, sessions_close},
+    {"metrics", metrics_open, metrics_close},
+    {"admin", open_admin, admin_close},
+};
+
+#define N_MODULES(t) (sizeof(t) / sizeof(t)[0])
+
+/* Opens t[*opened..n) in order, counting each one opened in *opened;
+ * stops at the first that fails and returns its code. */
+static int modules_open(ql__server *s, const module *t, size_t n,
+                        size_t *opened) {
+  for (; *opened < n; (*opened)++) {
+    int rc = t[*opened].open != NULL ? t[*opened].open(s) : 0;
+    if (rc != 0) {
+      ql__debug("start: %s failed: %s", t[*opened].name, ql_strerror(rc));
+      return rc;
+    }
+  }
+  return 0;
+}
+
+/* Closes the *opened first modules of t, in reverse, and sets it to 0. */
+static void modules_close(ql__server *s, const module *t, size_t *opened) {
+  while (*opened > 0) {
+    const module *m = &t[--*opened];
+    if (m->close != NULL)
+      m->close(s);
+  }
+}
+
+/* The stop: workers first (completing a job replies through the
+ * transport), then the listeners in reverse, then the dispatcher's own
+ * loop handles. Their close callbacks run on the loop's next turn. */
+static void close_all(ql__server *s) {
+  ql__devices_close(s);
+  modules_close(s, listeners, &s->listeners_open);
+  ql__linear_close_timers(s);
 }
 
 int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   int rc, status = 1;
+  size_t state_open = 0; /* state_modules opened */
   ql__server *s = calloc(1, sizeof *s);
   uv_loop_t loop;
   if (s == NULL || uv_loop_init(&loop) != 0) {
@@ -422,16 +620,7 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
   s->argv = argv;
   s->loop = &loop;
   s->start_ns = ql__now_ns();
-  /* Test hooks, from the environment so no configuration can set them. */
-  s->test_delay_ms = test_hook("QL_TEST_KERNEL_DELAY_MS", 60000,
-                               "every linear job sleeps that many ms");
-  s->test_early_delay_ms =
-      test_hook("QL_TEST_EARLY_DELAY_MS", 60000,
-                "a job that replied early sleeps that many ms before the "
-                "loop hears of it");
-  s->test_piece_delay_us =
-      test_hook("QL_TEST_PIECE_DELAY_US", 1000000,
-                "a launch in parts sleeps that many us between its pieces");
+  ql__faults_init(); /* test hooks: before anything they delay */
   ql__log_set_level(cfg->log_level);
   ql__heap_setup();
   signal(SIGPIPE, SIG_IGN);
@@ -474,91 +663,24 @@ int ql__server_run(const ql__config *cfg, int argc, char **argv) {
     ql__err("the cpu backend is missing or malformed");
     goto fail;
   }
-  /* Before any kernel runs (the store's repacks below are the first). */
-  static const char *const levels[] = {"auto", "c", "avx2", "avx2vnni",
-                                       "avx512"};
-  ql_backend_config bc = {cfg->cpu_threads, levels[cfg->cpu_level],
-                          (unsigned)cfg->kernel_timeout_ms};
+  /* Before any kernel runs (the store's repacks are the first). */
+  ql_backend_config bc = backend_config(cfg);
   if (s->cpu_backend->configure != NULL &&
       (rc = s->cpu_backend->configure(&bc)) != 0) {
     ql__err("cpu_threads = %u, cpu_level = %s: %s", cfg->cpu_threads,
             bc.level, ql_strerror(rc));
     goto fail;
   }
-  if ((rc = ql__weight_store_create(cfg->cpu_budget_bytes, &s->weights)) !=
-          0 ||
-      (rc = ql__uploads_create(cfg->max_upload_bytes, &s->uploads)) != 0) {
-    ql__err("cannot start: %s", ql_strerror(rc));
+  if (modules_open(s, state_modules, N_MODULES(state_modules),
+                   &state_open) != 0)
     goto fail;
-  }
-  ql__uploads_set_share(s->uploads, cfg->uid_share);
-  if (ql__devices_open(s, &bc) != 0 || check_required_devices(s) != 0)
-    goto fail;
-  /* Before the store loads: weights tell the scheduler when they go. */
-  if ((rc = ql__linear_open(s)) != 0 || (rc = ql__calibrate_open(s)) != 0) {
-    ql__err("cannot start the scheduler: %s", ql_strerror(rc));
-    goto fail;
-  }
-  if (cfg->state_dir[0] != '\0' && open_store(s) != 0)
-    goto fail;
-  uint64_t start_delay = test_hook("QL_TEST_START_DELAY_MS", 60000,
-                                   "the start sleeps that many ms before "
-                                   "its signal handlers are in place");
-  if (start_delay > 0) {
-    struct timespec ts = {(time_t)(start_delay / 1000),
-                          (long)(start_delay % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-  }
-  /* These cannot fail on a valid loop (libuv only checks arguments). */
-  uv_signal_init(&loop, &s->sig_int);
-  uv_signal_init(&loop, &s->sig_term);
-  uv_signal_init(&loop, &s->sig_hup);
-  uv_timer_init(&loop, &s->sweep);
-  uv_timer_init(&loop, &s->drain);
-  uv_timer_init(&loop, &s->watchdog);
-  s->sig_int.data = s->sig_term.data = s->sig_hup.data = s;
-  s->sweep.data = s->drain.data = s->watchdog.data = s;
-  if (uv_signal_start(&s->sig_int, on_signal, SIGINT) != 0 ||
-      uv_signal_start(&s->sig_term, on_signal, SIGTERM) != 0 ||
-      uv_signal_start(&s->sig_hup, on_hup, SIGHUP) != 0 ||
-      uv_timer_start(&s->sweep, on_sweep, 250, 250) != 0) {
-    ql__err("cannot install signal handlers");
+  ql__fault_sleep(QL_FAULT_START);
+  if (modules_open(s, listeners, N_MODULES(listeners),
+                   &s->listeners_open) != 0) {
     close_all(s);
     uv_run(&loop, UV_RUN_DEFAULT);
     goto fail;
   }
-  pthread_sigmask(SIG_UNBLOCK, &hup, NULL);
-  /* The sweep timer must not keep the loop alive on its own. */
-  uv_unref((uv_handle_t *)&s->sweep);
-
-  ql__transport_limits lim;
-  transport_limits(cfg, &lim);
-  /* The sockets are created 0660 (the directory's group is the access
-   * boundary), not made so after: a client that connects as soon as one
-   * appears must not find it closed to its group. (chmod after, too, in
-   * case the transport creates it otherwise.) */
-  mode_t um = umask(0117);
-  rc = ql__transport_open(&loop, s->address, &lim, ql__handle_message, s,
-                          &s->transport);
-  umask(um);
-  if (rc != 0) {
-    close_all(s);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    goto fail;
-  }
-  /* The metrics listener (opt-in) before the admin socket, which comes
-   * last: whoever waits for admin.sock to appear finds it listening. */
-  if (ql__serve_sessions_open(s, &ql__handlers_ring_ops, s) != 0 ||
-      ql__sessions_add_end_hook(s, linear_session_ended, s) != 0 ||
-      ql__metrics_open(s, &s->metrics) != 0 || open_admin(s) != 0) {
-    close_all(s);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    goto fail;
-  }
-  /* The socket directory's group is the access boundary: the sockets
-   * themselves are group-writable whatever the umask. */
-  if (chmod(path, 0660) != 0)
-    ql__warn("chmod %s: %s", path, strerror(errno));
   char devs[512];
   ql__devices_list(s, ~(uint64_t)0, devs, sizeof devs);
   ql__notice("listening at %s (devices: %s; message cap %zu bytes)",
@@ -601,13 +723,7 @@ fail:
       ql__warn("cannot remove %s: %s", s->made_socket_dir, strerror(errno));
   }
   ql__devices_close(s); /* no-op for workers already closed */
-  ql__devices_free(s);
-  ql__uploads_free(s->uploads);
-  ql__tenants_clear(&s->tenants);
-  ql__calibrate_close(s);
-  ql__weight_store_free(s->weights);
-  ql__linear_close(s);
-  ql__store_close(s->store);
+  modules_close(s, state_modules, &state_open);
   uv_run(&loop, UV_RUN_NOWAIT); /* runs close callbacks still pending */
   if (uv_loop_close(&loop) != 0)
     ql__warn("loop closed with handles still open");

@@ -32,46 +32,9 @@ void ql__copy_sanitized(char *dst, size_t len, const char *src) {
   dst[i] = '\0';
 }
 
-/* Maps the errno of a failed nanomsg (or socket) call into our space. */
-int ql__map_errno(int e) {
-  switch (e) {
-  case ETIMEDOUT:
-  case EAGAIN:
-    return QL_ETIMEDOUT;
-  case ECONNREFUSED:
-  case ECONNRESET:
-  case ECONNABORTED:
-  case ENOENT:
-  case ENOTCONN:
-  case EPIPE:
-  case EHOSTUNREACH:
-  case ENETUNREACH:
-  case EADDRNOTAVAIL:
-    return QL_ECONNECT;
-  case EACCES:
-  case EPERM:
-    return QL_EPERM;
-  case EINVAL:
-  case ENAMETOOLONG:
-  case EPROTONOSUPPORT:
-  case ENODEV:
-    return QL_EINVAL;
-  case ENOMEM:
-  case ENOBUFS:
-    return QL_ENOMEM;
-  case EMFILE:
-  case ENFILE:
-    return QL_EEXHAUSTED;
-  case EMSGSIZE:
-    return QL_ETOOBIG;
-  default:
-    return QL_EIO;
-  }
-}
-
 static int nn_fail(const char *what) {
   int e = nn_errno();
-  return ql__err_set(ql__map_errno(e), "%s: %s", what, nn_strerror(e));
+  return ql__err_set(ql__errno_from_sys(e), "%s: %s", what, nn_strerror(e));
 }
 
 /* A Status from the daemon: its code is returned as is if it is one of
@@ -150,7 +113,7 @@ static int sock_open(ql_client *c, int *out) {
   }
   if (nn_connect(s, c->address) < 0) {
     int e = nn_errno();
-    rv = ql__err_set(ql__map_errno(e), "cannot connect to %s: %s", c->address,
+    rv = ql__err_set(ql__errno_from_sys(e), "cannot connect to %s: %s", c->address,
                      nn_strerror(e));
     goto fail;
   }

@@ -50,6 +50,7 @@
 #include <nanomsg/reqrep.h>
 
 #include <openssl/evp.h>
+#include "ql_errno.h" /* ql__errno_from_sys: errno at the boundary */
 #include "ql_ring.h"
 #include "ql_source.h"
 #include "qlinear.pb-c.h"
@@ -144,8 +145,6 @@ __attribute__((format(printf, 2, 3))) int ql__err_set(int code, const char *fmt,
                                                       ...);
 /* Daemon text with control characters replaced (see conn.c). */
 void ql__copy_sanitized(char *dst, size_t len, const char *src);
-/* The errno of a failed nanomsg or socket call, as a QL_E* code. */
-int ql__map_errno(int e);
 /* A daemon Status as our error (QL_EPROTO for a code not ours). */
 int ql__status_error(const Qlinear__V1__Status *st);
 uint64_t ql__request_id_new(void);

@@ -100,7 +100,7 @@ static int populate(uint8_t *base, size_t size) {
   if (madvise(base, size, MADV_POPULATE_WRITE) == 0)
     return 0;
   if (errno != EINVAL && errno != ENOSYS)
-    return ql__err_set(errno == ENOMEM ? QL_ENOMEM : QL_EIO,
+    return ql__err_set(ql__errno_from_sys(errno),
                        "populating the region: %s", strerror(errno));
   long page = sysconf(_SC_PAGESIZE);
   for (size_t off = 0; off < size; off += (size_t)page)
@@ -156,7 +156,7 @@ QL_EXPORT int ql_region_create(ql_client *c, size_t size, ql_region **out) {
   }
   base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    rv = ql__err_set(ql__map_errno(errno), "mapping the region: %s",
+    rv = ql__err_set(ql__errno_from_sys(errno), "mapping the region: %s",
                      strerror(errno));
     goto fail;
   }

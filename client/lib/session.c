@@ -182,7 +182,7 @@ static int wait_fd(int fd, short events, int timeout_ms, int64_t deadline) {
     if (n > 0)
       return 0;
     if (n < 0 && errno != EINTR)
-      return ql__err_set(ql__map_errno(errno), "poll: %s", strerror(errno));
+      return ql__err_set(ql__errno_from_sys(errno), "poll: %s", strerror(errno));
   }
 }
 
@@ -253,7 +253,7 @@ static int session_recv(ql_client *c, uint64_t id, int timeout_ms,
       continue;
     }
     if (n < 0)
-      return ql__err_set(ql__map_errno(errno), "session socket: %s",
+      return ql__err_set(ql__errno_from_sys(errno), "session socket: %s",
                          strerror(errno));
     int fd[2];
     take_fds(&mh, fd, 2);
@@ -390,7 +390,7 @@ static int session_exchange(ql_client *c, Qlinear__V1__SessionRequest *req,
       rv = ql__status_error(r->status);
       goto done;
     }
-    rv = ql__err_set(ql__map_errno(e), "session socket: %s", strerror(e));
+    rv = ql__err_set(ql__errno_from_sys(e), "session socket: %s", strerror(e));
     goto done;
   }
   if ((rv = session_recv(c, req->request_id, c->timeout_ms, deadline, &r,
@@ -431,7 +431,7 @@ static int session_open(ql_client *c) {
   if ((rv = session_path(c->address, &sa)) != 0)
     return rv;
   if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0)
-    return ql__err_set(ql__map_errno(errno), "socket: %s", strerror(errno));
+    return ql__err_set(ql__errno_from_sys(errno), "socket: %s", strerror(errno));
   if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
     int e = errno;
     close(fd);
@@ -440,7 +440,7 @@ static int session_open(ql_client *c) {
                          "no session socket at %s (is qlineard "
                          "running?)",
                          sa.sun_path);
-    return ql__err_set(ql__map_errno(e), "%s: %s", sa.sun_path, strerror(e));
+    return ql__err_set(ql__errno_from_sys(e), "%s: %s", sa.sun_path, strerror(e));
   }
   c->sess_fd = fd;
   op.protocol_version = QL_PROTOCOL_VERSION;

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "dispatch/linear_impl.h"
+#include "ql_errno.h"
+#include "faults.h"
 #include "log.h"
 #include "wire/route.h"
 #include "dispatch/xover.h"
@@ -133,7 +135,7 @@ int ql__linear_open(ql__server *s) {
     return QL_ENOMEM;
   l->retry_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (l->retry_fd < 0) {
-    int rc = errno == ENOMEM ? QL_ENOMEM : QL_EEXHAUSTED; /* out of fds */
+    int rc = ql__errno_from_sys(errno); /* out of fds, mostly */
     free(l);
     return rc;
   }
@@ -330,12 +332,8 @@ static void batch_run(ql__job *job) {
   }
   /* Fault injection: a worker descheduled between its early replies and
    * handing the job back, so that clients act on them first. */
-  if (any && bj->s->test_early_delay_ms > 0) {
-    struct timespec ts = {(time_t)(bj->s->test_early_delay_ms / 1000),
-                          (long)(bj->s->test_early_delay_ms % 1000) *
-                              1000000L};
-    nanosleep(&ts, NULL);
-  }
+  if (any)
+    ql__fault_sleep(QL_FAULT_EARLY);
 }
 
 /* Copies the x rows of b's slices, laid end to end, into buf. */
@@ -380,12 +378,7 @@ static void run_slices(batch_job *bj) {
  * loop allows (yield_ns, 0 while no decode work waits). Any pool thread. */
 static int batch_stop(void *ctx) {
   batch_job *bj = ctx;
-  if (bj->s->test_piece_delay_us > 0) {
-    struct timespec ts = {(time_t)(bj->s->test_piece_delay_us / 1000000),
-                          (long)(bj->s->test_piece_delay_us % 1000000) *
-                              1000L};
-    nanosleep(&ts, NULL);
-  }
+  ql__fault_sleep(QL_FAULT_PIECE);
   uint64_t y = atomic_load_explicit(&bj->yield_ns, memory_order_relaxed);
   return y != 0 && ql__now_ns() - bj->call_ns >= y;
 }
@@ -452,11 +445,7 @@ static void batch_compute(batch_job *bj) {
 
   /* Fault injection for tests of queueing, ordering and the drain: a
    * launch that takes a known time whatever the kernels' speed. */
-  if (s->test_delay_ms > 0) {
-    struct timespec ts = {(time_t)(s->test_delay_ms / 1000),
-                          (long)(s->test_delay_ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-  }
+  ql__fault_sleep(QL_FAULT_KERNEL);
   if (atomic_load(&s->cancel)) {
     bj->rc = QL_ESHUTDOWN;
     return;

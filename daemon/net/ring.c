@@ -15,6 +15,7 @@
 
 #include "net/ring.h"
 #include "log.h"
+#include "ql_errno.h"
 #include "ql_ring.h"
 #include "wire/route.h"
 #include "wire/clock.h"
@@ -460,9 +461,7 @@ int ql__dring_create(ql__drings *fps, void *owner, uint64_t owner_id,
   fd = memfd_create("qlinear-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0 || ftruncate(fd, (off_t)size) != 0 ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    rc = errno == EMFILE || errno == ENFILE ? QL_EEXHAUSTED
-         : errno == ENOMEM || errno == ENOSPC ? QL_ENOMEM
-                                              : QL_EIO;
+    rc = ql__errno_from_sys(errno);
     snprintf(err, errlen, "create_ring: memfd: %s", strerror(errno));
     goto fail;
   }
@@ -474,7 +473,7 @@ int ql__dring_create(ql__drings *fps, void *owner, uint64_t owner_id,
   }
   bell = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (bell < 0) {
-    rc = errno == EMFILE || errno == ENFILE ? QL_EEXHAUSTED : QL_EIO;
+    rc = ql__errno_from_sys(errno);
     snprintf(err, errlen, "create_ring: eventfd: %s", strerror(errno));
     goto fail;
   }

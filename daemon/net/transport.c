@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "ql_errno.h"
 #include "wire/route.h"
 #include "wire/spframe.h"
 #include "net/transport.h"
@@ -108,32 +109,6 @@ typedef struct route {
   size_t len;
   uint8_t bt[QL__SP_MAX_ROUTE];
 } route;
-
-static int map_errno(int e) {
-  switch (e) {
-  case ENOMEM:
-  case ENOBUFS:
-    return QL_ENOMEM;
-  case EAGAIN:
-  case ENOSPC: /* a full file system under the socket's directory */
-  case EDQUOT:
-  case EMFILE:
-  case ENFILE:
-    return QL_EEXHAUSTED;
-  case EADDRINUSE:
-  case EACCES:
-  case EPERM:
-  case EROFS:
-    return QL_EPERM;
-  case EINVAL:
-  case ENAMETOOLONG:
-  case ENOENT:
-  case ENOTDIR:
-    return QL_EINVAL;
-  default:
-    return QL_EIO;
-  }
-}
 
 /* ------------------------------------------------------------ lifetime */
 
@@ -738,7 +713,7 @@ int ql__transport_open(uv_loop_t *loop, const char *address,
     bound = 1;
   if (!bound || listen(t->fd, SOMAXCONN) != 0) {
     int e = errno;
-    rc = map_errno(e);
+    rc = ql__errno_from_sys(e);
     ql__err("cannot listen at %s: %s", path, strerror(e));
     goto fail;
   }

@@ -30,6 +30,7 @@
 
 #include "import.h"
 #include "log.h"
+#include "ql_errno.h"
 #include "wire/protocol.h"
 #include "state/store.h"
 
@@ -57,18 +58,6 @@ __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen,
     va_end(ap);
   }
   return rc;
-}
-
-/* A failed system call as a QL_E* code: a full disk is "try again later"
- * (an admin can free space), everything else an I/O error. */
-static int errno_rc(int e) {
-  if (e == ENOMEM)
-    return QL_ENOMEM;
-  /* A full file system, a quota, or a file-size limit (RLIMIT_FSIZE):
-   * out of room, not broken. */
-  if (e == ENOSPC || e == EDQUOT || e == EFBIG)
-    return QL_EEXHAUSTED;
-  return QL_EIO;
 }
 
 static void hex_encode(const uint8_t *p, size_t n, char *out) {
@@ -784,9 +773,9 @@ static int scan_dir(ql__store *s, int (*fn)(ql__store *, const char *, void *),
   struct dirent *e;
   int rc = 0;
   if (fd < 0)
-    return errno_rc(errno);
+    return ql__errno_from_sys(errno);
   if ((dir = fdopendir(fd)) == NULL) {
-    rc = errno_rc(errno);
+    rc = ql__errno_from_sys(errno);
     close(fd);
     return rc;
   }
@@ -794,7 +783,7 @@ static int scan_dir(ql__store *s, int (*fn)(ql__store *, const char *, void *),
     errno = 0;
     if ((e = readdir(dir)) == NULL) {
       if (errno != 0)
-        rc = errno_rc(errno);
+        rc = ql__errno_from_sys(errno);
       break;
     }
     if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
@@ -807,7 +796,7 @@ static int scan_dir(ql__store *s, int (*fn)(ql__store *, const char *, void *),
 }
 
 static int sync_dir(ql__store *s) {
-  return fsync(s->dirfd) == 0 ? 0 : errno_rc(errno);
+  return fsync(s->dirfd) == 0 ? 0 : ql__errno_from_sys(errno);
 }
 
 /* Makes the entry of a directory just created durable: fsync of its
@@ -867,7 +856,7 @@ int ql__store_open(const char *state_dir, ql__store **out, char *err,
     sync_parent(state_dir);
     ql__notice("store: created state directory %s", state_dir);
   } else if (errno != EEXIST) {
-    return fail(err, errlen, errno_rc(errno),
+    return fail(err, errlen, ql__errno_from_sys(errno),
                 "cannot create state directory %s: %s", state_dir,
                 strerror(errno));
   }
@@ -878,7 +867,8 @@ int ql__store_open(const char *state_dir, ql__store **out, char *err,
   }
   s->dirfd = open(state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (s->dirfd < 0) {
-    rc = fail(err, errlen, errno == ENOTDIR ? QL_EINVAL : errno_rc(errno),
+    rc = fail(err, errlen,
+              errno == ENOTDIR ? QL_EINVAL : ql__errno_from_sys(errno),
               "cannot open state directory %s: %s", state_dir,
               strerror(errno));
     goto fail;
@@ -1034,11 +1024,11 @@ static int load_file(ql__store *s, const char *f, ql__stored_weight *w,
   if (fd < 0) {
     if (errno == ELOOP)
       return fail(err, errlen, QL_ENOTSUP, "a symbolic link");
-    return fail(err, errlen, errno_rc(errno), "cannot open: %s",
+    return fail(err, errlen, ql__errno_from_sys(errno), "cannot open: %s",
                 strerror(errno));
   }
   if (fstat(fd, &st) != 0) {
-    rc = fail(err, errlen, errno_rc(errno), "cannot stat: %s",
+    rc = fail(err, errlen, ql__errno_from_sys(errno), "cannot stat: %s",
               strerror(errno));
     goto done;
   }
@@ -1057,7 +1047,7 @@ static int load_file(ql__store *s, const char *f, ql__stored_weight *w,
   map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
   if (map == MAP_FAILED) {
     map = NULL;
-    rc = fail(err, errlen, errno_rc(errno), "cannot map: %s",
+    rc = fail(err, errlen, ql__errno_from_sys(errno), "cannot map: %s",
               strerror(errno));
     goto done;
   }
@@ -1244,7 +1234,7 @@ int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
   fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
   if (fd < 0) {
     e = errno;
-    rc = fail(err, errlen, errno_rc(e), "cannot create %s/%s: %s", s->dir,
+    rc = fail(err, errlen, ql__errno_from_sys(e), "cannot create %s/%s: %s", s->dir,
               tmp, strerror(e));
     free(hdr);
     return rc;
@@ -1256,7 +1246,7 @@ int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
       (q->zero != NULL && write_all(fd, q->zero, q->scale_bytes) != 0) ||
       write_all(fd, q->qdata, q->qdata_bytes) != 0) {
     e = errno;
-    rc = fail(err, errlen, errno_rc(e), "cannot write %s/%s: %s", s->dir, tmp,
+    rc = fail(err, errlen, ql__errno_from_sys(e), "cannot write %s/%s: %s", s->dir, tmp,
               strerror(e));
     goto fail;
   }
@@ -1264,21 +1254,21 @@ int ql__store_put(ql__store *s, const char *name, const ql_qweight *q,
    * abandoned, never renamed. */
   if (fsync(fd) != 0) {
     e = errno;
-    rc = fail(err, errlen, errno_rc(e), "cannot sync %s/%s: %s", s->dir, tmp,
+    rc = fail(err, errlen, ql__errno_from_sys(e), "cannot sync %s/%s: %s", s->dir, tmp,
               strerror(e));
     goto fail;
   }
   if (close(fd) != 0) {
     fd = -1;
     e = errno;
-    rc = fail(err, errlen, errno_rc(e), "cannot close %s/%s: %s", s->dir, tmp,
+    rc = fail(err, errlen, ql__errno_from_sys(e), "cannot close %s/%s: %s", s->dir, tmp,
               strerror(e));
     goto fail;
   }
   fd = -1;
   if (renameat(s->dirfd, tmp, s->dirfd, file) != 0) {
     e = errno;
-    rc = fail(err, errlen, errno_rc(e), "cannot rename %s/%s: %s", s->dir,
+    rc = fail(err, errlen, ql__errno_from_sys(e), "cannot rename %s/%s: %s", s->dir,
               tmp, strerror(e));
     goto fail;
   }
@@ -1502,20 +1492,20 @@ int ql__store_layout_put(ql__store *s, const uint8_t digest[QL_DIGEST_BYTES],
   int fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
                   0640);
   if (fd < 0)
-    return errno_rc(errno);
+    return ql__errno_from_sys(errno);
   /* fsync before the rename: after a crash the name holds all of the
    * image or none of it. */
   if (write_all(fd, &h, sizeof h) != 0 ||
       write_all(fd, zeros, LAYOUT_DATA_OFF - sizeof h) != 0 ||
       write_all(fd, data, len) != 0 || fsync(fd) != 0) {
-    rc = errno_rc(errno);
+    rc = ql__errno_from_sys(errno);
     close(fd);
     (void)unlinkat(s->dirfd, tmp, 0);
     return rc;
   }
   close(fd);
   if (renameat(s->dirfd, tmp, s->dirfd, f) != 0) {
-    rc = errno_rc(errno);
+    rc = ql__errno_from_sys(errno);
     (void)unlinkat(s->dirfd, tmp, 0);
     return rc;
   }

@@ -6,6 +6,7 @@
 #   wire/      wire/, log.h                                 proto/
 #   net/       wire/, net/, log.h                           proto/
 #   state/     wire/, state/, log.h conf.h heap.h qlineard.h  proto/, kernels/
+#              (every layer may also include faults.h, the test hooks)
 #   dispatch/  wire/, state/, dispatch/, the same root headers
 #   serve/     wire/, net/, state/, dispatch/, serve/, those and notify.h
 #   (root)     anything
@@ -30,11 +31,11 @@ check_tree() {
     rel=${f#"$top"/daemon/}
     layer=${rel%%/*}
     case $layer in
-    wire) dirs="wire" roots="log.h" outside="proto" ;;
-    net) dirs="wire net" roots="log.h" outside="proto" ;;
-    state) dirs="wire state" roots="log.h conf.h heap.h qlineard.h" outside="proto kernels" ;;
-    dispatch) dirs="wire state dispatch" roots="log.h conf.h heap.h qlineard.h" outside="proto kernels" ;;
-    serve) dirs="wire net state dispatch serve" roots="log.h conf.h heap.h qlineard.h notify.h" outside="proto kernels" ;;
+    wire) dirs="wire" roots="log.h faults.h" outside="proto" ;;
+    net) dirs="wire net" roots="log.h faults.h" outside="proto" ;;
+    state) dirs="wire state" roots="log.h faults.h conf.h heap.h qlineard.h" outside="proto kernels" ;;
+    dispatch) dirs="wire state dispatch" roots="log.h faults.h conf.h heap.h qlineard.h" outside="proto kernels" ;;
+    serve) dirs="wire net state dispatch serve" roots="log.h faults.h conf.h heap.h qlineard.h notify.h" outside="proto kernels" ;;
     *)
       echo "FAIL: daemon/$rel: $layer/ is not a layer of the table"
       n=$((n + 1))
