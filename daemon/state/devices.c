@@ -215,6 +215,13 @@ unsigned ql__devices_host_register(ql__server *s, void *p, size_t len,
   return n;
 }
 
+int ql__devices_host_register_wanted(const ql__server *s) {
+  for (unsigned d = 0; d < s->n_dev; d++)
+    if (s->dev[d].b->host_register != NULL)
+      return 1;
+  return 0;
+}
+
 void ql__devices_host_unregister(void *p, const ql_backend *const *bs,
                                  unsigned n) {
   for (unsigned i = 0; i < n; i++)

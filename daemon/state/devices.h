@@ -80,6 +80,10 @@ void ql__devices_free(struct ql__server *s);
 unsigned ql__devices_host_register(struct ql__server *s, void *p, size_t len,
                                    const ql_backend **out, unsigned max);
 
+/* 1 when a backend of the served devices offers host_register: a region
+ * would be page-locked if the bounds allow it. */
+int ql__devices_host_register_wanted(const struct ql__server *s);
+
 /* Undoes ql__devices_host_register() for the n backends it gave; called
  * before the memory is unmapped, once no job uses it. */
 void ql__devices_host_unregister(void *p, const ql_backend *const *bs,

@@ -17,6 +17,7 @@
 #include "state/devices.h"
 #include "state/ipc.h"
 #include "log.h"
+#include "ql_errno.h"
 #include "wire/protocol.h"
 #include "state/session.h"
 
@@ -95,24 +96,15 @@ void ql__region_unref(ql__region *r) {
     return;
   /* No job uses it any more: no DMA can be in flight. */
   ql__devices_host_unregister(r->base, r->pinned, r->n_pinned);
-  if (r->n_pinned > 0)
+  if (r->n_pinned > 0) {
     pinned_total -= r->size;
+    if (r->tenant != NULL) {
+      r->tenant->pinned_bytes -= r->size;
+      ql__tenant_release(r->tenants, r->tenant);
+    }
+  }
   munmap(r->base, (size_t)r->size);
   free(r);
-}
-
-static int map_errno(int e) {
-  switch (e) {
-  case EMFILE:
-  case ENFILE:
-    return QL_EEXHAUSTED;
-  case ENOMEM:
-  case ENOSPC:
-  case EFBIG:
-    return QL_ENOMEM;
-  default:
-    return QL_EIO;
-  }
 }
 
 /*
@@ -144,12 +136,12 @@ int ql__session_region_create(ql__session *ss, uint64_t size,
   }
   fd = memfd_create("qlinear-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
-    rc = map_errno(errno);
+    rc = ql__errno_from_sys(errno);
     snprintf(err, errlen, "create_region: memfd_create: %s", strerror(errno));
     return rc;
   }
   if (ftruncate(fd, (off_t)size) != 0) {
-    rc = map_errno(errno);
+    rc = ql__errno_from_sys(errno);
     snprintf(err, errlen, "create_region: cannot size it: %s",
              strerror(errno));
     goto fail;
@@ -163,7 +155,7 @@ int ql__session_region_create(ql__session *ss, uint64_t size,
   }
   base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    rc = map_errno(errno);
+    rc = ql__errno_from_sys(errno);
     snprintf(err, errlen, "create_region: cannot map it: %s",
              strerror(errno));
     goto fail;
@@ -178,20 +170,36 @@ int ql__session_region_create(ql__session *ss, uint64_t size,
   r->size = size;
   r->base = base;
   r->refs = 1; /* the session's */
-  /* Pinned for the devices' DMA, within max_pinned_bytes; where refused,
-   * tensors in it are staged. */
+  /* Pinned for the devices' DMA, within max_pinned_bytes and the uid's
+   * share of it (uid_share, always: a region is held for as long as its
+   * client likes); where refused, tensors in it are staged, with the same
+   * bytes. */
   uint64_t cap = o->s->cfg.max_pinned_bytes;
-  if (size <= cap && pinned_total <= cap - size) {
+  ql__tenant *tn = ss->tenant;
+  uint64_t share = ql__tenant_share(cap, o->s->cfg.uid_share);
+  int in_share = tn == NULL || (tn->pinned_bytes <= share &&
+                                size <= share - tn->pinned_bytes);
+  if (size <= cap && pinned_total <= cap - size && in_share) {
     r->n_pinned = ql__devices_host_register(o->s, base, (size_t)size,
                                             r->pinned, QL__REGION_BACKENDS);
-    if (r->n_pinned > 0)
+    if (r->n_pinned > 0) {
       pinned_total += size;
+      if (tn != NULL) {
+        tn->pinned_bytes += size;
+        r->tenant = tn;
+        r->tenants = &o->s->tenants;
+      }
+    }
   } else {
+    if (!in_share && size <= cap && ql__devices_host_register_wanted(o->s))
+      ql__tenant_refused(&o->s->tenants, ss->uid,
+                         "page-locked region memory");
     ql__debug("session %llu: region %llu of %llu bytes not page-locked: "
-             "locked regions would pass max_pinned_bytes (%llu); its "
-             "tensors are staged", (unsigned long long)ss->id,
-             (unsigned long long)r->id, (unsigned long long)size,
-             (unsigned long long)cap);
+             "locked regions would pass max_pinned_bytes (%llu) or uid "
+             "%u's share of it; its tensors are staged",
+             (unsigned long long)ss->id, (unsigned long long)r->id,
+             (unsigned long long)size, (unsigned long long)cap,
+             (unsigned)ss->uid);
   }
   r->next = ss->regions;
   ss->regions = r;

@@ -54,7 +54,10 @@ typedef struct ql__region {
    * it is unmapped. */
   const ql_backend *pinned[QL__REGION_BACKENDS];
   unsigned n_pinned; /* > 0: its size counts in the daemon's pinned total
-                        until it is unregistered, after its last job */
+                        and in its uid's (tenant) until it is
+                        unregistered, after its last job */
+  struct ql__tenant *tenant;   /* with n_pinned > 0: the uid it counts in */
+  struct ql__tenants *tenants; /* and their table, to release it */
 } ql__region;
 
 typedef struct ql__session ql__session;

@@ -33,7 +33,7 @@ void ql__tenant_session_end(ql__tenants *t, ql__tenant *tn) {
 void ql__tenant_release(ql__tenants *t, ql__tenant *tn) {
   /* A bucket not yet full is kept: a new session would refill it. */
   if (tn->sessions != 0 || tn->queued_jobs != 0 || tn->queued_bytes != 0 ||
-      tn->calib_tokens < QL_TENANT_CALIB_BURST)
+      tn->pinned_bytes != 0 || tn->calib_tokens < QL_TENANT_CALIB_BURST)
     return;
   for (ql__tenant **pp = &t->head; *pp != NULL; pp = &(*pp)->next)
     if (*pp == tn) {

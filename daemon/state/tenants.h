@@ -8,8 +8,9 @@
  * uid's queued requests may take more than uid_share percent of
  * max_queued_bytes or of max_queue (its queued requests on all weights
  * together, so that every queue keeps room for the others). Budgets that a
- * client can hold for long (uploads in progress) are shared always (see
- * upload.h). Loop thread only.
+ * client can hold for long are shared always: uploads in progress (see
+ * upload.h) and page-locked region memory (max_pinned_bytes, session.c).
+ * Loop thread only.
  */
 #ifndef QL_TENANTS_H
 #define QL_TENANTS_H
@@ -28,6 +29,9 @@ typedef struct ql__tenant {
   unsigned sessions;   /* open sessions of this uid */
   size_t queued_bytes; /* inline x and y bytes of its queued requests */
   size_t queued_jobs;  /* its queued requests (fused parts each count) */
+  uint64_t pinned_bytes; /* its regions page-locked for devices (counted
+                            until each is unregistered, after its last
+                            job, which may be after its session ended) */
   uint64_t refused;    /* requests refused for its share (stats) */
   /* Crossover measurements its loads may still start (a token bucket of
    * QL_TENANT_CALIB_BURST, one more every QL_TENANT_CALIB_REFILL_NS), and

@@ -464,6 +464,11 @@ unsigned ql__devices_host_register(struct ql__server *s, void *p, size_t len,
   return 1;
 }
 
+int ql__devices_host_register_wanted(const struct ql__server *s) {
+  CHECK(s == &S);
+  return 1;
+}
+
 void ql__devices_host_unregister(void *p, const ql_backend *const *bs,
                                  unsigned n) {
   if (n == 0)
@@ -1095,6 +1100,7 @@ static void setup(uint8_t c0, uint8_t c1) {
   S.cfg.ring_spin_us = 0;
   S.cfg.mapped_mode = mapped[c0 & 3];
   S.cfg.max_pinned_bytes = pinned[c0 >> 2 & 3];
+  S.cfg.uid_share = 50; /* the default: a uid pins half of it at most */
   F.pin_refuse = (c1 & 0x40) != 0;
   F.export_fail = c0 & 0x40 ? (c0 & 0x80 ? QL_ENOTSUP : QL_EDEVICE) : 0;
   F.ipc_fail = (c0 & 0xc0) == 0x80;

@@ -1138,7 +1138,9 @@ START_TEST(regions_pinned_bound) {
   snprintf(stats, sizeof stats, "/tmp/ql-emu-host-%d", (int)getpid());
   unlink(stats);
   setenv("QL_EMU_CUDA_HOST_STATS", stats, 1);
-  const char *args[] = {"--max-pinned-bytes", "100K", NULL};
+  /* (One uid's share is all of it here: regions_pinned_share.) */
+  const char *args[] = {"--max-pinned-bytes", "100K", "--uid-share", "100",
+                        NULL};
   start(&d, "1", NULL, args);
   unsetenv("QL_EMU_CUDA_HOST_STATS");
   ql_client *c = td_connect(&d), *c2 = td_connect(&d);
@@ -1172,6 +1174,72 @@ START_TEST(regions_pinned_bound) {
   host_ranges(stats, &live, &ever);
   ck_assert_int_eq(live, 1);
   ck_assert_int_eq(ever, 2);
+  ck_assert_int_eq(ql_region_destroy(c2, r2), 0);
+  ck_assert_int_eq(ql_region_destroy(c2, r3), 0);
+  host_ranges(stats, &live, &ever);
+  ck_assert_int_eq(live, 0);
+  unlink(stats);
+  td_layer_free(&l);
+  ql_close(c);
+  ql_close(c2);
+  ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/*
+ * One uid's page-locked regions are bounded by its share of
+ * max_pinned_bytes (uid_share, 50 %), across its sessions: past it a
+ * region is not registered (its tensors are staged, the same bytes), the
+ * log names the uid, and a region destroyed gives its share back.
+ */
+START_TEST(regions_pinned_share) {
+  enum { M = 2 };
+  td d;
+  char stats[64];
+  long live, ever;
+  snprintf(stats, sizeof stats, "/tmp/ql-emu-host-%d", (int)getpid());
+  unlink(stats);
+  setenv("QL_EMU_CUDA_HOST_STATS", stats, 1);
+  const char *args[] = {"--max-pinned-bytes", "100K", NULL};
+  start(&d, "1", NULL, args);
+  unsetenv("QL_EMU_CUDA_HOST_STATS");
+  ql_client *c = td_connect(&d), *c2 = td_connect(&d);
+  td_layer l;
+  td_layer_make(&l, N, K, 44, 1);
+  ck_assert_int_eq(td_load(c2, "w", &l, QL_FORMAT_Q8C, 0, 0, NULL, NULL), 0);
+  ql_region *r1 = NULL, *r2 = NULL, *r3 = NULL;
+  ck_assert_int_eq(ql_region_create(c, 40 << 10, &r1), 0);
+  /* Within the daemon's bound (80K of 100K), past the uid's 50K. */
+  ck_assert_int_eq(ql_region_create(c2, 40 << 10, &r2), 0);
+  host_ranges(stats, &live, &ever);
+  ck_assert_int_eq(live, 1);
+  ck_assert_int_eq(ever, 1);
+  float x[M * K], want[M * N];
+  uint64_t seed = 79;
+  td_randn(&seed, x, M * K, 1.0f);
+  expected_path(&l, QL_FORMAT_Q8C, 0, QL_PATH_WEIGHT_ONLY, x, M, want);
+  unsigned char *base = r2->data;
+  const size_t yoff = 16384;
+  memcpy(base, x, sizeof x);
+  memset(base + yoff, 0, sizeof want);
+  ql_slice xs = {r2, 0, sizeof x}, ys = {r2, yoff, sizeof want};
+  ck_assert_int_eq(ql_linear_region(c2, "w", QL_PATH_WEIGHT_ONLY,
+                                    QL_DTYPE_F32, M, K, &xs, N, &ys, NULL,
+                                    NULL),
+                   0);
+  ck_assert_int_eq(memcmp(base + yoff, want, sizeof want), 0);
+  ck_assert_int_eq(ql_region_destroy(c, r1), 0);
+  ck_assert_int_eq(ql_region_create(c2, 40 << 10, &r3), 0);
+  host_ranges(stats, &live, &ever);
+  ck_assert_int_eq(live, 1);
+  ck_assert_int_eq(ever, 2);
+  char *log = td_read_log(&d);
+  char want_log[96];
+  snprintf(want_log, sizeof want_log,
+           "uid %u reached its share of page-locked region memory",
+           (unsigned)geteuid());
+  ck_assert_msg(strstr(log, want_log) != NULL, "the log names no uid");
+  free(log);
   ck_assert_int_eq(ql_region_destroy(c2, r2), 0);
   ck_assert_int_eq(ql_region_destroy(c2, r3), 0);
   host_ranges(stats, &live, &ever);
@@ -1694,6 +1762,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, stats_not_starved_by_early_replies);
   tcase_add_test(tc, regions_registered);
   tcase_add_test(tc, regions_pinned_bound);
+  tcase_add_test(tc, regions_pinned_share);
   tcase_add_test(tc, no_driver);
   tcase_add_test(tc, mapped_two_clients);
   tcase_add_test(tc, mapped_unload_and_kill);
