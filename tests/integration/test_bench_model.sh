@@ -100,7 +100,11 @@ for v in ("ql_q4_auto", "ql_q4_wo", "ql_q8_auto", "ql_q8_wo"):
     for k in ("step", "in_qlinear_forward", "round_trips", "daemon_kernel"):
         if not b[k] > 0:
             err.append("%s: breakdown %s = %s" % (v, k, b[k]))
-    if not b["in_qlinear_forward"] >= b["round_trips"] >= b["daemon_kernel"]:
+    # Nested timings of the client's (a round trip inside its forward, in
+    # every round, so their medians keep the order too). Not the daemon's
+    # kernel time: the parts of a fused request launch side by side on the
+    # device's lanes, and their times add up past the round trip's.
+    if not b["in_qlinear_forward"] >= b["round_trips"]:
         err.append("%s: the parts exceed their whole: %s" % (v, b))
     if v.endswith("_wo") and b["aq_launches_per_token"] != 0:
         err.append("%s: AQ launches on path wo" % v)
