@@ -15,9 +15,9 @@
 #include <uv.h>
 
 #include "conf.h"
-#include "state/devices.h"
+#include "state/device.h"
 #include "net/listen.h"
-#include "serve/metrics.h"
+#include "dispatch/counts.h"
 #include "registry.h"
 #include "net/transport.h"
 #include "state/tenants.h"
@@ -28,31 +28,6 @@
 
 
 
-
-/*
- * What the metrics count besides the per-weight counters (ql__weight_stats,
- * which go with their weight): totals per device, per format and per path
- * that only ever grow, as Prometheus counters must. Loop thread, but for
- * the atomic ones, which a device worker adds to for the replies it sends
- * itself (route.h, early).
- */
-typedef struct ql__metrics_counts {
-  struct ql__metrics_dev {
-    _Atomic uint64_t requests; /* Linear requests and LinearMulti parts
-                                  answered with success */
-    _Atomic uint64_t rows;     /* their rows */
-    uint64_t batches[2];       /* launches, by path (ql__path_slot) */
-    uint64_t kernel_ns;        /* time in launches */
-    uint64_t queue_ns;         /* time requests waited for their first */
-  } dev[QL__MAX_DEVICES];
-  struct ql__metrics_fmt {
-    _Atomic uint64_t requests, rows; /* as above, by format */
-  } fmt[QL__FMT_SLOTS];
-  /* By path: a successful request from its admission to its answer
-   * (latency), every request to its first launch (queue), and each
-   * successful launch. */
-  ql__hist latency[2], queue[2], launch[2];
-} ql__metrics_counts;
 
 typedef struct ql__server {
   ql__config cfg;
@@ -98,7 +73,8 @@ typedef struct ql__server {
   ql__counters counters;
   ql__reply_sink replies; /* cap and counters for wire/reply.c */
   ql__metrics_counts mcounts; /* metrics.h */
-  ql__metrics *metrics;       /* the /metrics listener, or NULL: none */
+  struct ql__metrics *metrics; /* the /metrics listener (serve/metrics.h),
+                                  or NULL: none */
 } ql__server;
 
 /* Runs the daemon until SIGINT/SIGTERM; returns the process exit status.

@@ -33,6 +33,7 @@
 #include "serve/metrics.h"
 #include "serve/reload.h"
 #include "serve/serve.h"
+#include "state/devices.h"
 #include "state/store.h"
 
 /*

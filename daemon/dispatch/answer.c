@@ -145,7 +145,7 @@ static void part_done(ql__server *s, lin_req *j, int rc) {
   if (rc == 0) {
     j->w->stats[j->sr.on_device].requests++;
     j->w->stats[j->sr.on_device].rows += j->sr.rows;
-    ql__metrics_count_request(s, j->w, j->sr.on_device, j->sr.rows);
+    ql__counts_request(&s->mcounts, j->w, j->sr.on_device, j->sr.rows);
     count_latency(s, j, ql__now_ns());
   }
   ql__weight_unref(j->w);
@@ -225,7 +225,7 @@ static void answer(ql__server *s, lin_req *j) {
     st->rows += j->sr.rows;
     if (j->impl != NULL)
       st->impl = j->impl;
-    ql__metrics_count_request(s, j->w, j->sr.on_device, j->sr.rows);
+    ql__counts_request(&s->mcounts, j->w, j->sr.on_device, j->sr.rows);
   }
   /* An early reply left when its launch ended, not now. */
   if (rc == 0)

@@ -320,7 +320,7 @@ static void batch_run(ql__job *job) {
     st->rows += j->sr.rows;
     if (bj->impl != NULL)
       st->impl = bj->impl;
-    ql__metrics_count_request(bj->s, j->w, bj->d->index, j->sr.rows);
+    ql__counts_request(&bj->s->mcounts, j->w, bj->d->index, j->sr.rows);
     ql__reply r;
     linear_body b;
     ql__lin_reply(j, 0, bj->impl, &r, &b);

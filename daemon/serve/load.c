@@ -10,6 +10,7 @@
 #include "import.h"
 #include "log.h"
 #include "serve/serve.h"
+#include "state/devices.h"
 #include "state/store.h"
 
 /* ---------------------------------------------------------------- uploads */

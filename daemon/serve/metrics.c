@@ -1,6 +1,6 @@
 /*
- * metrics.c - see metrics.h. The counters' helpers first, then the
- * renderer of the exposition text, then the HTTP listener: libmicrohttpd
+ * metrics.c - see metrics.h. The renderer of the exposition text, then
+ * the HTTP listener: libmicrohttpd
  * in its "external epoll" mode, driven by the loop.
  */
 #include "config.h"
@@ -27,60 +27,6 @@
 #include "dispatch/scheduler.h"
 #include "serve/serve.h"
 #include "state/session.h"
-
-/* ------------------------------------------------------------ counters */
-
-static const uint32_t fmt_groups[4] = {32, 64, 128, 256};
-static const char *const fmt_names[QL__FMT_SLOTS] = {
-    "q4g32",  "q4g64",  "q4g128",  "q4g256",  "q8b32",
-    "q8b64",  "q8b128", "q8b256",  "q8b32a",  "q8b64a",
-    "q8b128a", "q8b256a", "q8c",   "f8r",     "other",
-};
-enum { FMT_Q8C = 12, FMT_F8R = 13, FMT_OTHER = 14 };
-
-unsigned ql__fmt_slot(int format, uint32_t group_size, int asymmetric) {
-  int g = -1;
-  for (int i = 0; i < 4; i++)
-    if (group_size == fmt_groups[i])
-      g = i;
-  switch (format) {
-  case QL_FORMAT_Q4G:
-    return g >= 0 ? (unsigned)g : FMT_OTHER;
-  case QL_FORMAT_Q8B:
-    return g >= 0 ? 4u + (asymmetric ? 4u : 0u) + (unsigned)g : FMT_OTHER;
-  case QL_FORMAT_Q8C:
-    return FMT_Q8C;
-  case QL_FORMAT_F8R:
-    return FMT_F8R;
-  default:
-    return FMT_OTHER;
-  }
-}
-
-const char *ql__fmt_slot_name(unsigned slot) {
-  return fmt_names[slot < QL__FMT_SLOTS ? slot : FMT_OTHER];
-}
-
-unsigned ql__fmt_slot_of(const ql__weight *w) {
-  /* asymmetric as WeightInfo says it (query.c): q8b with zero points */
-  return ql__fmt_slot(w->q->format, w->q->group_size,
-                      w->q->format == QL_FORMAT_Q8B && w->q->zero != NULL);
-}
-
-void ql__hist_add(ql__hist *h, uint64_t ns) {
-  h->bucket[ql__sched_hist_bucket(ns)]++;
-  h->sum_ns += ns;
-  h->count++;
-}
-
-void ql__metrics_count_request(ql__server *s, const ql__weight *w,
-                               unsigned dev, uint64_t rows) {
-  struct ql__metrics_fmt *f = &s->mcounts.fmt[ql__fmt_slot_of(w)];
-  s->mcounts.dev[dev].requests++;
-  s->mcounts.dev[dev].rows += rows;
-  f->requests++;
-  f->rows += rows;
-}
 
 /* ------------------------------------------------------------ renderer */
 
@@ -418,27 +364,27 @@ static void format_totals(text *t, const ql__server *s, const tally *c) {
    * series (the last slot, "other", only when something is in it). */
 #define EACH_FORMAT(f)                                                         \
   for (unsigned f = 0; f < QL__FMT_SLOTS; f++)                                 \
-    if (f != FMT_OTHER || c->fmt_weights[f] != 0 ||                            \
+    if (f != QL__FMT_OTHER || c->fmt_weights[f] != 0 ||                            \
         s->mcounts.fmt[f].requests != 0)
   head(t, "qlinear_format_weights", "gauge", "Weights resident, by format.");
   EACH_FORMAT(f)
-  sample1(t, "qlinear_format_weights", "format", fmt_names[f],
+  sample1(t, "qlinear_format_weights", "format", ql__fmt_slot_name(f),
           c->fmt_weights[f]);
   head(t, "qlinear_format_weight_bytes", "gauge",
        "Bytes of those weights (canonical arrays and layouts).");
   EACH_FORMAT(f)
-  sample1(t, "qlinear_format_weight_bytes", "format", fmt_names[f],
+  sample1(t, "qlinear_format_weight_bytes", "format", ql__fmt_slot_name(f),
           c->fmt_bytes[f]);
   head(t, "qlinear_format_requests_total", "counter",
        "Linear requests (LinearMulti parts each) answered with success, by "
        "the weight's format.");
   EACH_FORMAT(f)
-  sample1(t, "qlinear_format_requests_total", "format", fmt_names[f],
+  sample1(t, "qlinear_format_requests_total", "format", ql__fmt_slot_name(f),
           s->mcounts.fmt[f].requests);
   head(t, "qlinear_format_rows_total", "counter",
        "Activation rows of those requests.");
   EACH_FORMAT(f)
-  sample1(t, "qlinear_format_rows_total", "format", fmt_names[f],
+  sample1(t, "qlinear_format_rows_total", "format", ql__fmt_slot_name(f),
           s->mcounts.fmt[f].rows);
 #undef EACH_FORMAT
 }

@@ -14,9 +14,10 @@
  * QL_METRICS_WEIGHTS_MAX, so the count of series is bounded whatever is
  * loaded.
  *
- * Also here, since the counters are kept whether or not anything is
- * served: the error slots (a counter per QL_E* code) and the log2
- * histograms the dispatcher fills as requests complete.
+ * What it renders is counted elsewhere, whether or not anything is
+ * served: the error slots (wire/counters.h) and the totals and log2
+ * histograms the dispatcher fills as requests complete
+ * (dispatch/counts.h).
  */
 #ifndef QL_METRICS_H
 #define QL_METRICS_H
@@ -25,6 +26,7 @@
 #include <stdint.h>
 
 #include "conf.h" /* QL_METRICS_WEIGHTS_MAX */
+#include "dispatch/counts.h"
 #include "ql_defs.h"
 #include "wire/counters.h"
 
@@ -32,45 +34,6 @@ struct ql__server;
 struct ql__weight;
 typedef struct ql__metrics ql__metrics;
 
-
-/* ------------------------------------------------------------ counters */
-
-/* One slot per weight format as a load names it (q4g32 ... q4g256,
- * q8b32 ... q8b256, q8b32a ... q8b256a, q8c, f8r), and one for anything
- * else: the format label's values, bounded whatever is loaded. */
-enum { QL__FMT_SLOTS = 15 };
-unsigned ql__fmt_slot(int format, uint32_t group_size, int asymmetric);
-const char *ql__fmt_slot_name(unsigned slot); /* "q4g128", ...; "other" */
-/* The slot of weight w. */
-unsigned ql__fmt_slot_of(const struct ql__weight *w);
-
-/* A path's index in the per-path counters: 0 weight-only, 1
- * activation-quantized, -1 for any other value (AUTO, not yet routed). */
-static inline int ql__path_slot(int path) {
-  return path == QL_PATH_WEIGHT_ONLY ? 0 : path == QL_PATH_ACT_QUANT ? 1 : -1;
-}
-
-/*
- * A histogram of durations in the scheduler's log2 buckets
- * (ql__sched_hist_bucket: bucket 0 holds [0, 1024) ns, bucket b > 0
- * [2^(b+9), 2^(b+10)) ns, the last one everything above), with their sum
- * and count. Loop thread.
- */
-#define QL__HIST_BUCKETS 32
-typedef struct ql__hist {
-  uint64_t bucket[QL__HIST_BUCKETS];
-  uint64_t sum_ns;
-  uint64_t count;
-} ql__hist;
-
-void ql__hist_add(ql__hist *h, uint64_t ns);
-
-/* A Linear request or a LinearMulti part on w, rows rows, answered with
- * success on device dev: counted for dev and w's format in s->mcounts.
- * Any thread (only atomic counters change). */
-void ql__metrics_count_request(struct ql__server *s,
-                               const struct ql__weight *w, unsigned dev,
-                               uint64_t rows);
 
 /* ------------------------------------------------------------ listener */
 

@@ -7,6 +7,7 @@
 #include "log.h"
 #include "notify.h"
 #include "serve/reload.h"
+#include "state/devices.h"
 
 /* ql__weight_store_foreach(): a weight to measure now that the config
  * no longer fixes the crossover. */

@@ -16,7 +16,7 @@
 # their own.) Headers of a folder are included by their path from daemon/
 # ("state/weights.h"); a bare name is allowed for the root's headers only.
 # Any include the table does not allow fails, with the file, the line and
-# why. Before checking the tree, the check is run on a copy with a
+# why; so does any circle of includes between modules (a .c with its .h). Before checking the tree, the check is run on a copy with a
 # forbidden include added, which it must refuse.
 set -u
 : "${QL_SRCDIR:?run through make check}"
@@ -93,6 +93,51 @@ check_tree() {
   return $((n > 255 ? 255 : n))
 }
 
+# include_edges TOP: "from to" per quoted include between two daemon
+# modules (a module: a .c and its .h, by path from daemon/, no suffix).
+include_edges() {
+  top=$1
+  for f in "$top"/daemon/*.c "$top"/daemon/*.h "$top"/daemon/*/*.c "$top"/daemon/*/*.h; do
+    [ -f "$f" ] || continue
+    rel=${f#"$top"/daemon/}
+    from=${rel%.*}
+    dir=$(dirname "$rel")
+    grep -h '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" |
+      sed 's/.*"\([^"]*\)".*/\1/' | while read -r inc; do
+        if [ -f "$top/daemon/$inc" ]; then
+          to=${inc%.*}
+        elif [ "$dir" != . ] && [ -f "$top/daemon/$dir/$inc" ]; then
+          to=$dir/${inc%.*}
+        else
+          continue
+        fi
+        [ "$to" != "$from" ] && echo "$from $to"
+      done
+  done | sort -u
+}
+
+# circles: reads edges, prints one line per circle found ("a -> b -> a"),
+# by depth-first search.
+circles() {
+  awk '
+    { if (!(($1, $2) in seen)) { seen[$1, $2] = 1; out[$1] = out[$1] " " $2 }
+      node[$1] = 1; node[$2] = 1 }
+    function visit(v, d,   n, i, j, w, list, c) {
+      state[v] = 1; pos[v] = d; stk[d] = v
+      n = split(out[v], list, " ")
+      for (i = 1; i <= n; i++) {
+        w = list[i]
+        if (state[w] == 1) {
+          c = ""
+          for (j = pos[w]; j <= d; j++) c = c stk[j] " -> "
+          print c w; found++
+        } else if (state[w] == 0) visit(w, d + 1)
+      }
+      state[v] = 2
+    }
+    END { for (v in node) if (state[v] == 0) visit(v, 0); exit found > 0 }'
+}
+
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ql-layers.XXXXXX") || exit 1
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
@@ -104,6 +149,9 @@ cp -R "$QL_SRCDIR/daemon" "$QL_SRCDIR/proto" "$QL_SRCDIR/kernels" "$tmp/copy/"
 printf '#include "serve/handlers.h"\n' >>"$tmp/copy/daemon/state/weights.c"
 printf '#include "state/weights.h"\n' >>"$tmp/copy/daemon/net/transport.c"
 printf '#include "reply.h"\n' >>"$tmp/copy/daemon/wire/protocol.c"
+# (and a circle inside one layer, which the table allows: weights.c
+# includes store.h already)
+printf '#include "state/weights.h"\n' >>"$tmp/copy/daemon/state/store.c"
 out=$(check_tree "$tmp/copy")
 for want in 'state/weights.c:.*"serve/handlers.h": state/ must not include serve/' \
   'net/transport.c:.*"state/weights.h": net/ must not include state/' \
@@ -116,6 +164,14 @@ for want in 'state/weights.c:.*"serve/handlers.h": state/ must not include serve
 done
 echo "self-test: refused, as it must:"
 printf '%s\n' "$out" | sed 's/^/  /'
+circ=$(include_edges "$tmp/copy" | circles)
+if ! printf '%s\n' "$circ" | grep -q 'store -> state/weights\|weights -> state/store'; then
+  echo "FAIL: self-test: the circle check did not see state/weights <-> state/store"
+  printf '%s\n' "$circ"
+  exit 1
+fi
+echo "self-test: the circle seen, as it must be:"
+printf '%s\n' "$circ" | sed 's/^/  /'
 
 out=$(check_tree "$QL_SRCDIR")
 rc=$?
@@ -124,4 +180,12 @@ if [ "$rc" -ne 0 ]; then
   echo "FAIL: $rc include(s) against daemon/'s layers"
   exit 1
 fi
-echo "PASS: every include in daemon/'s folders follows the layer table"
+# No include circle either, inside a layer or through the root: a module
+# is a .c with its .h, and no chain of includes leads from one back to it.
+circ=$(include_edges "$QL_SRCDIR" | circles)
+if [ -n "$circ" ]; then
+  printf '%s\n' "$circ"
+  echo "FAIL: include circles in daemon/ (each line: one, as found)"
+  exit 1
+fi
+echo "PASS: every include in daemon/'s folders follows the layer table, and no include makes a circle"
