@@ -219,19 +219,25 @@ static int validate_spec(const Qlinear__V1__WeightSpec *s, int packed,
   return 0;
 }
 
-/* The stateless part of a region slice: an offset aligned to the element
+/* The stateless part of every slice: an offset aligned to the element
  * size (the mapping is page-aligned, so the kernels see aligned elements).
- * Bounds need the region: dispatch/admit.c checks them with
- * ql__slice_valid(). */
-static int check_slice(const char *what, const Qlinear__V1__RegionSlice *sl,
-                       size_t es, char *err, size_t errlen) {
-  if (sl->offset % es != 0) {
+ * Bounds need the memory: dispatch/admit.c checks them with
+ * ql__slice_valid() (resolve_tensor). */
+static int check_offset(const char *what, uint64_t offset, size_t es,
+                        char *err, size_t errlen) {
+  if (offset % es != 0) {
     seterr(err, errlen, "linear: %s slice offset %llu is not a multiple of "
-           "the %zu-byte element size", what, (unsigned long long)sl->offset,
+           "the %zu-byte element size", what, (unsigned long long)offset,
            es);
     return QL_EINVAL;
   }
   return 0;
+}
+
+/* A region slice: an aligned offset. */
+static int check_slice(const char *what, const Qlinear__V1__RegionSlice *sl,
+                       size_t es, char *err, size_t errlen) {
+  return check_offset(what, sl->offset, es, err, errlen);
 }
 
 /* The stateless part of a Level Zero IPC slice: an import named, an
@@ -244,13 +250,7 @@ static int check_ze(const char *what, const Qlinear__V1__ZeIpcSlice *sl,
            "import", what);
     return QL_EINVAL;
   }
-  if (sl->offset % es != 0) {
-    seterr(err, errlen, "linear: %s slice offset %llu is not a multiple of "
-           "the %zu-byte element size", what, (unsigned long long)sl->offset,
-           es);
-    return QL_EINVAL;
-  }
-  return 0;
+  return check_offset(what, sl->offset, es, err, errlen);
 }
 
 /* The stateless part of a CUDA IPC slice: handles of the right size, a
@@ -274,13 +274,7 @@ static int check_cuda(const char *what, const Qlinear__V1__CudaIpcSlice *sl,
            what);
     return QL_EINVAL;
   }
-  if (sl->offset % es != 0) {
-    seterr(err, errlen, "linear: %s slice offset %llu is not a multiple of "
-           "the %zu-byte element size", what, (unsigned long long)sl->offset,
-           es);
-    return QL_EINVAL;
-  }
-  return 0;
+  return check_offset(what, sl->offset, es, err, errlen);
 }
 
 /* x of a Linear or LinearMulti request; *es gets its element size. */
