@@ -82,7 +82,7 @@ static void session_budget_free(void *data, void *ptr) {
 int ql__mul_size(size_t a, size_t b, size_t c, size_t *out) {
   size_t ab;
   if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, out))
-    return -1;
+    return QL_ESHAPE;
   return 0;
 }
 

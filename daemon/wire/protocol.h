@@ -109,7 +109,8 @@ static inline int ql__slice_valid(uint64_t off, uint64_t len, uint64_t size) {
  * component and no leading "/". */
 int ql__name_valid(const char *name);
 
-/* Multiplies a*b*c into *out; returns -1 on overflow of size_t. */
+/* Multiplies a*b*c into *out: 0, or QL_ESHAPE when it overflows size_t
+ * (*out is then not meaningful). */
 int ql__mul_size(size_t a, size_t b, size_t c, size_t *out);
 
 /* Largest N or K accepted (the kernels index rows with 32-bit ints). */
