@@ -246,7 +246,9 @@ QL_EXPORT int ql_linear_mapped(ql_mapped* h, const void* x, void* y,
     (void)cudaGetLastError();
     return QL_EDEVICE;
   }
-  ql__cuda_linear_wo(&h->view, QL__CUDA_WO_STREAM, h->dt, x, m, y,
+  // The kernel the daemon's backend runs (the same QL_CUDA_WO_KERNEL), so
+  // that a mapped call gives the daemon's bytes.
+  ql__cuda_linear_wo(&h->view, ql__cuda_wo_kernel(), h->dt, x, m, y,
                      h->scratch, stream);
   cudaError_t e = cudaGetLastError();
   if (cur != h->ordinal) (void)cudaSetDevice(cur);

@@ -549,27 +549,9 @@ long long imma_min_rows() {
   return env_count("QL_CUDA_IMMA_MIN_ROWS", kImmaDefaultRows, &g_imma_rows);
 }
 
-// QL_CUDA_WO_KERNEL: "legacy" runs linear_wo on the kernel with one block
-// row per row of x (QL__CUDA_WO_LEGACY) instead of the streaming one,
-// "tiled" the streaming one without its persistent grid, "wide" with one
-// step of loads in flight and three blocks per SM at one or two rows of x,
-// so that one GPU run can time them all; the bytes are the same. Read once.
-std::atomic<int> g_wo_kernel{-1};
 
 }  // namespace
 
-int ql__cuda_wo_kernel(void) {
-  int v = g_wo_kernel.load();
-  if (v >= 0) return v;
-  const char* s = getenv("QL_CUDA_WO_KERNEL");
-  v = s == nullptr                  ? QL__CUDA_WO_STREAM
-      : strcmp(s, "legacy") == 0 ? QL__CUDA_WO_LEGACY
-      : strcmp(s, "tiled") == 0  ? QL__CUDA_WO_TILED
-      : strcmp(s, "wide") == 0   ? QL__CUDA_WO_WIDE
-                                 : QL__CUDA_WO_STREAM;
-  g_wo_kernel.store(v);
-  return v;
-}
 
 namespace {
 

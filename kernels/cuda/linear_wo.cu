@@ -1,11 +1,14 @@
 // linear_wo.cu - weight-only linear for decode-shaped batches (DESIGN §4,
 // §9): y[m, n] = Σk x[m, k]·dequant(W)[n, k] (+ b[n]) for q4g, q8c, q8b and
 // f8r weights in the "cuda-1" layout (ql_cuda.h), f32/f16/bf16 activations
-// and f32/f16/bf16 scales. Two kernels give the same bytes: the streaming
-// one (the default) and the legacy one (QL_CUDA_WO_KERNEL=legacy, read by
-// backend.cpp), kept to be timed against it on a GPU.
+// and f32/f16/bf16 scales. q4g with f16/bf16 x (K and groups multiples of
+// 128, f32 scales) runs on the tensor cores (wo_mma_kernel, its own section
+// below, with its own reduction order); everything else on the streaming
+// kernel. The streaming kernel and the legacy one (QL_CUDA_WO_KERNEL=legacy,
+// read by backend.cpp), kept to be timed against it on a GPU, give the
+// same bytes.
 //
-// The reduction order, shared by both and fixed by (N, K, format) alone:
+// The reduction order of those two, fixed by (N, K, format) alone:
 // K is cut into 16-byte chunks of a row's codes (32 int4 or 16 one-byte
 // codes); lane l of the warp that owns output row n takes chunks l, l + 32,
 // l + 64, ... in increasing k and sums them into one f32, then warp_sum()
@@ -62,7 +65,13 @@
 //
 // Two small kernels of every call live here too: the NaN/Inf check of x
 // and the copy by SMs between device and mapped host memory.
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+
 #include "common.cuh"
+#include "ptx.h"
 #include "ql_cuda.h"
 
 namespace ql_cuda {
@@ -756,16 +765,352 @@ void launch_stream(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
   else
     launch_stream_mt<F, Z, kMaxRows>(w, dt, x, m, y, part, persist, st);
 }
+// ---- the tensor-core kernel: q4g with f16 or bf16 x (the default there) ----
+//
+// wo_mma_kernel<BF, NT, RT> computes the block's 16·RT rows of W against
+// 8·NT rows of x on the tensor cores (mma.sync m16n8k16, f32
+// accumulation), with W as the A operand (16 rows of W a tile, RT tiles a
+// warp) and x as B (8 rows of x a tile), so that one instruction takes 256
+// weights; RT = 2 where the registers allow (each fragment of x serves two
+// tiles), 1 at NT = 4. A pair of codes becomes an f16x2/bf16x2 operand in
+// three instructions (dequant_word), with no shuffle and no int-to-float
+// conversion, as the integers q: exact in 16 bits, so are their products
+// with x, so the tensor cores' f32 sums are as good as any f32 order.
+// The codes stay the canonical rows of the cuda-1 layout: the order of K
+// inside a k-block of 128 is free as long as x follows it, so lane (g, t)
+// takes the 16 bytes at 32t of rows g and g + 8 of each tile and the same
+// 32 values of x, which four byte permutes turn into its B fragments; the
+// weight streams through 128-bit loads that skip L1, x comes through L1.
+//
+// The reduction order, fixed by (N, K, device) alone: per k-block of 128
+// values (never straddling a group: groups are multiples of 128 here) the
+// tensor cores sum x·q into c and x into xs (an mma with A = 1), and the
+// warp adds zero·xs and then scale·c to its f32 sum; a warp takes a run of
+// consecutive k-blocks in increasing k; the block's 8 warps are added in
+// warp order through shared memory; with split-K (mma_splits(): a function
+// of N, K and the device's SM count), the splits go through part[] and
+// reduce_kernel in increasing order. Rows of x are columns of the mma and
+// never meet, and RT only groups tiles: a row gives the same bytes alone
+// and in any batch, whatever NT and RT its batch takes. The order differs
+// from the streaming kernel's, so the two agree within the accuracy bound,
+// not bit for bit; a weight's calls with f16 or bf16 x always take this
+// one (f32 x, other formats, f16/bf16 scales and other shapes take the
+// streaming kernel).
+constexpr int kMmaKB = 128;               // values of K per k-block
+constexpr int kMmaMaxNT = 4;              // 32 rows of x per pass at most
+
+// Tiles of 16 rows of W a warp takes at NT tiles of x, and blocks per SM
+// the register budget is cut for: two (128 registers a thread; at three
+// the one-tile kernel spills on sm_90), one at four tiles of x before
+// sm_90, where 128 registers spill.
+template <int NT>
+constexpr int kMmaRT = NT <= 2 ? 2 : 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+template <int NT>
+constexpr int kMmaBlocks = NT >= 4 ? 1 : 2;
+#else
+template <int NT>
+constexpr int kMmaBlocks = 2;
+#endif
+
+// Word j of v (j a constant once unrolled).
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
+  return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// The four operand pairs of one word of 8 codes (values e = 0..7 of the
+// word, the code of e in bits 4e..4e+3): pair p holds codes p and p + 4
+// (low and high half) as the exact integers q in f16 or bf16. Per pair a
+// shift, a lop3 (b ? (a ^ c) : c, LUT 0x6A: the masked code with its sign
+// bit flipped, u = q + 8, in the mantissa of the magic number 1024 or 128)
+// and an fma2 (·1 − 1032, or − 136), all exact.
+template <bool BF>
+__device__ __forceinline__ void dequant_word(uint32_t v, uint32_t (&p)[4]) {
+  using namespace ql_ptx;
+  constexpr uint32_t kMagic = BF ? 0x43084308u : 0x64086408u;
+  constexpr uint32_t kOne = BF ? 0x3F803F80u : 0x3C003C00u;
+  constexpr uint32_t kBias = BF ? 0xC308C308u : 0xE408E408u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    p[i] = ql_fma2<BF>(ql_lop3<0x6A>(v >> (4 * i), 0x000F000Fu, kMagic), kOne,
+                       kBias);
+}
+
+// Can wo_mma_kernel take this weight with x of dtype dt: q4g, f16 or bf16
+// x, f32 scales and zeros (the cuda-1 layout's default,
+// QL_CUDA_WIDE_SCALES), K and the group length multiples of 128, and rows
+// short enough for the kernel's 32-bit offsets (K below 2^25, N·G below
+// 2^31).
+bool mma_fits(const ql__cuda_wo* w, int dt) {
+  return w->format == F_Q4G && (dt == DT_F16 || dt == DT_BF16) &&
+         w->sdt == DT_F32 && w->zero != nullptr &&
+         w->k % kMmaKB == 0 && w->gs % kMmaKB == 0 &&
+         w->ldq < (int64_t(1) << 25) && w->k < (int64_t(1) << 25) &&
+         w->n * w->groups < (int64_t(1) << 31);
+}
+
+// Splits of K across blocks: one where the 32-row tiles alone give two
+// blocks an SM, else two where K holds a k-block for each warp of both,
+// so that a narrow weight fills the SMs and keeps two k-blocks a warp in
+// flight (of one split, two, and about two, four or eight blocks an SM,
+// the static model's fastest on every canonical shape: docs/gpu-model.md).
+// A function of (N, K, the device's SMs), never of M.
+int64_t mma_splits(const ql__cuda_wo* w) {
+  const int64_t sms = w->sms > 0 ? w->sms : 132;  // H100/H200 where unknown
+  if ((w->n + 31) / 32 >= 2 * sms) return 1;
+  return w->k >= 2 * kWarps * kMmaKB ? 2 : 1;
+}
+
+// y rows [m0, m0 + 8·NT) for rows [16·RT·blockIdx.x, +16·RT) of W, m0 =
+// 8·NT·blockIdx.y, over split blockIdx.z of gridDim.z; see above.
+template <bool BF, int NT, int RT = kMmaRT<NT>>
+__global__ void __launch_bounds__(kThreads, kMmaBlocks<NT>)
+    wo_mma_kernel(ql__cuda_wo w, int dt, const uint16_t* __restrict__ x,
+                  int64_t m_all, float* __restrict__ part,
+                  void* __restrict__ y) {
+  using namespace ql_ptx;
+  __shared__ __align__(16) float red[kWarps][RT * 4 * 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t n0 = int64_t(blockIdx.x) * 16 * RT;
+  const int64_t m0 = int64_t(blockIdx.y) * 8 * NT;
+  // This warp's k-blocks: its eighth of the split's share, in order.
+  // (32-bit counts and offsets: mma_fits() bounds K, the rows' bytes and
+  // N·G.)
+  const int nkb = int(w.k / kMmaKB), S = int(gridDim.z);
+  const int s0 = int(int64_t(nkb) * blockIdx.z / S);
+  const int s1 = int(int64_t(nkb) * (blockIdx.z + 1) / S);
+  const int kb0 = s0 + (s1 - s0) * warp / kWarps;
+  const int kb1 = s0 + (s1 - s0) * (warp + 1) / kWarps;
+  // Rows g + 8i (i < 2·RT) of the block, a row past N read as row N - 1,
+  // and rows m0 + g + 8j of x, a row past the batch read as its last row:
+  // what those give is never stored, and columns of the mma never meet, so
+  // no load needs a predicate. Offsets from the block's first row of each
+  // (32-bit: mma_fits() bounds them).
+  const uint8_t* const qb = w.q + n0 * w.ldq;
+  const float* const sb = static_cast<const float*>(w.scale);
+  const float* const zb = static_cast<const float*>(w.zero);
+  int qoff[2 * RT], soff[2 * RT];
+#pragma unroll
+  for (int i = 0; i < 2 * RT; ++i) {
+    const int64_t n = lo(n0 + g + 8 * i, w.n - 1);
+    qoff[i] = int((n - n0) * w.ldq) + 16 * t;
+    soff[i] = int(n * w.groups);
+  }
+  const uint16_t* const xb = x + m0 * w.k;
+  int xoff[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+    xoff[j] = int((lo(m0 + g + 8 * j, m_all - 1) - m0) * w.k) + 32 * t;
+  const int gshift = 31 - __clz(int(w.gs)) - 7;  // k-block -> group
+  const uint32_t one = BF ? 0x3F803F80u : 0x3C003C00u;
+  const uint32_t ones[4] = {one, one, one, one};
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.0f;
+  for (int kb = kb0; kb < kb1; ++kb) {
+    // The weight's 64 bytes of this lane (RT = 2) first, then x.
+    uint4 v[RT][2];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        v[r][h] = ql_ld128_stream(qb + qoff[2 * r + h] + kb * 64);
+    float c[RT][NT][4], xs[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        xs[j][i] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) c[r][j][i] = 0.0f;
+      }
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {  // word jj: two steps of k16
+      uint32_t b[NT][2][2];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint4 u = ql_ld128(xb + xoff[j] + kb * kMmaKB + 8 * jj);
+        // Values {0, 4} and {1, 5} of the word's 8 for the first step,
+        // {2, 6} and {3, 7} for the second, as the codes' pairs.
+#ifdef QL_MUT_MMA_PERM  // mutation test: values {0, 1}, not {0, 4}
+        b[j][0][0] = u.x;
+#else
+        b[j][0][0] = __byte_perm(u.x, u.z, 0x5410u);
+#endif
+        b[j][0][1] = __byte_perm(u.x, u.z, 0x7632u);
+        b[j][1][0] = __byte_perm(u.y, u.w, 0x5410u);
+        b[j][1][1] = __byte_perm(u.y, u.w, 0x7632u);
+      }
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        uint32_t pa[4], pb[4];
+        dequant_word<BF>(word_of(v[r][0], jj), pa);
+        dequant_word<BF>(word_of(v[r][1], jj), pb);
+        const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]};
+        const uint32_t a1[4] = {pa[2], pb[2], pa[3], pb[3]};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          ql_mma_m16n8k16<BF>(c[r][j], a0, b[j][0], c[r][j]);
+          ql_mma_m16n8k16<BF>(c[r][j], a1, b[j][1], c[r][j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        ql_mma_m16n8k16<BF>(xs[j], ones, b[j][0], xs[j]);
+        ql_mma_m16n8k16<BF>(xs[j], ones, b[j][1], xs[j]);
+      }
+    }
+    // Scales and zeros loaded here rather than with the codes: eight
+    // registers fewer through the mma steps (the other warps of the SM
+    // cover the wait).
+    const int sk = kb >> gshift;
+    float s[RT][2], z[RT][2];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        s[r][h] = sb[soff[2 * r + h] + sk];
+        z[r][h] = zb[soff[2 * r + h] + sk];
+      }
+    // c[i]: row g + 8·(i >> 1) of the tile, row 2t + (i & 1) of x.
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[r][j][i] = __fmaf_rn(z[r][i >> 1], xs[j][i], acc[r][j][i]);
+          acc[r][j][i] = __fmaf_rn(s[r][i >> 1], c[r][j][i], acc[r][j][i]);
+        }
+  }
+  // The 8 warps' sums in warp order, one tile of x at a time: thread e
+  // adds element e = 128r + 32i + lane of every warp.
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][128 * r + 32 * i + lane] = acc[r][j][i];
+    __syncthreads();
+    const int e = threadIdx.x, r = e >> 7, i = (e >> 5) & 3, l = e & 31;
+    const int64_t n = n0 + 16 * r + 8 * (i >> 1) + (l >> 2);
+    const int64_t m = m0 + 8 * j + 2 * (l & 3) + (i & 1);
+    if (e < RT * 128 && n < w.n && m < m_all) {
+      float sum = red[0][e];
+#pragma unroll
+      for (int q = 1; q < kWarps; ++q) sum = __fadd_rn(sum, red[q][e]);
+      if (gridDim.z == 1)
+        finish<F_Q4G>(w, dt, y, m, n, sum);
+      else
+        part[(int64_t(blockIdx.z) * m_all + m) * w.n + n] = sum;
+    }
+    __syncthreads();
+  }
+}
+
+// x must be 16-byte aligned here (launch_mma sees to it).
+template <bool BF, int NT>
+void launch_mma_nt(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
+                   void* y, float* part, int64_t s, cudaStream_t st) {
+  const unsigned gx = unsigned((w->n + 16 * kMmaRT<NT> - 1) / (16 * kMmaRT<NT>));
+  auto* const kernel = &wo_mma_kernel<BF, NT>;
+  constexpr int64_t kRows = 8 * NT;
+  for (int64_t r0 = 0; r0 < m; r0 += int64_t(kMaxGridY) * kRows) {
+    const int64_t passes = (m - r0 + kRows - 1) / kRows;
+    const unsigned gy = unsigned(lo(int64_t(kMaxGridY), passes));
+    // Rows from r0 on: x, y and part seen from row r0.
+    const uint16_t* xr = static_cast<const uint16_t*>(x) + r0 * w->k;
+    void* yr = static_cast<uint16_t*>(y) + r0 * w->n;
+    QL_LAUNCH(kernel, dim3(gx, gy, unsigned(s)), dim3(kThreads), 0, st, *w,
+              dt, xr, m - r0, part, yr);
+    if (s > 1) {
+      const int64_t rows = m - r0;
+      const int64_t blocks = (rows * w->n + kThreads - 1) / kThreads;
+      QL_LAUNCH(reduce_kernel<F_Q4G>, dim3(unsigned(blocks)), dim3(kThreads),
+                0, st, *w, dt, rows, int(s), static_cast<const float*>(part),
+                yr);
+    }
+  }
+}
+
+// Bytes of scratch the tensor-core kernel needs for m rows: the splits'
+// partial sums, then room for a 16-byte aligned copy of x.
+size_t mma_scratch(const ql__cuda_wo* w, int64_t m) {
+  const int64_t s = mma_splits(w);
+  return (s > 1 ? size_t(s) * size_t(m) * size_t(w->n) * sizeof(float) : 0) +
+         size_t(m) * size_t(w->k) * 2 + 16;
+}
+
+// The smallest NT that holds m rows (8·NT rows a pass, several passes
+// above 32 rows).
+template <bool BF>
+void launch_mma(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
+                void* y, float* part, cudaStream_t st) {
+  const int64_t s = mma_splits(w);
+  // x that is not 16-byte aligned (a row slice of a caller's tensor) is
+  // copied to an aligned place in scratch first: the same values, so the
+  // same bytes, with every load of the kernel 128 bits wide.
+  if (reinterpret_cast<uintptr_t>(x) % 16 != 0) {
+    unsigned char* const end = reinterpret_cast<unsigned char*>(part) +
+                               (s > 1 ? s * m * w->n * 4 : 0);
+    void* const xa = reinterpret_cast<void*>(
+        (reinterpret_cast<uintptr_t>(end) + 15) & ~uintptr_t(15));
+    ql__cuda_copy(xa, x, size_t(m * w->k * 2), st);
+    x = xa;
+  }
+  if (m <= 8)
+    launch_mma_nt<BF, 1>(w, dt, x, m, y, part, s, st);
+  else if (m <= 16)
+    launch_mma_nt<BF, 2>(w, dt, x, m, y, part, s, st);
+  else
+    launch_mma_nt<BF, kMmaMaxNT>(w, dt, x, m, y, part, s, st);
+}
 }  // namespace
 }  // namespace ql_cuda
+
+// QL_CUDA_WO_KERNEL, read once, here, so that the daemon's backend and
+// libqlinear-cuda's mapped launches run the same kernel: "legacy" the
+// kernel with one block row per row of x, "tiled" the streaming one
+// without its persistent grid, "wide" with one step of loads in flight and
+// three blocks per SM at one or two rows of x, "stream" the streaming one
+// also where the tensor-core kernel is the default (q4g with f16/bf16 x),
+// so that one GPU run can time them all. The streaming kernels give the
+// same bytes; the tensor-core kernel has its own order.
+namespace {
+std::atomic<int> g_wo_kernel{-1};
+}  // namespace
+
+int ql__cuda_wo_kernel(void) {
+  int v = g_wo_kernel.load();
+  if (v >= 0) return v;
+  const char* s = getenv("QL_CUDA_WO_KERNEL");
+  v = s == nullptr                  ? QL__CUDA_WO_STREAM
+      : strcmp(s, "legacy") == 0 ? QL__CUDA_WO_LEGACY
+      : strcmp(s, "tiled") == 0  ? QL__CUDA_WO_TILED
+      : strcmp(s, "wide") == 0   ? QL__CUDA_WO_WIDE
+      : strcmp(s, "stream") == 0 ? QL__CUDA_WO_SIMT
+                                 : QL__CUDA_WO_STREAM;
+  g_wo_kernel.store(v);
+  return v;
+}
 
 int64_t ql__cuda_row_bytes(int format, int64_t k) {
   return format == ql_cuda::F_Q4G ? k / 2 + (k & 1) : k;
 }
 
 size_t ql__cuda_linear_wo_scratch(const ql__cuda_wo* w, int64_t m) {
-  const int64_t s = ql_cuda::splits_of(w->n, w->k);
-  return s > 1 ? size_t(s) * size_t(m) * size_t(w->n) * sizeof(float) : 0;
+  using namespace ql_cuda;
+  const int64_t s = splits_of(w->n, w->k);
+  const size_t stream =
+      s > 1 ? size_t(s) * size_t(m) * size_t(w->n) * sizeof(float) : 0;
+  // The tensor-core kernel's, for a weight it may take (whatever the dtype
+  // of x, which is not known here).
+  return mma_fits(w, DT_F16) ? hi(stream, mma_scratch(w, m)) : stream;
 }
 
 void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,
@@ -773,6 +1118,13 @@ void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,
                         void* stream) {
   using namespace ql_cuda;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (kernel == QL__CUDA_WO_STREAM && mma_fits(w, dt)) {
+    if (dt == DT_BF16)
+      launch_mma<true>(w, dt, x, m, y, scratch, st);
+    else
+      launch_mma<false>(w, dt, x, m, y, scratch, st);
+    return;
+  }
   if (kernel != QL__CUDA_WO_LEGACY) {
     const bool pe = kernel != QL__CUDA_WO_TILED;
     const bool wi = kernel == QL__CUDA_WO_WIDE;

@@ -47,23 +47,27 @@ const ql__cuda_wo* ql__cuda_packed_view(const void* packed, size_t* bytes);
 // for q4g, K otherwise), before padding.
 int64_t ql__cuda_row_bytes(int format, int64_t k);
 
-// The kernels of ql__cuda_linear_wo: the streaming one (the default: up to
-// 16 rows of x per pass over the weight, on a persistent grid sized by
-// ql__cuda_wo.sms), the same on one block per 16 rows of W (TILED), and
-// the legacy one (one block row per row of x), kept for comparison on a
-// GPU. All give the same bytes.
-// WIDE is the streaming one with one step of loads in flight and three
-// blocks per SM at one or two rows of x (two and two by default).
+// The kernels of ql__cuda_linear_wo. STREAM, the default, is the
+// tensor-core kernel for q4g with f16 or bf16 x where K and the group
+// length are multiples of 128 (its own reduction order), and elsewhere the
+// streaming kernel (up to 16 rows of x per pass over the weight, on a
+// persistent grid sized by ql__cuda_wo.sms). SIMT is the streaming kernel
+// everywhere, TILED the same on one block per 16 rows of W, WIDE the same
+// with one step of loads in flight and three blocks per SM at one or two
+// rows of x, LEGACY the kernel with one block row per row of x; those four
+// give the same bytes, and are kept to be timed against each other on a
+// GPU.
 enum {
   QL__CUDA_WO_STREAM = 0,
   QL__CUDA_WO_LEGACY = 1,
   QL__CUDA_WO_TILED = 2,
-  QL__CUDA_WO_WIDE = 3
+  QL__CUDA_WO_WIDE = 3,
+  QL__CUDA_WO_SIMT = 4
 };
 
 // The kernel that QL_CUDA_WO_KERNEL in the environment asks for ("legacy",
-// "tiled", "wide"; anything else, or unset: the streaming one), read once
-// (backend.cpp).
+// "tiled", "wide", "stream"; anything else, or unset: the default), read
+// once (linear_wo.cu): the backend and mapped launches both ask it.
 int ql__cuda_wo_kernel(void);
 
 // y[m, n] = x[m, k]·dequant(W)ᵀ (+ bias) for every row of x with kernel

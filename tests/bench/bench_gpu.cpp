@@ -1148,7 +1148,10 @@ int ql_bench_gpu(const char* device, int argc, char** argv) {
            ql__cuda_wo_kernel() == QL__CUDA_WO_LEGACY  ? "legacy"
            : ql__cuda_wo_kernel() == QL__CUDA_WO_TILED ? "tiled streaming"
            : ql__cuda_wo_kernel() == QL__CUDA_WO_WIDE  ? "wide streaming"
-                                                       : "persistent streaming");
+           : ql__cuda_wo_kernel() == QL__CUDA_WO_SIMT  ? "persistent streaming"
+                                                       : "tensor-core (q4g with "
+                                                         "f16/bf16 x) or "
+                                                         "persistent streaming");
   if (o.invariance || o.inv_only) inv_rc = check_invariance(&o, b);
   if (o.inv_only) return inv_rc;
 

@@ -398,6 +398,15 @@ def analyze(ins):
                 classes[c] = classes.get(c, 0) + 1
     gbytes = sum(int(c[3:]) * n for c, n in classes.items()
                  if c.startswith("ldg"))
+    # A kernel that streams its weight with L1::no_allocate loads (.NA) and
+    # reads x through L1 (the mma kernel): the bytes from memory are those
+    # of the .NA loads and of the narrower ones (scales), not x's.
+    hot_ops = [ins[k][2] for j in hot[1] if j not in zero_set
+               for k in range(bounds[j][0], bounds[j][1])]
+    stream = None
+    if any(op.startswith("LDG") and ".NA" in op for op in hot_ops):
+        stream = sum(width(op) for op in hot_ops if op.startswith("LDG") and
+                     (".NA" in op or width(op) < 16))
     # Staging: instructions per value stored to shared memory, from the
     # inner loops (f32 form: the shortest per value).
     per_value = None
@@ -446,6 +455,7 @@ def analyze(ins):
             "warp_cycles_per_ldg_cycle": (t1 - t0) / 1000.0,
             "classes": classes, "ldg_bytes": gbytes,
             "ldg128": classes.get("ldg16", 0),
+            **({"stream_bytes": stream} if stream is not None else {}),
             "stage_per_value": per_value or 0.0,
             "loop_len": sum(bounds[j][1] - bounds[j][0] for j in body)}
 
@@ -459,6 +469,7 @@ MS = [1, 4, 16, 64]
 KTILE, WARPS, THREADS = 1024, 8, 256
 WO_FORMATS = ["q4g", "q8c", "q8b", "q8bz", "f8r"]  # q8bz: q8b with zeros
 AQ_FORMATS = ["q4g", "q8c"]
+MMA_FORMATS = ["q4g"]  # the tensor-core WO kernel (bf16 x), wo_mma_kernel
 
 
 def layout_bytes(fmt, n, k, group=128):
@@ -478,6 +489,11 @@ def call_bytes(kind, fmt, n, k, m):
     scales and group sums for AQ), y (f32)."""
     if kind == "aq":
         x = m * k + 4 * m + (4 * m * (k // 128) if fmt == "q4g" else 0)
+    elif kind == "mma":
+        # bf16 x and y, and the splits' partial sums written and read
+        s = mma_splits(n, k, 132)  # the H100's and H200's SMs
+        return layout_bytes(fmt, n, k) + 2 * m * k + 2 * m * n + (
+            8 * s * m * n if s > 1 else 0)
     else:
         x = 4 * m * k
     return layout_bytes(fmt, n, k) + x + 4 * m * n
@@ -518,11 +534,26 @@ def aq_variant(fmt, m):
     return (Q4G, 128) if fmt == "q4g" else (Q8C, 64), 1 if m <= 4 else 2
 
 
+def mma_variant(m):
+    """(BF, NT) of wo_mma_kernel<BF, NT, RT> for m rows of bf16 x
+    (linear_wo.cu's launch_mma): NT tiles of 8 rows of x; RT (tiles of 16
+    rows of W a warp) is read from the kernel's name."""
+    return 1, 1 if m <= 8 else 2 if m <= 16 else 4
+
+
+MMA_NAME = re.compile(r"wo_mma_kernelILb(\d)ELi(\d)ELi(\d)EE")
 WO_NAME = re.compile(r"wo_stream_kernelILi(\d)ELb(\d)ELi(\d+)E(?:Li(\d)ELi(\d)E)?E")
 AQ_NAME = re.compile(r"linear_aq_kernelILi(\d)ELi(\d+)ELi(\d)EE")
 
 
 def kernel_name(funcs, kind, fmt, m):
+    if kind == "mma":
+        want = mma_variant(m)
+        for name in funcs:
+            mm = MMA_NAME.search(name)
+            if mm and tuple(int(x) for x in mm.groups()[:2]) == want:
+                return name
+        return None
     if kind == "aq":
         (f, s), mt = aq_variant(fmt, m)
         for name in funcs:
@@ -543,6 +574,8 @@ def kernel_name(funcs, kind, fmt, m):
 
 
 def variant_key(kind, fmt, m):
+    if kind == "mma":
+        return "mma %s NT=%d" % (fmt, mma_variant(m)[1])
     mt = aq_variant(fmt, m)[1] if kind == "aq" else wo_variant(fmt, m)[2]
     return "%s %s MT=%d" % (kind, fmt, mt)
 
@@ -579,6 +612,33 @@ def wo_launch(fmt, n, k, m, sms):
             "epilogues": per, "stages": stages,
             "stage_values": stages * s_rows * xt // THREADS,
             "ldg128": d * 2 * (tk // chunk // 32), "passes": gy}
+
+
+def mma_splits(n, k, sms):
+    """linear_wo.cu's mma_splits(): one split where the 32-row tiles give
+    two blocks an SM, else two where K holds a k-block of 128 values for
+    each of both splits' 8 warps."""
+    if (n + 31) // 32 >= 2 * sms:
+        return 1
+    return 2 if k >= 2 * WARPS * 128 else 1
+
+
+def mma_launch(fmt, n, k, m, sms, rt):
+    """Grid and work of wo_mma_kernel (launch_mma): blocks of 16·RT rows of
+    W by 8·NT rows of x by splits of K; the busiest warp's k-blocks (one
+    hot-loop iteration each); 2·RT 128-bit loads of codes and 4·NT of x an
+    iteration."""
+    _, nt = mma_variant(m)
+    s = mma_splits(n, k, sms)
+    nkb = k // 128
+    per_split = (nkb + s - 1) // s
+    passes = (m + 8 * nt - 1) // (8 * nt)
+    blocks = (n + 16 * rt - 1) // (16 * rt) * passes * s
+    return {"blocks": blocks, "tiles": 1,
+            "iters": float((per_split + WARPS - 1) // WARPS),
+            "epilogues": 0, "stages": 0, "stage_values": 0,
+            "ldg128": 2 * rt + 4 * nt, "passes": passes,
+            "launches": 2 if s > 1 else 1}
 
 
 def aq_launch(fmt, n, k, m, sms, ldg128):
@@ -632,6 +692,9 @@ def predict(dev, params, info, kind, fmt, n, k, m):
     kernel's counts (analyze()) with its registers and shared memory."""
     if kind == "aq":
         launch = aq_launch(fmt, n, k, m, dev["sms"], info["ldg128"])
+    elif kind == "mma":
+        launch = mma_launch(fmt, n, k, m, dev["sms"],
+                            int(MMA_NAME.search(info["kernel"]).group(3)))
     else:
         launch = wo_launch(fmt, n, k, m, dev["sms"])
     if info["ldg128"] != launch["ldg128"]:
@@ -668,15 +731,19 @@ def predict(dev, params, info, kind, fmt, n, k, m):
         waits * params["stage_wait_ns"] * 1e-3)
     # Little's law: the busiest SM's bytes over what its loads in flight
     # deliver (each thread keeps a ring iteration of loads out).
-    inflight = resident * THREADS * info["ldg_bytes"]
+    # (The weight stream's bytes: for the mma kernel, the loads of codes and
+    # scales, not those of x, which L1 serves.)
+    inflight = resident * THREADS * info.get("stream_bytes",
+                                             info["ldg_bytes"])
     sm_bytes = nbytes * launch["passes"] / float(blocks) * per_sm
     little = dev["read_fix_us"] + sm_bytes / (
         inflight / (params["latency_ns"] * 1e-3))
     t = max(mem, issue, little)
     extra = 0.0
-    if kind == "aq":
-        # quantize_rows runs before it: a second kernel of the call, at the
-        # fixed cost of a launch (its bytes are a few KiB).
+    if kind == "aq" or launch.get("launches", 1) > 1:
+        # quantize_rows runs before it (or, after the mma kernel's splits,
+        # reduce_kernel): a second kernel of the call, at the fixed cost of
+        # a launch (its bytes are a few KiB).
         extra = dev["read_fix_us"]
     return {"us": t + extra, "mem_us": mem, "issue_us": issue,
             "little_us": little,
@@ -722,22 +789,28 @@ def device(name, devs=None):
 def kernel_infos(funcs, res, kind):
     """Counts of every variant the canonical batches use: {key: info}."""
     out = {}
-    for fmt in (AQ_FORMATS if kind == "aq" else WO_FORMATS):
-        for m in MS:
-            key = variant_key(kind, fmt, m)
-            if key in out:
-                continue
-            name = kernel_name(funcs, kind, fmt, m)
-            if name is None:
-                raise RuntimeError("no %s kernel for %s M=%d" % (kind, fmt, m))
-            a = analyze(funcs[name])
-            if a is None:
-                raise RuntimeError("no steady-state loop in " + name)
-            r = res.get(name, {})
-            a.update(regs=r.get("regs", 0), shared=r.get("shared", 0),
-                     local=r.get("local", 0), kernel=name,
-                     hot_steps=wo_variant(fmt, m)[3] if kind == "wo" else 1)
-            out[key] = a
+    kinds = [kind] + (["mma"] if kind == "wo" and any(
+        MMA_NAME.search(f) for f in funcs) else [])
+    for kd in kinds:
+        fmts = {"aq": AQ_FORMATS, "mma": MMA_FORMATS}.get(kd, WO_FORMATS)
+        for fmt in fmts:
+            for m in MS:
+                key = variant_key(kd, fmt, m)
+                if key in out:
+                    continue
+                name = kernel_name(funcs, kd, fmt, m)
+                if name is None:
+                    raise RuntimeError("no %s kernel for %s M=%d" %
+                                       (kd, fmt, m))
+                a = analyze(funcs[name])
+                if a is None:
+                    raise RuntimeError("no steady-state loop in " + name)
+                r = res.get(name, {})
+                a.update(regs=r.get("regs", 0), shared=r.get("shared", 0),
+                         local=r.get("local", 0), kernel=name,
+                         hot_steps=wo_variant(fmt, m)[3] if kd == "wo"
+                         else 1)
+                out[key] = a
     return out
 
 
@@ -748,7 +821,8 @@ def object_infos(cuobjdump, obj, kind, arch="sm_90"):
 
 def table(infos, dev, params):
     rows = []
-    for kind, fmts in (("wo", WO_FORMATS), ("aq", AQ_FORMATS)):
+    for kind, fmts in (("wo", WO_FORMATS), ("mma", MMA_FORMATS),
+                       ("aq", AQ_FORMATS)):
         for fmt in fmts:
             for n, k in SHAPES:
                 for m in MS:

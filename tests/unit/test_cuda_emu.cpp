@@ -94,6 +94,30 @@ __global__ void mma_tile(const int8_t* A, const int8_t* Bt, const int* C,
   for (int i = 0; i < 4; ++i) D[(g + 8 * (i >= 2)) * 8 + 2 * t + (i & 1)] = d[i];
 }
 
+// One m16n8k16 f16 or bf16 tile through ql_mma_m16n8k16, the fragments
+// packed with the PTX ISA's forward formulas (element i of each fragment:
+// its row and column), independently of the wrapper's inverse mapping.
+// A [16][16], Bt [8][16] (B column-major), C, D [16][8]; A and B as bits.
+template <bool BF>
+__global__ void mma16_tile(const uint16_t* A, const uint16_t* Bt,
+                           const float* C, float* D) {
+  const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+  uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  float c[4], d[4];
+  for (int i = 0; i < 8; ++i) {
+    const int row = (i == 0 || i == 1 || i == 4 || i == 5) ? g : g + 8;
+    const int col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+    a[i / 2] |= uint32_t(A[row * 16 + col]) << (16 * (i % 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0);
+    b[i / 2] |= uint32_t(Bt[g * 16 + row]) << (16 * (i % 2));
+  }
+  for (int i = 0; i < 4; ++i) c[i] = C[(g + 8 * (i >= 2)) * 8 + 2 * t + (i & 1)];
+  ql_ptx::ql_mma_m16n8k16<BF>(d, a, b, c);
+  for (int i = 0; i < 4; ++i) D[(g + 8 * (i >= 2)) * 8 + 2 * t + (i & 1)] = d[i];
+}
+
 // ------------------------------------------------------------------ tests
 
 static void test_shuffles() {
@@ -286,9 +310,136 @@ static void test_mma() {
   check(bad == 0, what);
 }
 
+// m16n8k16 with f32 accumulation, f16 and bf16: random small integers
+// times powers of two (so that every product and every partial sum is
+// exact in f32, and any order of the hardware's sum gives the same bits),
+// against the same sum in double; both thread orders.
+template <bool BF>
+static long mma16_bad(long* cases) {
+  uint16_t A[16 * 16], Bt[8 * 16];
+  float C[16 * 8], D[16 * 8];
+  uint64_t rng = BF ? 0x2545F4914F6CDD1Dull : 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+  };
+  auto enc = [](double v) {
+    return BF ? ql_ptx::bf16_rn(v) : ql_ptx::f16_rn(v);
+  };
+  long bad = 0;
+  for (int rep = 0; rep < 6; ++rep)
+    for (int rev = 0; rev < 2; ++rev) {
+      double av[16 * 16], bv[8 * 16];
+      for (int i = 0; i < 256; ++i) {
+        av[i] = std::ldexp(double(int(next() % 31) - 15), int(next() % 5) - 2);
+        A[i] = enc(av[i]);
+      }
+      for (int i = 0; i < 128; ++i) {
+        bv[i] = std::ldexp(double(int(next() % 255) - 127), -int(next() % 4));
+        Bt[i] = enc(bv[i]);
+      }
+      for (int i = 0; i < 128; ++i) C[i] = float(int(next() % 2001) - 1000) / 4;
+      setenv("QL_EMU_REVERSE", rev ? "1" : "0", 1);
+      QL_LAUNCH(mma16_tile<BF>, dim3(1), dim3(32), 0, nullptr, A, Bt, C, D);
+      unsetenv("QL_EMU_REVERSE");
+      for (int m = 0; m < 16; ++m)
+        for (int n = 0; n < 8; ++n) {
+          double want = C[m * 8 + n];
+          for (int k = 0; k < 16; ++k) want += av[m * 16 + k] * bv[n * 16 + k];
+          bad += D[m * 8 + n] != float(want);
+          ++*cases;
+        }
+    }
+  return bad;
+}
+
+static void test_mma16() {
+  long cases = 0;
+  long bad = mma16_bad<false>(&cases);
+  char what[120];
+  std::snprintf(what, sizeof what,
+                "mma.sync m16n8k16 f16 -> f32 (emulated): D = C + A*B for %ld "
+                "outputs, both orders", cases);
+  check(bad == 0, what);
+  cases = 0;
+  bad = mma16_bad<true>(&cases);
+  std::snprintf(what, sizeof what,
+                "mma.sync m16n8k16 bf16 -> f32 (emulated): D = C + A*B for %ld "
+                "outputs, both orders", cases);
+  check(bad == 0, what);
+}
+
+// The 16-bit roundings against the f32 -> f16 / bf16 conversions of the
+// device helpers (common.cuh, themselves checked against convert.c below)
+// on f32 values of every kind, and the ties and edges by hand.
+static void test_half_rounding() {
+  uint64_t rng = 0x853C49E6748FEA9Bull;
+  long bad = 0;
+  for (int i = 0; i < 200000; ++i) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    uint32_t u = uint32_t(rng);
+    if (i % 4 == 0) u = (u & 0x8000FFFFu) | (uint32_t(100 + i % 60) << 23);
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (std::isnan(f)) continue;
+    bad += ql_ptx::f16_rn(f) != ql_cuda::f32_to_f16(f);
+    bad += ql_ptx::bf16_rn(f) != ql_cuda::f32_to_bf16(f);
+    bad += std::isfinite(f) && ql_ptx::f16_value(ql_ptx::f16_rn(f)) !=
+                                   double(ql_cuda::f16_to_f32(ql_cuda::f32_to_f16(f)));
+  }
+  check(bad == 0, "f16/bf16 rounding of the emulation = the device helpers' on 200000 f32 values");
+  const bool edges =
+      ql_ptx::f16_rn(1024.5) == 0x6400 && ql_ptx::f16_rn(1025.5) == 0x6402 &&
+      ql_ptx::f16_rn(65519.99) == 0x7BFF && ql_ptx::f16_rn(65520.0) == 0x7C00 &&
+      ql_ptx::f16_rn(std::ldexp(1.0, -25)) == 0x0000 &&
+      ql_ptx::f16_rn(std::ldexp(3.0, -26)) == 0x0001 &&
+      ql_ptx::f16_rn(-std::ldexp(1023.0, -24)) == 0x83FF &&
+      ql_ptx::bf16_rn(128.5) == 0x4300 && ql_ptx::bf16_rn(129.5) == 0x4302 &&
+      ql_ptx::bf16_rn(-136.0) == 0xC308 && ql_ptx::bf16_value(0x3F80) == 1.0 &&
+      ql_ptx::f16_value(0xE408) == -1032.0 && ql_ptx::f16_value(0x2C00) == 0.0625;
+  check(edges, "f16/bf16 rounding: ties to even, the largest finite, overflow, subnormals");
+}
+
+// lop3 against boolean expressions of its three inputs, and fma2 on the
+// conversions the int4 kernels make: nibble u (and its two's complement
+// flip) into the mantissa of 1024 (f16) or 128 (bf16), back to u - 8.
+static void test_lop3_fma2() {
+  uint64_t rng = 0xDA3E39CB94B95BDBull;
+  bool ok = true;
+  for (int i = 0; i < 1000; ++i) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    const uint32_t a = uint32_t(rng), b = uint32_t(rng >> 32),
+                   c = uint32_t(rng >> 16) * 2654435761u;
+    ok &= ql_ptx::ql_lop3<0xF0>(a, b, c) == a;
+    ok &= ql_ptx::ql_lop3<0x96>(a, b, c) == (a ^ b ^ c);
+    ok &= ql_ptx::ql_lop3<0xEA>(a, b, c) == ((a & b) | c);
+    ok &= ql_ptx::ql_lop3<0x6A>(a, b, c) == ((b & (a ^ c)) | (~b & c));
+  }
+  check(ok, "lop3: the LUT of a, a^b^c, (a&b)|c and b?(a^c):c");
+  bool conv = true;
+  for (uint32_t n = 0; n < 16; ++n) {
+    const int q = int(n) - 16 * int(n >= 8);  // the code's value
+    const uint32_t w = n | (((n + 5) & 15) << 16);
+    const int q2 = int((n + 5) & 15) - 16 * int(((n + 5) & 15) >= 8);
+    const uint32_t h = ql_ptx::ql_lop3<0x6A>(w, 0x000F000Fu, 0x64086408u);
+    const uint32_t f = ql_ptx::ql_fma2<false>(h, 0x3C003C00u, 0xE408E408u);
+    conv &= ql_ptx::half_of<false>(f, 0) == q && ql_ptx::half_of<false>(f, 1) == q2;
+    const uint32_t hh = ql_ptx::ql_lop3<0x6A>(w << 4, 0x00F000F0u, 0x64806480u);
+    const uint32_t ff = ql_ptx::ql_fma2<false>(hh, 0x2C002C00u, 0xD480D480u);
+    conv &= ql_ptx::half_of<false>(ff, 0) == q && ql_ptx::half_of<false>(ff, 1) == q2;
+    const uint32_t hb = ql_ptx::ql_lop3<0x6A>(w, 0x000F000Fu, 0x43084308u);
+    const uint32_t fb = ql_ptx::ql_fma2<true>(hb, 0x3F803F80u, 0xC308C308u);
+    conv &= ql_ptx::half_of<true>(fb, 0) == q && ql_ptx::half_of<true>(fb, 1) == q2;
+  }
+  check(conv, "lop3 + fma2: every int4 code to its value in f16 (both nibble places) and bf16");
+}
+
 int main() {
   test_byte_perm();
   test_mma();
+  test_mma16();
+  test_half_rounding();
+  test_lop3_fma2();
   test_shuffles();
   test_barriers();
   test_aborts();

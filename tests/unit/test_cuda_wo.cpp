@@ -15,6 +15,8 @@
 // each other where the harness's shapes are few (many rows, split K).
 //
 // Plain main(); one line per case group, exit status 1 on any failure.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -145,7 +147,7 @@ static void one(const char* name, int format, uint32_t gs, bool zero) {
         // Persistent grids of 1 and 2 blocks a row tile's worth of SMs
         // (one SM: a block walks every row tile of the weight).
         const int sms = int(1 + (cases % 3));
-        auto a = run(wt.w, QL__CUDA_WO_STREAM, dt, x.data(), m, sms);
+        auto a = run(wt.w, QL__CUDA_WO_SIMT, dt, x.data(), m, sms);
         auto b = run(wt.w, QL__CUDA_WO_LEGACY, dt, x.data(), m);
         auto c = run(wt.w, QL__CUDA_WO_TILED, dt, x.data(), m, 64);
         auto e = run(wt.w, QL__CUDA_WO_WIDE, dt, x.data(), m, sms);
@@ -155,7 +157,7 @@ static void one(const char* name, int format, uint32_t gs, bool zero) {
                         name, (long long)k, (long long)n, (long long)m, dt);
         }
         // the last row alone: its bytes in the batch
-        auto r = run(wt.w, QL__CUDA_WO_STREAM, dt,
+        auto r = run(wt.w, QL__CUDA_WO_SIMT, dt,
                      x.data() + size_t((m - 1) * k) * esz, 1, 7);
         if (std::memcmp(r.data(), a.data() + size_t((m - 1) * n) * esz,
                         r.size()) != 0)
@@ -244,7 +246,86 @@ static void aq_grids(const char* name, int format, uint32_t gs) {
   g_fail += bad != 0 || badrow != 0;
 }
 
+// The tensor-core kernel (the default for q4g with f16/bf16 x where K and
+// the group are multiples of 128): against x·dequant(W)ᵀ + b in double,
+// within the rounding of y to its dtype plus an f32 accumulation bound;
+// a row alone gives its bytes in any batch (M = 1, 8, 9, 16, 17, 33, 64:
+// every NT and several passes) and on a misaligned x; one split of K and
+// two (K = 2048 sized for 3 SMs), group lengths 128 and 256.
+static void mma_kernel() {
+  static const shape shapes[] = {{128, 1}, {128, 45}, {1024, 40}, {2048, 33}};
+  static const int64_t ms[] = {1, 8, 9, 16, 17, 33, 64};
+  long cases = 0, outputs = 0, bad = 0, badrow = 0, badmis = 0;
+  double worst = 0.0;
+  for (const shape& sh : shapes)
+    for (int dt : {int(ql_cuda::DT_F16), int(ql_cuda::DT_BF16)})
+      for (uint32_t gs : {128u, 256u}) {
+        const int64_t k = sh.k, n = sh.n;
+        if (gs > k) continue;
+        const int sdt = ql_cuda::DT_F32;  // the kernel's (QL_CUDA_WIDE_SCALES)
+        weight wt;
+        make(&wt, Q4G, n, k, gs, true, sdt, (cases & 1) != 0);
+        // x with one spare value in front, to run it misaligned too
+        std::vector<uint16_t> xb(size_t(64 * k) + 8);
+        uint16_t* x = xb.data() + 8;
+        for (size_t i = 0; i < size_t(64 * k); ++i) put(dt, x, i, unit());
+        const unsigned char* q = wt.w.q;
+        for (int64_t m : ms) {
+          if (n * k * m > 1500000) break;  // emulated time
+          const int sms = cases % 2 ? 3 : 1;
+          ++cases;
+          auto y = run(wt.w, QL__CUDA_WO_STREAM, dt, x, m, sms);
+          for (int64_t r = 0; r < m; ++r)
+            for (int64_t c = 0; c < n; ++c) {
+              double ref = wt.w.bias ? wt.w.bias[c] : 0.0, mag = 0.0;
+              for (int64_t i = 0; i < k; ++i) {
+                int v = (q[c * wt.w.ldq + i / 2] >> (4 * (i & 1))) & 15;
+                v -= 16 * (v >= 8);
+                const int64_t si = c * wt.w.groups + i / gs;
+                const double sc = ql_cuda::load_f32(sdt, wt.w.scale, si);
+                const double ze = ql_cuda::load_f32(sdt, wt.w.zero, si);
+                const double xv = ql_cuda::load_f32(dt, x, r * k + i);
+                ref += xv * (v * sc + ze);
+                mag += std::fabs(xv) * (std::fabs(v * sc) + std::fabs(ze));
+              }
+              const double got = ql_cuda::load_f32(dt, y.data(), r * n + c);
+              const double ulp = dt == ql_cuda::DT_BF16 ? 0x1p-8 : 0x1p-11;
+              const double tol = ulp * std::fabs(ref) + 64 * 0x1p-24 * mag;
+              const double err = std::fabs(got - ref);
+              worst = std::max(worst, err / tol);
+              if (!(err <= tol) && bad++ == 0)
+                std::printf("     first: K=%lld N=%lld M=%lld dt=%d gs=%u "
+                            "y[%lld,%lld] = %g, want %g\n",
+                            (long long)k, (long long)n, (long long)m, dt, gs,
+                            (long long)r, (long long)c, got, ref);
+              ++outputs;
+            }
+          // the last row alone, aligned and not: its bytes in the batch
+          const size_t esz = 2;
+          auto one_row = run(wt.w, QL__CUDA_WO_STREAM, dt, x + (m - 1) * k, 1, sms);
+          badrow += std::memcmp(one_row.data(), y.data() + size_t((m - 1) * n) * esz,
+                                one_row.size()) != 0;
+          std::memmove(xb.data() + 7, x, size_t(m * k) * 2);
+          auto mis = run(wt.w, QL__CUDA_WO_STREAM, dt, xb.data() + 7, m, sms);
+          std::memmove(x, xb.data() + 7, size_t(m * k) * 2);
+          badmis += mis != y;
+        }
+      }
+  char what[200];
+  std::snprintf(what, sizeof what,
+                "q4g tensor-core kernel: %ld outputs of %ld cases within the "
+                "bound (worst %.2f of it), a row alone = in its batch, "
+                "misaligned x = aligned", outputs, cases, worst);
+  const bool ok = bad == 0 && badrow == 0 && badmis == 0 && outputs > 0;
+  if (!ok)
+    std::printf("     %ld outside, %ld rows differ alone, %ld misaligned differ\n",
+                bad, badrow, badmis);
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+  g_fail += !ok;
+}
+
 int main() {
+  mma_kernel();
   aq_grids("q4g g32", Q4G, 32);
   aq_grids("q4g g128", Q4G, 128);
   aq_grids("q8c", Q8C, 0);
