@@ -775,7 +775,9 @@ void launch_stream(const ql__cuda_wo* w, int dt, const void* x, int64_t m,
 // tiles), 1 at NT = 4. A pair of codes becomes an f16x2/bf16x2 operand in
 // three instructions (dequant_word), with no shuffle and no int-to-float
 // conversion, as the integers q: exact in 16 bits, so are their products
-// with x, so the tensor cores' f32 sums are as good as any f32 order.
+// with x, and only the tensor cores' f32 sums round (in the hardware's
+// order and rounding, which the PTX ISA leaves open: the accuracy bound
+// holds them, a GPU's conformance run checks it).
 // The codes stay the canonical rows of the cuda-1 layout: the order of K
 // inside a k-block of 128 is free as long as x follows it, so lane (g, t)
 // takes the 16 bytes at 32t of rows g and g + 8 of each tile and the same
