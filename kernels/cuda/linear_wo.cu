@@ -838,17 +838,20 @@ __device__ __forceinline__ void dequant_word(uint32_t v, uint32_t (&p)[4]) {
                        kBias);
 }
 
-// Can wo_mma_kernel take this weight with x of dtype dt: q4g, f16 or bf16
-// x, f32 scales and zeros (the cuda-1 layout's default,
-// QL_CUDA_WIDE_SCALES), K and the group length multiples of 128, and rows
-// short enough for the kernel's 32-bit offsets (K below 2^25, N·G below
-// 2^31).
-bool mma_fits(const ql__cuda_wo* w, int dt) {
-  return w->format == F_Q4G && (dt == DT_F16 || dt == DT_BF16) &&
-         w->sdt == DT_F32 && w->zero != nullptr &&
+// Can wo_mma_kernel take this weight (whatever x): q4g, f32 scales and
+// zeros (the cuda-1 layout's default, QL_CUDA_WIDE_SCALES), K and the group
+// length multiples of 128, and rows short enough for the kernel's 32-bit
+// offsets (K below 2^25, N·G below 2^31).
+bool mma_takes(const ql__cuda_wo* w) {
+  return w->format == F_Q4G && w->sdt == DT_F32 && w->zero != nullptr &&
          w->k % kMmaKB == 0 && w->gs % kMmaKB == 0 &&
          w->ldq < (int64_t(1) << 25) && w->k < (int64_t(1) << 25) &&
          w->n * w->groups < (int64_t(1) << 31);
+}
+
+// ... and with x of dtype dt: f16 or bf16.
+bool mma_fits(const ql__cuda_wo* w, int dt) {
+  return (dt == DT_F16 || dt == DT_BF16) && mma_takes(w);
 }
 
 // Splits of K across blocks: one where the 32-row tiles alone give two
@@ -1110,9 +1113,9 @@ size_t ql__cuda_linear_wo_scratch(const ql__cuda_wo* w, int64_t m) {
   const int64_t s = splits_of(w->n, w->k);
   const size_t stream =
       s > 1 ? size_t(s) * size_t(m) * size_t(w->n) * sizeof(float) : 0;
-  // The tensor-core kernel's, for a weight it may take (whatever the dtype
-  // of x, which is not known here).
-  return mma_fits(w, DT_F16) ? hi(stream, mma_scratch(w, m)) : stream;
+  // The tensor-core kernel's, for a weight it may take (the dtype of x is
+  // not known here).
+  return mma_takes(w) ? hi(stream, mma_scratch(w, m)) : stream;
 }
 
 void ql__cuda_linear_wo(const ql__cuda_wo* w, int kernel, int dt,

@@ -484,16 +484,15 @@ def layout_bytes(fmt, n, k, group=128):
     return n * k + 4 * n
 
 
-def call_bytes(kind, fmt, n, k, m):
+def call_bytes(kind, fmt, n, k, m, splits=1):
     """All a call must move: the layout, x (f32, or int8 codes with their
     scales and group sums for AQ), y (f32)."""
     if kind == "aq":
         x = m * k + 4 * m + (4 * m * (k // 128) if fmt == "q4g" else 0)
     elif kind == "mma":
         # bf16 x and y, and the splits' partial sums written and read
-        s = mma_splits(n, k, 132)  # the H100's and H200's SMs
         return layout_bytes(fmt, n, k) + 2 * m * k + 2 * m * n + (
-            8 * s * m * n if s > 1 else 0)
+            8 * splits * m * n if splits > 1 else 0)
     else:
         x = 4 * m * k
     return layout_bytes(fmt, n, k) + x + 4 * m * n
@@ -638,7 +637,7 @@ def mma_launch(fmt, n, k, m, sms, rt):
             "iters": float((per_split + WARPS - 1) // WARPS),
             "epilogues": 0, "stages": 0, "stage_values": 0,
             "ldg128": 2 * rt + 4 * nt, "passes": passes,
-            "launches": 2 if s > 1 else 1}
+            "splits": s, "launches": 2 if s > 1 else 1}
 
 
 def aq_launch(fmt, n, k, m, sms, ldg128):
@@ -703,7 +702,8 @@ def predict(dev, params, info, kind, fmt, n, k, m):
                                                  info["ldg128"],
                                                  launch["ldg128"]))
     nbytes = layout_bytes(fmt, n, k)
-    mem = t_read(dev, call_bytes(kind, fmt, n, k, m))
+    mem = t_read(dev, call_bytes(kind, fmt, n, k, m,
+                                 launch.get("splits", 1)))
     per_thread = (launch["iters"] * info["hot"] +
                   launch["epilogues"] * info["epi"] / (info["hot_steps"]) +
                   launch["tiles"] * info["tile"] + info["once"] +

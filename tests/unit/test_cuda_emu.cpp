@@ -401,8 +401,10 @@ static void test_half_rounding() {
 }
 
 // lop3 against boolean expressions of its three inputs, and fma2 on the
-// conversions the int4 kernels make: nibble u (and its two's complement
-// flip) into the mantissa of 1024 (f16) or 128 (bf16), back to u - 8.
+// conversions of int4 codes: nibble u (its two's complement sign bit
+// flipped) into the mantissa of 1024 (f16) or 128 (bf16) and back to
+// u - 8, as the tensor-core kernel does, and from the high nibble of f16
+// with a multiplier of 1/16 (an fma2 that scales too).
 static void test_lop3_fma2() {
   uint64_t rng = 0xDA3E39CB94B95BDBull;
   bool ok = true;
